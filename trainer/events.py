@@ -1,0 +1,128 @@
+"""The observer protocol: how the trainer reports what it does, without knowing who listens.
+
+The trainer calls these methods at named boundaries; the default `Observer` does nothing, so a
+plain training run pays nothing for them. verlaudit's auditor subclasses `Observer` (the arrow
+points from verlaudit to the trainer, never back). Exercised by `pytest tests/test_events.py`.
+
+Call order, for every algorithm:
+
+    on_setup(...)                       once, after models, tokenizer and policy exist
+    for each step:
+        on_step_start(step)
+        with phase("rollout"):          generation (PPO, GRPO); DPO has no rollout phase
+            on_batch(...)               after the collator, before any model sees the batch
+            on_rollout(...)             tokens and rollout log-probs from the engine
+        with phase("reward"):  on_reward(...)
+        with phase("ref"):     on_forward(role="reference", name="ref_logprobs", ...)
+        with phase("critic"):  on_forward(role="critic", name="values", ...)
+        with phase("actor_update"):     (and "critic_update" for the critic)
+            on_forward(role="actor", name="old_logprobs" | "logprobs", ...)
+            on_loss(...)                per micro-batch
+            on_backward(...)            per micro-batch, gradients populated (still scaled)
+            on_before_optimizer_step(...)   per optimizer step, grads unscaled and clipped
+            on_optimizer_step(...)      after the step (or the skip)
+        on_step_end(step, metrics)      one flat dict, verl-style names
+
+Payload tensors are the trainer's own tensors: observers must not modify them in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import nn
+
+    from trainer.precision import PrecisionPolicy
+
+PHASES = ("rollout", "reward", "ref", "critic", "actor_update", "critic_update")
+"""Phase names the trainer marks; memory and time are accounted per phase."""
+
+
+class Observer:
+    """No-op observer. Override the methods you need; each is called with keyword arguments."""
+
+    def on_setup(
+        self,
+        *,
+        config: Mapping[str, Any],
+        policy: PrecisionPolicy,
+        models: Mapping[str, nn.Module],
+        tokenizer_info: Mapping[str, Any],
+    ) -> None:
+        """Models of every role exist (``actor``, ``critic``, ``reference``, ``reward``; absent
+        roles are missing from ``models``). ``config`` is the resolved TrainConfig as plain data;
+        ``tokenizer_info`` has ``vocab_size``, ``pad_token_id``, ``eos_token_id``, ``padding_side``."""
+
+    def on_step_start(self, step: int) -> None:
+        """A training step begins (0-based)."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Marks a phase of the step; ``name`` is one of `PHASES`."""
+        yield
+
+    def on_batch(self, *, role: str, batch: Mapping[str, Any], source: str) -> None:
+        """A collated batch, before any model sees it. ``source`` names the collator
+        (``"builtin:prompt"``, ``"builtin:pairs"`` or the user's ``module:attr``)."""
+
+    def on_rollout(
+        self,
+        *,
+        engine: str,
+        engine_dtype: torch.dtype,
+        actor_compute_dtype: torch.dtype,
+        prompt_ids: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        logprobs: torch.Tensor,
+    ) -> None:
+        """The rollout engine produced responses and the log-probs it sampled them with."""
+
+    def on_reward(
+        self,
+        *,
+        source: str,
+        raw: Any,
+        rewards: torch.Tensor,
+        expected_shape: tuple[int, ...],
+        model: nn.Module | None,
+    ) -> None:
+        """``raw`` is exactly what the reward function or reward model returned; ``rewards`` is
+        the float32 tensor the trainer uses after converting it. ``source`` is ``"function:<name>"``
+        or ``"model:<name>"``; ``model`` is the reward model when there is one."""
+
+    def on_forward(self, *, role: str, name: str, output: torch.Tensor) -> None:
+        """A forward result crossing into the algorithm: ``ref_logprobs``, ``old_logprobs``,
+        ``logprobs``, ``values``, ``chosen_logps``, ``rejected_logps`` ..."""
+
+    def on_loss(self, *, role: str, loss: torch.Tensor, terms: Mapping[str, torch.Tensor]) -> None:
+        """A micro-batch loss (unscaled) and its named terms, before backward."""
+
+    def on_backward(self, *, role: str, model: nn.Module, loss_scale: float) -> None:
+        """Backward of one micro-batch finished; ``.grad`` holds gradients times ``loss_scale``."""
+
+    def on_before_optimizer_step(self, *, role: str, model: nn.Module, optimizer: Any) -> None:
+        """Gradients are unscaled and clipped; the optimizer is about to step (or skip)."""
+
+    def on_optimizer_step(
+        self,
+        *,
+        role: str,
+        model: nn.Module,
+        optimizer: Any,
+        scaler_state: Mapping[str, Any],
+        skipped: bool,
+        grad_norm: float,
+    ) -> None:
+        """The optimizer stepped, or skipped because gradients were non-finite.
+        ``scaler_state`` is `trainer.precision.LossScaler.state()`."""
+
+    def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
+        """One flat dict of metrics for the step (``actor/pg_loss``, ``critic/score/mean`` ...)."""
+
+
+NULL_OBSERVER = Observer()

@@ -1,0 +1,419 @@
+"""Precision policies as contracts, and the loss scaler.
+
+A `PrecisionPolicy` states, for every role (actor, critic, reference, reward, rollout), where
+parameters live (the master copy), what dtype the matmuls run in, how gradients are reduced, what
+dtype the optimizer state has, how the loss is scaled, and which fp32 islands are intended. Each
+choice carries the reason it was made, so a manifest can print it and an auditor can tell an
+intended fp32 island from an accidental one. Exercised by `pytest tests/test_precision.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+ROLES = ("actor", "critic", "reference", "reward", "rollout")
+TRAINABLE_ROLES = ("actor", "critic")
+PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
+LOSS_SCALING = ("none", "static", "dynamic")
+ISLANDS = ("norm", "softmax", "rotary", "logprobs", "loss")
+"""Computations a mixed-precision policy keeps in fp32 on purpose: normalisation statistics,
+attention softmax, rotary embeddings, log-probs taken from logits, and the losses."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``; the short names used in manifests and findings."""
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}.get(
+        dtype, str(dtype).replace("torch.", "")
+    )
+
+
+def parse_dtype(value: str | torch.dtype, where: str) -> torch.dtype:
+    """Accepts ``fp32``/``float32``/``torch.float32`` etc.; raises ValueError naming ``where``."""
+    if isinstance(value, torch.dtype):
+        return value
+    key = str(value).lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"{where}: unknown dtype {value!r}; expected one of fp32, fp16, bf16")
+    return DTYPES[key]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolePolicy:
+    """The precision contract of one role."""
+
+    role: str
+    """One of `ROLES`."""
+    param_dtype: torch.dtype
+    """Storage dtype of the parameters: the master copy for trainable roles."""
+    compute_dtype: torch.dtype
+    """Dtype the matmuls run in (the autocast target, or the parameter dtype without autocast)."""
+    autocast: bool
+    """True: compute through ``torch.autocast(compute_dtype)``; False: compute in ``param_dtype``."""
+    grad_dtype: torch.dtype
+    """Dtype of ``.grad`` (equals ``param_dtype`` on one device)."""
+    reduce_dtype: torch.dtype
+    """Dtype gradients are reduced in across data-parallel ranks (FSDP ``reduce_dtype``)."""
+    optim_state_dtype: torch.dtype
+    """Dtype of the optimizer moments (AdamW keeps them in the parameter dtype)."""
+    loss_scaling: str
+    """``none``, ``static`` or ``dynamic`` (`LossScaler`)."""
+    init_scale: float = 2.0**16
+    """Initial (or static) loss scale."""
+    growth_interval: int = 2000
+    """Dynamic scaling: finite steps in a row before the scale doubles."""
+    fp32_islands: tuple[str, ...] = ()
+    """Subset of `ISLANDS` that stays fp32 on purpose under this policy."""
+    grad_checkpointing: bool = False
+    """Activation (gradient) checkpointing for this role's model."""
+    trainable: bool = False
+    """Whether the role has an optimizer."""
+    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Field name -> why this value was chosen (printed in the manifest)."""
+
+    @property
+    def low_precision(self) -> bool:
+        return self.compute_dtype in (torch.float16, torch.bfloat16)
+
+    def autocast_ctx(self, device_type: str) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` to the compute dtype when the policy autocasts, else a no-op."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=self.compute_dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.dtype):
+                v = dtype_name(v)
+            elif isinstance(v, tuple):
+                v = list(v)
+            elif isinstance(v, Mapping):
+                v = dict(v)
+            out[f.name] = v
+        return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrecisionPolicy:
+    """The resolved policy of a run: one `RolePolicy` per role, the preset it came from."""
+
+    preset: str
+    roles: Mapping[str, RolePolicy]
+
+    def __getitem__(self, role: str) -> RolePolicy:
+        return self.roles[role]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"preset": self.preset, "roles": {r: p.to_dict() for r, p in self.roles.items()}}
+
+
+_OVERRIDABLE = {
+    "param_dtype",
+    "compute_dtype",
+    "autocast",
+    "grad_dtype",
+    "reduce_dtype",
+    "optim_state_dtype",
+    "loss_scaling",
+    "init_scale",
+    "growth_interval",
+    "grad_checkpointing",
+}
+
+
+def _preset_role(preset: str, role: str) -> RolePolicy:
+    trainable = role in TRAINABLE_ROLES
+    f32, f16, b16 = torch.float32, torch.float16, torch.bfloat16
+    islands = ISLANDS
+    if preset == "fp32":
+        r = "fp32 preset: everything in float32"
+        return RolePolicy(
+            role=role, param_dtype=f32, compute_dtype=f32, autocast=False, grad_dtype=f32, reduce_dtype=f32,
+            optim_state_dtype=f32, loss_scaling="none", fp32_islands=islands, trainable=trainable,
+            reasons={"param_dtype": r, "compute_dtype": r, "loss_scaling": "fp32 needs no loss scaling"},
+        )  # fmt: skip
+    if preset in ("fp16", "bf16"):
+        cd = f16 if preset == "fp16" else b16
+        reasons = {
+            "compute_dtype": f"{preset} preset: matmuls under torch.autocast({dtype_name(cd)})",
+            "loss_scaling": (
+                "fp16 gradients underflow below 6e-8: dynamic loss scaling, skip non-finite steps"
+                if preset == "fp16"
+                else "bf16 has fp32's exponent range: no loss scaling"
+            ),
+        }
+        if trainable:
+            reasons["param_dtype"] = f"{preset} preset: fp32 master weights, AdamW state in fp32"
+            pd = f32
+        elif role == "rollout":
+            reasons["param_dtype"] = "rollout engine generates with the actor's weights in the compute dtype"
+            pd = cd
+        else:
+            reasons["param_dtype"] = f"frozen role: no master copy needed, stored in {preset} to halve memory"
+            pd = cd
+        return RolePolicy(
+            role=role, param_dtype=pd, compute_dtype=cd, autocast=pd != cd, grad_dtype=pd, reduce_dtype=f32,
+            optim_state_dtype=pd, loss_scaling="dynamic" if (preset == "fp16" and trainable) else "none",
+            fp32_islands=islands, trainable=trainable, reasons=reasons,
+        )  # fmt: skip
+    if preset == "bf16-pure":
+        r = "bf16-pure preset: bf16 parameters and optimizer state (verl model_dtype=bfloat16)"
+        return RolePolicy(
+            role=role, param_dtype=b16, compute_dtype=b16, autocast=False, grad_dtype=b16, reduce_dtype=b16,
+            optim_state_dtype=b16, loss_scaling="none", fp32_islands=("norm", "softmax", "logprobs", "loss"),
+            trainable=trainable,
+            reasons={"param_dtype": r, "compute_dtype": r, "optim_state_dtype": r,
+                     "loss_scaling": "bf16 has fp32's exponent range: no loss scaling",
+                     "fp32_islands": "HF norms upcast internally; log-probs and losses taken in fp32"},
+        )  # fmt: skip
+    raise ValueError(f"precision.preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+
+
+def resolve_policy(
+    preset: str,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    grad_checkpointing: bool | Mapping[str, bool] = False,
+    device: str | torch.device = "cpu",
+    where: str = "precision",
+) -> PrecisionPolicy:
+    """Builds the policy of a run from a preset, per-role overrides and the device.
+
+    ``overrides`` maps a role to field values, e.g. ``{"critic": {"compute_dtype": "bf16"}}``.
+    Raises ValueError naming the field path (``where``) on unknown presets, roles, fields or dtypes,
+    and when the device cannot run the policy (bf16 on a GPU without bf16 support).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"{where}.preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    overrides = dict(overrides or {})
+    for role in overrides:
+        if role not in ROLES:
+            raise ValueError(f"{where}.overrides: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    if isinstance(grad_checkpointing, bool):
+        gc = {r: grad_checkpointing and r in TRAINABLE_ROLES for r in ROLES}
+    else:
+        for role in grad_checkpointing:
+            if role not in TRAINABLE_ROLES:
+                raise ValueError(
+                    f"{where}.grad_checkpointing: {role!r} has no backward; expected one of {TRAINABLE_ROLES}"
+                )
+        gc = {r: bool(grad_checkpointing.get(r, False)) for r in ROLES}
+
+    roles: dict[str, RolePolicy] = {}
+    for role in ROLES:
+        base = _preset_role(preset, role)
+        changes: dict[str, Any] = {"grad_checkpointing": gc[role]}
+        reasons = dict(base.reasons)
+        if gc[role]:
+            reasons["grad_checkpointing"] = "requested: trade recompute for activation memory"
+        for key, value in dict(overrides.get(role, {})).items():
+            path = f"{where}.overrides.{role}.{key}"
+            if key not in _OVERRIDABLE:
+                raise ValueError(f"{path}: unknown field; expected one of {', '.join(sorted(_OVERRIDABLE))}")
+            if key.endswith("dtype"):
+                value = parse_dtype(value, path)
+            elif key == "loss_scaling" and value not in LOSS_SCALING:
+                raise ValueError(f"{path}: {value!r}; expected one of {', '.join(LOSS_SCALING)}")
+            elif key in ("autocast", "grad_checkpointing") and not isinstance(value, bool):
+                raise ValueError(f"{path}: expected true or false, got {value!r}")
+            elif key == "grad_checkpointing" and value and role not in TRAINABLE_ROLES:
+                raise ValueError(f"{path}: role {role!r} has no backward to checkpoint")
+            changes[key] = value
+            reasons[key] = f"per-role override {path}={value if not isinstance(value, torch.dtype) else dtype_name(value)}"
+        if "param_dtype" in changes or "compute_dtype" in changes:
+            pd = changes.get("param_dtype", base.param_dtype)
+            cd = changes.get("compute_dtype", base.compute_dtype)
+            if "autocast" not in changes:
+                changes["autocast"] = pd != cd
+            if "grad_dtype" not in changes:
+                changes["grad_dtype"] = pd
+            if "optim_state_dtype" not in changes:
+                changes["optim_state_dtype"] = pd
+        if changes.get("compute_dtype", base.compute_dtype) == torch.float16 and role in TRAINABLE_ROLES:
+            if "loss_scaling" not in changes and base.loss_scaling == "none":
+                changes["loss_scaling"] = "dynamic"
+                reasons["loss_scaling"] = "fp16 compute: dynamic loss scaling added (fp16 gradients underflow)"
+        roles[role] = dataclasses.replace(base, reasons=reasons, **changes)
+        if not roles[role].autocast and roles[role].param_dtype != roles[role].compute_dtype:
+            raise ValueError(
+                f"{where}.overrides.{role}: compute_dtype {dtype_name(roles[role].compute_dtype)} differs from "
+                f"param_dtype {dtype_name(roles[role].param_dtype)} with autocast false; set autocast: true"
+            )
+    policy = PrecisionPolicy(preset=preset, roles=roles)
+    check_hardware(policy, device, where=where)
+    return policy
+
+
+def check_hardware(policy: PrecisionPolicy, device: str | torch.device, *, where: str = "precision") -> None:
+    """Refuses what the device cannot do. CPU runs fp16 and bf16 (slowly); a CUDA GPU needs
+    bf16 support (compute capability 8.0+) for any bf16 role."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return
+    uses_bf16 = [r for r, p in policy.roles.items() if torch.bfloat16 in (p.param_dtype, p.compute_dtype)]
+    if uses_bf16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+        name = torch.cuda.get_device_name(dev)
+        raise ValueError(
+            f"{where}: roles {', '.join(uses_bf16)} need bf16, which {name} does not support natively "
+            "(compute capability < 8.0); use the fp16 preset (fp16 autocast with dynamic loss scaling)"
+        )
+
+
+def cast_model(model: torch.nn.Module, policy: RolePolicy) -> torch.nn.Module:
+    """Puts parameters and floating buffers in the role's storage dtype."""
+    return model.to(dtype=policy.param_dtype)
+
+
+class LossScaler:
+    """Loss scaling with the semantics of ``torch.amp.GradScaler``, plus a non-finite guard.
+
+    ``mode="dynamic"``: scale the loss, unscale the gradients, skip the step and multiply the scale by
+    ``backoff_factor`` when any gradient is non-finite; multiply it by ``growth_factor`` after
+    ``growth_interval`` finite steps in a row. ``mode="static"``: same, the scale never changes.
+    ``mode="none"``: scale 1; non-finite gradients still skip the step when ``skip_nonfinite`` (so a
+    bf16 overflow is a counted skip, not a silent NaN in the weights).
+
+    Unlike GradScaler it exposes its whole state (`state()`), works on any device and dtype, and can
+    all-reduce ``found_inf`` over a process group for sharded (FSDP2) gradients.
+    """
+
+    def __init__(
+        self,
+        mode: str = "dynamic",
+        *,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        min_scale: float = 2.0**-24,
+        skip_nonfinite: bool = True,
+        process_group: Any = None,
+    ) -> None:
+        if mode not in LOSS_SCALING:
+            raise ValueError(f"loss_scaling: unknown mode {mode!r}; expected one of {', '.join(LOSS_SCALING)}")
+        self.mode = mode
+        self.scale = 1.0 if mode == "none" else float(init_scale)
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self.min_scale = min_scale
+        self.skip_nonfinite = skip_nonfinite
+        self.process_group = process_group
+        self.growth_tracker = 0
+        self.steps = 0
+        self.skipped_steps = 0
+        self.backoffs = 0
+        self.growths = 0
+        self.last_found_inf = False
+        self.last_event = "none"  # "growth" | "backoff" | "none"
+
+    @classmethod
+    def for_policy(cls, policy: RolePolicy, *, process_group: Any = None) -> LossScaler:
+        return cls(
+            policy.loss_scaling,
+            init_scale=policy.init_scale,
+            growth_interval=policy.growth_interval,
+            process_group=process_group,
+        )
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self.scale == 1.0 else loss * self.scale
+
+    def unscale_(self, params: Iterable[torch.nn.Parameter]) -> bool:
+        """Divides gradients by the scale in place; returns whether any gradient is non-finite."""
+        grads = []
+        for p in params:
+            if p.grad is None:
+                continue
+            g = p.grad
+            if hasattr(g, "to_local"):  # DTensor (FSDP2): unscale the local shard
+                g = g.to_local()
+            grads.append(g)
+        found = False
+        if grads:
+            by_key: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+            for g in grads:
+                by_key.setdefault((g.device, g.dtype), []).append(g)
+            flags = []
+            for (dev, _), group in by_key.items():
+                found_inf = torch.zeros(1, device=dev, dtype=torch.float32)
+                inv = torch.full((1,), 1.0 / self.scale, device=dev, dtype=torch.float32)
+                torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
+                flags.append(found_inf.to("cpu" if dev.type == "cpu" else dev))
+            total = sum(f.to(flags[0].device) for f in flags)
+            if self.process_group is not None:
+                import torch.distributed as dist
+
+                dist.all_reduce(total, group=self.process_group)
+            found = bool(total.item() > 0)
+        self.last_found_inf = found
+        return found
+
+    def should_step(self) -> bool:
+        return not (self.last_found_inf and (self.skip_nonfinite or self.mode != "none"))
+
+    def update(self) -> None:
+        """Call once per optimizer step, after the step or skip."""
+        self.steps += 1
+        self.last_event = "none"
+        if self.last_found_inf:
+            if self.should_step() is False:
+                self.skipped_steps += 1
+            if self.mode == "dynamic":
+                self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+                self.backoffs += 1
+                self.last_event = "backoff"
+            self.growth_tracker = 0
+        elif self.mode == "dynamic":
+            self.growth_tracker += 1
+            if self.growth_tracker >= self.growth_interval:
+                grown = self.scale * self.growth_factor
+                if math.isfinite(grown):
+                    self.scale = grown
+                    self.growths += 1
+                    self.last_event = "growth"
+                self.growth_tracker = 0
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "scale": self.scale,
+            "growth_tracker": self.growth_tracker,
+            "found_inf": self.last_found_inf,
+            "event": self.last_event,
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "backoffs": self.backoffs,
+            "growths": self.growths,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for k in ("scale", "growth_tracker", "steps", "skipped_steps", "backoffs", "growths"):
+            if k in state:
+                setattr(self, k, state[k])
+
+
+@contextlib.contextmanager
+def maybe_autocast(policy: RolePolicy, device_type: str) -> Iterator[None]:
+    with policy.autocast_ctx(device_type):
+        yield

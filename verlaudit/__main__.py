@@ -1,0 +1,5 @@
+import sys
+
+from verlaudit.cli import main
+
+sys.exit(main())

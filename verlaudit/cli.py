@@ -1,0 +1,47 @@
+"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``.
+
+Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
+``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
+one-paragraph error with exit code 2 instead of a traceback. Exercised by `pytest tests/test_cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "run": ("verlaudit.runner", "run a suite: every variant in its own process, then the comparison report"),
+    "diagnose": ("verlaudit.diagnose", "explain a run directory (or a foreign training log): cause, culprit, fix"),
+    "compare": ("verlaudit.compare", "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression"),
+    "plan": ("verlaudit.plan", "predict each variant's peak device memory before running"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verlaudit", description="Precision auditing for RL post-training.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.main(args) or 0)
+    except ValueError as e:
+        print(f"verlaudit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"verlaudit {args.command}: interrupted; what was written so far is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
