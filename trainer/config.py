@@ -223,7 +223,7 @@ class PrecisionConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.preset in PRESETS, "preset", f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}")
-        resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing, where="precision")
+        resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing, where="")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

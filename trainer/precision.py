@@ -200,19 +200,22 @@ def resolve_policy(
     Raises ValueError naming the field path (``where``) on unknown presets, roles, fields or dtypes,
     and when the device cannot run the policy (bf16 on a GPU without bf16 support).
     """
+    def at(key: str) -> str:
+        return f"{where}.{key}" if where else key
+
     if preset not in PRESETS:
-        raise ValueError(f"{where}.preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        raise ValueError(f"{at('preset')}: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     overrides = dict(overrides or {})
     for role in overrides:
         if role not in ROLES:
-            raise ValueError(f"{where}.overrides: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+            raise ValueError(f"{at('overrides')}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
     if isinstance(grad_checkpointing, bool):
         gc = {r: grad_checkpointing and r in TRAINABLE_ROLES for r in ROLES}
     else:
         for role in grad_checkpointing:
             if role not in TRAINABLE_ROLES:
                 raise ValueError(
-                    f"{where}.grad_checkpointing: {role!r} has no backward; expected one of {TRAINABLE_ROLES}"
+                    f"{at('grad_checkpointing')}: {role!r} has no backward; expected one of {TRAINABLE_ROLES}"
                 )
         gc = {r: bool(grad_checkpointing.get(r, False)) for r in ROLES}
 
@@ -224,7 +227,7 @@ def resolve_policy(
         if gc[role]:
             reasons["grad_checkpointing"] = "requested: trade recompute for activation memory"
         for key, value in dict(overrides.get(role, {})).items():
-            path = f"{where}.overrides.{role}.{key}"
+            path = at(f"overrides.{role}.{key}")
             if key not in _OVERRIDABLE:
                 raise ValueError(f"{path}: unknown field; expected one of {', '.join(sorted(_OVERRIDABLE))}")
             if key.endswith("dtype"):
@@ -246,14 +249,18 @@ def resolve_policy(
                 changes["grad_dtype"] = pd
             if "optim_state_dtype" not in changes:
                 changes["optim_state_dtype"] = pd
-        if changes.get("compute_dtype", base.compute_dtype) == torch.float16 and role in TRAINABLE_ROLES:
-            if "loss_scaling" not in changes and base.loss_scaling == "none":
+        fp16_compute = changes.get("compute_dtype", base.compute_dtype) == torch.float16
+        if role in TRAINABLE_ROLES and "loss_scaling" not in changes:
+            if fp16_compute and base.loss_scaling == "none":
                 changes["loss_scaling"] = "dynamic"
                 reasons["loss_scaling"] = "fp16 compute: dynamic loss scaling added (fp16 gradients underflow)"
+            elif not fp16_compute and base.loss_scaling != "none":
+                changes["loss_scaling"] = "none"
+                reasons["loss_scaling"] = "compute overridden away from fp16: no loss scaling needed"
         roles[role] = dataclasses.replace(base, reasons=reasons, **changes)
         if not roles[role].autocast and roles[role].param_dtype != roles[role].compute_dtype:
             raise ValueError(
-                f"{where}.overrides.{role}: compute_dtype {dtype_name(roles[role].compute_dtype)} differs from "
+                f"{at('overrides.' + role)}: compute_dtype {dtype_name(roles[role].compute_dtype)} differs from "
                 f"param_dtype {dtype_name(roles[role].param_dtype)} with autocast false; set autocast: true"
             )
     policy = PrecisionPolicy(preset=preset, roles=roles)
