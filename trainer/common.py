@@ -1,0 +1,261 @@
+"""What the PPO, GRPO and DPO recipes share: setup, backward, optimizer step, rewards, step logging.
+
+No class hierarchy: each recipe calls these functions in its own readable order. Every precision
+decision comes from the resolved `PrecisionPolicy`; every boundary the auditor cares about is an
+observer call here or in the recipe. Exercised by `pytest tests/test_train.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import TrainConfig
+from trainer.events import Observer
+from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy, resolve_policy
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when ``abort_on_nonfinite_loss`` consecutive steps had a non-finite actor loss."""
+
+    def __init__(self, step: int, count: int, loss: float) -> None:
+        super().__init__(
+            f"step {step}: actor loss {loss} was non-finite for {count} consecutive steps "
+            "(config abort_on_nonfinite_loss); the run was stopped"
+        )
+        self.step = step
+        self.count = count
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ValueError for an absent GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but no CUDA GPU is visible; use device: cpu or auto")
+    return dev
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy ships with torch installs in practice
+        pass
+
+
+def make_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, device: torch.device
+) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; its moments take the parameter dtype (the policy's
+    ``optim_state_dtype``). Fused kernels on CUDA, where they exist for every float dtype."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything a recipe needs after setup; ``models`` holds only the roles that exist."""
+
+    config: TrainConfig
+    device: torch.device
+    policy: PrecisionPolicy
+    tokenizer: Any
+    models: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    scalers: dict[str, LossScaler]
+
+    def autocast(self, role: str):
+        return self.policy[role].autocast_ctx(self.device.type)
+
+
+def build_setup(
+    config: TrainConfig, observer: Observer, *, critic: bool, reference: bool, reward_model: bool
+) -> Setup:
+    """Resolves device and policy, builds tokenizer and the models of each role, optimizers and loss
+    scalers for trainable roles, then calls ``observer.on_setup``."""
+    from trainer import models as M  # deferred: keeps `import trainer.common` light for the CLI
+
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    seed_everything(config.seed)
+    pc = config.precision
+    policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, device=device)
+    tokenizer = M.load_tokenizer(config.model)
+    actor = M.build_causal_lm(config.model, tokenizer, policy["actor"], device, seed=config.seed)
+    actor.train()
+    models: dict[str, nn.Module] = {"actor": actor}
+    if critic:
+        models["critic"] = M.build_critic(
+            config.model, tokenizer, policy["critic"], device, seed=config.seed + 1, actor=actor
+        )
+        models["critic"].train()
+    if reference:
+        models["reference"] = M.build_reference(actor, policy["reference"])
+    if reward_model:
+        rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
+        if rm is not None:
+            models["reward"] = rm
+    algo = config.algo
+    lrs = {"actor": algo.lr, "critic": algo.critic_lr}
+    optimizers = {r: make_optimizer(models[r], lrs[r], algo.weight_decay, device) for r in lrs if r in models}
+    scalers = {r: LossScaler.for_policy(policy[r]) for r in optimizers}
+    observer.on_setup(
+        config=config.to_dict(),
+        policy=policy,
+        models=dict(models),
+        tokenizer_info={
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "padding_side": tokenizer.padding_side,
+        },
+    )
+    return Setup(config, device, policy, tokenizer, models, optimizers, scalers)
+
+
+def backward(
+    loss: torch.Tensor, role: str, model: nn.Module, scaler: LossScaler, observer: Observer, accum: float
+) -> None:
+    """Backward of one micro-batch: ``loss / accum`` times the loss scale."""
+    scaler.scale_loss(loss / accum).backward()
+    observer.on_backward(role=role, model=model, loss_scale=scaler.scale)
+
+
+def _params(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def grad_norm_of(params: Iterable[nn.Parameter]) -> float:
+    """Total L2 norm of the gradients in fp32 (inf/nan when any gradient is non-finite)."""
+    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    if not norms:
+        return 0.0
+    return float(torch.stack([n.to(norms[0].device) for n in norms]).norm())
+
+
+def optimizer_step(
+    role: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: LossScaler,
+    policy: RolePolicy,
+    observer: Observer,
+    max_grad_norm: float,
+) -> tuple[float, bool]:
+    """Unscale, check, clip, step (or skip on non-finite gradients), update the scale -> (grad_norm, skipped).
+
+    ``grad_norm`` is the norm before clipping, like verl's ``actor/grad_norm``. The scaler's ``update``
+    runs after the step or skip, so ``scaler_state`` reports the scale the next step will use.
+    """
+    del policy  # the scaler already carries the policy's loss-scaling contract
+    params = _params(model)
+    found_inf = scaler.unscale_(params)
+    if found_inf:
+        norm = grad_norm_of(params)
+    elif max_grad_norm > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        norm = grad_norm_of(params)
+    observer.on_before_optimizer_step(role=role, model=model, optimizer=optimizer)
+    skipped = not scaler.should_step()
+    if not skipped:
+        optimizer.step()
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    observer.on_optimizer_step(
+        role=role,
+        model=model,
+        optimizer=optimizer,
+        scaler_state=scaler.state(),
+        skipped=skipped,
+        grad_norm=norm,
+    )
+    return norm, skipped
+
+
+def convert_rewards(raw: Any, batch_size: int, device: torch.device, where: str) -> torch.Tensor:
+    """Whatever a reward function or model returned (list, numpy array, tensor of any dtype) -> float32 [B].
+
+    A [B, 1] result is flattened; any other shape is a user error naming ``where``.
+    """
+    try:
+        t = torch.as_tensor(raw.detach() if isinstance(raw, torch.Tensor) else raw)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(
+            f"{where}: returned {type(raw).__name__} that is not a list of numbers ({e})"
+        ) from None
+    if t.numel() != batch_size or (t.dim() > 1 and t.shape[0] != batch_size):
+        raise ValueError(
+            f"{where}: returned shape {tuple(t.shape)}, expected ({batch_size},) — one score per response"
+        )
+    return t.reshape(batch_size).to(device=device, dtype=torch.float32)
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions for left-padded rows: cumsum(mask) - 1, clamped at 0 on the padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def split_indices(n: int, size: int) -> list[torch.Tensor]:
+    """Consecutive index chunks of ``size`` (the last may be shorter)."""
+    return list(torch.arange(n).split(size))
+
+
+class Averages:
+    """Running means of per-micro-batch metric values, keyed by metric name."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, **values: float | torch.Tensor) -> None:
+        for k, v in values.items():
+            v = float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+            self._sums[k] = self._sums.get(k, 0.0) + v
+            self._counts[k] = self._counts.get(k, 0) + 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self._sums[k] / self._counts[k] for k in self._sums}
+
+
+class StepLog:
+    """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard."""
+
+    def __init__(self, observer: Observer, abort_after: int) -> None:
+        self.observer = observer
+        self.abort_after = abort_after
+        self.history: list[dict[str, float]] = []
+        self._bad = 0
+        self._t0 = 0.0
+
+    def start(self, step: int) -> None:
+        self.observer.on_step_start(step)
+        self._t0 = time.perf_counter()
+
+    def end(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        out = {k: float(v) for k, v in metrics.items()}
+        out["perf/step_time_s"] = time.perf_counter() - self._t0
+        self.observer.on_step_end(step, out)
+        self.history.append(out)
+        loss = out.get("actor/loss", 0.0)
+        self._bad = self._bad + 1 if not math.isfinite(loss) else 0
+        if self.abort_after > 0 and self._bad >= self.abort_after:
+            raise NonFiniteLossError(step, self._bad, loss)
+        return out
+
+
+def optimizer_metrics(prefix: str, optimizer: torch.optim.Optimizer, scaler: LossScaler) -> dict[str, float]:
+    return {f"{prefix}/lr": optimizer.param_groups[0]["lr"], f"{prefix}/loss_scale": scaler.scale}

@@ -1,0 +1,301 @@
+"""The PPO recipe, top to bottom: setup, rollout, score, reference, values, advantages, update, log.
+
+One step: sample ``batch_size`` responses with the HF generate engine; score them (task reward
+function or reward model); take reference log-probs (when ``kl_coef > 0``) and critic values;
+recompute the actor's log-probs (``old_logprobs``); KL penalty in the reward or as a loss term;
+GAE; whitened advantages; ``ppo_epochs`` passes of clipped policy and value updates over
+mini-batches with micro-batch gradient accumulation. Run it:
+``python -m trainer.train --config cfg.yaml`` with ``algo.name: ppo`` (or `pytest tests/test_train.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer import losses as L
+from trainer.common import (
+    Averages,
+    Setup,
+    StepLog,
+    backward,
+    build_setup,
+    convert_rewards,
+    optimizer_metrics,
+    optimizer_step,
+    position_ids_for,
+    split_indices,
+)
+from trainer.config import TrainConfig
+from trainer.events import Observer
+
+
+def score_responses(
+    setup: Setup, observer: Observer, rollout, examples, reward_fn, reward_name
+) -> torch.Tensor:
+    """Sequence scores [B] fp32 from the reward model when there is one, else the reward function.
+
+    ``examples`` are aligned with the rollout rows (already repeated for GRPO groups)."""
+    rm = setup.models.get("reward")
+    b = rollout.response_ids.shape[0]
+    if rm is not None:
+        from trainer.models import score_with_reward_model
+
+        with torch.no_grad(), setup.autocast("reward"):
+            raw = score_with_reward_model(rm, rollout.input_ids, rollout.attention_mask)
+        where, source = "model.reward_model", f"model:{setup.config.model.reward_model}"
+    else:
+        prompts = [ex["prompt"] for ex in examples]
+        raw = reward_fn(prompts, rollout.responses_text(setup.tokenizer), examples)
+        where, source = (
+            "data.reward_fn" if setup.config.data.reward_fn else "data.task",
+            f"function:{reward_name}",
+        )
+    scores = convert_rewards(raw, b, setup.device, where)
+    observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
+    return scores
+
+
+def rollout_metrics(rollout, old_logprobs: torch.Tensor) -> dict[str, float]:
+    """Rollout vs training log-probs of the same tokens (verl ``rollout_corr/...``): a bf16 engine
+    feeding an fp32 trainer shows up here. ``kl`` is the k1 estimate of KL(rollout || actor)
+    (tokens were sampled by the rollout engine)."""
+    mask = rollout.response_mask
+    diff = rollout.logprobs.float() - old_logprobs
+    absdiff = diff.abs() * mask
+    return {
+        "rollout_corr/kl": float(L.masked_mean(diff, mask)),
+        "rollout_corr/abs_diff_mean": float(L.masked_mean(diff.abs(), mask)),
+        "rollout_corr/abs_diff_max": float(absdiff.max()) if absdiff.numel() else 0.0,
+    }
+
+
+def critic_values(critic, input_ids, attention_mask, response_length: int) -> torch.Tensor:
+    """Values [B, R] of the states before each response token (positions P-1 .. P+R-2), fp32."""
+    values = critic(input_ids, attention_mask, position_ids=position_ids_for(attention_mask))
+    return values[:, -(response_length + 1) : -1].float()
+
+
+def reference_logprobs(setup: Setup, observer: Observer, rollout) -> torch.Tensor:
+    from trainer.logprobs import sequence_logprobs
+
+    r = rollout.response_ids.shape[1]
+    with torch.no_grad(), setup.autocast("reference"):
+        ref_logprobs, _ = sequence_logprobs(
+            setup.models["reference"],
+            rollout.input_ids,
+            rollout.attention_mask,
+            r,
+            temperature=setup.config.algo.temperature,
+        )
+    observer.on_forward(role="reference", name="ref_logprobs", output=ref_logprobs)
+    return ref_logprobs
+
+
+def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool):
+    from trainer.logprobs import sequence_logprobs
+
+    r = rollout.response_ids.shape[1]
+    with setup.autocast("actor"):
+        return sequence_logprobs(
+            model,
+            rollout.input_ids,
+            rollout.attention_mask,
+            r,
+            temperature=setup.config.algo.temperature,
+            compute_entropy=entropy,
+        )
+
+
+def update_actor(setup: Setup, observer: Observer, rollout, old_logprobs, advantages, ref_logprobs) -> dict:
+    """``ppo_epochs`` passes of the clipped surrogate (+ entropy bonus, + KL loss when not in reward)."""
+    algo = setup.config.algo
+    model, opt, scaler = setup.models["actor"], setup.optimizers["actor"], setup.scalers["actor"]
+    kl_as_loss = ref_logprobs is not None and (algo.name == "grpo" or not algo.kl_in_reward)
+    avg, norms, skips = Averages(), [], []
+    b = rollout.response_ids.shape[0]
+    for _ in range(algo.ppo_epochs):
+        perm = torch.randperm(b)  # global RNG, seeded once in setup
+        for mini in split_indices(b, algo.mini_batch_size):
+            mini = perm[mini]
+            micros = split_indices(len(mini), algo.micro_batch_size)
+            for micro in micros:
+                idx = mini[micro].to(setup.device)
+                sub = _select(rollout, idx)
+                logprobs, ent = actor_logprobs(setup, model, sub, entropy=True)
+                observer.on_forward(role="actor", name="logprobs", output=logprobs)
+                mask = sub.response_mask
+                pg_loss, clipfrac, ppo_kl = L.ppo_policy_loss(
+                    logprobs, old_logprobs[idx], advantages[idx], mask, algo.clip_ratio
+                )
+                entropy = L.entropy_loss(ent, mask)
+                loss = pg_loss - algo.entropy_coef * entropy
+                terms = {"pg_loss": pg_loss, "entropy": entropy}
+                if kl_as_loss:
+                    kl_loss = L.masked_mean(
+                        L.kl_penalty(logprobs, ref_logprobs[idx], algo.kl_estimator), mask
+                    )
+                    loss = loss + algo.kl_coef * kl_loss
+                    terms["kl_loss"] = kl_loss
+                observer.on_loss(role="actor", loss=loss, terms=terms)
+                backward(loss, "actor", model, scaler, observer, accum=len(mini) / len(micro))
+                avg.add(loss=loss, pg_loss=pg_loss, pg_clipfrac=clipfrac, ppo_kl=ppo_kl, **{
+                    k: v for k, v in terms.items() if k != "pg_loss"
+                })  # fmt: skip
+            norm, skipped = optimizer_step(
+                "actor", model, opt, scaler, setup.policy["actor"], observer, algo.max_grad_norm
+            )
+            norms.append(norm)
+            skips.append(float(skipped))
+    m = {f"actor/{k}": v for k, v in avg.means().items()}
+    m["actor/grad_norm"] = sum(norms) / len(norms)
+    m["actor/skipped"] = sum(skips) / len(skips)
+    m.update(optimizer_metrics("actor", opt, scaler))
+    return m
+
+
+def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns) -> dict:
+    algo = setup.config.algo
+    model, opt, scaler = setup.models["critic"], setup.optimizers["critic"], setup.scalers["critic"]
+    avg, norms, skips = Averages(), [], []
+    b, r = rollout.response_ids.shape
+    for _ in range(algo.ppo_epochs):
+        perm = torch.randperm(b)
+        for mini in split_indices(b, algo.mini_batch_size):
+            mini = perm[mini]
+            for micro in split_indices(len(mini), algo.micro_batch_size):
+                idx = mini[micro].to(setup.device)
+                sub = _select(rollout, idx)
+                with setup.autocast("critic"):
+                    values = critic_values(model, sub.input_ids, sub.attention_mask, r)
+                observer.on_forward(role="critic", name="values", output=values)
+                vf_loss, vf_clipfrac = L.value_loss(
+                    values, old_values[idx], returns[idx], sub.response_mask, algo.value_clip
+                )
+                loss = algo.vf_coef * vf_loss
+                observer.on_loss(role="critic", loss=loss, terms={"vf_loss": vf_loss})
+                backward(loss, "critic", model, scaler, observer, accum=len(mini) / len(micro))
+                avg.add(vf_loss=vf_loss, vf_clipfrac=vf_clipfrac)
+            norm, skipped = optimizer_step(
+                "critic", model, opt, scaler, setup.policy["critic"], observer, algo.max_grad_norm
+            )
+            norms.append(norm)
+            skips.append(float(skipped))
+    m = {f"critic/{k}": v for k, v in avg.means().items()}
+    m["critic/grad_norm"] = sum(norms) / len(norms)
+    m["critic/skipped"] = sum(skips) / len(skips)
+    m["critic/loss_scale"] = scaler.scale
+    m["critic/lr"] = opt.param_groups[0]["lr"]
+    return m
+
+
+def _select(rollout, idx: torch.Tensor):
+    """The rows ``idx`` of a Rollout (every tensor field indexed on dim 0)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        rollout,
+        **{
+            f.name: getattr(rollout, f.name)[idx]
+            for f in dataclasses.fields(rollout)
+            if isinstance(getattr(rollout, f.name), torch.Tensor)
+        },
+    )
+
+
+def generate(setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1):
+    """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times)."""
+    batch = collator(examples)
+    observer.on_batch(role="actor", batch=batch, source=source)
+    ids = batch["input_ids"].to(setup.device)
+    mask = batch["attention_mask"].to(setup.device)
+    rollout = engine.generate(
+        ids, mask, num_samples=num_samples, generator_seed=setup.config.seed * 100_003 + step
+    )
+    observer.on_rollout(
+        engine=engine.name,
+        engine_dtype=engine.engine_dtype,
+        actor_compute_dtype=setup.policy["actor"].compute_dtype,
+        prompt_ids=rollout.prompt_ids,
+        response_ids=rollout.response_ids,
+        response_mask=rollout.response_mask,
+        logprobs=rollout.logprobs,
+    )
+    return rollout
+
+
+def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
+    """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine, batches."""
+    from trainer import data as D
+    from trainer.rollout import HFGenerateEngine
+
+    algo = config.algo
+    setup = build_setup(config, observer, critic=critic, reference=algo.kl_coef > 0, reward_model=True)
+    examples = D.load_examples(config.data, seed=config.seed, pairs=False)
+    source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
+    reward_name, reward_fn = D.get_reward_fn(config.data)
+    engine = HFGenerateEngine(
+        setup.models["actor"],
+        setup.tokenizer,
+        setup.policy["rollout"],
+        device=setup.device,
+        max_new_tokens=config.data.response_length,
+        temperature=algo.temperature,
+        top_k=algo.top_k,
+    )
+    batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
+    return setup, source, collator, reward_name, reward_fn, engine, batches
+
+
+def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+    """Trains ``config.steps`` PPO steps; returns the per-step metrics."""
+    algo = config.algo
+    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=True)
+    actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
+    log = StepLog(observer, config.abort_on_nonfinite_loss)
+    for step in range(config.steps):
+        log.start(step)
+        examples = next(batches)
+        with observer.phase("rollout"):
+            rollout = generate(setup, observer, engine, collator, source, examples, step)
+        mask, r = rollout.response_mask, rollout.response_ids.shape[1]
+        with observer.phase("reward"):
+            scores = score_responses(setup, observer, rollout, examples, reward_fn, reward_name)
+        ref_logprobs = None
+        if ref is not None:
+            with observer.phase("ref"):
+                ref_logprobs = reference_logprobs(setup, observer, rollout)
+        with observer.phase("critic"):
+            with torch.no_grad(), setup.autocast("critic"):
+                values = critic_values(critic, rollout.input_ids, rollout.attention_mask, r)
+            observer.on_forward(role="critic", name="values", output=values)
+
+        with observer.phase("actor_update"):
+            with torch.no_grad():
+                old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
+            observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
+            metrics = rollout_metrics(rollout, old_logprobs)
+            kl = None
+            if ref_logprobs is not None:
+                kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_estimator)
+                metrics["rollout/kl_ref"] = float(L.masked_mean(kl, mask))
+            token_rewards = L.token_level_rewards(
+                scores, mask, kl if algo.kl_in_reward else None, algo.kl_coef
+            )
+            advantages, returns = L.compute_gae(token_rewards, values, mask, algo.gamma, algo.lam)
+            if algo.normalize_advantages:
+                advantages = L.masked_whiten(advantages, mask)
+            metrics.update(update_actor(setup, observer, rollout, old_logprobs, advantages, ref_logprobs))
+        with observer.phase("critic_update"):
+            metrics.update(update_critic(setup, observer, rollout, values, returns))
+
+        metrics.update({
+            "critic/score/mean": float(scores.mean()),
+            "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
+            "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
+            "critic/returns/mean": float(L.masked_mean(returns, mask)),
+            "critic/values/mean": float(L.masked_mean(values, mask)),
+            "response_length/mean": float(mask.float().sum(-1).mean()),
+        })  # fmt: skip
+        log.end(step, metrics)
+    return log.history

@@ -1,0 +1,112 @@
+"""The trainer's entry point: `train(config, observer)` dispatches to the PPO, GRPO or DPO recipe.
+
+A plain run without verlaudit, one line per step:
+    python -m trainer.train --config cfg.yaml [--steps N]
+The config file holds a `TrainConfig` as YAML or JSON (``algo: {name: grpo}``, ``precision: {preset: bf16}``).
+Exceptions (OOM, dtype errors, `NonFiniteLossError`) propagate: verlaudit's worker records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from trainer.common import NonFiniteLossError
+from trainer.config import TrainConfig
+from trainer.events import NULL_OBSERVER, Observer
+
+__all__ = ["NonFiniteLossError", "TrainResult", "load_config", "main", "train"]
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """Per-step metrics of a finished run."""
+
+    history: list[dict[str, float]]
+    """One flat metrics dict per step (what ``on_step_end`` received)."""
+    final: dict[str, float]
+    """The last step's metrics."""
+
+
+def train(config: TrainConfig, observer: Observer | None = None) -> TrainResult:
+    """Runs ``config.steps`` steps of ``config.algo.name`` and returns the metrics history."""
+    observer = observer or NULL_OBSERVER
+    name = config.algo.name
+    if name == "ppo":
+        from trainer import ppo as recipe
+    elif name == "grpo":
+        from trainer import grpo as recipe
+    elif name == "dpo":
+        from trainer import dpo as recipe
+    else:  # TrainConfig already refuses other names; this guards direct construction bypasses
+        raise ValueError(f"algo.name: unknown algorithm {name!r}; expected ppo, grpo or dpo")
+    history = recipe.run(config, observer)
+    return TrainResult(history=history, final=dict(history[-1]) if history else {})
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Reads a YAML or JSON file into a validated `TrainConfig` (errors name the file and the field)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--config: {p} does not exist; pass a YAML or JSON TrainConfig file")
+    text = p.read_text()
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise ValueError(f"{p}: not valid {p.suffix.lstrip('.') or 'YAML'}: {e}") from None
+    except Exception as e:  # yaml.YAMLError carries the line and column
+        if type(e).__module__.startswith("yaml"):
+            raise ValueError(f"{p}: not valid YAML: {e}") from None
+        raise
+    try:
+        return TrainConfig.from_dict(data or {})
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}") from None
+
+
+def _format(step: int, m: dict[str, float]) -> str:
+    keys = [
+        "actor/loss",
+        "critic/score/mean",
+        "rewards/margins",
+        "rewards/accuracies",
+        "actor/grad_norm",
+        "actor/loss_scale",
+        "perf/step_time_s",
+    ]
+    parts = [f"{k}={m[k]:.4g}" for k in keys if k in m]
+    return f"step {step}: " + " ".join(parts)
+
+
+class _PrintObserver(Observer):
+    def on_step_end(self, step: int, metrics) -> None:
+        print(_format(step, dict(metrics)), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="TrainConfig as YAML or JSON")
+    parser.add_argument("--steps", type=int, default=None, help="override config.steps")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        if args.steps is not None:
+            config = TrainConfig.from_dict({**config.to_dict(), "steps": args.steps})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = train(config, _PrintObserver())
+    print(json.dumps({"steps": len(result.history), "final": result.final}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
