@@ -1,0 +1,182 @@
+"""The fp32 "logprobs" island: token log-probs and entropies from logits, without a full fp32 copy.
+
+A naive ``logits.float().log_softmax(-1)`` on a 7B model (32k vocab, 8 x 8k tokens) allocates an
+8 GB fp32 copy of the logits, and autograd keeps it (plus the log-softmax output) until backward.
+Here the work runs in chunks of rows: each chunk is upcast, reduced to one number per token and
+dropped. Custom autograd functions save only the original logits (which the model's graph keeps
+anyway) and one fp32 log-sum-exp per token, and recompute softmax chunk by chunk in backward, so
+the only full-size tensor they create is the gradient itself, in the logits' dtype.
+Exercised by `pytest tests/test_models.py -k logprobs`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 26
+"""Logit elements upcast at once (64 Mi elements = 256 MB in fp32); rows per chunk follow from V."""
+
+
+def _rows_per_chunk(vocab: int, chunk_elements: int) -> int:
+    return max(1, chunk_elements // max(vocab, 1))
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """log_softmax(logits / t)[label] in fp32, chunked over rows. Inputs are 2-D: [N, V], [N]."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk_elements):  # noqa: ANN001
+        n, v = logits.shape
+        out = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        step = _rows_per_chunk(v, chunk_elements)
+        for s in range(0, n, step):
+            x = logits[s : s + step].float()
+            if temperature != 1.0:
+                x = x / temperature
+            # log_softmax then gather (not x - logsumexp): bit-identical to the naive expression.
+            logp = x.log_softmax(-1)
+            out[s : s + step] = logp.gather(-1, labels[s : s + step, None]).squeeze(-1)
+            lse[s : s + step] = torch.logsumexp(x, -1)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature = temperature
+        ctx.chunk_elements = chunk_elements
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        logits, labels, lse = ctx.saved_tensors
+        t = ctx.temperature
+        n, v = logits.shape
+        grad = torch.empty_like(logits)
+        step = _rows_per_chunk(v, ctx.chunk_elements)
+        for s in range(0, n, step):
+            x = logits[s : s + step].float()
+            if t != 1.0:
+                x = x / t
+            g = grad_out[s : s + step].float()[:, None]
+            # d/dx log p_label = onehot - softmax; divided by t for the temperature.
+            probs = (x - lse[s : s + step, None]).exp_()
+            chunk = -probs * g
+            chunk.scatter_add_(-1, labels[s : s + step, None], g)
+            if t != 1.0:
+                chunk /= t
+            grad[s : s + step] = chunk.to(grad.dtype)
+        return grad, None, None, None
+
+
+class _Entropy(torch.autograd.Function):
+    """Entropy of softmax(logits / t) in fp32, chunked over rows. Input is 2-D: [N, V]."""
+
+    @staticmethod
+    def forward(ctx, logits, temperature, chunk_elements):  # noqa: ANN001
+        n, v = logits.shape
+        out = torch.empty(n, dtype=torch.float32, device=logits.device)
+        step = _rows_per_chunk(v, chunk_elements)
+        for s in range(0, n, step):
+            x = logits[s : s + step].float()
+            if temperature != 1.0:
+                x = x / temperature
+            logp = x.log_softmax(-1)
+            out[s : s + step] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(logits)
+        ctx.temperature = temperature
+        ctx.chunk_elements = chunk_elements
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        (logits,) = ctx.saved_tensors
+        t = ctx.temperature
+        n, v = logits.shape
+        grad = torch.empty_like(logits)
+        step = _rows_per_chunk(v, ctx.chunk_elements)
+        for s in range(0, n, step):
+            x = logits[s : s + step].float()
+            if t != 1.0:
+                x = x / t
+            logp = x.log_softmax(-1)
+            p = logp.exp()
+            # dH/dx_i = -p_i (log p_i - sum_j p_j log p_j)   (the lse terms cancel)
+            centered = logp - (p * logp).sum(-1, keepdim=True)
+            chunk = -p * centered * grad_out[s : s + step].float()[:, None]
+            if t != 1.0:
+                chunk /= t
+            grad[s : s + step] = chunk.to(grad.dtype)
+        return grad, None, None
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """fp32 log-probs of ``labels`` [B, T] under ``logits`` [B, T, V] (divided by ``temperature`` in
+    fp32). Equal to ``(logits.float() / temperature).log_softmax(-1).gather(-1, labels[..., None])``
+    without materialising it; differentiable."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logprobs_from_logits: logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}"
+        )
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = _TokenLogprob.apply(flat, labels.reshape(-1).long(), float(temperature), chunk_elements)
+    return out.view(labels.shape)
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """fp32 entropy [B, T] of the softmax of ``logits`` [B, T, V] / ``temperature``; differentiable."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    return _Entropy.apply(flat, float(temperature), chunk_elements).view(logits.shape[:-1])
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: the first real token is position 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, R] (fp32) of the last ``R = response_length`` tokens of ``input_ids`` [B, P+R]
+    (prompt left-padded, response right-padded), and optionally the entropies [B, R].
+
+    Logit at position i predicts token i+1, so the R response tokens are predicted by positions
+    P-1 .. P+R-2. Only those R logits are computed when the model takes ``logits_to_keep`` (HF
+    causal LMs do): the prompt positions' vocab projection is never materialised. The caller owns
+    autocast. Padded response positions get values too; mask them with the response mask.
+    """
+    r = int(response_length)
+    if not 0 < r < input_ids.shape[1]:
+        raise ValueError(f"sequence_logprobs: response_length {r} must be in [1, {input_ids.shape[1] - 1}]")
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    if _accepts(model, "use_cache"):
+        kwargs["use_cache"] = False
+    if _accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = r + 1
+    out = model(**kwargs)
+    logits = out.logits if hasattr(out, "logits") else out
+    logits = logits[:, -(r + 1) : -1]
+    labels = input_ids[:, -r:]
+    logprobs = logprobs_from_logits(logits, labels, temperature=temperature)
+    entropy = entropy_from_logits(logits, temperature=temperature) if compute_entropy else None
+    return logprobs, entropy

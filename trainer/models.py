@@ -1,0 +1,455 @@
+"""Models of every role: the actor (causal LM), critic (backbone + value head), frozen reference, and
+reward model, loaded from local Hugging Face directories or built from architecture presets.
+
+Nothing is downloaded: a ``path`` is a local ``save_pretrained`` directory; otherwise a preset is
+random-initialised (enough for precision, memory and speed work; the tiny preset also learns the
+built-in tasks). Big presets are built directly on the target device in the target dtype, so a
+7B init takes seconds on a GPU instead of minutes on a CPU. Exercised by `pytest tests/test_models.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import logging
+import math
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from trainer.config import ModelConfig
+from trainer.logprobs import position_ids_from_mask
+from trainer.precision import RolePolicy, dtype_name
+from trainer.tokenizer import build_tokenizer
+
+log = logging.getLogger(__name__)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # vocab_size comes from the tokenizer (about 100 ids): the whole model is ~100k parameters.
+    "tiny-llama": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    ),
+    "llama-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=5504,
+        max_position_embeddings=4096,
+        vocab_size=32000,
+    ),
+    "llama2-7b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=11008,
+        max_position_embeddings=4096,
+        vocab_size=32000,
+    ),
+    "llama2-13b": dict(
+        hidden_size=5120,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        intermediate_size=13824,
+        max_position_embeddings=4096,
+        vocab_size=32000,
+    ),
+}
+"""Architecture presets: LlamaConfig keyword arguments. Presets without ``vocab_size`` take it from the
+tokenizer; the 32000-vocab ones keep Llama-2's (our tokenizer's ids are a subset)."""
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing, non-reentrant. transformers 5.2x renamed the API
+    (``activation_checkpointing_enable``); the GPU machine's 5.17 may only have the old name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def disable_checkpointing(model: nn.Module) -> None:
+    if hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    elif hasattr(model, "gradient_checkpointing_disable"):
+        model.gradient_checkpointing_disable()
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Whether activation checkpointing is on (either transformers API name, or our ValueModel)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name) or hasattr(model, name):
+            return bool(getattr(model, name))
+    return False
+
+
+def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """``model.tokenizer`` dir, else ``model.path`` when it holds a tokenizer, else the project's own.
+
+    Padding side is forced to left whatever the files say: decoder-only generation continues from the
+    last position, so prompts must end flush right. ``tokenizer.load_notes`` lists what was decided.
+    """
+    notes: list[str] = []
+    if model_cfg.tokenizer is not None:
+        _require_dir(model_cfg.tokenizer, "model.tokenizer", "a tokenizer directory (save_pretrained layout)")
+        tok = _auto_tokenizer(model_cfg.tokenizer, "model.tokenizer")
+        notes.append(f"tokenizer from model.tokenizer={model_cfg.tokenizer}")
+    elif model_cfg.path is not None and any(
+        os.path.isfile(os.path.join(model_cfg.path, f)) for f in _TOKENIZER_FILES
+    ):
+        tok = _auto_tokenizer(model_cfg.path, "model.path")
+        notes.append(f"tokenizer from model.path={model_cfg.path}")
+    else:
+        tok = build_tokenizer()
+        notes.append(
+            "project character tokenizer (trainer.tokenizer.build_tokenizer): no tokenizer directory given"
+        )
+    if tok.padding_side != "left":
+        notes.append(
+            f"padding_side forced left (was {tok.padding_side}): prompts must end flush right for generation"
+        )
+        tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ValueError(
+                "model.tokenizer: the tokenizer has neither a pad nor an eos token; add a pad token"
+            )
+        tok.pad_token = tok.eos_token
+        notes.append("tokenizer has no pad token: using eos as pad")
+    for n in notes:
+        log.info(n)
+    tok.load_notes = notes
+    return tok
+
+
+def _auto_tokenizer(path: str, where: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{where}: could not load a tokenizer from {path!r}: {e}. Point it at a directory written by "
+            "tokenizer.save_pretrained, or leave it unset to use the project's tokenizer"
+        ) from e
+
+
+def _require_dir(path: str, where: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise ValueError(
+            f"{where}: {path!r} does not exist; expected {what} (nothing is downloaded from a hub)"
+        )
+    if not os.path.isdir(path):
+        raise ValueError(f"{where}: {path!r} is a file; expected {what}")
+
+
+def _require_hf_dir(path: str, where: str) -> None:
+    what = "a local Hugging Face model directory (save_pretrained layout: config.json + weights)"
+    _require_dir(path, where, what)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{where}: {path!r} has no config.json; expected {what}")
+
+
+def preset_config(model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, **extra: Any) -> LlamaConfig:
+    """The LlamaConfig of ``model.preset`` with ``model.overrides`` applied and special ids set."""
+    if model_cfg.preset not in PRESETS:
+        raise ValueError(
+            f"model.preset: unknown preset {model_cfg.preset!r}; expected one of {', '.join(PRESETS)} "
+            "(or set model.path to a local model directory)"
+        )
+    kwargs: dict[str, Any] = {"vocab_size": len(tokenizer), **PRESETS[model_cfg.preset]}
+    known = set(LlamaConfig().to_dict())
+    for key, value in model_cfg.overrides.items():
+        if key not in known:
+            raise ValueError(
+                f"model.overrides.{key}: not a LlamaConfig field; e.g. num_hidden_layers, hidden_size"
+            )
+        kwargs[key] = value
+    if kwargs["vocab_size"] < len(tokenizer):
+        raise ValueError(
+            f"model.overrides.vocab_size: {kwargs['vocab_size']} is smaller than the tokenizer ({len(tokenizer)} ids)"
+        )
+    kwargs.update(
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **extra,
+    )
+    return LlamaConfig(**kwargs)
+
+
+def _finish(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, policy: RolePolicy
+) -> PreTrainedModel:
+    # Training forwards never need the KV cache; rollout passes use_cache=True to generate itself.
+    model.config.use_cache = False
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+        gen.eos_token_id = tokenizer.eos_token_id
+        gen.bos_token_id = tokenizer.bos_token_id
+    if policy.grad_checkpointing:
+        enable_checkpointing(model)
+    return model
+
+
+def build_causal_lm(
+    model_cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    policy: RolePolicy,
+    device: str | torch.device,
+    *,
+    seed: int,
+) -> PreTrainedModel:
+    """The actor: from ``model.path`` (weights loaded in ``policy.param_dtype``) or the preset, random
+    init under ``torch.manual_seed(seed)``, built on ``device``."""
+    device = torch.device(device)
+    if model_cfg.path is not None:
+        _require_hf_dir(model_cfg.path, "model.path")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                model_cfg.path, dtype=policy.param_dtype, attn_implementation=model_cfg.attn_implementation
+            )
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(
+                f"model.path: {model_cfg.path!r} is not a loadable causal LM directory: {e}"
+            ) from e
+        vocab = model.get_input_embeddings().num_embeddings
+        if vocab < len(tokenizer):
+            raise ValueError(
+                f"model.tokenizer: tokenizer has {len(tokenizer)} ids but the model at {model_cfg.path!r} embeds "
+                f"only {vocab}; use the tokenizer the model was trained with (model.tokenizer)"
+            )
+        model = model.to(device)
+    else:
+        config = preset_config(model_cfg, tokenizer)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=policy.param_dtype, attn_implementation=model_cfg.attn_implementation
+            )
+    log.info(
+        "actor %s: %s params in %s on %s",
+        model_cfg.path or model_cfg.preset,
+        sum(p.numel() for p in model.parameters()),
+        dtype_name(policy.param_dtype),
+        device,
+    )
+    return _finish(model, tokenizer, policy)
+
+
+class ValueModel(nn.Module):
+    """Critic: a transformer backbone (no LM head) and a linear value head, hidden -> 1.
+
+    Values come out in fp32 whatever the compute dtype (the head's output is upcast: part of the
+    "loss" island), one per position: ``values[:, i]`` is the value of the state after token i.
+    """
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        p = next(backbone.parameters())
+        self.value_head = nn.Linear(backbone.config.hidden_size, 1, device=p.device, dtype=p.dtype)
+        # Small init: values start near 0 so early advantages come from rewards, not head noise.
+        nn.init.normal_(self.value_head.weight, std=1.0 / (10.0 * math.sqrt(backbone.config.hidden_size)))
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        return self.value_head(out.last_hidden_state).squeeze(-1).float()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Non-reentrant activation checkpointing of the backbone's layers (kwargs ignored)."""
+        enable_checkpointing(self.backbone)
+
+    def gradient_checkpointing_disable(self) -> None:
+        disable_checkpointing(self.backbone)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return is_checkpointing(self.backbone)
+
+
+def _backbone_of(lm: PreTrainedModel) -> PreTrainedModel:
+    prefix = getattr(lm, "base_model_prefix", "model")
+    backbone = getattr(lm, prefix, None)
+    if not isinstance(backbone, PreTrainedModel):
+        raise ValueError(
+            f"{type(lm).__name__} has no transformer backbone at .{prefix}; cannot build a critic"
+        )
+    return backbone
+
+
+def _cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Deep copy with parameters created directly in ``dtype`` (no transient full-precision copy)."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=p.requires_grad)
+    out = copy.deepcopy(module, memo)
+    return out.to(dtype=dtype)
+
+
+def build_critic(
+    model_cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    policy: RolePolicy,
+    device: str | torch.device,
+    *,
+    seed: int,
+    actor: PreTrainedModel | None = None,
+) -> ValueModel:
+    """Critic backbone from ``model.critic_path``, else a copy of the actor's (initial) backbone: pass
+    ``actor`` before its first update, or leave it None to rebuild the actor's init from ``seed``."""
+    device = torch.device(device)
+    if model_cfg.critic_path is not None:
+        _require_hf_dir(model_cfg.critic_path, "model.critic_path")
+        try:
+            backbone = AutoModel.from_pretrained(
+                model_cfg.critic_path,
+                dtype=policy.param_dtype,
+                attn_implementation=model_cfg.attn_implementation,
+            ).to(device)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(
+                f"model.critic_path: {model_cfg.critic_path!r} is not a loadable model: {e}"
+            ) from e
+    else:
+        if actor is None:
+            actor = build_causal_lm(
+                model_cfg, tokenizer, dataclasses.replace(policy, grad_checkpointing=False), device, seed=seed
+            )
+        backbone = _cast_copy(_backbone_of(actor), policy.param_dtype)
+        if is_checkpointing(backbone):
+            disable_checkpointing(backbone)
+    backbone.config.use_cache = False
+    torch.manual_seed(seed + 1)  # the head's init must not repeat the actor's first draws
+    critic = ValueModel(backbone).to(device)
+    for p in critic.parameters():
+        p.requires_grad_(True)
+    if policy.grad_checkpointing:
+        critic.gradient_checkpointing_enable()
+    return critic
+
+
+def build_reference(actor: nn.Module, policy: RolePolicy) -> nn.Module:
+    """Frozen deep copy of ``actor`` in the reference role's parameter dtype, in eval mode."""
+    ref = _cast_copy(actor, policy.param_dtype)
+    if is_checkpointing(ref):
+        disable_checkpointing(ref)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def build_reward_model(
+    model_cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    policy: RolePolicy,
+    device: str | torch.device,
+    *,
+    seed: int = 0,
+) -> nn.Module | None:
+    """``model.reward_model``: None when unset; ``preset:<name>`` -> random-init
+    LlamaForSequenceClassification; a local directory -> AutoModelForSequenceClassification
+    (num_labels=1); ``module:attr`` / ``file.py:attr`` -> the user's loader called with
+    (tokenizer, device). Built-ins are frozen, in eval mode, in the reward role's parameter dtype;
+    a user loader's model is left exactly as returned (the audit checks it against the policy)."""
+    spec = model_cfg.reward_model
+    if spec is None:
+        return None
+    device = torch.device(device)
+    where = "model.reward_model"
+    if spec.startswith("preset:"):
+        cfg = preset_config(ModelConfig(preset=spec.removeprefix("preset:")), tokenizer, num_labels=1)
+        torch.manual_seed(seed + 2)
+        with torch.device(device):
+            rm = AutoModelForSequenceClassification.from_config(
+                cfg, dtype=policy.param_dtype, attn_implementation=model_cfg.attn_implementation
+            )
+    elif os.path.isdir(spec):
+        _require_hf_dir(spec, where)
+        try:
+            rm = AutoModelForSequenceClassification.from_pretrained(
+                spec,
+                num_labels=1,
+                dtype=policy.param_dtype,
+                attn_implementation=model_cfg.attn_implementation,
+            ).to(device)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{where}: {spec!r} is not a loadable sequence-classification model: {e}") from e
+        if rm.config.pad_token_id is None:
+            rm.config.pad_token_id = tokenizer.pad_token_id
+    elif ":" in spec:
+        from trainer.data import resolve_callable  # data imports nothing from here; keep the edge one-way
+
+        loader = resolve_callable(spec, where)
+        rm = loader(tokenizer, device)
+        if not isinstance(rm, nn.Module):
+            raise ValueError(
+                f"{where}: loader {spec!r} returned {type(rm).__name__}; expected a torch.nn.Module"
+            )
+        return rm
+    else:
+        raise ValueError(
+            f"{where}: {spec!r} is neither an existing directory, 'preset:<name>' "
+            f"(presets: {', '.join(PRESETS)}) nor 'module:attr' / 'path/to/file.py:attr'"
+        )
+    rm.config.use_cache = False
+    rm.eval()
+    rm.requires_grad_(False)
+    return rm
+
+
+def score_with_reward_model(
+    rm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Raw scores [B] from a reward model, in whatever dtype it produced (not cast: the audit checks
+    it). The caller owns autocast and no_grad. HF sequence classifiers score the last non-pad token."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    try:
+        if "position_ids" in inspect.signature(rm.forward).parameters:
+            kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    except (TypeError, ValueError):
+        pass
+    out = rm(**kwargs)
+    scores = out.logits if hasattr(out, "logits") else out
+    if not isinstance(scores, torch.Tensor):
+        raise ValueError(
+            f"reward model {type(rm).__name__} returned {type(out).__name__}; expected a tensor or .logits"
+        )
+    if scores.dim() == 2 and scores.shape[-1] == 1:
+        scores = scores[:, 0]
+    if scores.dim() != 1 or scores.shape[0] != input_ids.shape[0]:
+        raise ValueError(
+            f"reward model {type(rm).__name__} returned shape {tuple(scores.shape)}; expected [{input_ids.shape[0]}] or [B, 1]"
+        )
+    return scores
