@@ -1,0 +1,440 @@
+"""`verlaudit run SUITE.yaml`: every variant in its own process, then the comparison report.
+
+Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
+cap, bf16 refusal) and write one worker spec per (variant, seed). Execute (`execute`): start
+``python -m verlaudit.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
+run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
+child's metrics.jsonl. Report (`verlaudit.report`): read the run directories back and write
+report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
+the report from what exists and exits 130.
+
+Exit codes: 0 every variant completed (refused variants included: refusing is the answer the suite
+asked for), 1 some variant failed or was killed, 2 bad suite or arguments, 130 interrupted.
+Exercised by `verlaudit run suites/tiny_cpu.yaml` and `pytest tests/test_runner.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import verlaudit
+from verlaudit import report as report_mod
+from verlaudit.hardware import PresentDevice, detect, get_target
+from verlaudit.rundir import STATUS, RunWriter, read_json, to_float
+from verlaudit.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
+
+DEFAULT_SUITE = "suites/tiny_cpu.yaml"
+SPEC = "spec.json"
+RUNNER = "runner.json"
+WORKER_LOG = "worker.log"
+SUITE_COPY = "suite.json"
+GRACE_S = 30.0
+"""How long an interrupted worker gets to write its status before SIGTERM, then SIGKILL."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedRun:
+    """One run with the spec its worker gets, or the reason the runner refuses to start it."""
+
+    run: SuiteRun
+    spec: Mapping[str, Any]
+    refused: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    device: str
+    """``cpu`` or ``cuda``: where every variant runs."""
+    notes: tuple[str, ...]
+    """What the runner decided and why, printed before starting (target emulation, CPU fallback)."""
+    runs: tuple[PlannedRun, ...]
+
+
+def resolve_device(suite: Suite, present: PresentDevice, override: str | None) -> tuple[str, list[str]]:
+    """Where the suite runs, with the notes explaining it; ValueError when it cannot run here."""
+    target = get_target(suite.hardware.target)
+    notes: list[str] = []
+    wanted = override or (suite.train.device if suite.train.device != "auto" else None)
+    if wanted is not None and wanted.startswith("cuda"):
+        if not present.cuda:
+            raise ValueError(f"--device {wanted}: no CUDA GPU is visible on this machine; use --device cpu")
+        device = "cuda"
+    elif wanted == "cpu":
+        device = "cpu"
+    elif target.memory_gb is None:
+        device = "cpu"  # a CPU suite measures CPU behaviour even where a GPU exists
+    elif present.cuda:
+        device = "cuda"
+    else:
+        # A GPU suite silently moved to CPU would run for hours (7B on CPU) and its memory numbers
+        # would mean nothing for the target; ask the user to choose.
+        raise ValueError(
+            f"suite {suite.name!r} targets {suite.hardware.gpus} x {target.name} (hardware.target) but this "
+            "machine has no CUDA GPU. Run it on a GPU machine, or pass --device cpu (and a small --steps) "
+            "to run it on CPU anyway, without memory emulation"
+        )
+    if device == "cpu" and target.memory_gb is not None:
+        notes.append(
+            f"target {target.name} is not emulated on CPU: running on CPU as requested; memory numbers are "
+            "host RSS, not GPU memory"
+        )
+    if device == "cuda":
+        if suite.hardware.gpus > present.gpu_count:
+            raise ValueError(
+                f"suite {suite.name!r} needs {suite.hardware.gpus} GPUs (hardware.gpus) but this machine has "
+                f"{present.gpu_count} ({present.gpu_name}); run it where {suite.hardware.gpus} GPUs are visible, "
+                "or set hardware.gpus to the GPUs you have"
+            )
+    elif suite.hardware.gpus > 1:
+        notes.append(f"hardware.gpus={suite.hardware.gpus} ignored on CPU: one process per variant")
+    return device, notes
+
+
+def emulation_for(suite: Suite, present: PresentDevice, device: str) -> dict[str, Any]:
+    """The spec's ``emulation``: memory cap (GiB) when the target has less memory than this GPU."""
+    target = get_target(suite.hardware.target)
+    target_gb = suite.hardware.memory_gb or target.memory_gb
+    if device != "cuda":
+        reason = None if target.memory_gb is None else f"{target.name} not emulated: running on CPU"
+        return {"target": target.name, "memory_cap_gb": None, "reason": reason}
+    if target_gb is None:
+        return {
+            "target": target.name,
+            "memory_cap_gb": None,
+            "reason": "cpu target run on a GPU as requested",
+        }
+    here = present.memory_gb or 0.0
+    if target_gb < here:
+        return {
+            "target": target.name,
+            "memory_cap_gb": float(target_gb),
+            "reason": f"emulating {target.name}: usable memory capped at {target_gb:.1f} GiB of "
+            f"{present.gpu_name}'s {here:.1f} GiB, so OOMs happen where they would on the target",
+        }
+    return {
+        "target": target.name,
+        "memory_cap_gb": None,
+        "reason": f"{target.name} has {target_gb:.1f} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
+        "no cap; this GPU may OOM where the target would not",
+    }
+
+
+def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: str) -> str | None:
+    """Why a variant cannot run on the target (bf16 on a V100/T4-class GPU), else None."""
+    import torch
+
+    from trainer.precision import dtype_name, resolve_policy
+
+    target = get_target(suite.hardware.target)
+    p = run.config.precision
+    policy = resolve_policy(p.preset, p.overrides, grad_checkpointing=p.grad_checkpointing, device="cpu")
+    bf16_roles = [r for r, rp in policy.roles.items() if torch.bfloat16 in (rp.param_dtype, rp.compute_dtype)]
+    if not bf16_roles:
+        return None
+    if not target.bf16:
+        cc = ".".join(map(str, target.compute_capability or ()))
+        return (
+            f"target {target.name} (compute capability {cc}) has no native bf16; roles {', '.join(bf16_roles)} "
+            f"use {dtype_name(torch.bfloat16)} under preset {p.preset!r}. Use precision.preset: fp16 "
+            "(fp16 autocast, fp32 master weights, dynamic loss scaling)"
+        )
+    if device == "cuda" and not present.bf16:
+        return f"{present.gpu_name} has no native bf16 support; use precision.preset: fp16"
+    return None
+
+
+def plan_runs(
+    suite: Suite, out_dir: Path, present: PresentDevice, device_override: str | None = None
+) -> Plan:
+    """Everything decided before the first process starts; raises ValueError if the suite can't run here."""
+    device, notes = resolve_device(suite, present, device_override)
+    emulation = emulation_for(suite, present, device)
+    if emulation.get("reason") and emulation["reason"] not in " ".join(notes):
+        notes.append(emulation["reason"])
+    runs = []
+    for run in suite.expand():
+        cfg = dataclasses.replace(run.config, device=device)
+        run = dataclasses.replace(run, config=cfg)
+        spec = {
+            "variant": run.variant,
+            "suite": suite.name,
+            "seed": run.seed,
+            "run_dir": str(out_dir / run.run_name),
+            "train": cfg.to_dict(),
+            "audit": suite.audit.to_dict(),
+            "emulation": emulation,
+        }
+        runs.append(PlannedRun(run=run, spec=spec, refused=bf16_refusal(run, suite, present, device)))
+    return Plan(device=device, notes=tuple(notes), runs=tuple(runs))
+
+
+def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
+    """The command that runs one variant. The seam for multi-GPU launch (torchrun + FSDP2, issue 7):
+    extend here to return a ``torchrun --nproc_per_node gpus`` command once the worker shards."""
+    if gpus > 1:
+        raise ValueError(
+            f"hardware.gpus={gpus}: multi-GPU execution (torchrun + FSDP2) is not wired into the runner yet; "
+            "set hardware.gpus: 1 to run each variant on one GPU"
+        )
+    return [sys.executable, "-m", "verlaudit.worker", str(spec_path)]
+
+
+def write_refused(planned: PlannedRun) -> None:
+    """A refused variant still gets a run directory, so the report and `diagnose` show why."""
+    from trainer.precision import resolve_policy
+
+    p = planned.run.config.precision
+    policy = resolve_policy(p.preset, p.overrides, grad_checkpointing=p.grad_checkpointing, device="cpu")
+    with RunWriter(planned.spec["run_dir"]) as w:
+        w.write_manifest(
+            {
+                **{k: planned.spec[k] for k in ("variant", "suite", "seed", "emulation")},
+                "started_at": _now(),
+                "config": planned.spec["train"],
+                "policy": policy.to_dict(),
+                "audit": planned.spec["audit"],
+            }
+        )
+        w.status("failed", reason="refused", step=None, phase=None, error=planned.refused)
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+class _MetricsTail:
+    """Reads the complete lines appended to a run's metrics.jsonl since the last poll."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.last = path, 0, {}
+
+    def poll(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return self.last
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return self.last
+        self.offset += end + 1
+        for line in chunk[: end + 1].decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the worker's own file: a damaged line is reported by the reader later
+            if isinstance(rec, dict):
+                self.last = rec
+        return self.last
+
+
+def _postfix(m: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for label, key in (
+        ("loss", "actor/loss"),
+        ("reward", "critic/score/mean"),
+        ("margin", "rewards/margins"),
+        ("mem_gb", "perf/device_memory_peak_gb"),
+    ):
+        if key in m:
+            out[label] = f"{to_float(m[key]):.3g}"
+    return out
+
+
+def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
+    """Starts the worker, follows its metrics, waits for it; returns what runner.json records.
+    KeyboardInterrupt is re-raised after the child has been stopped."""
+    from tqdm import tqdm
+
+    run_dir = Path(planned.spec["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / SPEC
+    spec_path.write_text(json.dumps(planned.spec, indent=2), encoding="utf-8")
+    cmd = launch_command(spec_path, gpus)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    root = str(Path(verlaudit.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    started = time.monotonic()
+    record: dict[str, Any] = {"command": cmd, "started_at": _now()}
+    tail = _MetricsTail(run_dir / "metrics.jsonl")
+    steps = int(planned.spec["train"]["steps"])
+    # own session: a terminal Ctrl-C reaches only the runner, which forwards exactly one SIGINT
+    with open(run_dir / WORKER_LOG, "wb") as log:
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        bar = tqdm(
+            total=steps,
+            desc=planned.run.run_name,
+            unit="step",
+            disable=None if progress else True,
+            leave=True,
+        )
+        try:
+            while child.poll() is None:
+                time.sleep(0.5)
+                _update_bar(bar, tail.poll())
+        except KeyboardInterrupt:
+            record["interrupted"] = True
+            _stop(child)
+            raise
+        finally:
+            _update_bar(bar, tail.poll())
+            bar.close()
+            record.update(returncode=child.wait(), wall_s=round(time.monotonic() - started, 2))
+            (run_dir / RUNNER).write_text(json.dumps(record, indent=2), encoding="utf-8")
+    return record
+
+
+def _update_bar(bar: Any, last: Mapping[str, Any]) -> None:
+    if "step" in last:
+        bar.n = int(last["step"]) + 1
+        bar.set_postfix(_postfix(last), refresh=False)
+        bar.refresh()
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """SIGINT (the worker records status ``interrupted``), then SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGINT, GRACE_S), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if child.poll() is not None:
+            return
+        child.send_signal(sig)
+        try:
+            child.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def summary_line(run_dir: Path, record: Mapping[str, Any] | None = None) -> str:
+    """One line per variant: status, steps, loss, reward, memory, time, findings."""
+    row = report_mod.run_row(report_mod.read_run_safe(run_dir), trailing_window=10)
+    parts = [f"{row['run']}: {row['status']}", f"{row['steps']} steps"]
+    for label, key, fmt in (
+        ("loss", "loss_last", ".4g"),
+        ("reward", "reward_mean", ".3f"),
+        ("peak", "device_peak_gb", ".2f"),
+        ("step", "step_time_s", ".3f"),
+    ):
+        v = row.get(key)
+        if v is not None and v == v:
+            parts.append(
+                f"{label} {v:{fmt}}"
+                + (" GiB" if key == "device_peak_gb" else "s" if key == "step_time_s" else "")
+            )
+    parts.append(f"findings {row['errors']}E/{row['warnings']}W")
+    if record and "wall_s" in record:
+        parts.append(f"wall {record['wall_s']:.0f}s")
+    return " | ".join(parts)
+
+
+def execute(plan: Plan, suite: Suite, out_dir: Path, *, progress: bool = True) -> tuple[list[str], bool]:
+    """Runs the plan; returns (run names started or written, interrupted)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUITE_COPY).write_text(
+        json.dumps({**suite.to_dict(), "source": suite.source, "device": plan.device}, indent=2),
+        encoding="utf-8",
+    )
+    done: list[str] = []
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        for planned in plan.runs:
+            name = planned.run.run_name
+            if planned.refused:
+                write_refused(planned)
+                done.append(name)
+                print(f"{name}: refused: {planned.refused}", flush=True)
+                continue
+            try:
+                record = _run_one(planned, suite.hardware.gpus, progress)
+            except KeyboardInterrupt:
+                done.append(name)
+                left = [p.run.run_name for p in plan.runs if p.run.run_name not in done]
+                print(f"interrupted during {name}; not started: {', '.join(left) or 'none'}", file=sys.stderr)
+                return done, True
+            done.append(name)
+            print(summary_line(out_dir / name, record), flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return done, False
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def default_out_dir(suite: Suite) -> Path:
+    return Path("reports") / suite.name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _csv(value: str | None, cast: Any, flag: str) -> list[Any] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        raise ValueError(f"{flag}: {value!r}; expected a comma-separated list, e.g. {flag} 0,1") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite", nargs="?", default=DEFAULT_SUITE, help=f"suite YAML (default {DEFAULT_SUITE})")
+    p.add_argument("--steps", type=int, help="training steps for every variant (overrides the suite)")
+    p.add_argument("--variants", help="comma-separated variant names to run (default: all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
+    p.add_argument("--out", help="output directory (default reports/<suite>/<YYYYmmdd-HHMMSS>)")
+    p.add_argument("--device", choices=DEVICES, help="run on cpu or cuda regardless of the suite's target")
+    p.add_argument("--audit-level", choices=AUDIT_LEVELS, help="override the suite's audit.level")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (summary lines only)")
+    p.add_argument(
+        "--report-only", metavar="DIR", help="re-render report.md/csv/png from an existing output directory"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.report_only:
+        rep = report_mod.write_report(Path(args.report_only))
+        print(rep.markdown)
+        return 0
+    suite = load_suite(
+        args.suite,
+        steps=args.steps,
+        variants=_csv(args.variants, str, "--variants"),
+        seeds=_csv(args.seeds, int, "--seeds"),
+        device=args.device,
+        audit_level=args.audit_level,
+    )
+    out_dir = Path(args.out) if args.out else default_out_dir(suite)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(
+            f"--out {out_dir}: directory is not empty; choose a new one (or --report-only {out_dir})"
+        )
+    plan = plan_runs(suite, out_dir, detect(), args.device)
+    runs = len(plan.runs)
+    print(f"verlaudit run: suite {suite.name} ({runs} run{'s' * (runs != 1)} on {plan.device}) -> {out_dir}")
+    for note in plan.notes:
+        print(f"  note: {note}")
+    started = time.monotonic()
+    done, interrupted = execute(plan, suite, out_dir, progress=not args.no_progress)
+    rep = report_mod.write_report(out_dir)
+    print()
+    print(rep.markdown)
+    print(f"\nreport: {out_dir / 'report.md'} (wall time {time.monotonic() - started:.0f} s)")
+    if interrupted:
+        return 130
+    failed = [n for n in done if _failed(out_dir / n)]
+    return 1 if failed else 0
+
+
+def _failed(run_dir: Path) -> bool:
+    status = read_json(run_dir / STATUS)
+    return status is None or (status.get("state") != "completed" and status.get("reason") != "refused")

@@ -1,0 +1,327 @@
+"""Suite YAML -> frozen, validated `Suite`: a base training config and a matrix of variants.
+
+A suite names the model, data, algorithm, steps and seeds (``train:``, the keys of
+`trainer.config.TrainConfig`), the hardware the numbers are meant for, the audit level, report and
+compare settings, and ``variants``: name -> partial TrainConfig deep-merged onto ``train``.
+Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
+are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
+(variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
+# keeps suite errors worded exactly like TrainConfig's.
+from trainer.config import TrainConfig, _Section
+from verlaudit.hardware import get_target
+
+AUDIT_LEVELS = ("off", "boundary", "full")
+DEVICES = ("cpu", "cuda")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HardwareConfig(_Section):
+    target: str = "cpu"
+    """GPU the numbers are meant for (`verlaudit.hardware.TARGETS`: ``a100-80gb``, ``v100-32gb``,
+    ``h200``, ...) or ``cpu``. A smaller target than the present GPU caps usable memory; a target
+    without bf16 refuses bf16 variants."""
+    gpus: int = 1
+    """GPUs one variant needs (data-parallel ranks)."""
+    memory_gb: float | None = None
+    """Usable memory per GPU in GiB, overriding the target's (e.g. to emulate a MIG slice)."""
+
+    def __post_init__(self) -> None:
+        get_target(self.target, where="target")
+        if self.gpus < 1:
+            raise ValueError(f"gpus: must be >= 1, got {self.gpus}")
+        if self.memory_gb is not None and self.memory_gb <= 0:
+            raise ValueError(f"memory_gb: must be > 0, got {self.memory_gb}")
+        if get_target(self.target).memory_gb is None and self.gpus != 1:
+            raise ValueError(f"gpus: target cpu runs one process per variant; got {self.gpus}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AuditSettings(_Section):
+    level: str = "full"
+    """``off`` (metrics and status only), ``boundary`` (boundary checks, numerics, memory) or ``full``
+    (also per-module dtype and numerics hooks)."""
+    full_steps: int = 2
+    """Steps audited at ``full`` level from the start; later steps at ``boundary``..."""
+    every: int = 10
+    """...except every ``every``-th step, audited in full again (0: never)."""
+
+    def __post_init__(self) -> None:
+        if self.level not in AUDIT_LEVELS:
+            raise ValueError(f"level: {self.level!r}; expected one of {', '.join(AUDIT_LEVELS)}")
+        if self.full_steps < 0:
+            raise ValueError(f"full_steps: must be >= 0, got {self.full_steps}")
+        if self.every < 0:
+            raise ValueError(f"every: must be >= 0, got {self.every}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportSettings(_Section):
+    trailing_window: int = 10
+    """Steps at the end of a run over which loss stability (std of actor/loss) is measured."""
+    plots: bool = True
+    """Write PNG plots next to report.md."""
+
+    def __post_init__(self) -> None:
+        if self.trailing_window < 1:
+            raise ValueError(f"trailing_window: must be >= 1, got {self.trailing_window}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SuiteRun:
+    """One process the runner starts: a variant at a seed."""
+
+    variant: str
+    seed: int
+    run_name: str
+    """Directory name: the variant, with ``-s<seed>`` when the suite repeats seeds."""
+    config: TrainConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Suite:
+    """A validated suite. Build with `load_suite` or `Suite.from_dict`."""
+
+    name: str
+    """Report directory name (``reports/<name>/<timestamp>``)."""
+    description: str = ""
+    train: TrainConfig
+    """The base training config every variant starts from."""
+    seeds: tuple[int, ...]
+    """Seeds each variant runs with; default: ``train.seed``."""
+    hardware: HardwareConfig
+    audit: AuditSettings
+    report: ReportSettings
+    compare: Mapping[str, Any]
+    """Tolerances and gates for `verlaudit compare` (which owns their meaning); checked only as a mapping."""
+    variants: Mapping[str, TrainConfig]
+    """Variant name -> the base with that variant's overrides merged in, in file order."""
+    overrides: Mapping[str, Mapping[str, Any]]
+    """Variant name -> the partial config as written (for the report and manifests)."""
+    source: str | None = None
+    """The YAML file the suite came from."""
+
+    def expand(self) -> list[SuiteRun]:
+        """One `SuiteRun` per (variant, seed), variants in suite order, seeds inner."""
+        runs = []
+        for variant, cfg in self.variants.items():
+            for seed in self.seeds:
+                name = variant if len(self.seeds) == 1 else f"{variant}-s{seed}"
+                runs.append(
+                    SuiteRun(
+                        variant=variant, seed=seed, run_name=name, config=dataclasses.replace(cfg, seed=seed)
+                    )
+                )
+        return runs
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that `Suite.from_dict` turns back into an equal suite."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "train": self.train.to_dict(),
+            "seeds": list(self.seeds),
+            "hardware": self.hardware.to_dict(),
+            "audit": self.audit.to_dict(),
+            "report": self.report.to_dict(),
+            "compare": copy.deepcopy(dict(self.compare)),
+            "variants": {k: copy.deepcopy(dict(v)) for k, v in self.overrides.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None, default_name: str | None = None) -> Suite:
+        """Validates plain data (a parsed YAML file); ValueError names ``source`` and the field path."""
+        prefix = f"{source}: " if source else ""
+        try:
+            return _build(data, source=source, default_name=default_name)
+        except ValueError as e:
+            raise ValueError(f"{prefix}{e}") from None
+
+
+_TOP_KEYS = ("name", "description", "train", "seeds", "hardware", "audit", "report", "compare", "variants")
+
+
+def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a suite is a mapping with keys {', '.join(_TOP_KEYS)}; got {type(data).__name__}")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ValueError(f"{key}: unknown key; expected one of {', '.join(_TOP_KEYS)}")
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"name: {name!r}; expected a name of letters, digits, '_', '-', '.' (it names a directory)"
+        )
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise ValueError(f"description: expected a string, got {description!r}")
+
+    base_raw = data.get("train") or {}
+    if not isinstance(base_raw, Mapping):
+        raise ValueError(f"train: expected a mapping of TrainConfig keys, got {base_raw!r}")
+    base = TrainConfig.from_dict(base_raw, where="train")
+
+    seeds_raw = data.get("seeds")
+    if seeds_raw is None:
+        seeds: tuple[int, ...] = (base.seed,)
+    else:
+        if not isinstance(seeds_raw, Sequence) or isinstance(seeds_raw, str) or not seeds_raw:
+            raise ValueError(f"seeds: expected a non-empty list of integers, got {seeds_raw!r}")
+        for i, s in enumerate(seeds_raw):
+            if isinstance(s, bool) or not isinstance(s, int):
+                raise ValueError(f"seeds[{i}]: expected an integer, got {s!r}")
+        if len(set(seeds_raw)) != len(seeds_raw):
+            raise ValueError(f"seeds: repeated seed in {list(seeds_raw)}; each seed names one run directory")
+        seeds = tuple(seeds_raw)
+
+    hardware = HardwareConfig.from_dict(data.get("hardware"), where="hardware")
+    audit = AuditSettings.from_dict(data.get("audit"), where="audit")
+    report = ReportSettings.from_dict(data.get("report"), where="report")
+    compare = data.get("compare") or {}
+    if not isinstance(compare, Mapping):
+        raise ValueError(f"compare: expected a mapping (tolerances, gates), got {compare!r}")
+
+    variants_raw = data.get("variants")
+    if not isinstance(variants_raw, Mapping) or not variants_raw:
+        raise ValueError(
+            "variants: expected a non-empty mapping of variant name -> TrainConfig overrides, "
+            "e.g. {fp32: {precision: {preset: fp32}}}"
+        )
+    variants: dict[str, TrainConfig] = {}
+    overrides: dict[str, dict[str, Any]] = {}
+    for vname, over in variants_raw.items():
+        where = f"variants.{vname}"
+        if not isinstance(vname, str) or not _NAME.match(vname):
+            raise ValueError(
+                f"{where}: bad variant name; use letters, digits, '_', '-', '.' (it names a directory)"
+            )
+        over = {} if over is None else over
+        if not isinstance(over, Mapping):
+            raise ValueError(f"{where}: expected a mapping of TrainConfig overrides, got {over!r}")
+        if "seed" in over:
+            raise ValueError(f"{where}.seed: set seeds for the whole suite with the top-level 'seeds' list")
+        merged = deep_merge(base.to_dict(), over)
+        variants[vname] = TrainConfig.from_dict(merged, where=where)
+        overrides[vname] = copy.deepcopy(dict(over))
+    return Suite(
+        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
+        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
+        source=source,
+    )  # fmt: skip
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` onto ``base``: mappings merge key by key, anything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, Any] = {}
+    for key_node, _value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parsed YAML; syntax errors and duplicate keys become ValueError naming file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(
+            f"{p}: no such suite file; shipped suites are in suites/ (e.g. suites/tiny_cpu.yaml)"
+        )
+    text = p.read_text(encoding="utf-8")
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        raise ValueError(f"{where}: YAML error: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: YAML error: {e}") from None
+
+
+def load_suite(
+    path: str | Path,
+    *,
+    steps: int | None = None,
+    variants: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    device: str | None = None,
+    audit_level: str | None = None,
+) -> Suite:
+    """Reads and validates a suite file, then applies command-line overrides.
+
+    ``steps`` replaces every variant's steps; ``variants`` keeps only those (suite order);
+    ``seeds`` replaces the seed list; ``device`` (``cpu``/``cuda``) sets ``train.device`` everywhere;
+    ``audit_level`` replaces ``audit.level``.
+    """
+    p = Path(path)
+    data = read_yaml(p)
+    if isinstance(data, dict):
+        data = dict(data)
+        if steps is not None:
+            if steps < 1:
+                raise ValueError(f"--steps: must be >= 1, got {steps}")
+            data["train"] = {**(data.get("train") or {}), "steps": steps}
+            data["variants"] = {
+                k: ({**v, "steps": steps} if isinstance(v, Mapping) else v)
+                for k, v in (data.get("variants") or {}).items()
+            }
+        if device is not None:
+            if device not in DEVICES:
+                raise ValueError(f"--device: {device!r}; expected one of {', '.join(DEVICES)}")
+            data["train"] = {**(data.get("train") or {}), "device": device}
+            data["variants"] = {
+                k: ({kk: vv for kk, vv in v.items() if kk != "device"} if isinstance(v, Mapping) else v)
+                for k, v in (data.get("variants") or {}).items()
+            }
+        if seeds is not None:
+            data["seeds"] = list(seeds)
+        if audit_level is not None:
+            data["audit"] = {**(data.get("audit") or {}), "level": audit_level}
+    suite = Suite.from_dict(data, source=str(p), default_name=p.stem)
+    if variants:
+        unknown = [v for v in variants if v not in suite.variants]
+        if unknown:
+            raise ValueError(
+                f"--variants: {', '.join(unknown)} not in {p}; expected some of {', '.join(suite.variants)}"
+            )
+        keep = [v for v in suite.variants if v in variants]
+        suite = dataclasses.replace(
+            suite,
+            variants={v: suite.variants[v] for v in keep},
+            overrides={v: suite.overrides[v] for v in keep},
+        )
+    return suite
