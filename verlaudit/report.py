@@ -326,7 +326,7 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
     ]  # fmt: skip
     missing = _not_run(suite, rows)
     if missing:
-        notes.append(f"- not run (interrupted or filtered out before starting): {', '.join(missing)}")
+        notes.append(f"- not run (interrupted before they started): {', '.join(missing)}")
     if notes:
         md += ["", "## Notes per run", "", *notes]
     if plots:
