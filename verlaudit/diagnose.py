@@ -1,0 +1,743 @@
+"""``verlaudit diagnose PATH``: what happened to a run, ranked causes, evidence, and the fix.
+
+PATH is a variant's run directory, a suite report directory (every run directory in it is
+diagnosed, summary first), or a plain log / traceback file from another framework (verl, TRL,
+DeepSpeed, plain PyTorch: see `verlaudit.logparse`). Only the run directory is read (manifest,
+metrics, findings, status), so runs killed half-way and runs copied from another machine work.
+
+Each cause says what happened, the evidence (step, module path or boundary, numbers) and a fix
+in the suite's own keys with the verl equivalent where one exists. Plain text for people,
+``--json`` for machines. Exit code 1 when an error-level cause was found, 0 otherwise, 2 on bad
+input. Exercised by `pytest tests/test_diagnose.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run, to_float
+
+SEVERITY_WEIGHT = {"error": 100.0, "warning": 10.0, "info": 1.0}
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One concrete change: the suite key to set, the verl key that does the same, and why."""
+
+    suite: str | None
+    verl: str | None = None
+    why: str = ""
+
+
+@dataclasses.dataclass
+class Cause:
+    """One explanation of (part of) what happened, with the numbers that support it."""
+
+    severity: str
+    kind: str
+    """``oom``, ``nonfinite``, ``dtype_error``, ``loss_scale_collapse``, ``overflow_skips``,
+    ``reward_collapse``, ``reward_variance``, ``killed``, ``exception``, ``interrupted``, ``refused``,
+    ``device_mismatch``, ``finding:<kind>``."""
+    title: str
+    what: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    fixes: list[Fix] = dataclasses.field(default_factory=list)
+    unknown: list[str] = dataclasses.field(default_factory=list)
+    """What this source cannot tell (a foreign log has no culprit module, no memory classes)."""
+    step: int | None = None
+    where: str | None = None
+    score: float = 0.0
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["fixes"] = [dataclasses.asdict(f) for f in self.fixes]
+        return d
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """The diagnosis of one run directory or one log file."""
+
+    source: str
+    source_kind: str  # "run" | "log"
+    name: str
+    state: str
+    summary: str
+    causes: list[Cause]
+
+    @property
+    def verdict(self) -> str:
+        sev = {c.severity for c in self.causes}
+        return "error" if "error" in sev else "warning" if "warning" in sev else "clean"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "source_kind": self.source_kind,
+            "name": self.name,
+            "state": self.state,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "causes": [c.to_dict() for c in self.causes],
+        }
+
+
+def rank(causes: list[Cause]) -> list[Cause]:
+    """Errors before warnings before info; within a severity the higher score (the cause that
+    explains the failure reason, the earlier first step) first."""
+    for c in causes:
+        c.score += SEVERITY_WEIGHT.get(c.severity, 0.0)
+    return sorted(causes, key=lambda c: (-c.score, c.step if c.step is not None else 1 << 30))
+
+
+# --------------------------------------------------------------------------------------------
+# small readers over a RunDir
+
+
+def _cfg(run: RunDir, *path: str, default: Any = None) -> Any:
+    cur: Any = run.manifest.get("config") or {}
+    for p in path:
+        if not isinstance(cur, Mapping) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def _role_policy(run: RunDir, role: str) -> Mapping[str, Any]:
+    return ((run.manifest.get("policy") or {}).get("roles") or {}).get(role) or {}
+
+
+def _preset(run: RunDir) -> str | None:
+    return (run.manifest.get("policy") or {}).get("preset") or _cfg(run, "precision", "preset")
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}"
+
+
+def _first_nonfinite(run: RunDir, keys: Sequence[str]) -> tuple[int, str, float] | None:
+    best = None
+    for k in keys:
+        for step, v in run.series(k):
+            if not math.isfinite(v):
+                if best is None or step < best[0]:
+                    best = (step, k, v)
+                break
+    return best
+
+
+def _loss_keys(run: RunDir) -> list[str]:
+    keys = {k for m in run.metrics for k in m if k.endswith("loss") and "/" in k}
+    return sorted(keys, key=lambda k: (k != "actor/loss", k))
+
+
+def _last_step(run: RunDir) -> int | None:
+    steps = [int(m["step"]) for m in run.metrics if "step" in m]
+    return max(steps) if steps else None
+
+
+def _verl_actor_or_critic(role: str | None) -> str:
+    return "critic" if role == "critic" else "actor_rollout_ref.actor"
+
+
+# --------------------------------------------------------------------------------------------
+# analyses: each is a pure function RunDir -> list[Cause]
+
+
+def _status_causes(run: RunDir) -> list[Cause]:
+    st = run.status or {}
+    reason = st.get("reason")
+    step, phase, error = st.get("step"), st.get("phase"), str(st.get("error") or "")
+    at = f"step {step}" + (f", phase {phase}" if phase else "")
+    if run.state == "killed":
+        last = _last_step(run)
+        return [
+            Cause(
+                "error", "killed", "Killed without a status (no status.json)",
+                "The process died without writing status.json: killed by the OS OOM killer (host RAM), a "
+                "scheduler time limit, SIGKILL, or a crash in native code. Python exceptions, device OOM, "
+                "NaN aborts and Ctrl-C are all recorded, so they are ruled out.",
+                evidence=[f"last complete metrics line: step {last}" if last is not None else "no metrics line was completed",
+                          f"{len(run.findings)} findings recorded before it died"],
+                fixes=[Fix(None, None, "check `dmesg | grep -i 'killed process'` (host OOM killer) and the "
+                           "scheduler's log; if host RAM: lower algo.batch_size or data.response_length")],
+                step=last, score=40.0,
+            )
+        ]  # fmt: skip
+    if run.state == "empty":
+        return [Cause("error", "killed", "Nothing was written", "The run directory is empty: the worker never started.",
+                      score=40.0)]  # fmt: skip
+    if run.state == "completed":
+        return []
+    if reason == "oom":
+        return [_oom_cause(run)]
+    if reason == "interrupted":
+        return [Cause("warning", "interrupted", f"Interrupted at {at}", "The run was stopped (Ctrl-C or SIGTERM); "
+                      "everything before it is kept.", evidence=[error] if error else [], step=step)]  # fmt: skip
+    if reason == "refused":
+        return [Cause("error", "refused", "Refused before starting", error or "the runner refused this variant",
+                      evidence=[error] if error else [], fixes=[Fix("variants.<name>.precision.preset: fp16",
+                      "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+                      "the target GPU has no bf16: fp16 autocast with dynamic loss scaling runs there")], step=step,
+                      score=40.0)]  # fmt: skip
+    if reason in ("nonfinite", "dtype_error"):
+        return []  # explained by _nonfinite_causes / _dtype_causes, which read the same status
+    from verlaudit.logparse import explain_error_text
+
+    known = explain_error_text(error + "\n" + str(st.get("traceback") or ""), step=step)
+    if known:
+        return known
+    return [Cause("error", "exception", f"Failed with an exception at {at}", error or "an exception with no message",
+                  evidence=[_last_frame(st.get("traceback"))], step=step, score=30.0)]  # fmt: skip
+
+
+def _last_frame(tb: Any) -> str:
+    lines = [ln.strip() for ln in str(tb or "").splitlines() if ln.strip().startswith("File ")]
+    return f"innermost frame: {lines[-1]}" if lines else "no traceback recorded"
+
+
+def _nonfinite_causes(run: RunDir) -> list[Cause]:
+    st = run.status or {}
+    failed_nonfinite = st.get("reason") == "nonfinite"
+    bad_loss = _first_nonfinite(run, _loss_keys(run))
+    nf_findings = sorted(
+        (f for f in run.findings if f.kind.startswith("numerics/nonfinite")),
+        key=lambda f: (f.step if f.step is not None else 1 << 30, f.rank),
+    )
+    if not (failed_nonfinite or bad_loss or any(f.severity == "error" for f in nf_findings)):
+        return []
+    step = bad_loss[0] if bad_loss else st.get("step") if failed_nonfinite else nf_findings[0].step
+    producer = _producer(nf_findings)
+    evidence = []
+    if bad_loss:
+        evidence.append(f"first non-finite loss: {bad_loss[1]} = {bad_loss[2]} at step {bad_loss[0]}")
+    if failed_nonfinite:
+        evidence.append(f"run stopped: {st.get('error') or 'non-finite loss'} (step {st.get('step')})")
+    for f in nf_findings[:4]:
+        evidence.append(f"{f.kind} in {f.role or '?'} {f.where or '?'} at step {f.step}: {f.message}")
+    for key in ("numerics/actor/nonfinite_grads", "numerics/critic/nonfinite_grads"):
+        s = [(st_, v) for st_, v in run.series(key) if v > 0]
+        if s:
+            evidence.append(f"{key} > 0 first at step {s[0][0]} ({_fmt(s[0][1])} tensors)")
+    history = [(s, v) for s, v in run.series("actor/loss_scale") if step is None or s <= step]
+    if history and (_role_policy(run, "actor").get("loss_scaling") not in (None, "none")):
+        evidence.append("loss scale before it: " + ", ".join(f"{s}:{_fmt(v)}" for s, v in history[-8:]))
+    skipped = [(s, v) for s, v in run.series("actor/skipped") if v > 0 and (step is None or s <= step)]
+    if skipped:
+        evidence.append(
+            f"skipped optimizer steps before it: {len(skipped)} (steps {', '.join(str(s) for s, _ in skipped[-6:])})"
+        )
+    where = producer.where if producer else None
+    title = f"Non-finite loss/gradients from step {step}" + (f", first produced in {where}" if where else "")
+    what = (f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "
+            "inputs were finite; the modules after it only propagated it." if producer else
+            "The loss became NaN/Inf. No per-module producer was recorded (audit level off/boundary on that step, "
+            "or the NaN came from outside a module: reward, advantages, log-probs).")  # fmt: skip
+    return [Cause("error", "nonfinite", title, what, evidence=evidence, fixes=_nonfinite_fixes(run, producer),
+                  step=step, where=where, score=50.0 if failed_nonfinite else 20.0,
+                  data={"producer": producer.to_dict() if producer else None,
+                        "loss_scale_history": history[-16:]})]  # fmt: skip
+
+
+def _producer(findings: Sequence[Finding]) -> Finding | None:
+    # the forward producer is the root; a backward producer only when no forward one exists
+    for pref in ("forward", "producer", "backward", ""):
+        for f in findings:
+            if pref in f.kind and f.where:
+                return f
+    return None
+
+
+def _nonfinite_fixes(run: RunDir, producer: Finding | None) -> list[Fix]:
+    preset = _preset(run)
+    fixes = []
+    if producer is not None and producer.fix:
+        fixes.append(Fix(None, None, producer.fix))
+    if preset == "fp16":
+        fixes.append(Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+                         "fp16 overflows at 65504; bf16 has fp32's exponent range (needs an Ampere+ GPU)"))  # fmt: skip
+    if preset == "bf16-pure":
+        fixes.append(Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+                         "keep fp32 master weights and optimizer state; bf16 autocast only for matmuls"))  # fmt: skip
+    lr = _cfg(run, "algo", "lr")
+    fixes.append(Fix(f"algo.lr: {lr / 10:g}" if isinstance(lr, (int, float)) else "algo.lr: <lower>",
+                     "actor_rollout_ref.actor.optim.lr", "a lower learning rate keeps weights and activations "
+                     "in range if the loss diverged before it went non-finite"))  # fmt: skip
+    if not _cfg(run, "algo", "max_grad_norm"):
+        fixes.append(
+            Fix("algo.max_grad_norm: 1.0", "actor_rollout_ref.actor.grad_clip=1.0", "clip gradients")
+        )
+    return fixes
+
+
+def _dtype_causes(run: RunDir) -> list[Cause]:
+    st = run.status or {}
+    failed = st.get("reason") == "dtype_error"
+    runtime = [f for f in run.findings if f.kind == "runtime/dtype_error"]
+    if not failed and not runtime:
+        return []
+    from verlaudit.logparse import parse_dtype_message
+
+    f = runtime[0] if runtime else None
+    msg = str(st.get("error") or (f.message if f else ""))
+    parsed = parse_dtype_message(msg) or {}
+    observed = (f.observed if f and f.observed else None) or parsed.get("observed")
+    expected = (f.expected if f and f.expected else None) or parsed.get("expected")
+    where = (f.where if f else None) or st.get("module")
+    step = f.step if f and f.step is not None else st.get("step")
+    ev = [f"error: {msg}"] if msg else []
+    if where:
+        ev.append(f"innermost module executing: {where}" + (f" ({f.role})" if f and f.role else ""))
+    if observed or expected:
+        ev.append(f"observed {observed}, expected {expected}")
+    ev.append(f"phase {st.get('phase') or (f.phase if f else None)}, step {step}")
+    related = [x for x in run.findings if x.kind.startswith(("dtype/", "boundary/")) and x.severity != "info"]
+    for x in related[:3]:
+        ev.append(f"earlier finding {x.kind} at {x.where} (step {x.step}): {x.message}")
+    fixes = [Fix(None, None, f.fix)] if f and f.fix else []
+    fixes += [
+        Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+            "autocast casts each op's inputs, so an fp32 tensor meeting bf16 weights no longer fails"),
+        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", "actor_rollout_ref.rollout.dtype",
+            "or make the role that produced the tensor compute in the same dtype as the one consuming it"),
+    ]  # fmt: skip
+    title = "Dtype error" + (f" in {where}" if where else "") + (f": {observed} where {expected} was expected"
+                                                                 if observed and expected else "")  # fmt: skip
+    return [Cause("error", "dtype_error", title, "A tensor reached an op whose other operands (or weights) have a "
+                  "different dtype, outside autocast.", evidence=ev, fixes=fixes, step=step, where=where,
+                  score=50.0 if failed else 20.0, data={"observed": observed, "expected": expected})]  # fmt: skip
+
+
+def _loss_scale_causes(run: RunDir) -> list[Cause]:
+    out = []
+    for role in ("actor", "critic"):
+        skipped = run.series(f"{role}/skipped")
+        scale = run.series(f"{role}/loss_scale")
+        n_skipped = sum(1 for _, v in skipped if v > 0)
+        if not skipped or n_skipped == 0:
+            continue
+        longest = cur = 0
+        for _, v in skipped:
+            cur = cur + 1 if v >= 0.999 else 0
+            longest = max(longest, cur)
+        tail_all_skipped = len(skipped) >= 3 and all(v >= 0.999 for _, v in skipped[-3:])
+        final_scale = scale[-1][1] if scale else None
+        at_floor = final_scale is not None and final_scale <= 1.0 and n_skipped >= 3
+        frac = n_skipped / len(skipped)
+        first = next(s for s, v in skipped if v > 0)
+        ev = [
+            f"{n_skipped} of {len(skipped)} steps skipped ({frac:.0%}), longest run {longest}, first at step {first}"
+        ]
+        if scale:
+            ev.append("loss scale: " + ", ".join(f"{s}:{_fmt(v)}" for s, v in scale[-8:]))
+        overflow = [f for f in run.findings if "overflow" in f.kind or "headroom" in f.kind]
+        where = overflow[0].where if overflow else None
+        for f in overflow[:3]:
+            ev.append(f"{f.kind} at {f.where} (step {f.step}): {f.message}")
+        verl = _verl_actor_or_critic(role)
+        fixes = [Fix("precision.preset: bf16", f"{verl}.fsdp_config.mixed_precision.param_dtype=bf16",
+                      "bf16 has fp32's exponent range: no overflow, no loss scaling")]  # fmt: skip
+        if where:
+            fixes.append(
+                Fix(None, None, f"{where} exceeds fp16's range: keep it in fp32 or rescale its output")
+            )
+        if at_floor or longest >= 5 or tail_all_skipped:
+            out.append(Cause("error", "loss_scale_collapse", f"{role} loss-scale collapse: scale driven to "
+                             f"{_fmt(final_scale) if final_scale is not None else '?'} with repeated skipped steps",
+                             (
+                        "Gradients overflow even at a loss scale of 1 or below, so the overflow is in the "
+                        "forward/backward values themselves (fp16 range), not a too-large scale; the "
+                        "optimizer has stopped updating."
+                        if at_floor
+                        else f"{longest} optimizer steps in a row were skipped for non-finite gradients while "
+                        "the scale kept halving: the scaler is not recovering and the weights are not updating."
+                    ), evidence=ev, fixes=fixes, step=first, where=where,
+                             score=30.0, data={"skipped": n_skipped, "longest_run": longest, "final_scale": final_scale}))  # fmt: skip
+        elif frac > 0.1:
+            out.append(Cause("warning", "overflow_skips", f"{role}: {n_skipped} optimizer steps skipped on overflow",
+                             "More than 10% of steps were skipped for non-finite gradients; the scaler recovers but "
+                             "training is slowed and noisier.", evidence=ev, fixes=fixes, step=first, where=where))  # fmt: skip
+        else:
+            out.append(Cause("info", "overflow_skips", f"{role}: {n_skipped} skipped step(s) while the loss scale "
+                             "calibrated", "A few overflow skips early in fp16 are the dynamic scaler finding its "
+                             "level; no action needed.", evidence=ev, step=first))  # fmt: skip
+    return out
+
+
+def _reward_causes(run: RunDir) -> list[Cause]:
+    algo = _cfg(run, "algo", "name", default="ppo")
+    mean_key, std_key = (
+        ("rewards/margins", None) if algo == "dpo" else ("critic/score/mean", "critic/score/std")
+    )
+    means = [v for _, v in run.series(mean_key)]
+    out = []
+    if len(means) < 6 or any(not math.isfinite(v) for v in means):
+        return out  # too short to judge; non-finite rewards are reported by _nonfinite_causes
+    w = max(3, len(means) // 5)
+    early, late = means[:w], means[-w:]
+    e_mean, l_mean = sum(early) / w, sum(late) / w
+    best = max(sum(means[i : i + w]) / w for i in range(len(means) - w + 1))
+    span = max(means) - min(means)
+    if span > 1e-9 and best - l_mean > 0.5 * span and l_mean < e_mean:
+        out.append(Cause("warning", "reward_collapse", f"Reward collapse: {mean_key} fell from {_fmt(best)} "
+                         f"(best {w}-step window) to {_fmt(l_mean)}",
+                         "The policy got worse than where it started: typical of a too-large step size, KL "
+                         "drift from the reference, or reward hacking that the reward later punishes.",
+                         evidence=[f"first {w} steps mean {_fmt(e_mean)}, last {w} steps mean {_fmt(l_mean)}"],
+                         fixes=[Fix(f"algo.kl_coef: {max(_cfg(run, 'algo', 'kl_coef', default=0.05) * 2, 0.01):g}",
+                                    "algorithm.kl_ctrl.kl_coef (or actor_rollout_ref.actor.kl_loss_coef)",
+                                    "a stronger KL anchor to the reference"),
+                                Fix("algo.lr: <half>", "actor_rollout_ref.actor.optim.lr", "smaller policy steps")],
+                         step=len(means) - w))  # fmt: skip
+    if std_key:
+        stds = [v for _, v in run.series(std_key)]
+        if len(stds) >= 6 and all(math.isfinite(v) for v in stds):
+            e_std, l_std = sum(stds[:w]) / w, sum(stds[-w:]) / w
+            if max(stds[:-w] or [0]) > 1e-3 and all(v < 1e-6 for v in stds[-3:]):
+                out.append(Cause("warning", "reward_collapse", "Reward variance collapsed to zero",
+                                 "Every response in the batch gets the same score, so GRPO/PPO advantages are zero "
+                                 "and the policy stops learning (entropy collapse or a saturated reward).",
+                                 evidence=[f"{std_key}: early mean {_fmt(e_std)}, last 3 steps "
+                                           + ", ".join(_fmt(v) for v in stds[-3:])],
+                                 fixes=[Fix("algo.temperature: 1.0", "actor_rollout_ref.rollout.temperature",
+                                            "sample with more diversity"),
+                                        Fix("algo.entropy_coef: 0.001", "actor_rollout_ref.actor.entropy_coeff",
+                                            "keep the policy's entropy from collapsing")]))  # fmt: skip
+            elif e_std > 0 and l_std > 10 * e_std:
+                out.append(Cause("warning", "reward_variance", f"Exploding reward variance: {std_key} grew "
+                                 f"{l_std / e_std:.0f}x ({_fmt(e_std)} -> {_fmt(l_std)})",
+                                 "The spread of rewards grows without bound: the reward model or function is being "
+                                 "exploited, or values are blowing up.",
+                                 evidence=[f"first {w} steps mean {_fmt(e_std)}, last {w} steps mean {_fmt(l_std)}"],
+                                 fixes=[Fix("data.reward_fn: <clip or normalise the reward>", "reward_model.reward_manager",
+                                            "bound the reward"),
+                                        Fix("algo.lr: <half>", "actor_rollout_ref.actor.optim.lr", "smaller steps")]))  # fmt: skip
+    return out
+
+
+_EXPLAINED_KINDS = ("runtime/dtype_error", "numerics/nonfinite", "memory/oom")
+
+
+def _finding_causes(run: RunDir) -> list[Cause]:
+    groups: dict[str, list[Finding]] = {}
+    for f in run.findings:
+        if f.severity == "info" or f.kind.startswith(_EXPLAINED_KINDS):
+            continue
+        groups.setdefault(f.kind, []).append(f)
+    out = []
+    for kind, fs in groups.items():
+        fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else 1 << 30, f.rank))
+        top = fs[0]
+        ev = [f"{f.role or '-'} {f.where or '-'} step {f.step}: observed {f.observed}, expected {f.expected}"
+              + (f" (x{f.count})" if f.count > 1 else "") for f in fs[:5]]  # fmt: skip
+        if len(fs) > 5:
+            ev.append(f"... and {len(fs) - 5} more")
+        fixes = list(dict.fromkeys(Fix(None, None, f.fix) for f in fs if f.fix))[:3]
+        sev = "error" if any(f.severity == "error" for f in fs) else "warning"
+        out.append(Cause(sev, f"finding:{kind}", f"{kind}: {top.message}", top.message, evidence=ev, fixes=fixes,
+                         step=top.step, where=top.where))  # fmt: skip
+    return out
+
+
+ANALYSES = (
+    _status_causes,
+    _nonfinite_causes,
+    _dtype_causes,
+    _loss_scale_causes,
+    _reward_causes,
+    _finding_causes,
+)
+
+
+def diagnose_run(run: RunDir) -> Diagnosis:
+    """All causes found in one run directory, ranked."""
+    causes: list[Cause] = []
+    for analysis in ANALYSES:
+        causes.extend(analysis(run))
+    causes = rank(causes)
+    st = run.status or {}
+    if run.state == "completed":
+        state = "completed" + (" with warnings" if any(c.severity == "warning" for c in causes) else "")
+        if any(c.severity == "error" for c in causes):
+            state = "completed with errors"
+    elif run.state == "failed":
+        state = f"failed at step {st.get('step')}" + (f" ({st.get('phase')})" if st.get("phase") else "") + \
+            f": {st.get('reason', 'unknown')}"  # fmt: skip
+    else:
+        state = run.state + (f" after step {_last_step(run)}" if _last_step(run) is not None else "")
+    algo, preset, steps = _cfg(run, "algo", "name"), _preset(run), _cfg(run, "steps")
+    summary = f"{run.name}: {state}; {algo or '?'} {preset or '?'}, {len(run.metrics)} of {steps or '?'} steps recorded"
+    return Diagnosis(str(run.path), "run", run.name, state, summary, causes)
+
+
+# --------------------------------------------------------------------------------------------
+# OOM: which memory class dominated
+
+
+def _dtype_bytes(name: Any) -> int:
+    return {"fp32": 4, "float32": 4, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2, "fp64": 8}.get(
+        str(name), 4
+    )
+
+
+def _arch(run: RunDir) -> dict[str, Any] | None:
+    """Architecture fields of the actor: the manifest's model section, a local config.json, or the preset."""
+    arch = (
+        (run.manifest.get("model") or {}).get("config")
+        if isinstance(run.manifest.get("model"), Mapping)
+        else None
+    )
+    if arch:
+        return dict(arch)
+    path = _cfg(run, "model", "path")
+    if path and (Path(path) / "config.json").exists():
+        return json.loads((Path(path) / "config.json").read_text())
+    preset = _cfg(run, "model", "preset")
+    try:
+        from trainer.models import PRESETS
+    except ImportError:  # the analysing machine may not have the trainer installed
+        return None
+    if preset not in PRESETS:
+        return None
+    arch = {"vocab_size": 128, **PRESETS[preset], **(_cfg(run, "model", "overrides", default={}) or {})}
+    return arch
+
+
+def _param_count(a: Mapping[str, Any]) -> int:
+    """Llama-family count from shapes: embeddings, attention (GQA), SwiGLU MLP, norms, lm_head."""
+    h, n_layers, inter = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["intermediate_size"])
+    heads = int(a.get("num_attention_heads", 1))
+    kv = int(a.get("num_key_value_heads") or heads)
+    hd = int(a.get("head_dim") or h // heads)
+    vocab = int(a.get("vocab_size", 32000))
+    per_layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter + 2 * h
+    lm_head = 0 if a.get("tie_word_embeddings") else vocab * h
+    return vocab * h + n_layers * per_layer + h + lm_head
+
+
+def memory_classes(run: RunDir, phase: str | None) -> dict[str, float] | None:
+    """Estimated bytes (GiB) per memory class at ``phase``, from the manifest's config and policy.
+    An estimate for ranking what dominated, not a measurement."""
+    a = _arch(run)
+    if a is None:
+        return None
+    n = _param_count(a)
+    algo = _cfg(run, "algo", default={}) or {}
+    roles = ["actor"] + (["critic"] if algo.get("name", "ppo") == "ppo" else [])
+    params = sum(n * _dtype_bytes(_role_policy(run, r).get("param_dtype", "fp32")) for r in roles)
+    if (algo.get("kl_coef", 0.05) or 0) > 0 or algo.get("name") == "dpo":
+        params += n * _dtype_bytes(_role_policy(run, "reference").get("param_dtype", "fp32"))
+    out = {"parameters": params / GIB}
+    h, layers, vocab = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a.get("vocab_size", 32000))
+    seq = int(_cfg(run, "data", "prompt_length", default=16)) + int(
+        _cfg(run, "data", "response_length", default=8)
+    )
+    if phase in (None, "actor_update", "critic_update"):
+        pol = _role_policy(run, "critic" if phase == "critic_update" else "actor")
+        out["gradients"] = n * _dtype_bytes(pol.get("grad_dtype", "fp32")) / GIB
+        out["optimizer state"] = 2 * n * _dtype_bytes(pol.get("optim_state_dtype", "fp32")) / GIB
+        mb = int(algo.get("micro_batch_size", 8))
+        cb = _dtype_bytes(pol.get("compute_dtype", "fp32"))
+        # ~17 saved values per hidden unit per token per layer in a Llama block (attention in SDPA,
+        # SwiGLU, RMSNorm, residuals) in the compute dtype; checkpointing keeps only layer inputs.
+        per_layer = (1 if pol.get("grad_checkpointing") else 17) * mb * seq * h * cb
+        logits = mb * seq * vocab * (cb + 4 + 4)  # logits, fp32 log-softmax and its grad
+        out["activations"] = (layers * per_layer + logits) / GIB
+    if phase in ("rollout", None):
+        batch = int(algo.get("batch_size", 16)) * (
+            int(algo.get("group_size", 1)) if algo.get("name") == "grpo" else 1
+        )
+        kv = int(a.get("num_key_value_heads") or a.get("num_attention_heads", 1))
+        hd = int(a.get("head_dim") or h // int(a.get("num_attention_heads", 1)))
+        cb = _dtype_bytes(_role_policy(run, "rollout").get("compute_dtype", "fp32"))
+        out["kv cache + rollout logits"] = (
+            2 * layers * batch * seq * kv * hd * cb + batch * vocab * 4 * 2
+        ) / GIB
+    return out
+
+
+def _oom_cause(run: RunDir) -> Cause:
+    st = run.status or {}
+    phase, step = st.get("phase"), st.get("step")
+    mem = st.get("memory") or {}
+    ev = [f"out of memory at step {step}, phase {phase}"]
+    if st.get("error"):
+        ev.append(f"error: {str(st['error'])[:300]}")
+    shown = {k: v for k, v in mem.items() if isinstance(v, (int, float))}
+    if shown:
+        ev.append("allocator/device view: " + ", ".join(f"{k}={_fmt(float(v))}" for k, v in shown.items()))
+    for k, v in mem.items():
+        if isinstance(v, Mapping) and v:
+            ev.append(f"{k}: " + ", ".join(f"{p}={_fmt(to_float(x))}" for p, x in v.items() if _num(x)))
+    emu = run.manifest.get("emulation") or {}
+    if emu.get("memory_cap_gb"):
+        ev.append(
+            f"memory cap {emu['memory_cap_gb']} GB emulating {emu.get('target')} ({emu.get('reason') or ''})"
+        )
+    classes = memory_classes(run, phase)
+    unknown = []
+    dominant = None
+    if classes:
+        total = sum(classes.values())
+        ev.append("estimated at this phase: " + ", ".join(f"{k} {v:.3g} GiB" for k, v in
+                                                          sorted(classes.items(), key=lambda kv: -kv[1])) +
+                  f" (total {total:.3g} GiB; estimate from config + policy)")  # fmt: skip
+        dominant = max(classes, key=classes.get)
+    else:
+        unknown.append("memory classes: the model architecture could not be resolved from the manifest")
+    reserved, allocated = _num(mem.get("reserved_gb")), _num(mem.get("allocated_gb"))
+    fragmented = reserved and allocated is not None and reserved - allocated > 0.25 * reserved
+    fixes = _oom_fixes(run, phase, dominant, bool(fragmented))
+    title = f"Out of memory in {phase or '?'} at step {step}" + (f"; {dominant} dominate" if dominant else "")
+    what = (
+        f"The device ran out of memory during {phase}. By the estimate, {dominant} are the largest class."
+        if dominant
+        else f"The device ran out of memory during {phase}."
+    )
+    if fragmented:
+        what += f" The allocator held {reserved - allocated:.3g} GB reserved but unallocated: fragmentation."
+    return Cause("error", "oom", title, what, evidence=ev, fixes=fixes, unknown=unknown, step=step, where=phase,
+                 score=50.0, data={"phase": phase, "memory": mem, "classes_gib": classes, "dominant": dominant})  # fmt: skip
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = to_float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _oom_fixes(run: RunDir, phase: str | None, dominant: str | None, fragmented: bool) -> list[Fix]:
+    mb = _cfg(run, "algo", "micro_batch_size")
+    half = (
+        f"algo.micro_batch_size: {max(1, mb // 2)}"
+        if isinstance(mb, int)
+        else "algo.micro_batch_size: <half>"
+    )
+    role = "critic" if phase in ("critic_update", "critic") else "actor_rollout_ref.actor"
+    fixes = []
+    if dominant == "activations" or (dominant is None and phase in ("actor_update", "critic_update")):
+        fixes += [
+            Fix("precision.grad_checkpointing: true", "actor_rollout_ref.model.enable_gradient_checkpointing=True"
+                if role != "critic" else "critic.model.enable_gradient_checkpointing=True",
+                "recompute activations in backward instead of keeping every layer's"),
+            Fix(half, f"{role}.ppo_micro_batch_size_per_gpu", "activations scale with the micro-batch; gradient "
+                "accumulation keeps the effective batch"),
+        ]  # fmt: skip
+    if dominant in ("optimizer state", "parameters", "gradients"):
+        fixes += [
+            Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+                "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"),
+            Fix("hardware.gpus: <more>", "trainer.n_gpus_per_node (FSDP shards params/grads/optimizer)",
+                "sharding divides model state by the number of GPUs"),
+            Fix(None, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "offload AdamW state to host "
+                "(no verlaudit suite key)"),
+        ]  # fmt: skip
+        if (
+            _cfg(run, "algo", "kl_coef", default=0)
+            and _role_policy(run, "reference").get("param_dtype") == "fp32"
+        ):
+            fixes.append(Fix("precision.overrides.reference.param_dtype: bf16",
+                             "actor_rollout_ref.ref.fsdp_config.param_offload=True", "the frozen reference needs no fp32 copy"))  # fmt: skip
+    if phase == "rollout" or dominant == "kv cache + rollout logits":
+        fixes += [
+            Fix("data.response_length: <shorter>", "data.max_response_length", "the KV cache grows with sequence length"),
+            Fix("algo.batch_size: <smaller>", "actor_rollout_ref.rollout.gpu_memory_utilization (vLLM/SGLang)",
+                "fewer sequences generated at once"),
+        ]  # fmt: skip
+    if phase == "ref":
+        fixes.append(Fix("precision.overrides.reference.param_dtype: bf16", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                         "smaller reference forward micro-batches or a bf16 reference"))  # fmt: skip
+    if fragmented:
+        fixes.append(
+            Fix(None, "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "reduces fragmentation")
+        )
+    if not fixes:
+        fixes.append(Fix(half, f"{role}.ppo_micro_batch_size_per_gpu", "smaller micro-batches"))
+    return fixes
+
+
+# --------------------------------------------------------------------------------------------
+# rendering and the command
+
+
+def render_text(d: Diagnosis) -> str:
+    lines = [f"{d.source_kind} {d.source}", f"  {d.summary}", f"  verdict: {d.verdict}"]
+    if not d.causes:
+        lines.append("  no problems found")
+    for i, c in enumerate(d.causes, 1):
+        lines.append(f"  {i}. [{c.severity}] {c.title}")
+        lines.append(f"     what: {c.what}")
+        for e in c.evidence:
+            lines.append(f"     - {e}")
+        for f in c.fixes:
+            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None]
+            head = "; ".join(p for p in parts if p)
+            lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
+        for u in c.unknown:
+            lines.append(f"     cannot tell: {u}")
+    return "\n".join(lines)
+
+
+def find_runs(path: Path) -> list[Path]:
+    """The run directories of a suite report directory (direct children), sorted by name."""
+    return sorted(p for p in path.iterdir() if is_run_dir(p))
+
+
+def diagnose_path(path: str | Path) -> list[Diagnosis]:
+    """One Diagnosis per run (or the log file). ValueError when PATH is none of the accepted kinds."""
+    p = Path(path)
+    if p.is_file():
+        from verlaudit.logparse import diagnose_log
+
+        return [diagnose_log(p)]
+    if not p.exists():
+        raise ValueError(
+            f"{p}: no such file or directory; pass a run directory, a suite report directory or a log file"
+        )
+    if is_run_dir(p):
+        return [diagnose_run(read_run(p))]
+    runs = find_runs(p)
+    if not runs:
+        raise ValueError(f"{p}: neither a run directory (manifest.json/metrics.jsonl/status.json) nor a suite report "
+                         "directory containing run directories, e.g. reports/<suite>/<timestamp>")  # fmt: skip
+    return [diagnose_run(read_run(r)) for r in runs]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path", help="a variant's run directory, a suite report directory, or a log/traceback file"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main(args: argparse.Namespace) -> int:
+    diags = diagnose_path(args.path)
+    if args.json:
+        print(json.dumps({"diagnoses": [d.to_dict() for d in diags],
+                          "verdict": _overall(diags)}, indent=2, default=str))  # fmt: skip
+    else:
+        if len(diags) > 1:
+            print(f"summary ({len(diags)} runs):")
+            for d in diags:
+                top = d.causes[0].title if d.causes and d.verdict != "clean" else "no problems found"
+                print(f"  {d.verdict:8s} {d.summary} — {top}")
+            print()
+        print("\n\n".join(render_text(d) for d in diags))
+    return 1 if _overall(diags) == "error" else 0
+
+
+def _overall(diags: Sequence[Diagnosis]) -> str:
+    v = {d.verdict for d in diags}
+    return "error" if "error" in v else "warning" if "warning" in v else "clean"

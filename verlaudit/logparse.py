@@ -1,0 +1,388 @@
+"""Explains training logs and tracebacks from other frameworks (verl, TRL / HF Trainer, DeepSpeed,
+Megatron, apex, plain PyTorch) with the same causes `verlaudit diagnose` gives for its own runs.
+
+Recognised: dtype errors (``expected scalar type X but found Y``, ``mat1 and mat2 must have the same
+dtype``, ``Input type (...) and weight type (...)``, SDPA query/key/value dtypes, ``Got unsupported
+ScalarType BFloat16`` from ``.numpy()``, ``"op" not implemented for 'Half'``), device mismatches,
+CUDA OOM messages (both the PyTorch >= 2.1 wording and the older one) and vLLM KV-cache OOM,
+NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, plain ``loss=nan``,
+anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
+(apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
+alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
+optimizer / activations). Exercised by `pytest tests/test_diagnose.py -k log` and
+``verlaudit diagnose path/to/train.log``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from verlaudit.diagnose import Cause, Diagnosis, Fix, rank
+
+_DT = {
+    "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
+    "half": "fp16", "float16": "fp16", "halftensor": "fp16", "c10::half": "fp16",
+    "bfloat16": "bf16", "bfloat16tensor": "bf16", "c10::bfloat16": "bf16",
+    "double": "fp64", "float64": "fp64", "long": "int64", "int64": "int64", "int": "int32",
+}  # fmt: skip
+
+
+def _dt(name: str) -> str:
+    key = name.strip().strip("'\"").lower().replace("torch.", "").replace("cuda.", "")
+    return _DT.get(key, key)
+
+
+_DTYPE_PATTERNS = [
+    (re.compile(r"expected scalar type (\w+) but found (\w+)"), lambda m: (m[2], m[1])),
+    (re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"), lambda m: (m[1], m[2])),
+    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\w+) and (\w+))?"),
+     lambda m: (m[1] or "?", m[2] or "?")),
+    (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"), lambda m: (m[1], m[2])),
+    (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
+                r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
+    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) (?:and|!=) ([\w.:]+)"),
+     lambda m: (m[1], m[2])),
+]  # fmt: skip
+_NUMPY_BF16 = re.compile(r"Got unsupported ScalarType (\w+)")
+_NOT_IMPL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
+_DEVICE = re.compile(
+    r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
+)
+
+
+def parse_dtype_message(text: str) -> dict[str, Any] | None:
+    """``{"observed", "expected", "message"}`` for the first dtype-mismatch message in ``text``."""
+    for pat, pick in _DTYPE_PATTERNS:
+        m = pat.search(text)
+        if m:
+            obs, exp = pick(m)
+            return {"observed": _dt(obs) if obs != "?" else None, "expected": _dt(exp) if exp != "?" else None,
+                    "message": m[0]}  # fmt: skip
+    return None
+
+
+_UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
+_N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
+_OOM_NEW = re.compile(
+    rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
+    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by PyTorch, "
+    rf"and {_N} is reserved by PyTorch but unallocated)?",
+    re.S,
+)
+_OOM_OLD = re.compile(
+    rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
+    rf"{_N} reserved in total by PyTorch\)"
+)
+_OOM_ANY = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks"
+)
+
+
+def _gib(num: str | None, unit: str | None) -> float | None:
+    return None if num is None else float(num) * _UNIT[str(unit).lower()]
+
+
+def parse_oom(text: str) -> dict[str, Any] | None:
+    """Numbers of the first CUDA OOM message, in GiB (keys absent when the message lacks them)."""
+    m = _OOM_NEW.search(text)
+    if m:
+        g = m.groups()
+        return {k: v for k, v in {
+            "tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]), "free_gib": _gib(g[5], g[6]),
+            "process_in_use_gib": _gib(g[7], g[8]), "allocated_gib": _gib(g[9], g[10]),
+            "reserved_unallocated_gib": _gib(g[11], g[12]), "message": m[0][:400]}.items() if v is not None}  # fmt: skip
+    m = _OOM_OLD.search(text)
+    if m:
+        g = m.groups()
+        alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
+        return {"tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]),
+                "allocated_gib": alloc, "free_gib": _gib(g[7], g[8]), "reserved_unallocated_gib": reserved - alloc,
+                "message": m[0]}  # fmt: skip
+    m = _OOM_ANY.search(text)
+    return {"message": _line_of(text, m.start())} if m else None
+
+
+def _line_of(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)].strip()[:400]
+
+
+def _lineno(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+# Functions seen in tracebacks -> the phase they belong to (verl workers, TRL trainers, HF generate).
+_PHASE_FRAMES = [
+    ("rollout", ("generate_sequences", "_generate", "generate(", "in generate", "sample(", "rollout")),
+    ("ref", ("compute_ref_log_prob", "ref_model", "_get_per_token_logps")),
+    ("critic", ("compute_values",)),
+    ("critic_update", ("update_critic",)),
+    (
+        "actor_update",
+        ("update_policy", "update_actor", "compute_log_prob", "training_step", "compute_loss", "backward"),
+    ),
+]
+
+
+def _phase_from_traceback(text: str) -> str | None:
+    frames = [ln for ln in text.splitlines() if ln.strip().startswith("File ")]
+    for frame in reversed(frames):  # the innermost recognised frame wins
+        for phase, keys in _PHASE_FRAMES:
+            if any(k in frame for k in keys):
+                return phase
+    return None
+
+
+def _innermost_frame(text: str, before: int | None = None) -> str | None:
+    frames = [ln.strip() for ln in text[:before].splitlines() if ln.strip().startswith("File ")]
+    user = [f for f in frames if "site-packages/torch" not in f and "/torch/" not in f]
+    return (user or frames or [None])[-1]
+
+
+_DTYPE_FIXES = [
+    Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
+    Fix("precision.overrides.<role>.compute_dtype", "actor_rollout_ref.rollout.dtype / actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "make the producing and the consuming role agree on one dtype (e.g. the reward model or value head)"),
+]  # fmt: skip
+_LOG_UNKNOWN_MODULE = (
+    "which module: a log has no module tracker; rerun the suite under `verlaudit run` (audit level full)"
+)
+
+
+def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
+    """Causes for the errors recognised in a traceback / error message (dtype, device, OOM)."""
+    causes = []
+    d = parse_dtype_message(text)
+    if d:
+        pos = text.find(d["message"])
+        frame = _innermost_frame(text, pos)
+        causes.append(Cause(
+            "error", "dtype_error", f"Dtype error: {d['observed'] or '?'} where {d['expected'] or '?'} was expected",
+            "An op received operands (or input and weights) of different dtypes outside autocast.",
+            evidence=[f"line {_lineno(text, pos)}: {d['message']}"] + ([f"raised from {frame}"] if frame else [])
+            + ([f"phase (from traceback): {_phase_from_traceback(text)}"] if _phase_from_traceback(text) else []),
+            fixes=list(_DTYPE_FIXES), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
+            data={"observed": d["observed"], "expected": d["expected"]}))  # fmt: skip
+    m = _NUMPY_BF16.search(text)
+    if m:
+        causes.append(Cause(
+            "error", "dtype_error", f"{m[1]} tensor converted to numpy",
+            f"NumPy has no {m[1]}: a `.numpy()` / `np.asarray` on a {_dt(m[1])} tensor fails. In RL code this is "
+            "usually a reward model or a logging/metrics hook receiving bf16 outputs.",
+            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
+            + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
+            fixes=[Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
+                   Fix("precision.overrides.reward.compute_dtype: fp32", "reward_model.model.fsdp_config.model_dtype=fp32",
+                       "or keep the role whose output is converted in fp32")],
+            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0, data={"observed": _dt(m[1]), "expected": "fp32"}))  # fmt: skip
+    m = _NOT_IMPL.search(text)
+    if m:
+        causes.append(Cause(
+            "error", "dtype_error", f"Op {m[1]} has no {_dt(m[2])} kernel on this device",
+            f"'{m[1]}' is not implemented for {m[2]} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
+            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"],
+            fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
+                   Fix("device: cuda", "trainer.device=cuda", "fp16 kernels exist on the GPU")],
+            step=step, score=35.0, data={"observed": _dt(m[2])}))  # fmt: skip
+    m = _DEVICE.search(text)
+    if m:
+        causes.append(Cause(
+            "error", "device_mismatch", "Tensors on different devices",
+            "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, or "
+            "an offloaded model (param_offload) was called without being moved back.",
+            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
+            + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
+            fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", "reward_model.reward_manager",
+                       "the trainer converts lists/floats itself")],
+            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0))  # fmt: skip
+    oom = parse_oom(text)
+    if oom:
+        causes.append(_log_oom_cause(text, oom, step))
+    return causes
+
+
+def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
+    phase = _phase_from_traceback(text)
+    ev = [oom["message"]]
+    nums = {k: v for k, v in oom.items() if k.endswith("_gib")}
+    if nums:
+        ev.append("device view: " + ", ".join(f"{k[:-4]} {v:.3g} GiB" for k, v in nums.items()))
+    if phase:
+        ev.append(f"phase (from traceback): {phase}")
+    what = "The GPU ran out of memory."
+    fixes = []
+    frag = oom.get("reserved_unallocated_gib")
+    alloc = oom.get("allocated_gib")
+    if frag is not None and alloc is not None and frag > 0.2 * max(alloc, 1e-9):
+        what += (
+            f" {frag:.3g} GiB was reserved but unallocated: fragmentation made it fail earlier than needed."
+        )
+        fixes.append(
+            Fix(
+                None,
+                "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                "lets the allocator grow segments",
+            )
+        )
+    tried, total = oom.get("tried_gib"), oom.get("total_gib")
+    if tried and total and tried > 0.1 * total:
+        what += (f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / log-softmax "
+                 "of a whole batch x sequence x vocab in fp32.")  # fmt: skip
+    if "No available memory for the cache blocks" in text or phase == "rollout":
+        fixes.append(Fix("data.response_length: <shorter>", "actor_rollout_ref.rollout.gpu_memory_utilization (lower if the "
+                         "trainer shares the GPU; higher if vLLM has no room for KV blocks)", "rollout KV cache"))  # fmt: skip
+    fixes += [
+        Fix("precision.grad_checkpointing: true", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            "activation memory"),
+        Fix("algo.micro_batch_size: <half>", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu "
+            "(and actor_rollout_ref.rollout/ref.log_prob_micro_batch_size_per_gpu)", "smaller micro-batches"),
+        Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 "
+            "(or fsdp_config.param_offload / optimizer_offload=True)", "model state memory"),
+    ]  # fmt: skip
+    return Cause("error", "oom", f"CUDA out of memory{f' in {phase}' if phase else ''}", what, evidence=ev,
+                 fixes=fixes, step=step, where=phase, score=40.0, data=oom,
+                 unknown=["memory classes: the message gives totals only, not how much is parameters, gradients, "
+                          "optimizer state or activations; `verlaudit plan` estimates them, a run under verlaudit "
+                          "measures per phase"])  # fmt: skip
+
+
+# ---- per-step logs: verl, HF Trainer / TRL dicts, plain `loss=nan`
+_VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
+_VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
+_HF_DICT = re.compile(r"\{'loss': ([^,}]+)")
+_PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
+_ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
+_SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
+_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)")
+_DS = re.compile(
+    r"OVERFLOW! Rank (\d+) Skipping step\. Attempted loss scale: ([\d.e+]+), reducing to ([\d.e+]+)"
+)
+_DS_MIN = re.compile(r"Current loss scale already at minimum - cannot decrease scale anymore")
+_MEGATRON = re.compile(r"number of skipped iterations:\s*(\d+)")
+
+
+def _f(x: str) -> float:
+    try:
+        return float(x)
+    except ValueError:
+        return math.nan
+
+
+def parse_metric_lines(text: str) -> list[dict[str, Any]]:
+    """verl ``step:N - key:value - ...`` console lines as metric records (like metrics.jsonl)."""
+    out = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        m = _VERL_STEP.search(line)
+        if m:
+            rec = {"step": int(m[1]), "_line": ln}
+            rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
+            out.append(rec)
+    return out
+
+
+def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Cause]:
+    ev, step = [], None
+    for rec in records:
+        bad = [
+            k
+            for k, v in rec.items()
+            if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
+        ]
+        if bad:
+            step = rec["step"]
+            ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
+            break
+    for pat, label in ((_HF_DICT, "HF Trainer/TRL log"), (_PLAIN_NAN, "log")):
+        for m in pat.finditer(text):
+            val = m[1] if pat is _HF_DICT else m[2]
+            if not math.isfinite(_f(val.strip().strip("'"))):
+                ev.append(f"line {_lineno(text, m.start())}: {label}: {_line_of(text, m.start())[:160]}")
+                break
+    anomaly = _ANOMALY.search(text)
+    where = None
+    if anomaly:
+        where = anomaly[1]
+        ev.append(
+            f"line {_lineno(text, anomaly.start())}: anomaly mode: backward function {anomaly[1]} produced NaN"
+        )
+    samp = _SAMPLING_NAN.search(text)
+    if samp:
+        ev.append(f"line {_lineno(text, samp.start())}: sampling saw NaN/Inf probabilities: the rollout model's "
+                  "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
+    if not ev:
+        return []
+    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
+                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
+                  fixes=[Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+                             "if the run is fp16: bf16 does not overflow"),
+                         Fix("algo.lr: <lower>", "actor_rollout_ref.actor.optim.lr", "if the loss diverged first"),
+                         Fix("algo.max_grad_norm: 1.0", "actor_rollout_ref.actor.grad_clip=1.0", "clip gradients")],
+                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
+                           "`verlaudit run` with audit level full for the producer module",
+                           "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+
+
+def _overflow_log_causes(text: str) -> list[Cause]:
+    hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(text)]
+    hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(text)]
+    ds_min = _DS_MIN.search(text)
+    mega = [int(m[1]) for m in _MEGATRON.finditer(text)]
+    if not hits and not ds_min and not any(mega):
+        return []
+    hits.sort()
+    scales = [s for _, _, s in hits]
+    ev = []
+    if hits:
+        ev.append(f"{len(hits)} overflow skips, first at line {_lineno(text, hits[0][0])}; loss scale went "
+                  f"{_fmt_scale(hits[0][1] or scales[0] * 2)} -> {_fmt_scale(scales[-1])}")  # fmt: skip
+    if mega:
+        ev.append(f"Megatron: up to {max(mega)} skipped iterations per logging interval")
+    collapse = bool(ds_min) or (scales and scales[-1] <= 1.0) or len(hits) >= 20
+    if ds_min:
+        ev.append(f"line {_lineno(text, ds_min.start())}: {ds_min[0]}")
+    fixes = [Fix("precision.preset: bf16", "bf16 in the framework's config (DeepSpeed: bf16.enabled=true, fp16.enabled=false)",
+                 "bf16 has fp32's exponent range: no loss scaling, no overflow skips")]  # fmt: skip
+    if collapse:
+        return [Cause("error", "loss_scale_collapse", "fp16 loss-scale collapse",
+                      "The loss scale was driven to its floor by repeated overflows: values overflow fp16 even "
+                      "unscaled, so the optimizer keeps skipping.", evidence=ev, fixes=fixes, score=30.0,
+                      unknown=["which module overflows (a log has no per-module absmax); rerun under verlaudit"])]  # fmt: skip
+    return [Cause("info" if len(hits) <= 10 else "warning", "overflow_skips", f"{len(hits)} fp16 overflow skips",
+                  "Dynamic loss scaling found its level by skipping steps; occasional skips are normal.",
+                  evidence=ev, fixes=fixes if len(hits) > 10 else [])]  # fmt: skip
+
+
+def _fmt_scale(v: float) -> str:
+    return f"{v:g}"
+
+
+def diagnose_log(path: str | Path) -> Diagnosis:
+    """Diagnosis of a foreign training log or traceback file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read the log ({e})") from None
+    records = parse_metric_lines(text)
+    causes = explain_error_text(text) + _nonfinite_log_causes(text, records) + _overflow_log_causes(text)
+    causes = rank(causes)
+    framework = ("verl" if records or "actor_rollout_ref" in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
+                 else "HF Trainer/TRL" if "{'loss'" in text or "trl" in text.lower() else "PyTorch")  # fmt: skip
+    failed = "Traceback (most recent call last)" in text or any(c.severity == "error" for c in causes)
+    state = "failed" if failed else "log"
+    last = f", last logged step {records[-1]['step']}" if records else ""
+    summary = (
+        f"{p.name}: {framework} log, {len(text.splitlines())} lines{last}; {len(causes)} recognised cause(s)"
+    )
+    if not causes and "Traceback (most recent call last)" in text:
+        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
+        causes = [Cause("error", "exception", "Unrecognised exception", tail[:300],
+                        evidence=[f"raised from {_innermost_frame(text)}"],
+                        unknown=["this error is not one of the dtype / OOM / NaN / overflow patterns verlaudit "
+                                 "explains; run the suite under verlaudit for module-level evidence"])]  # fmt: skip
+    return Diagnosis(str(p), "log", p.name, state, summary, causes)
