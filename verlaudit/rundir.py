@@ -127,6 +127,13 @@ class RunWriter:
     def finding(self, finding: Finding) -> None:
         self._append(FINDINGS, finding.to_dict())
 
+    def replace_findings(self, findings: list[Finding]) -> None:
+        """Rewrites findings.jsonl atomically (repeat counts of folded findings changed)."""
+        f = self._files.pop(FINDINGS, None)
+        if f is not None:
+            f.close()
+        _atomic_write(self.path / FINDINGS, "".join(dumps(x.to_dict()) + "\n" for x in findings))
+
     def event(self, kind: str, **data: Any) -> None:
         self._append(EVENTS, {"kind": kind, **data})
 

@@ -1,0 +1,210 @@
+"""Boundary checks: the collator's batch, the reward, the rollout — pure functions over payloads.
+
+Each returns `Finding`s for what crossed a boundary in the wrong dtype, range, shape, device or
+padding. They run at every audit level except ``off`` (they cost a few reductions per step).
+Exercised by `pytest tests/test_audit_checks.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE, dn
+from verlaudit.rundir import Finding
+
+
+def _f(severity: str, kind: str, where: str, message: str, **kw: Any) -> Finding:
+    return Finding(severity=severity, kind=kind, where=where, message=message, **kw)
+
+
+def check_batch(batch: Mapping[str, Any], *, role: str, source: str, tokenizer_info: Mapping[str, Any],
+                step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
+    """Collator output: integer ids and masks, ids in [0, vocab), one batch size, mask shapes, padding side."""
+    out: list[Finding] = []
+    ctx = {"role": role, "step": step, "phase": phase}
+    where = f"collator:{source}"
+    vocab = tokenizer_info.get("vocab_size")
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    for k, v in batch.items():
+        if INT_KEY.search(k) and not isinstance(v, torch.Tensor):
+            out.append(_f("error", "boundary/collator", f"{where}.{k}", f"{k} is a {type(v).__name__}, not a tensor",
+                          observed=type(v).__name__, expected="torch.long tensor",
+                          fix="return torch tensors from the collator (torch.tensor(ids, dtype=torch.long))", **ctx))  # fmt: skip
+    for k, v in tensors.items():
+        if not INT_KEY.search(k):
+            continue
+        is_mask = "mask" in k
+        if v.is_floating_point():
+            out.append(_f("error", "boundary/collator", f"{where}.{k}",
+                          f"{k} from collator {source} is {dn(v.dtype)}; token ids and masks must be integers",
+                          observed=dn(v.dtype), expected="int64",
+                          fix=f"drop the cast in the collator: {k} must stay torch.long (cast only floating tensors)",
+                          **ctx))  # fmt: skip
+            continue
+        if not is_mask and v.dtype != torch.int64:
+            out.append(_f("warning", "boundary/collator", f"{where}.{k}", f"{k} is {dn(v.dtype)}, not int64",
+                          observed=dn(v.dtype), expected="int64", fix=f"build {k} with dtype=torch.long", **ctx))  # fmt: skip
+        if not is_mask and vocab and v.numel():
+            lo, hi = int(v.min()), int(v.max())
+            if lo < 0 or hi >= int(vocab):
+                out.append(_f("error", "boundary/collator", f"{where}.{k}",
+                              f"{k} holds ids in [{lo}, {hi}], outside the vocabulary [0, {int(vocab)})",
+                              observed=[lo, hi], expected=[0, int(vocab) - 1],
+                              fix="tokenize with the run's tokenizer and pad with its pad_token_id", **ctx))  # fmt: skip
+    sizes = {k: v.shape[0] for k, v in tensors.items() if v.dim() >= 1}
+    if len(set(sizes.values())) > 1:
+        out.append(_f("error", "boundary/collator", where, f"tensors disagree on batch size: {sizes}",
+                      observed=sizes, expected="one batch size", fix="return one row per example in every field", **ctx))  # fmt: skip
+    for k, v in tensors.items():
+        if k.endswith("input_ids"):
+            mk = k[: -len("input_ids")] + "attention_mask"
+            m = tensors.get(mk)
+            if m is not None and m.shape != v.shape:
+                out.append(_f("error", "boundary/collator", f"{where}.{mk}",
+                              f"{mk} has shape {tuple(m.shape)} but {k} has {tuple(v.shape)}",
+                              observed=list(m.shape), expected=list(v.shape),
+                              fix="build the mask from the padded ids", **ctx))  # fmt: skip
+    mask = tensors.get("attention_mask")
+    side = tokenizer_info.get("padding_side")
+    if mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
+        observed = padding_side(mask)
+        if observed not in (None, side):
+            out.append(_f("error" if side == "left" else "warning", "boundary/padding_side", f"{where}.attention_mask",
+                          f"prompts are {observed}-padded but the tokenizer pads {side}"
+                          + (": generation would continue from pad tokens" if side == "left" else ""),
+                          observed=observed, expected=side,
+                          fix=f"pad prompts on the {side} (tokenizer.padding_side = '{side}')", **ctx))  # fmt: skip
+    return out
+
+
+def padding_side(mask: torch.Tensor) -> str | None:
+    """``left`` / ``right`` from where a 2-D mask has its zeros; None when no row is padded."""
+    m = mask.bool()
+    padded = ~m.all(dim=1)
+    if not bool(padded.any()):
+        return None
+    rows = m[padded]
+    if bool((~rows[:, -1]).any()) and bool(rows[:, 0].all()):
+        return "right"
+    if bool((~rows[:, 0]).any()) and bool(rows[:, -1].all()):
+        return "left"
+    return "mixed"
+
+
+def check_reward(raw: Any, rewards: torch.Tensor | None, *, source: str, expected_shape: tuple[int, ...],
+                 train_device: torch.device | str, step: int | None = None,
+                 phase: str | None = None) -> list[Finding]:  # fmt: skip
+    """What a reward function / model returned: type, dtype, device, shape, finiteness."""
+    out: list[Finding] = []
+    ctx = {"role": "reward", "step": step, "phase": phase}
+    where = f"reward:{source}"
+    dev = torch.device(train_device)
+    shape: tuple[int, ...] | None = None
+    values: list[float] | None = None
+    if isinstance(raw, torch.Tensor):
+        shape = tuple(raw.shape)
+        if not raw.is_floating_point():
+            out.append(_f("info", "boundary/reward", where, f"reward is an integer tensor ({dn(raw.dtype)})",
+                          observed=dn(raw.dtype), expected="fp32", fix="return float rewards", **ctx))  # fmt: skip
+        elif raw.dtype == torch.float64:
+            out.append(_f("warning", "boundary/reward", where,
+                          "reward is float64: anything computed from it before conversion runs in fp64",
+                          observed="fp64", expected="fp32",
+                          fix="return torch.float32 (scores.float()); numpy: np.asarray(x, dtype=np.float32)", **ctx))  # fmt: skip
+        elif raw.dtype != torch.float32:
+            out.append(_f("warning", "boundary/reward", where,
+                          f"reward is {dn(raw.dtype)}: rewards lose precision before advantages are computed",
+                          observed=dn(raw.dtype), expected="fp32", fix="upcast the score head output with .float()", **ctx))  # fmt: skip
+        if raw.device.type != dev.type:
+            out.append(_f("warning", "boundary/reward", where,
+                          f"reward tensor is on {raw.device} while training runs on {dev}: a host/device copy "
+                          "and synchronisation every step", observed=str(raw.device), expected=str(dev),
+                          fix=f"return the reward on the training device (.to('{dev}'))", **ctx))  # fmt: skip
+        if raw.is_floating_point() or raw.dtype == torch.bool:
+            values = raw.detach().float().flatten().cpu().tolist()
+    else:
+        arr_dtype = getattr(raw, "dtype", None)
+        if arr_dtype is not None and hasattr(raw, "shape"):  # numpy array
+            shape = tuple(raw.shape)
+            if str(arr_dtype) == "float64":
+                out.append(_f("warning", "boundary/reward", where, "reward is a float64 numpy array",
+                              observed="fp64 (numpy)", expected="fp32 tensor",
+                              fix="return torch.as_tensor(x, dtype=torch.float32)", **ctx))  # fmt: skip
+            values = [float(x) for x in raw.reshape(-1).tolist()]
+        elif isinstance(raw, (list, tuple)):
+            shape = (len(raw),)
+            out.append(_f("info", "boundary/reward", where,
+                          "reward is a Python list: converted to float32 on the host (fine for rule rewards)",
+                          observed="list", expected="fp32 tensor",
+                          fix="return a float32 tensor on the training device to skip the conversion", **ctx))  # fmt: skip
+            try:
+                values = [float(x) for x in raw]
+            except (TypeError, ValueError):
+                out.append(_f("error", "boundary/reward", where, "reward list holds non-numbers",
+                              observed=repr(raw[:3]), expected="numbers", fix="return one float per sequence", **ctx))  # fmt: skip
+    if shape is not None and tuple(expected_shape) and shape != tuple(expected_shape):
+        out.append(_f("error", "boundary/reward", where, f"reward has shape {shape}, expected {tuple(expected_shape)}",
+                      observed=list(shape), expected=list(expected_shape),
+                      fix="return one scalar per sequence (squeeze the score head's last dim)", **ctx))  # fmt: skip
+    if values is None and rewards is not None:
+        values = rewards.detach().float().flatten().cpu().tolist()
+    bad = [v for v in (values or []) if not math.isfinite(v)]
+    if bad:
+        out.append(_f("error", "boundary/reward", where, f"{len(bad)} of {len(values or [])} rewards are non-finite",
+                      observed=str(bad[0]), expected="finite",
+                      fix="guard the reward function against NaN/inf (e.g. division by zero, log(0))", **ctx))  # fmt: skip
+    return out
+
+
+def check_rollout(*, engine: str, engine_dtype: torch.dtype, actor_compute_dtype: torch.dtype,
+                  prompt_ids: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
+                  logprobs: torch.Tensor, vocab_size: int | None, step: int | None = None,
+                  phase: str | None = None) -> list[Finding]:  # fmt: skip
+    """Engine dtype against the actor's compute dtype; token, mask and log-prob dtypes."""
+    out: list[Finding] = []
+    ctx = {"role": "rollout", "step": step, "phase": phase}
+    where = f"rollout:{engine}"
+    if engine_dtype != actor_compute_dtype:
+        out.append(_f("warning", "boundary/rollout_dtype", where,
+                      f"rollout/train precision mismatch: {engine} samples in {dn(engine_dtype)} while the actor "
+                      f"trains in {dn(actor_compute_dtype)}; PPO ratios start away from 1 (see rollout_corr/kl)",
+                      observed=dn(engine_dtype), expected=dn(actor_compute_dtype),
+                      fix=f"set precision.overrides.rollout.compute_dtype: {dn(actor_compute_dtype)} "
+                      f"(verl: {VERL_ROLLOUT_DTYPE}={_verl(actor_compute_dtype)}), or recompute old log-probs "
+                      "with the actor (importance-sampling correction)", **ctx))  # fmt: skip
+    for name, t in (("prompt_ids", prompt_ids), ("response_ids", response_ids)):
+        if t.is_floating_point():
+            out.append(_f("error", "dtype/int_became_float", f"{where}.{name}", f"{name} from {engine} are {dn(t.dtype)}",
+                          observed=dn(t.dtype), expected="int64", fix="keep sampled token ids torch.long", **ctx))  # fmt: skip
+        elif vocab_size and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
+            out.append(_f("error", "boundary/rollout_tokens", f"{where}.{name}",
+                          f"{name} outside the vocabulary [0, {vocab_size})", observed=[int(t.min()), int(t.max())],
+                          expected=[0, vocab_size - 1], fix="check the engine's vocabulary / tokenizer", **ctx))  # fmt: skip
+    if response_mask.is_floating_point():
+        out.append(_f("error", "dtype/int_became_float", f"{where}.response_mask",
+                      f"response_mask is {dn(response_mask.dtype)}", observed=dn(response_mask.dtype),
+                      expected="int64 or bool", fix="build masks as integer/bool tensors", **ctx))  # fmt: skip
+    if tuple(response_mask.shape) != tuple(response_ids.shape) or tuple(logprobs.shape) != tuple(
+        response_ids.shape
+    ):
+        out.append(_f("error", "boundary/rollout_tokens", where,
+                      f"shapes differ: response_ids {tuple(response_ids.shape)}, response_mask "
+                      f"{tuple(response_mask.shape)}, logprobs {tuple(logprobs.shape)}",
+                      observed=[list(response_mask.shape), list(logprobs.shape)], expected=list(response_ids.shape),
+                      fix="one log-prob and one mask value per response token", **ctx))  # fmt: skip
+    if not logprobs.is_floating_point() or logprobs.dtype not in (torch.float32, torch.float64):
+        out.append(_f("error", "dtype/island", f"{where}.logprobs",
+                      f"rollout log-probs are {dn(logprobs.dtype)}; the policy keeps log-probs in fp32",
+                      observed=dn(logprobs.dtype), expected="fp32",
+                      fix="take log_softmax of the sampling logits in fp32", **ctx))  # fmt: skip
+    return out
+
+
+def _verl(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}.get(
+        dtype, str(dtype)
+    )

@@ -1,0 +1,70 @@
+"""Finding bookkeeping: fold repeats of the same (kind, role, where) into one record with a count.
+
+The first occurrence keeps its step, phase and numbers; later ones only raise ``count``. New
+findings are appended to ``findings.jsonl`` at once (so a run killed a moment later still shows
+them); when counts of already-written findings change, the file is rewritten atomically at the next
+`flush`. Exercised by `pytest tests/test_audit_checks.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from verlaudit.rundir import Finding, RunWriter
+
+ROLE_WIDE = frozenset({"dtype/compute", "dtype/island", "numerics/headroom"})
+"""Kinds that describe a whole role (every Linear computing in the wrong dtype is one problem)."""
+
+
+class FindingLog:
+    """Deduplicating store of findings, optionally mirrored to a run directory."""
+
+    def __init__(self, writer: RunWriter | None = None) -> None:
+        self.writer = writer
+        self._by_key: dict[tuple[str, str | None, str | None], Finding] = {}
+        self._dirty = False
+        self.new_this_step: dict[str, int] = {"error": 0, "warning": 0, "info": 0}
+
+    def add(self, finding: Finding) -> bool:
+        """Records ``finding``; returns True when it is new (not a repeat). Kinds in `ROLE_WIDE`
+        fold over the whole role (the first module seen names it)."""
+        key = (finding.kind, finding.role, None if finding.kind in ROLE_WIDE else finding.where)
+        old = self._by_key.get(key)
+        if old is not None:
+            self._by_key[key] = dataclasses.replace(old, count=old.count + finding.count)
+            self._dirty = True
+            return False
+        self._by_key[key] = finding
+        self.new_this_step[finding.severity] += 1
+        if self.writer is not None:
+            self.writer.finding(finding)
+        return True
+
+    def extend(self, findings: Iterable[Finding]) -> None:
+        for f in findings:
+            self.add(f)
+
+    def take_step_counts(self) -> dict[str, int]:
+        """New findings per severity since the last call (for ``audit/findings/<severity>``)."""
+        out, self.new_this_step = self.new_this_step, {"error": 0, "warning": 0, "info": 0}
+        return out
+
+    def flush(self) -> None:
+        """Rewrites findings.jsonl when repeat counts changed since it was written."""
+        if self._dirty and self.writer is not None:
+            self.writer.replace_findings(self.all())
+        self._dirty = False
+
+    def all(self) -> list[Finding]:
+        return list(self._by_key.values())
+
+    def find(self, kind: str, *, role: str | None = None, where: str | None = None) -> list[Finding]:
+        """Findings of ``kind`` (a prefix ending in ``/`` matches a family), filtered by role/where."""
+        return [
+            f
+            for f in self._by_key.values()
+            if (f.kind == kind or (kind.endswith("/") and f.kind.startswith(kind)))
+            and (role is None or f.role == role)
+            and (where is None or f.where == where)
+        ]

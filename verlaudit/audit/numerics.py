@@ -1,0 +1,260 @@
+"""Numerics: non-finite gradients, underflow, lost updates, loss-scale events, NaN/Inf provenance.
+
+Functions over gradients, parameter snapshots and per-module observations; they return numbers
+and `Finding`s and register nothing. `Provenance` keeps, per step, the first module (in execution
+order) whose forward output — or, in backward, whose input gradient — became non-finite while
+what it received was finite: the producer, told apart from the modules that only propagated it.
+Exercised by `pytest tests/test_audit_numerics.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from trainer.precision import RolePolicy
+from verlaudit.audit.dtype_checks import dn
+from verlaudit.rundir import Finding
+
+HEADROOM = 1 / 8
+"""Warn when an fp16 absolute maximum exceeds this fraction of the dtype's largest finite value."""
+GRAD_UNDERFLOW_WARN = 0.05
+UPDATE_UNDERFLOW_WARN = 0.10
+UPDATE_SAMPLE = 4096
+"""Elements per parameter snapshotted to measure lost updates (a strided sample keeps memory flat)."""
+
+
+@dataclasses.dataclass
+class GradStats:
+    nonfinite: int = 0
+    """Non-finite gradient elements."""
+    first_nonfinite: list[str] = dataclasses.field(default_factory=list)
+    """Up to five parameters with non-finite gradients, in parameter order."""
+    underflow_frac: float = 0.0
+    """Fraction of gradient elements below the compute dtype's smallest normal (zero included),
+    embeddings excluded (their untouched rows are zero by construction)."""
+    elements: int = 0
+
+
+def grad_stats(named_params: Iterable[tuple[str, torch.Tensor]], compute_dtype: torch.dtype, *,
+               scale: float = 1.0, underflow: bool = True) -> GradStats:  # fmt: skip
+    """Counts over ``.grad``; ``scale`` is the loss scale the gradients still carry (underflow is
+    judged on the scaled values, which is what the low-precision backward actually held)."""
+    tiny = torch.finfo(compute_dtype).tiny if compute_dtype.is_floating_point else 0.0
+    names, bad, small, sizes = [], [], [], []
+    for name, p in named_params:
+        g = p.grad
+        if g is None:
+            continue
+        if hasattr(g, "to_local"):
+            g = g.to_local()
+        names.append(name)
+        bad.append((~torch.isfinite(g)).sum())
+        if underflow and "embed" not in name:
+            small.append((g.abs() < tiny).sum())
+            sizes.append(g.numel())
+    if not names:
+        return GradStats()
+    bad_counts = torch.stack([b.float().cpu() for b in bad]).tolist() if bad else []
+    stats = GradStats(nonfinite=int(sum(bad_counts)))
+    stats.first_nonfinite = [n for n, c in zip(names, bad_counts) if c > 0][:5]
+    if small:
+        n_small = float(torch.stack([s.float().cpu() for s in small]).sum())
+        stats.elements = int(sum(sizes))
+        stats.underflow_frac = n_small / max(stats.elements, 1)
+    return stats
+
+
+def snapshot(
+    named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPDATE_SAMPLE
+) -> dict[str, tuple]:
+    """A strided sample of each parameter (and whether its gradient there is non-zero) before a step."""
+    snap = {}
+    for name, p in named_params:
+        if p.grad is None or not p.is_floating_point():
+            continue
+        flat = p.detach().reshape(-1)
+        stride = max(1, flat.numel() // sample)
+        idx = slice(0, flat.numel(), stride)
+        g = p.grad.reshape(-1)[idx]
+        snap[name] = (idx, flat[idx].clone(), g != 0)
+    return snap
+
+
+def update_underflow(
+    before: Mapping[str, tuple], named_params: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[float, dict[str, float]]:
+    """Fraction of sampled elements unchanged by the step despite a non-zero gradient, overall and per
+    module. With bf16 master weights at a small learning rate most updates round away."""
+    lost_total = moving_total = 0
+    per_module: dict[str, list[int]] = {}
+    for name, p in named_params:
+        if name not in before:
+            continue
+        idx, old, nonzero = before[name]
+        new = p.detach().reshape(-1)[idx]
+        lost = int(((new == old) & nonzero).sum())
+        moving = int(nonzero.sum())
+        lost_total += lost
+        moving_total += moving
+        acc = per_module.setdefault(name.rsplit(".", 1)[0], [0, 0])
+        acc[0] += lost
+        acc[1] += moving
+    frac = lost_total / moving_total if moving_total else 0.0
+    return frac, {m: lost / n for m, (lost, n) in per_module.items() if n}
+
+
+def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], policy: RolePolicy, lr: float | None,
+                       *, step: int, phase: str | None) -> list[Finding]:  # fmt: skip
+    if frac < UPDATE_UNDERFLOW_WARN:
+        return []
+    top = sorted(per_module.items(), key=lambda kv: -kv[1])[:5]
+    return [Finding(
+        severity="warning", kind="numerics/update_underflow", role=role, where=top[0][0] if top else None,
+        step=step, phase=phase, observed={"fraction": round(frac, 4), "top_modules": {m: round(v, 4) for m, v in top}},
+        expected=f"< {UPDATE_UNDERFLOW_WARN}",
+        message=f"{frac:.0%} of {role} weight updates were lost to {dn(policy.param_dtype)} rounding "
+        f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''})",
+        fix="keep fp32 master weights (precision.preset: bf16, i.e. bf16 autocast with fp32 params; verl: "
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=float32) or raise the learning rate",
+    )]  # fmt: skip
+
+
+def grad_findings(role: str, stats: GradStats, policy: RolePolicy, *, step: int, phase: str | None,
+                  skipped: bool) -> list[Finding]:  # fmt: skip
+    out = []
+    if stats.nonfinite:
+        handled = skipped and policy.loss_scaling == "dynamic"
+        out.append(Finding(
+            severity="warning" if handled else "error", kind="numerics/nonfinite_grads", role=role,
+            where=stats.first_nonfinite[0].rsplit(".", 1)[0] if stats.first_nonfinite else None, step=step,
+            phase=phase, observed={"elements": stats.nonfinite, "first_params": stats.first_nonfinite},
+            expected="finite", message=f"{stats.nonfinite} non-finite {role} gradient elements (first: "
+            f"{', '.join(stats.first_nonfinite[:3])})" + ("; the loss scaler skipped the step" if handled else ""),
+            fix="dynamic loss scaling handles occasional overflow; if it repeats, look at the "
+            "numerics/nonfinite_* producer, lower the lr, or use bf16",
+        ))  # fmt: skip
+    if (
+        stats.elements
+        and stats.underflow_frac > GRAD_UNDERFLOW_WARN
+        and policy.compute_dtype == torch.float16
+    ):
+        out.append(Finding(
+            severity="warning", kind="numerics/grad_underflow", role=role, where=None, step=step, phase=phase,
+            observed=round(stats.underflow_frac, 4), expected=f"< {GRAD_UNDERFLOW_WARN}",
+            message=f"{stats.underflow_frac:.1%} of {role} gradient elements are below fp16's smallest normal "
+            f"({torch.finfo(torch.float16).tiny:.1e}) at the current loss scale",
+            fix="use dynamic loss scaling with a larger init_scale, or bf16 (fp32's exponent range)",
+        ))  # fmt: skip
+    return out
+
+
+def scaler_findings(role: str, state: Mapping[str, Any], skipped: bool, grad_norm: float, policy: RolePolicy,
+                    *, step: int, phase: str | None) -> list[Finding]:  # fmt: skip
+    """Skipped steps — fp16 loss-scale backoffs AND bf16/fp32 non-finite skips, which tools that only
+    watch the fp16 scaler miss."""
+    if not skipped:
+        return []
+    mode = state.get("mode", policy.loss_scaling)
+    scale = state.get("scale")
+    if mode == "dynamic":
+        msg = f"{role} optimizer step skipped: non-finite gradients; loss scale backed off to {scale:g}"
+        fix = "occasional skips are the dynamic scaler working; many in a row mean a real overflow"
+    else:
+        msg = (f"{role} optimizer step skipped: non-finite gradients under {dn(policy.compute_dtype)} "
+               f"without loss scaling (grad_norm={grad_norm})")  # fmt: skip
+        fix = "a bf16/fp32 overflow is not a scaling problem: find the producer (numerics/nonfinite_*), lower lr"
+    return [Finding(severity="warning", kind="numerics/skipped_step", role=role, where="optimizer", step=step,
+                    phase=phase, observed={"scale": scale, "mode": mode, "skipped_steps": state.get("skipped_steps")},
+                    expected="finite gradients", message=msg, fix=fix)]  # fmt: skip
+
+
+def absmax(t: torch.Tensor) -> float:
+    return float(t.detach().abs().max()) if t.numel() else 0.0
+
+
+def headroom_finding(role: str, where: str, dtype: torch.dtype, value: float, what: str, *, step: int | None,
+                     phase: str | None) -> Finding | None:  # fmt: skip
+    """fp16 activations / gradients closer than `HEADROOM` to the largest finite value."""
+    if dtype != torch.float16 or not math.isfinite(value):
+        return None
+    limit = torch.finfo(dtype).max
+    if value <= limit * HEADROOM:
+        return None
+    return Finding(
+        severity="warning", kind="numerics/headroom", role=role, where=where, step=step, phase=phase,
+        observed={what: value}, expected=f"< {limit * HEADROOM:g} (1/8 of fp16 max {limit:g})",
+        message=f"{what} of {where} reached {value:g}, {value / limit:.0%} of fp16's maximum",
+        fix="keep this module in fp32 or bf16 (precision.preset: bf16), or scale it down",
+    )  # fmt: skip
+
+
+class Provenance:
+    """First producer of non-finite values per step, forward and backward."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.forward_producer: tuple[str, str, str] | None = None
+        self.forward_propagated = 0
+        self.backward_producer: tuple[str, str, str] | None = None
+        self.backward_propagated = 0
+        self.loss_nonfinite = False
+        self._grad_out_finite: dict[tuple[str, str], bool] = {}
+
+    def forward(self, role: str, name: str, inputs_finite: bool, outputs_finite: bool, what: str) -> bool:
+        """Returns True when this call is the step's first producer."""
+        if outputs_finite:
+            return False
+        if not inputs_finite or self.forward_producer is not None:
+            self.forward_propagated += 1
+            return False
+        self.forward_producer = (role, name, what)
+        return True
+
+    def grad_output(self, role: str, name: str, finite: bool) -> None:
+        self._grad_out_finite[(role, name)] = finite
+        if not finite:
+            self.backward_propagated += 1
+
+    def grad_input(self, role: str, name: str, finite: bool, what: str) -> bool:
+        if finite or self.backward_producer is not None or self.forward_producer is not None:
+            return False
+        if self._grad_out_finite.get((role, name), True):
+            self.backward_producer = (role, name, what)
+            return True
+        return False
+
+
+def nonfinite_what(t: torch.Tensor) -> str:
+    has_nan = bool(torch.isnan(t).any())
+    has_inf = bool(torch.isinf(t).any())
+    return "nan+inf" if has_nan and has_inf else ("nan" if has_nan else "inf")
+
+
+def producer_finding(role: str, where: str, what: str, dtype: torch.dtype | None, direction: str, policy: RolePolicy,
+                     *, step: int, phase: str | None, max_in: float | None = None) -> Finding:  # fmt: skip
+    """The producer of a non-finite value; ``direction`` is ``forward`` or ``backward``."""
+    overflow = what == "inf" and dtype == torch.float16
+    if direction == "forward":
+        kind = "numerics/overflow" if overflow else "numerics/nonfinite_forward"
+        msg = f"{where} produced {what} in its forward output from finite inputs" + (
+            f" (fp16 max is {torch.finfo(torch.float16).max:g})" if overflow else ""
+        )
+        fix = ("run this module in bf16 or fp32 (precision.preset: bf16) or rescale it" if overflow
+               else "inspect this module's weights and inputs at this step (division by zero, log of <= 0, "
+               "sqrt of negative), lower the learning rate")  # fmt: skip
+        sev = "error"
+    else:
+        kind = "numerics/nonfinite_backward"
+        msg = f"backward of {where} produced {what} gradients from a finite incoming gradient"
+        fix = "dynamic loss scaling skips these steps; if persistent, lower init_scale or use bf16"
+        sev = "warning" if policy.loss_scaling == "dynamic" else "error"
+    return Finding(severity=sev, kind=kind, role=role, where=where, step=step, phase=phase,
+                   observed={"value": what, "dtype": dn(dtype), "input_absmax": max_in},
+                   expected="finite", message=msg, fix=fix)  # fmt: skip

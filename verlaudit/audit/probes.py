@@ -1,0 +1,189 @@
+"""Per-module probes: forward pre/post hooks and gradient tensor hooks on every module of every role.
+
+Attached only while a step is sampled at the ``full`` audit level and removed right after (and
+always in the auditor's ``__exit__``). The forward hook is registered with ``always_call=True`` so
+the module stack stays balanced when a forward raises; the first module whose hook sees an
+exception in flight is the innermost one that raised. Gradients are watched with tensor hooks
+(not ``register_full_backward_hook``, which breaks on in-place ops and under checkpointing): on
+each module's outputs (the gradient it receives) and on a ``view_as`` of its positional inputs
+(the gradient it produces). Forward calls made while the trainer is in backward are activation
+checkpointing recomputes and are not recorded twice. Exercised by `pytest tests/test_audit_probes.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from verlaudit.audit.dtype_checks import ModuleCall, check_module_call, module_kind
+from verlaudit.audit.numerics import headroom_finding, producer_finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    from verlaudit.audit.auditor import Auditor
+
+
+def _tensors(obj: Any, key: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Tensors one level deep in args / outputs (tuples, lists, dicts and HF ModelOutputs)."""
+    if isinstance(obj, torch.Tensor):
+        return [(key, obj)]
+    out: list[tuple[str, torch.Tensor]] = []
+    if isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            if isinstance(x, torch.Tensor):
+                out.append((f"{key}[{i}]" if key else f"arg{i}", x))
+    elif isinstance(obj, Mapping):
+        for k, x in obj.items():
+            if isinstance(x, torch.Tensor):
+                out.append((str(k), x))
+    return out
+
+
+def _amax(t: torch.Tensor) -> float:
+    """Absolute maximum; NaN when ``t`` holds a NaN (amax propagates it), so one reduction answers
+    both "is it finite" and "how close to the dtype's limit"."""
+    if t.numel() == 0:
+        return 0.0
+    return float(t.detach().abs().amax())
+
+
+class ModuleProbe:
+    """Hooks for the models of an `Auditor`; reads its step, phase and policy, writes its findings."""
+
+    def __init__(self, auditor: Auditor, models: Mapping[str, nn.Module]) -> None:
+        self.a = auditor
+        self.info: dict[int, tuple[str, str, str, tuple[torch.dtype, ...]]] = {}
+        for role, model in models.items():
+            for name, m in model.named_modules():
+                if id(m) in self.info:
+                    continue  # shared module (e.g. a critic sharing the actor's backbone): first role wins
+                own = tuple(
+                    sorted({p.dtype for p in m.parameters(recurse=False) if p.is_floating_point()}, key=str)
+                )
+                self.info[id(m)] = (role, name, module_kind(name, m), own)
+        self.modules = {id(m): m for model in models.values() for m in model.modules()}
+        self.handles: list[Any] = []
+        self.stack: list[tuple[str, str]] = []
+        self._pending: list[tuple[bool, float]] = []
+        self._seen: set[tuple] = set()
+        self.failed_in: tuple[str, str] | None = None
+        self.absmax: dict[str, float] = {}
+        """Per role: largest finite activation absolute maximum seen this step."""
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.handles)
+
+    def attach(self) -> None:
+        if self.handles:
+            return
+        for m in self.modules.values():
+            self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post, with_kwargs=True, always_call=True))
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.stack.clear()
+        self._pending.clear()
+
+    def _role(self, role: str) -> str:
+        # the rollout engine generates with the actor's modules: judge them by the rollout contract
+        return "rollout" if role == "actor" and self.a.phase_name == "rollout" else role
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        role, name, kind, own = self.info[id(module)]
+        self.stack.append((role, name))
+        if self.a.in_backward:
+            self._pending.append((True, 0.0))
+            return None
+        ins = _tensors(args) + _tensors(kwargs)
+        floats = [t for _, t in ins if t.is_floating_point()]
+        amaxes = [_amax(t) for t in floats]
+        finite = all(math.isfinite(x) for x in amaxes)
+        self._pending.append((finite, max(amaxes, default=0.0)))
+        if not own or not torch.is_grad_enabled():
+            return None
+        changed = False
+        new_args = list(args)
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.requires_grad:
+                v = x.view_as(x)  # a node of our own: its gradient is this module's contribution alone
+                v.register_hook(self._grad_in_hook(role, name))
+                new_args[i] = v
+                changed = True
+        return (tuple(new_args), kwargs) if changed else None
+
+    def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        role, name, kind, own = self.info[id(module)]
+        if self.stack:
+            self.stack.pop()
+        in_finite, in_max = self._pending.pop() if self._pending else (True, 0.0)
+        if output is None and sys.exc_info()[0] is not None:
+            if self.failed_in is None:
+                self.failed_in = (role, name)
+            return
+        if self.a.in_backward:
+            return
+        eff = self._role(role)
+        policy = self.a.policy[eff]
+        outs = [t for _, t in _tensors(output) if t.is_floating_point()]
+        device = next((t.device.type for _, t in _tensors(args) + _tensors(kwargs)), None) or (
+            outs[0].device.type if outs else "cpu")  # fmt: skip
+        ac = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        call = ModuleCall(
+            role=eff, name=name, kind=kind, param_dtypes=own, autocast=ac,
+            inputs=tuple((k, t.dtype) for k, t in _tensors(args) + _tensors(kwargs)),
+            outputs=tuple(t.dtype for t in outs),
+        )  # fmt: skip
+        sig = (id(module), call.role, call.autocast, call.inputs, call.outputs)
+        if sig not in self._seen:
+            self._seen.add(sig)
+            self.a.add_findings(check_module_call(call, policy, step=self.a.step, phase=self.a.phase_name))
+        for t in outs:
+            m = _amax(t)
+            if not math.isfinite(m):
+                what = "nan" if math.isnan(m) else "inf"
+                if self.a.provenance.forward(eff, name, in_finite, False, what):
+                    self.a.add_findings([producer_finding(eff, name, what, t.dtype, "forward", policy, step=self.a.step,
+                                                          phase=self.a.phase_name, max_in=in_max)])  # fmt: skip
+                break
+            self.absmax[eff] = max(self.absmax.get(eff, 0.0), m)
+            f = headroom_finding(
+                eff, name, t.dtype, m, "activation absmax", step=self.a.step, phase=self.a.phase_name
+            )
+            if f is not None:
+                self.a.add_findings([f])
+            if t.requires_grad and torch.is_grad_enabled():
+                t.register_hook(self._grad_out_hook(eff, name))
+
+    def _grad_out_hook(self, role: str, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            m = _amax(grad)
+            self.a.provenance.grad_output(role, name, math.isfinite(m))
+            if self.a.policy[role].loss_scaling == "dynamic":
+                return  # loss-scaled gradients sit near fp16's top on purpose; the scaler backs off on overflow
+            f = headroom_finding(role, name, grad.dtype, m, "gradient absmax", step=self.a.step,
+                                 phase=self.a.phase_name)  # fmt: skip
+            if f is not None:
+                self.a.add_findings([f])
+
+        return hook
+
+    def _grad_in_hook(self, role: str, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            m = _amax(grad)
+            if math.isfinite(m):
+                return
+            what = "nan" if math.isnan(m) else "inf"
+            eff = self._role(role)
+            if self.a.provenance.grad_input(eff, name, False, what):
+                self.a.add_findings([producer_finding(eff, name, what, grad.dtype, "backward", self.a.policy[eff],
+                                                      step=self.a.step, phase=self.a.phase_name)])  # fmt: skip
+
+        return hook
