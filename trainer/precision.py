@@ -297,8 +297,9 @@ class LossScaler:
     ``mode="none"``: scale 1; non-finite gradients still skip the step when ``skip_nonfinite`` (so a
     bf16 overflow is a counted skip, not a silent NaN in the weights).
 
-    Unlike GradScaler it exposes its whole state (`state()`), works on any device and dtype, and can
-    all-reduce ``found_inf`` over a process group for sharded (FSDP2) gradients.
+    Unlike GradScaler it exposes its whole state (`state()`), works on any device and dtype, and
+    all-reduces ``found_inf`` for sharded (FSDP2 DTensor) gradients, over ``process_group`` or, when
+    that is None, over the gradients' device mesh, like ``ShardedGradScaler``.
     """
 
     def __init__(
@@ -346,11 +347,16 @@ class LossScaler:
     def unscale_(self, params: Iterable[torch.nn.Parameter]) -> bool:
         """Divides gradients by the scale in place; returns whether any gradient is non-finite."""
         grads = []
+        reduce_group = self.process_group
+        sharded = False
         for p in params:
             if p.grad is None:
                 continue
             g = p.grad
             if hasattr(g, "to_local"):  # DTensor (FSDP2): unscale the local shard
+                sharded = True
+                if reduce_group is None and g.device_mesh.ndim == 1:
+                    reduce_group = g.device_mesh.get_group()
                 g = g.to_local()
             grads.append(g)
         found = False
@@ -365,10 +371,13 @@ class LossScaler:
                 torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
                 flags.append(found_inf.to("cpu" if dev.type == "cpu" else dev))
             total = sum(f.to(flags[0].device) for f in flags)
-            if self.process_group is not None:
+            if reduce_group is not None or sharded:
                 import torch.distributed as dist
 
-                dist.all_reduce(total, group=self.process_group)
+                # every rank must take the same skip decision: a rank that steps while another
+                # skips would let the next reduce-scatter mix gradients scaled differently.
+                # Sharded grads without an explicit group: their mesh's group (WORLD for an N-D mesh).
+                dist.all_reduce(total, group=reduce_group)
             found = bool(total.item() > 0)
         self.last_found_inf = found
         return found
