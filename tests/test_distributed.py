@@ -317,6 +317,17 @@ def test_shard_model_errors():
     assert len(D.decoder_layers(_model())) == CFG["num_hidden_layers"]
 
 
+def test_clip_grad_norm_plain_tensors_and_nonfinite_left_alone():
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([3.0, 4.0])
+    norm = D.clip_grad_norm_([p], 1.0)
+    assert float(norm) == pytest.approx(5.0)  # sqrt(9 + 16), measured before clipping
+    assert p.grad.tolist() == pytest.approx([0.6, 0.8])  # scaled by 1 / 5
+    p.grad = torch.tensor([float("inf"), 4.0])
+    assert math.isinf(float(D.clip_grad_norm_([p], 1.0)))
+    assert p.grad.tolist() == [float("inf"), 4.0]  # torch's clip would have made [nan, 0]
+
+
 @given(world=st.integers(1, 8), per=st.integers(1, 16))
 def test_local_slices_partition_the_batch(world, per):
     n = world * per

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -322,18 +321,23 @@ def build_sharded(
 
 
 def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clips gradients (plain or FSDP2 DTensor) to ``max_norm`` and returns the global L2 norm as a
-    plain 0-dim tensor, identical on every rank. ``max_norm <= 0`` measures without clipping."""
+    """The global L2 norm of the gradients (plain or FSDP2 DTensor) as a plain 0-dim tensor,
+    identical on every rank; clips to ``max_norm`` when it is > 0 and the norm is finite.
+
+    Unlike ``torch.nn.utils.clip_grad_norm_``, non-finite gradients are left as they are (torch
+    would multiply them by inf/inf = nan): the step is skipped anyway, and an auditor looking at
+    the gradients before the skip should see the inf that caused it, not a nan made by clipping.
+    """
     params = [p for p in params if p.grad is not None]
     if not params:
         return torch.zeros(())
-    limit = max_norm if max_norm > 0 else math.inf
-    # torch's clip_grad_norm_ reduces DTensor norms across the mesh (a Partial -> Replicate
-    # all-reduce) before computing the clip coefficient, so the clip is global, not per shard.
-    norm = torch.nn.utils.clip_grad_norm_(params, limit)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return norm
+    # get_total_norm reduces DTensor norms across the mesh (Partial -> Replicate), so the clip
+    # coefficient is global, not per shard.
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    if max_norm > 0 and bool(torch.isfinite(full)):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return full
 
 
 def local_slice(global_size: int, info: DistInfo, *, where: str = "algo.batch_size") -> slice:
