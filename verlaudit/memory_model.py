@@ -1,0 +1,476 @@
+"""Peak device memory of a training step, predicted from shapes and the precision policy (no GPU).
+
+Pure arithmetic over an `Architecture` (exact parameter counts from a Llama-like config), a role's
+`trainer.precision.RolePolicy` and a batch shape. Every estimate is a list of `Phase` candidates
+(end of forward, top and bottom of backward, optimizer step, rollout, frozen forwards), each a dict
+of named components in bytes; the peak is the largest phase, and its components are what the
+planner prints. `verlaudit plan SUITE.yaml` (verlaudit/plan.py) composes the phases of a PPO, GRPO
+or DPO step; `pytest tests/test_plan.py` checks them against measured H200 peaks.
+
+How the terms are derived (HF Llama decoder layer, per token; h hidden, I intermediate, q/kv the
+attention widths, r the residual-stream bytes, c the compute bytes):
+
+* residual stream: the embedding output has the parameter dtype (autocast leaves embeddings alone),
+  so under autocast with fp32 masters the residual adds promote to fp32: r = 4, c = 2. Without
+  autocast (fp32, bf16-pure, FSDP2 casting parameters itself) r = c.
+* saved for backward by one layer: RMSNorm keeps its fp32 input (x itself when r = 4, an fp32 copy
+  otherwise: 4h) and the normalised tensor (4h when r = 4, else r h); every linear keeps its input,
+  and under autocast each linear casts the fp32 normalised input separately (q, k, v: 3 c h;
+  gate, up: 2 c h); SDPA keeps q, k, v (k and v expanded to q's width when GQA is materialised) and
+  its output (which o_proj's input is a view of); SiLU keeps the gate
+  output, the product keeps SiLU's output and up's output, down_proj keeps the product (4 c I). A
+  padded batch adds the boolean mask converted to an additive bias per layer (c T per token).
+  Autocast with fp32 masters: 30h + 8I bytes; bf16-pure: 24h + 8I; fp32: 36h + 16I (plus a
+  few bytes per head). Checked against the tensors autograd really saves in tests/test_plan.py.
+* autocast caches a low-precision copy of every fp32 weight that requires grad, also under
+  ``torch.no_grad`` (not under ``inference_mode``), until the outermost autocast context exits.
+  Without checkpointing those copies are also saved for backward; with checkpointing they are
+  dropped at autocast exit and one layer's copies come back during its recompute.
+* gradient checkpointing keeps each layer's input (r h) and recomputes one layer at a time in
+  backward; the bottom of backward (all gradients but layer 0's and the embedding's, plus layer 0's
+  recomputed activations) is the usual peak once optimizer state exists.
+* logits: our log-prob island (`trainer.logprobs`) keeps the logits (compute dtype) and one fp32
+  number per token; slicing the R response positions out of [B, R+1, V] and flattening copies them,
+  once for log-probs and once more for entropies. The HF loss instead upcasts all logits to fp32 and
+  keeps the fp32 log-softmax.
+* AdamW: two moments in the optimizer-state dtype; the foreach implementation also materialises
+  sqrt(exp_avg_sq) for every parameter during the step (one more moment), the fused one does not.
+* FSDP2 over W GPUs: parameters, gradients and moments divided by W, plus two layers of gathered
+  parameters in the compute dtype (current and prefetched) and one layer of unsharded gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trainer.precision import RolePolicy
+
+GIB = 1024**3
+CONTEXT_BYTES = int(0.5 * GIB)
+"""CUDA context, cuBLAS/cuDNN workspaces: memory a process holds outside the caching allocator."""
+FRAGMENTATION = 0.03
+"""Caching-allocator reserve on top of the allocated peak (block rounding, split blocks)."""
+
+
+def nbytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """The shapes that decide memory, read from a Llama-like config (llama, mistral, qwen2)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any, name: str = "") -> Architecture:
+        """From a transformers config object or a config.json mapping; ValueError for other families."""
+        get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+        model_type = get("model_type", "llama")
+        if model_type not in ("llama", "mistral", "qwen2"):
+            raise ValueError(
+                f"{name or 'model'}: model_type {model_type!r} is not modelled by the planner; "
+                "it knows llama, mistral and qwen2 decoder layers"
+            )
+        h, heads = int(get("hidden_size")), int(get("num_attention_heads"))
+        bias = bool(get("attention_bias", False))
+        return cls(
+            name=name or model_type,
+            vocab_size=int(get("vocab_size")),
+            hidden_size=h,
+            num_layers=int(get("num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(get("num_key_value_heads", None) or heads),
+            head_dim=int(get("head_dim", None) or h // heads),
+            intermediate_size=int(get("intermediate_size")),
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+            qkv_bias=bias or model_type == "qwen2",
+            o_bias=bias,
+            mlp_bias=bool(get("mlp_bias", False)),
+        )
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights and biases of the seven linears of one layer (what autocast casts)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        mlp = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+        return attn + mlp
+
+    @property
+    def layer_params(self) -> int:
+        return self.layer_matmul_params + 2 * self.hidden_size  # two RMSNorm weights
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def backbone_params(self) -> int:
+        """Embedding, layers, final norm: the critic's and reward model's trunk."""
+        return self.embed_params + self.num_layers * self.layer_params + self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def params(self, kind: str) -> int:
+        """``causal_lm`` (actor, reference), ``value`` (critic: head hidden -> 1 with bias) or
+        ``seqcls`` (reward model: score head hidden -> 1, no bias)."""
+        if kind == "causal_lm":
+            return self.backbone_params + self.lm_head_params
+        if kind == "value":
+            return self.backbone_params + self.hidden_size + 1
+        if kind == "seqcls":
+            return self.backbone_params + self.hidden_size
+        raise ValueError(f"unknown model kind {kind!r}; expected causal_lm, value or seqcls")
+
+    def matmul_params(self, kind: str) -> int:
+        """Parameters autocast casts in one forward: every linear, including the LM head (which,
+        when tied, casts the embedding matrix)."""
+        head = {"causal_lm": self.vocab_size * self.hidden_size, "value": self.hidden_size + 1}
+        return self.num_layers * self.layer_matmul_params + head.get(kind, self.hidden_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActDtypes:
+    """Bytes per element of the residual stream (r) and of matmul inputs/outputs (c); ``casts``:
+    autocast casts fp32 activations separately for every linear (and caches weight copies)."""
+
+    r: int
+    c: int
+    casts: bool
+
+    @classmethod
+    def of(cls, policy: RolePolicy, *, sharded: bool = False) -> ActDtypes:
+        p, c = nbytes(policy.param_dtype), nbytes(policy.compute_dtype)
+        if sharded or not policy.autocast:
+            # FSDP2 gathers parameters already cast to the compute dtype; no autocast: one dtype.
+            return cls(r=c if sharded else p, c=c if sharded else p, casts=False)
+        return cls(r=max(p, c), c=c, casts=p != c)
+
+
+def layer_saved_bytes(arch: Architecture, d: ActDtypes, *, seq_len: int, padded: bool) -> dict[str, int]:
+    """Bytes per token one decoder layer saves for backward, excluding the layer's input tensor
+    when it is the fp32 residual itself (``r == 4``: it is the previous layer's output or the
+    checkpoint boundary, counted there)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    q = arch.q_dim
+    kv = q if arch.num_kv_heads < arch.num_heads else arch.kv_dim  # repeat_kv materialises GQA
+    norm_copy = 0 if d.r == 4 else 4 * h  # RMSNorm upcasts a non-fp32 input: the fp32 copy is saved
+    normed = 4 * h if d.r == 4 else d.r * h
+    out = {
+        "input_norm": norm_copy + normed + 4,  # + the fp32 rsqrt per token
+        "qkv_inputs": 3 * d.c * h if d.casts else d.r * h,
+        "attention_qkv": d.c * (q + 2 * kv),
+        # SDPA's output and fp32 log-sum-exp; its output is laid out [B, T, H, D] already, so the
+        # transpose + contiguous feeding o_proj is a view of it, not a copy.
+        "attention_out": d.c * q + 4 * arch.num_heads,
+        "post_attention_norm": 4 * h + normed + 4,  # the mid-layer residual is an internal tensor
+        "mlp_inputs": 2 * d.c * h if d.casts else d.r * h,
+        "mlp": 4 * d.c * i,
+    }
+    if padded:
+        out["attention_mask"] = d.c * seq_len
+    return out
+
+
+def backward_workspace_bytes(arch: Architecture, d: ActDtypes) -> int:
+    """Per token, gradients alive inside one layer's backward: the residual gradient in and out,
+    and two MLP-width gradients (grad of the product, then of SiLU's output and up's output)."""
+    return 2 * d.r * arch.hidden_size + 2 * d.c * arch.intermediate_size
+
+
+def inference_workspace_bytes(arch: Architecture, d: ActDtypes, seq_len: int, padded: bool) -> int:
+    """Per token, the widest point of a no-grad layer: residual in and out, the fp32 norm copies,
+    and SiLU's output, up's output and their product alive together."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    return 2 * d.r * h + 2 * 4 * h + 3 * d.c * i + (d.c * seq_len if padded else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One moment of a step and what is alive then, bytes per GPU by component."""
+
+    name: str
+    components: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.components.values()))
+
+
+def _add(parts: dict[str, int], name: str, value: float) -> None:
+    if value:
+        parts[name] = parts.get(name, 0) + int(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Shape:
+    """The batch one forward/backward sees on one GPU."""
+
+    sequences: int
+    """Sequences in one micro-batch (or one frozen forward)."""
+    seq_len: int
+    """Tokens per sequence (prompt + response)."""
+    logit_positions: int
+    """Positions per sequence that reach the LM head (``logits_to_keep``); 0 for a value model."""
+    padded: bool = True
+    """Whether an attention mask is materialised (padding present); False: causal SDPA, no mask."""
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.seq_len
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Logits:
+    """How a training forward turns logits into the loss."""
+
+    island: str = "chunked"
+    """``chunked``: trainer.logprobs (keeps compute-dtype logits; flattening the sliced response
+    positions copies them). ``hf-loss``: transformers' loss with labels (fp32 upcast, fp32
+    log-softmax kept)."""
+    entropy: bool = False
+    """Entropy computed too (PPO/GRPO update): one more flattened copy and one more gradient."""
+    chunk_elements: int = 1 << 26
+
+
+def logits_bytes(shape: Shape, arch: Architecture, c: int, logits: Logits) -> tuple[int, int, int]:
+    """(saved after forward, extra transient at the loss, transient at the top of backward)."""
+    n = shape.sequences * shape.logit_positions * arch.vocab_size
+    if n == 0:
+        return 0, 0, 0
+    chunk = min(n, logits.chunk_elements) * 4
+    if logits.island == "hf-loss":
+        # fp32 copy (transient) -> fp32 log-softmax (saved); the output object keeps the raw logits.
+        return n * (c + 4), n * 4, n * (4 + c)
+    copies = 1 + int(logits.entropy)
+    sliced = n * (shape.logit_positions - 1) // max(shape.logit_positions, 1) if shape.sequences > 1 else 0
+    # Forward: raw logits + each flattened copy (raw ones die when sequence_logprobs returns),
+    # chunk upcasts (x, log-softmax, product). Backward: one grad per copy, the full-size grad of the
+    # slice, and the chunk workspace.
+    saved = copies * sliced if sliced else n
+    return saved * c, n * c + 3 * chunk, (copies + 1) * n * c + 3 * chunk
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainedModel:
+    """A trainable role (actor or critic) as the planner sees it."""
+
+    arch: Architecture
+    kind: str
+    policy: RolePolicy
+    world_size: int = 1
+    optimizer: str = "fused"
+    """``fused`` AdamW (trainer/common.py on CUDA) or ``foreach`` (torch's default elsewhere)."""
+
+    @property
+    def n(self) -> int:
+        return self.arch.params(self.kind)
+
+    def state(self) -> dict[str, int]:
+        """Parameters and AdamW moments per GPU."""
+        w, p = self.world_size, self.policy
+        return {
+            "params": math.ceil(self.n * nbytes(p.param_dtype) / w),
+            "optimizer moments": math.ceil(2 * self.n * nbytes(p.optim_state_dtype) / w),
+        }
+
+    def grads(self, params: int | None = None) -> int:
+        n = self.n if params is None else params
+        return math.ceil(n * nbytes(self.policy.grad_dtype) / self.world_size)
+
+
+def train_phases(
+    m: TrainedModel,
+    shape: Shape,
+    *,
+    accumulation: bool,
+    resident: Mapping[str, int],
+    logits: Logits = Logits(),
+    prefix: str = "actor",
+) -> list[Phase]:
+    """End of forward, top and bottom of backward, optimizer step of one training micro-batch.
+
+    ``accumulation``: an earlier micro-batch already left full gradients. ``resident``: other
+    roles' memory alive meanwhile (frozen models, the rollout batch).
+    """
+    arch, pol, t, w = m.arch, m.policy, shape.tokens, m.world_size
+    sharded = w > 1
+    d = ActDtypes.of(pol, sharded=sharded)
+    ckpt = pol.grad_checkpointing
+    base = dict(resident)
+    for k, v in m.state().items():
+        _add(base, f"{prefix} {k}", v)
+    g_full = m.grads()
+    layer = sum(layer_saved_bytes(arch, d, seq_len=shape.seq_len, padded=shape.padded).values())
+    x_in = d.r * arch.hidden_size  # a layer's input: checkpoint boundary, or saved by RMSNorm when fp32
+    saved_layer = layer + (x_in if d.r == 4 else 0)
+    h_norm = 4 * arch.hidden_size + (4 if d.r == 4 else d.r) * arch.hidden_size  # final RMSNorm
+    head_in = (d.c if d.casts else d.r) * arch.hidden_size * shape.sequences * shape.logit_positions
+    lg_saved, lg_fwd, lg_bwd = logits_bytes(shape, arch, d.c, logits)
+    copies = d.c * m.arch.matmul_params(m.kind) if d.casts else 0
+    layer_copies = d.c * arch.layer_matmul_params if d.casts else 0
+    head_copy = copies - arch.num_layers * layer_copies
+    gathered = 2 * arch.layer_params * d.c if sharded else 0  # current + prefetched layer
+    grad_g = arch.layer_params * (d.c + nbytes(pol.reduce_dtype)) if sharded else 0
+
+    fwd = dict(base)
+    _add(fwd, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
+    _add(fwd, f"{prefix} autocast weight copies", copies)
+    _add(fwd, f"{prefix} FSDP gathered layers", gathered)
+    if ckpt:
+        _add(fwd, f"{prefix} checkpoint boundaries", arch.num_layers * x_in * t)
+    else:
+        _add(fwd, f"{prefix} activations", arch.num_layers * saved_layer * t)
+    _add(fwd, f"{prefix} final norm + head input", h_norm * t + head_in)
+    _add(fwd, f"{prefix} logits + log-prob island", lg_saved + lg_fwd)
+
+    top = dict(base)
+    _add(top, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
+    _add(top, f"{prefix} autocast weight copies", copies if not ckpt else head_copy)
+    _add(top, f"{prefix} FSDP gathered layers", gathered)
+    if ckpt:
+        _add(top, f"{prefix} checkpoint boundaries", arch.num_layers * x_in * t)
+    else:
+        _add(top, f"{prefix} activations", arch.num_layers * saved_layer * t)
+    _add(top, f"{prefix} final norm + head input", h_norm * t + head_in)
+    _add(top, f"{prefix} logits + log-prob island", lg_saved + lg_bwd)
+
+    bottom = dict(base)
+    pending = m.arch.embed_params + arch.layer_params  # layer 0 and embedding grads not yet written
+    _add(bottom, f"{prefix} grads", g_full if accumulation else g_full - m.grads(pending))
+    _add(bottom, f"{prefix} autocast weight copies", layer_copies)  # the recomputed / saved layer's
+    _add(bottom, f"{prefix} FSDP gathered layers", gathered + grad_g)
+    if ckpt:
+        _add(bottom, f"{prefix} checkpoint boundary + recomputed layer", (x_in + layer) * t)
+    else:
+        _add(bottom, f"{prefix} activations", saved_layer * t)
+    _add(bottom, f"{prefix} backward workspace", backward_workspace_bytes(arch, d) * t)
+    if d.casts:  # the low-precision weight grad before its cast to the master dtype
+        _add(bottom, f"{prefix} backward workspace", d.c * arch.hidden_size * arch.intermediate_size)
+
+    step = dict(base)
+    _add(step, f"{prefix} grads", g_full)
+    if m.optimizer == "foreach":
+        _add(step, f"{prefix} optimizer temporaries (foreach sqrt)", m.state()["optimizer moments"] // 2)
+    return [
+        Phase(f"{prefix}_update: end of forward", fwd),
+        Phase(f"{prefix}_update: top of backward", top),
+        Phase(f"{prefix}_update: bottom of backward", bottom),
+        Phase(f"{prefix}_update: optimizer step", step),
+    ]
+
+
+def frozen_forward_phase(
+    name: str,
+    arch: Architecture,
+    kind: str,
+    policy: RolePolicy,
+    shape: Shape,
+    *,
+    resident: Mapping[str, int],
+    params_resident: bool,
+    world_size: int = 1,
+) -> Phase:
+    """A no-grad forward (reference/old log-probs, values, reward scores) on top of ``resident``.
+
+    ``params_resident``: the model's parameters are already in ``resident`` (the actor's own
+    old-log-prob pass); otherwise they are counted here.
+    """
+    d = ActDtypes.of(policy, sharded=world_size > 1)
+    parts = dict(resident)
+    if not params_resident:
+        _add(parts, f"{name} params", math.ceil(arch.params(kind) * nbytes(policy.param_dtype) / world_size))
+    # no_grad (not inference_mode) still fills autocast's weight cache.
+    _add(parts, f"{name} autocast weight copies", d.c * arch.matmul_params(kind) if d.casts else 0)
+    _add(parts, f"{name} FSDP gathered layers", 2 * arch.layer_params * d.c if world_size > 1 else 0)
+    t = shape.tokens
+    _add(
+        parts, f"{name} layer workspace", inference_workspace_bytes(arch, d, shape.seq_len, shape.padded) * t
+    )
+    n_logits = shape.sequences * shape.logit_positions * arch.vocab_size
+    # raw logits + their flattened response copy + the fp32 chunk workspace
+    _add(parts, f"{name} logits + log-prob island", 2 * n_logits * d.c + 3 * min(n_logits, 1 << 26) * 4)
+    return Phase(f"{name}: forward", parts)
+
+
+def generate_phase(
+    arch: Architecture,
+    policy: RolePolicy,
+    *,
+    sequences: int,
+    prompt_len: int,
+    new_tokens: int,
+    resident: Mapping[str, int],
+    world_size: int = 1,
+    scores_kept: bool = False,
+) -> Phase:
+    """HF ``generate`` with a dynamic KV cache, the actor's parameters already in ``resident``."""
+    d = ActDtypes.of(policy, sharded=world_size > 1)
+    parts = dict(resident)
+    total = prompt_len + new_tokens
+    kv_layer = 2 * sequences * total * arch.kv_dim * d.c
+    _add(parts, "rollout autocast weight copies", d.c * arch.matmul_params("causal_lm") if d.casts else 0)
+    _add(parts, "rollout FSDP gathered layers", 2 * arch.layer_params * d.c if world_size > 1 else 0)
+    # DynamicCache grows by torch.cat: the layer being extended exists twice for a moment.
+    _add(parts, "rollout KV cache", kv_layer * (arch.num_layers + 1))
+    prefill = sequences * prompt_len
+    _add(parts, "rollout prefill workspace", inference_workspace_bytes(arch, d, prompt_len, True) * prefill)
+    _add(parts, "rollout sampling logits (fp32)", 3 * sequences * arch.vocab_size * 4)
+    if scores_kept:
+        _add(parts, "rollout kept scores (fp32)", new_tokens * sequences * arch.vocab_size * 4)
+    return Phase("rollout: generate", parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Every phase of a step and the peak among them, per GPU."""
+
+    phases: tuple[Phase, ...]
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.total
+
+    def device_bytes(self) -> int:
+        """What the device must hold: allocator reserve on the allocated peak, plus the context."""
+        return int(self.peak_bytes * (1 + FRAGMENTATION)) + CONTEXT_BYTES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_phase": self.peak.name,
+            "peak_allocated_gib": self.peak_bytes / GIB,
+            "device_needed_gib": self.device_bytes() / GIB,
+            "components_gib": {k: v / GIB for k, v in self.peak.components.items()},
+            "phases_gib": {p.name: p.total / GIB for p in self.phases},
+        }
