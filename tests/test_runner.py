@@ -7,12 +7,18 @@ shortened with --steps. Run: `pytest -q tests/test_runner.py`.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from verlaudit import runner
+from verlaudit import cli, runner
 from verlaudit.hardware import TARGETS, PresentDevice, get_target
 from verlaudit.report import write_report
 from verlaudit.rundir import read_run
@@ -122,3 +128,100 @@ def test_refused_variants_get_a_run_dir_and_a_report_row(tmp_path):
         ("bf16-pure", "refused"),
     ]
     assert "no native bf16" in rep.markdown  # the reason is in the notes, not only in status.json
+
+
+# --- end to end: the real CLI, the real worker, the real trainer -------------------------------------
+
+
+def _metric_mean_tail(run_dir: Path, key: str, window: int) -> float:
+    values = [json.loads(line)[key] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    tail = values[-window:]
+    return sum(tail) / len(tail)
+
+
+def test_tiny_cpu_suite_end_to_end_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["run", str(TINY), "--steps", "2", "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    rep = write_report(out)  # re-rendered from the run directories alone
+    assert list(rep.variants["variant"]) == ["fp32", "fp16", "bf16", "bf16-pure"]
+    assert list(rep.variants["status"]) == ["completed"] * 4 and list(rep.variants["steps"]) == [2] * 4
+    window = load_suite(TINY).report.trailing_window
+    for row in rep.runs.to_dict("records"):
+        # the table's numbers are the run's own metrics
+        assert row["reward_mean"] == pytest.approx(
+            _metric_mean_tail(out / row["run"], "critic/score/mean", window)
+        )
+        assert row["device_peak_gb"] > 0 and row["memory_source"] == "rss" and row["step_time_s"] > 0
+        assert row["errors"] == 0
+        manifest = json.loads((out / row["run"] / "manifest.json").read_text())
+        assert (
+            manifest["config"]["precision"]["preset"] == row["variant"]
+            and manifest["config"]["device"] == "cpu"
+        )
+    for name in ("fp32: completed", "| bf16-pure ", "report.md"):
+        assert name in printed
+    for name in ("report.md", "report.csv", "report_runs.csv", "loss.png", "reward.png", "suite.json"):
+        assert (out / name).exists(), name
+
+
+def _broken_suite(tmp_path: Path, steps: int) -> Path:
+    data = yaml.safe_load(TINY.read_text())
+    data["name"] = "broken"
+    data["train"]["steps"] = steps
+    fault = str(Path(__file__).resolve().parent / "runner_faults.py") + ":nan_reward_after_first_step"
+    data["variants"] = {
+        "fp32": {"precision": {"preset": "fp32"}},
+        "nan-reward": {"data": {"reward_fn": fault}, "abort_on_nonfinite_loss": 1},
+    }
+    path = tmp_path / "broken.yaml"
+    path.write_text("# Run: verlaudit run broken.yaml\n" + yaml.safe_dump(data))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_failed_variant_is_reported_while_the_others_complete(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "verlaudit", "run", str(_broken_suite(tmp_path, 2)), "--out", str(out), "--no-progress",
+           "--audit-level", "boundary"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a variant failed; the report was still written
+    rep = write_report(out)
+    status = dict(zip(rep.variants["variant"], rep.variants["status"]))
+    assert status["fp32"] == "completed"
+    assert status["nan-reward"].startswith("failed at step 1") and status["nan-reward"].endswith(
+        ": nonfinite"
+    )
+    assert "nan-reward: failed at step 1" in proc.stdout and "| nan-reward " in proc.stdout
+    assert int(rep.variants.set_index("variant").loc["fp32", "steps"]) == 2
+
+
+def test_ctrl_c_stops_the_child_keeps_what_was_written_and_exits_130(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "verlaudit", "run", str(TINY), "--steps", "500", "--variants", "fp32,fp16",
+           "--out", str(out), "--no-progress", "--audit-level", "off"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics = out / "fp32" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    run = read_run(out / "fp32")
+    assert run.status["state"] == "failed" and run.status["reason"] == "interrupted"
+    assert len(run.metrics) >= 2 and not (out / "fp16").exists()
+    report = (out / "report.md").read_text()
+    assert (
+        "failed at step" in report
+        and "interrupted" in report
+        and "not run (interrupted before they started): fp16" in report
+    )
+    assert "not started: fp16" in stderr
