@@ -5,16 +5,25 @@ sampled from (after temperature and top-k), in fp32, one step at a time: ``outpu
 a [B, V] fp32 tensor per generated token (gigabytes for a 7B rollout batch). Temperature and top-k
 are applied by our own logits processors placed last, followed by a recorder that sees the final
 scores; HF's own warpers are switched off so nothing runs after the recorder.
-Exercised by `pytest tests/test_rollout.py`.
+
+`StaticDecodeEngine` is the fast path: our own decode loop over the same HF model with a
+preallocated KV cache, sampling on device with the same ops in the same order as HF's sampler (same
+seed, same logits -> same tokens), and optionally the single-token decode step captured once as a
+CUDA graph and replayed (prefill stays eager). `build_engine` picks one from the ``rollout`` options.
+Exercised by `pytest tests/test_rollout.py tests/test_rollout_fast.py` and, on a GPU,
+`python benchmarks/rollout_bench.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
+import time
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.cache_utils import Cache, StaticLayer
 
 from trainer.precision import RolePolicy, dtype_name
 
@@ -244,3 +253,247 @@ def _to_rollout(prompt_ids, prompt_mask, generated, logprobs, r: int, pad: int, 
         input_ids=torch.cat([prompt_ids, response], dim=1),
         attention_mask=torch.cat([prompt_mask.long(), mask], dim=1),
     )
+
+
+CACHES = ("dynamic", "static")
+"""``dynamic``: ``model.generate`` (HF's growing cache); ``static``: `StaticDecodeEngine`."""
+
+
+def build_engine(
+    model: torch.nn.Module,
+    tokenizer,
+    policy: RolePolicy,
+    *,
+    device: str | torch.device,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    cache: str = "dynamic",
+    cuda_graphs: bool = False,
+) -> HFGenerateEngine:
+    """The rollout engine the ``rollout`` options ask for (``rollout.cache``, ``rollout.cuda_graphs``)."""
+    if cache not in CACHES:
+        raise ValueError(f"rollout.cache: {cache!r}; expected one of {', '.join(CACHES)}")
+    kwargs = dict(device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
+    if cache == "dynamic":
+        if cuda_graphs:
+            raise ValueError(
+                "rollout.cuda_graphs: needs rollout.cache: static (a growing cache cannot be captured)"
+            )
+        return HFGenerateEngine(model, tokenizer, policy, **kwargs)
+    return StaticDecodeEngine(model, tokenizer, policy, cuda_graphs=cuda_graphs, **kwargs)
+
+
+class _SlotLayer(StaticLayer):
+    """One layer's preallocated K/V ``[B, H, P+R, D]``. ``update`` writes the new states at the cache
+    slots the engine put in ``slots[0]`` (a device tensor), not at a position counted on the host, so
+    a captured decode step writes wherever the replayed step's slot tensor points."""
+
+    def __init__(self, max_cache_len: int, slots: list[torch.Tensor]) -> None:
+        super().__init__(max_cache_len=max_cache_len)
+        self._slots = slots
+        self._ready = False
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # *args/**kwargs: transformers passes cache_position/rotary kwargs here (the signature moved
+        # between 5.17 and 5.24); the slot tensor already says where to write.
+        if not self._ready:
+            b, h, _, dk = key_states.shape
+            self.keys = key_states.new_zeros((b, h, self.max_cache_len, dk))
+            self.values = value_states.new_zeros((b, h, self.max_cache_len, value_states.shape[-1]))
+            self.device = key_states.device
+            self.is_initialized = self._ready = True
+        self.keys.index_copy_(2, self._slots[0], key_states)
+        self.values.index_copy_(2, self._slots[0], value_states)
+        return self.keys, self.values
+
+
+def _slot_cache(model: torch.nn.Module, max_len: int, slots: list[torch.Tensor]) -> Cache:
+    n = model.config.get_text_config().num_hidden_layers
+    return Cache(layers=[_SlotLayer(max_len, slots) for _ in range(n)])
+
+
+class StaticDecodeEngine(HFGenerateEngine):
+    """Our own decode loop over the HF model: one eager prefill into a preallocated KV cache of
+    ``prompt + max_new_tokens`` slots, then one single-token forward per new token, sampling on the
+    device with HF's own sampling ops in HF's order (``logits.float()``, temperature, top-k,
+    ``softmax``, ``multinomial``, finished rows forced to pad). The model sees explicit position ids
+    (HF's: attention-mask cumsum) and an explicit 4D mask, so its forward has no host-side shape or
+    data-dependent branch and, with ``cuda_graphs``, the decode step is captured once per call as a
+    `torch.cuda.CUDAGraph` over static input/output buffers and replayed ``max_new_tokens - 1`` times.
+
+    Same seed and same logits give the same tokens and log-probs as `HFGenerateEngine`; the logits
+    themselves can differ in the last bits (attention reduces over the padded cache), which is the only
+    documented difference (`tests/test_rollout_fast.py`).
+    """
+
+    name = "static-decode"
+    check_every = 8
+    """Decode steps between host checks of "every row has ended" (each check is a device sync)."""
+
+    def __init__(self, model, tokenizer, policy, *, cuda_graphs: bool = False, **kwargs) -> None:
+        super().__init__(model, tokenizer, policy, **kwargs)
+        attn = getattr(model.config, "_attn_implementation", "eager")
+        if attn not in ("sdpa", "eager"):
+            raise ValueError(
+                f"rollout.cache: static passes an explicit 4D attention mask, which {attn!r} attention does "
+                "not take; set model.attn_implementation: sdpa (or rollout.cache: dynamic)"
+            )
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(
+                f"rollout.cuda_graphs: CUDA graphs need a CUDA device, the rollout runs on {self.device.type}; "
+                "set rollout.cuda_graphs: false"
+            )
+        self.cuda_graphs = bool(cuda_graphs)
+        if self.cuda_graphs:
+            self.name = "static-decode+cuda-graphs"
+        self._bool_mask = attn == "sdpa"
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.24 renamed past_key_values -> cache (the old name still works, with a warning)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._pass_cache_position = "cache_position" in params
+        self._pass_logits_to_keep = "logits_to_keep" in params
+        self.last_stats: dict[str, float] = {}
+
+    def _forward(self, ids, positions, mask, cache, slots) -> torch.Tensor:
+        """Last-position logits of one forward that writes its K/V at ``slots``."""
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if self._pass_cache_position:
+            kwargs["cache_position"] = slots
+        if self._pass_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        if not self._bool_mask:  # eager attention adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=self.engine_dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self.engine_dtype).min
+            )
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        return out.logits[:, -1]
+
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's ``_sample`` step: returns the sampled tokens and the log-softmax they were drawn from."""
+        scores = logits.float()
+        if self.temperature != 1.0:
+            scores = _Temperature(self.temperature)(None, scores)
+        if self.top_k > 0:
+            scores = _TopK(self.top_k)(None, scores)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1).squeeze(1), scores.log_softmax(-1)
+
+    def _sync(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _capture(self, step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Captures ``step`` (which reads only the static buffers). The warm-up run on a side stream,
+        which CUDA graphs require, computes the very step being captured (same inputs, same cache
+        writes), so running it, capturing it and replaying it once leaves the same state."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = step()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"rollout.cuda_graphs: capturing the decode step of {type(self.model).__name__} failed ({e}); "
+                "set rollout.cuda_graphs: false"
+            ) from e
+        return graph, out
+
+    def _graph_autocast(self) -> contextlib.AbstractContextManager:
+        # autocast's weight-cast cache does not survive capture: cast inside the graph on every replay
+        if not self._autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.engine_dtype, cache_enabled=False)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        *,
+        num_samples: int = 1,
+        generator_seed: int | None = None,
+    ) -> Rollout:
+        """Samples ``num_samples`` responses per prompt (rows repeat each prompt consecutively)."""
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        prompt_ids = prompt_ids.to(self.device).repeat_interleave(num_samples, dim=0)
+        prompt_mask = prompt_mask.to(self.device).repeat_interleave(num_samples, dim=0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._rng(generator_seed):
+                generated, logprobs = self._decode(prompt_ids, prompt_mask, pad, eos)
+        finally:
+            self.model.train(was_training)
+        return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+
+    def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b, p = prompt_ids.shape
+        r, dev = self.max_new_tokens, self.device
+        slots: list[torch.Tensor] = [torch.arange(p, device=dev)]
+        cache = _slot_cache(self.model, p + r, slots)
+        # valid[b, j]: cache slot j holds a real token of row b (prompt padding never does)
+        valid = torch.cat([prompt_mask.bool(), torch.zeros(b, r, dtype=torch.bool, device=dev)], dim=1)
+        # HF's position ids: attention-mask cumsum, 0 on padding; new tokens continue from the last one
+        positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
+        causal = torch.arange(p + r, device=dev)[None, :] <= torch.arange(p, device=dev)[:, None]
+        # padding query rows see themselves so no softmax row is empty (nobody reads their outputs)
+        causal_self = torch.eye(p, p + r, dtype=torch.bool, device=dev)
+        prefill_mask = (valid[:, None, None, :] & causal[None, None]) | causal_self[None, None]
+        t0 = self._sync()
+        with self._autocast_ctx():
+            logits = self._forward(prompt_ids, positions, prefill_mask, cache, slots[0])
+        # static buffers read by the decode step (and by its graph)
+        tok = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        pos = positions[:, -1:] + 1
+        slot = torch.full((1,), p, dtype=torch.long, device=dev)
+
+        def step() -> torch.Tensor:
+            valid.index_fill_(1, slot, True)
+            slots[0] = slot
+            return self._forward(tok, pos, valid[:, None, None, :], cache, slot)
+
+        tokens = torch.full((b, r), pad, dtype=torch.long, device=dev)
+        logprobs = torch.zeros(b, r, dtype=torch.float32, device=dev)
+        unfinished = torch.ones(b, dtype=torch.long, device=dev)
+        graph, graph_out, n, capture_s = None, None, r, 0.0
+        t1 = self._sync()
+        for t in range(r):
+            if t > 0:
+                tok.copy_(tokens[:, t - 1 : t])
+                if t > 1:
+                    pos.add_(1)
+                    slot.add_(1)
+                if self.cuda_graphs:
+                    if graph is None:
+                        c0 = time.perf_counter()
+                        with self._graph_autocast():
+                            graph, graph_out = self._capture(step)
+                        capture_s = self._sync() - c0
+                    graph.replay()
+                    logits = graph_out
+                else:
+                    with self._autocast_ctx():
+                        logits = step()
+            nxt, logsm = self._sample(logits)
+            nxt = nxt * unfinished + pad * (1 - unfinished)
+            tokens[:, t] = nxt
+            logprobs[:, t] = logsm.gather(-1, nxt[:, None]).squeeze(-1)
+            unfinished = unfinished & (nxt != eos).long()
+            if (t + 1) % self.check_every == 0 and t + 1 < r and not bool(unfinished.any()):
+                n = t + 1  # every row has ended: HF's generate stops here too
+                break
+        t2 = self._sync()
+        del graph, graph_out
+        self.last_stats = {
+            "prefill_s": t1 - t0,
+            "decode_s": t2 - t1 - capture_s,
+            "capture_s": capture_s,
+            "decode_steps": float(n - 1),
+        }
+        return tokens[:, :n], logprobs[:, :n]
