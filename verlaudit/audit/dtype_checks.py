@@ -64,9 +64,11 @@ class ModuleCall:
 
 
 def check_module_call(
-    call: ModuleCall, policy: RolePolicy, *, step: int | None, phase: str | None
+    call: ModuleCall, policy: RolePolicy, *, step: int | None, phase: str | None, stage: str = "all"
 ) -> list[Finding]:
-    """Findings for one module call under ``policy`` (the role's, or the rollout's during rollout)."""
+    """Findings for one module call under ``policy`` (the role's, or the rollout's during rollout).
+    ``stage``: ``pre`` checks parameters and inputs (before the forward runs, so a forward that then
+    raises is already explained), ``post`` the outputs, ``all`` both."""
     out: list[Finding] = []
     where = call.name or "<root>"
 
@@ -74,6 +76,9 @@ def check_module_call(
         out.append(Finding(severity=severity, kind=kind, role=call.role, where=where, step=step, phase=phase,
                            observed=observed, expected=expected, message=message, fix=fix))  # fmt: skip
 
+    if stage == "post":
+        _check_outputs(call, policy, add)
+        return out
     if len(call.param_dtypes) > 1:
         add("warning", "dtype/mixed_params", f"{where} holds parameters in {_names(call.param_dtypes)}",
             _names(call.param_dtypes), dn(policy.param_dtype),
@@ -117,12 +122,18 @@ def check_module_call(
                 f"wrap the {call.role} forward in policy['{call.role}'].autocast_ctx(device)" if policy.autocast
                 else f"store the {call.role} weights in {dn(policy.compute_dtype)} (cast_model) "
                 f"or enable autocast for it")  # fmt: skip
+    if stage == "all":
+        _check_outputs(call, policy, add)
+    return out
+
+
+def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
+    where = call.name or "<root>"
     if (call.kind == "norm" and call.autocast in LOW and "norm" in policy.fp32_islands
             and any(d in LOW for d in call.outputs)):  # fmt: skip
         add("warning", "dtype/island", f"norm {where} produced {_names(call.outputs)} under autocast; the policy "
             "keeps norms in fp32", _names(call.outputs), "fp32",
             "keep norm weights in fp32 under autocast (do not cast norms to the compute dtype)")  # fmt: skip
-    return out
 
 
 def check_boundary_output(role: str, name: str, tensor: torch.Tensor, policy: RolePolicy, *,

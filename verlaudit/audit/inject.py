@@ -31,7 +31,7 @@ INJECT_KEYS = (
     "cast_module",
     "raise_in_phase",
 )
-ERRORS = ("oom", "dtype", "runtime")
+ERRORS = ("oom", "dtype", "runtime", "interrupt")
 
 
 class Fanout(Observer):
@@ -142,7 +142,8 @@ class FaultInjector(Observer):
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
             if self.step < start or (sc.get("phase") and sc.get("phase") != self.phase_name):
                 return None
-            return _map_first(output, lambda t: t * torch.tensor(factor, dtype=t.dtype, device=t.device))
+            # scale in fp32 and round back, as a real layer would: large values overflow to inf, zeros stay 0
+            return _map_first(output, lambda t: (t.float() * factor).to(t.dtype))
 
         return hook
 
@@ -171,6 +172,8 @@ def _raise(kind: str) -> None:
         raise torch.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 2.00 GiB (planted by verlaudit inject.raise_in_phase)"
         )
+    if kind == "interrupt":
+        raise KeyboardInterrupt("planted by verlaudit inject.raise_in_phase")
     if kind == "dtype":
         raise RuntimeError("expected scalar type BFloat16 but found Float (planted by verlaudit inject)")
     raise RuntimeError("planted failure (verlaudit inject.raise_in_phase)")

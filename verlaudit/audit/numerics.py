@@ -88,24 +88,28 @@ def snapshot(
 def update_underflow(
     before: Mapping[str, tuple], named_params: Iterable[tuple[str, torch.Tensor]]
 ) -> tuple[float, dict[str, float]]:
-    """Fraction of sampled elements unchanged by the step despite a non-zero gradient, overall and per
-    module. With bf16 master weights at a small learning rate most updates round away."""
-    lost_total = moving_total = 0
-    per_module: dict[str, list[int]] = {}
+    """Fraction of parameter elements unchanged by the step despite a non-zero gradient, overall and
+    per module. Each parameter's sampled fraction is weighted by its size, so a small norm weight does
+    not count as much as a large projection. With bf16 master weights at a small learning rate most
+    updates round away."""
+    lost_w = moving_w = 0.0
+    per_module: dict[str, list[float]] = {}
     for name, p in named_params:
         if name not in before:
             continue
         idx, old, nonzero = before[name]
         new = p.detach().reshape(-1)[idx]
-        lost = int(((new == old) & nonzero).sum())
         moving = int(nonzero.sum())
-        lost_total += lost
-        moving_total += moving
-        acc = per_module.setdefault(name.rsplit(".", 1)[0], [0, 0])
-        acc[0] += lost
-        acc[1] += moving
-    frac = lost_total / moving_total if moving_total else 0.0
-    return frac, {m: lost / n for m, (lost, n) in per_module.items() if n}
+        if not moving:
+            continue
+        frac = int(((new == old) & nonzero).sum()) / moving
+        lost_w += frac * p.numel()
+        moving_w += p.numel()
+        acc = per_module.setdefault(name.rsplit(".", 1)[0], [0.0, 0.0])
+        acc[0] += frac * p.numel()
+        acc[1] += p.numel()
+    overall = lost_w / moving_w if moving_w else 0.0
+    return overall, {m: lost / n for m, (lost, n) in per_module.items() if n}
 
 
 def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], policy: RolePolicy, lr: float | None,

@@ -103,6 +103,7 @@ class ModuleProbe:
             self._pending.append((True, 0.0))
             return None
         ins = _tensors(args) + _tensors(kwargs)
+        self._check(module, role, name, kind, own, ins, (), "pre")
         floats = [t for _, t in ins if t.is_floating_point()]
         amaxes = [_amax(t) for t in floats]
         finite = all(math.isfinite(x) for x in amaxes)
@@ -133,18 +134,16 @@ class ModuleProbe:
         eff = self._role(role)
         policy = self.a.policy[eff]
         outs = [t for _, t in _tensors(output) if t.is_floating_point()]
-        device = next((t.device.type for _, t in _tensors(args) + _tensors(kwargs)), None) or (
-            outs[0].device.type if outs else "cpu")  # fmt: skip
-        ac = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        call = ModuleCall(
-            role=eff, name=name, kind=kind, param_dtypes=own, autocast=ac,
-            inputs=tuple((k, t.dtype) for k, t in _tensors(args) + _tensors(kwargs)),
-            outputs=tuple(t.dtype for t in outs),
-        )  # fmt: skip
-        sig = (id(module), call.role, call.autocast, call.inputs, call.outputs)
-        if sig not in self._seen:
-            self._seen.add(sig)
-            self.a.add_findings(check_module_call(call, policy, step=self.a.step, phase=self.a.phase_name))
+        self._check(
+            module,
+            role,
+            name,
+            kind,
+            own,
+            _tensors(args) + _tensors(kwargs),
+            tuple(t.dtype for t in outs),
+            "post",
+        )
         for t in outs:
             m = _amax(t)
             if not math.isfinite(m):
@@ -161,6 +160,25 @@ class ModuleProbe:
                 self.a.add_findings([f])
             if t.requires_grad and torch.is_grad_enabled():
                 t.register_hook(self._grad_out_hook(eff, name))
+
+    def _check(self, module, role, name, kind, own, ins, outs, stage: str) -> None:
+        """dtype contract of one call; each distinct dtype signature of a module is checked once."""
+        eff = self._role(role)
+        device = ins[0][1].device.type if ins else "cpu"
+        ac = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        inputs = tuple((k, t.dtype) for k, t in ins)
+        sig = (id(module), eff, ac, inputs, outs, stage)
+        if sig in self._seen:
+            return
+        self._seen.add(sig)
+        call = ModuleCall(
+            role=eff, name=name, kind=kind, param_dtypes=own, autocast=ac, inputs=inputs, outputs=outs
+        )
+        self.a.add_findings(
+            check_module_call(
+                call, self.a.policy[eff], step=self.a.step, phase=self.a.phase_name, stage=stage
+            )
+        )
 
     def _grad_out_hook(self, role: str, name: str):
         def hook(grad: torch.Tensor) -> None:
