@@ -313,6 +313,10 @@ def _stop(child: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+        except KeyboardInterrupt:  # a second Ctrl-C: the user wants out now
+            child.kill()
+            child.wait()
+            return
 
 
 def summary_line(run_dir: Path, record: Mapping[str, Any] | None = None) -> str:
