@@ -108,7 +108,7 @@ class ModuleProbe:
         amaxes = [_amax(t) for t in floats]
         finite = all(math.isfinite(x) for x in amaxes)
         self._pending.append((finite, max(amaxes, default=0.0)))
-        if not own or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return None
         changed = False
         new_args = list(args)
