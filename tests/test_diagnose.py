@@ -525,3 +525,94 @@ def test_log_with_nothing_recognised(tmp_path):
     p.write_text("epoch 1 done\n")
     (d,) = diagnose_path(p)
     assert d.verdict == "clean" and d.causes == []
+
+
+# ---- real runs: the worker with planted faults (tiny shapes, 2 steps, in-process) -----------------
+
+
+def run_worker(tmp_path, name, inject, *, preset="fp32", steps=2, **train):
+    from verlaudit import worker
+
+    cfg = {
+        "model": {"preset": "tiny-llama"},
+        "data": {"task": "digits", "prompt_length": 8, "response_length": 4, "num_examples": 64},
+        "algo": {"name": "ppo", "batch_size": 4, "mini_batch_size": 4, "micro_batch_size": 4},
+        "precision": {"preset": preset},
+        "steps": steps,
+        "device": "cpu",
+        "threads": 1,
+        **train,
+    }
+    spec = {
+        "variant": name,
+        "suite": "faults",
+        "seed": 0,
+        "run_dir": str(tmp_path / name),
+        "train": cfg,
+        "audit": {"level": "full", "full_steps": steps, "every": 1},
+        "emulation": {"target": None, "memory_cap_gb": None, "reason": None},
+        "inject": inject,
+    }
+    (tmp_path / f"{name}.json").write_text(json.dumps(spec))
+    rc = worker.main([str(tmp_path / f"{name}.json")])
+    return rc, tmp_path / name
+
+
+def test_real_nan_in_module_names_producer(tmp_path):
+    rc, run = run_worker(
+        tmp_path,
+        "nan",
+        {"nan_in_module": "model.layers.1.mlp", "at_step": 1, "phase": "actor_update", "role": "actor"},
+        abort_on_nonfinite_loss=1,
+    )
+    top = causes(run).causes[0]  # the injected NaN may leave the loss finite: the grads are NaN
+    assert top.kind == "nonfinite" and top.step == 1 and top.severity == "error", top
+    assert top.where and top.where.startswith("model.layers.1.mlp"), top.evidence
+
+
+def test_real_fp16_overflow_recovered_by_scaler_names_module(tmp_path):
+    # a one-off x1e6 at step 0: backward overflows, the scaler skips and backs off, then recovers
+    rc, run = run_worker(
+        tmp_path,
+        "ovf",
+        {"scale_module_output": {"module": "model.layers.0.mlp.down_proj", "factor": 1e6, "at_step": 0}},
+        preset="fp16",
+        steps=4,
+    )
+    assert rc == 0
+    c = next(c for c in causes(run).causes if c.kind in ("overflow_skips", "loss_scale_collapse"))
+    assert c.where == "model.layers.0.mlp.down_proj" and c.step == 0
+    assert any("loss scale: 0:3.277e+04" in e for e in c.evidence)  # 65536 backed off to 32768
+
+
+def test_real_fp16_forward_overflow_kills_rollout(tmp_path):
+    # x1e9 on every call: inf in the forward, sampling then fails on NaN probabilities
+    rc, run = run_worker(
+        tmp_path,
+        "inf",
+        {"scale_module_output": {"module": "model.layers.0.mlp.down_proj", "factor": 1e9}},
+        preset="fp16",
+    )
+    assert rc == 1
+    top = causes(run).causes[0]
+    assert top.kind == "nonfinite" and top.where == "model.layers.0.mlp.down_proj", top
+    assert any(f.suite == "precision.preset: bf16" for f in top.fixes)
+
+
+def test_real_dtype_error_names_module_and_dtypes(tmp_path):
+    rc, run = run_worker(tmp_path, "dt", {"cast_module": {"module": "model.layers.0.mlp", "dtype": "bf16"}})
+    assert rc == 1
+    top = causes(run).causes[0]
+    assert top.kind == "dtype_error" and top.where and top.where.startswith("model.layers.0.mlp"), top
+    assert {top.data["observed"], top.data["expected"]} == {"fp32", "bf16"}
+
+
+def test_real_oom_names_phase(tmp_path):
+    rc, run = run_worker(
+        tmp_path, "oom", {"raise_in_phase": {"phase": "actor_update", "at_step": 1, "error": "oom"}}
+    )
+    assert rc == 1
+    top = causes(run).causes[0]
+    assert top.kind == "oom" and top.where == "actor_update" and top.step == 1
+    assert top.data["classes_gib"]  # tiny-llama resolves from the preset
+    assert any("phase_peak_gb_so_far" in e for e in top.evidence)

@@ -190,7 +190,7 @@ def _status_causes(run: RunDir) -> list[Cause]:
                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
                       "the target GPU has no bf16: fp16 autocast with dynamic loss scaling runs there")], step=step,
                       score=40.0)]  # fmt: skip
-    if reason in ("nonfinite", "dtype_error"):
+    if reason in ("nonfinite", "dtype_error") or "probability tensor contains" in error:
         return []  # explained by _nonfinite_causes / _dtype_causes, which read the same status
     from verlaudit.logparse import explain_error_text
 
@@ -210,8 +210,10 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
     st = run.status or {}
     failed_nonfinite = st.get("reason") == "nonfinite"
     bad_loss = _first_nonfinite(run, _loss_keys(run))
+    sampling_nan = "probability tensor contains" in str(st.get("error") or "")
+    failed_nonfinite = failed_nonfinite or sampling_nan
     nf_findings = sorted(
-        (f for f in run.findings if f.kind.startswith("numerics/nonfinite")),
+        (f for f in run.findings if f.kind.startswith("numerics/nonfinite") or f.kind == "numerics/overflow"),
         key=lambda f: (f.step if f.step is not None else 1 << 30, f.rank),
     )
     if not (failed_nonfinite or bad_loss or any(f.severity == "error" for f in nf_findings)):
@@ -221,14 +223,17 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
     evidence = []
     if bad_loss:
         evidence.append(f"first non-finite loss: {bad_loss[1]} = {bad_loss[2]} at step {bad_loss[0]}")
-    if failed_nonfinite:
+    if sampling_nan:
+        evidence.append(f"rollout sampling failed on NaN/Inf probabilities at step {st.get('step')} "
+                        f"({st.get('phase')}): the policy's logits were already non-finite")  # fmt: skip
+    elif failed_nonfinite:
         evidence.append(f"run stopped: {st.get('error') or 'non-finite loss'} (step {st.get('step')})")
     for f in nf_findings[:4]:
         evidence.append(f"{f.kind} in {f.role or '?'} {f.where or '?'} at step {f.step}: {f.message}")
     for key in ("numerics/actor/nonfinite_grads", "numerics/critic/nonfinite_grads"):
         s = [(st_, v) for st_, v in run.series(key) if v > 0]
         if s:
-            evidence.append(f"{key} > 0 first at step {s[0][0]} ({_fmt(s[0][1])} tensors)")
+            evidence.append(f"{key} > 0 first at step {s[0][0]} ({_fmt(s[0][1])} elements)")
     history = [(s, v) for s, v in run.series("actor/loss_scale") if step is None or s <= step]
     if history and (_role_policy(run, "actor").get("loss_scaling") not in (None, "none")):
         evidence.append("loss scale before it: " + ", ".join(f"{s}:{_fmt(v)}" for s, v in history[-8:]))
@@ -293,7 +298,7 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     parsed = parse_dtype_message(msg) or {}
     observed = (f.observed if f and f.observed else None) or parsed.get("observed")
     expected = (f.expected if f and f.expected else None) or parsed.get("expected")
-    where = (f.where if f else None) or st.get("module")
+    where = (f.where if f else None) or st.get("where")
     step = f.step if f and f.step is not None else st.get("step")
     ev = [f"error: {msg}"] if msg else []
     if where:
@@ -345,6 +350,12 @@ def _loss_scale_causes(run: RunDir) -> list[Cause]:
         for f in overflow[:3]:
             ev.append(f"{f.kind} at {f.where} (step {f.step}): {f.message}")
         verl = _verl_actor_or_critic(role)
+        if _role_policy(run, role).get("loss_scaling", "none") == "none":
+            out.append(Cause("warning", "nonfinite_skips", f"{role}: {n_skipped} optimizer step(s) skipped for "
+                             "non-finite gradients", "This policy has no loss scaling, so a skip is not calibration: "
+                             "gradients were NaN/Inf (see the non-finite cause for the producer).", evidence=ev,
+                             step=first, where=where))  # fmt: skip
+            continue
         fixes = [Fix("precision.preset: bf16", f"{verl}.fsdp_config.mixed_precision.param_dtype=bf16",
                       "bf16 has fp32's exponent range: no overflow, no loss scaling")]  # fmt: skip
         if where:
@@ -425,7 +436,14 @@ def _reward_causes(run: RunDir) -> list[Cause]:
     return out
 
 
-_EXPLAINED_KINDS = ("runtime/dtype_error", "numerics/nonfinite", "memory/oom")
+_EXPLAINED_KINDS = (
+    "runtime/dtype_error",
+    "numerics/nonfinite",
+    "numerics/overflow",
+    "memory/oom",
+    "numerics/skipped_step",
+)
+"""Finding kinds that a dedicated analysis already turns into a cause (with more evidence)."""
 
 
 def _finding_causes(run: RunDir) -> list[Cause]:
