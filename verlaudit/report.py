@@ -111,7 +111,8 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
     finite_loss = _finite(loss)
     tail = finite_loss[-trailing_window:]
     rkey = reward_key(run)
-    reward_tail = _finite(_values(run, rkey))[-trailing_window:]
+    rewards = _finite(_values(run, rkey))
+    reward_tail, reward_head = rewards[-trailing_window:], rewards[:trailing_window]
     steps_time = _finite(_values(run, "perf/step_time_s"))
     sev = [f.severity for f in run.findings]
     top = next((f for f in run.findings if f.severity == "error"), None) or next(
@@ -134,6 +135,7 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
         "loss_std": float(np.std(tail)) if tail.size >= 2 else math.nan,
         "loss_nonfinite": int(np.sum(~np.isfinite(loss))),
         "reward_key": rkey,
+        "reward_start": float(np.mean(reward_head)) if reward_head.size else math.nan,
         "reward_mean": float(np.mean(reward_tail)) if reward_tail.size else math.nan,
         "reward_var": float(np.var(reward_tail)) if reward_tail.size >= 2 else math.nan,
         "overflow_steps": _overflow_steps(run),
@@ -181,6 +183,7 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
                 "loss_std": g["loss_std"].mean(),
                 "loss_nonfinite": int(g["loss_nonfinite"].sum()),
                 "reward_key": g["reward_key"].iloc[0],
+                "reward_start": g["reward_start"].mean(),
                 "reward_mean": rewards.mean() if len(rewards) else math.nan,
                 "reward_seed_std": rewards.std(ddof=1) if len(rewards) >= 2 else math.nan,
                 "reward_var": rewards.var(ddof=1) if len(rewards) >= 2 else g["reward_var"].mean(),
@@ -213,14 +216,16 @@ def markdown_table(variants: pd.DataFrame, trailing_window: int) -> str:
             [
                 r["variant"], r["status"], r["steps"],
                 _fmt(r["device_peak_gb"], ".3f") + (f" ({r['memory_source']})" if r["memory_source"] else ""),
-                _fmt(r["alloc_peak_gb"], ".3f"), _fmt(r["step_time_s"], ".3f"), loss, reward,
+                _fmt(r["alloc_peak_gb"], ".3f"), _fmt(r["step_time_s"], ".3f"), loss,
+                _fmt(r["reward_start"], ".3f"), reward,
                 _fmt(r["reward_var"], ".2g"), f"{r['overflow_steps']} / {r['skipped_steps']}",
                 f"{r['errors']} / {r['warnings']}",
             ]
         )  # fmt: skip
     headers = [
         "variant", "status", "steps", "peak device GiB", "peak alloc GiB", "step s (median)",
-        f"loss std (last {trailing_window})", "reward", "reward var", "overflow / skipped", "findings E / W",
+        f"loss std (last {trailing_window})", f"reward (first {trailing_window})",
+        f"reward (last {trailing_window})", "reward var", "overflow / skipped", "findings E / W",
     ]  # fmt: skip
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -272,6 +277,7 @@ def _header(out_dir: Path, runs: Sequence[RunDir], suite: Mapping[str, Any], row
     emu = (m.get("emulation") or {}).get("reason")
     audit = m.get("audit") or suite.get("audit") or {}
     wall = rows["wall_s"].dropna().sum()
+    record = suite.get("run") or {}
     lines = [
         f"# verlaudit report: {suite.get('name') or out_dir.name}",
         "",
@@ -283,6 +289,12 @@ def _header(out_dir: Path, runs: Sequence[RunDir], suite: Mapping[str, Any], row
         f"then every {audit.get('every', '?')})",
         f"- runs: {len(runs)}; summed wall time of the runs: {wall:.0f} s",
     ]
+    if record.get("wall_s") is not None:
+        lines.append(
+            f"- command: `{record.get('command', '?')}`: {record['wall_s']:.0f} s wall in total on "
+            f"{record.get('machine', '?')}, load average {record.get('load_at_start', '?')} at the start "
+            f"({record.get('started_at', '')})"
+        )
     return lines
 
 
@@ -290,8 +302,8 @@ _LEGEND = """\
 Columns: *peak device GiB* is the largest `perf/device_memory_peak_gb` (NVML device memory on a GPU,
 host RSS on CPU: the source is in brackets); *peak alloc GiB* the PyTorch allocator's peak (GPU only);
 *step s* the median wall time of a training step; *loss std* the spread of `actor/loss` over the
-trailing window; *reward* the mean of `{rk}` over the trailing window (across seeds: mean ± std of the
-per-seed means) and *reward var* its variance (across seeds when repeated, else within the window);
+trailing window; *reward* the mean of `{rk}` over the first and the last window of steps (across
+seeds: their mean, and for the last window ± the std of the per-seed means) and *reward var* its variance (across seeds when repeated, else within the window);
 *overflow* counts steps with non-finite gradients or a loss-scale back-off, *skipped* steps whose
 optimizer step was skipped; *findings* are audit findings (distinct records) by severity."""
 
@@ -363,9 +375,15 @@ def _line_plot(
 
 
 def _memory_plot(runs: Sequence[RunDir], path: Path) -> bool:
-    """Grouped bars: peak memory per phase per run (device peak, else allocator peak, else overall)."""
+    """Grouped bars: peak memory per phase per run; the overall peak when no phase was recorded."""
     import matplotlib.pyplot as plt
 
+    # The allocator's per-phase peak separates phases; the device view (NVML, or host RSS on CPU)
+    # includes all the process ever held, so it is the fallback.
+    keys = {k for r in runs for m in r.metrics for k in m if k.startswith("memory/")}
+    stat = "allocated_peak_gb" if any(k.endswith("/allocated_peak_gb") for k in keys) else "device_peak_gb"
+    sources = {str((r.manifest.get("memory") or {}).get("source") or "device") for r in runs}
+    source = "allocator" if stat == "allocated_peak_gb" else "/".join(sorted(sources))
     table: dict[str, dict[str, float]] = {}
     for run in runs:
         peaks: dict[str, float] = {}
@@ -375,25 +393,25 @@ def _memory_plot(runs: Sequence[RunDir], path: Path) -> bool:
                 if (
                     len(parts) == 3
                     and parts[0] == "memory"
-                    and parts[2] in ("device_peak_gb", "allocated_peak_gb")
+                    and parts[2] == stat
+                    and math.isfinite(to_float(v))
                 ):
-                    label = f"{parts[1]} ({'device' if parts[2] == 'device_peak_gb' else 'alloc'})"
-                    x = to_float(v)
-                    if math.isfinite(x):
-                        peaks[label] = max(peaks.get(label, 0.0), x)
+                    peaks[parts[1]] = max(peaks.get(parts[1], 0.0), to_float(v))
         if not peaks:
             overall = _max(_values(run, "perf/device_memory_peak_gb"))
             if math.isfinite(overall):
-                peaks["overall (device)"] = overall
+                peaks["overall"] = overall
         if peaks:
             table[run.path.name] = peaks
     if not table:
         return False
     df = pd.DataFrame(table).T.fillna(0.0)
-    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(df)), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(df)), 4.5))
     df.plot.bar(ax=ax, rot=0)
-    ax.set(title="peak memory per phase", ylabel="GiB", xlabel="")
-    ax.legend(fontsize="x-small", ncol=2)
+    ax.set(title=f"peak memory per phase ({source})", ylabel="GiB", xlabel="")
+    ax.legend(
+        fontsize="x-small", ncol=min(6, len(df.columns)), loc="upper center", bbox_to_anchor=(0.5, -0.08)
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

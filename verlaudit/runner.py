@@ -427,8 +427,11 @@ def main(args: argparse.Namespace) -> int:
     print(f"verlaudit run: suite {suite.name} ({runs} run{'s' * (runs != 1)} on {plan.device}) -> {out_dir}")
     for note in plan.notes:
         print(f"  note: {note}")
-    started = time.monotonic()
+    started, started_at, load = time.monotonic(), _now(), _loadavg()
     done, interrupted = execute(plan, suite, out_dir, progress=not args.no_progress)
+    _record_run(
+        out_dir, command=_command(args), started_at=started_at, load=load, wall_s=time.monotonic() - started
+    )
     rep = report_mod.write_report(out_dir)
     print()
     print(rep.markdown)
@@ -437,6 +440,44 @@ def main(args: argparse.Namespace) -> int:
         return 130
     failed = [n for n in done if _failed(out_dir / n)]
     return 1 if failed else 0
+
+
+def _loadavg() -> str:
+    try:
+        return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # not available on every platform
+        return "n/a"
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line as a user would type it again (tests call the CLI in-process: no sys.argv)."""
+    parts = ["verlaudit run", str(args.suite)]
+    for flag in ("steps", "variants", "seeds", "out", "device", "audit_level"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts.append(f"--{flag.replace('_', '-')} {value}")
+    return " ".join(parts)
+
+
+def _record_run(out_dir: Path, *, command: str, started_at: str, load: str, wall_s: float) -> None:
+    """Adds the command, its wall time and the machine to suite.json (the report header shows them)."""
+    import platform
+
+    path = out_dir / SUITE_COPY
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    data["run"] = {
+        "command": command,
+        "started_at": started_at,
+        "wall_s": round(wall_s, 1),
+        "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, {platform.system()})" + _gpu_words(),
+        "load_at_start": load,
+    }
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def _gpu_words() -> str:
+    present = detect()
+    return f", {present.gpu_count} x {present.gpu_name}" if present.cuda else ", no GPU"
 
 
 def _failed(run_dir: Path) -> bool:
