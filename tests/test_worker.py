@@ -1,0 +1,112 @@
+"""`python -m verlaudit.worker SPEC.json`: exit codes, run directory content, failures as results.
+
+Run: `pytest tests/test_worker.py` (subprocesses; about half a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verlaudit.rundir import read_run
+from verlaudit.worker import main as worker_main
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = {
+    "steps": 2, "device": "cpu", "threads": 1,
+    "algo": {"name": "grpo", "batch_size": 2, "mini_batch_size": 4, "micro_batch_size": 2, "group_size": 2},
+    "data": {"num_examples": 16, "prompt_length": 8, "response_length": 4},
+    "precision": {"preset": "bf16"},
+}  # fmt: skip
+
+
+def spec(tmp_path, **extra):
+    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": TRAIN,
+         "audit": {"level": "full", "full_steps": 1, "every": 0}, **extra}  # fmt: skip
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(s))
+    return p
+
+
+def worker(path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "verlaudit.worker", str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_completed_run_directory(tmp_path):
+    r = worker(spec(tmp_path))
+    assert r.returncode == 0, r.stderr
+    run = read_run(tmp_path / "run")
+    assert run.state == "completed" and run.status["step"] == 1
+    m = run.manifest
+    assert (m["variant"], m["seed"], m["config"]["seed"]) == ("v", 3, 3)  # the spec's seed is the run's
+    assert m["policy"]["preset"] == "bf16" and m["memory"]["source"] == "rss" and m["memory"]["reason"]
+    assert {"python", "torch", "transformers", "vllm", "cuda", "device", "cpu_count"} <= set(m["environment"])
+    assert [x["step"] for x in run.metrics] == [0, 1]
+    first, second = run.metrics
+    assert first["audit/full"] == 1.0 and second["audit/full"] == 0.0  # full_steps=1, every=0
+    assert "numerics/actor/act_absmax" in first and "numerics/actor/act_absmax" not in second
+    for key in ("actor/loss", "perf/device_memory_peak_gb", "memory/actor_update/device_peak_gb",
+                "numerics/actor/nonfinite_grads", "audit/findings/error"):  # fmt: skip
+        assert key in second
+    assert not any(f.severity == "error" for f in run.findings)
+
+
+def test_dtype_error_exits_1_with_the_culprit(tmp_path):
+    # fp32 preset (no autocast): an fp16 submodule meets fp32 activations and the matmul raises
+    train = {**TRAIN, "precision": {"preset": "fp32"}}
+    inject = {"cast_module": {"module": "model.layers.1.self_attn.q_proj", "dtype": "fp16"}}
+    r = worker(spec(tmp_path, train=train, inject=inject))
+    assert r.returncode == 1 and "dtype_error" in r.stderr
+    run = read_run(tmp_path / "run")
+    st = run.status
+    assert (st["state"], st["reason"], st["where"], st["step"], st["phase"]) == (
+        "failed",
+        "dtype_error",
+        "model.layers.1.self_attn.q_proj",
+        0,
+        "rollout",
+    )
+    assert "Traceback" in st["traceback"] and "\n" not in st["error"]
+    assert [f.where for f in run.findings if f.kind == "runtime/dtype_error"] == [
+        "model.layers.1.self_attn.q_proj"
+    ]
+
+
+@pytest.mark.parametrize("error, reason", [("oom", "oom"), ("interrupt", "interrupted")])
+def test_oom_and_interrupt_become_status(tmp_path, error, reason):
+    r = worker(
+        spec(tmp_path, inject={"raise_in_phase": {"phase": "actor_update", "at_step": 1, "error": error}})
+    )
+    assert r.returncode == 1
+    run = read_run(tmp_path / "run")
+    assert (run.status["reason"], run.status["step"], run.status["phase"]) == (reason, 1, "actor_update")
+    assert [x["step"] for x in run.metrics] == [0]  # what was written before the failure stays readable
+    assert "phase_peak_gb_so_far" in run.status["memory"]
+    if reason == "oom":
+        assert [f.where for f in run.findings if f.kind == "memory/oom"] == ["actor_update"]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.pop("run_dir"), "run_dir: missing"),
+        (lambda s: s.update(colour="red"), "colour: unknown key"),
+        (lambda s: s["train"]["algo"].update(lr=-1), "train.algo.lr: must be > 0"),
+        (lambda s: s.update(audit={"level": "loud"}), "audit.level: 'loud'"),
+        (lambda s: s.update(emulation={"memory_cap_gb": -4}), "emulation.memory_cap_gb"),
+    ],
+)
+def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys, mutate, message):
+    s = {"variant": "v", "run_dir": str(tmp_path / "run"), "train": json.loads(json.dumps(TRAIN))}
+    mutate(s)
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(s))
+    assert worker_main([str(p)]) == 2
+    assert message in capsys.readouterr().err
