@@ -276,3 +276,24 @@ def test_cli_runs_and_refuses_bad_configs(tmp_path, capsys):
     bad.write_text("algo:\n  name: a2c\n")
     assert main(["--config", str(bad)]) == 2
     assert "algo.name: unknown algorithm 'a2c'" in capsys.readouterr().err
+
+
+def test_ppo_kl_as_loss_epochs_and_reward_model():
+    rec = Recorder()
+    cfg = TrainConfig.from_dict({
+        **config("ppo", steps=1).to_dict(),
+        "algo": {"name": "ppo", **SMALL, "mini_batch_size": 2, "micro_batch_size": 1, "ppo_epochs": 2,
+                 "kl_in_reward": False, "kl_estimator": "k3"},
+        "model": {"reward_model": "preset:tiny-llama"},
+    })  # fmt: skip
+    m = train(cfg, rec).final
+    # KL is a loss term, not a reward penalty: token rewards summed per sequence equal the scores
+    assert "actor/kl_loss" in m and m["actor/kl_loss"] >= 0.0 and m["rollout/kl_ref"] >= 0.0  # k3 >= 0
+    assert m["critic/rewards/mean"] == pytest.approx(m["critic/score/mean"], abs=1e-6)
+    # 2 epochs x (4 sequences / mini-batch 2) = 4 optimizer steps per role, 2 micro-batches each
+    roles = [r for r, *_ in rec.payloads["opt"]]
+    assert roles.count("actor") == 4 and roles.count("critic") == 4
+    assert rec.calls.count("bwd:actor") == 8
+    reward = rec.payloads["reward"]
+    assert reward["source"] == "model:preset:tiny-llama" and isinstance(reward["raw"], torch.Tensor)
+    assert reward["model"] is rec.payloads["setup"]["models"]["reward"]
