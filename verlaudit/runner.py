@@ -181,7 +181,10 @@ def plan_runs(
 
 def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
     """The command that runs one variant. The seam for multi-GPU launch (torchrun + FSDP2, issue 7):
-    extend here to return a ``torchrun --nproc_per_node gpus`` command once the worker shards."""
+    once the worker initialises torch.distributed and gives ranks > 0 their own run dirs
+    (.notes/F_integration.md section 4), return
+    ``[python, -m, torch.distributed.run, --standalone, --nproc_per_node=gpus, -m, verlaudit.worker, spec]``
+    here; until then two ranks would write one run directory, so several GPUs are refused."""
     if gpus > 1:
         raise ValueError(
             f"hardware.gpus={gpus}: multi-GPU execution (torchrun + FSDP2) is not wired into the runner yet; "
@@ -262,7 +265,14 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     spec_path = run_dir / SPEC
     spec_path.write_text(json.dumps(planned.spec, indent=2), encoding="utf-8")
     cmd = launch_command(spec_path, gpus)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # NVLink multicast off: the shared multi-GPU hosts require it (harmless on one GPU or CPU)
+    env = {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        **os.environ,
+    }
+    env["PYTHONUNBUFFERED"] = "1"
     root = str(Path(verlaudit.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
