@@ -288,6 +288,11 @@ def cast_model(model: torch.nn.Module, policy: RolePolicy) -> torch.nn.Module:
     return model.to(dtype=policy.param_dtype)
 
 
+def _fused_unscale_supported(dev: torch.device, dtype: torch.dtype) -> bool:
+    """torch's fused check-and-unscale kernel has no bf16 variant on CUDA (seen on torch 2.11)."""
+    return not (dev.type == "cuda" and dtype == torch.bfloat16)
+
+
 class LossScaler:
     """Loss scaling with the semantics of ``torch.amp.GradScaler``, plus a non-finite guard.
 
@@ -365,11 +370,8 @@ class LossScaler:
             for g in grads:
                 by_key.setdefault((g.device, g.dtype), []).append(g)
             flags = []
-            for (dev, _), group in by_key.items():
-                found_inf = torch.zeros(1, device=dev, dtype=torch.float32)
-                inv = torch.full((1,), 1.0 / self.scale, device=dev, dtype=torch.float32)
-                torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
-                flags.append(found_inf.to("cpu" if dev.type == "cpu" else dev))
+            for (dev, dtype), group in by_key.items():
+                flags.append(self._check_and_unscale(group, dev, dtype))
             total = sum(f.to(flags[0].device) for f in flags)
             if reduce_group is not None or sharded:
                 import torch.distributed as dist
@@ -381,6 +383,20 @@ class LossScaler:
             found = bool(total.item() > 0)
         self.last_found_inf = found
         return found
+
+    def _check_and_unscale(self, group: list[torch.Tensor], dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """GradScaler's fused kernel where it exists; it has no bf16 CUDA kernel (bf16-pure gradients),
+        so there: unscale with a foreach multiply and detect non-finite values through the inf-norm,
+        which is nan or inf exactly when some element is (and cannot overflow, unlike the 2-norm)."""
+        found_inf = torch.zeros(1, device=dev, dtype=torch.float32)
+        if _fused_unscale_supported(dev, dtype):
+            inv = torch.full((1,), 1.0 / self.scale, device=dev, dtype=torch.float32)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
+            return found_inf
+        if self.scale != 1.0:
+            torch._foreach_mul_(group, 1.0 / self.scale)
+        norms = torch.stack(torch._foreach_norm(group, float("inf"))).float()
+        return found_inf + (~torch.isfinite(norms)).any().float()
 
     def should_step(self) -> bool:
         return not (self.last_found_inf and (self.skip_nonfinite or self.mode != "none"))
