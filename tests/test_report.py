@@ -146,3 +146,18 @@ def test_report_only_through_the_cli(tmp_path, capsys):
 def test_collect_rejects_a_directory_without_runs(tmp_path):
     with pytest.raises(ValueError, match="no run directories inside"):
         collect(tmp_path)
+
+
+def test_a_worker_that_died_before_writing_is_a_failed_row(tmp_path):
+    # what the runner leaves when the worker crashes at import or start-up: no manifest, metrics, status
+    d = tmp_path / "bf16"
+    d.mkdir()
+    (d / "spec.json").write_text(json.dumps({"variant": "bf16", "seed": 0}))
+    (d / "runner.json").write_text(json.dumps({"returncode": 1, "wall_s": 4.0}))
+    (d / "worker.log").write_text(
+        "Traceback (most recent call last):\nValueError: Expected a torch.device with a specified index\n"
+    )
+    rep = write_report(tmp_path)
+    (status,) = rep.variants["status"]
+    assert status == "failed: worker exited 1 before writing its run directory"
+    assert "ValueError: Expected a torch.device with a specified index" in rep.markdown

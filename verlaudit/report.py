@@ -37,7 +37,21 @@ class Report:
 
 
 def read_run_safe(path: Path) -> RunDir:
-    """`read_run`, except that a damaged run directory becomes a failed row saying why."""
+    """`read_run`, except that a damaged run directory becomes a failed row saying why, and a worker
+    that died before writing anything (the runner left spec.json, runner.json, worker.log) is a
+    failed row with its exit code and the last line of its log."""
+    path = Path(path)
+    if not is_run_dir(path) and (path / "runner.json").exists():
+        spec = _json_or_empty(path / "spec.json")
+        record = _runner_record(path) or {}
+        log = path / "worker.log"
+        lines = (
+            [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+        )
+        status = {"state": "failed", "reason": f"worker exited {record.get('returncode')} before writing its run directory",
+                  "error": lines[-1].strip() if lines else "no worker.log"}  # fmt: skip
+        manifest = {k: spec[k] for k in ("variant", "seed") if k in spec}
+        return RunDir(path=path, manifest=manifest, metrics=[], findings=[], events=[], status=status)
     try:
         return read_run(path)
     except ValueError as e:
@@ -148,6 +162,13 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
     }
 
 
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
 def _runner_record(path: Path) -> dict[str, Any] | None:
     p = Path(path) / "runner.json"
     try:
@@ -238,7 +259,7 @@ def collect(out_dir: Path) -> list[RunDir]:
             f"{out_dir}: no such directory; pass a suite output directory (reports/<suite>/<time>)"
         )
     order: list[str] = list((_suite_copy(out_dir).get("variants") or {}).keys())
-    dirs = [d for d in sorted(out_dir.iterdir()) if is_run_dir(d)]
+    dirs = [d for d in sorted(out_dir.iterdir()) if is_run_dir(d) or (d / "runner.json").exists()]
     if not dirs:
         raise ValueError(
             f"{out_dir}: no run directories inside; is this the output directory of `verlaudit run`?"
