@@ -164,7 +164,9 @@ def plan_runs(
         notes.append(emulation["reason"])
     runs = []
     for run in suite.expand():
-        cfg = dataclasses.replace(run.config, device=device)
+        # one process per variant sees its GPU as index 0; naming it spares every consumer of the
+        # device (memory caps, NVML, allocator stats) the "cuda without an index" case
+        cfg = dataclasses.replace(run.config, device="cuda:0" if device == "cuda" else device)
         run = dataclasses.replace(run, config=cfg)
         spec = {
             "variant": run.variant,
