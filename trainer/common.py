@@ -2,7 +2,13 @@
 
 No class hierarchy: each recipe calls these functions in its own readable order. Every precision
 decision comes from the resolved `PrecisionPolicy`; every boundary the auditor cares about is an
-observer call here or in the recipe. Exercised by `pytest tests/test_train.py`.
+observer call here or in the recipe. Under torchrun every rank runs the same code: `build_setup`
+shards the actor, critic and reference with FSDP2 (`trainer.distributed`), each recipe keeps its
+rank's slice of the global batch (`local_batch`), and `StepLog` averages the step's metrics over
+ranks. Each rank's loss is a mean over its own micro-batch and FSDP2 averages gradients over ranks:
+that equals the single-process gradient when ranks hold equal token counts, and is verl's per-rank
+mean convention when masked token means differ in length across ranks.
+Exercised by `pytest tests/test_train.py` and `pytest tests/test_distributed_e2e.py`.
 """
 
 from __future__ import annotations
@@ -11,12 +17,13 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainer import distributed as dist_mod
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy, resolve_policy
@@ -75,6 +82,8 @@ class Setup:
     models: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
     scalers: dict[str, LossScaler]
+    dist: dist_mod.DistInfo
+    """This process's place in a torchrun job (world_size 1 for a single process)."""
 
     def autocast(self, role: str):
         return self.policy[role].autocast_ctx(self.device.type)
@@ -89,7 +98,9 @@ def build_setup(
 
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
+    info = dist_mod.init_distributed(config.device)  # torchrun env -> nccl (cuda:LOCAL_RANK) or gloo
+    device = info.device if info.distributed else resolve_device(config.device)
+    # the same seed on every rank: each draws the same global batch and keeps its slice
     seed_everything(config.seed)
     pc = config.precision
     policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, device=device)
@@ -108,6 +119,15 @@ def build_setup(
         rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
         if rm is not None:
             models["reward"] = rm
+    if info.distributed:
+        # after the deep copies (reference, critic) and before the optimizers, which must see the
+        # sharded DTensor parameters
+        reshard = dist_mod.SHARDING[config.sharding]
+        for role in ("actor", "critic", "reference"):
+            if role in models:
+                dist_mod.shard_model(models[role], policy[role], reshard_after_forward=reshard)
+        # the reward model stays replicated: frozen, usually small, and a user loader's module need
+        # not have a decoder layer list to shard
     algo = config.algo
     lrs = {"actor": algo.lr, "critic": algo.critic_lr}
     optimizers = {r: make_optimizer(models[r], lrs[r], algo.weight_decay, device) for r in lrs if r in models}
@@ -123,7 +143,21 @@ def build_setup(
             "padding_side": tokenizer.padding_side,
         },
     )
-    return Setup(config, device, policy, tokenizer, models, optimizers, scalers)
+    return Setup(config, device, policy, tokenizer, models, optimizers, scalers, info)
+
+
+def local_batch(rows: list[Any], setup: Setup, where: str = "algo.batch_size") -> list[Any]:
+    """This rank's contiguous slice of the global batch (all of it for one process)."""
+    return rows[dist_mod.local_slice(len(rows), setup.dist, where=where)]
+
+
+def local_size(size: int, setup: Setup, where: str) -> int:
+    """A global sequence count (``algo.mini_batch_size``) as this rank's share, so that several
+    ranks take as many optimizer steps per epoch as one process would."""
+    w = setup.dist.world_size
+    if size % w:
+        raise ValueError(f"{where}: {size} cannot be split evenly over {w} ranks; use a multiple of {w}")
+    return size // w
 
 
 def backward(
@@ -136,14 +170,6 @@ def backward(
 
 def _params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def grad_norm_of(params: Iterable[nn.Parameter]) -> float:
-    """Total L2 norm of the gradients in fp32 (inf/nan when any gradient is non-finite)."""
-    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-    if not norms:
-        return 0.0
-    return float(torch.stack([n.to(norms[0].device) for n in norms]).norm())
 
 
 def optimizer_step(
@@ -163,12 +189,9 @@ def optimizer_step(
     del policy  # the scaler already carries the policy's loss-scaling contract
     params = _params(model)
     found_inf = scaler.unscale_(params)
-    if found_inf:
-        norm = grad_norm_of(params)
-    elif max_grad_norm > 0:
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    else:
-        norm = grad_norm_of(params)
+    # the global norm (same on every rank for FSDP2 DTensor gradients); non-finite gradients are
+    # left as they are for the auditor instead of becoming nan through clipping
+    norm = float(dist_mod.clip_grad_norm_(params, 0.0 if found_inf else max_grad_norm))
     observer.on_before_optimizer_step(role=role, model=model, optimizer=optimizer)
     skipped = not scaler.should_step()
     if not skipped:
@@ -234,8 +257,9 @@ class Averages:
 class StepLog:
     """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard."""
 
-    def __init__(self, observer: Observer, abort_after: int) -> None:
+    def __init__(self, observer: Observer, abort_after: int, dist: dist_mod.DistInfo | None = None) -> None:
         self.observer = observer
+        self.dist = dist
         self.abort_after = abort_after
         self.history: list[dict[str, float]] = []
         self._bad = 0
@@ -248,6 +272,11 @@ class StepLog:
     def end(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
         out = {k: float(v) for k, v in metrics.items()}
         out["perf/step_time_s"] = time.perf_counter() - self._t0
+        if self.dist is not None:
+            # every rank, every step: means over ranks (max for perf/*). The guard below reads the
+            # reduced loss so all ranks raise together; one rank raising alone would leave the
+            # others blocked in their next collective.
+            out = dist_mod.reduce_metrics(out, self.dist)
         self.observer.on_step_end(step, out)
         self.history.append(out)
         loss = out.get("actor/loss", 0.0)

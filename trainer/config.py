@@ -46,7 +46,9 @@ class _Section:
         out = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
-            out[f.name] = v.to_dict() if isinstance(v, _Section) else (dict(v) if isinstance(v, Mapping) else v)
+            out[f.name] = (
+                v.to_dict() if isinstance(v, _Section) else (dict(v) if isinstance(v, Mapping) else v)
+            )
         return out
 
 
@@ -197,8 +199,14 @@ class AlgoConfig(_Section):
     """PPO: whiten advantages over the batch."""
 
     def __post_init__(self) -> None:
-        _check(self.name in ALGORITHMS, "name", f"unknown algorithm {self.name!r}; expected one of {', '.join(ALGORITHMS)}")
-        _check(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"{self.kl_estimator!r}; expected k1 or k3")
+        _check(
+            self.name in ALGORITHMS,
+            "name",
+            f"unknown algorithm {self.name!r}; expected one of {', '.join(ALGORITHMS)}",
+        )
+        _check(
+            self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"{self.kl_estimator!r}; expected k1 or k3"
+        )
         _check(self.dpo_loss in DPO_LOSSES, "dpo_loss", f"{self.dpo_loss!r}; expected sigmoid or ipo")
         for name in ("lr", "critic_lr", "temperature", "beta"):
             _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
@@ -222,8 +230,26 @@ class PrecisionConfig(_Section):
     """On for all trainable roles, or per role: ``{actor: true, critic: false}``."""
 
     def __post_init__(self) -> None:
-        _check(self.preset in PRESETS, "preset", f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}")
+        _check(
+            self.preset in PRESETS,
+            "preset",
+            f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}",
+        )
         resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing, where="")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig(_Section):
+    cache: str = "dynamic"
+    """``dynamic``: HF ``generate``; ``static``: our decode loop over a preallocated KV cache
+    (`trainer.rollout.StaticDecodeEngine`, same tokens for the same seed)."""
+    cuda_graphs: bool = False
+    """Capture the single-token decode step as a CUDA graph (needs ``cache: static`` and CUDA; not
+    with several ranks, where each decode step contains FSDP2 all-gathers that cannot be captured)."""
+
+    def __post_init__(self) -> None:
+        _check(self.cache in ("dynamic", "static"), "cache", f"{self.cache!r}; expected dynamic or static")
+        _check(not self.cuda_graphs or self.cache == "static", "cuda_graphs", "needs rollout.cache: static")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -232,6 +258,7 @@ class TrainConfig(_Section):
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     steps: int = 20
     """Training steps (one rollout batch + its update epochs, or one DPO batch)."""
     seed: int = 0
@@ -241,8 +268,15 @@ class TrainConfig(_Section):
     """CPU threads for torch (0: leave torch's default)."""
     abort_on_nonfinite_loss: int = 0
     """Stop the run after this many consecutive non-finite losses (0: never)."""
+    sharding: str = "full_shard"
+    """Several processes (torchrun): ``full_shard`` (FSDP2 reshard_after_forward=True, least memory)
+    or ``shard_grad_op`` (parameters stay gathered from forward to backward: fewer all-gathers, one
+    full copy of the gathered parameters held per layer until its backward). Ignored by one process."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "device",
                f"{self.device!r}; expected auto, cpu, cuda or cuda:N")  # fmt: skip
+        # literal keys of trainer.distributed.SHARDING: config must not import torch.distributed
+        _check(self.sharding in ("full_shard", "shard_grad_op"), "sharding",
+               f"{self.sharding!r}; expected full_shard or shard_grad_op")  # fmt: skip

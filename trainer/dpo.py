@@ -18,6 +18,8 @@ from trainer.common import (
     StepLog,
     backward,
     build_setup,
+    local_batch,
+    local_size,
     optimizer_metrics,
     optimizer_step,
     split_indices,
@@ -82,11 +84,12 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     actor, ref = setup.models["actor"], setup.models["reference"]
     opt, scaler = setup.optimizers["actor"], setup.scalers["actor"]
-    log = StepLog(observer, config.abort_on_nonfinite_loss)
+    log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
+    mini_size = local_size(algo.mini_batch_size, setup, "algo.mini_batch_size")
     where = "data.collator" if config.data.collator else "data"
     for step in range(config.steps):
         log.start(step)
-        batch = collator(next(batches))
+        batch = collator(local_batch(next(batches), setup))
         observer.on_batch(role="actor", batch=batch, source=source)
         check_pair_batch(batch, source, where)
         b = batch["chosen_input_ids"].shape[0]
@@ -100,7 +103,7 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
 
         avg, norms, skips = Averages(), [], []
         with observer.phase("actor_update"):
-            for mini in split_indices(b, algo.mini_batch_size):
+            for mini in split_indices(b, mini_size):
                 for micro in split_indices(len(mini), algo.micro_batch_size):
                     idx = mini[micro]
                     logps = pair_logps(setup, "actor", actor, *_stack(batch, idx, setup.device))

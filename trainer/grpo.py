@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from trainer import losses as L
-from trainer.common import StepLog
+from trainer.common import StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.ppo import (
@@ -32,10 +32,10 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
     g = algo.group_size
     setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=False)
     actor = setup.models["actor"]
-    log = StepLog(observer, config.abort_on_nonfinite_loss)
+    log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):
         log.start(step)
-        examples = next(batches)
+        examples = local_batch(next(batches), setup)  # over prompts: each rank samples whole groups
         with observer.phase("rollout"):
             rollout = generate(setup, observer, engine, collator, source, examples, step, num_samples=g)
         mask = rollout.response_mask

@@ -20,6 +20,8 @@ from trainer.common import (
     backward,
     build_setup,
     convert_rewards,
+    local_batch,
+    local_size,
     optimizer_metrics,
     optimizer_step,
     position_ids_for,
@@ -113,9 +115,10 @@ def update_actor(setup: Setup, observer: Observer, rollout, old_logprobs, advant
     kl_as_loss = ref_logprobs is not None and (algo.name == "grpo" or not algo.kl_in_reward)
     avg, norms, skips = Averages(), [], []
     b = rollout.response_ids.shape[0]
+    mini_size = local_size(algo.mini_batch_size, setup, "algo.mini_batch_size")
     for _ in range(algo.ppo_epochs):
         perm = torch.randperm(b)  # global RNG, seeded once in setup
-        for mini in split_indices(b, algo.mini_batch_size):
+        for mini in split_indices(b, mini_size):
             mini = perm[mini]
             micros = split_indices(len(mini), algo.micro_batch_size)
             for micro in micros:
@@ -158,9 +161,10 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
     model, opt, scaler = setup.models["critic"], setup.optimizers["critic"], setup.scalers["critic"]
     avg, norms, skips = Averages(), [], []
     b, r = rollout.response_ids.shape
+    mini_size = local_size(algo.mini_batch_size, setup, "algo.mini_batch_size")
     for _ in range(algo.ppo_epochs):
         perm = torch.randperm(b)
-        for mini in split_indices(b, algo.mini_batch_size):
+        for mini in split_indices(b, mini_size):
             mini = perm[mini]
             for micro in split_indices(len(mini), algo.micro_batch_size):
                 idx = mini[micro].to(setup.device)
@@ -226,14 +230,19 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
 def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
     """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine, batches."""
     from trainer import data as D
-    from trainer.rollout import HFGenerateEngine
+    from trainer.rollout import build_engine
 
     algo = config.algo
     setup = build_setup(config, observer, critic=critic, reference=algo.kl_coef > 0, reward_model=True)
     examples = D.load_examples(config.data, seed=config.seed, pairs=False)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
-    engine = HFGenerateEngine(
+    if config.rollout.cuda_graphs and setup.dist.distributed:
+        raise ValueError(
+            f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
+            "all-gathers, which a CUDA graph cannot capture); set rollout.cuda_graphs: false"
+        )
+    engine = build_engine(
         setup.models["actor"],
         setup.tokenizer,
         setup.policy["rollout"],
@@ -241,6 +250,8 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
         max_new_tokens=config.data.response_length,
         temperature=algo.temperature,
         top_k=algo.top_k,
+        cache=config.rollout.cache,
+        cuda_graphs=config.rollout.cuda_graphs,
     )
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     return setup, source, collator, reward_name, reward_fn, engine, batches
@@ -251,10 +262,10 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
     algo = config.algo
     setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=True)
     actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
-    log = StepLog(observer, config.abort_on_nonfinite_loss)
+    log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):
         log.start(step)
-        examples = next(batches)
+        examples = local_batch(next(batches), setup)
         with observer.phase("rollout"):
             rollout = generate(setup, observer, engine, collator, source, examples, step)
         mask, r = rollout.response_mask, rollout.response_ids.shape[1]

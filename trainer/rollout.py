@@ -10,6 +10,8 @@ scores; HF's own warpers are switched off so nothing runs after the recorder.
 preallocated KV cache, sampling on device with the same ops in the same order as HF's sampler (same
 seed, same logits -> same tokens), and optionally the single-token decode step captured once as a
 CUDA graph and replayed (prefill stays eager). `build_engine` picks one from the ``rollout`` options.
+Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
+ended, since each forward all-gathers parameter shards with the other ranks.
 Exercised by `pytest tests/test_rollout.py tests/test_rollout_fast.py` and, on a GPU,
 `python benchmarks/rollout_bench.py`.
 """
@@ -22,6 +24,7 @@ import inspect
 import time
 
 import torch
+import torch.distributed as dist
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, StaticLayer
 
@@ -221,6 +224,9 @@ class HFGenerateEngine:
                     attention_mask=prompt_mask,
                     generation_config=gen_cfg,
                     logits_processor=processors,
+                    # several ranks: a rank whose rows all ended keeps running dummy forwards, since
+                    # FSDP2's per-layer all-gathers need every rank in every forward
+                    synced_gpus=_several_ranks(),
                 )
         finally:
             self.model.train(was_training)
@@ -228,6 +234,20 @@ class HFGenerateEngine:
         generated = sequences[:, width:]
         logprobs = recorder.finish(generated)
         return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+
+
+def _several_ranks() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _any_rank(unfinished: torch.Tensor) -> bool:
+    """Whether any row of any rank is still generating. Under several ranks every rank must run
+    the same number of decode steps (each forward all-gathers FSDP2 shards), so the local flag is
+    all-reduced (MAX) before a rank may stop."""
+    flag = unfinished.any().to(torch.int32).reshape(1)
+    if _several_ranks():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag)
 
 
 def _to_rollout(prompt_ids, prompt_mask, generated, logprobs, r: int, pad: int, eos: int) -> Rollout:
@@ -485,8 +505,8 @@ class StaticDecodeEngine(HFGenerateEngine):
             tokens[:, t] = nxt
             logprobs[:, t] = logsm.gather(-1, nxt[:, None]).squeeze(-1)
             unfinished = unfinished & (nxt != eos).long()
-            if (t + 1) % self.check_every == 0 and t + 1 < r and not bool(unfinished.any()):
-                n = t + 1  # every row has ended: HF's generate stops here too
+            if (t + 1) % self.check_every == 0 and t + 1 < r and not _any_rank(unfinished):
+                n = t + 1  # every row (of every rank) has ended: HF's generate stops here too
                 break
         t2 = self._sync()
         del graph, graph_out
