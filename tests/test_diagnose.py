@@ -8,8 +8,8 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
-from verlaudit import diagnose
-from verlaudit.diagnose import diagnose_path, memory_classes
+from verlaudit.diagnose import diagnose_path
+from verlaudit.plan import memory_at_failure
 from verlaudit.rundir import Finding, RunWriter, read_run
 
 
@@ -26,7 +26,8 @@ def make_run(
     **cfg,
 ):
     """A run directory as the worker writes it: manifest (config + policy), metrics, findings, status."""
-    data = {"algo": {"name": algo}, "precision": {"preset": preset}, "steps": steps, **cfg}
+    algo = {"name": algo} if isinstance(algo, str) else algo
+    data = {"algo": algo, "precision": {"preset": preset}, "steps": steps, **cfg}
     if model:
         data["model"] = model
     config = TrainConfig.from_dict(data)
@@ -65,19 +66,10 @@ def _healthy(step):
 
 
 def run_cli(argv):
-    """`verlaudit diagnose ...` as cli.main runs it (ValueError -> exit 2), without importing the other
-    subcommands' modules."""
-    import argparse
+    """`verlaudit diagnose ...` through the real command line (ValueError -> one-line error, exit 2)."""
+    from verlaudit import cli
 
-    p = argparse.ArgumentParser()
-    diagnose.add_arguments(p)
-    try:
-        return diagnose.main(p.parse_args(argv))
-    except ValueError as e:
-        import sys
-
-        print(f"verlaudit diagnose: error: {e}", file=sys.stderr)
-        return 2
+    return cli.main(["diagnose", *argv])
 
 
 def causes(path):
@@ -306,21 +298,60 @@ def test_oom_activations_dominate_suggests_checkpointing(tmp_path):
     assert top.fixes[0].verl == "actor_rollout_ref.model.enable_gradient_checkpointing=True"
 
 
-def test_memory_classes_hand_worked(tmp_path):
-    # tiny-llama with vocab 128 (no tokenizer in the manifest), fp32, GRPO (actor + reference, no critic):
-    # hidden 64, 2 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 128:
-    #   per layer: q 64*64 + k,v 2*64*32 + o 64*64 + mlp 3*64*128 + norms 2*64 = 4096+4096+4096+24576+128 = 36992
-    #   total: embed 128*64 + 2*36992 + final norm 64 + lm_head 128*64 = 8192+73984+64+8192 = 90432
-    run = read_run(make_run(tmp_path / "g", algo="grpo", steps=2))
-    from trainer.models import PRESETS
+def test_memory_at_failure_is_the_planners_phase(tmp_path):
+    # tiny-llama fp32 GRPO (actor + reference), OOM at step 0 in actor_update with one optimizer step
+    # per training step: the candidates are the planner's old-log-prob forward and the four
+    # actor_update moments; without a device capacity the largest is chosen. AdamW moments do not
+    # exist before the first optimizer step, so only the "optimizer step" moment may carry them.
+    from verlaudit.plan import plan_config
 
-    if PRESETS["tiny-llama"].get("tie_word_embeddings"):
-        pytest.skip("preset ties embeddings; hand count assumes untied")
-    cls = memory_classes(run, "actor_update")
-    n = 90432
-    assert math.isclose(cls["parameters"], 2 * n * 4 / 1024**3)  # actor + reference, fp32
-    assert math.isclose(cls["optimizer state"], 2 * n * 4 / 1024**3)
-    assert math.isclose(cls["gradients"], n * 4 / 1024**3)
+    algo = {"name": "grpo", "batch_size": 2, "group_size": 2, "mini_batch_size": 4, "micro_batch_size": 2}
+    run = read_run(make_run(tmp_path / "g", algo=algo, steps=2, metrics=[],
+                            status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update"})))  # fmt: skip
+    est = memory_at_failure(run, "actor_update", 0)
+    full, _ = plan_config(TrainConfig.from_dict(run.manifest["config"]), optimizer="foreach")
+    by_name = {p.name: p for p in full.phases}
+    assert est.phase.startswith(("actor_update:", "old log-probs:")) and est.phase in by_name
+    moments = by_name[est.phase].components.get("actor optimizer moments", 0) / 1024**3
+    expected = by_name[est.phase].total / 1024**3 - (0 if est.phase.endswith("optimizer step") else moments)
+    assert math.isclose(est.allocated, expected)
+    assert math.isclose(sum(est.classes.values()), est.allocated)
+    assert math.isclose(sum(est.components.values()), est.allocated)
+    # the actor's fp32 parameters are in the chosen moment: 4 bytes x the planner's parameter count
+    assert est.components["actor params"] > 0 and est.classes["parameters"] >= est.components["actor params"]
+    assert any("first step" in n for n in est.notes)
+
+
+def test_oom_fixture_from_the_h200_suite(capsys):
+    # Real run directory (tests/fixtures/h200_dpo_suite, copied from the H200 suite run): Llama-2-7B DPO,
+    # bf16 autocast without checkpointing, 8 pairs x 1024 tokens, OOM at step 0 in the actor's forward
+    # (model.layers.25.mlp) with 138.4 GiB allocated of 139.8 GiB. The planner at the end of the forward,
+    # before any AdamW moments exist: activations 112 GiB (32 layers x 16 seqs x 1024 tokens x 30h+8I
+    # bytes = 30*4096+8*11008 = 210,944 B/token/layer -> 103 GiB, plus the fp32 residual inputs
+    # 4h = 16 KiB -> 8 GiB), fp32 actor 25.1, bf16 reference 12.6, autocast copies 12.3 -> activations dominate.
+    from pathlib import Path
+
+    suite = Path(__file__).parent / "fixtures" / "h200_dpo_suite"
+    d = causes(suite / "bf16-no-ckpt")
+    top = d.causes[0]
+    assert d.state == "failed at step 0 (actor_update): oom"
+    assert top.kind == "oom" and top.step == 0 and top.where == "actor_update"
+    est = top.data["estimate"]
+    assert top.data["dominant"] == "activations" and est["phase"] == "actor_update: end of forward"
+    assert 110 < est["components"]["actor activations"] < 114
+    assert "actor optimizer moments" not in est["components"]  # step 0: not allocated yet
+    assert est["capacity"] == pytest.approx(139.8, abs=0.01) and est["device"] > est["capacity"]
+    assert any("max_allocated_gb=138.4" in e for e in top.evidence)
+    assert any("model.layers.25.mlp" in e for e in top.evidence)
+    ckpt = top.fixes[0]
+    assert ckpt.suite == "precision.grad_checkpointing: true"
+    assert ckpt.verl == "actor_rollout_ref.model.enable_gradient_checkpointing=True"
+    # the bf16 variant with checkpointing completed at 116.7 GiB allocated: the planner agrees it fits
+    assert "fits" in ckpt.why and "NOT" not in ckpt.why
+    # the real CLI on the suite directory: summary first, the OOM is an error -> exit 1
+    assert run_cli([str(suite)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("summary (2 runs):") and "activations dominate" in out
 
 
 def test_killed_run_without_status_and_truncated_line(tmp_path):
@@ -614,5 +645,5 @@ def test_real_oom_names_phase(tmp_path):
     assert rc == 1
     top = causes(run).causes[0]
     assert top.kind == "oom" and top.where == "actor_update" and top.step == 1
-    assert top.data["classes_gib"]  # tiny-llama resolves from the preset
+    assert top.data["estimate"]["classes"]  # tiny-llama resolves from the preset
     assert any("phase_peak_gb_so_far" in e for e in top.evidence)

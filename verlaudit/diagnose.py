@@ -499,133 +499,79 @@ def diagnose_run(run: RunDir) -> Diagnosis:
 
 
 # --------------------------------------------------------------------------------------------
-# OOM: which memory class dominated
+# OOM: which memory class dominated, from the planner (verlaudit.memory_model via verlaudit.plan)
 
 
-def _dtype_bytes(name: Any) -> int:
-    return {"fp32": 4, "float32": 4, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2, "fp64": 8}.get(
-        str(name), 4
-    )
+def _planned_fit(run: RunDir, changes: Mapping[str, Any], cap: float | None, gpus: int | None = None) -> str:
+    """`` (planner: N GiB needed of M: fits)`` for the run's config with ``changes``; empty when the
+    changed config cannot be planned (the fix is still printed, unchecked)."""
+    from verlaudit.plan import plan_config, run_plan_inputs
 
-
-def _arch(run: RunDir) -> dict[str, Any] | None:
-    """Architecture fields of the actor: the manifest's model section, a local config.json, or the preset."""
-    arch = (
-        (run.manifest.get("model") or {}).get("config")
-        if isinstance(run.manifest.get("model"), Mapping)
-        else None
-    )
-    if arch:
-        return dict(arch)
-    path = _cfg(run, "model", "path")
-    if path and (Path(path) / "config.json").exists():
-        return json.loads((Path(path) / "config.json").read_text())
-    preset = _cfg(run, "model", "preset")
     try:
-        from trainer.models import PRESETS
-    except ImportError:  # the analysing machine may not have the trainer installed
-        return None
-    if preset not in PRESETS:
-        return None
-    arch = {"vocab_size": 128, **PRESETS[preset], **(_cfg(run, "model", "overrides", default={}) or {})}
-    return arch
-
-
-def _param_count(a: Mapping[str, Any]) -> int:
-    """Llama-family count from shapes: embeddings, attention (GQA), SwiGLU MLP, norms, lm_head."""
-    h, n_layers, inter = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a["intermediate_size"])
-    heads = int(a.get("num_attention_heads", 1))
-    kv = int(a.get("num_key_value_heads") or heads)
-    hd = int(a.get("head_dim") or h // heads)
-    vocab = int(a.get("vocab_size", 32000))
-    per_layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter + 2 * h
-    lm_head = 0 if a.get("tie_word_embeddings") else vocab * h
-    return vocab * h + n_layers * per_layer + h + lm_head
-
-
-def memory_classes(run: RunDir, phase: str | None) -> dict[str, float] | None:
-    """Estimated bytes (GiB) per memory class at ``phase``, from the manifest's config and policy.
-    An estimate for ranking what dominated, not a measurement."""
-    a = _arch(run)
-    if a is None:
-        return None
-    n = _param_count(a)
-    algo = _cfg(run, "algo", default={}) or {}
-    roles = ["actor"] + (["critic"] if algo.get("name", "ppo") == "ppo" else [])
-    params = sum(n * _dtype_bytes(_role_policy(run, r).get("param_dtype", "fp32")) for r in roles)
-    if (algo.get("kl_coef", 0.05) or 0) > 0 or algo.get("name") == "dpo":
-        params += n * _dtype_bytes(_role_policy(run, "reference").get("param_dtype", "fp32"))
-    out = {"parameters": params / GIB}
-    h, layers, vocab = int(a["hidden_size"]), int(a["num_hidden_layers"]), int(a.get("vocab_size", 32000))
-    seq = int(_cfg(run, "data", "prompt_length", default=16)) + int(
-        _cfg(run, "data", "response_length", default=8)
-    )
-    if phase in (None, "actor_update", "critic_update"):
-        pol = _role_policy(run, "critic" if phase == "critic_update" else "actor")
-        out["gradients"] = n * _dtype_bytes(pol.get("grad_dtype", "fp32")) / GIB
-        out["optimizer state"] = 2 * n * _dtype_bytes(pol.get("optim_state_dtype", "fp32")) / GIB
-        mb = int(algo.get("micro_batch_size", 8))
-        cb = _dtype_bytes(pol.get("compute_dtype", "fp32"))
-        # ~17 saved values per hidden unit per token per layer in a Llama block (attention in SDPA,
-        # SwiGLU, RMSNorm, residuals) in the compute dtype; checkpointing keeps only layer inputs.
-        per_layer = (1 if pol.get("grad_checkpointing") else 17) * mb * seq * h * cb
-        logits = mb * seq * vocab * (cb + 4 + 4)  # logits, fp32 log-softmax and its grad
-        out["activations"] = (layers * per_layer + logits) / GIB
-    if phase in ("rollout", None):
-        batch = int(algo.get("batch_size", 16)) * (
-            int(algo.get("group_size", 1)) if algo.get("name") == "grpo" else 1
-        )
-        kv = int(a.get("num_key_value_heads") or a.get("num_attention_heads", 1))
-        hd = int(a.get("head_dim") or h // int(a.get("num_attention_heads", 1)))
-        cb = _dtype_bytes(_role_policy(run, "rollout").get("compute_dtype", "fp32"))
-        out["kv cache + rollout logits"] = (
-            2 * layers * batch * seq * kv * hd * cb + batch * vocab * 4 * 2
-        ) / GIB
-    return out
+        cfg, _, w, optimizer = run_plan_inputs(run, changes)
+        need = plan_config(cfg, gpus=gpus or w, optimizer=optimizer)[0].device_bytes() / GIB
+    except ValueError:
+        return ""
+    if cap is None:
+        return f" (planner: {need:.3g} GiB per GPU)"
+    return f" (planner: {need:.3g} GiB needed of {cap:.1f}: {'fits' if need <= cap else 'does NOT fit'})"
 
 
 def _oom_cause(run: RunDir) -> Cause:
     st = run.status or {}
     phase, step = st.get("phase"), st.get("step")
     mem = st.get("memory") or {}
-    ev = [f"out of memory at step {step}, phase {phase}"]
+    ev = [f"out of memory at step {step}, phase {phase}"
+          + (f", in {st['where']}" + (f" ({st['role']})" if st.get("role") else "") if st.get("where") else "")]  # fmt: skip
     if st.get("error"):
         ev.append(f"error: {str(st['error'])[:300]}")
     shown = {k: v for k, v in mem.items() if isinstance(v, (int, float))}
     if shown:
-        ev.append("allocator/device view: " + ", ".join(f"{k}={_fmt(float(v))}" for k, v in shown.items()))
+        ev.append(
+            "allocator/device view (GiB): " + ", ".join(f"{k}={_fmt(float(v))}" for k, v in shown.items())
+        )
     for k, v in mem.items():
         if isinstance(v, Mapping) and v:
             ev.append(f"{k}: " + ", ".join(f"{p}={_fmt(to_float(x))}" for p, x in v.items() if _num(x)))
     emu = run.manifest.get("emulation") or {}
     if emu.get("memory_cap_gb"):
         ev.append(
-            f"memory cap {emu['memory_cap_gb']} GB emulating {emu.get('target')} ({emu.get('reason') or ''})"
+            f"memory cap {emu['memory_cap_gb']} GiB emulating {emu.get('target')} ({emu.get('reason') or ''})"
         )
-    classes = memory_classes(run, phase)
-    unknown = []
-    dominant = None
-    if classes:
-        total = sum(classes.values())
-        ev.append("estimated at this phase: " + ", ".join(f"{k} {v:.3g} GiB" for k, v in
-                                                          sorted(classes.items(), key=lambda kv: -kv[1])) +
-                  f" (total {total:.3g} GiB; estimate from config + policy)")  # fmt: skip
-        dominant = max(classes, key=classes.get)
-    else:
-        unknown.append("memory classes: the model architecture could not be resolved from the manifest")
+    from verlaudit.plan import capacity_gib, memory_at_failure
+
+    unknown: list[str] = []
+    est = None
+    try:
+        est = memory_at_failure(run, phase, step)
+    except ValueError as e:
+        unknown.append(f"memory classes: the planner cannot model this run ({e})")
+    if est is not None:
+        ev.append(f"planner at '{est.phase}': " + ", ".join(f"{k} {v:.3g}" for k, v in list(est.components.items())[:6])
+                  + f" GiB (allocated {est.allocated:.3g} GiB; {est.device:.3g} GiB on the device with allocator "
+                  "reserve and CUDA context)")  # fmt: skip
+        ev.append("by class: " + ", ".join(f"{k} {v:.3g} GiB" for k, v in est.classes.items()))
+        ev += [f"planner assumed: {n}" for n in est.notes]
+    dominant = est.dominant if est else None
     reserved, allocated = _num(mem.get("reserved_gb")), _num(mem.get("allocated_gb"))
-    fragmented = reserved and allocated is not None and reserved - allocated > 0.25 * reserved
-    fixes = _oom_fixes(run, phase, dominant, bool(fragmented))
-    title = f"Out of memory in {phase or '?'} at step {step}" + (f"; {dominant} dominate" if dominant else "")
-    what = (
-        f"The device ran out of memory during {phase}. By the estimate, {dominant} are the largest class."
-        if dominant
-        else f"The device ran out of memory during {phase}."
-    )
+    fragmented = bool(reserved and allocated is not None and reserved - allocated > 0.25 * reserved)
+    title = f"Out of memory in {phase or '?'} at step {step}" + (
+        f"; {dominant} dominate ({est.classes[dominant]:.3g} of {est.allocated:.3g} GiB by the planner)" if est else "")  # fmt: skip
+    what = f"The device ran out of memory during {phase}."
+    if est is not None:
+        cap = f"{est.capacity:.1f} GiB available" if est.capacity else "an unknown capacity"
+        what += (f" The planner puts '{est.phase}' at {est.device:.1f} GiB on the device against {cap}; "
+                 f"{dominant} are the largest class.")  # fmt: skip
+        if est.capacity and est.device < est.capacity:
+            what += (" That is below the device, so memory the planner does not model (another process, "
+                     "fragmentation, user code, a different model than the config names) made the difference.")  # fmt: skip
     if fragmented:
-        what += f" The allocator held {reserved - allocated:.3g} GB reserved but unallocated: fragmentation."
-    return Cause("error", "oom", title, what, evidence=ev, fixes=fixes, unknown=unknown, step=step, where=phase,
-                 score=50.0, data={"phase": phase, "memory": mem, "classes_gib": classes, "dominant": dominant})  # fmt: skip
+        what += f" The allocator held {reserved - allocated:.3g} GiB reserved but unallocated: fragmentation."
+    cap = est.capacity if est else capacity_gib(run)
+    return Cause("error", "oom", title, what, evidence=ev, fixes=_oom_fixes(run, phase, dominant, fragmented, cap),
+                 unknown=unknown, step=step, where=phase, score=50.0,
+                 data={"phase": phase, "memory": mem, "dominant": dominant,
+                       "estimate": dataclasses.asdict(est) if est else None})  # fmt: skip
 
 
 def _num(v: Any) -> float | None:
@@ -636,29 +582,32 @@ def _num(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _oom_fixes(run: RunDir, phase: str | None, dominant: str | None, fragmented: bool) -> list[Fix]:
+def _oom_fixes(
+    run: RunDir, phase: str | None, dominant: str | None, fragmented: bool, cap: float | None
+) -> list[Fix]:
+    """Fixes for the dominating class, each checked against the planner where it is a config change."""
     mb = _cfg(run, "algo", "micro_batch_size")
-    half = (
-        f"algo.micro_batch_size: {max(1, mb // 2)}"
-        if isinstance(mb, int)
-        else "algo.micro_batch_size: <half>"
-    )
+    half = max(1, mb // 2) if isinstance(mb, int) else None
     role = "critic" if phase in ("critic_update", "critic") else "actor_rollout_ref.actor"
     fixes = []
     if dominant == "activations" or (dominant is None and phase in ("actor_update", "critic_update")):
+        ckpt_verl = "critic.model" if role == "critic" else "actor_rollout_ref.model"
         fixes += [
-            Fix("precision.grad_checkpointing: true", "actor_rollout_ref.model.enable_gradient_checkpointing=True"
-                if role != "critic" else "critic.model.enable_gradient_checkpointing=True",
-                "recompute activations in backward instead of keeping every layer's"),
-            Fix(half, f"{role}.ppo_micro_batch_size_per_gpu", "activations scale with the micro-batch; gradient "
-                "accumulation keeps the effective batch"),
+            Fix("precision.grad_checkpointing: true", f"{ckpt_verl}.enable_gradient_checkpointing=True",
+                "recompute activations in backward instead of keeping every layer's"
+                + _planned_fit(run, {"precision": {"grad_checkpointing": True}}, cap)),
+            Fix(f"algo.micro_batch_size: {half if half else '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
+                "activations scale with the micro-batch; gradient accumulation keeps the effective batch"
+                + (_planned_fit(run, {"algo": {"micro_batch_size": half}}, cap) if half else "")),
         ]  # fmt: skip
     if dominant in ("optimizer state", "parameters", "gradients"):
+        gpus = int((run.manifest.get("environment") or {}).get("world_size") or 1) * 2
         fixes += [
             Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
-                "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"),
-            Fix("hardware.gpus: <more>", "trainer.n_gpus_per_node (FSDP shards params/grads/optimizer)",
-                "sharding divides model state by the number of GPUs"),
+                "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"
+                + _planned_fit(run, {"precision": {"preset": "bf16-pure"}}, cap)),
+            Fix(f"hardware.gpus: {gpus}", "trainer.n_gpus_per_node (FSDP shards params/grads/optimizer)",
+                "sharding divides model state by the number of GPUs" + _planned_fit(run, {}, cap, gpus=gpus)),
             Fix(None, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "offload AdamW state to host "
                 "(no verlaudit suite key)"),
         ]  # fmt: skip
@@ -682,7 +631,8 @@ def _oom_fixes(run: RunDir, phase: str | None, dominant: str | None, fragmented:
             Fix(None, "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "reduces fragmentation")
         )
     if not fixes:
-        fixes.append(Fix(half, f"{role}.ppo_micro_batch_size_per_gpu", "smaller micro-batches"))
+        fixes.append(Fix(f"algo.micro_batch_size: {half or '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
+                         "smaller micro-batches"))  # fmt: skip
     return fixes
 
 

@@ -4,6 +4,7 @@ For every variant of a suite: the architecture (exact parameter counts from the 
 model's config), the resolved precision policy per role, and the step's shape give the phases of a
 PPO, GRPO or DPO step (`verlaudit.memory_model`); the largest is the predicted peak, printed with
 its components, the target GPU's memory and whether it fits. ``--json`` prints the same as JSON.
+`memory_at_failure` runs the same planner over a failed run's manifest, for `verlaudit diagnose`.
 Exercised by `pytest tests/test_plan.py` and `verlaudit plan suites/llama7b_h200.yaml`.
 """
 
@@ -13,12 +14,14 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.precision import PrecisionPolicy, RolePolicy, resolve_policy
+from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype, resolve_policy
 from verlaudit import memory_model as mm
 from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
+from verlaudit.rundir import RunDir
 
 
 def architecture_of(model_cfg: ModelConfig, *, path: str | None = None, where: str = "model") -> Architecture:
@@ -63,12 +66,62 @@ def _reward_arch(cfg: TrainConfig, notes: list[str]) -> Architecture | None:
     return None
 
 
-def plan_config(cfg: TrainConfig, *, gpus: int = 1, optimizer: str = "fused") -> tuple[Estimate, list[str]]:
+TRAINER_PHASES: dict[str, tuple[str, ...]] = {
+    "rollout": ("rollout",),
+    "reward": ("reward",),
+    "ref": ("ref",),
+    "critic": ("critic values",),
+    "actor_update": ("old log-probs", "actor_update"),
+    "critic_update": ("critic_update",),
+}
+"""The trainer's phase markers (`trainer.events`) -> the planner phases that run inside them (a
+planner phase is named ``"<prefix>: <moment>"``); the actor's old-log-prob pass runs in actor_update."""
+
+
+def phases_in(estimate: Estimate, trainer_phase: str) -> list[Phase]:
+    """The planner phases that run inside one of the trainer's phases, in step order."""
+    prefixes = TRAINER_PHASES.get(trainer_phase, ())
+    return [p for p in estimate.phases if p.name.split(":")[0] in prefixes]
+
+
+def policy_from_dict(data: Any, where: str = "policy") -> PrecisionPolicy:
+    """The inverse of `PrecisionPolicy.to_dict` (a run manifest's ``policy``); ValueError naming
+    the field on anything that is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("roles"), dict):
+        raise ValueError(f"{where}: expected {{preset, roles: {{role: {{...}}}}}}, got {str(data)[:80]!r}")
+    fields = {f.name for f in dataclasses.fields(RolePolicy)}
+    roles = {}
+    for role, d in data["roles"].items():
+        kw = {k: v for k, v in dict(d).items() if k in fields}
+        for k in [k for k in kw if k.endswith("_dtype")]:
+            kw[k] = parse_dtype(kw[k], f"{where}.roles.{role}.{k}")
+        kw["fp32_islands"] = tuple(kw.get("fp32_islands", ()))
+        try:
+            roles[role] = RolePolicy(**kw)
+        except TypeError as e:
+            raise ValueError(f"{where}.roles.{role}: {e}") from None
+    return PrecisionPolicy(preset=str(data.get("preset")), roles=roles)
+
+
+def optimizer_steps_per_step(cfg: TrainConfig) -> int:
+    """AdamW steps of the actor in one training step (mini-batches x epochs; DPO: mini-batches).
+    Batch and mini-batch sizes are global, so the count does not depend on the number of GPUs."""
+    algo = cfg.algo
+    rows = algo.batch_size * (algo.group_size if algo.name == "grpo" else 1)
+    minis = math.ceil(rows / max(1, min(algo.mini_batch_size, rows)))
+    return minis * (1 if algo.name == "dpo" else algo.ppo_epochs)
+
+
+def plan_config(
+    cfg: TrainConfig, *, gpus: int = 1, optimizer: str = "fused", policy: PrecisionPolicy | None = None
+) -> tuple[Estimate, list[str]]:
     """All phases of one step of ``cfg`` on each of ``gpus`` GPUs (FSDP2 when more than one),
-    and notes on what the estimate assumed."""
+    and notes on what the estimate assumed. ``policy``: the resolved policy when known (a run's
+    manifest records it), else resolved from ``cfg.precision``."""
     notes: list[str] = []
     pc = cfg.precision
-    policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, where="")
+    if policy is None:
+        policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, where="")
     arch = architecture_of(cfg.model)
     algo, data = cfg.algo, cfg.data
     w = gpus
@@ -148,6 +201,104 @@ def plan_config(cfg: TrainConfig, *, gpus: int = 1, optimizer: str = "fused") ->
 def _without(parts: dict[str, int], prefix: str) -> dict[str, int]:
     """``parts`` minus the given role's own state (train_phases adds it back with its gradients)."""
     return {k: v for k, v in parts.items() if not k.startswith(f"{prefix} ")}
+
+
+# --------------------------------------------------------------------------------------------
+# a failed run through the planner (`verlaudit diagnose` on an out-of-memory run)
+
+MEMORY_CLASSES = ("activations", "parameters", "gradients", "optimizer state", "kv cache + rollout logits")
+
+
+def memory_class(component: str) -> str:
+    """The class of one planner component (named ``"<role> <what>"`` by `verlaudit.memory_model`)."""
+    if "optimizer" in component:
+        return "optimizer state"
+    if "grads" in component:
+        return "gradients"
+    if any(w in component for w in ("params", "weight copies", "gathered")):
+        return "parameters"
+    if component.startswith("rollout") and any(w in component for w in ("KV", "sampling", "scores", "batch")):
+        return "kv cache + rollout logits"
+    return "activations"  # saved activations, checkpoints, logits islands, workspaces
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryAtFailure:
+    """The planner's view of the moment a run ran out of memory (GiB per GPU)."""
+
+    phase: str
+    """The planner phase (``"actor_update: end of forward"``) the estimate is for."""
+    components: dict[str, float]
+    classes: dict[str, float]
+    allocated: float
+    device: float
+    """``allocated`` with the allocator's reserve and the CUDA context: what the device must hold."""
+    capacity: float | None
+    notes: tuple[str, ...]
+
+    @property
+    def dominant(self) -> str:
+        return max(self.classes, key=self.classes.get)  # type: ignore[arg-type]
+
+
+def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tuple[Any, Any, int, str]:
+    """(TrainConfig, policy, GPUs, AdamW kind) of a run, from its manifest; ``changes`` (a nested
+    config mapping) is merged into the config first, and then the policy is re-resolved from it."""
+    data = json.loads(json.dumps(run.manifest.get("config") or {}))
+    for section, values in (changes or {}).items():
+        data[section] = {**(data.get(section) or {}), **values} if isinstance(values, Mapping) else values
+    cfg = TrainConfig.from_dict(data, where="manifest.json: config")
+    recorded = run.manifest.get("policy")
+    policy = None if changes or not recorded else policy_from_dict(recorded, "manifest.json: policy")
+    env = run.manifest.get("environment") or {}
+    device = str(env.get("device") or cfg.device)
+    return cfg, policy, int(env.get("world_size") or 1), "fused" if device.startswith("cuda") else "foreach"
+
+
+def capacity_gib(run: RunDir) -> float | None:
+    """What the process could use: the emulation cap, else the device total the allocator saw."""
+    mem = (run.status or {}).get("memory") or {}
+    for v in ((run.manifest.get("emulation") or {}).get("memory_cap_gb"), mem.get("device_total_gb"),
+              (run.manifest.get("environment") or {}).get("total_memory_gb")):  # fmt: skip
+        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+            return float(v)
+    return None
+
+
+def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> MemoryAtFailure:
+    """The planner's estimate at the failing phase: of the planner phases inside ``phase``, the
+    first that needs more than the device has (where the allocation would fail), else the largest.
+    ValueError when the manifest's config cannot be planned (unknown architecture, missing model)."""
+    cfg, policy, gpus, optimizer = run_plan_inputs(run)
+    est, notes = plan_config(cfg, gpus=gpus, optimizer=optimizer, policy=policy)
+    phases = list(est.phases)
+    first_step = step in (0, None) and (run.status or {}).get("last_completed_step") is None
+    if first_step and optimizer_steps_per_step(cfg) == 1:
+        # AdamW allocates its moments in its first step(): before a role's first optimizer step
+        # they do not exist yet, which is what a step-0 OOM in a forward or backward sees.
+        stepped: set[str] = set()
+        kept = []
+        for p in phases:
+            if p.name.endswith("optimizer step"):
+                stepped.add(p.name.split("_update")[0])
+            comp = {k: v for k, v in p.components.items()
+                    if not (k.endswith("optimizer moments") and k.split(" ")[0] not in stepped)}  # fmt: skip
+            kept.append(Phase(p.name, comp))
+        phases = kept
+        notes.append("first step: AdamW moments are not allocated before each role's first optimizer step")
+    inside = phases_in(Estimate(tuple(phases)), phase) if phase else []
+    candidates = inside or phases
+    cap = capacity_gib(run)
+    need = [Estimate((p,)).device_bytes() / GIB for p in candidates]
+    over = [i for i, n in enumerate(need) if cap is not None and n >= cap]
+    i = over[0] if over else max(range(len(candidates)), key=lambda j: candidates[j].total)
+    chosen = candidates[i]
+    comp = {k: v / GIB for k, v in sorted(chosen.components.items(), key=lambda kv: -kv[1])}
+    classes: dict[str, float] = {}
+    for k, v in comp.items():
+        classes[memory_class(k)] = classes.get(memory_class(k), 0.0) + v
+    classes = dict(sorted(classes.items(), key=lambda kv: -kv[1]))
+    return MemoryAtFailure(chosen.name, comp, classes, chosen.total / GIB, need[i], cap, tuple(notes))
 
 
 @dataclasses.dataclass(frozen=True)
