@@ -69,6 +69,10 @@ def grad_stats(named_params: Iterable[tuple[str, torch.Tensor]], compute_dtype: 
     return stats
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def snapshot(
     named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPDATE_SAMPLE
 ) -> dict[str, tuple]:
@@ -77,10 +81,11 @@ def snapshot(
     for name, p in named_params:
         if p.grad is None or not p.is_floating_point():
             continue
-        flat = p.detach().reshape(-1)
+        # FSDP2 DTensors: this rank's shard (a sharded dimension cannot be flattened in place)
+        flat = _local(p.detach()).reshape(-1)
         stride = max(1, flat.numel() // sample)
         idx = slice(0, flat.numel(), stride)
-        g = p.grad.reshape(-1)[idx]
+        g = _local(p.grad).reshape(-1)[idx]
         snap[name] = (idx, flat[idx].clone(), g != 0)
     return snap
 
@@ -98,7 +103,7 @@ def update_underflow(
         if name not in before:
             continue
         idx, old, nonzero = before[name]
-        new = p.detach().reshape(-1)[idx]
+        new = _local(p.detach()).reshape(-1)[idx]
         moving = int(nonzero.sum())
         if not moving:
             continue
