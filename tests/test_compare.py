@@ -1,14 +1,13 @@
 """`verlaudit compare`: planted regressions are flagged, an identical rerun passes, JUnit XML parses
 back with the right counts, tolerances come from the suite copy and the command line."""
 
-import argparse
 import json
 import shutil
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from verlaudit import compare
+from verlaudit import cli, compare
 from verlaudit.rundir import Finding, RunWriter
 
 
@@ -54,13 +53,8 @@ def report(root, compare_cfg=None, **per_variant):
 
 
 def run_cli(argv):
-    p = argparse.ArgumentParser()
-    compare.add_arguments(p)
-    try:
-        return compare.main(p.parse_args(argv))
-    except ValueError as e:
-        print(f"error: {e}")
-        return 2
+    """`verlaudit compare ...` through the real command line (ValueError -> one-line error, exit 2)."""
+    return cli.main(["compare", *argv])
 
 
 def verdicts(checks):
@@ -199,11 +193,65 @@ def test_unknown_gate_metric_is_bad_input(tmp_path):
     assert run_cli([str(now), "--baseline", str(base), "--gate", "max(actor/grad_nrom) < 1"]) == 2
 
 
+def _damaged(root):
+    run = write_run(root / "run")
+    (run / "manifest.json").write_text('{"variant": "run", "config": {')  # cut mid-write
+    return run
+
+
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("missing", "RUN .*nope: no such directory"),
+        ("not_a_run", "contains no run directories"),
+        ("damaged", "manifest.json: not valid JSON"),
+        ("gate", "unknown metric 'actor/grad_nrom'"),
+    ],
+)
+def test_cli_bad_input_is_one_paragraph_exit_2(tmp_path, capsys, case, match):
+    import re
+
+    base = report(tmp_path / "base")
+    (tmp_path / "empty").mkdir()
+    argv = {
+        "missing": [str(tmp_path / "nope"), "--baseline", str(base)],
+        "not_a_run": [str(tmp_path / "empty"), "--baseline", str(base)],
+        "damaged": [str(_damaged(tmp_path / "d")), "--baseline", str(base / "fp32")],
+        "gate": [str(base), "--baseline", str(base), "--gate", "max(actor/grad_nrom) < 1"],
+    }[case]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verlaudit compare: error: ") and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and re.search(match, err), err
+
+
+def test_cli_on_the_h200_fixture_exit_0_then_1(tmp_path, capsys):
+    # The real H200 run directories: bf16 against itself passes (exit 0). A baseline in which
+    # bf16-no-ckpt completed (the bf16 run under that name) makes today's OOM a status regression (exit 1).
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "h200_dpo_suite"
+    assert run_cli([str(fixture / "bf16"), "--baseline", str(fixture / "bf16")]) == 0
+    base = tmp_path / "base"
+    shutil.copytree(fixture / "bf16", base / "bf16")
+    shutil.copytree(fixture / "bf16", base / "bf16-no-ckpt")
+    capsys.readouterr()
+    assert run_cli([str(fixture), "--baseline", str(base), "--junit", str(tmp_path / "j.xml")]) == 1
+    out = capsys.readouterr().out
+    assert "bf16-no-ckpt" in out and "fail" in out
+    cases = ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+    failed = {(c.get("classname"), c.get("name")) for c in cases if c.find("failure") is not None}
+    # status, the empty loss trajectory and the new memory/oom error finding; bf16 itself passes
+    assert failed == {
+        ("llama7b_h200.bf16-no-ckpt", n) for n in ("status", "trajectory:actor/loss", "findings")
+    }
+
+
 def test_update_baseline_writes_copy_and_reports_changes(tmp_path, capsys):
     now = report(tmp_path / "now")
     dest = tmp_path / "baselines" / "tiny" / "cpu"
     assert run_cli([str(now), "--baseline", str(dest)]) == 2  # no baseline yet: says how to create one
-    assert "--update-baseline" in capsys.readouterr().out
+    assert "--update-baseline" in capsys.readouterr().err
     assert run_cli([str(now), "--baseline", str(dest), "--update-baseline"]) == 0
     assert "creating baseline" in capsys.readouterr().out
     assert sorted(p.name for p in dest.iterdir()) == ["BASELINE.md", "bf16", "fp32", "suite.json"]

@@ -420,11 +420,27 @@ def test_suite_dir_summary_first_and_json(tmp_path, capsys):
     assert by["fp32"]["verdict"] == "clean" and by["fp16"]["causes"][0]["kind"] == "nonfinite"
 
 
-def test_bad_paths_exit_2(tmp_path, capsys):
-    assert run_cli([str(tmp_path / "nope")]) == 2
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("missing", "nope: no such file or directory"),
+        ("not_a_run", "neither a run directory"),
+        ("damaged_manifest", "manifest.json: not valid JSON"),
+        ("damaged_status", "status.json: not valid JSON"),
+    ],
+)
+def test_bad_paths_are_one_paragraph_exit_2(tmp_path, capsys, case, match):
+    import re
+
     (tmp_path / "empty").mkdir()
-    assert run_cli([str(tmp_path / "empty")]) == 2
-    assert "neither a run directory" in capsys.readouterr().err
+    path = tmp_path / ("nope" if case == "missing" else "empty")
+    if case.startswith("damaged"):
+        path = make_run(tmp_path / "d", steps=2)
+        (path / f"{case.removeprefix('damaged_')}.json").write_text('{"state": "comp')  # cut mid-write
+    assert run_cli([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verlaudit diagnose: error: ") and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and re.search(match, err), err
 
 
 # ---- foreign logs ------------------------------------------------------------------------------

@@ -229,10 +229,25 @@ def test_plan_cli_on_the_7b_suite(capsys):
     assert "bottom of backward" in text and "actor optimizer moments" in text
 
 
-def test_plan_cli_bad_input_exits_2(capsys):
-    assert cli.main(["plan", "suites/llama7b_h200.yaml", "--variants", "nope"]) == 2
-    assert "nope" in capsys.readouterr().err
-    assert cli.main(["plan", "suites/llama7b_h200.yaml", "--gpus", "0"]) == 2
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["suites/llama7b_h200.yaml", "--variants", "nope"], "nope"),
+        (["suites/llama7b_h200.yaml", "--gpus", "0"], "--gpus: must be >= 1"),
+        (["{tmp}/missing.yaml"], "no such suite file"),
+        (["{tmp}/broken.yaml"], r"broken.yaml:3:\d+: YAML error"),
+        (["{tmp}/unknown.yaml"], r"precision.preset: unknown preset 'bf61'"),
+    ],
+)
+def test_plan_cli_bad_input_is_one_paragraph_exit_2(tmp_path, capsys, argv, match):
+    import re
+
+    (tmp_path / "broken.yaml").write_text("name: x\nvariants: [\n")
+    (tmp_path / "unknown.yaml").write_text("name: x\nvariants:\n  a: {precision: {preset: bf61}}\n")
+    assert cli.main(["plan", *(a.format(tmp=tmp_path) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verlaudit plan: error: ") and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and re.search(match, err), err
 
 
 def test_plan_tiny_suite_from_a_saved_model(tmp_path, capsys):
