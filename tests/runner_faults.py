@@ -14,3 +14,14 @@ def nan_reward_after_first_step(prompts, responses, examples):
     _calls["n"] += 1
     value = 0.5 if _calls["n"] == 1 else float("nan")
     return [value] * len(prompts)
+
+
+def fails_on_rank1_second_step(prompts, responses, examples):
+    """Rank 1 of a torchrun job raises on its second call (step 1); every other rank scores 0.5. One
+    rank failing alone is the multi-process failure the worker must turn into a prompt exit."""
+    import os
+
+    _calls["n"] += 1
+    if os.environ.get("RANK") == "1" and _calls["n"] == 2:
+        raise RuntimeError("planted failure on rank 1 at step 1")
+    return [0.5] * len(prompts)

@@ -84,23 +84,33 @@ def test_gpu_count_and_cpu_fallback_are_decided_before_starting(tmp_path):
     plan = runner.plan_runs(_suite("a100-80gb", gpus=2), tmp_path, CPU_ONLY, device_override="cpu")
     assert plan.device == "cpu" and plan.runs[0].spec["emulation"]["memory_cap_gb"] is None
     assert any("not emulated on CPU" in n for n in plan.notes) and any(
-        "gpus=2 ignored" in n for n in plan.notes
+        "gpus=2 on CPU: 2 gloo processes" in n for n in plan.notes
     )
+    assert plan.runs[0].spec["train"]["device"] == "cpu"
+    # two GPUs: the spec says plain "cuda" (each rank takes cuda:LOCAL_RANK; "cuda:0" would put
+    # both ranks on one GPU and init_distributed refuses it); one GPU keeps the explicit cuda:0
+    two = PresentDevice(cuda=True, gpu_count=2, gpu_name="NVIDIA H200", memory_gb=139.8, bf16=True)
+    assert (
+        runner.plan_runs(_suite("a100-80gb", gpus=2), tmp_path, two).runs[0].spec["train"]["device"] == "cuda"
+    )
+    assert runner.plan_runs(_suite("a100-80gb"), tmp_path, two).runs[0].spec["train"]["device"] == "cuda:0"
     with pytest.raises(ValueError, match="--device cuda: no CUDA GPU"):
         runner.plan_runs(_suite("cpu"), tmp_path, CPU_ONLY, device_override="cuda")
     # a cpu suite stays on the CPU even where a GPU exists
     assert runner.plan_runs(_suite("cpu"), tmp_path, H200).device == "cpu"
 
 
-def test_launch_command_is_the_worker_and_refuses_multi_gpu_for_now():
+def test_launch_command_is_the_worker_or_torchrun_for_several_gpus():
     assert runner.launch_command("x/spec.json", 1) == [
         sys.executable,
         "-m",
         "verlaudit.worker",
         "x/spec.json",
     ]
-    with pytest.raises(ValueError, match="multi-GPU execution"):
-        runner.launch_command("x/spec.json", 2)
+    assert runner.launch_command("x/spec.json", 2) == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "verlaudit.worker", "x/spec.json",
+    ]  # fmt: skip
 
 
 def test_spec_follows_the_worker_contract(tmp_path):

@@ -4,7 +4,10 @@
 makes one row per run (`run_row`) and one per variant (seeds aggregated, `aggregate`), and writes
 report.md (tabulate), report.csv (per variant), report_runs.csv (per run / seed) and PNG plots of
 loss, reward, memory per phase and loss scale. It works on runs that died half-way, on interrupted
-suites and on directories copied from another machine. Exercised by
+suites and on directories copied from another machine. A variant run by several ranks (torchrun)
+has rank 0's run directory with ``rank<k>/`` directories inside: its memory peak is the largest
+over ranks (each rank's own peak is listed too), its findings are those of every rank, and its
+status names the rank that failed first. Exercised by
 `verlaudit run --report-only reports/tiny_cpu` and `pytest tests/test_report.py`.
 """
 
@@ -119,8 +122,35 @@ def _skipped_steps(run: RunDir) -> int:
     )
 
 
+def rank_runs(run: RunDir) -> list[RunDir]:
+    """The other ranks of a variant run under torchrun (``rank<k>/`` in rank 0's directory), by rank."""
+    dirs = [d for d in run.path.glob("rank*") if d.name[4:].isdigit() and is_run_dir(d)]
+    return [read_run_safe(d) for d in sorted(dirs, key=lambda d: int(d.name[4:]))]
+
+
+def _failing(ranks: Sequence[RunDir]) -> tuple[int, RunDir]:
+    """The rank whose status explains a failed variant: the first to fail (status ``failed_at``) for
+    a reason of its own. Its peers fail after it (a closed gloo connection) or are interrupted or
+    killed by torchrun: consequences, not the cause."""
+    failed = [
+        (to_float((r.status or {}).get("failed_at", math.inf)), k, r)
+        for k, r in enumerate(ranks)
+        if r.state == "failed" and (r.status or {}).get("reason") not in ("interrupted", None)
+    ]
+    if not failed:
+        return 0, ranks[0]
+    _, k, r = min(failed, key=lambda x: (x[0], x[1]))
+    return k, r
+
+
 def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
-    """The numbers of one run; NaN where the run never produced a metric."""
+    """The numbers of one run; NaN where the run never produced a metric. Training metrics come from
+    rank 0 (the trainer averages them over ranks); memory peaks, findings and failures from all."""
+    ranks = [run, *rank_runs(run)]
+    peaks = [_max(_values(r, "perf/device_memory_peak_gb")) for r in ranks]
+    allocs = [_max(_values(r, "perf/max_memory_allocated_gb")) for r in ranks]
+    findings = [f for r in ranks for f in r.findings]
+    k, failing = _failing(ranks) if run.state != "completed" else (0, run)
     loss = _values(run, "actor/loss")
     finite_loss = _finite(loss)
     tail = finite_loss[-trailing_window:]
@@ -128,22 +158,25 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
     rewards = _finite(_values(run, rkey))
     reward_tail, reward_head = rewards[-trailing_window:], rewards[:trailing_window]
     steps_time = _finite(_values(run, "perf/step_time_s"))
-    sev = [f.severity for f in run.findings]
-    top = next((f for f in run.findings if f.severity == "error"), None) or next(
-        (f for f in run.findings if f.severity == "warning"), None
+    sev = [f.severity for f in findings]
+    top = next((f for f in findings if f.severity == "error"), None) or next(
+        (f for f in findings if f.severity == "warning"), None
     )
-    st = run.status or {}
+    st = failing.status or {}
+    status = status_text(failing) + (f" (rank {k})" if k else "")
     return {
         "variant": str(run.manifest.get("variant") or run.path.name),
         "seed": run.manifest.get("seed"),
         "run": run.path.name,
-        "state": run.state if st.get("reason") != "refused" else "refused",
-        "status": status_text(run),
+        "state": failing.state if st.get("reason") != "refused" else "refused",
+        "status": status,
         "error": st.get("error") or "",
         "steps": (max((int(m["step"]) for m in run.metrics if "step" in m), default=-1) + 1),
-        "device_peak_gb": _max(_values(run, "perf/device_memory_peak_gb")),
+        "ranks": len(ranks),
+        "device_peak_gb": _max(np.array(peaks)),
+        "rank_peaks_gb": " / ".join(_fmt(p, ".3f") for p in peaks) if len(ranks) > 1 else "",
         "memory_source": (run.manifest.get("memory") or {}).get("source") or "",
-        "alloc_peak_gb": _max(_values(run, "perf/max_memory_allocated_gb")),
+        "alloc_peak_gb": _max(np.array(allocs)),
         "step_time_s": float(np.median(steps_time)) if steps_time.size else math.nan,
         "loss_last": float(finite_loss[-1]) if finite_loss.size else math.nan,
         "loss_std": float(np.std(tail)) if tail.size >= 2 else math.nan,
@@ -157,7 +190,12 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
         "errors": sev.count("error"),
         "warnings": sev.count("warning"),
         "infos": sev.count("info"),
-        "top_finding": f"{top.severity}: {top.kind} @ {top.where or top.role or '-'}" if top else "",
+        "top_finding": (
+            f"{top.severity}: {top.kind} @ {top.where or top.role or '-'}"
+            + (f" (rank {top.rank})" if top.rank else "")
+            if top
+            else ""
+        ),
         "wall_s": (_runner_record(run.path) or {}).get("wall_s", math.nan),
     }
 
@@ -199,6 +237,8 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
                 "steps": int(g["steps"].min()),
                 "device_peak_gb": g["device_peak_gb"].max(),
                 "memory_source": ",".join(sorted(set(g["memory_source"]) - {""})),
+                "ranks": int(g["ranks"].max()),
+                "rank_peaks_gb": "; ".join(t for t in g["rank_peaks_gb"] if t),
                 "alloc_peak_gb": g["alloc_peak_gb"].max(),
                 "step_time_s": g["step_time_s"].median(),
                 "loss_std": g["loss_std"].mean(),
@@ -236,7 +276,8 @@ def markdown_table(variants: pd.DataFrame, trailing_window: int) -> str:
         rows.append(
             [
                 r["variant"], r["status"], r["steps"],
-                _fmt(r["device_peak_gb"], ".3f") + (f" ({r['memory_source']})" if r["memory_source"] else ""),
+                _fmt(r["device_peak_gb"], ".3f") + (f" ({r['memory_source']})" if r["memory_source"] else "")
+                + (f" [per rank {r['rank_peaks_gb']}]" if r["rank_peaks_gb"] else ""),
                 _fmt(r["alloc_peak_gb"], ".3f"), _fmt(r["step_time_s"], ".3f"), loss,
                 _fmt(r["reward_start"], ".3f"), reward,
                 _fmt(r["reward_var"], ".2g"), f"{r['overflow_steps']} / {r['skipped_steps']}",
@@ -321,7 +362,8 @@ def _header(out_dir: Path, runs: Sequence[RunDir], suite: Mapping[str, Any], row
 
 _LEGEND = """\
 Columns: *peak device GiB* is the largest `perf/device_memory_peak_gb` (NVML device memory on a GPU,
-host RSS on CPU: the source is in brackets); *peak alloc GiB* the PyTorch allocator's peak (GPU only);
+host RSS on CPU: the source is in brackets; with several ranks the largest rank's, each rank's after
+"per rank"); *peak alloc GiB* the PyTorch allocator's peak (GPU only);
 *step s* the median wall time of a training step; *loss std* the spread of `actor/loss` over the
 trailing window; *reward* the mean of `{rk}` over the first and the last window of steps (across
 seeds: their mean, and for the last window ± the std of the per-seed means) and *reward var* its variance (across seeds when repeated, else within the window);

@@ -100,10 +100,12 @@ def to_float(v: Any) -> float:
 class RunWriter:
     """Appends to a run directory. Every line is flushed (and fsync'd at status) as written."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, rank: int = 0) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, Any] = {}
+        self.rank = rank
+        """The process's rank in a torchrun job: stamped on every finding it writes."""
 
     def _append(self, name: str, record: Mapping[str, Any]) -> None:
         f = self._files.get(name)
@@ -125,14 +127,18 @@ class RunWriter:
         self._append(METRICS, {"step": step, **metrics})
 
     def finding(self, finding: Finding) -> None:
-        self._append(FINDINGS, finding.to_dict())
+        self._append(FINDINGS, self._ranked(finding).to_dict())
+
+    def _ranked(self, finding: Finding) -> Finding:
+        return finding if finding.rank == self.rank else dataclasses.replace(finding, rank=self.rank)
 
     def replace_findings(self, findings: list[Finding]) -> None:
         """Rewrites findings.jsonl atomically (repeat counts of folded findings changed)."""
         f = self._files.pop(FINDINGS, None)
         if f is not None:
             f.close()
-        _atomic_write(self.path / FINDINGS, "".join(dumps(x.to_dict()) + "\n" for x in findings))
+        text = "".join(dumps(self._ranked(x).to_dict()) + "\n" for x in findings)
+        _atomic_write(self.path / FINDINGS, text)
 
     def event(self, kind: str, **data: Any) -> None:
         self._append(EVENTS, {"kind": kind, **data})

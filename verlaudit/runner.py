@@ -97,7 +97,10 @@ def resolve_device(suite: Suite, present: PresentDevice, override: str | None) -
                 "or set hardware.gpus to the GPUs you have"
             )
     elif suite.hardware.gpus > 1:
-        notes.append(f"hardware.gpus={suite.hardware.gpus} ignored on CPU: one process per variant")
+        notes.append(
+            f"hardware.gpus={suite.hardware.gpus} on CPU: {suite.hardware.gpus} gloo processes per variant "
+            "(torchrun + FSDP2 on CPU, the same code path as on GPUs)"
+        )
     return device, notes
 
 
@@ -165,8 +168,10 @@ def plan_runs(
     runs = []
     for run in suite.expand():
         # one process per variant sees its GPU as index 0; naming it spares every consumer of the
-        # device (memory caps, NVML, allocator stats) the "cuda without an index" case
-        cfg = dataclasses.replace(run.config, device="cuda:0" if device == "cuda" else device)
+        # device (memory caps, NVML, allocator stats) the "cuda without an index" case. Several
+        # ranks get plain "cuda": each takes cuda:LOCAL_RANK (trainer.distributed.init_distributed)
+        one = device == "cuda" and suite.hardware.gpus == 1
+        cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
         run = dataclasses.replace(run, config=cfg)
         spec = {
             "variant": run.variant,
@@ -182,16 +187,11 @@ def plan_runs(
 
 
 def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
-    """The command that runs one variant. The seam for multi-GPU launch (torchrun + FSDP2, issue 7):
-    once the worker initialises torch.distributed and gives ranks > 0 their own run dirs
-    (.notes/F_integration.md section 4), return
-    ``[python, -m, torch.distributed.run, --standalone, --nproc_per_node=gpus, -m, verlaudit.worker, spec]``
-    here; until then two ranks would write one run directory, so several GPUs are refused."""
+    """One process per variant; ``torchrun --nproc_per_node gpus`` when the suite asks for several
+    (FSDP2: rank 0 writes the variant's run dir, rank k its ``rank<k>`` subdirectory)."""
     if gpus > 1:
-        raise ValueError(
-            f"hardware.gpus={gpus}: multi-GPU execution (torchrun + FSDP2) is not wired into the runner yet; "
-            "set hardware.gpus: 1 to run each variant on one GPU"
-        )
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+                "-m", "verlaudit.worker", str(spec_path)]  # fmt: skip
     return [sys.executable, "-m", "verlaudit.worker", str(spec_path)]
 
 

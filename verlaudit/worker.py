@@ -9,7 +9,14 @@ SPEC.json (the runner's contract)::
 Writes manifest.json first, one metrics.jsonl line per step and findings.jsonl as it goes, and
 status.json last. Exit code 0: completed; 1: failed (status.json says why: oom, nonfinite,
 dtype_error, exception, interrupted); 2: the spec itself is wrong (message on stderr). The spec's
-``seed`` is the run's seed (it replaces ``train.seed``). Exercised by `pytest tests/test_worker.py`.
+``seed`` is the run's seed (it replaces ``train.seed``).
+
+Under torchrun (``python -m torch.distributed.run --nproc_per_node N -m verlaudit.worker SPEC.json``,
+what the runner starts for ``hardware.gpus: N``) every rank audits itself: rank 0 writes ``run_dir``,
+rank k writes ``run_dir/rank<k>`` (its own manifest, metrics, findings stamped with its rank, and
+status), each rank measures its own GPU. A failing rank leaves at once (``os._exit(1)`` after its
+status), so torchrun stops the peers instead of leaving them blocked in a collective.
+Exercised by `pytest tests/test_worker.py tests/test_distributed_e2e.py`.
 """
 
 from __future__ import annotations
@@ -133,6 +140,8 @@ def apply_memory_cap(emulation: Mapping[str, Any], device: Any) -> dict[str, Any
         out["applied"] = False
         out["cap_reason"] = "not applied: the run is on CPU (no CUDA allocator to cap)"
         return out
+    if device.index is None:  # set_per_process_memory_fraction needs an index; bare "cuda" is the current one
+        device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory / 1024**3
     if cap >= total:
         out["applied"] = False
@@ -140,7 +149,10 @@ def apply_memory_cap(emulation: Mapping[str, Any], device: Any) -> dict[str, Any
         return out
     torch.cuda.set_per_process_memory_fraction(cap / total, device)
     out.update(
-        applied=True, fraction=cap / total, cap_reason=f"allocator capped at {cap:g} of {total:.1f} GB"
+        applied=True,
+        fraction=cap / total,
+        device=str(device),
+        cap_reason=f"allocator of {device} capped at {cap:g} of {total:.1f} GB",
     )
     return out
 
@@ -155,6 +167,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def run(spec: Spec) -> int:
     """Runs one variant and writes its run directory; returns the exit code (0 completed, 1 failed)."""
+    from trainer import distributed as dist_mod
     from trainer.common import resolve_device
     from trainer.precision import resolve_policy
     from verlaudit.audit import Auditor
@@ -162,8 +175,11 @@ def run(spec: Spec) -> int:
     from verlaudit.rundir import RunWriter
 
     cfg = spec.train
-    device = resolve_device(cfg.device)
-    writer = RunWriter(spec.run_dir)
+    # before resolve_device and the memory cap: under torchrun each rank takes cuda:LOCAL_RANK
+    info = dist_mod.init_distributed(cfg.device)
+    device = info.device if info.distributed else resolve_device(cfg.device)
+    run_dir = spec.run_dir if info.rank == 0 else spec.run_dir / f"rank{info.rank}"
+    writer = RunWriter(run_dir, rank=info.rank)
     auditor = Auditor(writer, spec.audit, device=device)
     injector = FaultInjector(spec.inject) if spec.inject else None
     emulation = apply_memory_cap(spec.emulation, device)
@@ -178,6 +194,7 @@ def run(spec: Spec) -> int:
         "environment": environment(device, auditor.memory),
         "memory": {"source": auditor.memory.source, "reason": auditor.memory.reason},
         "audit": spec.audit.to_dict(), "emulation": emulation, "inject": spec.inject,
+        "distributed": info.to_dict(),
     })  # fmt: skip
     observer = Fanout([injector, auditor]) if injector else auditor
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -187,13 +204,25 @@ def run(spec: Spec) -> int:
         with auditor:
             train(cfg, observer)
     except BaseException as e:  # every failure becomes a status, then exit 1; nothing is swallowed silently
-        info = auditor.failure or {"reason": "interrupted" if isinstance(e, KeyboardInterrupt) else "exception",
-                                   "error": f"{type(e).__name__}: {e}"}  # fmt: skip
-        writer.status("failed", **info)
+        failure = auditor.failure or {
+            "reason": "interrupted" if isinstance(e, KeyboardInterrupt) else "exception",
+            "error": f"{type(e).__name__}: {e}",
+        }
+        # failed_at orders the ranks' failures: the first one is the cause, later ones (a peer's
+        # closed connection, torchrun's SIGTERM) are consequences
+        writer.status("failed", **failure, rank=info.rank, failed_at=time.time())
         print(
-            f"verlaudit.worker: {spec.variant}: failed ({info['reason']}): {info.get('error')}",
+            f"verlaudit.worker: {spec.variant}: rank {info.rank}: failed ({failure['reason']}): "
+            f"{failure.get('error')}",
             file=sys.stderr,
+            flush=True,
         )
+        if info.distributed:
+            # peers may be blocked in a collective this rank will never join: leave now (no
+            # interpreter teardown, which could itself wait on the process group) and let torchrun
+            # stop them
+            writer.close()
+            os._exit(1)
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -202,6 +231,7 @@ def run(spec: Spec) -> int:
         writer.close()
     writer.status("completed", step=auditor.last_completed_step, steps=cfg.steps)
     writer.close()
+    dist_mod.destroy()
     return 0
 
 
