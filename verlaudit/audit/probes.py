@@ -43,6 +43,13 @@ def _tensors(obj: Any, key: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def _capturing() -> bool:
+    """A CUDA graph is being captured (the rollout's decode step): reading a value would abort the
+    capture, and hooks do not run on replay anyway, so the probes stand aside; the prefill and the
+    eager warm-up of that step are still checked."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _amax(t: torch.Tensor) -> float:
     """Absolute maximum; NaN when ``t`` holds a NaN (amax propagates it), so one reduction answers
     both "is it finite" and "how close to the dtype's limit"."""
@@ -97,6 +104,8 @@ class ModuleProbe:
         return "rollout" if role == "actor" and self.a.phase_name == "rollout" else role
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if _capturing():
+            return None
         role, name, kind, own = self.info[id(module)]
         self.stack.append((role, name))
         if self.a.in_backward:
@@ -121,6 +130,8 @@ class ModuleProbe:
         return (tuple(new_args), kwargs) if changed else None
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if _capturing():
+            return
         role, name, kind, own = self.info[id(module)]
         if self.stack:
             self.stack.pop()
