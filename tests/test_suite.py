@@ -43,12 +43,16 @@ def test_llama7b_suite_is_the_seed_experiment():
     # GRPO: 8 prompts x 4 samples = 32 sequences of 512 + 512 = 1024 tokens
     algo, data = s.train.algo, s.train.data
     assert algo.batch_size * algo.group_size == 32 and data.prompt_length + data.response_length == 1024
-    assert {k: v.precision.preset for k, v in s.variants.items()} == {
-        "fp32": "fp32",
-        "fp16": "fp16",
-        "bf16-ckpt": "bf16",
+    assert {k: (v.precision.preset, v.sharding) for k, v in s.variants.items()} == {
+        "bf16-ckpt": ("bf16", "full_shard"),
+        "bf16-ckpt-shard-grad-op": ("bf16", "shard_grad_op"),
+        "fp16": ("fp16", "full_shard"),
+        "fp32": ("fp32", "full_shard"),
     }
     assert s.variants["bf16-ckpt"].precision.grad_checkpointing is True
+    # 2 ranks: every global size splits evenly; graphs stay off (decode steps hold FSDP2 all-gathers)
+    assert algo.batch_size % 2 == 0 and algo.mini_batch_size % 2 == 0
+    assert s.train.rollout.cache == "static" and not s.train.rollout.cuda_graphs
 
 
 def _write(tmp_path: Path, text: str) -> Path:
