@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainer.precision import resolve_policy
+from trainer.precision import cast_model, resolve_policy
 from verlaudit.audit import AuditSettings
 from verlaudit.audit import boundaries as B
 from verlaudit.audit import dtype_checks as D
@@ -117,6 +117,25 @@ def test_param_storage_and_rotary_buffers():
     ]
     assert kinds(D.check_buffers("actor", m, PURE["actor"])) == [("info", "dtype/buffer_precision")]
     assert D.check_buffers("reference", m, BF16_POLICY["reference"])[0].where == "model.rotary_emb"
+
+
+@pytest.mark.parametrize("preset", ["fp16", "bf16-pure"])
+def test_cast_model_keeps_the_rotary_island_in_fp32(preset):
+    m = tiny_llama()
+    before = m.model.rotary_emb.inv_freq.clone()
+    persistent = set(m.state_dict())
+    policy = resolve_policy(preset)["reference"]  # fp16 / bf16 storage in both presets
+    cast_model(m, policy)
+    assert {p.dtype for p in m.parameters()} == {policy.param_dtype}
+    inv = m.model.rotary_emb.inv_freq
+    # bit-identical, not a round trip: inv_freq = 10000 ** (-2i / 8) = 1, 0.1, 0.01, 0.001 (head_dim 8),
+    # and 0.1 has no exact fp16 / bf16 value (0.09998 / 0.1001), so a round trip would show
+    assert inv.dtype == F32 and torch.equal(inv, before)
+    assert before[1].to(policy.param_dtype).float() != before[1]
+    assert set(m.state_dict()) == persistent  # non-persistent buffers stay out of the checkpoint
+    assert D.check_buffers("actor", m, BF16_POLICY["actor"]) == []
+    m.model.rotary_emb.inv_freq = inv.to(BF16)  # the check still fires on a deliberately cast buffer
+    assert kinds(D.check_buffers("actor", m, BF16_POLICY["actor"])) == [("warning", "dtype/buffer_precision")]
 
 
 def batch(ids, mask):

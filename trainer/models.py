@@ -31,7 +31,7 @@ from transformers import (
 
 from trainer.config import ModelConfig
 from trainer.logprobs import position_ids_from_mask
-from trainer.precision import RolePolicy, dtype_name
+from trainer.precision import RolePolicy, cast_module, dtype_name
 from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -315,7 +315,7 @@ def _cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     for p in module.parameters():
         memo[id(p)] = nn.Parameter(p.detach().to(dtype=dtype, copy=True), requires_grad=p.requires_grad)
     out = copy.deepcopy(module, memo)
-    return out.to(dtype=dtype)
+    return cast_module(out, dtype)  # buffers too, except the fp32 rotary ones
 
 
 def build_critic(

@@ -283,9 +283,30 @@ def check_hardware(policy: PrecisionPolicy, device: str | torch.device, *, where
         )
 
 
+FP32_BUFFER_MARKERS = ("inv_freq", "rotary")
+"""Floating buffers whose name contains one of these stay fp32 through a cast (the "rotary" island):
+rotary frequencies rounded to bf16/fp16 shift every position's angle, and HF upcasts them to fp32
+for cos/sin only after the rounding has happened."""
+
+
+def cast_module(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``module.to(dtype)`` except the rotary buffers (`FP32_BUFFER_MARKERS`), which keep their
+    unrounded values in fp32; the buffers stay persistent or not as they were."""
+    keep = []
+    for name, buf in module.named_buffers():
+        if buf.is_floating_point() and any(m in name.lower() for m in FP32_BUFFER_MARKERS):
+            owner_name, _, leaf = name.rpartition(".")
+            keep.append((module.get_submodule(owner_name), leaf, buf))
+    module.to(dtype=dtype)
+    for owner, leaf, buf in keep:
+        # the saved tensor is the one from before the cast: no round trip through the low dtype
+        owner._buffers[leaf] = buf.to(dtype=torch.float32)
+    return module
+
+
 def cast_model(model: torch.nn.Module, policy: RolePolicy) -> torch.nn.Module:
-    """Puts parameters and floating buffers in the role's storage dtype."""
-    return model.to(dtype=policy.param_dtype)
+    """Puts parameters and floating buffers in the role's storage dtype, rotary buffers kept fp32."""
+    return cast_module(model, policy.param_dtype)
 
 
 def _fused_unscale_supported(dev: torch.device, dtype: torch.dtype) -> bool:
