@@ -49,6 +49,8 @@ def test_clean_runs_have_no_error_findings(algo, preset):
     a = run({"steps": 1, "algo": {"name": algo}, "precision": {"preset": preset}})
     assert a.failure is None
     assert [(f.kind, f.where) for f in a.findings.all() if f.severity == "error"] == []
+    # the reference / critic copies are cast with the rotary buffers kept fp32 (trainer.precision.cast_module)
+    assert a.findings.find("dtype/buffer_precision") == []
 
 
 def test_collator_casting_ids_to_float():
@@ -106,6 +108,19 @@ def test_fp16_layer_driven_to_overflow():
         "fp16",
     )
     assert only(a, "numerics/skipped_step", role="actor").observed["mode"] == "dynamic"
+    # the scaler skipped that step and the weights stayed finite: fp16 calibration, a warning, not an error
+    assert f.severity == "warning" and "handled: the optimizer step was skipped" in f.message
+    assert {g.severity for g in a.findings.find("numerics/nonfinite_loss", role="actor")} <= {"warning"}
+
+
+def test_fp16_overflow_outside_the_scalers_reach_stays_an_error():
+    # the same overflow in the frozen reference's forward: no optimizer step of its own can skip it
+    a = run({"precision": {"preset": "fp16"}},
+            inject={"scale_module_output": {"module": "model.layers.0.mlp.down_proj", "factor": 1e8, "at_step": 1,
+                                            "phase": "ref", "role": "reference"}})  # fmt: skip
+    f = only(a, "numerics/overflow", role="reference")
+    assert (f.severity, f.phase, f.where) == ("error", "ref", "model.layers.0.mlp.down_proj")
+    assert "handled" not in f.message
 
 
 def test_boundary_level_still_sees_nonfinite_without_module_hooks():

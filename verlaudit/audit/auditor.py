@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -87,7 +88,9 @@ class Auditor(Observer):
         self.failure: dict[str, Any] | None = None
         self._num: dict[str, float] = {}
         self._snap: dict[str, dict] = {}
-        self._pending_grad: numerics.GradStats | None = None
+        self._held_grads: dict[str, list[tuple[str, torch.Tensor]]] = {}
+        self._checks: list[tuple] = []
+        """Non-finite checks of boundary tensors, still on the device: read together in `_settle`."""
         self._failed_phase: str | None = None
 
     # -- context manager -------------------------------------------------------------------------
@@ -98,6 +101,7 @@ class Auditor(Observer):
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             if exc is not None:
+                self._settle()
                 self.failure = self._failure(exc)
         finally:
             if self.probe is not None:
@@ -134,7 +138,7 @@ class Auditor(Observer):
     def on_step_start(self, step: int) -> None:
         self.step, self.in_backward = step, False
         self.provenance.reset()
-        self._num, self._snap = {}, {}
+        self._num, self._snap, self._checks = {}, {}, []
         self.sampled = self.settings.is_full(step)
         if self.probe is not None:
             self.probe.absmax = {}
@@ -195,19 +199,12 @@ class Auditor(Observer):
         self._nonfinite_boundary(role, name, output)
 
     def _nonfinite_boundary(self, role: str, name: str, t: Any) -> None:
-        if (
-            isinstance(t, torch.Tensor)
-            and t.is_floating_point()
-            and t.numel()
-            and not bool(torch.isfinite(t).all())
-        ):
-            self.add_findings([Finding(
-                severity="error", kind="numerics/nonfinite_boundary", role=role, where=name, **self._ctx(),
-                observed=numerics.nonfinite_what(t), expected="finite",
-                message=f"{name} of {role} holds non-finite values",
-                fix="see numerics/nonfinite_forward or numerics/overflow for the producing module "
-                "(audit.level: full on this step)",
-            )])  # fmt: skip
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            t = t.detach()
+            # [has nan, has inf] stays on the device: no stream sync in the middle of the step
+            self._checks.append(
+                ("boundary", role, name, self._ctx(), torch.stack([t.isnan().any(), t.isinf().any()]))
+            )
 
     def on_loss(self, *, role, loss, terms) -> None:
         self.in_backward = True  # forwards until on_backward are checkpoint recomputes
@@ -221,20 +218,52 @@ class Auditor(Observer):
                 and t.dtype not in (torch.float32, torch.float64)
             ):
                 self.add_findings(dtype_checks.check_boundary_output(role, name, t, policy, **self._ctx()))
-        if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach()).all()):
-            self.provenance.loss_nonfinite = True
-            bad = [
+        if isinstance(loss, torch.Tensor) and loss.numel():
+            names = [
                 k
                 for k, t in terms.items()
-                if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all())
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()
             ]
-            self.add_findings([Finding(
-                severity="error", kind="numerics/nonfinite_loss", role=role, where="loss", **self._ctx(),
-                observed={"loss": float(loss.detach().float().reshape(-1)[0]), "nonfinite_terms": bad},
-                expected="finite", message=f"{role} loss is non-finite" + (f" (terms: {', '.join(bad)})" if bad else ""),
-                fix="find the producer (numerics/nonfinite_forward, numerics/overflow); set abort_on_nonfinite_loss "
-                "to stop early",
-            )])  # fmt: skip
+            flags = [torch.isfinite(loss.detach()).all()] + [
+                torch.isfinite(terms[k].detach()).all() for k in names
+            ]
+            value = loss.detach().float().reshape(-1)[:1]
+            self._checks.append(("loss", role, names, self._ctx(), (torch.stack(flags), value)))
+
+    def _settle(self) -> None:
+        """Reads the step's pending boundary checks with one host read (a point where the trainer has
+        synced anyway: the optimizer step, the step end, a failure) and turns them into findings."""
+        checks, self._checks = self._checks, []
+        if not checks:
+            return
+        parts = [
+            c[4] if c[0] == "boundary" else torch.cat([c[4][0].float(), c[4][1].float()]) for c in checks
+        ]
+        dev = parts[0].device
+        flat = torch.cat([x.float().reshape(-1).to(dev) for x in parts]).tolist()
+        i = 0
+        for (what, role, name, ctx, _), part in zip(checks, parts):
+            vals, i = flat[i : i + part.numel()], i + part.numel()
+            if what == "boundary":
+                has_nan, has_inf = vals[0] > 0, vals[1] > 0
+                if has_nan or has_inf:
+                    self.add_findings([Finding(
+                        severity="error", kind="numerics/nonfinite_boundary", role=role, where=name, **ctx,
+                        observed="nan+inf" if has_nan and has_inf else ("nan" if has_nan else "inf"), expected="finite",
+                        message=f"{name} of {role} holds non-finite values",
+                        fix="see numerics/nonfinite_forward or numerics/overflow for the producing module "
+                        "(audit.level: full on this step)",
+                    )])  # fmt: skip
+            elif vals[0] == 0:  # the loss is non-finite; name holds the term names, vals[1:-1] their flags
+                self.provenance.loss_nonfinite = True
+                bad = [k for k, ok in zip(name, vals[1:-1]) if ok == 0]
+                self.add_findings([Finding(
+                    severity="error", kind="numerics/nonfinite_loss", role=role, where="loss", **ctx,
+                    observed={"loss": vals[-1], "nonfinite_terms": bad}, expected="finite",
+                    message=f"{role} loss is non-finite" + (f" (terms: {', '.join(bad)})" if bad else ""),
+                    fix="find the producer (numerics/nonfinite_forward, numerics/overflow); set "
+                    "abort_on_nonfinite_loss to stop early",
+                )])  # fmt: skip
 
     def on_backward(self, *, role, model, loss_scale) -> None:
         self.in_backward = False
@@ -243,27 +272,29 @@ class Auditor(Observer):
         params = list(model.named_parameters())
         self.add_findings(dtype_checks.check_grad_dtypes(role, params, self.policy[role], **self._ctx()))
         if self.sampled:
-            stats = numerics.grad_stats(params, self.policy[role].compute_dtype, scale=loss_scale)
+            stats = numerics.grad_stats(
+                params, self.policy[role].compute_dtype, scale=loss_scale, nonfinite=False
+            )
             key = f"numerics/{role}/grad_underflow_frac"
             self._num[key] = max(self._num.get(key, 0.0), stats.underflow_frac)
-            self.add_findings(numerics.grad_findings(role, dataclasses.replace(stats, nonfinite=0), self.policy[role],
-                                                     skipped=False, **self._ctx()))  # fmt: skip
+            self.add_findings(
+                numerics.grad_findings(role, stats, self.policy[role], skipped=False, **self._ctx())
+            )
 
     def on_before_optimizer_step(self, *, role, model, optimizer) -> None:
         if self.level == "off" or self.policy is None:
             return
-        params = list(model.named_parameters())
-        stats = numerics.grad_stats(params, self.policy[role].compute_dtype, underflow=False)
-        self._num[f"numerics/{role}/nonfinite_grads"] = (
-            self._num.get(f"numerics/{role}/nonfinite_grads", 0) + stats.nonfinite
-        )
-        self._pending_grad = stats
+        # References only, no device work: the trainer's scaler already checked every gradient
+        # (scaler_state["found_inf"]), so they are counted in on_optimizer_step only when it found
+        # some. zero_grad(set_to_none=True) drops the trainer's references, not these.
+        self._held_grads[role] = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
         if self.sampled:
-            self._snap[role] = numerics.snapshot(params)
+            self._snap[role] = numerics.snapshot(model.named_parameters())
 
     def on_optimizer_step(self, *, role, model, optimizer, scaler_state, skipped, grad_norm) -> None:
         if self.level == "off" or self.policy is None:
             return
+        self._settle()
         policy = self.policy[role]
         if self.writer is not None:
             self.writer.event("optimizer_step", step=self.step, role=role, skipped=bool(skipped),
@@ -271,11 +302,22 @@ class Auditor(Observer):
         self.add_findings(
             numerics.scaler_findings(role, scaler_state, bool(skipped), grad_norm, policy, **self._ctx())
         )
-        stats = getattr(self, "_pending_grad", None)
-        if stats is not None:
-            self.add_findings(numerics.grad_findings(role, dataclasses.replace(stats, elements=0), policy,
-                                                     skipped=bool(skipped), **self._ctx()))  # fmt: skip
-            self._pending_grad = None
+        if skipped:
+            self._judge_overflow(role, model, scaler_state)
+        held = self._held_grads.pop(role, [])
+        found = scaler_state.get("found_inf")
+        if found is None:  # a trainer without our LossScaler: a non-finite norm or a skip says the same
+            found = bool(skipped) or not math.isfinite(float(grad_norm))
+        key = f"numerics/{role}/nonfinite_grads"
+        if found and held:
+            stats = numerics.grad_counts(held, policy.compute_dtype, underflow=False)
+            self._num[key] = self._num.get(key, 0) + stats.nonfinite
+            self.add_findings(
+                numerics.grad_findings(role, stats, policy, skipped=bool(skipped), **self._ctx())
+            )
+        else:
+            self._num.setdefault(key, 0)
+        del held
         snap = self._snap.pop(role, None)
         if snap and not skipped:
             frac, per_module = numerics.update_underflow(snap, model.named_parameters())
@@ -284,7 +326,33 @@ class Auditor(Observer):
             lr = optimizer.param_groups[0].get("lr") if hasattr(optimizer, "param_groups") else None
             self.add_findings(numerics.underflow_findings(role, frac, per_module, policy, lr, **self._ctx()))
 
+    def _judge_overflow(self, role: str, model: nn.Module, scaler_state: Mapping[str, Any]) -> None:
+        """A skipped step whose weights stayed finite: the scaler handled this step's fp16 overflow in
+        ``role``'s update (calibration, not a fault), so its overflow and the non-finite loss / log-probs
+        it caused become warnings. Overflows elsewhere (reference, rollout) stay errors: no scaler
+        stands between them and the run."""
+        ctx = (self.step, role, self.phase_name)
+        found = self.findings.find("numerics/overflow", role=role)
+        if not any((f.step, f.role, f.phase) == ctx and f.severity == "error" for f in found):
+            return
+        weights = [p.detach() for p in model.parameters() if p.is_floating_point()]
+        weights = [w.to_local() if hasattr(w, "to_local") else w for w in weights]
+        if weights and not bool(
+            torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(weights, float("inf"))])).all()
+        ):
+            return  # non-finite values reached the weights: the errors stand
+        backed = (
+            f", loss scale backed off to {scaler_state.get('scale'):g}"
+            if scaler_state.get("mode") == "dynamic"
+            else ""
+        )
+        kinds = ("numerics/overflow", "numerics/nonfinite_loss", "numerics/nonfinite_boundary")
+        self.findings.relabel(lambda f: f.kind in kinds and (f.step, f.role, f.phase) == ctx, "warning",
+                              f"handled: the optimizer step was skipped{backed} and the weights stayed finite")  # fmt: skip
+
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._settle()
+        self._held_grads.clear()
         out = dict(metrics)
         out.update(self.memory.step_metrics())
         if self.level != "off":

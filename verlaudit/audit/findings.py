@@ -50,6 +50,21 @@ class FindingLog:
         out, self.new_this_step = self.new_this_step, {"error": 0, "warning": 0, "info": 0}
         return out
 
+    def relabel(self, pick, severity: str, note: str) -> int:
+        """Sets ``severity`` on the findings ``pick(finding)`` selects, appending ``note`` to their
+        message (a later judgement, e.g. the loss scaler handled an overflow); returns how many."""
+        n = 0
+        for key, f in list(self._by_key.items()):
+            if f.severity == severity or not pick(f):
+                continue
+            if self.new_this_step.get(f.severity, 0) > 0:
+                self.new_this_step[f.severity] -= 1
+                self.new_this_step[severity] += 1
+            self._by_key[key] = dataclasses.replace(f, severity=severity, message=f"{f.message}; {note}")
+            self._dirty = True
+            n += 1
+        return n
+
     def flush(self) -> None:
         """Rewrites findings.jsonl when repeat counts changed since it was written."""
         if self._dirty and self.writer is not None:

@@ -41,29 +41,40 @@ class GradStats:
 
 
 def grad_stats(named_params: Iterable[tuple[str, torch.Tensor]], compute_dtype: torch.dtype, *,
-               scale: float = 1.0, underflow: bool = True) -> GradStats:  # fmt: skip
-    """Counts over ``.grad``; ``scale`` is the loss scale the gradients still carry (underflow is
-    judged on the scaled values, which is what the low-precision backward actually held)."""
+               scale: float = 1.0, underflow: bool = True, nonfinite: bool = True) -> GradStats:  # fmt: skip
+    """Counts over the parameters' ``.grad``; see `grad_counts`."""
+    return grad_counts(((n, p.grad) for n, p in named_params), compute_dtype, scale=scale, underflow=underflow,
+                       nonfinite=nonfinite)  # fmt: skip
+
+
+def grad_counts(named_grads: Iterable[tuple[str, torch.Tensor | None]], compute_dtype: torch.dtype, *,
+                scale: float = 1.0, underflow: bool = True, nonfinite: bool = True) -> GradStats:  # fmt: skip
+    """Non-finite and (``underflow``) tiny gradient elements. ``scale`` is the loss scale the
+    gradients still carry (underflow is judged on the scaled values, which is what the low-precision
+    backward actually held). All counts stay on the device until one read at the end: a read per
+    parameter would be a stream sync per parameter on a GPU."""
     tiny = torch.finfo(compute_dtype).tiny if compute_dtype.is_floating_point else 0.0
     names, bad, small, sizes = [], [], [], []
-    for name, p in named_params:
-        g = p.grad
+    del scale  # counted on the gradients as held (in on_backward: still scaled), so nothing to undo
+    for name, g in named_grads:
         if g is None:
             continue
         if hasattr(g, "to_local"):
             g = g.to_local()
         names.append(name)
-        bad.append((~torch.isfinite(g)).sum())
+        if nonfinite:
+            bad.append((~torch.isfinite(g)).sum())
         if underflow and "embed" not in name:
             small.append((g.abs() < tiny).sum())
             sizes.append(g.numel())
-    if not names:
+    if not names or not (bad or small):
         return GradStats()
-    bad_counts = torch.stack([b.float().cpu() for b in bad]).tolist() if bad else []
+    dev = (bad or small)[0].device
+    counts = torch.stack([c.to(dev, torch.float64) for c in bad + small]).tolist()  # the one read
+    bad_counts, n_small = counts[: len(bad)], sum(counts[len(bad) :])
     stats = GradStats(nonfinite=int(sum(bad_counts)))
     stats.first_nonfinite = [n for n, c in zip(names, bad_counts) if c > 0][:5]
     if small:
-        n_small = float(torch.stack([s.float().cpu() for s in small]).sum())
         stats.elements = int(sum(sizes))
         stats.underflow_frac = n_small / max(stats.elements, 1)
     return stats
