@@ -259,3 +259,23 @@ def test_audit_settings_sampling_and_errors():
         AuditSettings(level="loud")
     with pytest.raises(ValueError, match="audit.every"):
         AuditSettings(every=-1)
+
+
+def test_rollout_ids_against_model_and_tokenizer_vocabularies():
+    # Found on the 2 x H200 run: the llama2-7b preset has 32000 embedding rows, the project's tokenizer 100.
+    # Ids in [100, 32000) are valid for the model but undecodable -> warning; ids >= 32000 -> error.
+    base = dict(engine="static-decode", engine_dtype=BF16, actor_compute_dtype=BF16,
+                response_mask=torch.ones(1, 2, dtype=I64), logprobs=torch.zeros(1, 2))  # fmt: skip
+    prompt = torch.tensor([[5, 7]])
+    ok = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 99]]), vocab_size=100,
+                         model_vocab_size=32000, **base)  # fmt: skip
+    assert ok == []
+    f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 31994]]), vocab_size=100,
+                        model_vocab_size=32000, **base)  # fmt: skip
+    assert kinds(f) == [("warning", "boundary/vocab_mismatch")] and f[0].observed == [3, 31994]
+    f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 32000]]), vocab_size=100,
+                        model_vocab_size=32000, **base)  # fmt: skip
+    assert kinds(f) == [("error", "boundary/rollout_tokens")]
+    # without a model size, the tokenizer's vocabulary is the limit (the old behaviour)
+    f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 150]]), vocab_size=100, **base)
+    assert kinds(f) == [("error", "boundary/rollout_tokens")]

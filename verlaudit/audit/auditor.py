@@ -124,6 +124,7 @@ class Auditor(Observer):
         self.policy, self.models = policy, dict(models)
         self.tokenizer_info, self.config = dict(tokenizer_info), dict(config)
         self.names = {id(m): (role, n) for role, model in models.items() for n, m in model.named_modules()}
+        self.model_vocab_size = boundaries.model_vocab_size(models.get("actor"))
         if self.writer is not None and (self.writer.path / "manifest.json").exists():
             self.writer.update_manifest(policy=policy.to_dict())
         if self.level == "off":
@@ -175,7 +176,8 @@ class Auditor(Observer):
         self.add_findings(boundaries.check_rollout(
             engine=engine, engine_dtype=engine_dtype, actor_compute_dtype=actor_compute_dtype, prompt_ids=prompt_ids,
             response_ids=response_ids, response_mask=response_mask, logprobs=logprobs,
-            vocab_size=self.tokenizer_info.get("vocab_size"), **self._ctx()))  # fmt: skip
+            vocab_size=self.tokenizer_info.get("vocab_size"), model_vocab_size=self.model_vocab_size,
+            **self._ctx()))  # fmt: skip
         self._nonfinite_boundary("rollout", "rollout_logprobs", logprobs)
 
     def on_reward(self, *, source, raw, rewards, expected_shape, model) -> None:

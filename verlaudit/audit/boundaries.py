@@ -160,10 +160,17 @@ def check_reward(raw: Any, rewards: torch.Tensor | None, *, source: str, expecte
     return out
 
 
+def model_vocab_size(model) -> int | None:
+    """Rows of the model's input embedding (the ids it can read and emit), or None when unknown."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
+
+
 def check_rollout(*, engine: str, engine_dtype: torch.dtype, actor_compute_dtype: torch.dtype,
                   prompt_ids: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
-                  logprobs: torch.Tensor, vocab_size: int | None, step: int | None = None,
-                  phase: str | None = None) -> list[Finding]:  # fmt: skip
+                  logprobs: torch.Tensor, vocab_size: int | None, model_vocab_size: int | None = None,
+                  step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
     """Engine dtype against the actor's compute dtype; token, mask and log-prob dtypes."""
     out: list[Finding] = []
     ctx = {"role": "rollout", "step": step, "phase": phase}
@@ -180,10 +187,22 @@ def check_rollout(*, engine: str, engine_dtype: torch.dtype, actor_compute_dtype
         if t.is_floating_point():
             out.append(_f("error", "dtype/int_became_float", f"{where}.{name}", f"{name} from {engine} are {dn(t.dtype)}",
                           observed=dn(t.dtype), expected="int64", fix="keep sampled token ids torch.long", **ctx))  # fmt: skip
-        elif vocab_size and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
-            out.append(_f("error", "boundary/rollout_tokens", f"{where}.{name}",
-                          f"{name} outside the vocabulary [0, {vocab_size})", observed=[int(t.min()), int(t.max())],
-                          expected=[0, vocab_size - 1], fix="check the engine's vocabulary / tokenizer", **ctx))  # fmt: skip
+        elif t.numel() and (vocab_size or model_vocab_size):
+            lo, hi = int(t.min()), int(t.max())
+            limit = model_vocab_size or vocab_size
+            if lo < 0 or hi >= limit:
+                out.append(_f("error", "boundary/rollout_tokens", f"{where}.{name}",
+                              f"{name} outside the model's vocabulary [0, {limit})", observed=[lo, hi],
+                              expected=[0, limit - 1], fix="check the engine's vocabulary / tokenizer", **ctx))  # fmt: skip
+            elif vocab_size and hi >= vocab_size:
+                # the model can emit ids its tokenizer cannot decode (e.g. a 32000-row preset with a
+                # 100-token tokenizer): rewards are computed on <unk>-ridden text
+                out.append(_f("warning", "boundary/vocab_mismatch", f"{where}.{name}",
+                              f"{name} reach {hi}: the model's vocabulary ({limit}) is larger than the tokenizer's "
+                              f"({vocab_size}), so sampled ids >= {vocab_size} decode to nothing the reward can read",
+                              observed=[lo, hi], expected=[0, vocab_size - 1],
+                              fix="use the tokenizer the model was trained with, or "
+                              "model.resize_token_embeddings(len(tokenizer))", **ctx))  # fmt: skip
     if response_mask.is_floating_point():
         out.append(_f("error", "dtype/int_became_float", f"{where}.response_mask",
                       f"response_mask is {dn(response_mask.dtype)}", observed=dn(response_mask.dtype),
