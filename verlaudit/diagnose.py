@@ -586,6 +586,8 @@ def _oom_fixes(
     run: RunDir, phase: str | None, dominant: str | None, fragmented: bool, cap: float | None
 ) -> list[Fix]:
     """Fixes for the dominating class, each checked against the planner where it is a config change."""
+    from verlaudit.plan import run_world_size
+
     mb = _cfg(run, "algo", "micro_batch_size")
     half = max(1, mb // 2) if isinstance(mb, int) else None
     role = "critic" if phase in ("critic_update", "critic") else "actor_rollout_ref.actor"
@@ -601,7 +603,7 @@ def _oom_fixes(
                 + (_planned_fit(run, {"algo": {"micro_batch_size": half}}, cap) if half else "")),
         ]  # fmt: skip
     if dominant in ("optimizer state", "parameters", "gradients"):
-        gpus = int((run.manifest.get("environment") or {}).get("world_size") or 1) * 2
+        gpus = run_world_size(run) * 2
         fixes += [
             Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
                 "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"

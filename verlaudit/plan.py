@@ -252,7 +252,14 @@ def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tu
     policy = None if changes or not recorded else policy_from_dict(recorded, "manifest.json: policy")
     env = run.manifest.get("environment") or {}
     device = str(env.get("device") or cfg.device)
-    return cfg, policy, int(env.get("world_size") or 1), "fused" if device.startswith("cuda") else "foreach"
+    return cfg, policy, run_world_size(run), "fused" if device.startswith("cuda") else "foreach"
+
+
+def run_world_size(run: RunDir) -> int:
+    """GPUs (ranks) the run used: the worker records ``manifest.distributed.world_size`` under torchrun."""
+    dist = run.manifest.get("distributed") or {}
+    env = run.manifest.get("environment") or {}
+    return int(dist.get("world_size") or env.get("world_size") or 1)
 
 
 def capacity_gib(run: RunDir) -> float | None:
