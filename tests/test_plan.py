@@ -266,3 +266,14 @@ def test_plan_tiny_suite_from_a_saved_model(tmp_path, capsys):
     # fp32 master + grads + two fp32 moments + bf16 reference, at least
     assert v["peak_allocated_gib"] * GIB >= n * (4 + 4 + 8 + 2)
     assert v["fits"] is True
+
+
+def test_run_world_size_reads_the_workers_distributed_record(tmp_path):
+    # torchrun workers write manifest.distributed.world_size; without it a run is one process
+    from verlaudit.plan import run_world_size
+    from verlaudit.rundir import RunWriter, read_run
+
+    for manifest, expected in (({"distributed": {"rank": 0, "world_size": 2}}, 2), ({"environment": {}}, 1)):
+        d = tmp_path / str(expected)
+        RunWriter(d).write_manifest(manifest)
+        assert run_world_size(read_run(d)) == expected
