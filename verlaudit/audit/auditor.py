@@ -44,7 +44,9 @@ class AuditSettings:
     full_steps: int = 2
     """The first ``full_steps`` steps are audited at the full level ..."""
     every: int = 10
-    """... and every ``every``-th step after (0: never); the others at the boundary level."""
+    """... and every ``every``-th step after (0: never); the others at the boundary level. Lost
+    updates (`numerics.update_underflow`) are measured on the same steps at both levels, and on
+    step 0 even when ``full_steps`` is 0."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -58,6 +60,14 @@ class AuditSettings:
         if self.level != "full":
             return False
         return step < self.full_steps or (self.every > 0 and step % self.every == 0)
+
+    def measures_updates(self, step: int) -> bool:
+        """Whether this step snapshots a sample of the weights to count updates lost to rounding:
+        cheap (`numerics.UPDATE_SAMPLE` elements per tensor, one host read), but not free, so only
+        on `is_full`'s schedule, at the boundary level too."""
+        if self.level == "off":
+            return False
+        return step < max(1, self.full_steps) or (self.every > 0 and step % self.every == 0)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,6 +98,10 @@ class Auditor(Observer):
         self.failure: dict[str, Any] | None = None
         self._num: dict[str, float] = {}
         self._snap: dict[str, dict] = {}
+        self._update_due: set[str] = set()
+        """Roles whose next optimizer step is measured for lost updates; a skipped step (fp16 scale
+        calibration) passes the measurement on to the role's next optimizer step."""
+        self._update_index: dict[tuple[str, int, str], torch.Tensor] = {}
         self._held_grads: dict[str, list[tuple[str, torch.Tensor]]] = {}
         self._checks: list[tuple] = []
         """Non-finite checks of boundary tensors, still on the device: read together in `_settle`."""
@@ -141,6 +155,8 @@ class Auditor(Observer):
         self.provenance.reset()
         self._num, self._snap, self._checks = {}, {}, []
         self.sampled = self.settings.is_full(step)
+        if self.settings.measures_updates(step):
+            self._update_due = set(TRAINABLE_ROLES)
         if self.probe is not None:
             self.probe.absmax = {}
             if self.sampled:
@@ -290,8 +306,8 @@ class Auditor(Observer):
         # (scaler_state["found_inf"]), so they are counted in on_optimizer_step only when it found
         # some. zero_grad(set_to_none=True) drops the trainer's references, not these.
         self._held_grads[role] = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-        if self.sampled:
-            self._snap[role] = numerics.snapshot(model.named_parameters())
+        if role in self._update_due:
+            self._snap[role] = numerics.snapshot(model.named_parameters(), cache=self._update_index)
 
     def on_optimizer_step(self, *, role, model, optimizer, scaler_state, skipped, grad_norm) -> None:
         if self.level == "off" or self.policy is None:
@@ -322,6 +338,7 @@ class Auditor(Observer):
         del held
         snap = self._snap.pop(role, None)
         if snap and not skipped:
+            self._update_due.discard(role)
             frac, per_module = numerics.update_underflow(snap, model.named_parameters())
             key = f"numerics/{role}/update_underflow_frac"
             self._num[key] = max(self._num.get(key, 0.0), frac)

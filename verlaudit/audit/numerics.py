@@ -4,7 +4,7 @@ Functions over gradients, parameter snapshots and per-module observations; they 
 and `Finding`s and register nothing. `Provenance` keeps, per step, the first module (in execution
 order) whose forward output — or, in backward, whose input gradient — became non-finite while
 what it received was finite: the producer, told apart from the modules that only propagated it.
-Exercised by `pytest tests/test_audit_numerics.py`.
+Exercised by `pytest tests/test_audit_probes.py tests/test_audit_update_underflow.py`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,14 @@ from verlaudit.rundir import Finding
 HEADROOM = 1 / 8
 """Warn when an fp16 absolute maximum exceeds this fraction of the dtype's largest finite value."""
 GRAD_UNDERFLOW_WARN = 0.05
-UPDATE_UNDERFLOW_WARN = 0.10
+UPDATE_UNDERFLOW_WARN = 0.5
+"""Warn when more than this fraction of sampled elements with a non-zero gradient kept their value
+through an optimizer step. High on purpose: the check runs at the always-on boundary level, and
+bf16-pure at a too-small lr loses nearly all (the FSDP benchmark: 98% of a 7B weight matrix
+bit-identical after a bf16 step at lr 1e-6)."""
 UPDATE_SAMPLE = 4096
-"""Elements per parameter snapshotted to measure lost updates (a strided sample keeps memory flat)."""
+"""Elements per parameter tensor snapshotted to measure lost updates (a fixed sample keeps memory flat)."""
+UPDATE_SEED = 0
 
 
 @dataclasses.dataclass
@@ -84,20 +89,36 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def snapshot(
-    named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPDATE_SAMPLE
-) -> dict[str, tuple]:
-    """A strided sample of each parameter (and whether its gradient there is non-zero) before a step."""
+def sample_index(numel: int, sample: int = UPDATE_SAMPLE, seed: int = UPDATE_SEED) -> torch.Tensor:
+    """Sorted, distinct flat positions (at most ``sample``; all of them when ``numel <= sample``), the
+    same for every call with the same arguments. Random rather than strided: a stride that divides a
+    row length would sample the same few columns of every row."""
+    if numel <= sample:
+        return torch.arange(numel)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, numel, (sample,), generator=gen).unique()
+
+
+def snapshot(named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPDATE_SAMPLE,
+             cache: dict[tuple[str, int, str], torch.Tensor] | None = None) -> dict[str, tuple]:  # fmt: skip
+    """``{name: (index, values, grad != 0)}`` at a fixed sample of each parameter's elements, taken before
+    an optimizer step: ``sample`` elements per tensor at most, whatever the model size (a full copy of
+    a 7B bf16 model would be 13 GB). FSDP2 DTensors are sampled on this rank's shard. Pass the same
+    ``cache`` every step to build each index once; nothing here reads a value back to the host."""
+    cache = {} if cache is None else cache
     snap = {}
     for name, p in named_params:
-        if p.grad is None or not p.is_floating_point():
+        if p.grad is None or not p.is_floating_point() or not p.numel():
             continue
-        # FSDP2 DTensors: this rank's shard (a sharded dimension cannot be flattened in place)
-        flat = _local(p.detach()).reshape(-1)
-        stride = max(1, flat.numel() // sample)
-        idx = slice(0, flat.numel(), stride)
-        g = _local(p.grad).reshape(-1)[idx]
-        snap[name] = (idx, flat[idx].clone(), g != 0)
+        local = _local(p.detach())
+        if not local.numel():  # an FSDP rank can hold an empty shard
+            continue
+        key = (name, local.numel(), str(local.device))
+        idx = cache.get(key)
+        if idx is None:
+            idx = cache[key] = sample_index(local.numel(), sample).to(local.device)
+        # take() indexes the tensor as if flat without copying it (reshape would, if non-contiguous)
+        snap[name] = (idx, torch.take(local, idx), torch.take(_local(p.grad), idx) != 0)
     return snap
 
 
@@ -105,42 +126,54 @@ def update_underflow(
     before: Mapping[str, tuple], named_params: Iterable[tuple[str, torch.Tensor]]
 ) -> tuple[float, dict[str, float]]:
     """Fraction of parameter elements unchanged by the step despite a non-zero gradient, overall and
-    per module. Each parameter's sampled fraction is weighted by its size, so a small norm weight does
-    not count as much as a large projection. With bf16 master weights at a small learning rate most
-    updates round away."""
-    lost_w = moving_w = 0.0
-    per_module: dict[str, list[float]] = {}
+    per module, from a `snapshot` taken before it. Each parameter's sampled fraction is weighted by its
+    size, so a small norm weight does not count as much as a large projection. With bf16 master weights
+    at a small learning rate most updates round away. One host read for all parameters."""
+    names, sizes, counts = [], [], []
     for name, p in named_params:
         if name not in before:
             continue
         idx, old, nonzero = before[name]
-        new = _local(p.detach()).reshape(-1)[idx]
-        moving = int(nonzero.sum())
+        new = torch.take(_local(p.detach()), idx)
+        counts.append(torch.stack([((new == old) & nonzero).sum(), nonzero.sum()]))
+        names.append(name)
+        sizes.append(p.numel())
+    if not counts:
+        return 0.0, {}
+    dev = counts[0].device
+    pairs = torch.stack([c.to(dev) for c in counts]).tolist()  # the one read
+    lost_w = moving_w = 0.0
+    per_module: dict[str, list[float]] = {}
+    for name, size, (lost, moving) in zip(names, sizes, pairs):
         if not moving:
             continue
-        frac = int(((new == old) & nonzero).sum()) / moving
-        lost_w += frac * p.numel()
-        moving_w += p.numel()
+        frac = lost / moving
+        lost_w += frac * size
+        moving_w += size
         acc = per_module.setdefault(name.rsplit(".", 1)[0], [0.0, 0.0])
-        acc[0] += frac * p.numel()
-        acc[1] += p.numel()
+        acc[0] += frac * size
+        acc[1] += size
     overall = lost_w / moving_w if moving_w else 0.0
     return overall, {m: lost / n for m, (lost, n) in per_module.items() if n}
 
 
 def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], policy: RolePolicy, lr: float | None,
                        *, step: int, phase: str | None) -> list[Finding]:  # fmt: skip
-    if frac < UPDATE_UNDERFLOW_WARN:
+    """A warning when more than `UPDATE_UNDERFLOW_WARN` of the sampled updates were lost, naming the
+    modules that lost the most."""
+    if frac <= UPDATE_UNDERFLOW_WARN:
         return []
     top = sorted(per_module.items(), key=lambda kv: -kv[1])[:5]
+    worst = ", ".join(f"{m} {v:.0%}" for m, v in top[:3])
     return [Finding(
         severity="warning", kind="numerics/update_underflow", role=role, where=top[0][0] if top else None,
         step=step, phase=phase, observed={"fraction": round(frac, 4), "top_modules": {m: round(v, 4) for m, v in top}},
-        expected=f"< {UPDATE_UNDERFLOW_WARN}",
+        expected=f"<= {UPDATE_UNDERFLOW_WARN}",
         message=f"{frac:.0%} of {role} weight updates were lost to {dn(policy.param_dtype)} rounding "
-        f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''})",
+        f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''}; sampled, worst: {worst})",
         fix="keep fp32 master weights (precision.preset: bf16, i.e. bf16 autocast with fp32 params; verl: "
-        "actor_rollout_ref.actor.fsdp_config.model_dtype=float32) or raise the learning rate",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32 with bf16 mixed_precision.param_dtype) "
+        "or raise the learning rate",
     )]  # fmt: skip
 
 
