@@ -94,7 +94,9 @@ def test_nan_injected_in_one_layer():
     a = run(inject={"nan_in_module": "model.layers.1.mlp", "at_step": 1, "phase": "actor_update"})
     f = only(a, "numerics/nonfinite_forward")
     assert (f.where, f.role, f.step, f.phase) == ("model.layers.1.mlp", "actor", 1, "actor_update")
-    assert only(a, "numerics/skipped_step", role="actor").step == 1  # fp32 without scaler: the guard skipped it
+    assert (
+        only(a, "numerics/skipped_step", role="actor").step == 1
+    )  # fp32 without scaler: the guard skipped it
 
 
 def test_fp16_layer_driven_to_overflow():

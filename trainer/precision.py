@@ -200,6 +200,7 @@ def resolve_policy(
     Raises ValueError naming the field path (``where``) on unknown presets, roles, fields or dtypes,
     and when the device cannot run the policy (bf16 on a GPU without bf16 support).
     """
+
     def at(key: str) -> str:
         return f"{where}.{key}" if where else key
 
@@ -239,7 +240,9 @@ def resolve_policy(
             elif key == "grad_checkpointing" and value and role not in TRAINABLE_ROLES:
                 raise ValueError(f"{path}: role {role!r} has no backward to checkpoint")
             changes[key] = value
-            reasons[key] = f"per-role override {path}={value if not isinstance(value, torch.dtype) else dtype_name(value)}"
+            reasons[key] = (
+                f"per-role override {path}={value if not isinstance(value, torch.dtype) else dtype_name(value)}"
+            )
         if "param_dtype" in changes or "compute_dtype" in changes:
             pd = changes.get("param_dtype", base.param_dtype)
             cd = changes.get("compute_dtype", base.compute_dtype)
@@ -253,7 +256,9 @@ def resolve_policy(
         if role in TRAINABLE_ROLES and "loss_scaling" not in changes:
             if fp16_compute and base.loss_scaling == "none":
                 changes["loss_scaling"] = "dynamic"
-                reasons["loss_scaling"] = "fp16 compute: dynamic loss scaling added (fp16 gradients underflow)"
+                reasons["loss_scaling"] = (
+                    "fp16 compute: dynamic loss scaling added (fp16 gradients underflow)"
+                )
             elif not fp16_compute and base.loss_scaling != "none":
                 changes["loss_scaling"] = "none"
                 reasons["loss_scaling"] = "compute overridden away from fp16: no loss scaling needed"
@@ -341,7 +346,9 @@ class LossScaler:
         process_group: Any = None,
     ) -> None:
         if mode not in LOSS_SCALING:
-            raise ValueError(f"loss_scaling: unknown mode {mode!r}; expected one of {', '.join(LOSS_SCALING)}")
+            raise ValueError(
+                f"loss_scaling: unknown mode {mode!r}; expected one of {', '.join(LOSS_SCALING)}"
+            )
         self.mode = mode
         self.scale = 1.0 if mode == "none" else float(init_scale)
         self.growth_factor = growth_factor
@@ -405,7 +412,9 @@ class LossScaler:
         self.last_found_inf = found
         return found
 
-    def _check_and_unscale(self, group: list[torch.Tensor], dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    def _check_and_unscale(
+        self, group: list[torch.Tensor], dev: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
         """GradScaler's fused kernel where it exists; it has no bf16 CUDA kernel (bf16-pure gradients),
         so there: unscale with a foreach multiply and detect non-finite values through the inf-norm,
         which is nan or inf exactly when some element is (and cannot overflow, unlike the 2-norm)."""

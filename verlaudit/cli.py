@@ -13,8 +13,14 @@ import sys
 
 COMMANDS = {
     "run": ("verlaudit.runner", "run a suite: every variant in its own process, then the comparison report"),
-    "diagnose": ("verlaudit.diagnose", "explain a run directory (or a foreign training log): cause, culprit, fix"),
-    "compare": ("verlaudit.compare", "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression"),
+    "diagnose": (
+        "verlaudit.diagnose",
+        "explain a run directory (or a foreign training log): cause, culprit, fix",
+    ),
+    "compare": (
+        "verlaudit.compare",
+        "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression",
+    ),
     "plan": ("verlaudit.plan", "predict each variant's peak device memory before running"),
 }
 
