@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/learning_curves.py [--algos ppo,grpo,dpo] [--out reports/learning_curves_cpu.md]
 
 tiny-llama (random init) on the built-in ``digits`` task, seed 0, one torch thread, CPU. "start" and
-"end" are the means of the first and last 5 steps. The settings below are the ones the suites
+"end" are the means of the first and last 5 steps. The settings (`trainer.data.TINY_LEARNING_SETTINGS`) are the ones the suites
 (`suites/tiny_cpu.yaml`, `grpo_tiny_cpu.yaml`, `dpo_tiny_cpu.yaml`) and tests/test_train.py use to show
 learning on a ~100k-parameter model; the config defaults (lr 1e-4) are sized for real models.
 """
@@ -21,14 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import TrainConfig  # noqa: E402
+from trainer.data import TINY_LEARNING_SETTINGS  # noqa: E402
 from trainer.train import train  # noqa: E402
 
-SETTINGS = {
-    "ppo": {"lr": 2e-3, "critic_lr": 2e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8,
-            "ppo_epochs": 2, "kl_coef": 0.0},
-    "grpo": {"lr": 1e-3, "batch_size": 8, "mini_batch_size": 16, "micro_batch_size": 16, "ppo_epochs": 2},
-    "dpo": {"lr": 1e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8},
-}  # fmt: skip
+SETTINGS = TINY_LEARNING_SETTINGS
 STEPS = {"ppo": 40, "grpo": 40, "dpo": 30}
 PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
 

@@ -13,18 +13,14 @@ import torch
 
 from trainer.common import NonFiniteLossError
 from trainer.config import TrainConfig
+from trainer.data import TINY_LEARNING_SETTINGS
 from trainer.events import Observer
 from trainer.train import main, train
 
 # Small enough for 2 busy cores; mini 4 / micro 2 exercises gradient accumulation.
 SMALL = {"batch_size": 4, "mini_batch_size": 4, "micro_batch_size": 2, "group_size": 2}
 # Learning settings measured in .notes/T2_learning_curves.md: lr 1e-4 is too timid for a 100k-param model.
-LEARN = {
-    "ppo": {"lr": 2e-3, "critic_lr": 2e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8,
-            "ppo_epochs": 2, "kl_coef": 0.0},
-    "grpo": {"lr": 1e-3, "batch_size": 8, "mini_batch_size": 16, "micro_batch_size": 16, "ppo_epochs": 2},
-    "dpo": {"lr": 1e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8},
-}  # fmt: skip
+LEARN = TINY_LEARNING_SETTINGS
 LEARN_STEPS = {"ppo": 25, "grpo": 20, "dpo": 16}
 
 COMMON_KEYS = {
