@@ -211,3 +211,18 @@ def test_any_corruption_is_a_value_error_naming_the_field(kind, leaf, section, k
     with pytest.raises(ValueError) as info:
         Suite.from_dict(data, source="s.yaml")
     assert f"s.yaml: {path}:" in str(info.value), (path, str(info.value))
+
+
+def test_compare_section_is_validated_when_the_suite_loads(tmp_path):
+    # compare owns the keys' meaning; a typo must fail at `verlaudit run`, not days later in CI
+    import pytest
+
+    from verlaudit.suite import load_suite
+
+    bad = tmp_path / "s.yaml"
+    bad.write_text("name: x\ntrain: {steps: 1}\ncompare: {tolerances: {loss_atl: 1}}\nvariants: {a: {}}\n")
+    with pytest.raises(ValueError, match=r"compare\.tolerances\.loss_atl: unknown tolerance"):
+        load_suite(bad)
+    bad.write_text("name: x\ntrain: {steps: 1}\ncompare: {gates: ['max(a/b) <']}\nvariants: {a: {}}\n")
+    with pytest.raises(ValueError, match=r"compare\.gates\[0\]"):
+        load_suite(bad)

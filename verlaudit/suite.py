@@ -193,6 +193,9 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     compare = data.get("compare") or {}
     if not isinstance(compare, Mapping):
         raise ValueError(f"compare: expected a mapping (tolerances, gates), got {compare!r}")
+    from verlaudit.compare import load_settings  # compare owns the meaning; reject bad keys at load time
+
+    load_settings(compare)
 
     variants_raw = data.get("variants")
     if not isinstance(variants_raw, Mapping) or not variants_raw:
