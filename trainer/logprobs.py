@@ -23,23 +23,30 @@ def _rows_per_chunk(vocab: int, chunk_elements: int) -> int:
     return max(1, chunk_elements // max(vocab, 1))
 
 
+def _fp32_chunks(logits: torch.Tensor, temperature: float, chunk_elements: int):
+    """(row slice, fp32 logits / temperature) for each chunk of rows of a 2-D [N, V] tensor."""
+    n, v = logits.shape
+    step = _rows_per_chunk(v, chunk_elements)
+    for s in range(0, n, step):
+        x = logits[s : s + step].float()
+        if temperature != 1.0:
+            x = x / temperature
+        yield slice(s, s + step), x
+
+
 class _TokenLogprob(torch.autograd.Function):
     """log_softmax(logits / t)[label] in fp32, chunked over rows. Inputs are 2-D: [N, V], [N]."""
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk_elements):  # noqa: ANN001
-        n, v = logits.shape
+        n = logits.shape[0]
         out = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        step = _rows_per_chunk(v, chunk_elements)
-        for s in range(0, n, step):
-            x = logits[s : s + step].float()
-            if temperature != 1.0:
-                x = x / temperature
+        for rows, x in _fp32_chunks(logits, temperature, chunk_elements):
             # log_softmax then gather (not x - logsumexp): bit-identical to the naive expression.
             logp = x.log_softmax(-1)
-            out[s : s + step] = logp.gather(-1, labels[s : s + step, None]).squeeze(-1)
-            lse[s : s + step] = torch.logsumexp(x, -1)
+            out[rows] = logp.gather(-1, labels[rows, None]).squeeze(-1)
+            lse[rows] = torch.logsumexp(x, -1)
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature = temperature
         ctx.chunk_elements = chunk_elements
@@ -49,21 +56,16 @@ class _TokenLogprob(torch.autograd.Function):
     def backward(ctx, grad_out):  # noqa: ANN001
         logits, labels, lse = ctx.saved_tensors
         t = ctx.temperature
-        n, v = logits.shape
         grad = torch.empty_like(logits)
-        step = _rows_per_chunk(v, ctx.chunk_elements)
-        for s in range(0, n, step):
-            x = logits[s : s + step].float()
-            if t != 1.0:
-                x = x / t
-            g = grad_out[s : s + step].float()[:, None]
+        for rows, x in _fp32_chunks(logits, t, ctx.chunk_elements):
+            g = grad_out[rows].float()[:, None]
             # d/dx log p_label = onehot - softmax; divided by t for the temperature.
-            probs = (x - lse[s : s + step, None]).exp_()
+            probs = (x - lse[rows, None]).exp_()
             chunk = -probs * g
-            chunk.scatter_add_(-1, labels[s : s + step, None], g)
+            chunk.scatter_add_(-1, labels[rows, None], g)
             if t != 1.0:
                 chunk /= t
-            grad[s : s + step] = chunk.to(grad.dtype)
+            grad[rows] = chunk.to(grad.dtype)
         return grad, None, None, None
 
 
@@ -72,15 +74,10 @@ class _Entropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, temperature, chunk_elements):  # noqa: ANN001
-        n, v = logits.shape
-        out = torch.empty(n, dtype=torch.float32, device=logits.device)
-        step = _rows_per_chunk(v, chunk_elements)
-        for s in range(0, n, step):
-            x = logits[s : s + step].float()
-            if temperature != 1.0:
-                x = x / temperature
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        for rows, x in _fp32_chunks(logits, temperature, chunk_elements):
             logp = x.log_softmax(-1)
-            out[s : s + step] = -(logp.exp() * logp).sum(-1)
+            out[rows] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits)
         ctx.temperature = temperature
         ctx.chunk_elements = chunk_elements
@@ -90,21 +87,16 @@ class _Entropy(torch.autograd.Function):
     def backward(ctx, grad_out):  # noqa: ANN001
         (logits,) = ctx.saved_tensors
         t = ctx.temperature
-        n, v = logits.shape
         grad = torch.empty_like(logits)
-        step = _rows_per_chunk(v, ctx.chunk_elements)
-        for s in range(0, n, step):
-            x = logits[s : s + step].float()
-            if t != 1.0:
-                x = x / t
+        for rows, x in _fp32_chunks(logits, t, ctx.chunk_elements):
             logp = x.log_softmax(-1)
             p = logp.exp()
             # dH/dx_i = -p_i (log p_i - sum_j p_j log p_j)   (the lse terms cancel)
             centered = logp - (p * logp).sum(-1, keepdim=True)
-            chunk = -p * centered * grad_out[s : s + step].float()[:, None]
+            chunk = -p * centered * grad_out[rows].float()[:, None]
             if t != 1.0:
                 chunk /= t
-            grad[s : s + step] = chunk.to(grad.dtype)
+            grad[rows] = chunk.to(grad.dtype)
         return grad, None, None
 
 
