@@ -149,11 +149,7 @@ def update_actor(setup: Setup, observer: Observer, rollout, old_logprobs, advant
             )
             norms.append(norm)
             skips.append(float(skipped))
-    m = {f"actor/{k}": v for k, v in avg.means().items()}
-    m["actor/grad_norm"] = sum(norms) / len(norms)
-    m["actor/skipped"] = sum(skips) / len(skips)
-    m.update(optimizer_metrics("actor", opt, scaler))
-    return m
+    return update_metrics("actor", avg, norms, skips, opt, scaler)
 
 
 def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns) -> dict:
@@ -184,11 +180,15 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
             )
             norms.append(norm)
             skips.append(float(skipped))
-    m = {f"critic/{k}": v for k, v in avg.means().items()}
-    m["critic/grad_norm"] = sum(norms) / len(norms)
-    m["critic/skipped"] = sum(skips) / len(skips)
-    m["critic/loss_scale"] = scaler.scale
-    m["critic/lr"] = opt.param_groups[0]["lr"]
+    return update_metrics("critic", avg, norms, skips, opt, scaler)
+
+
+def update_metrics(role: str, avg: Averages, norms: list, skips: list, opt, scaler) -> dict:
+    """Means of the micro-batch terms, mean grad norm and skipped fraction over optimizer steps, lr, scale."""
+    m = {f"{role}/{k}": v for k, v in avg.means().items()}
+    m[f"{role}/grad_norm"] = sum(norms) / len(norms)
+    m[f"{role}/skipped"] = sum(skips) / len(skips)
+    m.update(optimizer_metrics(role, opt, scaler))
     return m
 
 
