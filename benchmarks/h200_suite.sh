@@ -34,6 +34,6 @@ if [ "$part" = suite ]; then
 else
   run update 210 $PY benchmarks/bench_update.py --out "$OUT/update.json"
   run audit 200 $PY benchmarks/bench_audit.py --out "$OUT/audit.json" --passes 1
-  run rollout 130 $PY benchmarks/bench_rollout.py --out "$OUT/rollout.json"
+  run rollout 130 $PY benchmarks/rollout_bench.py --out "$OUT"
 fi
 ls -la "$OUT"

@@ -1,7 +1,7 @@
 """Turns the JSON of benchmarks/h200_suite.sh into reports/gpu/h200_results.md.
 
 Reads, from the directories given (the fetched $OUT of each device call): gpu.txt, plan.json,
-update.json, audit.json, rollout.json and suite_runs.tgz (the run directories of
+update.json, audit.json, rollout_bench.md and suite_runs.tgz (the run directories of
 ``verlaudit run suites/llama7b_h200.yaml``: measured peaks beside the planner's). Missing parts are
 reported as missing. Run: ``python benchmarks/render_gpu_report.py OUT1 [OUT2] [--out reports/gpu/h200_results.md]``.
 """
@@ -60,11 +60,7 @@ def render(dirs: list[Path]) -> str:
     gpu = _load(dirs, "gpu.txt")
     lines += [f"GPU (nvidia-smi): `{(gpu or 'missing').strip()}`", ""]
     env = next(
-        (
-            j["environment"]
-            for j in (_load(dirs, n) for n in ("update.json", "audit.json", "rollout.json"))
-            if j
-        ),
+        (j["environment"] for j in (_load(dirs, n) for n in ("update.json", "audit.json")) if j),
         None,
     )
     if env:
@@ -125,21 +121,9 @@ def render(dirs: list[Path]) -> str:
     else:
         lines += ["missing", ""]
 
-    ro = _load(dirs, "rollout.json")
-    lines += ["## Rollout (HF generate, Llama-2-7B shape, bf16, 128 + 128 tokens, sampling)", ""]
-    if ro:
-        rows = []
-        for k, v in ro.items():
-            if k.startswith(("generate/", "engine/")):
-                rows.append([k, "error: " + v["error"]] if "error" in v else
-                            [k, f"{v['new_tokens_per_s']:.0f}", f"{v.get('ms_per_decode_step', float('nan')):.1f}"])  # fmt: skip
-        lines += [tabulate(rows, ["case", "new tokens/s", "ms per decode step"], tablefmt="github"), ""]
-        if "floor" in ro:
-            f = ro["floor"]
-            lines += [f"Weight-bandwidth floor ({ro['copy_bandwidth']['tb_per_s']:.2f} TB/s measured copy): "
-                      f"{f['ms_per_decode_step']:.1f} ms/step, {f['new_tokens_per_s_b32']:.0f} tokens/s at batch 32.", ""]  # fmt: skip
-    else:
-        lines += ["missing", ""]
+    ro = _load(dirs, "rollout_bench.md")  # written by benchmarks/rollout_bench.py
+    lines += ["## Rollout (Llama-2-7B shape, bf16, batch 32, 128 + 128 tokens, sampling)", ""]
+    lines += [ro.replace("\n# ", "\n### ").lstrip("# "), ""] if ro else ["missing", ""]
     return "\n".join(lines)
 
 
