@@ -26,7 +26,7 @@ from torch import nn
 from trainer import distributed as dist_mod
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy, resolve_policy
+from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy
 
 
 class NonFiniteLossError(RuntimeError):
@@ -103,7 +103,7 @@ def build_setup(
     # the same seed on every rank: each draws the same global batch and keeps its slice
     seed_everything(config.seed)
     pc = config.precision
-    policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, device=device)
+    policy = pc.resolve(device)
     tokenizer = M.load_tokenizer(config.model)
     actor = M.build_causal_lm(config.model, tokenizer, policy["actor"], device, seed=config.seed)
     actor.train()
@@ -119,6 +119,15 @@ def build_setup(
         rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
         if rm is not None:
             models["reward"] = rm
+    if config.model.compile:
+        if info.distributed:
+            raise ValueError(
+                "model.compile: not supported with several processes yet (FSDP2 + compiled layers is "
+                "untested here); set model.compile: false or run one process"
+            )
+        for role in ("actor", "critic", "reference"):
+            if role in models:
+                M.compile_layers(models[role])
     if info.distributed:
         # after the deep copies (reference, critic) and before the optimizers, which must see the
         # sharded DTensor parameters

@@ -123,6 +123,10 @@ class ModelConfig(_Section):
     reward_model: str | None = None
     """Reward model: a local sequence-classification directory, a preset name, or ``module:attr``
     loader; unset means the task's rule reward (or ``data.reward_fn``)."""
+    compile: bool = False
+    """``torch.compile`` every decoder layer (Inductor fuses norms, rotary, SiLU-mul and residual adds
+    between the GEMMs) for training and frozen forwards; forwards with a KV cache (rollout) and
+    forwards watched by the full audit's hooks stay eager. One process only."""
 
     def __post_init__(self) -> None:
         _check(self.path is not None or self.preset is not None, "preset", "set model.preset or model.path")
@@ -228,6 +232,10 @@ class PrecisionConfig(_Section):
     """Per-role fields on top of the preset: ``{critic: {compute_dtype: bf16}}``."""
     grad_checkpointing: bool | Mapping[str, bool] = False
     """On for all trainable roles, or per role: ``{actor: true, critic: false}``."""
+    checkpoint_layers: int | str | None = None
+    """Selective checkpointing: checkpoint only the first N decoder layers (unset: all of them).
+    ``auto`` is resolved by ``verlaudit run`` from the memory planner (fewest checkpointed layers
+    that fit the target GPU); the trainer itself needs a number."""
 
     def __post_init__(self) -> None:
         _check(
@@ -235,7 +243,21 @@ class PrecisionConfig(_Section):
             "preset",
             f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}",
         )
-        resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing, where="")
+        if self.checkpoint_layers == "auto":
+            _check(self.grad_checkpointing is not False, "checkpoint_layers",
+                   "auto needs grad_checkpointing: true")  # fmt: skip
+        else:
+            self.resolve(where="")
+
+    def resolve(self, device: Any = "cpu", *, where: str = "precision"):
+        """The run's `trainer.precision.PrecisionPolicy` on ``device`` (ValueError naming ``where``)."""
+        if self.checkpoint_layers == "auto":
+            raise ValueError(
+                f"{where + '.' if where else ''}checkpoint_layers: auto is chosen by `verlaudit run` from the "
+                "memory planner before the trainer starts; run the trainer directly with a number of layers"
+            )
+        return resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing,
+                              checkpoint_layers=self.checkpoint_layers, device=device, where=where)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -246,10 +268,16 @@ class RolloutConfig(_Section):
     cuda_graphs: bool = False
     """Capture the single-token decode step as a CUDA graph (needs ``cache: static`` and CUDA; not
     with several ranks, where each decode step contains FSDP2 all-gathers that cannot be captured)."""
+    compile: bool = False
+    """``torch.compile`` (Inductor, whole graph, static shapes) the single-token decode forward of
+    ``cache: static``, so norms, rotary, SiLU-mul and residual adds fuse between the GEMMs; with
+    ``cuda_graphs`` the compiled step is captured too. Compiles once per process and batch shape
+    (tens of seconds for a 7B model; the prefill stays eager)."""
 
     def __post_init__(self) -> None:
         _check(self.cache in ("dynamic", "static"), "cache", f"{self.cache!r}; expected dynamic or static")
         _check(not self.cuda_graphs or self.cache == "static", "cuda_graphs", "needs rollout.cache: static")
+        _check(not self.compile or self.cache == "static", "compile", "needs rollout.cache: static")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -89,6 +89,67 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's checkpointable decoder layers, in order (transformers' ``GradientCheckpointingLayer``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def apply_checkpointing(
+    model: nn.Module, policy: RolePolicy, *, where: str = "precision.checkpoint_layers"
+) -> None:
+    """The role's checkpointing: every decoder layer, or only the first ``policy.checkpoint_layers``.
+    The unchecked layers are the last ones: their activations are the first the backward frees, and
+    the backward starts on them without a recompute."""
+    if not policy.grad_checkpointing:
+        return
+    enable_checkpointing(model)
+    n = policy.checkpoint_layers
+    if n is None:
+        return
+    layers = decoder_layers(model)
+    if n > len(layers):
+        raise ValueError(
+            f"{where}: {n}, but the {policy.role} model has {len(layers)} decoder layers; "
+            f"use at most {len(layers)} (or leave it unset to checkpoint all)"
+        )
+    for layer in layers[n:]:
+        layer.gradient_checkpointing = False
+
+
+_CACHE_KWARGS = ("past_key_values", "past_key_value", "cache", "layer_past")
+_COMPILED: dict[type, Any] = {}
+
+
+def _compiled_layer_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A decoder layer's forward through ``torch.compile`` when it runs as a training or frozen
+    forward; eagerly when it reads or writes a KV cache (rollout: the decode engines capture or loop
+    themselves) or while hooks watch it (the full audit level's probes must see every module)."""
+    cls = type(self)
+    eager = any(kwargs.get(k) is not None for k in _CACHE_KWARGS) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in self.modules()
+    )
+    if eager:
+        return cls.forward(self, *args, **kwargs)
+    fn = _COMPILED.get(cls)
+    if fn is None:
+        # one compiled function per layer class: the layers share the traced code, parameters are inputs
+        fn = _COMPILED[cls] = torch.compile(cls.forward)
+    return fn(self, *args, **kwargs)
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Routes every decoder layer's forward through `_compiled_layer_forward` (Inductor fuses the
+    norms, rotary embedding, SiLU-mul and residual adds between the GEMMs). Returns the layer count."""
+    import types
+
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = types.MethodType(_compiled_layer_forward, layer)
+    return len(layers)
+
+
 def disable_checkpointing(model: nn.Module) -> None:
     if hasattr(model, "activation_checkpointing_disable"):
         model.activation_checkpointing_disable()
@@ -207,8 +268,7 @@ def _finish(
         gen.pad_token_id = tokenizer.pad_token_id
         gen.eos_token_id = tokenizer.eos_token_id
         gen.bos_token_id = tokenizer.bos_token_id
-    if policy.grad_checkpointing:
-        enable_checkpointing(model)
+    apply_checkpointing(model, policy)
     return model
 
 
@@ -355,8 +415,7 @@ def build_critic(
     critic = ValueModel(backbone).to(device)
     for p in critic.parameters():
         p.requires_grad_(True)
-    if policy.grad_checkpointing:
-        critic.gradient_checkpointing_enable()
+    apply_checkpointing(critic, policy)
     return critic
 
 

@@ -81,6 +81,10 @@ class RolePolicy:
     """Subset of `ISLANDS` that stays fp32 on purpose under this policy."""
     grad_checkpointing: bool = False
     """Activation (gradient) checkpointing for this role's model."""
+    checkpoint_layers: int | None = None
+    """With checkpointing: how many decoder layers are checkpointed, counted from the first (None:
+    all). The last ``L - checkpoint_layers`` keep their activations: no recompute there, more memory
+    (selective checkpointing, spent where the memory planner says it fits)."""
     trainable: bool = False
     """Whether the role has an optimizer."""
     reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -135,6 +139,7 @@ _OVERRIDABLE = {
     "init_scale",
     "growth_interval",
     "grad_checkpointing",
+    "checkpoint_layers",
 }
 
 
@@ -191,6 +196,7 @@ def resolve_policy(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     grad_checkpointing: bool | Mapping[str, bool] = False,
+    checkpoint_layers: int | None = None,
     device: str | torch.device = "cpu",
     where: str = "precision",
 ) -> PrecisionPolicy:
@@ -219,6 +225,21 @@ def resolve_policy(
                     f"{at('grad_checkpointing')}: {role!r} has no backward; expected one of {TRAINABLE_ROLES}"
                 )
         gc = {r: bool(grad_checkpointing.get(r, False)) for r in ROLES}
+    if checkpoint_layers is not None:
+        if (
+            isinstance(checkpoint_layers, bool)
+            or not isinstance(checkpoint_layers, int)
+            or checkpoint_layers < 0
+        ):
+            raise ValueError(
+                f"{at('checkpoint_layers')}: expected a number of decoder layers >= 0 (or unset for all), "
+                f"got {checkpoint_layers!r}"
+            )
+        if not any(gc.values()):
+            raise ValueError(
+                f"{at('checkpoint_layers')}: set, but grad_checkpointing is off for every role; "
+                "set grad_checkpointing: true or remove checkpoint_layers"
+            )
 
     roles: dict[str, RolePolicy] = {}
     for role in ROLES:
@@ -227,6 +248,11 @@ def resolve_policy(
         reasons = dict(base.reasons)
         if gc[role]:
             reasons["grad_checkpointing"] = "requested: trade recompute for activation memory"
+            if checkpoint_layers is not None:
+                changes["checkpoint_layers"] = checkpoint_layers
+                reasons["checkpoint_layers"] = (
+                    f"selective: the first {checkpoint_layers} decoder layers recompute, the rest keep activations"
+                )
         for key, value in dict(overrides.get(role, {})).items():
             path = at(f"overrides.{role}.{key}")
             if key not in _OVERRIDABLE:
@@ -239,6 +265,15 @@ def resolve_policy(
                 raise ValueError(f"{path}: expected true or false, got {value!r}")
             elif key == "grad_checkpointing" and value and role not in TRAINABLE_ROLES:
                 raise ValueError(f"{path}: role {role!r} has no backward to checkpoint")
+            elif key == "checkpoint_layers" and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+                or role not in TRAINABLE_ROLES
+            ):
+                raise ValueError(
+                    f"{path}: expected a number of layers >= 0 for a trainable role, got {value!r}"
+                )
             changes[key] = value
             reasons[key] = (
                 f"per-role override {path}={value if not isinstance(value, torch.dtype) else dtype_name(value)}"

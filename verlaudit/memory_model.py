@@ -323,7 +323,14 @@ def train_phases(
     arch, pol, t, w = m.arch, m.policy, shape.tokens, m.world_size
     sharded = w > 1
     d = ActDtypes.of(pol, sharded=sharded)
-    ckpt = pol.grad_checkpointing
+    # selective checkpointing: the first n_ckpt layers keep only their input, the rest keep activations
+    n_ckpt = (
+        (arch.num_layers if pol.checkpoint_layers is None else min(pol.checkpoint_layers, arch.num_layers))
+        if pol.grad_checkpointing
+        else 0
+    )
+    n_keep = arch.num_layers - n_ckpt
+    ckpt = n_ckpt > 0
     base = dict(resident)
     for k, v in m.state().items():
         _add(base, f"{prefix} {k}", v)
@@ -344,21 +351,18 @@ def train_phases(
     _add(fwd, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
     _add(fwd, f"{prefix} autocast weight copies", copies)
     _add(fwd, f"{prefix} FSDP gathered layers", gathered)
-    if ckpt:
-        _add(fwd, f"{prefix} checkpoint boundaries", arch.num_layers * x_in * t)
-    else:
-        _add(fwd, f"{prefix} activations", arch.num_layers * saved_layer * t)
+    _add(fwd, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
+    _add(fwd, f"{prefix} activations", n_keep * saved_layer * t)
     _add(fwd, f"{prefix} final norm + head input", h_norm * t + head_in)
     _add(fwd, f"{prefix} logits + log-prob island", lg_saved + lg_fwd)
 
     top = dict(base)
     _add(top, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
-    _add(top, f"{prefix} autocast weight copies", copies if not ckpt else head_copy)
+    # autocast's cached weight copies die at autocast exit unless a kept layer saved them for backward
+    _add(top, f"{prefix} autocast weight copies", head_copy + n_keep * layer_copies)
     _add(top, f"{prefix} FSDP gathered layers", gathered)
-    if ckpt:
-        _add(top, f"{prefix} checkpoint boundaries", arch.num_layers * x_in * t)
-    else:
-        _add(top, f"{prefix} activations", arch.num_layers * saved_layer * t)
+    _add(top, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
+    _add(top, f"{prefix} activations", n_keep * saved_layer * t)
     _add(top, f"{prefix} final norm + head input", h_norm * t + head_in)
     _add(top, f"{prefix} logits + log-prob island", lg_saved + lg_bwd)
 

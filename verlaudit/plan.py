@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype, resolve_policy
+from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype
 from verlaudit import memory_model as mm
 from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
 from verlaudit.rundir import RunDir
@@ -121,7 +121,7 @@ def plan_config(
     notes: list[str] = []
     pc = cfg.precision
     if policy is None:
-        policy = resolve_policy(pc.preset, pc.overrides, grad_checkpointing=pc.grad_checkpointing, where="")
+        policy = pc.resolve(where="")
     arch = architecture_of(cfg.model)
     algo, data = cfg.algo, cfg.data
     w = gpus
@@ -196,6 +196,46 @@ def plan_config(
         phases += mm.train_phases(critic, dataclasses.replace(shape, logit_positions=0), accumulation=accumulation,
                                   resident=_without(res, "critic"), prefix="critic")  # fmt: skip
     return Estimate(tuple(phases)), notes
+
+
+AUTO_HEADROOM = 0.05
+"""``checkpoint_layers: auto`` plans to at most 95% of the GPU: the planner was within 1.1% of every
+measured H200 peak (reports/gpu/planner_vs_reference.md); the rest absorbs allocator fragmentation
+beyond `memory_model.FRAGMENTATION` and what the planner does not model (a user's collator, hooks)."""
+
+
+def resolve_checkpoint_layers(
+    cfg: TrainConfig, *, gpus: int = 1, target_gib: float | None, optimizer: str = "fused"
+) -> tuple[TrainConfig, str | None]:
+    """``precision.checkpoint_layers: auto`` -> the fewest checkpointed decoder layers (the most
+    layers keeping their activations, the least recompute) whose planned peak fits ``target_gib``
+    less `AUTO_HEADROOM`; all layers when nothing smaller fits or there is no GPU target. Returns
+    the config with a number and a note saying what was chosen and why; other configs unchanged."""
+    pc = cfg.precision
+    if pc.checkpoint_layers != "auto":
+        return cfg, None
+
+    def with_layers(n: int | None) -> TrainConfig:
+        return dataclasses.replace(cfg, precision=dataclasses.replace(pc, checkpoint_layers=n))
+
+    layers = architecture_of(cfg.model).num_layers
+    if target_gib is None:
+        return with_layers(
+            None
+        ), "checkpoint_layers auto: no GPU memory target (CPU run), all layers checkpointed"
+    budget = target_gib * (1 - AUTO_HEADROOM)
+    for n in range(layers + 1):
+        est, _ = plan_config(with_layers(n), gpus=gpus, optimizer=optimizer)
+        need = est.device_bytes() / GIB
+        if need <= budget:
+            return with_layers(n), (
+                f"checkpoint_layers auto: {n} of {layers} decoder layers checkpointed, {layers - n} keep their "
+                f"activations ({need:.1f} GiB planned per GPU, budget {budget:.1f} GiB = {target_gib:.1f} x "
+                f"{1 - AUTO_HEADROOM:.2f})"
+            )
+    return with_layers(None), (
+        f"checkpoint_layers auto: even all {layers} layers checkpointed exceed {budget:.1f} GiB; checkpointing all"
+    )
 
 
 def _without(parts: dict[str, int], prefix: str) -> dict[str, int]:
@@ -331,6 +371,7 @@ class VariantPlan:
             "algo": self.config.algo.name,
             "preset": p.preset,
             "grad_checkpointing": p.grad_checkpointing,
+            "checkpoint_layers": p.checkpoint_layers,
             "gpus": self.gpus,
             "target": self.target,
             "target_gib": self.target_gib,
@@ -350,9 +391,17 @@ def plan_suite(suite: Any, *, gpus: int | None = None, memory_gb: float | None =
     target_gib = memory_gb or hw.memory_gb or get_target(hw.target).memory_gb
     out = []
     for name, cfg in suite.variants.items():
+        cfg, auto = resolve_checkpoint_layers(cfg, gpus=n, target_gib=target_gib, optimizer=optimizer)
         est, notes = plan_config(cfg, gpus=n, optimizer=optimizer)
+        notes = ([auto] if auto else []) + notes
         out.append(VariantPlan(name, cfg, est, hw.target, target_gib, n, tuple(notes)))
     return out
+
+
+def _ckpt_words(pc: Any) -> str:
+    if pc.grad_checkpointing is False or pc.checkpoint_layers is None:
+        return str(pc.grad_checkpointing)
+    return f"{pc.grad_checkpointing} (first {pc.checkpoint_layers} layers)"
 
 
 def render(plans: list[VariantPlan]) -> str:
@@ -363,7 +412,7 @@ def render(plans: list[VariantPlan]) -> str:
         return "n/a (cpu: host memory)" if v is None else ("yes" if v else "NO")
 
     rows = [
-        [p.variant, p.config.algo.name, p.config.precision.preset, p.config.precision.grad_checkpointing,
+        [p.variant, p.config.algo.name, p.config.precision.preset, _ckpt_words(p.config.precision),
          p.estimate.peak.name, f"{p.estimate.peak_bytes / GIB:.3g}", f"{p.estimate.device_bytes() / GIB:.3g}",
          "-" if p.target_gib is None else f"{p.target_gib:.1f}", yes(p.fits)]
         for p in plans

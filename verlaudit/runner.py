@@ -137,11 +137,11 @@ def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: st
     """Why a variant cannot run on the target (bf16 on a V100/T4-class GPU), else None."""
     import torch
 
-    from trainer.precision import dtype_name, resolve_policy
+    from trainer.precision import dtype_name
 
     target = get_target(suite.hardware.target)
     p = run.config.precision
-    policy = resolve_policy(p.preset, p.overrides, grad_checkpointing=p.grad_checkpointing, device="cpu")
+    policy = p.resolve("cpu")
     bf16_roles = [r for r, rp in policy.roles.items() if torch.bfloat16 in (rp.param_dtype, rp.compute_dtype)]
     if not bf16_roles:
         return None
@@ -157,10 +157,22 @@ def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: st
     return None
 
 
+def _usable_gib(suite: Suite, present: PresentDevice, device: str) -> float | None:
+    """GPU memory a variant may plan for: the target's (or the suite's memory_gb), never more than
+    this GPU has; None on CPU."""
+    if device != "cuda":
+        return None
+    target = suite.hardware.memory_gb or get_target(suite.hardware.target).memory_gb
+    here = present.memory_gb
+    return min(x for x in (target, here) if x) if (target or here) else None
+
+
 def plan_runs(
     suite: Suite, out_dir: Path, present: PresentDevice, device_override: str | None = None
 ) -> Plan:
     """Everything decided before the first process starts; raises ValueError if the suite can't run here."""
+    from verlaudit.plan import resolve_checkpoint_layers
+
     device, notes = resolve_device(suite, present, device_override)
     emulation = emulation_for(suite, present, device)
     if emulation.get("reason") and emulation["reason"] not in " ".join(notes):
@@ -172,6 +184,11 @@ def plan_runs(
         # ranks get plain "cuda": each takes cuda:LOCAL_RANK (trainer.distributed.init_distributed)
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
+        cfg, auto = resolve_checkpoint_layers(
+            cfg, gpus=suite.hardware.gpus, target_gib=_usable_gib(suite, present, device)
+        )
+        if auto:
+            notes.append(f"{run.variant}: {auto}")
         run = dataclasses.replace(run, config=cfg)
         spec = {
             "variant": run.variant,
@@ -197,10 +214,8 @@ def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
 
 def write_refused(planned: PlannedRun) -> None:
     """A refused variant still gets a run directory, so the report and `diagnose` show why."""
-    from trainer.precision import resolve_policy
-
     p = planned.run.config.precision
-    policy = resolve_policy(p.preset, p.overrides, grad_checkpointing=p.grad_checkpointing, device="cpu")
+    policy = p.resolve("cpu")
     with RunWriter(planned.spec["run_dir"]) as w:
         w.write_manifest(
             {

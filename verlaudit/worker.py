@@ -169,7 +169,6 @@ def run(spec: Spec) -> int:
     """Runs one variant and writes its run directory; returns the exit code (0 completed, 1 failed)."""
     from trainer import distributed as dist_mod
     from trainer.common import resolve_device
-    from trainer.precision import resolve_policy
     from verlaudit.audit import Auditor
     from verlaudit.audit.inject import Fanout, FaultInjector
     from verlaudit.rundir import RunWriter
@@ -184,8 +183,7 @@ def run(spec: Spec) -> int:
     injector = FaultInjector(spec.inject) if spec.inject else None
     emulation = apply_memory_cap(spec.emulation, device)
     try:
-        policy = resolve_policy(cfg.precision.preset, cfg.precision.overrides,
-                                grad_checkpointing=cfg.precision.grad_checkpointing, device=device).to_dict()  # fmt: skip
+        policy = cfg.precision.resolve(device).to_dict()
     except ValueError as e:
         policy = {"error": str(e)}
     writer.write_manifest({
