@@ -2,6 +2,10 @@
 
 The static engine must be a drop-in for `HFGenerateEngine`: same seed -> same tokens, log-probs equal
 up to the last bits of the logits (attention over a padded preallocated cache sums in another order).
+Its decode step samples with torch.multinomial's own draw written out (multinomial's host-side input
+check cannot be captured by a CUDA graph), so further tests pin that the draw is the same, that a
+non-finite distribution still fails with multinomial's message, and that ``rollout.compile`` gives the
+eager step's tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.config import DataConfig, ModelConfig
+from trainer.config import DataConfig, ModelConfig, TrainConfig
 from trainer.data import PromptCollator, load_examples
 from trainer.logprobs import sequence_logprobs
 from trainer.models import build_causal_lm
@@ -151,9 +155,146 @@ def test_cuda_graph_decode_replays_the_eager_loop(preset):
     eager = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R)
     graphs = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R, cuda_graphs=True)
     batch = _batch()
-    for seed in (0, 1):  # a second call captures a fresh graph over fresh buffers
+    runs = []
+    for seed in (0, 1, 0):  # each call captures a fresh graph over fresh buffers
         a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
         b = graphs.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
-        # the graph replays the eager step's kernels on the same inputs: bitwise the same
+        # the graph replays the eager step's kernels (forward and sampling) on the same inputs, and its
+        # random draws take the philox offsets the eager steps take: bitwise the same
         assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+        runs.append(b)
+    # the seeded fork of the generator makes a graph run reproducible; another seed draws otherwise
+    assert torch.equal(runs[0].response_ids, runs[2].response_ids)
+    assert not torch.equal(runs[0].response_ids, runs[1].response_ids)
     assert graphs.name == "static-decode+cuda-graphs" and graphs.last_stats["capture_s"] > 0
+
+
+# verlaudit's log parser and diagnose recognise sampling failures by this message (verlaudit/logparse.py)
+MULTINOMIAL_NAN = r"probability tensor contains either `inf`, `nan` or element < 0"
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    rows=st.integers(min_value=1, max_value=5),
+    vocab=st.integers(min_value=2, max_value=300),
+    temperature=st.sampled_from([1.0, 0.7]),
+    top_k=st.sampled_from([0, 1, 3]),
+    seed=st.integers(min_value=0, max_value=2**31),
+)
+def test_device_draw_is_torch_multinomial(rows, vocab, temperature, top_k, seed):
+    actor, policy = _ACTOR
+    engine = StaticDecodeEngine(
+        actor, TOK, policy, device=CPU, max_new_tokens=2, temperature=temperature, top_k=top_k
+    )
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    torch.manual_seed(seed)
+    ours, logsm = engine._sample(logits)
+    # the reference: HF's sampler on the same processed scores, same generator state
+    scores = logits / temperature
+    if top_k:
+        kth = torch.topk(scores, min(top_k, vocab), dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    torch.manual_seed(seed)
+    ref = torch.multinomial(torch.softmax(scores, -1), num_samples=1).squeeze(1)
+    assert torch.equal(ours, ref)
+    torch.testing.assert_close(logsm, scores.log_softmax(-1), atol=0, rtol=0)
+    if top_k == 1:  # one candidate left: the draw is the argmax whatever the seed
+        assert torch.equal(ours, logits.argmax(-1))
+
+
+def test_nonfinite_logits_fail_with_multinomials_message():
+    actor, policy = _actor()
+    with torch.no_grad():
+        actor.lm_head.weight[3, 0] = float("nan")  # every row's logit 3 is NaN from the prefill on
+    batch = _batch()
+    hf = HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=4)
+    fast = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=4)
+    for engine in (hf, fast):  # same failure, same message, either engine
+        with pytest.raises(RuntimeError, match=MULTINOMIAL_NAN):
+            engine.generate(batch["input_ids"], batch["attention_mask"], generator_seed=0)
+
+
+def test_decode_hook_sees_every_buffer_the_step_advances():
+    """The benchmark's hook replays extra steps and restores the state it is given; if that state
+    missed a buffer the step advances, the run would differ from one without the hook."""
+    actor, policy = _actor(eos_bias=1.0)
+    batch = _batch()
+    engine = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
+    plain = engine.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=3)
+    calls = []
+
+    def hook(replay, state):
+        saved = {k: v.clone() for k, v in state.items()}
+        rng = torch.get_rng_state()
+        for _ in range(3):
+            replay()
+        assert not torch.equal(state["col"], saved["col"])  # the replays did advance the step
+        calls.append(int(saved["col"]))
+        for k, v in state.items():
+            v.copy_(saved[k])
+        torch.set_rng_state(rng)
+
+    engine.on_decode_ready = hook
+    hooked = engine.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=3)
+    # called once, after the first decode step: columns 0 (prefill) and 1 are written, 2 is next
+    assert calls == [2]
+    assert torch.equal(plain.response_ids, hooked.response_ids)
+    assert torch.equal(plain.logprobs, hooked.logprobs)
+
+
+def test_compile_option_errors():
+    actor, policy = _ACTOR
+    with pytest.raises(ValueError, match="rollout.compile: needs rollout.cache: static"):
+        build_engine(actor, TOK, policy, device=CPU, max_new_tokens=4, compile=True)
+    with pytest.raises(ValueError, match="rollout.compile: needs rollout.cache: static"):
+        TrainConfig.from_dict({"rollout": {"compile": True}})
+    cfg = TrainConfig.from_dict({"rollout": {"compile": True, "cache": "static"}})
+    assert cfg.rollout.compile and TrainConfig.from_dict(cfg.to_dict()) == cfg
+    engine = build_engine(actor, TOK, policy, device=CPU, max_new_tokens=4, cache="static", compile=True)
+    assert engine.compile and engine.name == "static-decode+compile"
+
+
+def test_compiled_decode_gives_the_eager_tokens():
+    """Inductor on CPU (~30 s on 2 cores): the whole single-token forward traces as one graph
+    (fullgraph=True raises on any break), the tokens equal the eager loop's and the second call
+    reuses the compiled code (compile_s 0)."""
+    actor, policy = _actor(eos_bias=1.0)
+    batch = _batch()
+    eager = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
+    compiled = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, compile=True)
+    for seed in (0, 1):
+        a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=seed)
+        b = compiled.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=seed)
+        # fused fp32 kernels reduce in another order: logits move in the last bits, which flips a
+        # sampled token only at a near-tie of probs / q (odds ~1e-6 per token here)
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+        stats = compiled.last_stats
+        if seed == 0:
+            assert stats["compile_s"] > 0 and stats["timed_steps"] == stats["decode_steps"] - 1
+        else:
+            assert stats["compile_s"] == 0 and stats["timed_steps"] == stats["decode_steps"]
+    assert a.response_mask.sum(1).min() < R  # eos ended some rows: pad forcing ran in both
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("preset", ["fp32", "bf16-pure"])
+def test_compiled_step_captured_replays_the_compiled_eager_loop(preset):
+    cuda = torch.device("cuda")
+    actor, policy = _actor(preset, device=cuda, eos_bias=1.0)
+    kw = dict(device=cuda, max_new_tokens=R, compile=True)
+    eager = StaticDecodeEngine(actor, TOK, policy, **kw)
+    graphs = StaticDecodeEngine(actor, TOK, policy, cuda_graphs=True, **kw)
+    assert graphs.name == "static-decode+compile+cuda-graphs"
+    batch = _batch()
+    runs = []
+    for seed in (0, 1, 0):  # the last call repeats seed 0: same seed, same tokens
+        a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
+        b = graphs.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
+        # the graph replays the same compiled kernels and the same philox offsets: bitwise the same
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+        runs.append(b)
+    assert torch.equal(runs[0].response_ids, runs[2].response_ids)
+    assert not torch.equal(runs[0].response_ids, runs[1].response_ids)
+    assert graphs.last_stats["capture_s"] > 0 and graphs.last_stats["compile_s"] == 0

@@ -8,8 +8,9 @@ scores; HF's own warpers are switched off so nothing runs after the recorder.
 
 `StaticDecodeEngine` is the fast path: our own decode loop over the same HF model with a
 preallocated KV cache, sampling on device with the same ops in the same order as HF's sampler (same
-seed, same logits -> same tokens), and optionally the single-token decode step captured once as a
-CUDA graph and replayed (prefill stays eager). `build_engine` picks one from the ``rollout`` options.
+seed, same logits -> same tokens); optionally the whole decode step (forward, sampling, bookkeeping)
+captured once as a CUDA graph and replayed, and the single-token forward compiled by torch.compile
+(prefill stays eager). `build_engine` picks one from the ``rollout`` options.
 Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
 ended, since each forward all-gathers parameter shards with the other ranks.
 Exercised by `pytest tests/test_rollout.py tests/test_rollout_fast.py` and, on a GPU,
@@ -290,8 +291,10 @@ def build_engine(
     top_k: int = 0,
     cache: str = "dynamic",
     cuda_graphs: bool = False,
+    compile: bool = False,
 ) -> HFGenerateEngine:
-    """The rollout engine the ``rollout`` options ask for (``rollout.cache``, ``rollout.cuda_graphs``)."""
+    """The rollout engine the ``rollout`` options ask for (``rollout.cache``, ``rollout.cuda_graphs``,
+    ``rollout.compile``)."""
     if cache not in CACHES:
         raise ValueError(f"rollout.cache: {cache!r}; expected one of {', '.join(CACHES)}")
     kwargs = dict(device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
@@ -300,8 +303,12 @@ def build_engine(
             raise ValueError(
                 "rollout.cuda_graphs: needs rollout.cache: static (a growing cache cannot be captured)"
             )
+        if compile:
+            raise ValueError(
+                "rollout.compile: needs rollout.cache: static (it compiles our single-token decode forward)"
+            )
         return HFGenerateEngine(model, tokenizer, policy, **kwargs)
-    return StaticDecodeEngine(model, tokenizer, policy, cuda_graphs=cuda_graphs, **kwargs)
+    return StaticDecodeEngine(model, tokenizer, policy, cuda_graphs=cuda_graphs, compile=compile, **kwargs)
 
 
 class _SlotLayer(StaticLayer):
@@ -336,22 +343,31 @@ def _slot_cache(model: torch.nn.Module, max_len: int, slots: list[torch.Tensor])
 class StaticDecodeEngine(HFGenerateEngine):
     """Our own decode loop over the HF model: one eager prefill into a preallocated KV cache of
     ``prompt + max_new_tokens`` slots, then one single-token forward per new token, sampling on the
-    device with HF's own sampling ops in HF's order (``logits.float()``, temperature, top-k,
-    ``softmax``, ``multinomial``, finished rows forced to pad). The model sees explicit position ids
+    device with HF's sampling ops in HF's order (``logits.float()``, temperature, top-k, ``softmax``,
+    the draw of ``multinomial``, finished rows forced to pad). The model sees explicit position ids
     (HF's: attention-mask cumsum) and an explicit 4D mask, so its forward has no host-side shape or
-    data-dependent branch and, with ``cuda_graphs``, the decode step is captured once per call as a
-    `torch.cuda.CUDAGraph` over static input/output buffers and replayed ``max_new_tokens - 1`` times.
+    data-dependent branch.
+
+    One decode step (`_DecodeStep`) is the whole token: advance position and cache slot, forward,
+    sample, write the token and its log-prob at a column index held on the device, update the
+    unfinished rows. It reads and writes only static buffers, so with ``cuda_graphs`` it is captured
+    once per call as a `torch.cuda.CUDAGraph` and the host loop only replays it (and checks "every row
+    has ended" every `check_every` steps); without, the same step runs eagerly. With ``compile`` the
+    single-token forward goes through ``torch.compile`` (Inductor fuses the norms, rotary, SiLU-mul and
+    residual adds between the GEMMs), compiled once per process and shape, captured like the eager one.
 
     Same seed and same logits give the same tokens and log-probs as `HFGenerateEngine`; the logits
-    themselves can differ in the last bits (attention reduces over the padded cache), which is the only
-    documented difference (`tests/test_rollout_fast.py`).
+    themselves can differ in the last bits (attention reduces over the padded cache; compiled kernels
+    reduce in another order), which is the only documented difference (`tests/test_rollout_fast.py`).
     """
 
     name = "static-decode"
     check_every = 8
     """Decode steps between host checks of "every row has ended" (each check is a device sync)."""
 
-    def __init__(self, model, tokenizer, policy, *, cuda_graphs: bool = False, **kwargs) -> None:
+    def __init__(
+        self, model, tokenizer, policy, *, cuda_graphs: bool = False, compile: bool = False, **kwargs
+    ) -> None:
         super().__init__(model, tokenizer, policy, **kwargs)
         attn = getattr(model.config, "_attn_implementation", "eager")
         if attn not in ("sdpa", "eager"):
@@ -365,14 +381,27 @@ class StaticDecodeEngine(HFGenerateEngine):
                 "set rollout.cuda_graphs: false"
             )
         self.cuda_graphs = bool(cuda_graphs)
-        if self.cuda_graphs:
-            self.name = "static-decode+cuda-graphs"
+        self.compile = bool(compile)
+        self.name = (
+            "static-decode"
+            + ("+compile" if self.compile else "")
+            + ("+cuda-graphs" if self.cuda_graphs else "")
+        )
         self._bool_mask = attn == "sdpa"
         params = inspect.signature(model.forward).parameters
         # transformers 5.24 renamed past_key_values -> cache (the old name still works, with a warning)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._pass_cache_position = "cache_position" in params
         self._pass_logits_to_keep = "logits_to_keep" in params
+        # dynamic=False: one specialised graph per (batch, cache length); the prefill stays eager.
+        # No Inductor cudagraphs (mode default): with cuda_graphs we capture the whole step ourselves.
+        self._decode_forward = (
+            torch.compile(self._forward, fullgraph=True, dynamic=False) if self.compile else self._forward
+        )
+        self.on_decode_ready = None
+        """For benchmarks: called once per `generate` after the first decode step with ``(replay,
+        state)``: ``replay()`` runs one more decode step (the graph's replay, or the eager step) and
+        ``state`` holds the static buffers it advances; the callee must restore them (clone + copy_)."""
         self.last_stats: dict[str, float] = {}
 
     def _forward(self, ids, positions, mask, cache, slots) -> torch.Tensor:
@@ -397,17 +426,35 @@ class StaticDecodeEngine(HFGenerateEngine):
         if self.top_k > 0:
             scores = _TopK(self.top_k)(None, scores)
         probs = torch.nn.functional.softmax(scores, dim=-1)
-        return torch.multinomial(probs, num_samples=1).squeeze(1), scores.log_softmax(-1)
+        # This is torch.multinomial(probs, 1) op for op (its one-sample path: q ~ Exp(1) shaped like
+        # probs from the same generator, then argmax(probs / q)), so the same seed draws the same
+        # tokens as HF's sampler. multinomial itself first checks probs on the host (.item()), which a
+        # CUDA graph cannot capture; `_decode` makes that check once at the end instead.
+        q = torch.empty_like(probs).exponential_(1)
+        return (probs / q).argmax(-1), scores.log_softmax(-1)
+
+    def _write(self, st: dict[str, torch.Tensor], logits: torch.Tensor, pad: int, eos: int) -> None:
+        """Samples from ``logits`` into column ``st["col"]`` and advances it; device ops only."""
+        nxt, logsm = self._sample(logits)
+        unfinished = st["unfinished"]
+        nxt = nxt * unfinished + pad * (1 - unfinished)  # rows that have ended get pad, as in HF
+        st["tokens"].index_copy_(1, st["col"], nxt[:, None])
+        st["logprobs"].index_copy_(1, st["col"], logsm.gather(-1, nxt[:, None]))
+        unfinished.mul_((nxt != eos).long())
+        st["tok"].copy_(nxt[:, None])
+        st["col"].add_(1)
 
     def _sync(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _capture(self, step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Captures ``step`` (which reads only the static buffers). The warm-up run on a side stream,
-        which CUDA graphs require, computes the very step being captured (same inputs, same cache
-        writes), so running it, capturing it and replaying it once leaves the same state."""
+    def _capture(self, step) -> torch.cuda.CUDAGraph:
+        """Captures ``step`` (which reads and advances only the static buffers). CUDA graphs need a
+        warm-up run on a side stream; it is the first decode step itself (compiling it when
+        ``compile``), so the first replay is the second step. Random draws inside the graph take their
+        philox offset from the default generator at each replay, so replay k draws what the k-th eager
+        step would have drawn."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -416,16 +463,17 @@ class StaticDecodeEngine(HFGenerateEngine):
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                out = step()
+                step()
         except RuntimeError as e:
             raise RuntimeError(
                 f"rollout.cuda_graphs: capturing the decode step of {type(self.model).__name__} failed ({e}); "
                 "set rollout.cuda_graphs: false"
             ) from e
-        return graph, out
+        return graph
 
-    def _graph_autocast(self) -> contextlib.AbstractContextManager:
-        # autocast's weight-cast cache does not survive capture: cast inside the graph on every replay
+    def _step_autocast(self) -> contextlib.AbstractContextManager:
+        # autocast's weight-cast cache does not survive capture: cast inside the step on every run
+        # (eagerly too: each step enters its own autocast, so the cache never outlived a step anyway)
         if not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.engine_dtype, cache_enabled=False)
@@ -452,11 +500,11 @@ class StaticDecodeEngine(HFGenerateEngine):
             self.model.train(was_training)
         return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
 
-    def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, prompt_ids, prompt_mask, cache, slots) -> tuple[torch.Tensor, dict]:
+        """The prompt's forward into the cache; returns its last logits and the decode step's static
+        buffers, positioned just before the first decode step."""
         b, p = prompt_ids.shape
         r, dev = self.max_new_tokens, self.device
-        slots: list[torch.Tensor] = [torch.arange(p, device=dev)]
-        cache = _slot_cache(self.model, p + r, slots)
         # valid[b, j]: cache slot j holds a real token of row b (prompt padding never does)
         valid = torch.cat([prompt_mask.bool(), torch.zeros(b, r, dtype=torch.bool, device=dev)], dim=1)
         # HF's position ids: attention-mask cumsum, 0 on padding; new tokens continue from the last one
@@ -465,55 +513,97 @@ class StaticDecodeEngine(HFGenerateEngine):
         # padding query rows see themselves so no softmax row is empty (nobody reads their outputs)
         causal_self = torch.eye(p, p + r, dtype=torch.bool, device=dev)
         prefill_mask = (valid[:, None, None, :] & causal[None, None]) | causal_self[None, None]
-        t0 = self._sync()
         with self._autocast_ctx():
             logits = self._forward(prompt_ids, positions, prefill_mask, cache, slots[0])
-        # static buffers read by the decode step (and by its graph)
-        tok = torch.zeros(b, 1, dtype=torch.long, device=dev)
-        pos = positions[:, -1:] + 1
-        slot = torch.full((1,), p, dtype=torch.long, device=dev)
+        st = {
+            "tok": torch.zeros(b, 1, dtype=torch.long, device=dev),  # the token the next step feeds
+            "pos": positions[:, -1:].clone(),  # position and cache slot of the last token fed
+            "slot": torch.full((1,), p - 1, dtype=torch.long, device=dev),
+            "col": torch.zeros(1, dtype=torch.long, device=dev),  # response column written next
+            "valid": valid,
+            "tokens": torch.full((b, r), self.tokenizer.pad_token_id, dtype=torch.long, device=dev),
+            "logprobs": torch.zeros(b, r, dtype=torch.float32, device=dev),
+            "unfinished": torch.ones(b, dtype=torch.long, device=dev),
+        }
+        return logits, st
 
-        def step() -> torch.Tensor:
-            valid.index_fill_(1, slot, True)
-            slots[0] = slot
-            return self._forward(tok, pos, valid[:, None, None, :], cache, slot)
+    def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p, r = prompt_ids.shape[1], self.max_new_tokens
+        slots: list[torch.Tensor] = [torch.arange(p, device=self.device)]
+        cache = _slot_cache(self.model, p + r, slots)
+        t0 = self._sync()
+        logits, st = self._prefill(prompt_ids, prompt_mask, cache, slots)
+        self._write(st, logits, pad, eos)  # column 0 from the prefill's logits
+        first = {"pending": self.compile, "compile_s": 0.0}
 
-        tokens = torch.full((b, r), pad, dtype=torch.long, device=dev)
-        logprobs = torch.zeros(b, r, dtype=torch.float32, device=dev)
-        unfinished = torch.ones(b, dtype=torch.long, device=dev)
-        graph, graph_out, n, capture_s = None, None, r, 0.0
+        def forward(*args) -> torch.Tensor:
+            if not first["pending"]:
+                return self._decode_forward(*args)
+            # the first compiled call of a generate() compiles when the shapes are new: time it apart
+            # (outside any capture: with cuda_graphs it is the warm-up run)
+            first["pending"] = False
+            graphs, c0 = _compiled_graphs(), self._sync()
+            out = self._decode_forward(*args)
+            if _compiled_graphs() != graphs:
+                first["compile_s"] = self._sync() - c0
+            return out
+
+        def step() -> None:
+            st["pos"].add_(1)
+            st["slot"].add_(1)
+            st["valid"].index_fill_(1, st["slot"], True)
+            slots[0] = st["slot"]
+            with self._step_autocast():
+                logits = forward(st["tok"], st["pos"], st["valid"][:, None, None, :], cache, st["slot"])
+            self._write(st, logits, pad, eos)
+
+        graph, n, capture_s, hook_s = None, r, 0.0, 0.0
         t1 = self._sync()
-        for t in range(r):
-            if t > 0:
-                tok.copy_(tokens[:, t - 1 : t])
-                if t > 1:
-                    pos.add_(1)
-                    slot.add_(1)
-                if self.cuda_graphs:
-                    if graph is None:
-                        c0 = time.perf_counter()
-                        with self._graph_autocast():
-                            graph, graph_out = self._capture(step)
-                        capture_s = self._sync() - c0
-                    graph.replay()
-                    logits = graph_out
-                else:
-                    with self._autocast_ctx():
-                        logits = step()
-            nxt, logsm = self._sample(logits)
-            nxt = nxt * unfinished + pad * (1 - unfinished)
-            tokens[:, t] = nxt
-            logprobs[:, t] = logsm.gather(-1, nxt[:, None]).squeeze(-1)
-            unfinished = unfinished & (nxt != eos).long()
-            if (t + 1) % self.check_every == 0 and t + 1 < r and not _any_rank(unfinished):
+        for t in range(1, r):
+            if not self.cuda_graphs:
+                step()
+            elif graph is None:
+                c0 = time.perf_counter()
+                graph = self._capture(step)  # runs step t = 1 (the warm-up) and records it
+                capture_s = self._sync() - c0
+            else:
+                graph.replay()
+            if t == 1 and self.on_decode_ready is not None:
+                h0 = self._sync()
+                self.on_decode_ready(graph.replay if graph is not None else step, st)
+                hook_s = self._sync() - h0
+            if (t + 1) % self.check_every == 0 and t + 1 < r and not _any_rank(st["unfinished"]):
                 n = t + 1  # every row (of every rank) has ended: HF's generate stops here too
                 break
         t2 = self._sync()
-        del graph, graph_out
+        del graph
+        tokens, logprobs = st["tokens"][:, :n], st["logprobs"][:, :n]
+        if bool(torch.isnan(logprobs).any()):
+            # what torch.multinomial's own check would have raised (verlaudit's diagnose matches it)
+            raise RuntimeError(
+                "probability tensor contains either `inf`, `nan` or element < 0 (rollout: non-finite logits "
+                "in the static decode loop)"
+            )
+        compile_s = first["compile_s"]
+        # steps inside decode_s: the capture's warm-up step and a compiling step are timed apart
+        timed = (
+            (n - 1)
+            - (1 if self.cuda_graphs and n > 1 else 0)
+            - (1 if compile_s and not self.cuda_graphs else 0)
+        )
         self.last_stats = {
             "prefill_s": t1 - t0,
-            "decode_s": t2 - t1 - capture_s,
-            "capture_s": capture_s,
+            "decode_s": t2 - t1 - capture_s - hook_s - (0.0 if self.cuda_graphs else compile_s),
+            "capture_s": max(capture_s - compile_s, 0.0) if self.cuda_graphs else 0.0,
+            "compile_s": compile_s,
             "decode_steps": float(n - 1),
+            "timed_steps": float(max(timed, 0)),
         }
-        return tokens[:, :n], logprobs[:, :n]
+        return tokens, logprobs
+
+
+def _compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (moves when a compiled call (re)compiles)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
