@@ -5,7 +5,15 @@ autocast over fp32 masters, activation checkpointing, fused AdamW; built from th
 pieces (`trainer.models.build_causal_lm`, `trainer.common.make_optimizer` / `optimizer_step`,
 `trainer.precision.LossScaler`). Two loss paths are timed side by side, one change each:
 ``chunked`` (our fp32 log-prob island, `trainer.logprobs.sequence_logprobs`) and ``hf-loss``
-(transformers' loss with labels: a full fp32 copy of the logits). Model FLOPs = 6 N tokens.
+(transformers' loss with labels: a full fp32 copy of the logits). Model FLOPs = 6 N tokens (the
+usual MFU numerator); ``mfu_with_attention`` adds the attention score/value matmuls, 12 L h T per token
+(forward + backward, not halved for the causal mask: PaLM's definition).
+
+A case is ``PRECISION:CKPT:LOSS[:compile]``. CKPT is ``ckpt`` (every layer), ``nockpt``, ``ckptN``
+(the first N decoder layers checkpointed, the rest keep activations) or ``ckptauto`` (N chosen by
+the memory planner as ``precision.checkpoint_layers: auto`` does: the fewest checkpointed layers whose
+planned peak fits this GPU less 5%); ``compile`` routes every decoder layer through torch.compile
+(``model.compile``). Each case records the planner's predicted peak beside the measured one.
 Run: ``python benchmarks/bench_update.py --out $OUT/update.json`` (``--preset tiny-llama --device cpu``
 for a smoke test).
 """
@@ -21,19 +29,60 @@ import torch
 from benchmarks._common import environment, guarded, matmul_peak_tflops, median, sync, write_json
 
 
-def run_update(preset: str, precision: str, ckpt: bool, loss_path: str, device: torch.device, batch: int,
-               seq: int, steps: int) -> dict:  # fmt: skip
+def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_path: str, batch: int,
+            seq: int) -> tuple[float, float]:  # fmt: skip
+    """The memory planner's device bytes (GiB) for this update step (fused AdamW, no padding)."""
+    from trainer.config import ModelConfig
+    from trainer.precision import resolve_policy
+    from verlaudit.memory_model import GIB, Estimate, Logits, Shape, TrainedModel, train_phases
+    from verlaudit.plan import architecture_of
+
+    pol = resolve_policy(precision, grad_checkpointing=ckpt, checkpoint_layers=layers)["actor"]
+    m = TrainedModel(arch=architecture_of(ModelConfig(preset=preset)), kind="causal_lm", policy=pol)
+    shape = Shape(sequences=batch, seq_len=seq, logit_positions=seq, padded=False)
+    lg = Logits(island="hf-loss" if loss_path == "hf-loss" else "chunked")
+    est = Estimate(tuple(train_phases(m, shape, accumulation=False, resident={}, logits=lg)))
+    return est.device_bytes() / GIB, est.peak_bytes / GIB
+
+
+def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: int, gib: float) -> int | None:
+    """``checkpoint_layers: auto`` for this step: fewest checkpointed layers fitting ``gib`` x 0.95."""
+    from trainer.config import ModelConfig
+    from verlaudit.plan import AUTO_HEADROOM, architecture_of
+
+    n_layers = architecture_of(ModelConfig(preset=preset)).num_layers
+    for n in range(n_layers + 1):
+        if planned(preset, precision, True, n, loss_path, batch, seq)[0] <= gib * (1 - AUTO_HEADROOM):
+            return n
+    return None
+
+
+def run_update(preset: str, precision: str, ckpt_spec: str, loss_path: str, device: torch.device, batch: int,
+               seq: int, steps: int, compile_layers: bool = False) -> dict:  # fmt: skip
     from trainer.common import make_optimizer, optimizer_step
     from trainer.config import ModelConfig
     from trainer.events import NULL_OBSERVER
     from trainer.logprobs import sequence_logprobs
     from trainer.models import build_causal_lm, load_tokenizer
+    from trainer.models import compile_layers as compile_fn
     from trainer.precision import LossScaler, resolve_policy
 
-    policy = resolve_policy(precision, grad_checkpointing=ckpt, device=device)["actor"]
+    ckpt = ckpt_spec != "nockpt"
+    layers: int | None = None
+    if ckpt_spec == "ckptauto":
+        gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 24.0
+        layers = auto_layers(preset, precision, loss_path, batch, seq, gib)
+    elif ckpt_spec.startswith("ckpt") and ckpt_spec != "ckpt":
+        layers = int(ckpt_spec[4:])
+    policy = resolve_policy(precision, grad_checkpointing=ckpt, checkpoint_layers=layers, device=device)[
+        "actor"
+    ]
+    plan_device, plan_alloc = planned(preset, precision, ckpt, layers, loss_path, batch, seq)
     mcfg = ModelConfig(preset=preset)
     tok = load_tokenizer(mcfg)
     model = build_causal_lm(mcfg, tok, policy, device, seed=0)
+    if compile_layers:
+        compile_fn(model)
     model.train()
     opt = make_optimizer(model, 1e-6, 0.0, device)
     scaler = LossScaler.for_policy(policy)
@@ -61,10 +110,15 @@ def run_update(preset: str, precision: str, ckpt: bool, loss_path: str, device: 
         del loss
     step = median(times[1:4]) if len(times) >= 4 else median(times)
     tokens = batch * seq
+    cfg = model.config
+    attn_flops = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq * tokens
     out = {
-        "preset": preset, "precision": precision, "grad_checkpointing": ckpt, "loss_path": loss_path,
+        "preset": preset, "precision": precision, "grad_checkpointing": ckpt, "checkpoint_layers": layers,
+        "compile": compile_layers, "loss_path": loss_path,
         "batch": batch, "seq": seq, "params": n_params, "step_times_s": times, "step_s": step,
         "tokens_per_s": tokens / step, "model_tflops": 6 * n_params * tokens / step / 1e12,
+        "model_tflops_with_attention": (6 * n_params * tokens + attn_flops) / step / 1e12,
+        "planned_peak_allocated_gib": plan_alloc, "planned_device_gib": plan_device,
     }  # fmt: skip
     if device.type == "cuda":
         out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 1024**3
@@ -89,12 +143,23 @@ def main() -> None:
     if device.type == "cuda":
         guarded(res, "matmul_peak", matmul_peak_tflops, device)
     for case in args.cases.split(","):
-        precision, ck, path = case.split(":")
-        guarded(res, f"update/{case}", run_update, args.preset, precision, ck == "ckpt", path, device,
-                args.batch, args.seq, args.steps)  # fmt: skip
+        parts = case.split(":")
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "compile"):
+            raise SystemExit(f"--cases: {case!r}; expected PRECISION:CKPT:LOSS[:compile]")
+        precision, ck, path = parts[:3]
+        guarded(res, f"update/{case}", run_update, args.preset, precision, ck, path, device,
+                args.batch, args.seq, args.steps, len(parts) == 4)  # fmt: skip
         peak = res.get("matmul_peak", {}).get("tflops")
-        if peak and "model_tflops" in res[f"update/{case}"]:
-            res[f"update/{case}"]["mfu"] = res[f"update/{case}"]["model_tflops"] / peak
+        r = res[f"update/{case}"]
+        if peak and "model_tflops" in r:
+            r["mfu"] = r["model_tflops"] / peak
+            r["mfu_with_attention"] = r["model_tflops_with_attention"] / peak
+        if "step_s" in r:
+            print(f"{case}: {r['step_s']:.3f} s/step, MFU {r.get('mfu', float('nan')):.1%}, "
+                  f"peak {r.get('peak_allocated_gib', float('nan')):.1f} GiB (planned {r['planned_peak_allocated_gib']:.1f}), "
+                  f"layers ckpt {r['checkpoint_layers']}", flush=True)  # fmt: skip
+        else:
+            print(f"{case}: {r}", flush=True)
         write_json(args.out, res)
     write_json(args.out, res)
 
