@@ -1,17 +1,22 @@
 """Rollout engine throughput at the Llama-2-7B shape: HF generate (dynamic and static cache) beside our
-static decode loop, eager and with the decode step captured as a CUDA graph, in one process.
+static decode loop (eager, whole step captured as a CUDA graph, single-token forward compiled by
+torch.compile, both), in one process.
 
-    PYTHONUNBUFFERED=1 python benchmarks/rollout_bench.py --out $OUT                 # H200, ~2 min
+    PYTHONUNBUFFERED=1 python benchmarks/rollout_bench.py --out $OUT                 # H200, ~3-4 min
     python benchmarks/rollout_bench.py --out /tmp/rb --device cpu --preset tiny-llama  # CPU smoke
 
 Shape (issue 6): bf16 weights (``bf16-pure`` rollout role), batch 32, 128-token prompts (four rows
-left-padded), 128 new tokens, plain sampling (temperature 1, no top-k). Per engine: median wall time
-of ``--repeats`` calls after one warm-up, new tokens/s (batch x 128 / wall), peak allocated memory,
-and for our engines the prefill / decode / graph-capture split. The weight-bandwidth floor is the
-bytes of every weight a decode step reads (all but the embedding table) over the device-to-device
-copy bandwidth measured in the same run (bytes read + written / time), so one decode step of batch B
-can emit at most B / floor tokens per second. Same-seed agreement between the engines is recorded,
-not asserted. Writes rollout_bench.json and rollout_bench.md under --out.
+left-padded), 128 new tokens, plain sampling (temperature 1, no top-k). Per engine (``--engines``):
+median wall time of ``--repeats`` calls after one warm-up (which pays torch.compile: its time is
+``compile_s``), new tokens/s end to end (batch x 128 / wall) and decode only (batch x timed decode
+steps / decode time), both against the floor, peak allocated memory, and for our engines the prefill
+/ decode / graph-capture split. The weight-bandwidth floor is the bytes of every weight a decode step
+reads (all but the embedding table) over the device-to-device copy bandwidth measured in the same
+run (bytes read + written / time), so one decode step of batch B can emit at most B / floor tokens
+per second. For the fastest of our engines (or ``--detail``) one more call times ~50 back-to-back
+decode steps between CUDA events (GPU time per step, against the host loop's time per step) and
+profiles 3 steps (top-25 kernels -> profile_<engine>.txt). Same-seed agreement between the engines is
+recorded, not asserted. Writes rollout_bench.json and rollout_bench.md under --out.
 """
 
 from __future__ import annotations
@@ -33,7 +38,15 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 GIB = 2**30
-ENGINES = ("ours_static", "ours_static_graphs", "hf_static", "hf_dynamic")
+ENGINES = (
+    "ours_static",
+    "ours_static_graphs",
+    "ours_static_compiled",
+    "ours_static_graphs_compiled",
+    "hf_static",
+    "hf_dynamic",
+)
+DEFAULT_ENGINES = "ours_static,ours_static_graphs,ours_static_compiled,ours_static_graphs_compiled,hf_dynamic"
 
 
 def _sync(dev: torch.device) -> None:
@@ -105,7 +118,8 @@ def prompts(vocab: int, batch: int, width: int, dev: torch.device):
 
 
 def make_runner(name: str, model, tok, policy, dev: torch.device, new: int):
-    """A callable (ids, mask, seed) -> (Rollout or None, stats) for one engine."""
+    """A callable (ids, mask, seed) -> (Rollout or None, stats) for one engine; ``run.engine`` is our
+    engine object (None for HF's static generate)."""
     from transformers import GenerationConfig
 
     from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
@@ -131,17 +145,22 @@ def make_runner(name: str, model, tok, policy, dev: torch.device, new: int):
             model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
             return None, {}
 
+        run.engine = None
         return run
+    if name not in ENGINES:
+        raise ValueError(f"--engines: unknown engine {name!r}; expected some of {', '.join(ENGINES)}")
     kw = dict(device=dev, max_new_tokens=new)
     if name == "hf_dynamic":
         engine = HFGenerateEngine(model, tok, policy, **kw)
     else:
-        engine = StaticDecodeEngine(model, tok, policy, cuda_graphs=name.endswith("graphs"), **kw)
+        graphs, compiled = "_graphs" in name, name.endswith("_compiled")
+        engine = StaticDecodeEngine(model, tok, policy, cuda_graphs=graphs, compile=compiled, **kw)
 
     def run(ids, mask, seed):
         r = engine.generate(ids, mask, generator_seed=seed)
         return r, dict(getattr(engine, "last_stats", {}))
 
+    run.engine = engine
     return run
 
 
@@ -150,7 +169,10 @@ def measure(name, runner, ids, mask, dev, repeats: int) -> tuple[dict, object]:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    rollout, _ = runner(ids, mask, 0)  # warm-up (kernels, cuBLAS handles, allocator)
+    w0 = time.perf_counter()
+    rollout, first = runner(ids, mask, 0)  # warm-up (kernels, cuBLAS handles, allocator, compile)
+    _sync(dev)
+    warmup_s = time.perf_counter() - w0
     walls, stats = [], []
     for i in range(repeats):
         _sync(dev)
@@ -173,11 +195,109 @@ def measure(name, runner, ids, mask, dev, repeats: int) -> tuple[dict, object]:
         row["mean_response_len"] = float(rollout.response_mask.sum(1).float().mean())
         m = rollout.response_mask.bool()
         row["mean_logprob"] = float(rollout.logprobs[m].mean())
+    row["warmup_s"] = warmup_s
     if stats and stats[0]:
         for key in stats[0]:
             row[key] = statistics.median(s[key] for s in stats)
-        row["decode_ms_per_step"] = 1e3 * row["decode_s"] / max(row["decode_steps"], 1)
+        # the compile is paid by the warm-up call (once per process and shape); later calls report 0
+        row["compile_s"] = first.get("compile_s", 0.0)
+        steps = max(row["timed_steps"], 1)
+        row["decode_ms_per_step"] = 1e3 * row["decode_s"] / steps
+        row["decode_tokens_per_s"] = b * steps / row["decode_s"]
     return row, rollout
+
+
+def _kernel_table(prof, steps: int, top: int = 25) -> tuple[list[dict], str]:
+    """Top kernels (device events; CPU ops when there is no device) of a profile, by total time."""
+    rows = []
+    for evt in prof.key_averages():
+        on_device = str(getattr(evt, "device_type", "")).endswith(("CUDA", "PrivateUse1"))
+        total = getattr(evt, "self_device_time_total", None)
+        if total is None:
+            total = getattr(evt, "self_cuda_time_total", 0.0)
+        if not on_device and total <= 0:
+            continue
+        rows.append({"name": evt.key, "count": int(evt.count), "total_us": float(total)})
+    kind = "kernel"
+    if not rows:  # CPU smoke: no device events, report the CPU ops instead
+        kind = "cpu op"
+        rows = [
+            {"name": e.key, "count": int(e.count), "total_us": float(e.self_cpu_time_total)}
+            for e in prof.key_averages()
+        ]
+    rows.sort(key=lambda r: -r["total_us"])
+    whole = sum(r["total_us"] for r in rows) or 1.0
+    lines = [
+        f"{len(rows)} distinct {kind}s, {sum(r['count'] for r in rows) / steps:.0f} launches and "
+        f"{whole / steps / 1e3:.3f} ms of {kind} time per decode step ({steps} steps profiled)",
+        "",
+        f"{'total us':>10} {'count':>7} {'us/step':>9} {'share':>6}  name",
+    ]
+    for r in rows[:top]:
+        lines.append(
+            f"{r['total_us']:10.1f} {r['count']:7d} {r['total_us'] / steps:9.1f} "
+            f"{100 * r['total_us'] / whole:5.1f}%  {r['name'][:140]}"
+        )
+    return rows[:top], "\n".join(lines) + "\n"
+
+
+def detail(name: str, runner, ids, mask, dev: torch.device, new: int, out: Path, replays: int = 50) -> dict:
+    """One more call of ``name`` whose decode hook, right after the first decode step, (1) times
+    ``replays`` back-to-back decode steps between CUDA events (GPU time per step; the host only
+    queues replays, so the GPU never waits on it) and the host time to queue them, (2) profiles 3
+    steps; the hook restores the decode buffers after each, so the call still completes normally."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = runner.engine
+    n = min(replays, new - 3)  # the step writes one column / cache slot per replay: stay inside
+    if n < 3:
+        raise ValueError(f"--new: needs at least 6 new tokens for the replay timing, got {new}")
+    res: dict = {"engine": name, "replays": n}
+
+    def hook(replay, state):
+        saved = {k: v.clone() for k, v in state.items()}
+
+        def restore():
+            for k, v in state.items():
+                v.copy_(saved[k])
+
+        _sync(dev)
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        h0 = time.perf_counter()
+        for _ in range(n):
+            replay()
+        res["host_queue_ms_per_step"] = 1e3 * (time.perf_counter() - h0) / n
+        if dev.type == "cuda":
+            b.record()
+            b.synchronize()
+            res["gpu_ms_per_step"] = a.elapsed_time(b) / n
+        else:
+            res["gpu_ms_per_step"] = 1e3 * (time.perf_counter() - h0) / n
+        restore()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(3):
+                replay()
+            _sync(dev)
+        restore()
+        res["top_kernels"], text = _kernel_table(prof, 3)
+        header = f"{name}: {n} back-to-back decode steps {res['gpu_ms_per_step']:.3f} ms/step on the device, "
+        header += f"{res['host_queue_ms_per_step']:.3f} ms/step to queue on the host\n"
+        (out / f"profile_{name}.txt").write_text(header + text)
+        print(header + text, flush=True)
+
+    engine.on_decode_ready = hook
+    try:
+        engine.generate(ids, mask, generator_seed=99)
+    finally:
+        engine.on_decode_ready = None
+    if "gpu_ms_per_step" not in res:
+        raise RuntimeError(f"{name}: the decode hook never ran")
+    res["loop_ms_per_step"] = 1e3 * engine.last_stats["decode_s"] / max(engine.last_stats["timed_steps"], 1)
+    res["profile_file"] = f"profile_{name}.txt"
+    return res
 
 
 def agreement(a, b) -> dict:
@@ -205,23 +325,38 @@ def markdown(res: dict) -> str:
         f"{floor['copy_bw_tb_s']:.2f} TB/s copy bandwidth = {floor['ms_per_step']:.2f} ms per step = "
         f"{floor['tokens_per_s']:.0f} new tokens/s.",
         "",
-        "| engine | new tokens/s | % of floor | wall s | prefill s | decode ms/step | capture s | peak GiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| engine | new tokens/s | % of floor | decode tokens/s | % of floor | decode ms/step | wall s | "
+        "prefill s | capture s | compile s (first call) | peak GiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    pct = floor["tokens_per_s"]
     for row in res["rows"]:
         if "error" in row:
-            lines.append(f"| {row['engine']} | failed: {row['error']} | | | | | | |")
+            lines.append(f"| {row['engine']} | failed: {row['error']} | | | | | | | | | |")
             continue
 
         def f(key, fmt, row=row):
             return format(row[key], fmt) if row.get(key) is not None else "-"
 
         tps = row.get("new_tokens_per_s") or res["shape_tokens"] / row["wall_s"]
+        dtps = row.get("decode_tokens_per_s")
+        dpct = f"{100 * dtps / pct:.0f}%" if dtps and pct == pct else "-"
         lines.append(
-            f"| {row['engine']} | {tps:.0f} | {100 * tps / floor['tokens_per_s']:.0f}% | {row['wall_s']:.3f} | "
-            f"{f('prefill_s', '.3f')} | {f('decode_ms_per_step', '.2f')} | {f('capture_s', '.3f')} | "
-            f"{f('max_memory_allocated_gb', '.1f')} |"
+            f"| {row['engine']} | {tps:.0f} | {100 * tps / pct:.0f}% | {f('decode_tokens_per_s', '.0f')} | {dpct} | "
+            f"{f('decode_ms_per_step', '.2f')} | {row['wall_s']:.3f} | {f('prefill_s', '.3f')} | "
+            f"{f('capture_s', '.3f')} | {f('compile_s', '.1f')} | {f('max_memory_allocated_gb', '.1f')} |"
         )
+    d = res.get("detail")
+    if d and "error" not in d:
+        lines += [
+            "",
+            f"Decode step of {d['engine']}: {d['gpu_ms_per_step']:.3f} ms on the device per step "
+            f"({d['replays']} back-to-back steps between CUDA events; floor {floor['ms_per_step']:.2f} ms), "
+            f"{d['host_queue_ms_per_step']:.3f} ms per step for the host to queue them, "
+            f"{d['loop_ms_per_step']:.3f} ms per step in the real loop. Top kernels: {d['profile_file']}.",
+        ]
+    elif d:
+        lines += ["", f"Decode step detail failed: {d['error']}"]
     lines += ["", "Same-seed agreement: " + json.dumps(res["agreement"])]
     return "\n".join(lines) + "\n"
 
@@ -235,7 +370,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"comma-separated, of: {', '.join(ENGINES)}")
+    ap.add_argument("--detail", default="best", help="engine to time and profile per step (best: fastest "
+                    "of ours by decode ms/step; none: skip)")  # fmt: skip
     args = ap.parse_args()
     dev = torch.device(args.device)
     out = Path(args.out)
@@ -263,10 +400,10 @@ def main() -> int:
     }
     print(json.dumps(res["environment"]), json.dumps(res["floor"]), flush=True)
     ids, mask = prompts(model.config.vocab_size, args.batch, args.prompt, dev)
-    rollouts = {}
+    rollouts, runners = {}, {}
     for name in args.engines.split(","):
         try:
-            runner = make_runner(name, model, tok, policy, dev, args.new)
+            runners[name] = runner = make_runner(name, model, tok, policy, dev, args.new)
             row, rollouts[name] = measure(name, runner, ids, mask, dev, args.repeats)
         except Exception as e:  # one engine failing must not cost the others' numbers
             row = {
@@ -276,7 +413,29 @@ def main() -> int:
             }
         print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
         res["rows"].append(row)
-    for a, b in [("ours_static", "ours_static_graphs"), ("hf_dynamic", "ours_static")]:
+    ours = [r for r in res["rows"] if r.get("decode_ms_per_step") and r["engine"].startswith("ours")]
+    pick = min(ours, key=lambda r: r["decode_ms_per_step"])["engine"] if ours else None
+    pick = pick if args.detail == "best" else (None if args.detail == "none" else args.detail)
+    if pick is not None:
+        try:
+            res["detail"] = detail(pick, runners[pick], ids, mask, dev, args.new, out)
+        except Exception as e:  # the per-engine numbers above stand on their own
+            res["detail"] = {
+                "engine": pick,
+                "error": f"{type(e).__name__}: {e}"[:400],
+                "traceback": traceback.format_exc(),
+            }
+        print(
+            json.dumps({k: v for k, v in res["detail"].items() if k not in ("traceback", "top_kernels")}),
+            flush=True,
+        )
+    pairs = [
+        ("ours_static", "ours_static_graphs"),
+        ("ours_static_graphs", "ours_static_graphs_compiled"),
+        ("ours_static", "ours_static_compiled"),
+        ("hf_dynamic", "ours_static"),
+    ]
+    for a, b in pairs:
         if rollouts.get(a) is not None and rollouts.get(b) is not None:
             res["agreement"][f"{a} vs {b}"] = agreement(rollouts[a], rollouts[b])
     (out / "rollout_bench.json").write_text(json.dumps(res, indent=1))
