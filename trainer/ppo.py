@@ -242,6 +242,11 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
             f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
             "all-gathers, which a CUDA graph cannot capture); set rollout.cuda_graphs: false"
         )
+    if config.rollout.compile and setup.dist.distributed:
+        raise ValueError(
+            f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
+            "FSDP2 shards is untested here); set rollout.compile: false"
+        )
     engine = build_engine(
         setup.models["actor"],
         setup.tokenizer,
@@ -252,6 +257,7 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
         top_k=algo.top_k,
         cache=config.rollout.cache,
         cuda_graphs=config.rollout.cuda_graphs,
+        compile=config.rollout.compile,
     )
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     return setup, source, collator, reward_name, reward_fn, engine, batches
