@@ -59,6 +59,16 @@ def test_first_n_layers_recompute_the_rest_keep_activations_same_gradients():
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
+def test_checkpointing_leaves_no_input_require_grads_hook():
+    # only reentrant checkpointing needs it; its requires_grad_() breaks the compiled decode forward
+    model = _model(None)
+    emb = model.get_input_embeddings()
+    assert not emb._forward_hooks
+    ids = torch.randint(3, 90, (1, 5))
+    with torch.no_grad():
+        assert not emb(ids).requires_grad
+
+
 def test_checkpoint_layers_zero_keeps_every_layer():
     _, calls = _grads_and_mlp_calls(_model(0))
     assert calls == [1, 1, 1]

@@ -132,6 +132,33 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
+def attention_inputs(model: torch.nn.Module, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``attention_mask`` and ``position_ids`` for a training or scoring forward over left-padded rows.
+
+    A left-padding query row sees no key at all under causal + padding masking. Softmax of an empty
+    row is undefined: the math kernel returns zeros, but cuDNN's attention (what torch picks for a
+    masked SDPA on Hopper) leaves NaN in that row's backward, and ``NaN x 0`` then poisons every
+    weight gradient below it (seen on the H200: all 7B GRPO steps skipped). So when a row starts with
+    padding, the mask is built here as 4-D with each padding query attending to itself only; real
+    tokens see exactly what HF's mask shows them. Without left padding the 2-D mask goes through
+    untouched (HF keeps SDPA's causal fast path). Costs one host read of the first mask column.
+    """
+    out = {"attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask)}
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn not in ("sdpa", "eager") or attention_mask.dim() != 2 or bool((attention_mask[:, 0] != 0).all()):
+        return out  # flash-attention unpads instead; no row starts with padding: nothing to fix
+    b, t = attention_mask.shape
+    dev = attention_mask.device
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+    keys = attention_mask.bool()[:, None, None, :] & causal[None, None]
+    mask = keys | torch.eye(t, dtype=torch.bool, device=dev)[None, None]
+    if attn == "eager":  # eager attention adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill(~mask, torch.finfo(dtype).min)
+    out["attention_mask"] = mask
+    return out
+
+
 def _accepts(model: torch.nn.Module, name: str) -> bool:
     try:
         return name in inspect.signature(model.forward).parameters
@@ -159,8 +186,7 @@ def sequence_logprobs(
     r = int(response_length)
     if not 0 < r < input_ids.shape[1]:
         raise ValueError(f"sequence_logprobs: response_length {r} must be in [1, {input_ids.shape[1] - 1}]")
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    kwargs["position_ids"] = position_ids_from_mask(attention_mask)
+    kwargs = {"input_ids": input_ids, **attention_inputs(model, attention_mask)}
     if _accepts(model, "use_cache"):
         kwargs["use_cache"] = False
     if _accepts(model, "logits_to_keep"):

@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from trainer.config import ModelConfig
-from trainer.logprobs import position_ids_from_mask
+from trainer.logprobs import attention_inputs, position_ids_from_mask
 from trainer.precision import RolePolicy, cast_module, dtype_name
 from trainer.tokenizer import build_tokenizer
 
@@ -87,6 +87,11 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers also hooks the embedding to make its output require grad, which only reentrant
+    # checkpointing needs; the hook's requires_grad_() stops torch.compile's tracing of the rollout's
+    # decode forward (rollout.compile), so it goes.
+    if getattr(model, "_require_grads_hook", None) is not None or getattr(model, "_require_grads_hooks", None):
+        model.disable_input_require_grads()
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -340,11 +345,10 @@ class ValueModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if position_ids is None:
-            position_ids = position_ids_from_mask(attention_mask)
-        out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
+        attn = attention_inputs(self.backbone, attention_mask)
+        if position_ids is not None:
+            attn["position_ids"] = position_ids
+        out = self.backbone(input_ids=input_ids, use_cache=False, **attn)
         return self.value_head(out.last_hidden_state).squeeze(-1).float()
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:

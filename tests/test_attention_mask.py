@@ -1,0 +1,111 @@
+"""Training forwards over left-padded rows (`trainer.logprobs.attention_inputs`): no attention row is
+empty, so an attention kernel that leaves NaN in empty rows (cuDNN's, on Hopper) cannot poison the
+gradients; real tokens see exactly what HF's own mask shows them.
+
+Run: ``pytest tests/test_attention_mask.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.config import ModelConfig
+from trainer.logprobs import attention_inputs, sequence_logprobs
+from trainer.models import build_causal_lm, build_critic, load_tokenizer
+from trainer.precision import resolve_policy
+
+
+def _model(attn: str, seed: int = 0):
+    cfg = ModelConfig(preset="tiny-llama", attn_implementation=attn)
+    pol = resolve_policy("fp32")["actor"]
+    return build_causal_lm(cfg, load_tokenizer(cfg), pol, "cpu", seed=seed), cfg
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 90, (3, 10), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding of 4, 1 and none
+    mask[1, :1] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _naive_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Attention that returns zeros for an empty row but NaN gradients through it (softmax over all
+    -inf, hidden behind a ``where``): finite forward, poisoned backward, as seen with cuDNN's."""
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if is_causal:
+        t, u = s.shape[-2:]
+        attn_mask = torch.ones(t, u, dtype=torch.bool).tril()
+    if attn_mask is None:
+        return s.softmax(-1) @ v
+    if attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask == 0
+    out = s.masked_fill(~attn_mask, float("-inf")).softmax(-1) @ v
+    return torch.where(attn_mask.any(-1, keepdim=True), out, 0.0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_real_tokens_see_what_hf_shows_them(attn):
+    model, _ = _model(attn)
+    ids, mask = _batch()
+    kw = attention_inputs(model, mask)
+    assert kw["attention_mask"].dim() == 4
+    visible = kw["attention_mask"] if attn == "sdpa" else kw["attention_mask"] == 0
+    assert visible.any(-1).all()  # no empty query row
+    with torch.no_grad():
+        ours = model(input_ids=ids, use_cache=False, **kw).logits
+        hf = model(
+            input_ids=ids, attention_mask=mask, position_ids=kw["position_ids"], use_cache=False
+        ).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], hf[real], rtol=1e-5, atol=1e-5)
+
+
+def test_without_left_padding_the_mask_passes_through():
+    model, _ = _model("sdpa")
+    ids, mask = _batch()
+    right = mask.flip(-1)  # right padding only: every query row still sees a real token
+    assert attention_inputs(model, right)["attention_mask"] is right
+    assert attention_inputs(model, torch.ones_like(mask))["attention_mask"].dim() == 2
+
+
+def test_empty_row_nan_kernel_no_longer_poisons_gradients(monkeypatch):
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", _naive_sdpa)
+    ids, mask = _batch()
+
+    def grads(fix: bool):
+        model, _ = _model("sdpa")
+        model.train()
+        if fix:
+            lp, _ = sequence_logprobs(model, ids, mask, 4)
+        else:  # HF's own 2-D mask path: padding queries of row 0 and 1 see nothing
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+            lp = logits[:, -5:-1].float().log_softmax(-1).gather(-1, ids[:, -4:, None]).squeeze(-1)
+        assert torch.isfinite(lp).all()  # the loss itself is finite either way
+        lp.sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    assert not all(torch.isfinite(g).all() for g in grads(fix=False))  # the failure the fix is for
+    assert all(torch.isfinite(g).all() for g in grads(fix=True))
+
+
+def test_critic_takes_the_same_mask():
+    cfg = ModelConfig(preset="tiny-llama")
+    tok = load_tokenizer(cfg)
+    critic = build_critic(cfg, tok, resolve_policy("fp32")["critic"], "cpu", seed=0)
+    ids, mask = _batch()
+    with torch.no_grad():
+        v = critic(ids, mask)
+        kw = attention_inputs(critic.backbone, mask)
+        ref = critic.value_head(
+            critic.backbone(
+                input_ids=ids, attention_mask=mask, position_ids=kw["position_ids"]
+            ).last_hidden_state
+        ).squeeze(-1)
+    torch.testing.assert_close(v[mask.bool()], ref[mask.bool()], rtol=1e-5, atol=1e-5)
