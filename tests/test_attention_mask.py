@@ -109,3 +109,38 @@ def test_critic_takes_the_same_mask():
             ).last_hidden_state
         ).squeeze(-1)
     torch.testing.assert_close(v[mask.bool()], ref[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preset", ["bf16", "bf16-pure"])
+def test_cuda_left_padded_gradients_are_finite(preset, capsys):
+    """On the GPU's own SDPA kernels (cuDNN on Hopper for masked attention): every gradient finite
+    through `attention_inputs`; HF's 2-D mask path is run beside it and only reported."""
+    cfg = ModelConfig(preset="tiny-llama", overrides={"hidden_size": 256, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 4, "intermediate_size": 512})  # fmt: skip
+    pol = resolve_policy(preset)["actor"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 90, (8, 320), generator=g)
+    mask = torch.ones_like(ids)
+    for i in range(8):
+        mask[i, : 5 * i + 1] = 0  # every row starts with padding
+    ids, mask = ids.masked_fill(mask == 0, 0).cuda(), mask.cuda()
+    finite = {}
+    for fix in (True, False):
+        model = build_causal_lm(cfg, load_tokenizer(cfg), pol, "cuda", seed=0)
+        model.train()
+        with pol.autocast_ctx("cuda"):
+            if fix:
+                lp, _ = sequence_logprobs(model, ids, mask, 256)
+            else:
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+                lp = out[:, -257:-1].float().log_softmax(-1).gather(-1, ids[:, -256:, None]).squeeze(-1)
+        lp.mean().backward()
+        finite[fix] = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    with capsys.disabled():
+        print(
+            f"\n{preset}: gradients finite with attention_inputs: {finite[True]}; with HF's 2-D mask: {finite[False]}"
+        )
+    assert finite[True]
