@@ -348,3 +348,12 @@ def test_local_slice_uneven_batch_names_the_field():
 
 if __name__ == "__main__":
     _worker_main(sys.argv[1])
+
+
+def test_each_rank_samples_with_its_own_seed():
+    from trainer.ppo import rollout_seed
+
+    # rank 0 keeps the one-process formula (seed * 100003 + step): CI baselines stay valid
+    assert rollout_seed(3, 7) == 3 * 100_003 + 7 == rollout_seed(3, 7, rank=0)
+    seeds = {rollout_seed(0, step, rank) for step in range(50) for rank in range(8)}
+    assert len(seeds) == 50 * 8  # no two (step, rank) pairs share a sampling stream

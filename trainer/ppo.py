@@ -206,6 +206,13 @@ def _select(rollout, idx: torch.Tensor):
     )
 
 
+def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The sampling seed of one rollout: new every step and different on every rank (each rank
+    samples its own slice of prompts; one shared stream would draw the same noise on each). Rank 0
+    keeps the single-process value, so one-process runs and their baselines do not change."""
+    return seed * 100_003 + step + rank * 1_000_000_007
+
+
 def generate(setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1):
     """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times)."""
     batch = collator(examples)
@@ -213,7 +220,10 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
     ids = batch["input_ids"].to(setup.device)
     mask = batch["attention_mask"].to(setup.device)
     rollout = engine.generate(
-        ids, mask, num_samples=num_samples, generator_seed=setup.config.seed * 100_003 + step
+        ids,
+        mask,
+        num_samples=num_samples,
+        generator_seed=rollout_seed(setup.config.seed, step, setup.dist.rank),
     )
     observer.on_rollout(
         engine=engine.name,
