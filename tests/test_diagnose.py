@@ -663,3 +663,33 @@ def test_real_oom_names_phase(tmp_path):
     assert top.kind == "oom" and top.where == "actor_update" and top.step == 1
     assert top.data["estimate"]["classes"]  # tiny-llama resolves from the preset
     assert any("phase_peak_gb_so_far" in e for e in top.evidence)
+
+
+def test_oom_with_selective_checkpointing_suggests_checkpointing_all_layers(tmp_path):
+    # tiny-llama has 2 decoder layers; only the first was checkpointed
+    precision = {"preset": "bf16", "grad_checkpointing": True, "checkpoint_layers": 1}
+    run = make_run(
+        tmp_path / "sel",
+        preset="bf16",
+        steps=5,
+        metrics=[],
+        precision=precision,
+        data={"prompt_length": 512, "response_length": 512},
+        status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {}}),
+    )
+    top = causes(run).causes[0]
+    assert top.data["dominant"] == "activations"
+    assert top.fixes[0].suite.startswith("precision.checkpoint_layers: auto")
+    assert "only the first 1 decoder layers were checkpointed" in top.fixes[0].why
+    assert "planner:" in top.fixes[0].why
+    # already checkpointing every layer: no advice to turn it on
+    full = make_run(
+        tmp_path / "full",
+        preset="bf16",
+        steps=5,
+        metrics=[],
+        precision={"preset": "bf16", "grad_checkpointing": True},
+        data={"prompt_length": 512, "response_length": 512},
+        status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {}}),
+    )
+    assert all("grad_checkpointing" not in (f.suite or "") for f in causes(full).causes[0].fixes)

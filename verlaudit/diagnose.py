@@ -594,10 +594,22 @@ def _oom_fixes(
     fixes = []
     if dominant == "activations" or (dominant is None and phase in ("actor_update", "critic_update")):
         ckpt_verl = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+        kept = _cfg(run, "precision", "checkpoint_layers")
+        ckpt_on = _cfg(run, "precision", "grad_checkpointing")
+        if isinstance(ckpt_on, Mapping):  # per role
+            ckpt_on = ckpt_on.get("critic" if role == "critic" else "actor", False)
+        if ckpt_on and isinstance(kept, int) and not isinstance(kept, bool):
+            # selective checkpointing kept some layers' activations: checkpoint them all, or let the
+            # planner size it for this GPU
+            fixes.append(Fix("precision.checkpoint_layers: auto (or unset: every layer)",
+                             f"{ckpt_verl}.enable_gradient_checkpointing=True",
+                             f"only the first {kept} decoder layers were checkpointed; the rest kept their activations"
+                             + _planned_fit(run, {"precision": {"checkpoint_layers": None}}, cap)))  # fmt: skip
+        elif not ckpt_on:
+            fixes.append(Fix("precision.grad_checkpointing: true", f"{ckpt_verl}.enable_gradient_checkpointing=True",
+                             "recompute activations in backward instead of keeping every layer's"
+                             + _planned_fit(run, {"precision": {"grad_checkpointing": True}}, cap)))  # fmt: skip
         fixes += [
-            Fix("precision.grad_checkpointing: true", f"{ckpt_verl}.enable_gradient_checkpointing=True",
-                "recompute activations in backward instead of keeping every layer's"
-                + _planned_fit(run, {"precision": {"grad_checkpointing": True}}, cap)),
             Fix(f"algo.micro_batch_size: {half if half else '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
                 "activations scale with the micro-batch; gradient accumulation keeps the effective batch"
                 + (_planned_fit(run, {"algo": {"micro_batch_size": half}}, cap) if half else "")),
