@@ -90,7 +90,9 @@ def enable_checkpointing(model: nn.Module) -> None:
     # transformers also hooks the embedding to make its output require grad, which only reentrant
     # checkpointing needs; the hook's requires_grad_() stops torch.compile's tracing of the rollout's
     # decode forward (rollout.compile), so it goes.
-    if getattr(model, "_require_grads_hook", None) is not None or getattr(model, "_require_grads_hooks", None):
+    if getattr(model, "_require_grads_hook", None) is not None or getattr(
+        model, "_require_grads_hooks", None
+    ):
         model.disable_input_require_grads()
 
 
