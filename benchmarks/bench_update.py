@@ -30,7 +30,7 @@ from benchmarks._common import environment, guarded, matmul_peak_tflops, median,
 
 
 def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_path: str, batch: int,
-            seq: int) -> tuple[float, float]:  # fmt: skip
+            seq: int, compiled: bool = False) -> tuple[float, float]:  # fmt: skip
     """The memory planner's device bytes (GiB) for this update step (fused AdamW, no padding)."""
     from trainer.config import ModelConfig
     from trainer.precision import resolve_policy
@@ -38,21 +38,26 @@ def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_pa
     from verlaudit.plan import architecture_of
 
     pol = resolve_policy(precision, grad_checkpointing=ckpt, checkpoint_layers=layers)["actor"]
-    m = TrainedModel(arch=architecture_of(ModelConfig(preset=preset)), kind="causal_lm", policy=pol)
+    m = TrainedModel(
+        arch=architecture_of(ModelConfig(preset=preset)), kind="causal_lm", policy=pol, compiled=compiled
+    )
     shape = Shape(sequences=batch, seq_len=seq, logit_positions=seq, padded=False)
     lg = Logits(island="hf-loss" if loss_path == "hf-loss" else "chunked")
     est = Estimate(tuple(train_phases(m, shape, accumulation=False, resident={}, logits=lg)))
     return est.device_bytes() / GIB, est.peak_bytes / GIB
 
 
-def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: int, gib: float) -> int | None:
+def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: int, gib: float,
+                compiled: bool = False) -> int | None:  # fmt: skip
     """``checkpoint_layers: auto`` for this step: fewest checkpointed layers fitting ``gib`` x 0.95."""
     from trainer.config import ModelConfig
     from verlaudit.plan import AUTO_HEADROOM, architecture_of
 
     n_layers = architecture_of(ModelConfig(preset=preset)).num_layers
     for n in range(n_layers + 1):
-        if planned(preset, precision, True, n, loss_path, batch, seq)[0] <= gib * (1 - AUTO_HEADROOM):
+        if planned(preset, precision, True, n, loss_path, batch, seq, compiled)[0] <= gib * (
+            1 - AUTO_HEADROOM
+        ):
             return n
     return None
 
@@ -71,13 +76,13 @@ def run_update(preset: str, precision: str, ckpt_spec: str, loss_path: str, devi
     layers: int | None = None
     if ckpt_spec == "ckptauto":
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else 24.0
-        layers = auto_layers(preset, precision, loss_path, batch, seq, gib)
+        layers = auto_layers(preset, precision, loss_path, batch, seq, gib, compile_layers)
     elif ckpt_spec.startswith("ckpt") and ckpt_spec != "ckpt":
         layers = int(ckpt_spec[4:])
     policy = resolve_policy(precision, grad_checkpointing=ckpt, checkpoint_layers=layers, device=device)[
         "actor"
     ]
-    plan_device, plan_alloc = planned(preset, precision, ckpt, layers, loss_path, batch, seq)
+    plan_device, plan_alloc = planned(preset, precision, ckpt, layers, loss_path, batch, seq, compile_layers)
     mcfg = ModelConfig(preset=preset)
     tok = load_tokenizer(mcfg)
     model = build_causal_lm(mcfg, tok, policy, device, seed=0)

@@ -1,11 +1,11 @@
 """The memory planner's peak beside the measured one, per variant of a finished suite run.
 
-Plans every variant of SUITE as `verlaudit plan` does (``checkpoint_layers: auto`` resolved against
-``--memory-gb``, the GPU the runs had), reads each run directory's metrics (largest
+Plans every run of SUITE from the config its manifest recorded (so ``checkpoint_layers: auto`` is
+the number the run really used), reads each run directory's metrics (largest
 ``perf/max_memory_allocated_gb``, every step's ``perf/step_time_s``) and status, and prints a
 markdown table: planned allocated peak, measured peak, planner error, step times.
 
-    python benchmarks/planner_vs_runs.py suites/llama7b_h200_grpo.yaml reports/gpu/llama7b_h200_grpo_suite --memory-gb 139.8
+    python benchmarks/planner_vs_runs.py suites/llama7b_h200_grpo.yaml reports/gpu/llama7b_h200_grpo_suite
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def measured(run_dir: Path) -> dict:
 
 
 def main() -> int:
-    from verlaudit.plan import GIB, plan_suite
+    from verlaudit.plan import GIB, plan_config, run_plan_inputs
+    from verlaudit.rundir import read_run
     from verlaudit.suite import load_suite
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,24 +59,27 @@ def main() -> int:
         "| variant | checkpointed layers | compiled | status | planned peak GiB | measured peak GiB | planner error | step s (each step) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for plan in plan_suite(suite, memory_gb=args.memory_gb):
-        run_dir = runs / plan.variant
-        if not run_dir.is_dir():
+    for variant in suite.variants:
+        run_dir = runs / variant
+        if not (run_dir / "manifest.json").is_file():
             continue
+        run = read_run(run_dir)
+        cfg, policy, gpus, optimizer = run_plan_inputs(run)
+        est, _ = plan_config(cfg, gpus=gpus, optimizer=optimizer, policy=policy)
         m = measured(run_dir)
-        pc = plan.config.precision
+        pc = cfg.precision
         layers = (
             "-"
             if not pc.grad_checkpointing
             else ("all" if pc.checkpoint_layers is None else str(pc.checkpoint_layers))
         )
-        planned = plan.estimate.peak_bytes / GIB
+        planned = est.peak_bytes / GIB
         err = f"{(planned - m['peak_gib']) / m['peak_gib']:+.1%}" if m["peak_gib"] else "-"
         steps = ", ".join(f"{s:.2f}" for s in m["steps_s"]) or "-"
         peak = f"{m['peak_gib']:.1f}" if m["peak_gib"] else "-"
-        compiled = "yes" if plan.config.model.compile else "no"
+        compiled = "yes" if cfg.model.compile else "no"
         print(
-            f"| {plan.variant} | {layers} | {compiled} | {m['status']} | {planned:.1f} | {peak} | {err} | {steps} |"
+            f"| {variant} | {layers} | {compiled} | {m['status']} | {planned:.1f} | {peak} | {err} | {steps} |"
         )
     return 0
 

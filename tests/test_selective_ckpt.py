@@ -213,3 +213,77 @@ def test_compiled_layers_match_eager_and_stay_eager_with_a_cache_or_hooks():
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         assert torch.equal(compiled.generate(ids, **kw), eager.generate(ids, **kw))
+
+
+def _compiled_layer_bytes(preset, cfg, monkeypatch):
+    """Bytes per token a compiled decoder layer saves (tests/test_plan.py's hook measurement)."""
+    import transformers.models.llama.modeling_llama as ml
+
+    from tests.test_plan import _measured_layer_bytes
+
+    compiled = torch.compile(ml.LlamaDecoderLayer.forward, dynamic=False)
+    monkeypatch.setattr(ml.LlamaDecoderLayer, "forward", lambda self, *a, **k: compiled(self, *a, **k))
+    batch, seq = 2, 32
+    saved, _ = _measured_layer_bytes(preset, cfg, batch, seq)
+    return saved // (batch * seq)
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "bf16",
+        "bf16-pure",
+        pytest.param("fp32", marks=pytest.mark.slow),
+        pytest.param("fp16", marks=pytest.mark.slow),
+    ],
+)
+def test_compiled_layer_saved_bytes_match_the_hooks(preset, monkeypatch):
+    from verlaudit.memory_model import ActDtypes, compiled_layer_saved_bytes
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, vocab_size=50, attn_implementation="sdpa")  # fmt: skip
+    d = ActDtypes.of(resolve_policy(preset)["actor"])
+    measured = _compiled_layer_bytes(preset, cfg, monkeypatch)
+    # the measurement leaves out the layer's own input (r h), which the model counts
+    assert measured == compiled_layer_saved_bytes(Architecture.from_config(cfg), d) - d.r * 128
+
+
+@pytest.mark.parametrize(
+    "precision,layers,measured",
+    [("bf16", 11, 109.869), ("bf16-pure", 0, 72.355)],  # H200, reports/gpu/h200_update_selective_compile.json
+)
+def test_planner_compiled_update_matches_the_h200(precision, layers, measured):
+    from benchmarks.bench_update import planned
+
+    _, alloc = planned("llama2-7b", precision, True, layers, "chunked", 8, 1024, compiled=True)
+    assert abs(alloc - measured) / measured < 0.02
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        "llama7b_h200_suite",
+        "llama7b_h200_suite_2",
+        "llama7b_h200_grpo_suite",
+        "llama7b_h200_grpo_fast_static",
+    ],
+)
+def test_planner_matches_every_committed_h200_run(runs):
+    # every completed 7B run on the H200, compiled or not, from the config its manifest recorded
+    from pathlib import Path
+
+    from benchmarks.planner_vs_runs import measured
+    from verlaudit.plan import run_plan_inputs
+    from verlaudit.rundir import read_run
+
+    root = Path(__file__).resolve().parents[1] / "reports" / "gpu" / runs
+    checked = 0
+    for run_dir in sorted(p for p in root.iterdir() if (p / "manifest.json").is_file()):
+        m = measured(run_dir)
+        if not m["peak_gib"] or not m["status"].startswith("completed"):
+            continue
+        cfg, policy, gpus, optimizer = run_plan_inputs(read_run(run_dir))
+        est, _ = plan_config(cfg, gpus=gpus, optimizer=optimizer, policy=policy)
+        assert abs(est.peak_bytes / GIB - m["peak_gib"]) / m["peak_gib"] < 0.02, run_dir.name
+        checked += 1
+    assert checked >= 1

@@ -29,6 +29,12 @@ attention widths, r the residual-stream bytes, c the compute bytes):
 * gradient checkpointing keeps each layer's input (r h) and recomputes one layer at a time in
   backward; the bottom of backward (all gradients but layer 0's and the embedding's, plus layer 0's
   recomputed activations) is the usual peak once optimizer state exists.
+* compiled layers (``model.compile``): Inductor's partitioner saves fewer tensors and recomputes
+  the cheap elementwise ones in backward. Measured with the same saved-tensor hooks on CPU (fp32,
+  fp16, bf16 autocast, bf16-pure; hidden 256/512, intermediate 688/1024, 4 and 8 heads): a layer
+  saves 4c h + c (q + 2 kv) + 3c I + r d + 4 n_heads + 8 bytes per token (d the head dim: the
+  cos/sin it keeps) plus its own input (r h), in every precision; autocast's low-precision weight
+  copies are cast inside the compiled graph, so only kept layers hold them past their forward.
 * logits: our log-prob island (`trainer.logprobs`) keeps the logits (compute dtype) and one fp32
   number per token; slicing the R response positions out of [B, R+1, V] and flattening copies them,
   once for log-probs and once more for entropies. The HF loss instead upcasts all logits to fp32 and
@@ -199,6 +205,16 @@ def layer_saved_bytes(arch: Architecture, d: ActDtypes, *, seq_len: int, padded:
     return out
 
 
+def compiled_layer_saved_bytes(arch: Architecture, d: ActDtypes) -> int:
+    """Bytes per token a ``torch.compile``-d decoder layer saves for backward, its input included
+    (tests/test_selective_ckpt.py measures it against the saved-tensor hooks)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    q = arch.q_dim
+    kv = q if arch.num_kv_heads < arch.num_heads else arch.kv_dim  # as eager: GQA's k/v expanded
+    head_dim = q // arch.num_heads
+    return 4 * d.c * h + d.c * (q + 2 * kv) + 3 * d.c * i + d.r * head_dim + 4 * arch.num_heads + 8 + d.r * h
+
+
 def backward_workspace_bytes(arch: Architecture, d: ActDtypes) -> int:
     """Per token, gradients alive inside one layer's backward: the residual gradient in and out,
     and two MLP-width gradients (grad of the product, then of SiLU's output and up's output)."""
@@ -288,6 +304,8 @@ class TrainedModel:
     world_size: int = 1
     optimizer: str = "fused"
     """``fused`` AdamW (trainer/common.py on CUDA) or ``foreach`` (torch's default elsewhere)."""
+    compiled: bool = False
+    """Decoder layers run through ``torch.compile`` (``model.compile``)."""
 
     @property
     def n(self) -> int:
@@ -338,6 +356,10 @@ def train_phases(
     layer = sum(layer_saved_bytes(arch, d, seq_len=shape.seq_len, padded=shape.padded).values())
     x_in = d.r * arch.hidden_size  # a layer's input: checkpoint boundary, or saved by RMSNorm when fp32
     saved_layer = layer + (x_in if d.r == 4 else 0)
+    if m.compiled:
+        mask = d.c * shape.seq_len if shape.padded else 0  # the per-layer mask bias, as eager
+        saved_layer = compiled_layer_saved_bytes(arch, d) + mask
+        layer = saved_layer - x_in  # a recomputed layer: its input is the checkpoint boundary
     h_norm = 4 * arch.hidden_size + (4 if d.r == 4 else d.r) * arch.hidden_size  # final RMSNorm
     head_in = (d.c if d.casts else d.r) * arch.hidden_size * shape.sequences * shape.logit_positions
     lg_saved, lg_fwd, lg_bwd = logits_bytes(shape, arch, d.c, logits)
@@ -349,7 +371,9 @@ def train_phases(
 
     fwd = dict(base)
     _add(fwd, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
-    _add(fwd, f"{prefix} autocast weight copies", copies)
+    # compiled layers cast their weights inside the graph (no autocast cache): only kept layers
+    # hold their copies past their own forward
+    _add(fwd, f"{prefix} autocast weight copies", head_copy + n_keep * layer_copies if m.compiled else copies)
     _add(fwd, f"{prefix} FSDP gathered layers", gathered)
     _add(fwd, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
     _add(fwd, f"{prefix} activations", n_keep * saved_layer * t)

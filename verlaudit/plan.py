@@ -127,8 +127,14 @@ def plan_config(
     w = gpus
     p_len, r_len = data.prompt_length, data.response_length
     seq = p_len + r_len
+    compiled = cfg.model.compile
     actor = TrainedModel(
-        arch=arch, kind="causal_lm", policy=policy["actor"], world_size=w, optimizer=optimizer
+        arch=arch,
+        kind="causal_lm",
+        policy=policy["actor"],
+        world_size=w,
+        optimizer=optimizer,
+        compiled=compiled,
     )
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
@@ -145,7 +151,12 @@ def plan_config(
             else arch
         )
         critic = TrainedModel(
-            arch=c_arch, kind="value", policy=policy["critic"], world_size=w, optimizer=optimizer
+            arch=c_arch,
+            kind="value",
+            policy=policy["critic"],
+            world_size=w,
+            optimizer=optimizer,
+            compiled=compiled,
         )
         for k, v in critic.state().items():
             resident[f"critic {k}"] = v
