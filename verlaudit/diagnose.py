@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verlaudit import verl_keys as V
 from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run, to_float
 
 SEVERITY_WEIGHT = {"error": 100.0, "warning": 10.0, "info": 1.0}
@@ -147,7 +148,7 @@ def _last_step(run: RunDir) -> int | None:
 
 
 def _verl_actor_or_critic(role: str | None) -> str:
-    return "critic" if role == "critic" else "actor_rollout_ref.actor"
+    return "critic" if role == "critic" else V.ACTOR
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def _status_causes(run: RunDir) -> list[Cause]:
     if reason == "refused":
         return [Cause("error", "refused", "Refused before starting", error or "the runner refused this variant",
                       evidence=[error] if error else [], fixes=[Fix("variants.<name>.precision.preset: fp16",
-                      "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16",
+                      V.PARAM_DTYPE_FP16,
                       "the target GPU has no bf16: fp16 autocast with dynamic loss scaling runs there")], step=step,
                       score=40.0)]  # fmt: skip
     if reason in ("nonfinite", "dtype_error") or "probability tensor contains" in error:
@@ -269,19 +270,17 @@ def _nonfinite_fixes(run: RunDir, producer: Finding | None) -> list[Fix]:
     if producer is not None and producer.fix:
         fixes.append(Fix(None, None, producer.fix))
     if preset == "fp16":
-        fixes.append(Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        fixes.append(Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
                          "fp16 overflows at 65504; bf16 has fp32's exponent range (needs an Ampere+ GPU)"))  # fmt: skip
     if preset == "bf16-pure":
-        fixes.append(Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+        fixes.append(Fix("precision.preset: bf16", V.MODEL_DTYPE_FP32,
                          "keep fp32 master weights and optimizer state; bf16 autocast only for matmuls"))  # fmt: skip
     lr = _cfg(run, "algo", "lr")
     fixes.append(Fix(f"algo.lr: {lr / 10:g}" if isinstance(lr, (int, float)) else "algo.lr: <lower>",
-                     "actor_rollout_ref.actor.optim.lr", "a lower learning rate keeps weights and activations "
+                     V.LR, "a lower learning rate keeps weights and activations "
                      "in range if the loss diverged before it went non-finite"))  # fmt: skip
     if not _cfg(run, "algo", "max_grad_norm"):
-        fixes.append(
-            Fix("algo.max_grad_norm: 1.0", "actor_rollout_ref.actor.grad_clip=1.0", "clip gradients")
-        )
+        fixes.append(Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients"))
     return fixes
 
 
@@ -311,9 +310,9 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
         ev.append(f"earlier finding {x.kind} at {x.where} (step {x.step}): {x.message}")
     fixes = [Fix(None, None, f.fix)] if f and f.fix else []
     fixes += [
-        Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
             "autocast casts each op's inputs, so an fp32 tensor meeting bf16 weights no longer fails"),
-        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", "actor_rollout_ref.rollout.dtype",
+        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", V.ROLLOUT_DTYPE,
             "or make the role that produced the tensor compute in the same dtype as the one consuming it"),
     ]  # fmt: skip
     title = "Dtype error" + (f" in {where}" if where else "") + (f": {observed} where {expected} was expected"
@@ -408,7 +407,7 @@ def _reward_causes(run: RunDir) -> list[Cause]:
                          fixes=[Fix(f"algo.kl_coef: {max(_cfg(run, 'algo', 'kl_coef', default=0.05) * 2, 0.01):g}",
                                     "algorithm.kl_ctrl.kl_coef (or actor_rollout_ref.actor.kl_loss_coef)",
                                     "a stronger KL anchor to the reference"),
-                                Fix("algo.lr: <half>", "actor_rollout_ref.actor.optim.lr", "smaller policy steps")],
+                                Fix("algo.lr: <half>", V.LR, "smaller policy steps")],
                          step=len(means) - w))  # fmt: skip
     if std_key:
         stds = [v for _, v in run.series(std_key)]
@@ -432,7 +431,7 @@ def _reward_causes(run: RunDir) -> list[Cause]:
                                  evidence=[f"first {w} steps mean {_fmt(e_std)}, last {w} steps mean {_fmt(l_std)}"],
                                  fixes=[Fix("data.reward_fn: <clip or normalise the reward>", "reward_model.reward_manager",
                                             "bound the reward"),
-                                        Fix("algo.lr: <half>", "actor_rollout_ref.actor.optim.lr", "smaller steps")]))  # fmt: skip
+                                        Fix("algo.lr: <half>", V.LR, "smaller steps")]))  # fmt: skip
     return out
 
 
@@ -590,10 +589,10 @@ def _oom_fixes(
 
     mb = _cfg(run, "algo", "micro_batch_size")
     half = max(1, mb // 2) if isinstance(mb, int) else None
-    role = "critic" if phase in ("critic_update", "critic") else "actor_rollout_ref.actor"
+    role = "critic" if phase in ("critic_update", "critic") else V.ACTOR
     fixes = []
     if dominant == "activations" or (dominant is None and phase in ("actor_update", "critic_update")):
-        ckpt_verl = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+        ckpt_verl = "critic.model" if role == "critic" else V.MODEL
         kept = _cfg(run, "precision", "checkpoint_layers")
         ckpt_on = _cfg(run, "precision", "grad_checkpointing")
         if isinstance(ckpt_on, Mapping):  # per role
@@ -617,7 +616,7 @@ def _oom_fixes(
     if dominant in ("optimizer state", "parameters", "gradients"):
         gpus = run_world_size(run) * 2
         fixes += [
-            Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+            Fix("precision.preset: bf16-pure", V.MODEL_DTYPE_BF16,
                 "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"
                 + _planned_fit(run, {"precision": {"preset": "bf16-pure"}}, cap)),
             Fix(f"hardware.gpus: {gpus}", "trainer.n_gpus_per_node (FSDP shards params/grads/optimizer)",
@@ -634,16 +633,14 @@ def _oom_fixes(
     if phase == "rollout" or dominant == "kv cache + rollout logits":
         fixes += [
             Fix("data.response_length: <shorter>", "data.max_response_length", "the KV cache grows with sequence length"),
-            Fix("algo.batch_size: <smaller>", "actor_rollout_ref.rollout.gpu_memory_utilization (vLLM/SGLang)",
+            Fix("algo.batch_size: <smaller>", f"{V.GPU_MEMORY_UTILIZATION} (vLLM/SGLang)",
                 "fewer sequences generated at once"),
         ]  # fmt: skip
     if phase == "ref":
         fixes.append(Fix("precision.overrides.reference.param_dtype: bf16", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
                          "smaller reference forward micro-batches or a bf16 reference"))  # fmt: skip
     if fragmented:
-        fixes.append(
-            Fix(None, "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "reduces fragmentation")
-        )
+        fixes.append(Fix(None, V.ALLOC_CONF, "reduces fragmentation"))
     if not fixes:
         fixes.append(Fix(f"algo.micro_batch_size: {half or '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
                          "smaller micro-batches"))  # fmt: skip

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from verlaudit import verl_keys as V
 from verlaudit.diagnose import Cause, Diagnosis, Fix, rank
 
 _DT = {
@@ -144,9 +145,9 @@ def _innermost_frame(text: str, before: int | None = None) -> str | None:
 
 
 _DTYPE_FIXES = [
-    Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+    Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
         "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
-    Fix("precision.overrides.<role>.compute_dtype", "actor_rollout_ref.rollout.dtype / actor_rollout_ref.actor.fsdp_config.model_dtype",
+    Fix("precision.overrides.<role>.compute_dtype", f"{V.ROLLOUT_DTYPE} / {V.ACTOR}.fsdp_config.model_dtype",
         "make the producing and the consuming role agree on one dtype (e.g. the reward model or value head)"),
 ]  # fmt: skip
 _LOG_UNKNOWN_MODULE = (
@@ -225,7 +226,7 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         fixes.append(
             Fix(
                 None,
-                "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                V.ALLOC_CONF,
                 "lets the allocator grow segments",
             )
         )
@@ -234,14 +235,14 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         what += (f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / log-softmax "
                  "of a whole batch x sequence x vocab in fp32.")  # fmt: skip
     if "No available memory for the cache blocks" in text or phase == "rollout":
-        fixes.append(Fix("data.response_length: <shorter>", "actor_rollout_ref.rollout.gpu_memory_utilization (lower if the "
+        fixes.append(Fix("data.response_length: <shorter>", f"{V.GPU_MEMORY_UTILIZATION} (lower if the "
                          "trainer shares the GPU; higher if vLLM has no room for KV blocks)", "rollout KV cache"))  # fmt: skip
     fixes += [
-        Fix("precision.grad_checkpointing: true", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        Fix("precision.grad_checkpointing: true", V.GRAD_CKPT,
             "activation memory"),
-        Fix("algo.micro_batch_size: <half>", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu "
+        Fix("algo.micro_batch_size: <half>", f"{V.MICRO_BATCH} "
             "(and actor_rollout_ref.rollout/ref.log_prob_micro_batch_size_per_gpu)", "smaller micro-batches"),
-        Fix("precision.preset: bf16-pure", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 "
+        Fix("precision.preset: bf16-pure", f"{V.MODEL_DTYPE_BF16} "
             "(or fsdp_config.param_offload / optimizer_offload=True)", "model state memory"),
     ]  # fmt: skip
     return Cause("error", "oom", f"CUDA out of memory{f' in {phase}' if phase else ''}", what, evidence=ev,
@@ -318,10 +319,10 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
         return []
     return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
                   "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
-                  fixes=[Fix("precision.preset: bf16", "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+                  fixes=[Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
                              "if the run is fp16: bf16 does not overflow"),
-                         Fix("algo.lr: <lower>", "actor_rollout_ref.actor.optim.lr", "if the loss diverged first"),
-                         Fix("algo.max_grad_norm: 1.0", "actor_rollout_ref.actor.grad_clip=1.0", "clip gradients")],
+                         Fix("algo.lr: <lower>", V.LR, "if the loss diverged first"),
+                         Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients")],
                   unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
                            "`verlaudit run` with audit level full for the producer module",
                            "the loss-scale history, unless the framework logged it"])]  # fmt: skip
