@@ -369,26 +369,25 @@ def train_phases(
     gathered = 2 * arch.layer_params * d.c if sharded else 0  # current + prefetched layer
     grad_g = arch.layer_params * (d.c + nbytes(pol.reduce_dtype)) if sharded else 0
 
-    fwd = dict(base)
-    _add(fwd, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
-    # compiled layers cast their weights inside the graph (no autocast cache): only kept layers
-    # hold their copies past their own forward
-    _add(fwd, f"{prefix} autocast weight copies", head_copy + n_keep * layer_copies if m.compiled else copies)
-    _add(fwd, f"{prefix} FSDP gathered layers", gathered)
-    _add(fwd, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
-    _add(fwd, f"{prefix} activations", n_keep * saved_layer * t)
-    _add(fwd, f"{prefix} final norm + head input", h_norm * t + head_in)
-    _add(fwd, f"{prefix} logits + log-prob island", lg_saved + lg_fwd)
+    def around_backward_start(weight_copies: int, logit_bytes: int) -> dict[str, int]:
+        """End of forward and top of backward hold the same things but for the weight copies and
+        the log-prob island's transient."""
+        parts = dict(base)
+        _add(parts, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
+        _add(parts, f"{prefix} autocast weight copies", weight_copies)
+        _add(parts, f"{prefix} FSDP gathered layers", gathered)
+        _add(parts, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
+        _add(parts, f"{prefix} activations", n_keep * saved_layer * t)
+        _add(parts, f"{prefix} final norm + head input", h_norm * t + head_in)
+        _add(parts, f"{prefix} logits + log-prob island", logit_bytes)
+        return parts
 
-    top = dict(base)
-    _add(top, f"{prefix} grads (earlier micro-batches)", g_full if accumulation else 0)
-    # autocast's cached weight copies die at autocast exit unless a kept layer saved them for backward
-    _add(top, f"{prefix} autocast weight copies", head_copy + n_keep * layer_copies)
-    _add(top, f"{prefix} FSDP gathered layers", gathered)
-    _add(top, f"{prefix} checkpoint boundaries", n_ckpt * x_in * t)
-    _add(top, f"{prefix} activations", n_keep * saved_layer * t)
-    _add(top, f"{prefix} final norm + head input", h_norm * t + head_in)
-    _add(top, f"{prefix} logits + log-prob island", lg_saved + lg_bwd)
+    kept_copies = head_copy + n_keep * layer_copies
+    # Autocast's weight cache holds every copy until autocast exits, then only the copies a kept
+    # layer saved for backward remain; compiled layers cast inside their graph (no cache), so only
+    # kept layers hold copies past their own forward.
+    fwd = around_backward_start(kept_copies if m.compiled else copies, lg_saved + lg_fwd)
+    top = around_backward_start(kept_copies, lg_saved + lg_bwd)
 
     bottom = dict(base)
     pending = m.arch.embed_params + arch.layer_params  # layer 0 and embedding grads not yet written
