@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU numbers of issue 6 in two device calls of under ~9 minutes each, every part in its own
-# process under its own timeout so one failure (an OOM, a hang) cannot take the others with it.
+# The GPU numbers of issue 6, each part under its own timeout so one failure (an OOM, a hang) cannot
+# take the others with it. One device call per part; every call from the repository root.
 #
-#   bash benchmarks/h200_suite.sh suite   # call 1: verlaudit plan + verlaudit run suites/llama7b_h200.yaml
-#   bash benchmarks/h200_suite.sh bench   # call 2: MFU + matmul peak, audit overhead, rollout tokens/s
+#   bash benchmarks/h200_suite.sh dpo      # verlaudit plan + run suites/llama7b_h200.yaml (all variants, ~6 min)
+#   bash benchmarks/h200_suite.sh grpo     # verlaudit run suites/llama7b_h200_grpo.yaml (~5 min)
+#   bash benchmarks/h200_suite.sh bench    # MFU cases + matmul peak, audit overhead (none/off/boundary/full), rollout (~8 min)
+#   bash benchmarks/h200_suite.sh trl      # TRL 1.16 DPO + GRPO (beta 0); needs carry: [".whl"] (see benchmarks/trl_bench.py)
 #
-# Everything lands in $OUT (at most 8 files, two folders deep): *.json, suite_report.md, suite_runs.tgz.
-# Then, here: python benchmarks/render_gpu_report.py <fetched OUT dir(s)> -> reports/gpu/h200_results.md
+# Everything lands in $OUT (at most 8 files, two folders down). Then, here:
+#   python benchmarks/planner_vs_runs.py SUITE.yaml <unpacked run dir>   # planner vs measured, per run
 set -u
 OUT=${OUT:-/tmp/h200_out}
 mkdir -p "$OUT"
@@ -26,14 +28,26 @@ run() {  # run NAME SECONDS CMD...: a part under a timeout, its log tail kept in
   echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
 
-if [ "$part" = suite ]; then
-  $PY -m verlaudit plan suites/llama7b_h200.yaml --json > "$OUT/plan.json" 2>>"$OUT/log.txt"
-  run suite 500 $PY -m verlaudit run suites/llama7b_h200.yaml --device cuda --out /tmp/suite --no-progress
-  cp /tmp/suite/report.md "$OUT/suite_report.md" 2>/dev/null
-  tar czf "$OUT/suite_runs.tgz" -C /tmp suite 2>>"$OUT/log.txt"
-else
-  run update 210 $PY benchmarks/bench_update.py --out "$OUT/update.json"
-  run audit 200 $PY benchmarks/bench_audit.py --out "$OUT/audit.json" --passes 1
-  run rollout 130 $PY benchmarks/rollout_bench.py --out "$OUT"
-fi
+suite() {  # suite NAME YAML SECONDS
+  $PY -m verlaudit plan "$2" --json > "$OUT/$1_plan.json" 2>>"$OUT/log.txt"
+  run "$1" "$3" $PY -m verlaudit run "$2" --device cuda --out "/tmp/$1" --no-progress
+  cp "/tmp/$1/report.md" "$OUT/$1_report.md" 2>/dev/null
+  tar czf "$OUT/$1_runs.tgz" -C /tmp "$1" 2>>"$OUT/log.txt"
+}
+
+case "$part" in
+  dpo) suite dpo suites/llama7b_h200.yaml 560 ;;
+  grpo) suite grpo suites/llama7b_h200_grpo.yaml 560 ;;
+  bench)
+    run update 200 $PY benchmarks/bench_update.py --out "$OUT/update.json" --cases \
+      "bf16:ckpt:chunked,bf16:ckptauto:chunked:compile,bf16-pure:ckptauto:chunked:compile"
+    run audit 150 $PY benchmarks/bench_audit.py --out "$OUT/audit.json" --passes 1
+    run rollout 200 $PY benchmarks/rollout_bench.py --out "$OUT" --engines ours_static_graphs,ours_static_graphs_compiled,hf_dynamic
+    ;;
+  trl)
+    # beta 0: with a KL reference TRL's GRPO keeps an fp32 copy and runs out of memory on one H200
+    run trl 500 $PY benchmarks/trl_bench.py --which dpo,grpo --grpo-beta 0 --out "$OUT" --steps 5 --timeout 240
+    ;;
+  *) echo "usage: $0 dpo|grpo|bench|trl" >&2; exit 2 ;;
+esac
 ls -la "$OUT"
