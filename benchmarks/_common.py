@@ -1,7 +1,7 @@
 """Shared helpers of the GPU benchmark scripts: environment record, JSON output, timing.
 
 Every script writes one JSON file and never raises past main(): a failure is recorded in the JSON
-(``error``) so the driver (benchmarks/h200_suite.sh) and the report renderer still see it.
+(``error``) so the driver (benchmarks/h200_suite.sh) still sees it.
 Exercised by `bash benchmarks/h200_suite.sh` on a GPU, or each script with ``--device cpu``.
 """
 
