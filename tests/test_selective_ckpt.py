@@ -287,3 +287,19 @@ def test_planner_matches_every_committed_h200_run(runs):
         assert abs(est.peak_bytes / GIB - m["peak_gib"]) / m["peak_gib"] < 0.02, run_dir.name
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_too_many_checkpoint_layers_stop_before_any_run(tmp_path, capsys, command):
+    from verlaudit import cli
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\ntrain: {model: {preset: tiny-llama}, steps: 1, device: cpu}\n"
+        "variants:\n  v1:\n    precision: {preset: fp32, grad_checkpointing: true, checkpoint_layers: 5}\n"
+    )
+    argv = [command, str(suite)] + (["--out", str(tmp_path / "out")] if command == "run" else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "variants.v1.precision.checkpoint_layers: 5, but the model has 2 decoder layers" in err
+    assert not (tmp_path / "out" / "v1").exists()  # nothing was started

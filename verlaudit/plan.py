@@ -223,6 +223,13 @@ def resolve_checkpoint_layers(
     less `AUTO_HEADROOM`; all layers when nothing smaller fits or there is no GPU target. Returns
     the config with a number and a note saying what was chosen and why; other configs unchanged."""
     pc = cfg.precision
+    if isinstance(pc.checkpoint_layers, int) and pc.grad_checkpointing is not False:
+        layers = architecture_of(cfg.model).num_layers
+        if pc.checkpoint_layers > layers:
+            raise ValueError(
+                f"precision.checkpoint_layers: {pc.checkpoint_layers}, but the model has {layers} decoder "
+                f"layers; use at most {layers}, or auto"
+            )
     if pc.checkpoint_layers != "auto":
         return cfg, None
 
@@ -402,7 +409,10 @@ def plan_suite(suite: Any, *, gpus: int | None = None, memory_gb: float | None =
     target_gib = memory_gb or hw.memory_gb or get_target(hw.target).memory_gb
     out = []
     for name, cfg in suite.variants.items():
-        cfg, auto = resolve_checkpoint_layers(cfg, gpus=n, target_gib=target_gib, optimizer=optimizer)
+        try:
+            cfg, auto = resolve_checkpoint_layers(cfg, gpus=n, target_gib=target_gib, optimizer=optimizer)
+        except ValueError as e:
+            raise ValueError(f"variants.{name}.{e}") from None
         est, notes = plan_config(cfg, gpus=n, optimizer=optimizer)
         notes = ([auto] if auto else []) + notes
         out.append(VariantPlan(name, cfg, est, hw.target, target_gib, n, tuple(notes)))

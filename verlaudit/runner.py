@@ -184,9 +184,12 @@ def plan_runs(
         # ranks get plain "cuda": each takes cuda:LOCAL_RANK (trainer.distributed.init_distributed)
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
-        cfg, auto = resolve_checkpoint_layers(
-            cfg, gpus=suite.hardware.gpus, target_gib=_usable_gib(suite, present, device)
-        )
+        try:
+            cfg, auto = resolve_checkpoint_layers(
+                cfg, gpus=suite.hardware.gpus, target_gib=_usable_gib(suite, present, device)
+            )
+        except ValueError as e:
+            raise ValueError(f"{suite.source}: variants.{run.variant}.{e}") from None
         if auto:
             notes.append(f"{run.variant}: {auto}")
         run = dataclasses.replace(run, config=cfg)
