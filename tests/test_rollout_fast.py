@@ -146,6 +146,22 @@ def test_build_engine_and_option_errors():
         StaticDecodeEngine(actor, TOK, policy, temperature=0.0, **kw)
 
 
+def _assert_graph_replays_eager(eager, graphs) -> None:
+    """Seeds 0, 1, 0 through both engines: every call captures a fresh graph over fresh buffers; the
+    graph replays the eager step's kernels (forward and sampling, compiled or not) on the same inputs
+    and its random draws take the philox offsets the eager steps take, so the results are bitwise the
+    same; the seeded fork of the generator makes a run reproducible, and another seed draws otherwise."""
+    batch = _batch()
+    runs = []
+    for seed in (0, 1, 0):
+        a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
+        b = graphs.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+        runs.append(b)
+    assert torch.equal(runs[0].response_ids, runs[2].response_ids)
+    assert not torch.equal(runs[0].response_ids, runs[1].response_ids)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("preset", ["fp32", "bf16", "bf16-pure"])
@@ -154,18 +170,7 @@ def test_cuda_graph_decode_replays_the_eager_loop(preset):
     actor, policy = _actor(preset, device=cuda, eos_bias=1.0)
     eager = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R)
     graphs = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R, cuda_graphs=True)
-    batch = _batch()
-    runs = []
-    for seed in (0, 1, 0):  # each call captures a fresh graph over fresh buffers
-        a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
-        b = graphs.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
-        # the graph replays the eager step's kernels (forward and sampling) on the same inputs, and its
-        # random draws take the philox offsets the eager steps take: bitwise the same
-        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
-        runs.append(b)
-    # the seeded fork of the generator makes a graph run reproducible; another seed draws otherwise
-    assert torch.equal(runs[0].response_ids, runs[2].response_ids)
-    assert not torch.equal(runs[0].response_ids, runs[1].response_ids)
+    _assert_graph_replays_eager(eager, graphs)
     assert graphs.name == "static-decode+cuda-graphs" and graphs.last_stats["capture_s"] > 0
 
 
@@ -287,14 +292,5 @@ def test_compiled_step_captured_replays_the_compiled_eager_loop(preset):
     eager = StaticDecodeEngine(actor, TOK, policy, **kw)
     graphs = StaticDecodeEngine(actor, TOK, policy, cuda_graphs=True, **kw)
     assert graphs.name == "static-decode+compile+cuda-graphs"
-    batch = _batch()
-    runs = []
-    for seed in (0, 1, 0):  # the last call repeats seed 0: same seed, same tokens
-        a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
-        b = graphs.generate(batch["input_ids"], batch["attention_mask"], num_samples=4, generator_seed=seed)
-        # the graph replays the same compiled kernels and the same philox offsets: bitwise the same
-        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
-        runs.append(b)
-    assert torch.equal(runs[0].response_ids, runs[2].response_ids)
-    assert not torch.equal(runs[0].response_ids, runs[1].response_ids)
+    _assert_graph_replays_eager(eager, graphs)
     assert graphs.last_stats["capture_s"] > 0 and graphs.last_stats["compile_s"] == 0

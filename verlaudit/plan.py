@@ -127,15 +127,8 @@ def plan_config(
     w = gpus
     p_len, r_len = data.prompt_length, data.response_length
     seq = p_len + r_len
-    compiled = cfg.model.compile
-    actor = TrainedModel(
-        arch=arch,
-        kind="causal_lm",
-        policy=policy["actor"],
-        world_size=w,
-        optimizer=optimizer,
-        compiled=compiled,
-    )
+    trained = dict(world_size=w, optimizer=optimizer, compiled=cfg.model.compile)
+    actor = TrainedModel(arch=arch, kind="causal_lm", policy=policy["actor"], **trained)
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
         resident[f"actor {k}"] = v
@@ -150,14 +143,7 @@ def plan_config(
             if cfg.model.critic_path
             else arch
         )
-        critic = TrainedModel(
-            arch=c_arch,
-            kind="value",
-            policy=policy["critic"],
-            world_size=w,
-            optimizer=optimizer,
-            compiled=compiled,
-        )
+        critic = TrainedModel(arch=c_arch, kind="value", policy=policy["critic"], **trained)
         for k, v in critic.state().items():
             resident[f"critic {k}"] = v
     rm_arch = _reward_arch(cfg, notes) if algo.name != "dpo" else None
