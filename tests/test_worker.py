@@ -55,6 +55,10 @@ def test_completed_run_directory(tmp_path):
     for key in ("actor/loss", "perf/device_memory_peak_gb", "memory/actor_update/device_peak_gb",
                 "numerics/actor/nonfinite_grads", "audit/findings/error"):  # fmt: skip
         assert key in second
+    # verl's per-phase wall time: every phase the recipe marks, each inside the step's own time
+    phases = {k for k in second if k.startswith("timing_s/")}
+    assert {"timing_s/rollout", "timing_s/reward", "timing_s/actor_update"} <= phases
+    assert sum(second[k] for k in phases) <= second["perf/step_time_s"] + 1e-3
     assert not any(f.severity == "error" for f in run.findings)
 
 

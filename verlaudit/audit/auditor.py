@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -97,6 +98,8 @@ class Auditor(Observer):
         self.last_completed_step: int | None = None
         self.failure: dict[str, Any] | None = None
         self._num: dict[str, float] = {}
+        self._timing: dict[str, float] = {}
+        """Seconds per phase this step (``timing_s/<phase>``)."""
         self._snap: dict[str, dict] = {}
         self._update_due: set[str] = set()
         """Roles whose next optimizer step is measured for lost updates; a skipped step (fp16 scale
@@ -152,6 +155,7 @@ class Auditor(Observer):
 
     def on_step_start(self, step: int) -> None:
         self.step, self.in_backward = step, False
+        self._timing = {}
         self.provenance.reset()
         self._num, self._snap, self._checks = {}, {}, []
         self.sampled = self.settings.is_full(step)
@@ -167,6 +171,7 @@ class Auditor(Observer):
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         previous, self.phase_name = self.phase_name, name
+        t0 = time.perf_counter()
         try:
             with self.memory.phase(name):
                 yield
@@ -175,6 +180,9 @@ class Auditor(Observer):
                 self._failed_phase = name
             raise
         finally:
+            # verl's timing_s/<phase>: host wall time, no extra device sync (each phase ends on a
+            # host read of its results, so the GPU work is inside it)
+            self._timing[name] = self._timing.get(name, 0.0) + time.perf_counter() - t0
             self.phase_name = previous
 
     def _ctx(self) -> dict[str, Any]:
@@ -374,6 +382,8 @@ class Auditor(Observer):
         self._held_grads.clear()
         out = dict(metrics)
         out.update(self.memory.step_metrics())
+        out.update({f"timing_s/{name}": v for name, v in self._timing.items()})
+        self._timing = {}
         if self.level != "off":
             for role in TRAINABLE_ROLES:
                 if role in self.models:
