@@ -180,8 +180,9 @@ class Auditor(Observer):
                 self._failed_phase = name
             raise
         finally:
-            # verl's timing_s/<phase>: host wall time, no extra device sync (each phase ends on a
-            # host read of its results, so the GPU work is inside it)
+            # verl's timing_s/<phase>: host wall time, no extra device sync (a sync per phase would
+            # cost overlap). On a GPU, work still queued when a phase ends is counted in the phase
+            # that next waits for it; the rollout and the optimizer step end on host reads.
             self._timing[name] = self._timing.get(name, 0.0) + time.perf_counter() - t0
             self.phase_name = previous
 
