@@ -693,3 +693,25 @@ def test_oom_with_selective_checkpointing_suggests_checkpointing_all_layers(tmp_
         status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {}}),
     )
     assert all("grad_checkpointing" not in (f.suite or "") for f in causes(full).causes[0].fixes)
+
+
+def test_torch_compile_failure_names_the_compiled_path(tmp_path):
+    # the error and traceback of a real failure on the H200 (this project, rollout.compile under
+    # checkpointing, 2026-11-29), trimmed
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).parent / "data" / "dynamo_failure_h200.json").read_text())
+    run = make_run(
+        tmp_path / "fast",
+        preset="bf16",
+        steps=3,
+        metrics=[],
+        status=("failed", {"reason": "exception", "step": rec["step"], "phase": rec["phase"],
+                           "error": rec["error"], "traceback": rec["traceback"]}),
+    )  # fmt: skip
+    top = causes(run).causes[0]
+    assert top.kind == "compile_error" and "rollout's decode step" in top.title
+    assert top.fixes[0].suite == "rollout.compile: false"
+    assert any("Unsupported Tensor.requires_grad_()" in e for e in top.evidence)
+    assert any(f.verl == "actor_rollout_ref.actor.use_torch_compile=False" for f in top.fixes)

@@ -49,6 +49,9 @@ _DTYPE_PATTERNS = [
 ]  # fmt: skip
 _NUMPY_BF16 = re.compile(r"Got unsupported ScalarType (\w+)")
 _NOT_IMPL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
+_COMPILE = re.compile(
+    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
+)
 _DEVICE = re.compile(
     r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
 )
@@ -201,10 +204,35 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
             fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", "reward_model.reward_manager",
                        "the trainer converts lists/floats itself")],
             unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0))  # fmt: skip
+    m = _COMPILE.search(text)
+    if m:
+        causes.append(_compile_cause(text, m, step))
     oom = parse_oom(text)
     if oom:
         causes.append(_log_oom_cause(text, oom, step))
     return causes
+
+
+def _compile_cause(text: str, m: re.Match, step: int | None) -> Cause:
+    """torch.compile (Dynamo tracing or Inductor) failed: name the code it was tracing and turn the
+    compiled path off where it failed."""
+    user = re.search(r"from user code:\s*\n\s*(File [^\n]+)", text)
+    decode = "rollout.py" in text or "_decode_forward" in text
+    rollout_fix = Fix(
+        "rollout.compile: false", None, "the rollout's compiled decode step (the CUDA graph still applies)"
+    )
+    layer_fix = Fix(
+        "model.compile: false", f"{V.ACTOR}.use_torch_compile=False", "the compiled training layers"
+    )
+    return Cause(
+        "error", "compile_error", "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
+        "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor could not "
+        "compile it. Nothing is wrong with the run's numerics: the eager path runs the same model.",
+        evidence=[f"line {_lineno(text, m.start())}: {m[0].strip()[:300]}"]
+        + ([f"while tracing {user[1].strip()}"] if user else []),
+        fixes=[rollout_fix, layer_fix] if decode else [layer_fix, rollout_fix],
+        step=step, score=35.0,
+    )  # fmt: skip
 
 
 def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
