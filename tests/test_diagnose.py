@@ -1,6 +1,7 @@
 """`verlaudit diagnose` on run directories with planted faults (written the way the worker writes
 them) and on foreign logs; clean runs report no error. Real-run checks live in test_ci_baseline.py."""
 
+import dataclasses
 import json
 import math
 
@@ -715,3 +716,36 @@ def test_torch_compile_failure_names_the_compiled_path(tmp_path):
     assert top.fixes[0].suite == "rollout.compile: false"
     assert any("Unsupported Tensor.requires_grad_()" in e for e in top.evidence)
     assert any(f.verl == "actor_rollout_ref.actor.use_torch_compile=False" for f in top.fixes)
+
+
+def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backward(tmp_path):
+    # The pattern of the first 7B GRPO run on the H200 (2026-11-29): finite losses, every parameter's
+    # gradient NaN from step 0, every step skipped, bf16 without loss scaling. The grads finding names
+    # parameters in registration order (embed_tokens first): it must not be called the producer.
+    grads = Finding(
+        severity="error", kind="numerics/nonfinite_grads", role="actor", where="model.embed_tokens", step=0,
+        phase="actor_update", message="6319984640 non-finite actor gradient elements (first: model.embed_tokens.weight)",
+        observed={"elements": 6319984640, "first_params": ["model.embed_tokens.weight"]}, expected="finite",
+    )  # fmt: skip
+    metrics = [
+        {
+            **_healthy(s),
+            "actor/skipped": 1.0,
+            "actor/grad_norm": float("nan"),
+            "numerics/actor/nonfinite_grads": 6.3e9,
+        }
+        for s in range(3)
+    ]
+    run = make_run(tmp_path / "grpo-bf16", preset="bf16", algo="grpo", steps=3, metrics=metrics,
+                   findings=[grads])  # fmt: skip
+    top = causes(run).causes[0]
+    assert top.kind == "nonfinite" and "NaN made in the backward pass" in top.title
+    assert "embed_tokens" not in top.title and "left padding" in top.what
+    assert top.fixes[0].verl == "actor_rollout_ref.model.use_remove_padding=True"
+    # the same NaN after some healthy steps is divergence-shaped: the generic causes stay
+    late = [*(_healthy(s) for s in range(3)), *metrics]
+    for i, m in enumerate(late):
+        m["step"] = i
+    run2 = make_run(tmp_path / "late", preset="bf16", algo="grpo", steps=6, metrics=late,
+                    findings=[dataclasses.replace(grads, step=3)])  # fmt: skip
+    assert "backward pass" not in causes(run2).causes[0].title

@@ -249,7 +249,34 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
             "inputs were finite; the modules after it only propagated it." if producer else
             "The loss became NaN/Inf. No per-module producer was recorded (audit level off/boundary on that step, "
             "or the NaN came from outside a module: reward, advantages, log-probs).")  # fmt: skip
-    return [Cause("error", "nonfinite", title, what, evidence=evidence, fixes=_nonfinite_fixes(run, producer),
+    fixes = _nonfinite_fixes(run, producer)
+    first_step = run.metrics[0].get("step") if run.metrics else None
+    if not bad_loss and not failed_nonfinite and producer is None and step is not None and step == first_step:
+        # finite loss, NaN gradients before any update: the weights are the initial ones, so it is not
+        # divergence or overflow of trained values but a backward that makes NaN from finite inputs
+        title = f"Non-finite gradients from the first step ({step}) with a finite loss: NaN made in the backward pass"
+        what = (
+            "The loss was finite and the weights had not been updated yet, so nothing diverged: the backward "
+            "pass itself produced NaN. The usual cause in RL batches: attention rows that see no key (the "
+            "left padding of prompts under causal + padding masking). Math attention returns zeros there, "
+            "but fused kernels (cuDNN's on Hopper, seen on an H200) leave NaN in those rows' backward, and "
+            "NaN x 0 spreads into every weight gradient. Next: a custom autograd function or a log/sqrt at 0."
+        )
+        fixes = [
+            Fix(
+                None,
+                "actor_rollout_ref.model.use_remove_padding=True",
+                "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
+                "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad",
+            ),
+            Fix(
+                None,
+                None,
+                "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); "
+                "finite gradients there point at the fused kernel's empty rows",
+            ),
+        ] + [f for f in fixes if f.suite is not None]
+    return [Cause("error", "nonfinite", title, what, evidence=evidence, fixes=fixes,
                   step=step, where=where, score=50.0 if failed_nonfinite else 20.0,
                   data={"producer": producer.to_dict() if producer else None,
                         "loss_scale_history": history[-16:]})]  # fmt: skip
@@ -257,9 +284,11 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
 
 def _producer(findings: Sequence[Finding]) -> Finding | None:
     # the forward producer is the root; a backward producer only when no forward one exists
+    # A nonfinite_grads finding names parameters in registration order, not the module that made
+    # the NaN, so it is never taken for a producer.
     for pref in ("forward", "producer", "backward", ""):
         for f in findings:
-            if pref in f.kind and f.where:
+            if pref in f.kind and f.where and f.kind != "numerics/nonfinite_grads":
                 return f
     return None
 

@@ -177,6 +177,16 @@ def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], 
     )]  # fmt: skip
 
 
+_GRAD_FIX_SCALED = (
+    "dynamic loss scaling handles occasional overflow; if it repeats, look at the numerics/nonfinite_* "
+    "producer, lower the lr, or use bf16"
+)
+_GRAD_FIX_UNSCALED = (
+    "without loss scaling this is no fp16 overflow: find the producer (audit level full), check attention "
+    "rows that see no key (left padding) and custom autograd functions, or lower the lr"
+)
+
+
 def grad_findings(role: str, stats: GradStats, policy: RolePolicy, *, step: int, phase: str | None,
                   skipped: bool) -> list[Finding]:  # fmt: skip
     out = []
@@ -188,8 +198,7 @@ def grad_findings(role: str, stats: GradStats, policy: RolePolicy, *, step: int,
             phase=phase, observed={"elements": stats.nonfinite, "first_params": stats.first_nonfinite},
             expected="finite", message=f"{stats.nonfinite} non-finite {role} gradient elements (first: "
             f"{', '.join(stats.first_nonfinite[:3])})" + ("; the loss scaler skipped the step" if handled else ""),
-            fix="dynamic loss scaling handles occasional overflow; if it repeats, look at the "
-            "numerics/nonfinite_* producer, lower the lr, or use bf16",
+            fix=_GRAD_FIX_SCALED if policy.loss_scaling == "dynamic" else _GRAD_FIX_UNSCALED,
         ))  # fmt: skip
     if (
         stats.elements
