@@ -749,3 +749,23 @@ def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backw
     run2 = make_run(tmp_path / "late", preset="bf16", algo="grpo", steps=6, metrics=late,
                     findings=[dataclasses.replace(grads, step=3)])  # fmt: skip
     assert "backward pass" not in causes(run2).causes[0].title
+
+
+def test_trl_log_with_nan_grad_norm_from_the_first_record(tmp_path):
+    # TRL 1.16 / transformers 5 print their log dicts with quoted values
+    log = tmp_path / "grpo.log"
+    log.write_text(
+        "[INFO] Starting GRPO training\n"
+        "{'loss': '0.0021', 'grad_norm': 'nan', 'learning_rate': '1e-06', 'reward': '0.5', 'epoch': '0.2'}\n"
+        "{'loss': '0.0018', 'grad_norm': 'nan', 'learning_rate': '1e-06', 'reward': '0.49', 'epoch': '0.4'}\n"
+    )
+    (d,) = diagnose_path(log)
+    top = d.causes[0]
+    assert d.state == "failed" and top.kind == "nonfinite" and "with a finite loss" in top.title
+    assert "left padding" in top.what and "line 2" in top.evidence[0]
+    # a NaN loss later in the log is divergence-shaped: the generic cause
+    log.write_text(
+        "{'loss': '0.69', 'grad_norm': '1.2', 'epoch': '0.2'}\n{'loss': 'nan', 'grad_norm': 'nan', 'epoch': '0.4'}\n"
+    )
+    top = diagnose_path(log)[0].causes[0]
+    assert top.kind == "nonfinite" and "with a finite loss" not in top.title and top.step == 2

@@ -255,27 +255,10 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         # finite loss, NaN gradients before any update: the weights are the initial ones, so it is not
         # divergence or overflow of trained values but a backward that makes NaN from finite inputs
         title = f"Non-finite gradients from the first step ({step}) with a finite loss: NaN made in the backward pass"
-        what = (
-            "The loss was finite and the weights had not been updated yet, so nothing diverged: the backward "
-            "pass itself produced NaN. The usual cause in RL batches: attention rows that see no key (the "
-            "left padding of prompts under causal + padding masking). Math attention returns zeros there, "
-            "but fused kernels (cuDNN's on Hopper, seen on an H200) leave NaN in those rows' backward, and "
-            "NaN x 0 spreads into every weight gradient. Next: a custom autograd function or a log/sqrt at 0."
-        )
-        fixes = [
-            Fix(
-                None,
-                "actor_rollout_ref.model.use_remove_padding=True",
-                "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
-                "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad",
-            ),
-            Fix(
-                None,
-                None,
-                "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); "
-                "finite gradients there point at the fused kernel's empty rows",
-            ),
-        ] + [f for f in fixes if f.suite is not None]
+        from verlaudit.logparse import BACKWARD_NAN_WHAT, backward_nan_fixes
+
+        what = BACKWARD_NAN_WHAT
+        fixes = backward_nan_fixes() + [f for f in fixes if f.suite is not None]
     return [Cause("error", "nonfinite", title, what, evidence=evidence, fixes=fixes,
                   step=step, where=where, score=50.0 if failed_nonfinite else 20.0,
                   data={"producer": producer.to_dict() if producer else None,

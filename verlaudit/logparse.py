@@ -302,21 +302,53 @@ def _f(x: str) -> float:
         return math.nan
 
 
+_HF_RECORD = re.compile(r"^\s*\{'(?:loss|train_loss)'.*\}\s*$")
+_HF_KV = re.compile(r"'([\w/.@-]+)':\s*'?([^',}]+)'?")
+
+
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
-    """verl ``step:N - key:value - ...`` console lines as metric records (like metrics.jsonl)."""
+    """Metric records (like metrics.jsonl) from verl ``step:N - key:value - ...`` console lines and
+    from HF Trainer / TRL log dicts (``{'loss': '0.69', 'grad_norm': 'nan', ...}``, values quoted or
+    not). HF dicts carry no step: their step is the record's ordinal, and ``_source`` says which."""
     out = []
+    hf = 0
     for ln, line in enumerate(text.splitlines(), 1):
         m = _VERL_STEP.search(line)
         if m:
-            rec = {"step": int(m[1]), "_line": ln}
+            rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
             rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
+            out.append(rec)
+        elif _HF_RECORD.match(line):
+            hf += 1
+            rec = {"step": hf, "_line": ln, "_source": "hf"}
+            rec.update({k: _f(v.strip()) for k, v in _HF_KV.findall(line)})
             out.append(rec)
     return out
 
 
+BACKWARD_NAN_WHAT = (
+    "The loss was finite while the gradients were NaN from the first (logged) step, before training could "
+    "diverge: the backward pass itself produced NaN. The usual cause in RL batches: attention rows that see no key (the left padding of prompts "
+    "under causal + padding masking). Math attention returns zeros there, but fused kernels (cuDNN's on Hopper, "
+    "seen on an H200) leave NaN in those rows' backward, and NaN x 0 spreads into every weight gradient. Next: "
+    "a custom autograd function or a log/sqrt at 0."
+)
+
+
+def backward_nan_fixes() -> list[Fix]:
+    """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
+    return [
+        Fix(None, "actor_rollout_ref.model.use_remove_padding=True",
+            "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
+            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
+        Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
+            "gradients there point at the fused kernel's empty rows"),
+    ]  # fmt: skip
+
+
 def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Cause]:
-    ev, step = [], None
-    for rec in records:
+    ev, step, backward_only = [], None, False
+    for i, rec in enumerate(records):
         bad = [
             k
             for k, v in rec.items()
@@ -325,6 +357,9 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
         if bad:
             step = rec["step"]
             ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
+            # only the gradient norm, on the first logged step, with a finite loss: made in the backward
+            losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
+            backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
             break
     for pat, label in ((_HF_DICT, "HF Trainer/TRL log"), (_PLAIN_NAN, "log")):
         for m in pat.finditer(text):
@@ -345,6 +380,12 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
                   "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
     if not ev:
         return []
+    if backward_only:
+        return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
+                      BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0,
+                      fixes=backward_nan_fixes(),
+                      unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
+                               "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
     return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
                   "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
                   fixes=[Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
@@ -400,7 +441,8 @@ def diagnose_log(path: str | Path) -> Diagnosis:
     records = parse_metric_lines(text)
     causes = explain_error_text(text) + _nonfinite_log_causes(text, records) + _overflow_log_causes(text)
     causes = rank(causes)
-    framework = ("verl" if records or "actor_rollout_ref" in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
+    verl_records = any(r.get("_source") == "verl" for r in records)
+    framework = ("verl" if verl_records or "actor_rollout_ref" in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
                  else "HF Trainer/TRL" if "{'loss'" in text or "trl" in text.lower() else "PyTorch")  # fmt: skip
     failed = "Traceback (most recent call last)" in text or any(c.severity == "error" for c in causes)
     state = "failed" if failed else "log"
