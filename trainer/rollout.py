@@ -191,12 +191,21 @@ class HFGenerateEngine:
         generator_seed: int | None = None,
     ) -> Rollout:
         """Samples ``num_samples`` responses per prompt (rows repeat each prompt consecutively)."""
-        tok = self.tokenizer
-        pad, eos = tok.pad_token_id, tok.eos_token_id
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         prompt_ids = prompt_ids.to(self.device).repeat_interleave(num_samples, dim=0)
         prompt_mask = prompt_mask.to(self.device).repeat_interleave(num_samples, dim=0)
-        width = prompt_ids.shape[1]
-        recorder = _LogprobRecorder(width)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._rng(generator_seed):
+                generated, logprobs = self._decode(prompt_ids, prompt_mask, pad, eos)
+        finally:
+            self.model.train(was_training)
+        return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+
+    def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generated columns [B, n] and their log-probs, through ``model.generate``."""
+        recorder = _LogprobRecorder(prompt_ids.shape[1])
         processors = LogitsProcessorList()
         if self.temperature != 1.0:
             processors.append(_Temperature(self.temperature))
@@ -214,27 +223,21 @@ class HFGenerateEngine:
             use_cache=True,
             pad_token_id=pad,
             eos_token_id=eos,
-            bos_token_id=tok.bos_token_id,
+            bos_token_id=self.tokenizer.bos_token_id,
         )
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._rng(generator_seed), self._autocast_ctx():
-                out = self.model.generate(
-                    input_ids=prompt_ids,
-                    attention_mask=prompt_mask,
-                    generation_config=gen_cfg,
-                    logits_processor=processors,
-                    # several ranks: a rank whose rows all ended keeps running dummy forwards, since
-                    # FSDP2's per-layer all-gathers need every rank in every forward
-                    synced_gpus=_several_ranks(),
-                )
-        finally:
-            self.model.train(was_training)
+        with self._autocast_ctx():
+            out = self.model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                generation_config=gen_cfg,
+                logits_processor=processors,
+                # several ranks: a rank whose rows all ended keeps running dummy forwards, since
+                # FSDP2's per-layer all-gathers need every rank in every forward
+                synced_gpus=_several_ranks(),
+            )
         sequences = out.sequences if hasattr(out, "sequences") else out
-        generated = sequences[:, width:]
-        logprobs = recorder.finish(generated)
-        return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+        generated = sequences[:, prompt_ids.shape[1] :]
+        return generated, recorder.finish(generated)
 
 
 def _several_ranks() -> bool:
@@ -477,28 +480,6 @@ class StaticDecodeEngine(HFGenerateEngine):
         if not self._autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.engine_dtype, cache_enabled=False)
-
-    @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        num_samples: int = 1,
-        generator_seed: int | None = None,
-    ) -> Rollout:
-        """Samples ``num_samples`` responses per prompt (rows repeat each prompt consecutively)."""
-        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        prompt_ids = prompt_ids.to(self.device).repeat_interleave(num_samples, dim=0)
-        prompt_mask = prompt_mask.to(self.device).repeat_interleave(num_samples, dim=0)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self._rng(generator_seed):
-                generated, logprobs = self._decode(prompt_ids, prompt_mask, pad, eos)
-        finally:
-            self.model.train(was_training)
-        return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
 
     def _prefill(self, prompt_ids, prompt_mask, cache, slots) -> tuple[torch.Tensor, dict]:
         """The prompt's forward into the cache; returns its last logits and the decode step's static
