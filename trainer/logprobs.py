@@ -132,6 +132,23 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
+def causal_mask_with_self(key_valid: torch.Tensor, queries: int) -> torch.Tensor:
+    """Bool[B, 1, Q, K] attention mask: query i sees the valid keys j <= i (``key_valid``: Bool[B, K],
+    queries are the first Q positions), and always key i itself, so no softmax row is empty (a
+    padding query's output is never read). The training forwards and the rollout's prefill share it."""
+    dev = key_valid.device
+    k = key_valid.shape[1]
+    causal = torch.arange(k, device=dev)[None, :] <= torch.arange(queries, device=dev)[:, None]
+    itself = torch.eye(queries, k, dtype=torch.bool, device=dev)
+    return (key_valid[:, None, None, :] & causal[None, None]) | itself[None, None]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive bias eager attention expects: 0 where seen, the
+    dtype's lowest value where not."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
 def attention_inputs(model: torch.nn.Module, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """``attention_mask`` and ``position_ids`` for a training or scoring forward over left-padded rows.
 
@@ -147,14 +164,9 @@ def attention_inputs(model: torch.nn.Module, attention_mask: torch.Tensor) -> di
     attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if attn not in ("sdpa", "eager") or attention_mask.dim() != 2 or bool((attention_mask[:, 0] != 0).all()):
         return out  # flash-attention unpads instead; no row starts with padding: nothing to fix
-    b, t = attention_mask.shape
-    dev = attention_mask.device
-    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-    keys = attention_mask.bool()[:, None, None, :] & causal[None, None]
-    mask = keys | torch.eye(t, dtype=torch.bool, device=dev)[None, None]
+    mask = causal_mask_with_self(attention_mask.bool(), attention_mask.shape[1])
     if attn == "eager":  # eager attention adds the mask to the scores
-        dtype = next(model.parameters()).dtype
-        mask = torch.zeros(mask.shape, dtype=dtype, device=dev).masked_fill(~mask, torch.finfo(dtype).min)
+        mask = additive_mask(mask, next(model.parameters()).dtype)
     out["attention_mask"] = mask
     return out
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, StaticLayer
 
+from trainer.logprobs import additive_mask, causal_mask_with_self
 from trainer.precision import RolePolicy, dtype_name
 
 
@@ -415,9 +416,7 @@ class StaticDecodeEngine(HFGenerateEngine):
         if self._pass_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         if not self._bool_mask:  # eager attention adds the mask to the scores
-            mask = torch.zeros(mask.shape, dtype=self.engine_dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(self.engine_dtype).min
-            )
+            mask = additive_mask(mask, self.engine_dtype)
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
         return out.logits[:, -1]
 
@@ -490,10 +489,7 @@ class StaticDecodeEngine(HFGenerateEngine):
         valid = torch.cat([prompt_mask.bool(), torch.zeros(b, r, dtype=torch.bool, device=dev)], dim=1)
         # HF's position ids: attention-mask cumsum, 0 on padding; new tokens continue from the last one
         positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
-        causal = torch.arange(p + r, device=dev)[None, :] <= torch.arange(p, device=dev)[:, None]
-        # padding query rows see themselves so no softmax row is empty (nobody reads their outputs)
-        causal_self = torch.eye(p, p + r, dtype=torch.bool, device=dev)
-        prefill_mask = (valid[:, None, None, :] & causal[None, None]) | causal_self[None, None]
+        prefill_mask = causal_mask_with_self(valid, p)
         with self._autocast_ctx():
             logits = self._forward(prompt_ids, positions, prefill_mask, cache, slots[0])
         st = {
