@@ -51,15 +51,14 @@ def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: in
                 compiled: bool = False) -> int | None:  # fmt: skip
     """``checkpoint_layers: auto`` for this step: fewest checkpointed layers fitting ``gib`` x 0.95."""
     from trainer.config import ModelConfig
-    from verlaudit.plan import AUTO_HEADROOM, architecture_of
+    from verlaudit.plan import AUTO_HEADROOM, architecture_of, fewest_checkpointed_layers
 
-    n_layers = architecture_of(ModelConfig(preset=preset)).num_layers
-    for n in range(n_layers + 1):
-        if planned(preset, precision, True, n, loss_path, batch, seq, compiled)[0] <= gib * (
-            1 - AUTO_HEADROOM
-        ):
-            return n
-    return None
+    fit = fewest_checkpointed_layers(
+        architecture_of(ModelConfig(preset=preset)).num_layers,
+        lambda n: planned(preset, precision, True, n, loss_path, batch, seq, compiled)[0],
+        gib * (1 - AUTO_HEADROOM),
+    )
+    return None if fit is None else fit[0]
 
 
 def run_update(preset: str, precision: str, ckpt_spec: str, loss_path: str, device: torch.device, batch: int,

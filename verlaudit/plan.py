@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainer.config import ModelConfig, TrainConfig
@@ -201,6 +201,19 @@ measured H200 peak (reports/gpu/planner_vs_reference.md); the rest absorbs alloc
 beyond `memory_model.FRAGMENTATION` and what the planner does not model (a user's collator, hooks)."""
 
 
+def fewest_checkpointed_layers(
+    layers: int, need_gib: Callable[[int], float], budget_gib: float
+) -> tuple[int, float] | None:
+    """The smallest number of checkpointed layers ``n`` (0..layers) whose ``need_gib(n)`` fits
+    ``budget_gib``, with that need; None when not even all layers fit. Fewer checkpointed layers
+    means less recompute, so the first fit is the fastest."""
+    for n in range(layers + 1):
+        need = need_gib(n)
+        if need <= budget_gib:
+            return n, need
+    return None
+
+
 def resolve_checkpoint_layers(
     cfg: TrainConfig, *, gpus: int = 1, target_gib: float | None, optimizer: str = "fused"
 ) -> tuple[TrainConfig, str | None]:
@@ -209,36 +222,41 @@ def resolve_checkpoint_layers(
     less `AUTO_HEADROOM`; all layers when nothing smaller fits or there is no GPU target. Returns
     the config with a number and a note saying what was chosen and why; other configs unchanged."""
     pc = cfg.precision
-    if isinstance(pc.checkpoint_layers, int) and pc.grad_checkpointing is not False:
-        layers = architecture_of(cfg.model).num_layers
+    checked = isinstance(pc.checkpoint_layers, int) and pc.grad_checkpointing is not False
+    if not checked and pc.checkpoint_layers != "auto":
+        return cfg, None
+    layers = architecture_of(cfg.model).num_layers
+    if checked:
         if pc.checkpoint_layers > layers:
             raise ValueError(
                 f"precision.checkpoint_layers: {pc.checkpoint_layers}, but the model has {layers} decoder "
                 f"layers; use at most {layers}, or auto"
             )
-    if pc.checkpoint_layers != "auto":
         return cfg, None
 
     def with_layers(n: int | None) -> TrainConfig:
         return dataclasses.replace(cfg, precision=dataclasses.replace(pc, checkpoint_layers=n))
 
-    layers = architecture_of(cfg.model).num_layers
     if target_gib is None:
         return with_layers(
             None
         ), "checkpoint_layers auto: no GPU memory target (CPU run), all layers checkpointed"
     budget = target_gib * (1 - AUTO_HEADROOM)
-    for n in range(layers + 1):
-        est, _ = plan_config(with_layers(n), gpus=gpus, optimizer=optimizer)
-        need = est.device_bytes() / GIB
-        if need <= budget:
-            return with_layers(n), (
-                f"checkpoint_layers auto: {n} of {layers} decoder layers checkpointed, {layers - n} keep their "
-                f"activations ({need:.1f} GiB planned per GPU, budget {budget:.1f} GiB = {target_gib:.1f} x "
-                f"{1 - AUTO_HEADROOM:.2f})"
-            )
-    return with_layers(None), (
-        f"checkpoint_layers auto: even all {layers} layers checkpointed exceed {budget:.1f} GiB; checkpointing all"
+
+    def need(n: int) -> float:
+        return plan_config(with_layers(n), gpus=gpus, optimizer=optimizer)[0].device_bytes() / GIB
+
+    fit = fewest_checkpointed_layers(layers, need, budget)
+    if fit is None:
+        return with_layers(None), (
+            f"checkpoint_layers auto: even all {layers} layers checkpointed exceed {budget:.1f} GiB; "
+            "checkpointing all"
+        )
+    n, gib = fit
+    return with_layers(n), (
+        f"checkpoint_layers auto: {n} of {layers} decoder layers checkpointed, {layers - n} keep their "
+        f"activations ({gib:.1f} GiB planned per GPU, budget {budget:.1f} GiB = {target_gib:.1f} x "
+        f"{1 - AUTO_HEADROOM:.2f})"
     )
 
 
