@@ -157,16 +157,6 @@ def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: st
     return None
 
 
-def _usable_gib(suite: Suite, present: PresentDevice, device: str) -> float | None:
-    """GPU memory a variant may plan for: the target's (or the suite's memory_gb), never more than
-    this GPU has; None on CPU."""
-    if device != "cuda":
-        return None
-    target = suite.hardware.memory_gb or get_target(suite.hardware.target).memory_gb
-    here = present.memory_gb
-    return min(x for x in (target, here) if x) if (target or here) else None
-
-
 def plan_runs(
     suite: Suite, out_dir: Path, present: PresentDevice, device_override: str | None = None
 ) -> Plan:
@@ -177,6 +167,8 @@ def plan_runs(
     emulation = emulation_for(suite, present, device)
     if emulation.get("reason") and emulation["reason"] not in " ".join(notes):
         notes.append(emulation["reason"])
+    # what checkpoint_layers: auto plans for: the emulated target's cap, else this GPU's memory
+    usable_gib = (emulation["memory_cap_gb"] or present.memory_gb) if device == "cuda" else None
     runs = []
     for run in suite.expand():
         # one process per variant sees its GPU as index 0; naming it spares every consumer of the
@@ -185,9 +177,7 @@ def plan_runs(
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
         try:
-            cfg, auto = resolve_checkpoint_layers(
-                cfg, gpus=suite.hardware.gpus, target_gib=_usable_gib(suite, present, device)
-            )
+            cfg, auto = resolve_checkpoint_layers(cfg, gpus=suite.hardware.gpus, target_gib=usable_gib)
         except ValueError as e:
             raise ValueError(f"{suite.source}: variants.{run.variant}.{e}") from None
         if auto:
