@@ -55,15 +55,6 @@ REFERENCE = {  # REFERENCE_NUMBERS.md, two H200s capped at 80 GB, plain PyTorch 
     "bf16pure_ckpt": "31.7 GiB, 1.90 s, loss frozen at lr 1e-6",
     "bf16_ckpt_shard_grad_op": "(no reference row)",
 }
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    max_position_embeddings=256,
-    vocab_size=128,
-)
 GIB = 2**30
 # NVLink multicast stays off on the shared hosts (device KINDS.md): keep these in every child.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -75,7 +66,8 @@ def _llama_config(preset: str):
 
     from trainer.models import PRESETS
 
-    kwargs = TINY if preset == "tiny" else PRESETS[preset]
+    # "tiny": the trainer's tiny-llama with a fixed vocabulary (no tokenizer in this benchmark)
+    kwargs = {**PRESETS["tiny-llama"], "vocab_size": 128} if preset == "tiny" else PRESETS[preset]
     return LlamaConfig(**kwargs, attn_implementation="sdpa", use_cache=False)
 
 

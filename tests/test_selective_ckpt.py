@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig
 
 from trainer.config import ModelConfig, PrecisionConfig, TrainConfig
-from trainer.models import build_causal_lm, compile_layers, decoder_layers, load_tokenizer
+from trainer.models import PRESETS, build_causal_lm, compile_layers, decoder_layers, load_tokenizer
 from trainer.precision import resolve_policy
 from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Shape, TrainedModel, train_phases
 from verlaudit.plan import AUTO_HEADROOM, plan_config, resolve_checkpoint_layers
@@ -105,15 +105,15 @@ def test_auto_is_for_the_harness_the_trainer_needs_a_number():
     pc = PrecisionConfig(preset="bf16", grad_checkpointing=True, checkpoint_layers="auto")
     with pytest.raises(ValueError, match="auto is chosen by `verlaudit run`"):
         pc.resolve("cpu")
-    assert pc.resolve.__doc__  # the config itself is valid: suites may carry auto
-
-
-LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096)  # fmt: skip
+    # the config itself is valid (suites carry auto) and keeps it through a round trip
+    cfg = TrainConfig.from_dict(
+        {"precision": {"preset": "bf16", "grad_checkpointing": True, "checkpoint_layers": "auto"}}
+    )
+    assert TrainConfig.from_dict(cfg.to_dict()).precision.checkpoint_layers == "auto"
 
 
 def _estimate(preset: str, n: int | None, ckpt: bool = True, seqs: int = 8) -> Estimate:
-    arch = Architecture.from_config(LlamaConfig(**LLAMA2_7B))
+    arch = Architecture.from_config(LlamaConfig(**PRESETS["llama2-7b"]))
     pol = resolve_policy(preset, grad_checkpointing=ckpt, checkpoint_layers=n if ckpt else None)["actor"]
     m = TrainedModel(arch=arch, kind="causal_lm", policy=pol)
     shape = Shape(sequences=seqs, seq_len=1024, logit_positions=1024, padded=False)
