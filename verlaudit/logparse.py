@@ -9,7 +9,7 @@ NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, p
 anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
 (apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
 alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
-optimizer / activations). Exercised by `pytest tests/test_diagnose.py -k log` and
+optimizer / activations). Exercised by `pytest tests/test_logparse.py tests/test_diagnose.py -k log` and
 ``verlaudit diagnose path/to/train.log``.
 """
 
@@ -283,7 +283,6 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
 # ---- per-step logs: verl, HF Trainer / TRL dicts, plain `loss=nan`
 _VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
 _VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
-_HF_DICT = re.compile(r"\{'loss': ([^,}]+)")
 _PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
 _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
@@ -302,14 +301,28 @@ def _f(x: str) -> float:
         return math.nan
 
 
-_HF_RECORD = re.compile(r"^\s*\{'(?:loss|train_loss)'.*\}\s*$")
+# An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
+# tail), or cut off at the line's end when the process died mid-print.
+_HF_RECORD = re.compile(r"\{'(?:loss|train_loss)':[^{}]*(?:\}|$)")
 _HF_KV = re.compile(r"'([\w/.@-]+)':\s*'?([^',}]+)'?")
+
+
+def _hf_value(text: str) -> float | None:
+    """A dict value as a float; None for what is not a number (not evidence of a NaN)."""
+    v = text.strip()
+    if v.startswith("tensor("):  # older Trainers logged tensors: `tensor(nan, device='cuda:0')`
+        v = v[len("tensor(") :]
+    try:
+        return float(v)
+    except ValueError:
+        return None
 
 
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
     """Metric records (like metrics.jsonl) from verl ``step:N - key:value - ...`` console lines and
     from HF Trainer / TRL log dicts (``{'loss': '0.69', 'grad_norm': 'nan', ...}``, values quoted or
-    not). HF dicts carry no step: their step is the record's ordinal, and ``_source`` says which."""
+    not; anywhere in a line, or cut off at its end). HF dicts carry no step: their step is the record's
+    ordinal, and ``_source`` says which. A value that is not a number is left out."""
     out = []
     hf = 0
     for ln, line in enumerate(text.splitlines(), 1):
@@ -318,11 +331,13 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
             rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
             rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
             out.append(rec)
-        elif _HF_RECORD.match(line):
-            hf += 1
-            rec = {"step": hf, "_line": ln, "_source": "hf"}
-            rec.update({k: _f(v.strip()) for k, v in _HF_KV.findall(line)})
-            out.append(rec)
+        else:
+            for d in _HF_RECORD.finditer(line):
+                hf += 1
+                rec = {"step": hf, "_line": ln, "_source": "hf"}
+                values = ((k, _hf_value(v)) for k, v in _HF_KV.findall(d[0]))
+                rec.update({k: v for k, v in values if v is not None})
+                out.append(rec)
     return out
 
 
@@ -361,12 +376,13 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
             losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
             backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
             break
-    for pat, label in ((_HF_DICT, "HF Trainer/TRL log"), (_PLAIN_NAN, "log")):
-        for m in pat.finditer(text):
-            val = m[1] if pat is _HF_DICT else m[2]
-            if not math.isfinite(_f(val.strip().strip("'"))):
-                ev.append(f"line {_lineno(text, m.start())}: {label}: {_line_of(text, m.start())[:160]}")
-                break
+    # `loss=nan` in lines no record covers (a verl line's `pg_loss:nan` is already the record's evidence)
+    covered = {rec["_line"] for rec in records}
+    for m in _PLAIN_NAN.finditer(text):
+        line = _lineno(text, m.start())
+        if line not in covered:
+            ev.append(f"line {line}: log: {_line_of(text, m.start())[:160]}")
+            break
     anomaly = _ANOMALY.search(text)
     where = None
     if anomaly:
