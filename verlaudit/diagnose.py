@@ -147,10 +147,6 @@ def _last_step(run: RunDir) -> int | None:
     return max(steps) if steps else None
 
 
-def _verl_actor_or_critic(role: str | None) -> str:
-    return "critic" if role == "critic" else V.ACTOR
-
-
 # --------------------------------------------------------------------------------------------
 # analyses: each is a pure function RunDir -> list[Cause]
 
@@ -302,7 +298,7 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     runtime = [f for f in run.findings if f.kind == "runtime/dtype_error"]
     if not failed and not runtime:
         return []
-    from verlaudit.logparse import parse_dtype_message
+    from verlaudit.logparse import dtype_fixes, parse_dtype_message
 
     f = runtime[0] if runtime else None
     msg = str(st.get("error") or (f.message if f else ""))
@@ -321,12 +317,7 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     for x in related[:3]:
         ev.append(f"earlier finding {x.kind} at {x.where} (step {x.step}): {x.message}")
     fixes = [Fix(None, None, f.fix)] if f and f.fix else []
-    fixes += [
-        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-            "autocast casts each op's inputs, so an fp32 tensor meeting bf16 weights no longer fails"),
-        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", V.ROLLOUT_DTYPE,
-            "or make the role that produced the tensor compute in the same dtype as the one consuming it"),
-    ]  # fmt: skip
+    fixes += dtype_fixes(observed)
     title = "Dtype error" + (f" in {where}" if where else "") + (f": {observed} where {expected} was expected"
                                                                  if observed and expected else "")  # fmt: skip
     return [Cause("error", "dtype_error", title, "A tensor reached an op whose other operands (or weights) have a "
@@ -360,14 +351,13 @@ def _loss_scale_causes(run: RunDir) -> list[Cause]:
         where = overflow[0].where if overflow else None
         for f in overflow[:3]:
             ev.append(f"{f.kind} at {f.where} (step {f.step}): {f.message}")
-        verl = _verl_actor_or_critic(role)
         if _role_policy(run, role).get("loss_scaling", "none") == "none":
             out.append(Cause("warning", "nonfinite_skips", f"{role}: {n_skipped} optimizer step(s) skipped for "
                              "non-finite gradients", "This policy has no loss scaling, so a skip is not calibration: "
                              "gradients were NaN/Inf (see the non-finite cause for the producer).", evidence=ev,
                              step=first, where=where))  # fmt: skip
             continue
-        fixes = [Fix("precision.preset: bf16", f"{verl}.fsdp_config.mixed_precision.param_dtype=bf16",
+        fixes = [Fix("precision.preset: bf16", V.param_dtype(role, "bf16"),
                       "bf16 has fp32's exponent range: no overflow, no loss scaling")]  # fmt: skip
         if where:
             fixes.append(
@@ -417,7 +407,7 @@ def _reward_causes(run: RunDir) -> list[Cause]:
                          "drift from the reference, or reward hacking that the reward later punishes.",
                          evidence=[f"first {w} steps mean {_fmt(e_mean)}, last {w} steps mean {_fmt(l_mean)}"],
                          fixes=[Fix(f"algo.kl_coef: {max(_cfg(run, 'algo', 'kl_coef', default=0.05) * 2, 0.01):g}",
-                                    "algorithm.kl_ctrl.kl_coef (or actor_rollout_ref.actor.kl_loss_coef)",
+                                    f"{V.KL_COEF} (or {V.KL_LOSS_COEF})",
                                     "a stronger KL anchor to the reference"),
                                 Fix("algo.lr: <half>", V.LR, "smaller policy steps")],
                          step=len(means) - w))  # fmt: skip
@@ -431,9 +421,9 @@ def _reward_causes(run: RunDir) -> list[Cause]:
                                  "and the policy stops learning (entropy collapse or a saturated reward).",
                                  evidence=[f"{std_key}: early mean {_fmt(e_std)}, last 3 steps "
                                            + ", ".join(_fmt(v) for v in stds[-3:])],
-                                 fixes=[Fix("algo.temperature: 1.0", "actor_rollout_ref.rollout.temperature",
+                                 fixes=[Fix("algo.temperature: 1.0", V.TEMPERATURE,
                                             "sample with more diversity"),
-                                        Fix("algo.entropy_coef: 0.001", "actor_rollout_ref.actor.entropy_coeff",
+                                        Fix("algo.entropy_coef: 0.001", V.ENTROPY_COEFF,
                                             "keep the policy's entropy from collapsing")]))  # fmt: skip
             elif e_std > 0 and l_std > 10 * e_std:
                 out.append(Cause("warning", "reward_variance", f"Exploding reward variance: {std_key} grew "
@@ -441,7 +431,7 @@ def _reward_causes(run: RunDir) -> list[Cause]:
                                  "The spread of rewards grows without bound: the reward model or function is being "
                                  "exploited, or values are blowing up.",
                                  evidence=[f"first {w} steps mean {_fmt(e_std)}, last {w} steps mean {_fmt(l_std)}"],
-                                 fixes=[Fix("data.reward_fn: <clip or normalise the reward>", "reward_model.reward_manager",
+                                 fixes=[Fix("data.reward_fn: <clip or normalise the reward>", V.REWARD_MANAGER,
                                             "bound the reward"),
                                         Fix("algo.lr: <half>", V.LR, "smaller steps")]))  # fmt: skip
     return out
@@ -601,27 +591,26 @@ def _oom_fixes(
 
     mb = _cfg(run, "algo", "micro_batch_size")
     half = max(1, mb // 2) if isinstance(mb, int) else None
-    role = "critic" if phase in ("critic_update", "critic") else V.ACTOR
+    role = "critic" if phase in ("critic_update", "critic") else "actor"
     fixes = []
     if dominant == "activations" or (dominant is None and phase in ("actor_update", "critic_update")):
-        ckpt_verl = "critic.model" if role == "critic" else V.MODEL
         kept = _cfg(run, "precision", "checkpoint_layers")
         ckpt_on = _cfg(run, "precision", "grad_checkpointing")
         if isinstance(ckpt_on, Mapping):  # per role
-            ckpt_on = ckpt_on.get("critic" if role == "critic" else "actor", False)
+            ckpt_on = ckpt_on.get(role, False)
         if ckpt_on and isinstance(kept, int) and not isinstance(kept, bool):
             # selective checkpointing kept some layers' activations: checkpoint them all, or let the
             # planner size it for this GPU
             fixes.append(Fix("precision.checkpoint_layers: auto (or unset: every layer)",
-                             f"{ckpt_verl}.enable_gradient_checkpointing=True",
+                             V.grad_ckpt(role),
                              f"only the first {kept} decoder layers were checkpointed; the rest kept their activations"
                              + _planned_fit(run, {"precision": {"checkpoint_layers": None}}, cap)))  # fmt: skip
         elif not ckpt_on:
-            fixes.append(Fix("precision.grad_checkpointing: true", f"{ckpt_verl}.enable_gradient_checkpointing=True",
+            fixes.append(Fix("precision.grad_checkpointing: true", V.grad_ckpt(role),
                              "recompute activations in backward instead of keeping every layer's"
                              + _planned_fit(run, {"precision": {"grad_checkpointing": True}}, cap)))  # fmt: skip
         fixes += [
-            Fix(f"algo.micro_batch_size: {half if half else '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
+            Fix(f"algo.micro_batch_size: {half if half else '<half>'}", V.micro_batch(role),
                 "activations scale with the micro-batch; gradient accumulation keeps the effective batch"
                 + (_planned_fit(run, {"algo": {"micro_batch_size": half}}, cap) if half else "")),
         ]  # fmt: skip
@@ -631,9 +620,9 @@ def _oom_fixes(
             Fix("precision.preset: bf16-pure", V.MODEL_DTYPE_BF16,
                 "bf16 parameters and AdamW moments halve the model-state memory (fp32 master copy dropped)"
                 + _planned_fit(run, {"precision": {"preset": "bf16-pure"}}, cap)),
-            Fix(f"hardware.gpus: {gpus}", "trainer.n_gpus_per_node (FSDP shards params/grads/optimizer)",
+            Fix(f"hardware.gpus: {gpus}", f"{V.N_GPUS} (FSDP shards params/grads/optimizer)",
                 "sharding divides model state by the number of GPUs" + _planned_fit(run, {}, cap, gpus=gpus)),
-            Fix(None, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "offload AdamW state to host "
+            Fix(None, V.OPTIMIZER_OFFLOAD, "offload AdamW state to host "
                 "(no verlaudit suite key)"),
         ]  # fmt: skip
         if (
@@ -641,20 +630,20 @@ def _oom_fixes(
             and _role_policy(run, "reference").get("param_dtype") == "fp32"
         ):
             fixes.append(Fix("precision.overrides.reference.param_dtype: bf16",
-                             "actor_rollout_ref.ref.fsdp_config.param_offload=True", "the frozen reference needs no fp32 copy"))  # fmt: skip
+                             V.REF_PARAM_OFFLOAD, "the frozen reference needs no fp32 copy"))  # fmt: skip
     if phase == "rollout" or dominant == "kv cache + rollout logits":
         fixes += [
-            Fix("data.response_length: <shorter>", "data.max_response_length", "the KV cache grows with sequence length"),
+            Fix("data.response_length: <shorter>", V.MAX_RESPONSE_LENGTH, "the KV cache grows with sequence length"),
             Fix("algo.batch_size: <smaller>", f"{V.GPU_MEMORY_UTILIZATION} (vLLM/SGLang)",
                 "fewer sequences generated at once"),
         ]  # fmt: skip
     if phase == "ref":
-        fixes.append(Fix("precision.overrides.reference.param_dtype: bf16", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        fixes.append(Fix("precision.overrides.reference.param_dtype: bf16", V.REF_LOG_PROB_MICRO_BATCH,
                          "smaller reference forward micro-batches or a bf16 reference"))  # fmt: skip
     if fragmented:
         fixes.append(Fix(None, V.ALLOC_CONF, "reduces fragmentation"))
     if not fixes:
-        fixes.append(Fix(f"algo.micro_batch_size: {half or '<half>'}", f"{role}.ppo_micro_batch_size_per_gpu",
+        fixes.append(Fix(f"algo.micro_batch_size: {half or '<half>'}", V.micro_batch(role),
                          "smaller micro-batches"))  # fmt: skip
     return fixes
 

@@ -147,12 +147,17 @@ def _innermost_frame(text: str, before: int | None = None) -> str | None:
     return (user or frames or [None])[-1]
 
 
-_DTYPE_FIXES = [
-    Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-        "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
-    Fix("precision.overrides.<role>.compute_dtype", f"{V.ROLLOUT_DTYPE} / {V.ACTOR}.fsdp_config.model_dtype",
-        "make the producing and the consuming role agree on one dtype (e.g. the reward model or value head)"),
-]  # fmt: skip
+def dtype_fixes(observed: str | None) -> list[Fix]:
+    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype)."""
+    return [
+        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
+            "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
+        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
+            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. the "
+            "reward model or value head)"),
+    ]  # fmt: skip
+
+
 _LOG_UNKNOWN_MODULE = (
     "which module: a log has no module tracker; rerun the suite under `verlaudit run` (audit level full)"
 )
@@ -170,7 +175,7 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
             "An op received operands (or input and weights) of different dtypes outside autocast.",
             evidence=[f"line {_lineno(text, pos)}: {d['message']}"] + ([f"raised from {frame}"] if frame else [])
             + ([f"phase (from traceback): {_phase_from_traceback(text)}"] if _phase_from_traceback(text) else []),
-            fixes=list(_DTYPE_FIXES), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
+            fixes=dtype_fixes(d["observed"]), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
             data={"observed": d["observed"], "expected": d["expected"]}))  # fmt: skip
     m = _NUMPY_BF16.search(text)
     if m:
@@ -181,7 +186,7 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
             + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
             fixes=[Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
-                   Fix("precision.overrides.reward.compute_dtype: fp32", "reward_model.model.fsdp_config.model_dtype=fp32",
+                   Fix("precision.overrides.reward.compute_dtype: fp32", V.REWARD_MODEL_DTYPE_FP32,
                        "or keep the role whose output is converted in fp32")],
             unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0, data={"observed": _dt(m[1]), "expected": "fp32"}))  # fmt: skip
     m = _NOT_IMPL.search(text)
@@ -191,7 +196,7 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
             f"'{m[1]}' is not implemented for {m[2]} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"],
             fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
-                   Fix("device: cuda", "trainer.device=cuda", "fp16 kernels exist on the GPU")],
+                   Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU")],
             step=step, score=35.0, data={"observed": _dt(m[2])}))  # fmt: skip
     m = _DEVICE.search(text)
     if m:
@@ -201,7 +206,7 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
             "an offloaded model (param_offload) was called without being moved back.",
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
             + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
-            fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", "reward_model.reward_manager",
+            fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", V.REWARD_MANAGER,
                        "the trainer converts lists/floats itself")],
             unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0))  # fmt: skip
     m = _COMPILE.search(text)
@@ -221,9 +226,7 @@ def _compile_cause(text: str, m: re.Match, step: int | None) -> Cause:
     rollout_fix = Fix(
         "rollout.compile: false", None, "the rollout's compiled decode step (the CUDA graph still applies)"
     )
-    layer_fix = Fix(
-        "model.compile: false", f"{V.ACTOR}.use_torch_compile=False", "the compiled training layers"
-    )
+    layer_fix = Fix("model.compile: false", V.TORCH_COMPILE_OFF, "the compiled training layers")
     return Cause(
         "error", "compile_error", "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
         "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor could not "
@@ -269,9 +272,9 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         Fix("precision.grad_checkpointing: true", V.GRAD_CKPT,
             "activation memory"),
         Fix("algo.micro_batch_size: <half>", f"{V.MICRO_BATCH} "
-            "(and actor_rollout_ref.rollout/ref.log_prob_micro_batch_size_per_gpu)", "smaller micro-batches"),
+            f"(and {V.ROLLOUT_LOG_PROB_MICRO_BATCH} / {V.REF_LOG_PROB_MICRO_BATCH})", "smaller micro-batches"),
         Fix("precision.preset: bf16-pure", f"{V.MODEL_DTYPE_BF16} "
-            "(or fsdp_config.param_offload / optimizer_offload=True)", "model state memory"),
+            f"(or {V.PARAM_OFFLOAD} / {V.OPTIMIZER_OFFLOAD})", "model state memory"),
     ]  # fmt: skip
     return Cause("error", "oom", f"CUDA out of memory{f' in {phase}' if phase else ''}", what, evidence=ev,
                  fixes=fixes, step=step, where=phase, score=40.0, data=oom,
@@ -353,7 +356,7 @@ BACKWARD_NAN_WHAT = (
 def backward_nan_fixes() -> list[Fix]:
     """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
     return [
-        Fix(None, "actor_rollout_ref.model.use_remove_padding=True",
+        Fix(None, V.REMOVE_PADDING,
             "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
             "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
         Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
@@ -458,7 +461,7 @@ def diagnose_log(path: str | Path) -> Diagnosis:
     causes = explain_error_text(text) + _nonfinite_log_causes(text, records) + _overflow_log_causes(text)
     causes = rank(causes)
     verl_records = any(r.get("_source") == "verl" for r in records)
-    framework = ("verl" if verl_records or "actor_rollout_ref" in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
+    framework = ("verl" if verl_records or V.ACTOR_ROLLOUT_REF in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
                  else "HF Trainer/TRL" if "{'loss'" in text or "trl" in text.lower() else "PyTorch")  # fmt: skip
     failed = "Traceback (most recent call last)" in text or any(c.severity == "error" for c in causes)
     state = "failed" if failed else "log"

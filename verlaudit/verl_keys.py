@@ -2,24 +2,68 @@
 
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
-way. Exercised by `pytest tests/test_diagnose.py tests/test_logparse.py`.
+way. Neither verlaudit/diagnose.py nor verlaudit/logparse.py spells a verl key itself. Exercised by
+`pytest tests/test_diagnose.py tests/test_logparse.py`.
 """
 
 from __future__ import annotations
 
-ACTOR = "actor_rollout_ref.actor"
-MODEL = "actor_rollout_ref.model"
-ROLLOUT = "actor_rollout_ref.rollout"
-REF = "actor_rollout_ref.ref"
+ACTOR_ROLLOUT_REF = "actor_rollout_ref"  # also how a verl log is told from others
+ACTOR = f"{ACTOR_ROLLOUT_REF}.actor"
+MODEL = f"{ACTOR_ROLLOUT_REF}.model"
+ROLLOUT = f"{ACTOR_ROLLOUT_REF}.rollout"
+REF = f"{ACTOR_ROLLOUT_REF}.ref"
+CRITIC = "critic"
+CRITIC_MODEL = "critic.model"
 
-PARAM_DTYPE_BF16 = f"{ACTOR}.fsdp_config.mixed_precision.param_dtype=bf16"
-PARAM_DTYPE_FP16 = f"{ACTOR}.fsdp_config.mixed_precision.param_dtype=fp16"
-MODEL_DTYPE_BF16 = f"{ACTOR}.fsdp_config.model_dtype=bfloat16"
-MODEL_DTYPE_FP32 = f"{ACTOR}.fsdp_config.model_dtype=fp32"
-GRAD_CKPT = f"{MODEL}.enable_gradient_checkpointing=True"
+
+def worker(role: str | None) -> str:
+    """The verl worker section that trains ``role``: the critic's, else the actor's."""
+    return CRITIC if role == "critic" else ACTOR
+
+
+def fsdp_config(role: str | None) -> str:
+    # the actor's FSDP settings sit beside its optimizer; the critic's under its model section
+    return f"{CRITIC_MODEL}.fsdp_config" if role == "critic" else f"{ACTOR}.fsdp_config"
+
+
+def param_dtype(role: str | None, dtype: str) -> str:
+    return f"{fsdp_config(role)}.mixed_precision.param_dtype={dtype}"
+
+
+def grad_ckpt(role: str | None = None) -> str:
+    return f"{CRITIC_MODEL if role == 'critic' else MODEL}.enable_gradient_checkpointing=True"
+
+
+def micro_batch(role: str | None = None) -> str:
+    return f"{worker(role)}.ppo_micro_batch_size_per_gpu"
+
+
+PARAM_DTYPE_BF16 = param_dtype("actor", "bf16")
+PARAM_DTYPE_FP16 = param_dtype("actor", "fp16")
+MODEL_DTYPE = f"{fsdp_config('actor')}.model_dtype"
+MODEL_DTYPE_BF16 = f"{MODEL_DTYPE}=bfloat16"
+MODEL_DTYPE_FP32 = f"{MODEL_DTYPE}=fp32"
+PARAM_OFFLOAD = f"{fsdp_config('actor')}.param_offload=True"
+OPTIMIZER_OFFLOAD = f"{fsdp_config('actor')}.optimizer_offload=True"
+REF_PARAM_OFFLOAD = f"{REF}.fsdp_config.param_offload=True"
+GRAD_CKPT = grad_ckpt("actor")
+MICRO_BATCH = micro_batch("actor")
+REF_LOG_PROB_MICRO_BATCH = f"{REF}.log_prob_micro_batch_size_per_gpu"
+ROLLOUT_LOG_PROB_MICRO_BATCH = f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"
+REMOVE_PADDING = f"{MODEL}.use_remove_padding=True"
+TORCH_COMPILE_OFF = f"{ACTOR}.use_torch_compile=False"
 LR = f"{ACTOR}.optim.lr"
 GRAD_CLIP = f"{ACTOR}.grad_clip=1.0"
-MICRO_BATCH = f"{ACTOR}.ppo_micro_batch_size_per_gpu"
+ENTROPY_COEFF = f"{ACTOR}.entropy_coeff"
+KL_LOSS_COEF = f"{ACTOR}.kl_loss_coef"
+KL_COEF = "algorithm.kl_ctrl.kl_coef"
 ROLLOUT_DTYPE = f"{ROLLOUT}.dtype"
+TEMPERATURE = f"{ROLLOUT}.temperature"
 GPU_MEMORY_UTILIZATION = f"{ROLLOUT}.gpu_memory_utilization"
+MAX_RESPONSE_LENGTH = "data.max_response_length"
+REWARD_MANAGER = "reward_model.reward_manager"
+REWARD_MODEL_DTYPE_FP32 = "reward_model.model.fsdp_config.model_dtype=fp32"
+N_GPUS = "trainer.n_gpus_per_node"
+DEVICE_CUDA = "trainer.device=cuda"
 ALLOC_CONF = "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
