@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.config import ModelConfig
-from trainer.logprobs import attention_inputs, sequence_logprobs
+from trainer.logprobs import (
+    additive_mask,
+    attention_inputs,
+    causal_mask_with_self,
+    has_left_padding,
+    position_ids_from_mask,
+    sequence_logprobs,
+)
 from trainer.models import build_causal_lm, build_critic, load_tokenizer
 from trainer.precision import resolve_policy
 
@@ -109,6 +119,112 @@ def test_critic_takes_the_same_mask():
             ).last_hidden_state
         ).squeeze(-1)
     torch.testing.assert_close(v[mask.bool()], ref[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value back to the host (`.item()`, `bool(t)`): on a GPU each is
+    a device sync. They all reach aten._local_scalar_dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def _before(model, attention_mask):
+    """attention_inputs as it was before the flag was kept per mask: one host read per call."""
+    out = {"attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask)}
+    attn = model.config._attn_implementation
+    if attn not in ("sdpa", "eager") or attention_mask.dim() != 2 or bool((attention_mask[:, 0] != 0).all()):
+        return out
+    mask = causal_mask_with_self(attention_mask.bool(), attention_mask.shape[1])
+    if attn == "eager":
+        mask = additive_mask(mask, next(model.parameters()).dtype)
+    out["attention_mask"] = mask
+    return out
+
+
+def _masks():
+    _, mask = _batch()
+    return {"left-padded": mask, "unpadded": torch.ones_like(mask), "right-padded": mask.flip(-1)}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_masks_and_logprobs_are_bitwise_what_they_were(attn):
+    model, _ = _model(attn)
+    ids, _ = _batch()
+    for name, mask in _masks().items():
+        old = _before(model, mask)
+        padded = name == "left-padded"
+        for new in (attention_inputs(model, mask), attention_inputs(model, mask, left_padded=padded)):
+            assert new.keys() == old.keys()
+            assert all(torch.equal(new[k], old[k]) for k in old), name
+        with torch.no_grad():
+            lp, _ = sequence_logprobs(model, ids, mask, 4)
+            lp_flag, _ = sequence_logprobs(model, ids, mask, 4, left_padded=padded)
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=5, **old).logits[:, :-1]
+        want = logits.float().log_softmax(-1).gather(-1, ids[:, -4:, None]).squeeze(-1)
+        assert torch.equal(lp, want) and torch.equal(lp_flag, want), name
+
+
+def test_left_padding_is_read_once_per_mask():
+    model, _ = _model("sdpa")
+    _, mask = _batch()
+    with _HostReads() as reads:
+        for _ in range(3):  # one step's forwards over the rollout's mask: old, reference, values
+            assert attention_inputs(model, mask)["attention_mask"].dim() == 4
+    assert reads.n == 1
+    with _HostReads() as reads:
+        attention_inputs(model, mask, left_padded=True)
+        attention_inputs(model, torch.ones_like(mask), left_padded=False)
+    assert reads.n == 0  # the caller knew: nothing read
+    with _HostReads() as reads:
+        attention_inputs(model, mask.clone())  # another tensor (a micro-batch): read again
+    assert reads.n == 1
+    # an in-place change is seen (the version counter moves): read again, new answer
+    ones = torch.ones_like(mask)
+    assert attention_inputs(model, ones)["attention_mask"] is ones
+    ones[0, :2] = 0
+    with _HostReads() as reads:
+        assert attention_inputs(model, ones)["attention_mask"].dim() == 4
+    assert reads.n == 1
+
+
+def test_three_forwards_over_one_mask_read_it_once():
+    # HF's own mask code may read the mask too (it does on its 2-D path): compare with the caller
+    # passing the flag, so only attention_inputs' reads are counted
+    model, _ = _model("sdpa")
+    ids, mask = _batch()
+
+    def reads(**kw):
+        m = mask.clone()  # a fresh tensor: nothing kept from an earlier test
+        with _HostReads() as r, torch.no_grad():
+            for _ in range(3):
+                sequence_logprobs(model, ids, m, 4, **kw)
+        return r.n
+
+    assert reads() - reads(left_padded=True) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=4),
+    flip=st.integers(0, 3),
+)
+def test_kept_answer_follows_the_mask(rows, flip):
+    # rows: (left pad, right pad) of each row of a length-6 mask; then one row's first entry flipped
+    # in place: the kept answer must follow, as a fresh read of the first column would
+    mask = torch.ones(len(rows), 6, dtype=torch.long)
+    for i, (left, right) in enumerate(rows):
+        mask[i, :left] = 0
+        mask[i, 6 - right :] = 0
+    assert has_left_padding(mask) == bool((mask[:, 0] == 0).any())
+    i = flip % len(rows)
+    mask[i, 0] = 1 - mask[i, 0]
+    assert has_left_padding(mask) == bool((mask[:, 0] == 0).any())
 
 
 @pytest.mark.gpu

@@ -6,12 +6,14 @@ Here the work runs in chunks of rows: each chunk is upcast, reduced to one numbe
 dropped. Custom autograd functions save only the original logits (which the model's graph keeps
 anyway) and one fp32 log-sum-exp per token, and recompute softmax chunk by chunk in backward, so
 the only full-size tensor they create is the gradient itself, in the logits' dtype.
-Exercised by `pytest tests/test_models.py -k logprobs`.
+The training forwards' masks (`attention_inputs`) live here too. Exercised by
+`pytest tests/test_models.py -k logprobs` and `pytest tests/test_attention_mask.py`.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import torch
 
@@ -149,7 +151,38 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def attention_inputs(model: torch.nn.Module, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+# id(mask) -> (weak reference to it, its version counter when read, the answer); see has_left_padding
+_LEFT_PADDED: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
+def _first_column_has_padding(attention_mask: torch.Tensor) -> bool:
+    return bool((attention_mask[:, 0] == 0).any())  # the host read: a device sync on a GPU
+
+
+def has_left_padding(attention_mask: torch.Tensor) -> bool:
+    """Whether any row of a 2-D [B, T] mask starts with padding.
+
+    The answer needs a host read of the mask's first column, a device sync on a GPU. It is read once
+    per mask tensor and kept while the tensor lives unmodified, so the forwards of one step over
+    the same rollout mask (old log-probs, reference log-probs, old values) share one read. A caller
+    that knows the answer when the batch is built (the collator's CPU mask) passes it to
+    `attention_inputs` / `sequence_logprobs` as ``left_padded=`` and no forward reads at all.
+    """
+    if attention_mask.is_inference():  # no version counter: an in-place change could not be seen
+        return _first_column_has_padding(attention_mask)
+    key = id(attention_mask)
+    hit = _LEFT_PADDED.get(key)
+    if hit is not None and hit[0]() is attention_mask and hit[1] == attention_mask._version:
+        return hit[2]
+    answer = _first_column_has_padding(attention_mask)
+    ref = weakref.ref(attention_mask, lambda _, key=key: _LEFT_PADDED.pop(key, None))
+    _LEFT_PADDED[key] = (ref, attention_mask._version, answer)
+    return answer
+
+
+def attention_inputs(
+    model: torch.nn.Module, attention_mask: torch.Tensor, *, left_padded: bool | None = None
+) -> dict[str, torch.Tensor]:
     """``attention_mask`` and ``position_ids`` for a training or scoring forward over left-padded rows.
 
     A left-padding query row sees no key at all under causal + padding masking. Softmax of an empty
@@ -158,12 +191,18 @@ def attention_inputs(model: torch.nn.Module, attention_mask: torch.Tensor) -> di
     weight gradient below it (seen on the H200: all 7B GRPO steps skipped). So when a row starts with
     padding, the mask is built here as 4-D with each padding query attending to itself only; real
     tokens see exactly what HF's mask shows them. Without left padding the 2-D mask goes through
-    untouched (HF keeps SDPA's causal fast path). Costs one host read of the first mask column.
+    untouched (HF keeps SDPA's causal fast path).
+
+    ``left_padded``: whether any row of the batch starts with padding, if the caller knows; else
+    `has_left_padding` reads it (once per mask tensor). True for a batch without left padding is still
+    correct (the 4-D mask then equals the causal mask), only not HF's fast path.
     """
     out = {"attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask)}
     attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attn not in ("sdpa", "eager") or attention_mask.dim() != 2 or bool((attention_mask[:, 0] != 0).all()):
-        return out  # flash-attention unpads instead; no row starts with padding: nothing to fix
+    if attn not in ("sdpa", "eager") or attention_mask.dim() != 2:
+        return out  # flash-attention unpads instead
+    if not (has_left_padding(attention_mask) if left_padded is None else left_padded):
+        return out  # no row starts with padding: nothing to fix
     mask = causal_mask_with_self(attention_mask.bool(), attention_mask.shape[1])
     if attn == "eager":  # eager attention adds the mask to the scores
         mask = additive_mask(mask, next(model.parameters()).dtype)
@@ -186,6 +225,7 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     compute_entropy: bool = False,
+    left_padded: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, R] (fp32) of the last ``R = response_length`` tokens of ``input_ids`` [B, P+R]
     (prompt left-padded, response right-padded), and optionally the entropies [B, R].
@@ -194,11 +234,12 @@ def sequence_logprobs(
     P-1 .. P+R-2. Only those R logits are computed when the model takes ``logits_to_keep`` (HF
     causal LMs do): the prompt positions' vocab projection is never materialised. The caller owns
     autocast. Padded response positions get values too; mask them with the response mask.
+    ``left_padded``: as for `attention_inputs`.
     """
     r = int(response_length)
     if not 0 < r < input_ids.shape[1]:
         raise ValueError(f"sequence_logprobs: response_length {r} must be in [1, {input_ids.shape[1] - 1}]")
-    kwargs = {"input_ids": input_ids, **attention_inputs(model, attention_mask)}
+    kwargs = {"input_ids": input_ids, **attention_inputs(model, attention_mask, left_padded=left_padded)}
     if _accepts(model, "use_cache"):
         kwargs["use_cache"] = False
     if _accepts(model, "logits_to_keep"):
