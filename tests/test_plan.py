@@ -4,6 +4,8 @@ and `verlaudit plan` end to end."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 
 import pytest
@@ -69,24 +71,36 @@ def test_unknown_model_type_is_a_clear_error():
         Architecture.from_config({"model_type": "gpt2", "hidden_size": 8}, name="m")
 
 
-def _measured_layer_bytes(preset: str, cfg: LlamaConfig, batch: int, seq: int) -> tuple[int, int]:
-    """(bytes per token that autograd saves in decoder layer 1, excluding parameters, autocast's
-    weight copies and the layer's own input; bytes of the shared rotary cos/sin it saves)."""
+def _measured_layer_bytes(
+    preset: str, cfg: LlamaConfig, batch: int, seq: int, *, padded: bool = False, math: bool = False
+) -> tuple[int, int]:
+    """(bytes that autograd saves in decoder layer 1, excluding parameters, autocast's weight copies
+    and the layer's own input; bytes of the shared rotary cos/sin it saves). ``padded``: row 0 ends
+    in padding, so HF builds an attention mask; ``math``: SDPA forced onto torch's math kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     pol = resolve_policy(preset)["actor"]
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(pol.param_dtype)
     layer = model.model.layers[1]
+    # autocast's weight copies are told from activations by shape (a linear saves W or W^T), so no
+    # weight dimension may equal the token count
+    weights = {s for p in layer.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    assert not any(batch * seq in s for s in weights), "pick batch x seq unlike any weight dimension"
     captured = {}
     hook = layer.register_forward_pre_hook(lambda m, a, k: captured.update(a=a, k=k), with_kwargs=True)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
-    with pol.autocast_ctx("cpu"):
-        model(input_ids=ids, use_cache=False)
+    mask = torch.ones_like(ids)
+    mask[0, -2:] = 0 if padded else 1
+    # a compiled layer (tests/test_selective_ckpt.py) is traced here: the kernel choice is baked in
+    kernel = functools.partial(sdpa_kernel, SDPBackend.MATH) if math else contextlib.nullcontext
+    with kernel(), pol.autocast_ctx("cpu"):
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
     hook.remove()
     kwargs = dict(captured["k"])
+    assert (kwargs.get("attention_mask") is not None) == padded  # unpadded: HF's causal fast path, no mask
     x = (captured["a"][0] if captured["a"] else kwargs.pop("hidden_states")).detach().requires_grad_()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    weights = {(o, i) for o, i in ((cfg.hidden_size, cfg.hidden_size), (cfg.intermediate_size, cfg.hidden_size),
-                                   (cfg.hidden_size, cfg.intermediate_size))}  # fmt: skip
     saved: dict[int, int] = {}
     rotary = 0
 
@@ -95,7 +109,7 @@ def _measured_layer_bytes(preset: str, cfg: LlamaConfig, batch: int, seq: int) -
         key = t.untyped_storage().data_ptr()
         if key in params or key == x.untyped_storage().data_ptr() or key in saved:
             return t
-        if t.dim() == 2 and tuple(t.shape) in weights and t.shape[0] != batch * seq:
+        if t.dim() == 2 and tuple(t.shape) in weights:
             saved[key] = 0  # autocast's low-precision weight copy: counted as weight copies, not activations
         elif t.dim() == 4 and t.shape[0] == 1:
             saved[key] = 0
@@ -104,7 +118,7 @@ def _measured_layer_bytes(preset: str, cfg: LlamaConfig, batch: int, seq: int) -
             saved[key] = t.untyped_storage().nbytes()
         return t
 
-    with pol.autocast_ctx("cpu"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with kernel(), pol.autocast_ctx("cpu"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x, **kwargs)
     return sum(saved.values()), rotary
 
@@ -128,6 +142,65 @@ def test_layer_saved_bytes_match_autograd(preset):
         assert predicted == 4888
     assert measured == predicted * batch * seq
     assert rotary < 0.05 * measured  # the only saved tensor the model leaves out
+
+
+GQA = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=50, attn_implementation="sdpa")  # fmt: skip
+"""8 query heads over 2 kv heads of 16: q = 128, kv = 32 (tests/test_selective_ckpt.py compiles it too)."""
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("preset", ["fp32", "bf16", "fp16", "bf16-pure"])
+def test_gqa_layer_saved_bytes_match_autograd(preset, padded):
+    # Without a mask transformers passes enable_gqa and SDPA saves k and v at the kv width; with one,
+    # repeat_kv expands them to q's width first. bf16-pure, h=128, I=352, T=12: unpadded 24h + 8I +
+    # 2 x 4 (rsqrt) + 8 x 4 (lse) - 2 x 2 x (128 - 32) (k, v narrower) = 3072 + 2816 + 40 - 384
+    # = 5544 bytes per token; padded adds k and v's 384 back and the bf16 mask bias 2 x 12 = 24.
+    batch, seq = 2, 12
+    measured, _ = _measured_layer_bytes(preset, GQA, batch, seq, padded=padded)
+    arch, d = Architecture.from_config(GQA), ActDtypes.of(resolve_policy(preset)["actor"])
+    predicted = sum(layer_saved_bytes(arch, d, seq_len=seq, padded=padded, device_type="cpu").values())
+    if preset == "bf16-pure":
+        assert predicted == (5544 + 384 + 24 if padded else 5544)
+    assert measured == predicted * batch * seq
+    # on CUDA the 16-bit kernels (flash, cuDNN) take GQA as CPU's does
+    if d.c == 2:
+        assert predicted == sum(layer_saved_bytes(arch, d, seq_len=seq, padded=padded).values())
+
+
+def test_gqa_fp32_on_cuda_takes_the_math_kernel():
+    # fp32 without a mask: CUDA has no fused GQA kernel for fp32 (torch 2.11), so SDPA runs the math
+    # kernel, measured here by forcing it on CPU: k and v expanded (+2 x 4 x 96 = 768), the fp32
+    # probabilities [B, H, T, T] (4 x 8 x 12 = 384 per token) and no log-sum-exp (-4 x 8 = 32):
+    # 1120 bytes per token more than CPU's flash kernel saves.
+    batch, seq = 2, 12
+    arch, d = Architecture.from_config(GQA), ActDtypes.of(resolve_policy("fp32")["actor"])
+
+    def predicted(device_type: str) -> int:
+        return sum(layer_saved_bytes(arch, d, seq_len=seq, padded=False, device_type=device_type).values())
+
+    assert predicted("cuda") - predicted("cpu") == 1120
+    assert _measured_layer_bytes("fp32", GQA, batch, seq, math=True)[0] == predicted("cuda") * batch * seq
+    assert _measured_layer_bytes("fp32", GQA, batch, seq)[0] == predicted("cpu") * batch * seq
+
+
+def test_attention_kernel_rule():
+    from verlaudit.memory_model import attention_kernel
+
+    bf16, fp32 = ActDtypes(r=2, c=2, casts=False), ActDtypes(r=4, c=4, casts=False)
+    mha = Architecture.from_config(LlamaConfig(**LLAMA2_7B))
+    wide = Architecture.from_config(dict(GQA.to_dict(), head_dim=288))  # over SDPA's 256: repeat_kv
+    gqa = Architecture.from_config(GQA)
+    assert {attention_kernel(mha, d, padded=p, device_type=t) for d in (bf16, fp32) for p in (0, 1)
+            for t in ("cuda", "cpu")} == {"fused"}  # fmt: skip
+    assert (
+        attention_kernel(gqa, bf16, padded=True) == attention_kernel(wide, bf16, padded=False) == "expanded"
+    )
+    assert attention_kernel(gqa, bf16, padded=False) == "fused"
+    assert attention_kernel(gqa, fp32, padded=False, device_type="cpu") == "fused"
+    assert attention_kernel(gqa, fp32, padded=False, device_type="cuda") == "math"
+    with pytest.raises(ValueError, match="device_type 'xpu'"):
+        attention_kernel(gqa, fp32, padded=False, device_type="xpu")
 
 
 REFERENCE_SINGLE = [

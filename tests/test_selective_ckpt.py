@@ -215,16 +215,17 @@ def test_compiled_layers_match_eager_and_stay_eager_with_a_cache_or_hooks():
         assert torch.equal(compiled.generate(ids, **kw), eager.generate(ids, **kw))
 
 
-def _compiled_layer_bytes(preset, cfg, monkeypatch):
+def _compiled_layer_bytes(preset, cfg, monkeypatch, **kw):
     """Bytes per token a compiled decoder layer saves (tests/test_plan.py's hook measurement)."""
     import transformers.models.llama.modeling_llama as ml
 
     from tests.test_plan import _measured_layer_bytes
 
+    torch._dynamo.reset()  # a fresh graph per case: the tests together would pass the recompile limit
     compiled = torch.compile(ml.LlamaDecoderLayer.forward, dynamic=False)
     monkeypatch.setattr(ml.LlamaDecoderLayer, "forward", lambda self, *a, **k: compiled(self, *a, **k))
     batch, seq = 2, 32
-    saved, _ = _measured_layer_bytes(preset, cfg, batch, seq)
+    saved, _ = _measured_layer_bytes(preset, cfg, batch, seq, **kw)
     return saved // (batch * seq)
 
 
@@ -245,7 +246,38 @@ def test_compiled_layer_saved_bytes_match_the_hooks(preset, monkeypatch):
     d = ActDtypes.of(resolve_policy(preset)["actor"])
     measured = _compiled_layer_bytes(preset, cfg, monkeypatch)
     # the measurement leaves out the layer's own input (r h), which the model counts
-    assert measured == compiled_layer_saved_bytes(Architecture.from_config(cfg), d) - d.r * 128
+    arch = Architecture.from_config(cfg)
+    assert measured == compiled_layer_saved_bytes(arch, d, seq_len=32, padded=False) - d.r * 128
+
+
+@pytest.mark.parametrize(
+    "preset,padded,math",
+    [
+        ("bf16-pure", False, False),
+        ("bf16", True, False),
+        pytest.param("fp16", False, False, marks=pytest.mark.slow),
+        pytest.param("fp32", True, False, marks=pytest.mark.slow),
+        pytest.param("fp32", False, True, marks=pytest.mark.slow),
+    ],
+)
+def test_compiled_gqa_layer_saved_bytes_match_the_hooks(preset, padded, math, monkeypatch):
+    # 8 query heads of 24 over 2 kv heads: q = 192 is wider than h = 128, which tells o_proj's input
+    # (c q) from the hidden-width tensors Inductor saves (3 c h). bf16-pure unpadded, per token:
+    # 3 x 2 x 128 + 2 x (192 + 2 x 48) (q, k, v) + 2 x 192 + 4 x 8 (SDPA out, lse) + 3 x 2 x 352
+    # + 2 x 24 (cos/sin) + 8 = 768 + 576 + 416 + 2112 + 48 + 8 = 3928, plus the input 2 x 128.
+    # ``math``: the math kernel CUDA runs fp32 GQA on without a mask, forced here on CPU.
+    from tests.test_plan import GQA
+    from verlaudit.memory_model import ActDtypes, compiled_layer_saved_bytes
+
+    cfg = LlamaConfig(**dict(GQA.to_dict(), head_dim=24))
+    d = ActDtypes.of(resolve_policy(preset)["actor"])
+    measured = _compiled_layer_bytes(preset, cfg, monkeypatch, padded=padded, math=math)
+    predicted = compiled_layer_saved_bytes(
+        Architecture.from_config(cfg), d, seq_len=32, padded=padded, device_type="cuda" if math else "cpu"
+    )
+    if preset == "bf16-pure":
+        assert predicted == 3928 + 256
+    assert measured == predicted - d.r * 128
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,16 @@ attention widths, r the residual-stream bytes, c the compute bytes):
 * saved for backward by one layer: RMSNorm keeps its fp32 input (x itself when r = 4, an fp32 copy
   otherwise: 4h) and the normalised tensor (4h when r = 4, else r h); every linear keeps its input,
   and under autocast each linear casts the fp32 normalised input separately (q, k, v: 3 c h;
-  gate, up: 2 c h); SDPA keeps q, k, v (k and v expanded to q's width when GQA is materialised) and
-  its output (which o_proj's input is a view of); SiLU keeps the gate
-  output, the product keeps SiLU's output and up's output, down_proj keeps the product (4 c I). A
-  padded batch adds the boolean mask converted to an additive bias per layer (c T per token).
-  Autocast with fp32 masters: 30h + 8I bytes; bf16-pure: 24h + 8I; fp32: 36h + 16I (plus a
-  few bytes per head). Checked against the tensors autograd really saves in tests/test_plan.py.
+  gate, up: 2 c h); SDPA keeps q, k, v and its output (which o_proj's input is a view of); SiLU
+  keeps the gate output, the product keeps SiLU's output and up's output, down_proj keeps the
+  product (4 c I). A padded batch adds the boolean mask converted to an additive bias per layer
+  (c T per token). Autocast with fp32 masters: 30h + 8I bytes; bf16-pure: 24h + 8I; fp32: 36h + 16I
+  (plus a few bytes per head), for MHA. Checked against the tensors autograd really saves in
+  tests/test_plan.py.
+* GQA (fewer kv heads): transformers passes ``enable_gqa`` to SDPA when there is no attention mask
+  (an unpadded batch) and k/v are then saved at their own width; with a mask ``repeat_kv`` expands
+  them to q's width first. On CUDA an unmasked fp32 GQA layer falls back to torch's math kernel,
+  which saves the attention probabilities (c H T per token). `attention_kernel` has the rule.
 * autocast caches a low-precision copy of every fp32 weight that requires grad, also under
   ``torch.no_grad`` (not under ``inference_mode``), until the outermost autocast context exits.
   Without checkpointing those copies are also saved for backward; with checkpointing they are
@@ -32,9 +36,10 @@ attention widths, r the residual-stream bytes, c the compute bytes):
 * compiled layers (``model.compile``): Inductor's partitioner saves fewer tensors and recomputes
   the cheap elementwise ones in backward. Measured with the same saved-tensor hooks on CPU (fp32,
   fp16, bf16 autocast, bf16-pure; hidden 256/512, intermediate 688/1024, 4 and 8 heads): a layer
-  saves 4c h + c (q + 2 kv) + 3c I + r d + 4 n_heads + 8 bytes per token (d the head dim: the
-  cos/sin it keeps) plus its own input (r h), in every precision; autocast's low-precision weight
-  copies are cast inside the compiled graph, so only kept layers hold them past their forward.
+  saves 3c h + c (2q + 2 kv) + 3c I + r d + 4 n_heads + 8 bytes per token (d the head dim: the
+  cos/sin it keeps; kv as in eager, GQA included) plus its own input (r h), in every precision;
+  autocast's low-precision weight copies are cast inside the compiled graph, so only kept layers
+  hold them past their forward.
 * logits: our log-prob island (`trainer.logprobs`) keeps the logits (compute dtype) and one fp32
   number per token; slicing the R response positions out of [B, R+1, V] and flattening copies them,
   once for log-probs and once more for entropies. The HF loss instead upcasts all logits to fp32 and
@@ -180,39 +185,94 @@ class ActDtypes:
         return cls(r=max(p, c), c=c, casts=p != c)
 
 
-def layer_saved_bytes(arch: Architecture, d: ActDtypes, *, seq_len: int, padded: bool) -> dict[str, int]:
-    """Bytes per token one decoder layer saves for backward, excluding the layer's input tensor
-    when it is the fp32 residual itself (``r == 4``: it is the previous layer's output or the
-    checkpoint boundary, counted there)."""
-    h, i = arch.hidden_size, arch.intermediate_size
-    q = arch.q_dim
-    kv = q if arch.num_kv_heads < arch.num_heads else arch.kv_dim  # repeat_kv materialises GQA
-    norm_copy = 0 if d.r == 4 else 4 * h  # RMSNorm upcasts a non-fp32 input: the fp32 copy is saved
-    normed = 4 * h if d.r == 4 else d.r * h
-    out = {
-        "input_norm": norm_copy + normed + 4,  # + the fp32 rsqrt per token
-        "qkv_inputs": 3 * d.c * h if d.casts else d.r * h,
-        "attention_qkv": d.c * (q + 2 * kv),
-        # SDPA's output and fp32 log-sum-exp; its output is laid out [B, T, H, D] already, so the
-        # transpose + contiguous feeding o_proj is a view of it, not a copy.
-        "attention_out": d.c * q + 4 * arch.num_heads,
-        "post_attention_norm": 4 * h + normed + 4,  # the mid-layer residual is an internal tensor
-        "mlp_inputs": 2 * d.c * h if d.casts else d.r * h,
-        "mlp": 4 * d.c * i,
-    }
+GQA_SDPA_MAX_HEAD_DIM = 256
+"""transformers' ``use_gqa_in_sdpa`` (integrations/sdpa_attention.py, the same rule in 5.17 and 5.24
+for CUDA and CPU): SDPA gets ``enable_gqa=True`` only when no attention mask is passed and the k/v
+head dim is at most this; otherwise ``repeat_kv`` materialises k and v at the query width first."""
+
+
+def attention_kernel(arch: Architecture, d: ActDtypes, *, padded: bool, device_type: str = "cuda") -> str:
+    """Which SDPA path a training forward of HF's ``sdpa`` attention takes, as far as it decides
+    what is saved for backward.
+
+    ``fused``: a fused kernel over k/v at their own width (MHA, or GQA through ``enable_gqa``).
+    ``expanded``: a fused kernel over k/v that ``repeat_kv`` expanded to the query width (GQA with
+    an attention mask, or a head dim over 256). ``math``: torch's math kernel, which saves the
+    attention probabilities (GQA, no mask, fp32 compute, on CUDA).
+
+    Measured on CPU with saved-tensor hooks (tests/test_plan.py, 8 query / 2 kv heads, fp32, fp16 and
+    bf16 autocast, bf16-pure, eager and compiled): without a mask k/v are saved at the kv width in
+    every precision (CPU's flash kernel takes GQA in all dtypes); with one they are expanded. CUDA is
+    modelled from torch's sdp_utils.cpp, not measured here: flash and cuDNN take GQA but only in
+    fp16/bf16; memory-efficient attention (the fp32 kernel) rejects differing head counts up to at
+    least torch 2.11 (the GPU machine's; pytorch#181528 reports fp32 ``enable_gqa`` on the math
+    kernel there), so fp32 falls back to the math kernel. Its saved tensors were measured on CPU
+    with ``sdpa_kernel(SDPBackend.MATH)`` (the same composite code on every device), eager and
+    compiled alike. The math kernel's [B, H, T, T] scores in a no-grad forward are not modelled.
+    """
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"device_type {device_type!r}: the planner models cuda and cpu")
+    if arch.num_kv_heads == arch.num_heads:
+        return "fused"
+    if padded or arch.head_dim > GQA_SDPA_MAX_HEAD_DIM:
+        return "expanded"
+    return "math" if device_type == "cuda" and d.c == 4 else "fused"
+
+
+def attention_saved_bytes(
+    arch: Architecture, d: ActDtypes, *, seq_len: int, padded: bool, device_type: str = "cuda"
+) -> dict[str, int]:
+    """Bytes per token SDPA saves for backward (eager and compiled layers alike): q, k, v, its
+    output (which o_proj's input is a view of in eager) and, by kernel, the fp32 log-sum-exp and the
+    mask converted to an additive bias (fused), or the attention probabilities (math)."""
+    q, heads = arch.q_dim, arch.num_heads
+    kernel = attention_kernel(arch, d, padded=padded, device_type=device_type)
+    kv = arch.kv_dim if kernel == "fused" else q
+    # SDPA's output is laid out [B, T, H, D] already, so the transpose + contiguous feeding o_proj
+    # is a view of it, not a copy; the math kernel's matmul output is not saved, only that copy.
+    out = {"attention_qkv": d.c * (q + 2 * kv), "attention_out": d.c * q}
+    if kernel == "math":
+        # softmax output [B, H, T, T] (the causal mask is added in place, not saved); no lse
+        out["attention_probs"] = d.c * heads * seq_len
+        return out
+    out["attention_out"] += 4 * heads
     if padded:
         out["attention_mask"] = d.c * seq_len
     return out
 
 
-def compiled_layer_saved_bytes(arch: Architecture, d: ActDtypes) -> int:
-    """Bytes per token a ``torch.compile``-d decoder layer saves for backward, its input included
-    (tests/test_selective_ckpt.py measures it against the saved-tensor hooks)."""
+def layer_saved_bytes(
+    arch: Architecture, d: ActDtypes, *, seq_len: int, padded: bool, device_type: str = "cuda"
+) -> dict[str, int]:
+    """Bytes per token one decoder layer saves for backward, excluding the layer's input tensor
+    when it is the fp32 residual itself (``r == 4``: it is the previous layer's output or the
+    checkpoint boundary, counted there)."""
     h, i = arch.hidden_size, arch.intermediate_size
-    q = arch.q_dim
-    kv = q if arch.num_kv_heads < arch.num_heads else arch.kv_dim  # as eager: GQA's k/v expanded
-    head_dim = q // arch.num_heads
-    return 4 * d.c * h + d.c * (q + 2 * kv) + 3 * d.c * i + d.r * head_dim + 4 * arch.num_heads + 8 + d.r * h
+    norm_copy = 0 if d.r == 4 else 4 * h  # RMSNorm upcasts a non-fp32 input: the fp32 copy is saved
+    normed = 4 * h if d.r == 4 else d.r * h
+    return {
+        "input_norm": norm_copy + normed + 4,  # + the fp32 rsqrt per token
+        "qkv_inputs": 3 * d.c * h if d.casts else d.r * h,
+        **attention_saved_bytes(arch, d, seq_len=seq_len, padded=padded, device_type=device_type),
+        "post_attention_norm": 4 * h + normed + 4,  # the mid-layer residual is an internal tensor
+        "mlp_inputs": 2 * d.c * h if d.casts else d.r * h,
+        "mlp": 4 * d.c * i,
+    }
+
+
+def compiled_layer_saved_bytes(
+    arch: Architecture, d: ActDtypes, *, seq_len: int, padded: bool, device_type: str = "cuda"
+) -> int:
+    """Bytes per token a ``torch.compile``-d decoder layer saves for backward, its input included
+    (tests/test_selective_ckpt.py measures it against the saved-tensor hooks): three hidden-width
+    tensors in the compute dtype (the normalised inputs and the mid-layer residual, as Inductor's
+    partitioner picks them; not o_proj's input, measured with q wider than h), SDPA's tensors as in
+    eager, three MLP-width tensors, the rotary cos/sin (r d), the two fp32 rsqrt and the input."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    attention = sum(
+        attention_saved_bytes(arch, d, seq_len=seq_len, padded=padded, device_type=device_type).values()
+    )
+    return 3 * d.c * h + attention + 3 * d.c * i + d.r * arch.head_dim + 8 + d.r * h
 
 
 def backward_workspace_bytes(arch: Architecture, d: ActDtypes) -> int:
@@ -306,6 +366,8 @@ class TrainedModel:
     """``fused`` AdamW (trainer/common.py on CUDA) or ``foreach`` (torch's default elsewhere)."""
     compiled: bool = False
     """Decoder layers run through ``torch.compile`` (``model.compile``)."""
+    device_type: str = "cuda"
+    """``cuda`` or ``cpu``: which SDPA kernel an unmasked fp32 GQA layer gets (`attention_kernel`)."""
 
     @property
     def n(self) -> int:
@@ -353,12 +415,12 @@ def train_phases(
     for k, v in m.state().items():
         _add(base, f"{prefix} {k}", v)
     g_full = m.grads()
-    layer = sum(layer_saved_bytes(arch, d, seq_len=shape.seq_len, padded=shape.padded).values())
+    sdpa = dict(seq_len=shape.seq_len, padded=shape.padded, device_type=m.device_type)
+    layer = sum(layer_saved_bytes(arch, d, **sdpa).values())
     x_in = d.r * arch.hidden_size  # a layer's input: checkpoint boundary, or saved by RMSNorm when fp32
     saved_layer = layer + (x_in if d.r == 4 else 0)
     if m.compiled:
-        mask = d.c * shape.seq_len if shape.padded else 0  # the per-layer mask bias, as eager
-        saved_layer = compiled_layer_saved_bytes(arch, d) + mask
+        saved_layer = compiled_layer_saved_bytes(arch, d, **sdpa)
         layer = saved_layer - x_in  # a recomputed layer: its input is the checkpoint boundary
     h_norm = 4 * arch.hidden_size + (4 if d.r == 4 else d.r) * arch.hidden_size  # final RMSNorm
     head_in = (d.c if d.casts else d.r) * arch.hidden_size * shape.sequences * shape.logit_positions

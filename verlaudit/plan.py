@@ -127,7 +127,8 @@ def plan_config(
     w = gpus
     p_len, r_len = data.prompt_length, data.response_length
     seq = p_len + r_len
-    trained = dict(world_size=w, optimizer=optimizer, compiled=cfg.model.compile)
+    device_type = "cpu" if cfg.device == "cpu" else "cuda"  # auto: the planner plans a GPU
+    trained = dict(world_size=w, optimizer=optimizer, compiled=cfg.model.compile, device_type=device_type)
     actor = TrainedModel(arch=arch, kind="causal_lm", policy=policy["actor"], **trained)
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
