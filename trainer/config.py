@@ -273,11 +273,18 @@ class RolloutConfig(_Section):
     ``cache: static``, so norms, rotary, SiLU-mul and residual adds fuse between the GEMMs; with
     ``cuda_graphs`` the compiled step is captured too. Compiles once per process and batch shape
     (tens of seconds for a 7B model; the prefill stays eager)."""
+    fused: bool = False
+    """``cache: static`` decodes with our own forward (`trainer.fused_decode`, Llama / Mistral / Qwen2
+    layouts) over a snapshot of the actor's weights cast to the rollout dtype once per rollout, q/k/v
+    and gate/up fused into one GEMM each, attention reading only the written cache slots: what an
+    inference engine loaded with the synced weights computes. Holds the snapshot during the rollout
+    (the fused projections, plus every weight whose dtype differs from the rollout's)."""
 
     def __post_init__(self) -> None:
         _check(self.cache in ("dynamic", "static"), "cache", f"{self.cache!r}; expected dynamic or static")
         _check(not self.cuda_graphs or self.cache == "static", "cuda_graphs", "needs rollout.cache: static")
         _check(not self.compile or self.cache == "static", "compile", "needs rollout.cache: static")
+        _check(not self.fused or self.cache == "static", "fused", "needs rollout.cache: static")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

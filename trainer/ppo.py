@@ -268,6 +268,7 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
         cache=config.rollout.cache,
         cuda_graphs=config.rollout.cuda_graphs,
         compile=config.rollout.compile,
+        fused=config.rollout.fused,
     )
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     return setup, source, collator, reward_name, reward_fn, engine, batches

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, StaticLayer
 
+from trainer import fused_decode
 from trainer.logprobs import additive_mask, causal_mask_with_self
 from trainer.precision import RolePolicy, dtype_name
 
@@ -296,9 +297,10 @@ def build_engine(
     cache: str = "dynamic",
     cuda_graphs: bool = False,
     compile: bool = False,
+    fused: bool = False,
 ) -> HFGenerateEngine:
     """The rollout engine the ``rollout`` options ask for (``rollout.cache``, ``rollout.cuda_graphs``,
-    ``rollout.compile``)."""
+    ``rollout.compile``, ``rollout.fused``)."""
     if cache not in CACHES:
         raise ValueError(f"rollout.cache: {cache!r}; expected one of {', '.join(CACHES)}")
     kwargs = dict(device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
@@ -311,8 +313,12 @@ def build_engine(
             raise ValueError(
                 "rollout.compile: needs rollout.cache: static (it compiles our single-token decode forward)"
             )
+        if fused:
+            raise ValueError("rollout.fused: needs rollout.cache: static (it is our decode loop's forward)")
         return HFGenerateEngine(model, tokenizer, policy, **kwargs)
-    return StaticDecodeEngine(model, tokenizer, policy, cuda_graphs=cuda_graphs, compile=compile, **kwargs)
+    return StaticDecodeEngine(
+        model, tokenizer, policy, cuda_graphs=cuda_graphs, compile=compile, fused=fused, **kwargs
+    )
 
 
 class _SlotLayer(StaticLayer):
@@ -370,11 +376,21 @@ class StaticDecodeEngine(HFGenerateEngine):
     """Decode steps between host checks of "every row has ended" (each check is a device sync)."""
 
     def __init__(
-        self, model, tokenizer, policy, *, cuda_graphs: bool = False, compile: bool = False, **kwargs
+        self,
+        model,
+        tokenizer,
+        policy,
+        *,
+        cuda_graphs: bool = False,
+        compile: bool = False,
+        fused: bool = False,
+        **kwargs,
     ) -> None:
         super().__init__(model, tokenizer, policy, **kwargs)
         attn = getattr(model.config, "_attn_implementation", "eager")
-        if attn not in ("sdpa", "eager"):
+        if fused and (why := fused_decode.unsupported(model)) is not None:
+            raise ValueError(f"rollout.fused: {why}; set rollout.fused: false")
+        if attn not in ("sdpa", "eager") and not fused:
             raise ValueError(
                 f"rollout.cache: static passes an explicit 4D attention mask, which {attn!r} attention does "
                 "not take; set model.attn_implementation: sdpa (or rollout.cache: dynamic)"
@@ -386,8 +402,10 @@ class StaticDecodeEngine(HFGenerateEngine):
             )
         self.cuda_graphs = bool(cuda_graphs)
         self.compile = bool(compile)
+        self.fused = bool(fused)
         self.name = (
             "static-decode"
+            + ("+fused" if self.fused else "")
             + ("+compile" if self.compile else "")
             + ("+cuda-graphs" if self.cuda_graphs else "")
         )
@@ -399,8 +417,9 @@ class StaticDecodeEngine(HFGenerateEngine):
         self._pass_logits_to_keep = "logits_to_keep" in params
         # dynamic=False: one specialised graph per (batch, cache length); the prefill stays eager.
         # No Inductor cudagraphs (mode default): with cuda_graphs we capture the whole step ourselves.
+        target = fused_decode.forward if self.fused else self._forward
         self._decode_forward = (
-            torch.compile(self._forward, fullgraph=True, dynamic=False) if self.compile else self._forward
+            torch.compile(target, fullgraph=True, dynamic=False) if self.compile else target
         )
         self.on_decode_ready = None
         """For benchmarks: called once per `generate` after the first decode step with ``(replay,
@@ -480,7 +499,7 @@ class StaticDecodeEngine(HFGenerateEngine):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.engine_dtype, cache_enabled=False)
 
-    def _prefill(self, prompt_ids, prompt_mask, cache, slots) -> tuple[torch.Tensor, dict]:
+    def _prefill(self, prompt_ids, prompt_mask, backend) -> tuple[torch.Tensor, dict]:
         """The prompt's forward into the cache; returns its last logits and the decode step's static
         buffers, positioned just before the first decode step."""
         b, p = prompt_ids.shape
@@ -489,9 +508,7 @@ class StaticDecodeEngine(HFGenerateEngine):
         valid = torch.cat([prompt_mask.bool(), torch.zeros(b, r, dtype=torch.bool, device=dev)], dim=1)
         # HF's position ids: attention-mask cumsum, 0 on padding; new tokens continue from the last one
         positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
-        prefill_mask = causal_mask_with_self(valid, p)
-        with self._autocast_ctx():
-            logits = self._forward(prompt_ids, positions, prefill_mask, cache, slots[0])
+        logits = backend.prefill(prompt_ids, positions, causal_mask_with_self(valid, p))
         st = {
             "tok": torch.zeros(b, 1, dtype=torch.long, device=dev),  # the token the next step feeds
             "pos": positions[:, -1:].clone(),  # position and cache slot of the last token fed
@@ -505,11 +522,10 @@ class StaticDecodeEngine(HFGenerateEngine):
         return logits, st
 
     def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        p, r = prompt_ids.shape[1], self.max_new_tokens
-        slots: list[torch.Tensor] = [torch.arange(p, device=self.device)]
-        cache = _slot_cache(self.model, p + r, slots)
+        (b, p), r = prompt_ids.shape, self.max_new_tokens
         t0 = self._sync()
-        logits, st = self._prefill(prompt_ids, prompt_mask, cache, slots)
+        backend = (_FusedForward if self.fused else _HFForward)(self, b, p, r)
+        logits, st = self._prefill(prompt_ids, prompt_mask, backend)
         self._write(st, logits, pad, eos)  # column 0 from the prefill's logits
         first = {"pending": self.compile, "compile_s": 0.0}
 
@@ -529,9 +545,7 @@ class StaticDecodeEngine(HFGenerateEngine):
             st["pos"].add_(1)
             st["slot"].add_(1)
             st["valid"].index_fill_(1, st["slot"], True)
-            slots[0] = st["slot"]
-            with self._step_autocast():
-                logits = forward(st["tok"], st["pos"], st["valid"][:, None, None, :], cache, st["slot"])
+            logits = backend.decode(forward, st["tok"], st["pos"], st["valid"], st["slot"])
             self._write(st, logits, pad, eos)
 
         graph, n, capture_s, hook_s = None, r, 0.0, 0.0
@@ -553,7 +567,7 @@ class StaticDecodeEngine(HFGenerateEngine):
                 n = t + 1  # every row (of every rank) has ended: HF's generate stops here too
                 break
         t2 = self._sync()
-        del graph
+        graph = backend = None  # the cache (and a fused snapshot) go with the call
         tokens, logprobs = st["tokens"][:, :n], st["logprobs"][:, :n]
         if bool(torch.isnan(logprobs).any()):
             # what torch.multinomial's own check would have raised (verlaudit's diagnose matches it)
@@ -577,6 +591,45 @@ class StaticDecodeEngine(HFGenerateEngine):
             "timed_steps": float(max(timed, 0)),
         }
         return tokens, logprobs
+
+
+class _HFForward:
+    """The HF model's own forward over `_SlotLayer` caches (in the engine's autocast, if any)."""
+
+    def __init__(self, engine: StaticDecodeEngine, rows: int, prompt: int, new: int) -> None:
+        self.engine = engine
+        self.slots = [torch.arange(prompt, device=engine.device)]
+        self.cache = _slot_cache(engine.model, prompt + new, self.slots)
+
+    def prefill(self, ids, positions, mask) -> torch.Tensor:
+        with self.engine._autocast_ctx():
+            return self.engine._forward(ids, positions, mask, self.cache, self.slots[0])
+
+    def decode(self, forward, tok, pos, valid, slot) -> torch.Tensor:
+        self.slots[0] = slot
+        with self.engine._step_autocast():
+            return forward(tok, pos, valid[:, None, None, :], self.cache, slot)
+
+
+class _FusedForward:
+    """`trainer.fused_decode`'s forward over a snapshot of the actor's weights in the rollout dtype,
+    taken when the rollout starts (so no autocast: the weights are already cast)."""
+
+    def __init__(self, engine: StaticDecodeEngine, rows: int, prompt: int, new: int) -> None:
+        self.weights = fused_decode.FusedWeights(engine.model, engine.engine_dtype)
+        self.cos, self.sin = self.weights.rotary_table(prompt + new, engine.device)
+        self.cache = self.weights.new_cache(rows, prompt + new, engine.device)
+        self.prompt_slots = torch.arange(prompt, device=engine.device)
+
+    def prefill(self, ids, positions, mask) -> torch.Tensor:
+        w = self.weights
+        return fused_decode.forward(
+            w.shape, ids, self.cos, self.sin, positions, mask, self.prompt_slots, self.cache, *w.args()
+        )
+
+    def decode(self, forward, tok, pos, valid, slot) -> torch.Tensor:
+        w = self.weights
+        return forward(w.shape, tok, self.cos, self.sin, pos, valid, slot, self.cache, *w.args())
 
 
 def _compiled_graphs() -> int:
