@@ -151,6 +151,14 @@ def test_bf16_snapshot_computes_what_the_bf16_loaded_model_computes(preset):
     others = n * (h * h + inter * h + 2 * h) + h + actor.lm_head.weight.numel()
     expected = 2 * (fused_elems + others) if preset == "bf16" else 2 * fused_elems
     assert weights.nbytes() == expected
+    # and the planner's term for it (verlaudit plan's rollout phase with rollout.fused)
+    from trainer.precision import resolve_policy
+    from verlaudit import memory_model as mm
+    from verlaudit.plan import _rollout_policy
+
+    arch = mm.Architecture.from_config(actor.config)
+    d = mm.ActDtypes.of(_rollout_policy(resolve_policy(preset)))
+    assert mm.fused_snapshot_bytes(arch, d) == expected
 
 
 def _hand_attention(q, k, v, valid, slot, scale):

@@ -32,8 +32,11 @@ try:  # ships with CUDA builds of torch; without it only the reference runs
 except ImportError:
     triton = tl = None
 
-BLOCK = 64
-"""Cache slots per inner iteration of the kernel."""
+BLOCK = 32
+WARPS = 2
+"""Cache slots per inner iteration and warps per program: the fastest of a sweep at the 7B rollout
+shape on the H200 (33.7 us per layer against 48.8 for 64 / 4; benchmarks/decode_kernels_bench.py,
+reports/gpu/rollout.md)."""
 
 
 def reference(
@@ -133,7 +136,7 @@ def _parts(rows_heads: int, slots: int, device: torch.device) -> int:
     """How many programs share one (row, head)'s slots: enough programs for every SM to hold a few,
     at least one `BLOCK` of slots each, a power of two (the combine kernel's width)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    want = max(1, math.ceil(4 * sms / rows_heads))
+    want = max(1, math.ceil(8 * sms / rows_heads))
     most = max(1, slots // BLOCK)
     return 1 << (min(want, most).bit_length() - 1)
 
@@ -148,10 +151,12 @@ def triton_decode_attention(
     *,
     parts: int | None = None,
     block: int = BLOCK,
-    warps: int = 4,
+    warps: int = WARPS,
+    stages: int = 1,
 ) -> torch.Tensor:
     """`reference`'s result through the Triton kernels (``parts``: override the slot split; ``block``
-    slots per inner iteration and ``warps`` per program are tuning knobs for the benchmark)."""
+    slots per inner iteration, ``warps`` per program and software-pipelining ``stages`` are tuning knobs
+    for the benchmark)."""
     b, h, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     if (why := _layout_error(q, k, v)) is not None:
@@ -173,7 +178,7 @@ def triton_decode_attention(
         q, k, v, valid, slot, o, ms, ls, h, chunk, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), valid.stride(0), *so,
-        GROUP=h // hkv, D=d, BLK=block, SPLIT=split, num_warps=warps,
+        GROUP=h // hkv, D=d, BLK=block, SPLIT=split, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split:
         combine_kernel[(b * h,)](

@@ -509,6 +509,21 @@ def frozen_forward_phase(
     return Phase(f"{name}: forward", parts)
 
 
+def fused_snapshot_bytes(arch: Architecture, d: ActDtypes) -> int:
+    """What `trainer.fused_decode.FusedWeights` holds beyond the model: the concatenated q/k/v and
+    gate/up weights (and biases) in the rollout dtype; when the weights are stored in another dtype,
+    every other weight of the layers, the final norm and the LM head cast as well (the embedding is
+    gathered, then cast, so it is never copied)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    qkv = h * (arch.q_dim + 2 * arch.kv_dim) + (arch.q_dim + 2 * arch.kv_dim if arch.qkv_bias else 0)
+    gate_up = 2 * h * i + (2 * i if arch.mlp_bias else 0)
+    elems = arch.num_layers * (qkv + gate_up)
+    if d.casts:
+        rest = arch.layer_params - qkv - gate_up
+        elems += arch.num_layers * rest + h + arch.vocab_size * h
+    return d.c * elems
+
+
 def generate_phase(
     arch: Architecture,
     policy: RolePolicy,
@@ -519,13 +534,19 @@ def generate_phase(
     resident: Mapping[str, int],
     world_size: int = 1,
     scores_kept: bool = False,
+    fused: bool = False,
 ) -> Phase:
-    """HF ``generate`` with a dynamic KV cache, the actor's parameters already in ``resident``."""
+    """HF ``generate`` with a dynamic KV cache, the actor's parameters already in ``resident``; with
+    ``fused`` (``rollout.fused``) our decode forward over a snapshot of the weights in the rollout
+    dtype instead of autocast's per-forward weight copies (`fused_snapshot_bytes`)."""
     d = ActDtypes.of(policy, sharded=world_size > 1)
     parts = dict(resident)
     total = prompt_len + new_tokens
     kv_layer = 2 * sequences * total * arch.kv_dim * d.c
-    _add(parts, "rollout autocast weight copies", d.c * arch.matmul_params("causal_lm") if d.casts else 0)
+    if fused:
+        _add(parts, "rollout fused weight snapshot", fused_snapshot_bytes(arch, d))
+    else:
+        _add(parts, "rollout autocast weight copies", d.c * arch.matmul_params("causal_lm") if d.casts else 0)
     _add(parts, "rollout FSDP gathered layers", 2 * arch.layer_params * d.c if world_size > 1 else 0)
     # DynamicCache grows by torch.cat: the layer being extended exists twice for a moment.
     _add(parts, "rollout KV cache", kv_layer * (arch.num_layers + 1))

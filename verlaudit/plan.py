@@ -170,7 +170,8 @@ def plan_config(
     batch = {"rollout batch": rows * seq * 8 * 2 + rows * r_len * 4 * 6}  # ids, masks, fp32 per-token terms
     res = {**resident, **batch}
     phases.append(mm.generate_phase(arch, _rollout_policy(policy), sequences=rows, prompt_len=p_len,
-                                    new_tokens=r_len, resident=res, world_size=w))  # fmt: skip
+                                    new_tokens=r_len, resident=res, world_size=w,
+                                    fused=cfg.rollout.cache == "static" and cfg.rollout.fused))  # fmt: skip
     full = Shape(sequences=rows, seq_len=seq, logit_positions=r_len + 1)
     if rm_arch is not None:
         rm_shape = dataclasses.replace(full, logit_positions=0)
