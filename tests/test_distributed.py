@@ -169,6 +169,41 @@ def _build_sharded_scenario(info) -> dict:
     }
 
 
+def _fused_rollout_scenario(info, preset: str) -> dict:
+    """`rollout.fused` on an FSDP2-sharded actor: the snapshot gathers every shard, so each rank
+    samples exactly what one process with the whole model samples (same prompts, same seed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.rollout import StaticDecodeEngine
+    from trainer.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    policy = resolve_policy(preset)
+    special = dict(
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id
+    )
+    config = LlamaConfig(**{**CFG, "vocab_size": len(tok)}, **special, attn_implementation="sdpa")
+    torch.manual_seed(11)
+    base = LlamaForCausalLM(config).to(policy["actor"].param_dtype)
+    g = torch.Generator().manual_seed(100 + info.rank)  # each rank its own prompts, as in training
+    ids = torch.randint(4, len(tok), (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2], ids[0, :2] = 0, tok.pad_token_id
+    kw = dict(device="cpu", max_new_tokens=9, fused=True)
+    seed = 7 + info.rank
+    one = StaticDecodeEngine(base, tok, policy["rollout"], **kw).generate(ids, mask, generator_seed=seed)
+    sharded = D.shard_model(copy.deepcopy(base), policy["actor"])
+    engine = StaticDecodeEngine(sharded, tok, policy["rollout"], **kw)
+    got = engine.generate(ids, mask, generator_seed=seed)
+    return {
+        "param_is_dtensor": hasattr(next(iter(sharded.parameters())), "to_local"),
+        "engine_dtype": str(engine.engine_dtype),
+        "tokens_equal": torch.equal(one.response_ids, got.response_ids),
+        "logprobs_equal": torch.equal(one.logprobs, got.logprobs),
+        "tokens": got.response_ids.tolist(),
+    }
+
+
 def _worker_main(out_path: str) -> None:
     torch.set_num_threads(1)
     info = D.init_distributed("cpu")
@@ -180,6 +215,8 @@ def _worker_main(out_path: str) -> None:
     results["fp16_ours"] = _scenario(info, "fp16", fp16_scaler="ours")
     results["fp16_torch"] = _scenario(info, "fp16", fp16_scaler="torch")
     results["build_sharded"] = _build_sharded_scenario(info)
+    results["fused_fp32"] = _fused_rollout_scenario(info, "fp32")
+    results["fused_bf16"] = _fused_rollout_scenario(info, "bf16")
     per_rank = [None] * info.world_size
     torch.distributed.all_gather_object(per_rank, {k: v for k, v in results.items()})
     if info.is_main:
@@ -277,6 +314,15 @@ def test_build_sharded_initialises_local_shards(fsdp):
 
 
 # ---------------------------------------------------------------------- single-process unit tests
+@pytest.mark.parametrize("name", ["fused_fp32", "fused_bf16"])
+def test_fused_rollout_on_shards_samples_what_one_process_samples(fsdp, name):
+    for rank in fsdp:
+        r = rank[name]
+        assert r["param_is_dtensor"] and r["tokens_equal"] and r["logprobs_equal"], r
+        assert r["engine_dtype"] == ("torch.float32" if name == "fused_fp32" else "torch.bfloat16")
+    assert fsdp[0][name]["tokens"] != fsdp[1][name]["tokens"]  # the ranks sampled their own prompts
+
+
 def test_init_distributed_without_torchrun_is_single_process(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     info = D.init_distributed("cpu")

@@ -30,6 +30,12 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """Rotary types whose cos/sin depend on the position only (not on the sequence length seen)."""
 
 
+def _full(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The whole tensor: an FSDP2 (DTensor) shard is all-gathered (every rank calls this in the same
+    order, since every rank builds the same snapshot), a plain tensor is returned as it is."""
+    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+
+
 def _backbone(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "model", None)
 
@@ -75,7 +81,11 @@ class Shape:
 class FusedWeights:
     """The actor's weights in ``dtype`` at the moment of construction (a copy where the dtype differs
     or the layout is fused, a view otherwise). Per layer: input norm, [q; k; v] weight and bias,
-    o weight and bias, post-attention norm, [gate; up] weight and bias, down weight and bias."""
+    o weight and bias, post-attention norm, [gate; up] weight and bias, down weight and bias.
+
+    Under FSDP2 every rank gathers the whole model once here (one tensor at a time, cast as it
+    arrives), so the decode steps after it run without collectives, as an inference engine holding
+    the synced weights would."""
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
         why = unsupported(model)
@@ -85,6 +95,7 @@ class FusedWeights:
         cfg = model.config
         first = backbone.layers[0]
         self.dtype = dtype
+        self.device = backbone.norm.weight.device
         self.shape = Shape(
             heads=cfg.num_attention_heads,
             kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
@@ -94,8 +105,12 @@ class FusedWeights:
             scale=float(first.self_attn.scaling),
         )
         self._rotary = backbone.rotary_emb
-        self._own = {t.untyped_storage().data_ptr() for t in model.parameters()}
-        self.embed = backbone.embed_tokens.weight  # rows are gathered, then cast: no copy
+        self._own = {
+            (t.to_local() if hasattr(t, "to_local") else t).untyped_storage().data_ptr()
+            for t in model.parameters()
+        }
+        # rows are gathered, then cast: no copy (but the whole table when sharded)
+        self.embed = _full(backbone.embed_tokens.weight)
         with torch.no_grad():
             self.layers = [self._layer(layer) for layer in backbone.layers]
             self.norm = self._cast(backbone.norm.weight)
@@ -103,17 +118,17 @@ class FusedWeights:
             self.lm_head_bias = self._cast(getattr(model.lm_head, "bias", None))
 
     def _cast(self, t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.detach().to(self.dtype)
+        return None if t is None else _full(t.detach()).to(self.dtype)
 
     def _cat(self, *linears: torch.nn.Linear, bias: bool = False) -> torch.Tensor | None:
         parts = [lin.bias if bias else lin.weight for lin in linears]
         if bias and all(p is None for p in parts):
             return None
         parts = [
-            p if p is not None else torch.zeros(lin.weight.shape[0], device=lin.weight.device)
+            p if p is not None else torch.zeros(lin.weight.shape[0], device=self.device)
             for p, lin in zip(parts, linears)
         ]
-        return torch.cat([p.detach().to(self.dtype) for p in parts])
+        return torch.cat([_full(p.detach()).to(self.dtype) for p in parts])
 
     def _layer(self, layer: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
         a, m = layer.self_attn, layer.mlp

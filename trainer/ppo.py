@@ -247,15 +247,17 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
     examples = D.load_examples(config.data, seed=config.seed, pairs=False)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
-    if config.rollout.cuda_graphs and setup.dist.distributed:
+    # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
+    if config.rollout.cuda_graphs and setup.dist.distributed and not config.rollout.fused:
         raise ValueError(
             f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
-            "all-gathers, which a CUDA graph cannot capture); set rollout.cuda_graphs: false"
+            "all-gathers, which a CUDA graph cannot capture); set rollout.fused: true (decodes on a "
+            "snapshot gathered once per rollout) or rollout.cuda_graphs: false"
         )
-    if config.rollout.compile and setup.dist.distributed:
+    if config.rollout.compile and setup.dist.distributed and not config.rollout.fused:
         raise ValueError(
             f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
-            "FSDP2 shards is untested here); set rollout.compile: false"
+            "FSDP2 shards is untested here); set rollout.fused: true or rollout.compile: false"
         )
     engine = build_engine(
         setup.models["actor"],

@@ -12,7 +12,9 @@ seed, same logits -> same tokens); optionally the whole decode step (forward, sa
 captured once as a CUDA graph and replayed, and the single-token forward compiled by torch.compile
 (prefill stays eager). `build_engine` picks one from the ``rollout`` options.
 Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
-ended, since each forward all-gathers parameter shards with the other ranks.
+ended, since each forward all-gathers parameter shards with the other ranks -- except with
+``rollout.fused``, whose snapshot is gathered once per rollout, so its decode steps have no
+collectives (and may be compiled and captured as CUDA graphs under FSDP2 too).
 Exercised by `pytest tests/test_rollout.py tests/test_rollout_fast.py` and, on a GPU,
 `python benchmarks/rollout_bench.py`.
 """
@@ -492,6 +494,10 @@ class StaticDecodeEngine(HFGenerateEngine):
             ) from e
         return graph
 
+    def _any_row(self, unfinished: torch.Tensor) -> bool:
+        # the fused forward runs on a gathered snapshot, without collectives: each rank may stop alone
+        return bool(unfinished.any()) if self.fused else _any_rank(unfinished)
+
     def _step_autocast(self) -> contextlib.AbstractContextManager:
         # autocast's weight-cast cache does not survive capture: cast inside the step on every run
         # (eagerly too: each step enters its own autocast, so the cache never outlived a step anyway)
@@ -563,7 +569,7 @@ class StaticDecodeEngine(HFGenerateEngine):
                 h0 = self._sync()
                 self.on_decode_ready(graph.replay if graph is not None else step, st)
                 hook_s = self._sync() - h0
-            if (t + 1) % self.check_every == 0 and t + 1 < r and not _any_rank(st["unfinished"]):
+            if (t + 1) % self.check_every == 0 and t + 1 < r and not self._any_row(st["unfinished"]):
                 n = t + 1  # every row (of every rank) has ended: HF's generate stops here too
                 break
         t2 = self._sync()

@@ -509,15 +509,21 @@ def frozen_forward_phase(
     return Phase(f"{name}: forward", parts)
 
 
-def fused_snapshot_bytes(arch: Architecture, d: ActDtypes) -> int:
+def fused_snapshot_bytes(
+    arch: Architecture, d: ActDtypes, *, sharded: bool = False, param_bytes: int = 0
+) -> int:
     """What `trainer.fused_decode.FusedWeights` holds beyond the model: the concatenated q/k/v and
     gate/up weights (and biases) in the rollout dtype; when the weights are stored in another dtype,
     every other weight of the layers, the final norm and the LM head cast as well (the embedding is
-    gathered, then cast, so it is never copied)."""
+    gathered, then cast, so it is never copied). ``sharded`` (FSDP2): every rank gathers the whole
+    model, so all of it is held, the embedding table in its stored dtype (``param_bytes``)."""
     h, i = arch.hidden_size, arch.intermediate_size
     qkv = h * (arch.q_dim + 2 * arch.kv_dim) + (arch.q_dim + 2 * arch.kv_dim if arch.qkv_bias else 0)
     gate_up = 2 * h * i + (2 * i if arch.mlp_bias else 0)
     elems = arch.num_layers * (qkv + gate_up)
+    if sharded:
+        head = arch.vocab_size * h
+        return d.c * (arch.num_layers * arch.layer_params + h + head) + param_bytes * arch.embed_params
     if d.casts:
         rest = arch.layer_params - qkv - gate_up
         elems += arch.num_layers * rest + h + arch.vocab_size * h
@@ -544,10 +550,13 @@ def generate_phase(
     total = prompt_len + new_tokens
     kv_layer = 2 * sequences * total * arch.kv_dim * d.c
     if fused:
-        _add(parts, "rollout fused weight snapshot", fused_snapshot_bytes(arch, d))
+        snapshot = fused_snapshot_bytes(
+            arch, d, sharded=world_size > 1, param_bytes=nbytes(policy.param_dtype)
+        )
+        _add(parts, "rollout fused weight snapshot", snapshot)
     else:
         _add(parts, "rollout autocast weight copies", d.c * arch.matmul_params("causal_lm") if d.casts else 0)
-    _add(parts, "rollout FSDP gathered layers", 2 * arch.layer_params * d.c if world_size > 1 else 0)
+        _add(parts, "rollout FSDP gathered layers", 2 * arch.layer_params * d.c if world_size > 1 else 0)
     # DynamicCache grows by torch.cat: the layer being extended exists twice for a moment.
     _add(parts, "rollout KV cache", kv_layer * (arch.num_layers + 1))
     prefill = sequences * prompt_len
