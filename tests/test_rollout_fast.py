@@ -91,14 +91,17 @@ def test_rows_that_end_are_padded_and_all_ended_stops_early():
     assert fast.last_stats["decode_steps"] == min(-(-last // 8) * 8, R) - 1
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["hf-forward", "fused"])
 @settings(max_examples=8, deadline=None)
 @given(
     pads=st.lists(st.integers(min_value=0, max_value=6), min_size=2, max_size=2),
     seed=st.integers(min_value=0, max_value=2**16),
 )
-def test_any_left_padding_gives_hf_tokens(pads, seed):
+def test_any_left_padding_gives_hf_tokens(fused, pads, seed):
+    """Our decode loop, over the HF forward or `rollout.fused`'s own (tests/test_fused_decode.py)."""
     actor, policy = _ACTOR
-    hf, fast = _both(actor, policy)
+    hf = HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
+    fast = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, fused=fused)
     ids = torch.randint(4, len(TOK), (2, 8), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones_like(ids)
     for row, n in enumerate(pads):
@@ -294,3 +297,24 @@ def test_compiled_step_captured_replays_the_compiled_eager_loop(preset):
     assert graphs.name == "static-decode+compile+cuda-graphs"
     _assert_graph_replays_eager(eager, graphs)
     assert graphs.last_stats["capture_s"] > 0 and graphs.last_stats["compile_s"] == 0
+
+
+@pytest.mark.parametrize("engine_cls", [HFGenerateEngine, StaticDecodeEngine])
+def test_rollout_carries_left_padding_to_its_micro_batches(engine_cls):
+    """A rollout knows whether its prompts were left-padded (read once from the prompt mask), and a
+    micro-batch of it keeps that, so its training forwards read no mask back from the device."""
+    from tests.test_attention_mask import _HostReads
+    from trainer.ppo import _select
+
+    actor, policy = _ACTOR
+    engine = engine_cls(actor, TOK, policy, device=CPU, max_new_tokens=4)
+    batch = _batch()
+    r = engine.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=0)
+    assert r.left_padded is True
+    sub = _select(r, torch.tensor([0, 1]))  # row 0's prompt has 1 pad, as a micro-batch it is a new mask
+    assert sub.left_padded is True and sub.attention_mask.data_ptr() != r.attention_mask.data_ptr()
+    with _HostReads() as reads, torch.no_grad():
+        sequence_logprobs(actor, sub.input_ids, sub.attention_mask, 4, left_padded=sub.left_padded)
+    assert reads.n == 0
+    unpadded = engine.generate(batch["input_ids"][:, 5:], batch["attention_mask"][:, 5:], generator_seed=0)
+    assert batch["attention_mask"][:, 5:].all() and unpadded.left_padded is False

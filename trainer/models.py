@@ -349,8 +349,9 @@ class ValueModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None = None,
+        left_padded: bool | None = None,
     ) -> torch.Tensor:
-        attn = attention_inputs(self.backbone, attention_mask)
+        attn = attention_inputs(self.backbone, attention_mask, left_padded=left_padded)
         if position_ids is not None:
             attn["position_ids"] = position_ids
         out = self.backbone(input_ids=input_ids, use_cache=False, **attn)

@@ -71,9 +71,10 @@ def rollout_metrics(rollout, old_logprobs: torch.Tensor) -> dict[str, float]:
     }
 
 
-def critic_values(critic, input_ids, attention_mask, response_length: int) -> torch.Tensor:
+def critic_values(critic, input_ids, attention_mask, response_length: int, left_padded=None) -> torch.Tensor:
     """Values [B, R] of the states before each response token (positions P-1 .. P+R-2), fp32."""
-    values = critic(input_ids, attention_mask, position_ids=position_ids_for(attention_mask))
+    kw = {} if left_padded is None else {"left_padded": left_padded}
+    values = critic(input_ids, attention_mask, position_ids=position_ids_for(attention_mask), **kw)
     return values[:, -(response_length + 1) : -1].float()
 
 
@@ -88,6 +89,7 @@ def reference_logprobs(setup: Setup, observer: Observer, rollout) -> torch.Tenso
             rollout.attention_mask,
             r,
             temperature=setup.config.algo.temperature,
+            left_padded=rollout.left_padded,
         )
     observer.on_forward(role="reference", name="ref_logprobs", output=ref_logprobs)
     return ref_logprobs
@@ -105,6 +107,7 @@ def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool):
             r,
             temperature=setup.config.algo.temperature,
             compute_entropy=entropy,
+            left_padded=rollout.left_padded,
         )
 
 
@@ -166,7 +169,7 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
                 idx = mini[micro].to(setup.device)
                 sub = _select(rollout, idx)
                 with setup.autocast("critic"):
-                    values = critic_values(model, sub.input_ids, sub.attention_mask, r)
+                    values = critic_values(model, sub.input_ids, sub.attention_mask, r, sub.left_padded)
                 observer.on_forward(role="critic", name="values", output=values)
                 vf_loss, vf_clipfrac = L.value_loss(
                     values, old_values[idx], returns[idx], sub.response_mask, algo.value_clip
@@ -296,7 +299,9 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
                 ref_logprobs = reference_logprobs(setup, observer, rollout)
         with observer.phase("critic"):
             with torch.no_grad(), setup.autocast("critic"):
-                values = critic_values(critic, rollout.input_ids, rollout.attention_mask, r)
+                values = critic_values(
+                    critic, rollout.input_ids, rollout.attention_mask, r, rollout.left_padded
+                )
             observer.on_forward(role="critic", name="values", output=values)
 
         with observer.phase("actor_update"):

@@ -54,6 +54,10 @@ class Rollout:
     """Long[B, P+R]: prompt then response."""
     attention_mask: torch.Tensor
     """Long[B, P+R]: prompt mask then response mask."""
+    left_padded: bool | None = None
+    """Whether any row starts with padding (a left-padded prompt), read from the prompt mask once per
+    rollout: the training forwards over its rows pass it on instead of reading each micro-batch's
+    mask back from the device (`trainer.logprobs.attention_inputs`). None: not known."""
 
     def responses_text(self, tokenizer) -> list[str]:
         """Decoded responses, special tokens (eos) and padding dropped."""
@@ -196,6 +200,8 @@ class HFGenerateEngine:
     ) -> Rollout:
         """Samples ``num_samples`` responses per prompt (rows repeat each prompt consecutively)."""
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        # one read per rollout, on the collator's CPU mask when that is what came in
+        left_padded = bool((prompt_mask[:, 0] == 0).any()) if prompt_mask.numel() else False
         prompt_ids = prompt_ids.to(self.device).repeat_interleave(num_samples, dim=0)
         prompt_mask = prompt_mask.to(self.device).repeat_interleave(num_samples, dim=0)
         was_training = self.model.training
@@ -205,7 +211,8 @@ class HFGenerateEngine:
                 generated, logprobs = self._decode(prompt_ids, prompt_mask, pad, eos)
         finally:
             self.model.train(was_training)
-        return _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+        rollout = _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
+        return dataclasses.replace(rollout, left_padded=left_padded)
 
     def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated columns [B, n] and their log-probs, through ``model.generate``."""
