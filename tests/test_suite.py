@@ -50,9 +50,11 @@ def test_llama7b_suite_is_the_seed_experiment():
         "fp32": ("fp32", "full_shard"),
     }
     assert s.variants["bf16-ckpt"].precision.grad_checkpointing is True
-    # 2 ranks: every global size splits evenly; graphs stay off (decode steps hold FSDP2 all-gathers)
+    # 2 ranks: every global size splits evenly; the rollout decodes fused (a snapshot gathered once
+    # per rollout), the only way CUDA graphs and compile are allowed under FSDP2
     assert algo.batch_size % 2 == 0 and algo.mini_batch_size % 2 == 0
-    assert s.train.rollout.cache == "static" and not s.train.rollout.cuda_graphs
+    r = s.train.rollout
+    assert (r.cache, r.fused, r.cuda_graphs, r.compile) == ("static", True, True, True)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
