@@ -166,3 +166,36 @@ def test_bf16_pure_low_lr_reports_lost_updates_end_to_end():
         one_step(a, model, lm_loss, policy, lr=1e-6)
     [f] = a.findings.find("numerics/update_underflow")
     assert f.observed["fraction"] > 0.9
+
+
+def test_full_level_reads_the_step_back_once_not_per_module(monkeypatch):
+    """The hooks keep every maximum on the device; the auditor reads them when it settles at the
+        optimizer step (one read per device), then replays them in call order. Counted: reads of values
+        back to the host while a hooked forward + backward runs (none beyond the model's own; the code before
+    this read 122 times here), and the reads of the flush (one ``tolist`` of every value)."""
+    from tests.test_attention_mask import _HostReads
+
+    policy = resolve_policy("fp32")
+    model = tiny_llama()
+    lm_loss(model).backward()  # HF reads once on a model's first call; not counted
+    with _HostReads() as plain:  # what the model itself reads (HF's own code), without hooks
+        lm_loss(model).backward()
+    with Auditor(settings=AuditSettings(level="full", full_steps=1, every=0)) as a:
+        a.on_setup(config={}, policy=policy, models={"actor": model}, tokenizer_info=TOK)
+        a.on_step_start(0)
+        with a.phase("actor_update"), _HostReads() as reads:
+            loss = lm_loss(model)
+            loss.backward()
+        assert reads.n == plain.n  # the hooks added none
+        assert len(a.probe._log) > 2 * len(list(model.modules()))  # forwards + gradients, recorded
+        tolist, calls = torch.Tensor.tolist, []
+
+        def counted(t):
+            calls.append(t.numel())
+            return tolist(t)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counted)
+        a.probe.flush()
+        monkeypatch.undo()
+        assert len(calls) == 1 and calls[0] > 2 * len(list(model.modules())) and a.probe._log == []
+        assert 0 < a.probe.absmax["actor"] < float("inf")  # replayed: the step's largest activation

@@ -260,6 +260,8 @@ class Auditor(Observer):
     def _settle(self) -> None:
         """Reads the step's pending boundary checks with one host read (a point where the trainer has
         synced anyway: the optimizer step, the step end, a failure) and turns them into findings."""
+        if self.probe is not None:
+            self.probe.flush()  # the full level's per-module maxima, read in the same sync
         checks, self._checks = self._checks, []
         if not checks:
             return
