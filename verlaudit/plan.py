@@ -432,9 +432,13 @@ def plan_suite(suite: Any, *, gpus: int | None = None, memory_gb: float | None =
 
 
 def _ckpt_words(pc: Any) -> str:
-    if pc.grad_checkpointing is False or pc.checkpoint_layers is None:
-        return str(pc.grad_checkpointing)
-    return f"{pc.grad_checkpointing} (first {pc.checkpoint_layers} layers)"
+    if pc.grad_checkpointing is False:
+        return "off"
+    if pc.checkpoint_layers is None:
+        return "all layers" if pc.grad_checkpointing else str(pc.grad_checkpointing)
+    if pc.checkpoint_layers == 0:
+        return "none of the layers"  # selective checkpointing chose (or was told) to keep every layer's activations
+    return f"first {pc.checkpoint_layers} layers"
 
 
 def render(plans: list[VariantPlan]) -> str:
