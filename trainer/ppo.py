@@ -73,8 +73,8 @@ def rollout_metrics(rollout, old_logprobs: torch.Tensor) -> dict[str, float]:
 
 def critic_values(critic, input_ids, attention_mask, response_length: int, left_padded=None) -> torch.Tensor:
     """Values [B, R] of the states before each response token (positions P-1 .. P+R-2), fp32."""
-    kw = {} if left_padded is None else {"left_padded": left_padded}
-    values = critic(input_ids, attention_mask, position_ids=position_ids_for(attention_mask), **kw)
+    position_ids = position_ids_for(attention_mask)
+    values = critic(input_ids, attention_mask, position_ids=position_ids, left_padded=left_padded)
     return values[:, -(response_length + 1) : -1].float()
 
 

@@ -32,7 +32,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, StaticLayer
 
 from trainer import fused_decode
-from trainer.logprobs import additive_mask, causal_mask_with_self
+from trainer.logprobs import additive_mask, causal_mask_with_self, has_left_padding
 from trainer.precision import RolePolicy, dtype_name
 
 
@@ -201,7 +201,7 @@ class HFGenerateEngine:
         """Samples ``num_samples`` responses per prompt (rows repeat each prompt consecutively)."""
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         # one read per rollout, on the collator's CPU mask when that is what came in
-        left_padded = bool((prompt_mask[:, 0] == 0).any()) if prompt_mask.numel() else False
+        left_padded = has_left_padding(prompt_mask) if prompt_mask.numel() else False
         prompt_ids = prompt_ids.to(self.device).repeat_interleave(num_samples, dim=0)
         prompt_mask = prompt_mask.to(self.device).repeat_interleave(num_samples, dim=0)
         was_training = self.model.training
@@ -211,8 +211,16 @@ class HFGenerateEngine:
                 generated, logprobs = self._decode(prompt_ids, prompt_mask, pad, eos)
         finally:
             self.model.train(was_training)
-        rollout = _to_rollout(prompt_ids, prompt_mask, generated, logprobs, self.max_new_tokens, pad, eos)
-        return dataclasses.replace(rollout, left_padded=left_padded)
+        return _to_rollout(
+            prompt_ids,
+            prompt_mask,
+            generated,
+            logprobs,
+            self.max_new_tokens,
+            pad,
+            eos,
+            left_padded=left_padded,
+        )
 
     def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated columns [B, n] and their log-probs, through ``model.generate``."""
@@ -265,7 +273,9 @@ def _any_rank(unfinished: torch.Tensor) -> bool:
     return bool(flag)
 
 
-def _to_rollout(prompt_ids, prompt_mask, generated, logprobs, r: int, pad: int, eos: int) -> Rollout:
+def _to_rollout(
+    prompt_ids, prompt_mask, generated, logprobs, r: int, pad: int, eos: int, left_padded: bool | None = None
+) -> Rollout:
     """Pads the generated columns to exactly ``r``, masks everything after the first eos."""
     b, n = generated.shape
     response = torch.full((b, r), pad, dtype=torch.long, device=generated.device)
@@ -287,6 +297,7 @@ def _to_rollout(prompt_ids, prompt_mask, generated, logprobs, r: int, pad: int, 
         logprobs=lp,
         input_ids=torch.cat([prompt_ids, response], dim=1),
         attention_mask=torch.cat([prompt_mask.long(), mask], dim=1),
+        left_padded=left_padded,
     )
 
 
@@ -397,8 +408,8 @@ class StaticDecodeEngine(HFGenerateEngine):
     ) -> None:
         super().__init__(model, tokenizer, policy, **kwargs)
         attn = getattr(model.config, "_attn_implementation", "eager")
-        if fused and (why := fused_decode.unsupported(model)) is not None:
-            raise ValueError(f"rollout.fused: {why}; set rollout.fused: false")
+        if fused:
+            fused_decode.require_supported(model)  # at construction, not at the first rollout
         if attn not in ("sdpa", "eager") and not fused:
             raise ValueError(
                 f"rollout.cache: static passes an explicit 4D attention mask, which {attn!r} attention does "
