@@ -195,7 +195,14 @@ def _fused_rollout_scenario(info, preset: str) -> dict:
     sharded = D.shard_model(copy.deepcopy(base), policy["actor"])
     engine = StaticDecodeEngine(sharded, tok, policy["rollout"], **kw)
     got = engine.generate(ids, mask, generator_seed=seed)
+    from trainer.fused_decode import FusedWeights
+
+    # gathered, every weight is held anew: the embedding in its stored dtype, the rest in the rollout's
+    embed = base.model.embed_tokens.weight
+    rest = sum(p.numel() for p in base.parameters()) - embed.numel()
+    expected = embed.numel() * embed.element_size() + rest * torch.finfo(engine.engine_dtype).bits // 8
     return {
+        "snapshot_bytes": [FusedWeights(sharded, engine.engine_dtype).nbytes(), expected],
         "param_is_dtensor": hasattr(next(iter(sharded.parameters())), "to_local"),
         "engine_dtype": str(engine.engine_dtype),
         "tokens_equal": torch.equal(one.response_ids, got.response_ids),
@@ -320,6 +327,7 @@ def test_fused_rollout_on_shards_samples_what_one_process_samples(fsdp, name):
         r = rank[name]
         assert r["param_is_dtensor"] and r["tokens_equal"] and r["logprobs_equal"], r
         assert r["engine_dtype"] == ("torch.float32" if name == "fused_fp32" else "torch.bfloat16")
+        assert r["snapshot_bytes"][0] == r["snapshot_bytes"][1]  # the gathered embedding counted too
     assert fsdp[0][name]["tokens"] != fsdp[1][name]["tokens"]  # the ranks sampled their own prompts
 
 

@@ -132,10 +132,15 @@ def _kernels(interpret: bool):
     return partial_kernel, combine_kernel
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 def _parts(rows_heads: int, slots: int, device: torch.device) -> int:
     """How many programs share one (row, head)'s slots: enough programs for every SM to hold a few,
     at least one `BLOCK` of slots each, a power of two (the combine kernel's width)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    sms = _sm_count(device)
     want = max(1, math.ceil(8 * sms / rows_heads))
     most = max(1, slots // BLOCK)
     return 1 << (min(want, most).bit_length() - 1)

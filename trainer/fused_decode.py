@@ -66,6 +66,13 @@ def unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
+def require_supported(model: torch.nn.Module) -> None:
+    """Raises the ValueError that names why `FusedWeights` cannot take ``model``."""
+    why = unsupported(model)
+    if why is not None:
+        raise ValueError(f"rollout.fused: {why}; set rollout.fused: false")
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     """The static numbers of the forward (Python constants under torch.compile)."""
@@ -88,9 +95,7 @@ class FusedWeights:
     the synced weights would."""
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
-        why = unsupported(model)
-        if why is not None:
-            raise ValueError(f"rollout.fused: {why}; set rollout.fused: false")
+        require_supported(model)
         backbone = _backbone(model)
         cfg = model.config
         first = backbone.layers[0]
@@ -148,7 +153,9 @@ class FusedWeights:
     def nbytes(self) -> int:
         """Bytes this snapshot holds beyond the model's own tensors."""
         seen, total = set(self._own), 0
-        for t in [self.norm, self.lm_head, self.lm_head_bias, *(t for layer in self.layers for t in layer)]:
+        # the embedding is the model's own table, except under FSDP2, where it was gathered
+        held = [self.embed, self.norm, self.lm_head, self.lm_head_bias]
+        for t in [*held, *(t for layer in self.layers for t in layer)]:
             if t is not None and t.untyped_storage().data_ptr() not in seen:
                 seen.add(t.untyped_storage().data_ptr())
                 total += t.numel() * t.element_size()
