@@ -22,6 +22,7 @@ recorded, not asserted. Writes rollout_bench.json and rollout_bench.md under --o
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -80,42 +81,40 @@ def environment(dev: torch.device) -> dict:
     return env
 
 
+def _median_seconds(fn) -> float:
+    """Device seconds of ``fn()`` between CUDA events: median of 10 after 3 warm-ups."""
+    times = []
+    for i in range(13):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        if i >= 3:
+            times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
 def copy_bandwidth(dev: torch.device) -> float:
-    """Device-to-device copy, bytes read + written per second (median of 10 after 3 warm-ups)."""
+    """Device-to-device copy, bytes read + written per second."""
     if dev.type != "cuda":
         return float("nan")
     src = torch.empty(2 * GIB, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    times = []
-    for i in range(13):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        if i >= 3:
-            times.append(a.elapsed_time(b) / 1e3)
+    seconds = _median_seconds(functools.partial(dst.copy_, src))
     del src, dst
-    return 2 * 2 * GIB / statistics.median(times)
+    return 2 * 2 * GIB / seconds
 
 
 def read_bandwidth(dev: torch.device) -> float:
-    """Bytes read per second by a reduction over 4 GiB of bf16 (median of 10 after 3 warm-ups): the
-    rate a decode step's weight and K/V reads can reach at best."""
+    """Bytes read per second by a reduction over 4 GiB of bf16: the rate a decode step's weight and
+    K/V reads can reach at best."""
     if dev.type != "cuda":
         return float("nan")
     src = torch.ones(2 * GIB, dtype=torch.bfloat16, device=dev)
-    times = []
-    for i in range(13):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        src.sum(dtype=torch.float32)
-        b.record()
-        b.synchronize()
-        if i >= 3:
-            times.append(a.elapsed_time(b) / 1e3)
+    seconds = _median_seconds(functools.partial(src.sum, dtype=torch.float32))
     del src
-    return 4 * GIB / statistics.median(times)
+    return 4 * GIB / seconds
 
 
 def build(preset: str, dev: torch.device):
