@@ -15,8 +15,10 @@ from trainer import losses as L
 from trainer.common import StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
+from trainer.mismatch import weighted_advantages
 from trainer.ppo import (
     actor_logprobs,
+    correct_rollout,
     generate,
     prepare,
     reference_logprobs,
@@ -49,14 +51,19 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
 
         with observer.phase("actor_update"):
             with torch.no_grad():
-                old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
+                old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
-            metrics = rollout_metrics(rollout, old_logprobs)
+            metrics = rollout_metrics(
+                rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
+            )
             if ref_logprobs is not None:
                 kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_estimator)
                 metrics["rollout/kl_ref"] = float(L.masked_mean(kl, mask))
-            advantages = L.grpo_advantages(scores, g)[:, None] * mask.float()
-            metrics.update(update_actor(setup, observer, rollout, old_logprobs, advantages, ref_logprobs))
+            train, is_weights, corr_metrics = correct_rollout(setup, rollout, old_logprobs)
+            metrics.update(corr_metrics)
+            advantages = L.grpo_advantages(scores, g)[:, None] * train.response_mask.float()
+            weighted = weighted_advantages(advantages, is_weights)
+            metrics.update(update_actor(setup, observer, train, old_logprobs, weighted, ref_logprobs))
 
         metrics.update({
             "critic/score/mean": float(scores.mean()),

@@ -29,6 +29,7 @@ from trainer.common import (
 )
 from trainer.config import TrainConfig
 from trainer.events import Observer
+from trainer.mismatch import weighted_advantages
 
 
 def score_responses(
@@ -57,18 +58,31 @@ def score_responses(
     return scores
 
 
-def rollout_metrics(rollout, old_logprobs: torch.Tensor) -> dict[str, float]:
-    """Rollout vs training log-probs of the same tokens (verl ``rollout_corr/...``): a bf16 engine
-    feeding an fp32 trainer shows up here. ``kl`` is the k1 estimate of KL(rollout || actor)
-    (tokens were sampled by the rollout engine)."""
-    mask = rollout.response_mask
-    diff = rollout.logprobs.float() - old_logprobs
-    absdiff = diff.abs() * mask
-    return {
-        "rollout_corr/kl": float(L.masked_mean(diff, mask)),
-        "rollout_corr/abs_diff_mean": float(L.masked_mean(diff.abs(), mask)),
-        "rollout_corr/abs_diff_max": float(absdiff.max()) if absdiff.numel() else 0.0,
-    }
+def rollout_metrics(rollout, old_logprobs: torch.Tensor, entropy=None, ratio_bound: float = 2.0) -> dict:
+    """Rollout vs training log-probs of the same tokens (`trainer.mismatch.mismatch_metrics`: verl's
+    ``training/rollout_probs_diff_*`` and ``rollout_corr/...``, whatever the engine): a bf16 engine
+    feeding an fp32 trainer shows up here. Plus what the engine reported with the rollout (a weight
+    sync's ``rollout/weight_sync_*``)."""
+    from trainer.mismatch import mismatch_metrics
+
+    metrics = mismatch_metrics(
+        rollout.logprobs, old_logprobs, rollout.response_mask, entropy=entropy, ratio_bound=ratio_bound
+    )
+    return {**metrics, **rollout.metrics}
+
+
+def correct_rollout(setup: Setup, rollout, old_logprobs: torch.Tensor):
+    """verl's rollout correction (``rollout_correction``), between the KL reward and the advantages as
+    in verl: the rollout with rejected tokens out of its response mask (what GAE and both updates see),
+    the truncated importance weights (or None) and their ``rollout_corr/`` metrics."""
+    import dataclasses
+
+    from trainer.mismatch import rollout_correction
+
+    c = rollout_correction(
+        rollout.logprobs, old_logprobs, rollout.response_mask, setup.config.rollout_correction
+    )
+    return dataclasses.replace(rollout, response_mask=c.mask), c.weights, c.metrics
 
 
 def critic_values(critic, input_ids, attention_mask, response_length: int, left_padded=None) -> torch.Tensor:
@@ -218,6 +232,9 @@ def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
 
 def generate(setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1):
     """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times)."""
+    sync = engine.sync_weights()  # vLLM: the actor's weights after the last update, pushed and probed
+    if sync is not None:
+        observer.on_weight_sync(**sync)
     batch = collator(examples)
     observer.on_batch(role="actor", batch=batch, source=source)
     ids = batch["input_ids"].to(setup.device)
@@ -228,6 +245,10 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
         num_samples=num_samples,
         generator_seed=rollout_seed(setup.config.seed, step, setup.dist.rank),
     )
+    if sync is not None:
+        from trainer.vllm_engine import weight_sync_metrics
+
+        rollout.metrics.update(weight_sync_metrics(sync))
     observer.on_rollout(
         engine=engine.name,
         engine_dtype=engine.engine_dtype,
@@ -270,10 +291,16 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
         max_new_tokens=config.data.response_length,
         temperature=algo.temperature,
         top_k=algo.top_k,
-        cache=config.rollout.cache,
+        top_p=config.rollout.top_p,
+        engine=config.rollout.engine,
         cuda_graphs=config.rollout.cuda_graphs,
         compile=config.rollout.compile,
-        fused=config.rollout.fused,
+        vllm={
+            "max_model_len": config.data.prompt_length + config.data.response_length,
+            "kv_cache_gib": config.rollout.vllm_kv_cache_gib,
+            "probe_tokens": config.rollout.vllm_probe_tokens,
+            "seed": config.seed,
+        },
     )
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     return setup, source, collator, reward_name, reward_fn, engine, batches
@@ -306,9 +333,11 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
 
         with observer.phase("actor_update"):
             with torch.no_grad():
-                old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
+                old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
-            metrics = rollout_metrics(rollout, old_logprobs)
+            metrics = rollout_metrics(
+                rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
+            )
             kl = None
             if ref_logprobs is not None:
                 kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_estimator)
@@ -316,12 +345,16 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
             token_rewards = L.token_level_rewards(
                 scores, mask, kl if algo.kl_in_reward else None, algo.kl_coef
             )
-            advantages, returns = L.compute_gae(token_rewards, values, mask, algo.gamma, algo.lam)
+            train, is_weights, corr_metrics = correct_rollout(setup, rollout, old_logprobs)
+            metrics.update(corr_metrics)
+            tmask = train.response_mask  # the mask itself when no correction is configured
+            advantages, returns = L.compute_gae(token_rewards, values, tmask, algo.gamma, algo.lam)
             if algo.normalize_advantages:
-                advantages = L.masked_whiten(advantages, mask)
-            metrics.update(update_actor(setup, observer, rollout, old_logprobs, advantages, ref_logprobs))
+                advantages = L.masked_whiten(advantages, tmask)
+            weighted = weighted_advantages(advantages, is_weights)
+            metrics.update(update_actor(setup, observer, train, old_logprobs, weighted, ref_logprobs))
         with observer.phase("critic_update"):
-            metrics.update(update_critic(setup, observer, rollout, values, returns))
+            metrics.update(update_critic(setup, observer, train, values, returns))
 
         metrics.update({
             "critic/score/mean": float(scores.mean()),
