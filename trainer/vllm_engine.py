@@ -21,7 +21,13 @@ What it does, and why:
   random generators (torch, numpy, Python) and replaces ``torch.set_num_threads`` with a no-op (its CPU
   worker expects to have bound OpenMP threads, which only the multi-process executor does); both are
   restored after construction, and every call into vLLM runs under a fork of the global torch RNG
-  (its CPU sampler draws from it every step even when each request has its own seed).
+  (its CPU sampler draws from it every step even when each request has its own seed). Not put back:
+  the CPU worker binds this process's memory allocations to the NUMA node of its first allowed CPU
+  (``init_cpu_memory_env``, MEMBIND); on a one-node machine that changes nothing, on several nodes the
+  trainer's allocations then come from that node too.
+- One engine per process: vLLM keeps its parallel state process-global and tears it down when an
+  engine shuts down, which would break any other engine still open. Building a second while one is
+  open is refused; `close` shuts one down.
 
 vLLM is optional: `require_vllm` raises the install command when it is absent. Exercised by
 `pytest -m vllm tests/test_vllm_engine.py` (skipped without vLLM).
@@ -31,13 +37,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib.util
 import os
 import random
 import sys
 import tempfile
 import time
-from typing import Any
+import weakref
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -104,6 +112,8 @@ class VLLMEngine:
     """The rollout engine of ``rollout.engine: vllm``; see the module docstring."""
 
     name = "vllm"
+    _open: ClassVar[weakref.ref | None] = None
+    """The engine open in this process, if any (see the module docstring)."""
 
     def __init__(
         self,
@@ -132,6 +142,14 @@ class VLLMEngine:
             raise ValueError("rollout.engine: vllm runs in one process; launch without torchrun")
         if policy.compute_dtype not in _VLLM_DTYPES:
             raise ValueError(f"rollout.engine: vllm has no {dtype_name(policy.compute_dtype)} model dtype")
+        gc.collect()  # an engine nobody holds any more shuts down when collected
+        other = VLLMEngine._open() if VLLMEngine._open is not None else None
+        if other is not None and other.llm is not None:
+            raise ValueError(
+                "rollout.engine: vllm: another vLLM engine is open in this process, and vLLM's parallel state "
+                "is per process; close() it first"
+            )
+        self.llm = None
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.max_new_tokens = int(max_new_tokens)
         self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
@@ -158,6 +176,14 @@ class VLLMEngine:
         config.architectures = [type(model).__name__]
         config.save_pretrained(self._dir.name)
         self.llm = self._build(seed, kv_cache_gib)
+        VLLMEngine._open = weakref.ref(self)
+
+    def close(self) -> None:
+        """Shuts the engine down (frees its KV cache and weights; vLLM's process-wide state goes too)."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+        self._dir.cleanup()
 
     def _build(self, seed: int, kv_cache_gib: int):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs every engine step at INFO
