@@ -60,7 +60,15 @@ def _assert_same(a, b, atol=1e-5):
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("kw", [{}, {"temperature": 0.6}, {"temperature": 0.6, "top_k": 5}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"temperature": 0.6},
+        {"temperature": 0.6, "top_k": 5},
+        {"temperature": 0.6, "top_k": 50, "top_p": 0.5},
+    ],
+)
 def test_static_engine_matches_hf_generate(kw):
     actor, policy = _actor()
     hf, fast = _both(actor, policy, **kw)
@@ -71,7 +79,7 @@ def test_static_engine_matches_hf_generate(kw):
     _assert_same(a, b)
     assert fast.name == "static-decode" and fast.last_stats["decode_steps"] == R - 1
     if fast.top_k:
-        return  # top-k renormalisation is checked against recomputation in tests/test_rollout.py
+        return  # top-k / top-p renormalisation is checked against recomputation in tests/test_rollout.py
     with torch.no_grad():
         lp, _ = sequence_logprobs(actor, b.input_ids, b.attention_mask, R, temperature=hf.temperature)
     m = b.response_mask.bool()
