@@ -312,11 +312,11 @@ def resolve_engine(
 class RolloutConfig(_Section):
     engine: str | None = None
     """``hf``, ``static``, ``fused`` or ``vllm`` (`ENGINES`). Unset: chosen by ``cache`` and ``fused``
-    as before this key existed (``hf`` unless ``cache: static``). Resolved once: after validation it
-    always names the engine, and ``cache`` / ``fused`` agree with it."""
+    as before this key existed (``hf`` unless ``cache: static``); `kind` is the engine either way. The
+    keys stay as written (a suite variant may set ``engine`` over a base that set none)."""
     cache: str | None = None
     """Older spelling of the engine: ``dynamic`` (``engine: hf``) or ``static`` (``engine: static``,
-    or ``fused`` with ``fused: true``). Unset: follows ``engine``; ``null`` for vLLM."""
+    or ``fused`` with ``fused: true``). Unset: follows ``engine``."""
     cuda_graphs: bool = False
     """Capture the single-token decode step as a CUDA graph (needs ``engine: static`` or ``fused`` and
     CUDA; not with several ranks, where each decode step contains FSDP2 all-gathers that cannot be
@@ -342,14 +342,15 @@ class RolloutConfig(_Section):
     """``engine: vllm``: after each weight push, the engine's teacher-forced log-probs of this many
     fixed tokens are compared with the actor's own (``rollout/weight_sync_probe_*``); 0 skips it."""
 
-    def __post_init__(self) -> None:
-        engine = resolve_engine(
+    @property
+    def kind(self) -> str:
+        """The engine these keys select (`ENGINES`)."""
+        return resolve_engine(
             self.engine, self.cache, self.fused, cuda_graphs=self.cuda_graphs, compile=self.compile, where=""
         )
-        # resolved once: readers of the older keys (the planner's ``cache == static and fused``) agree
-        object.__setattr__(self, "engine", engine)
-        object.__setattr__(self, "cache", _ENGINE_CACHE[engine])
-        object.__setattr__(self, "fused", engine == "fused")
+
+    def __post_init__(self) -> None:
+        self.kind  # noqa: B018 - validates the engine keys together (ValueError naming the field)
         _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(
             self.vllm_kv_cache_gib >= 1, "vllm_kv_cache_gib", f"must be >= 1, got {self.vllm_kv_cache_gib}"

@@ -272,13 +272,14 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
     # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
-    if config.rollout.cuda_graphs and setup.dist.distributed and not config.rollout.fused:
+    fused = config.rollout.kind == "fused"
+    if config.rollout.cuda_graphs and setup.dist.distributed and not fused:
         raise ValueError(
             f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
             "all-gathers, which a CUDA graph cannot capture); set rollout.fused: true (decodes on a "
             "snapshot gathered once per rollout) or rollout.cuda_graphs: false"
         )
-    if config.rollout.compile and setup.dist.distributed and not config.rollout.fused:
+    if config.rollout.compile and setup.dist.distributed and not fused:
         raise ValueError(
             f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
             "FSDP2 shards is untested here); set rollout.fused: true or rollout.compile: false"
@@ -292,7 +293,7 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
         temperature=algo.temperature,
         top_k=algo.top_k,
         top_p=config.rollout.top_p,
-        engine=config.rollout.engine,
+        engine=config.rollout.kind,
         cuda_graphs=config.rollout.cuda_graphs,
         compile=config.rollout.compile,
         vllm={
