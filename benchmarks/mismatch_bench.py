@@ -64,7 +64,9 @@ class MarkovChain:
         n = vocab - first
         self.first = first
         self.next = torch.stack([torch.randperm(n, generator=g)[:successors] for _ in range(n)]) + first
-        self.probs = torch.distributions.Dirichlet(torch.full((successors,), 0.3)).sample((n,))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # Dirichlet samples from the global generator
+            self.probs = torch.distributions.Dirichlet(torch.full((successors,), 0.3)).sample((n,))
         self.entropy = float(-(self.probs * self.probs.clamp_min(1e-12).log()).sum(-1).mean())
 
     def sample(self, rows: int, length: int, seed: int) -> torch.Tensor:
@@ -105,7 +107,7 @@ def sft(model, chain: MarkovChain, args, device) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 50 == 0 or step == args.sft_steps - 1:
             print(f"sft step {step}: loss {losses[-1]:.4f} (chain entropy {chain.entropy:.4f})", flush=True)
     model.eval()
