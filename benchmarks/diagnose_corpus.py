@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -248,6 +249,17 @@ def _ratio(scores: Sequence[Score], attr: str) -> tuple[int, int]:
     return sum(bool(v) for v in vals), len(vals)
 
 
+def _commit() -> str:
+    """The checked-out commit the report measured (the code under test), or 'unknown' outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 def render(scores: Sequence[Score], command: str) -> str:
     """The markdown report: summary lines, then one table row per fixture."""
     failures = [s for s in scores if not s.fixture.is_control]
@@ -261,7 +273,8 @@ def render(scores: Sequence[Score], command: str) -> str:
     lines = [
         "# `verlaudit diagnose` on the real-log corpus",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, CPU; the diagnosis reads only each log's body).",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU; the diagnosis reads only "
+        "each log's body).",
         "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
         "benchmarks/diagnose_corpus.py.",
         "",
