@@ -14,7 +14,8 @@ scored against the header:
 - fix right: one of the header's ``backticked`` fix tokens, canonicalised, occurs in the text of one of
   the first cause's fixes; not scored when the fix is ``unknown`` or ``none needed``.
 
-Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --out reports/diagnose_corpus.md``.
+Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --out reports/diagnose_corpus.md``
+(``--update-readme`` also rewrites the fixture table of tests/fixtures/logs/README.md).
 Header checks: ``pytest tests/test_log_corpus.py``.
 """
 
@@ -301,13 +302,38 @@ def render(scores: Sequence[Score], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_TABLE_HEAD = (
+    "## Fixtures\n\n| fixture | framework | category | phase | source |\n|---|---|---|---|---|\n"
+)
+
+
+def update_readme(fixtures: Sequence[Fixture], readme: Path) -> None:
+    """Rewrites the fixture table that ends the corpus README (everything after '## Fixtures')."""
+    text = readme.read_text(encoding="utf-8")
+    if "## Fixtures" not in text:
+        raise ValueError(f"{readme}: no '## Fixtures' section to rewrite")
+    rows = [
+        f"| {f.path.name} | {f.header['framework']} | {f.category} | {f.header['phase']} | {f.header['source']} |"
+        for f in fixtures
+    ]
+    readme.write_text(
+        text[: text.index("## Fixtures")] + README_TABLE_HEAD + "\n".join(rows) + "\n", encoding="utf-8"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixtures", default=str(FIXTURES), help="directory of *.log fixtures")
     p.add_argument("--out", help="also write the markdown report to this file")
+    p.add_argument(
+        "--update-readme", action="store_true", help="rewrite the fixture table of the corpus README"
+    )
     args = p.parse_args(argv)
     try:
-        scores = score_corpus(read_corpus(args.fixtures))
+        fixtures = read_corpus(args.fixtures)
+        if args.update_readme:
+            update_readme(fixtures, Path(args.fixtures) / "README.md")
+        scores = score_corpus(fixtures)
     except ValueError as e:
         print(f"diagnose_corpus: {e}", file=sys.stderr)
         return 2
