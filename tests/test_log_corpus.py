@@ -23,7 +23,11 @@ from benchmarks.diagnose_corpus import (
     read_fixture,
     score_fixture,
 )
-from verlaudit.diagnose import Cause, Diagnosis, Fix
+
+try:  # the package is being reorganised: diagnose moves under verlaudit.analysis
+    from verlaudit.diagnose import Cause, Diagnosis, Fix
+except ImportError:
+    from verlaudit.analysis.diagnose import Cause, Diagnosis, Fix
 
 PATHS = sorted(FIXTURES.glob("*.log"))
 CORPUS = read_corpus()
