@@ -55,8 +55,8 @@ HEADER_PREFIX = "#: "
 NO_CULPRIT = "none shown"
 NO_FIX = ("unknown", "none needed")
 
-# Category -> the cause kinds that count as right. Kinds diagnose emits today (verlaudit.diagnose.Cause.kind
-# and verlaudit.logparse): oom, nonfinite, dtype_error, device_mismatch, compile_error, loss_scale_collapse,
+# Category -> the cause kinds that count as right. Kinds diagnose emits today (verlaudit.analysis.causes.Cause.kind
+# and verlaudit.analysis.logparse): oom, nonfinite, dtype_error, device_mismatch, compile_error, loss_scale_collapse,
 # overflow_skips, killed, refused, exception. A category with no fitting kind today accepts the kind named
 # after it, reserved for the parser work; until diagnose emits it, that category scores wrong. A plain
 # `oom` is deliberately not accepted for the KV-cache and host-RAM categories: issue 17 names those two
@@ -182,11 +182,11 @@ class Score:
 
 
 def _diagnose_fn() -> Callable[[Path], Sequence[Any]]:
-    # the package is being reorganised: diagnose moves under verlaudit.analysis
+    # the layout moved diagnose under verlaudit.analysis; the old home still works on older checkouts
     try:
-        from verlaudit.diagnose import diagnose_path
-    except ImportError:
         from verlaudit.analysis.diagnose import diagnose_path
+    except ImportError:
+        from verlaudit.diagnose import diagnose_path
     return diagnose_path
 
 

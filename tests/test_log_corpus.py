@@ -24,10 +24,10 @@ from benchmarks.diagnose_corpus import (
     score_fixture,
 )
 
-try:  # the package is being reorganised: diagnose moves under verlaudit.analysis
-    from verlaudit.diagnose import Cause, Diagnosis, Fix
+try:  # the package layout: the cause types live in verlaudit.analysis.causes (verlaudit.diagnose before)
+    from verlaudit.analysis.causes import Cause, Diagnosis, Fix
 except ImportError:
-    from verlaudit.analysis.diagnose import Cause, Diagnosis, Fix
+    from verlaudit.diagnose import Cause, Diagnosis, Fix
 
 PATHS = sorted(FIXTURES.glob("*.log"))
 CORPUS = read_corpus()
