@@ -55,12 +55,12 @@ HEADER_PREFIX = "#: "
 NO_CULPRIT = "none shown"
 NO_FIX = ("unknown", "none needed")
 
-# Category -> the cause kinds that count as right. Kinds diagnose emits today (verlaudit.analysis.causes.Cause.kind
-# and verlaudit.analysis.logparse): oom, nonfinite, dtype_error, device_mismatch, compile_error, loss_scale_collapse,
-# overflow_skips, killed, refused, exception. A category with no fitting kind today accepts the kind named
-# after it, reserved for the parser work; until diagnose emits it, that category scores wrong. A plain
-# `oom` is deliberately not accepted for the KV-cache and host-RAM categories: issue 17 names those two
-# mislabels.
+# Category -> the cause kinds that count as right. Kinds diagnose emits today (Cause.kind in
+# verlaudit.analysis.causes and verlaudit.analysis.logparse): oom, nonfinite, dtype_error, device_mismatch,
+# compile_error, loss_scale_collapse, overflow_skips, killed, refused, exception. A category with no
+# fitting kind today accepts the kind named after it, reserved for the parser work; until diagnose emits it,
+# that category scores wrong. A plain `oom` is deliberately not accepted for the KV-cache and host-RAM
+# categories: issue 17 names those two mislabels.
 ACCEPTED_KINDS: dict[str, frozenset[str]] = {
     "oom_gpu": frozenset({"oom"}),
     "oom_host": frozenset({"oom_host"}),  # not emitted today
