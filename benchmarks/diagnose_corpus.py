@@ -271,16 +271,16 @@ def render(scores: Sequence[Score], command: str) -> str:
     clean_failures = [s for s in failures if s.verdict == "clean"]
     alarms = [s for s in controls if s.false_alarm]
     crashes = [s for s in scores if s.error]
+    frameworks = {s.fixture.header["framework"] for s in failures}
     lines = [
         "# `verlaudit diagnose` on the real-log corpus",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU; the diagnosis reads only "
-        "each log's body).",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU;",
+        "the diagnosis reads only each log's body).",
         "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
         "benchmarks/diagnose_corpus.py.",
         "",
-        f"- failures: {len(failures)} across {len({s.fixture.header['framework'] for s in failures})} frameworks; "
-        f"controls: {len(controls)}",
+        f"- failures: {len(failures)} across {len(frameworks)} frameworks; controls: {len(controls)}",
         f"- category right: {_pct(cat, len(failures))}",
         f"- culprit right (where the header names one): {_pct(cul, cul_n)}",
         f"- fix right (where the thread established one): {_pct(fix, fix_n)}",
@@ -290,7 +290,7 @@ def render(scores: Sequence[Score], command: str) -> str:
         + (f" ({', '.join(s.fixture.path.stem for s in alarms)})" if alarms else ""),
         f"- crashes: {len(crashes)}",
         "",
-        "| fixture | expected | verdict | first cause kind | title | category | culprit | fix | false alarm |",
+        "| fixture | expected | verdict | first kind | title | category | culprit | fix | false alarm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in scores:
@@ -313,9 +313,9 @@ def update_readme(fixtures: Sequence[Fixture], readme: Path) -> None:
     if "## Fixtures" not in text:
         raise ValueError(f"{readme}: no '## Fixtures' section to rewrite")
     rows = [
-        f"| {f.path.name} | {f.header['framework']} | {f.category} | {f.header['phase']} | {f.header['source']} |"
-        for f in fixtures
+        f"| {f.path.name} | {f.header['framework']} | {f.category} | {f.header['phase']} |" for f in fixtures
     ]
+    rows = [f"{row} {f.header['source']} |" for row, f in zip(rows, fixtures)]
     readme.write_text(
         text[: text.index("## Fixtures")] + README_TABLE_HEAD + "\n".join(rows) + "\n", encoding="utf-8"
     )

@@ -101,14 +101,14 @@ def test_readme_lists_every_fixture_and_category() -> None:
     "text, error",
     [
         ("#: source: https://github.com/a/b/issues/1\n#: framework: verl\nlog line\n", "header lacks"),
-        ("#: source: s\n#: framework: verl\n#: category: oom\n#: culprit: x\n#: phase: init\n#: cause: c\n"
-         "#: fix: unknown\nlog\n", "'category' is 'oom'"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n#: cause: c\n"
-         "#: fix: unknown\nlog\n#: notes: late\n", "after the log body"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit:\n#: phase: init\n#: cause: c\n"
-         "#: fix: unknown\nlog\n", "'culprit' is empty"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n#: cause: c\n"
-         "#: fix: unknown\n", "no log lines"),
+        ("#: source: s\n#: framework: verl\n#: category: oom\n#: culprit: x\n#: phase: init\n"
+         "#: cause: c\n#: fix: unknown\nlog\n", "'category' is 'oom'"),
+        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
+         "#: cause: c\n#: fix: unknown\nlog\n#: notes: late\n", "after the log body"),
+        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit:\n#: phase: init\n"
+         "#: cause: c\n#: fix: unknown\nlog\n", "'culprit' is empty"),
+        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
+         "#: cause: c\n#: fix: unknown\n", "no log lines"),
         ("#: sauce: s\nlog\n", "expected '#: <key>: <value>'"),
     ],
 )  # fmt: skip
