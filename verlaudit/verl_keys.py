@@ -2,7 +2,7 @@
 
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
-way. Neither verlaudit/diagnose.py nor verlaudit/logparse.py spells a verl key itself. Exercised by
+way. Neither verlaudit/analysis/diagnose.py nor verlaudit/analysis/logparse.py spells a verl key itself. Exercised by
 `pytest tests/test_diagnose.py tests/test_logparse.py`.
 """
 
