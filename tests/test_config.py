@@ -199,3 +199,39 @@ def test_every_choice_list_is_accepted():
         AlgoConfig(name="ppo" if est == "gae" else "grpo", adv_estimator=est)
     for kind in DPO_LOSSES:
         AlgoConfig(name="dpo", dpo_loss=kind, label_smoothing=0.01 if kind == "exo_pair" else 0.0)
+
+
+OLD_ALGO = {"name": "ppo", "value_clip": 0.2, "vf_coef": 0.5, "kl_coef": 0.05, "kl_estimator": "k1",
+            "kl_in_reward": True, "lam": 0.95, "normalize_advantages": True}  # fmt: skip
+
+
+def test_configs_recorded_before_the_verl_keys_are_upgraded():
+    from pathlib import Path
+
+    from trainer.config import upgrade_recorded_config
+
+    # PPO with its KL in the reward: the same run in today's keys
+    algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": OLD_ALGO})).algo
+    assert (algo.use_kl_in_reward, algo.kl_coef, algo.kl_penalty, algo.cliprange_value) == (
+        True,
+        0.05,
+        "kl",
+        0.2,
+    )
+    assert (algo.vf_coef, algo.lam, algo.use_kl_loss) == (0.5, 0.95, False)
+    # GRPO's KL was always a loss term; k3 is low_var_kl; the critic's options go
+    old = {**OLD_ALGO, "name": "grpo", "kl_estimator": "k3", "kl_coef": 0.01}
+    algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": old})).algo
+    assert (algo.use_kl_loss, algo.kl_loss_coef, algo.kl_loss_type, algo.use_kl_in_reward) == (
+        True, 0.01, "low_var_kl", False)  # fmt: skip
+    # value_clip 0 meant no clipping; kl_coef 0 meant no reference
+    algo = TrainConfig.from_dict(
+        upgrade_recorded_config({"algo": {**OLD_ALGO, "value_clip": 0.0, "kl_coef": 0.0}})
+    ).algo
+    assert algo.cliprange_value == 1e9 and not algo.uses_reference
+    # a real manifest from before (tests/fixtures: the H200 DPO suite), and a current config unchanged
+    manifest = Path(__file__).parent / "fixtures" / "h200_dpo_suite" / "bf16" / "manifest.json"
+    recorded = json.loads(manifest.read_text())["config"]
+    assert TrainConfig.from_dict(upgrade_recorded_config(recorded)).algo.name == "dpo"
+    now = TrainConfig().to_dict()
+    assert upgrade_recorded_config(now) == now

@@ -174,6 +174,35 @@ _RENAMED_ALGO_KEYS = {
 }
 
 
+def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A TrainConfig dict recorded before the verl keys (a run directory's ``manifest.json``), in today's
+    keys with the same behaviour: ``value_clip`` -> ``cliprange_value`` (its 0, no clipping, becomes
+    1e9), a positive ``kl_coef`` -> the KL term the run had (in the reward for PPO with
+    ``kl_in_reward``, else a loss term), ``kl_estimator`` k1/k3 -> kl/low_var_kl, and the options that
+    recipe did not read dropped. A current config comes back unchanged."""
+    out = dict(data)
+    algo = dict(out.get("algo") or {})
+    if not any(k in algo for k in _RENAMED_ALGO_KEYS):
+        return out
+    value_clip = algo.pop("value_clip", 0.2)
+    estimator = {"k1": "kl", "k3": "low_var_kl"}.get(algo.pop("kl_estimator", "k1"), "kl")
+    in_reward = algo.pop("kl_in_reward", True)
+    algo.pop("normalize_advantages", None)
+    kl_coef = algo.pop("kl_coef", 0.05)
+    name = algo.get("name", "ppo")
+    if name == "ppo":
+        algo["cliprange_value"] = value_clip if value_clip > 0 else 1e9
+    else:
+        algo.pop("vf_coef", None)
+    if name != "dpo" and kl_coef > 0:
+        if name == "ppo" and in_reward:
+            algo.update(use_kl_in_reward=True, kl_coef=kl_coef, kl_penalty=estimator)
+        else:
+            algo.update(use_kl_loss=True, kl_loss_coef=kl_coef, kl_loss_type=estimator)
+    out["algo"] = algo
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AlgoConfig(_Section):
     """The algorithm: verl's math, defaults and key names (the verl key is in each field's docstring;

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import ModelConfig, TrainConfig, upgrade_recorded_config
 from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype
 from verlaudit import memory_model as mm
 from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
@@ -139,7 +139,7 @@ def plan_config(
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
         resident[f"actor {k}"] = v
-    use_ref = algo.name == "dpo" or algo.kl_coef > 0
+    use_ref = algo.uses_reference  # DPO, or a KL term in the reward or the loss (verl builds it only then)
     if use_ref:
         ref = policy["reference"]
         resident["reference params"] = math.ceil(arch.params("causal_lm") * mm.nbytes(ref.param_dtype) / w)
@@ -317,7 +317,7 @@ def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tu
     data = json.loads(json.dumps(run.manifest.get("config") or {}))
     for section, values in (changes or {}).items():
         data[section] = {**(data.get(section) or {}), **values} if isinstance(values, Mapping) else values
-    cfg = TrainConfig.from_dict(data, where="manifest.json: config")
+    cfg = TrainConfig.from_dict(upgrade_recorded_config(data), where="manifest.json: config")
     recorded = run.manifest.get("policy")
     policy = None if changes or not recorded else policy_from_dict(recorded, "manifest.json: policy")
     env = run.manifest.get("environment") or {}
