@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--levels", default="none,off,boundary,full")
     ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
-    from verlaudit.suite import load_suite
+    from verlaudit.run.suite import load_suite
 
     suite = load_suite(args.suite, variants=[args.variant], device=args.device)
     cfg = suite.variants[args.variant]

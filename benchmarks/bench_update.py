@@ -34,8 +34,8 @@ def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_pa
     """The memory planner's device bytes (GiB) for this update step (fused AdamW, no padding)."""
     from trainer.config import ModelConfig
     from trainer.precision import resolve_policy
-    from verlaudit.memory_model import GIB, Estimate, Logits, Shape, TrainedModel, train_phases
-    from verlaudit.plan import architecture_of
+    from verlaudit.plan.memory_model import GIB, Estimate, Logits, Shape, TrainedModel, train_phases
+    from verlaudit.plan.planner import architecture_of
 
     pol = resolve_policy(precision, grad_checkpointing=ckpt, checkpoint_layers=layers)["actor"]
     m = TrainedModel(
@@ -51,7 +51,7 @@ def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: in
                 compiled: bool = False) -> int | None:  # fmt: skip
     """``checkpoint_layers: auto`` for this step: fewest checkpointed layers fitting ``gib`` x 0.95."""
     from trainer.config import ModelConfig
-    from verlaudit.plan import AUTO_HEADROOM, architecture_of, fewest_checkpointed_layers
+    from verlaudit.plan.planner import AUTO_HEADROOM, architecture_of, fewest_checkpointed_layers
 
     fit = fewest_checkpointed_layers(
         architecture_of(ModelConfig(preset=preset)).num_layers,

@@ -42,9 +42,10 @@ def measured(run_dir: Path) -> dict:
 
 
 def main() -> int:
-    from verlaudit.plan import GIB, plan_config, run_plan_inputs
+    from verlaudit.plan.failure import run_plan_inputs
+    from verlaudit.plan.planner import GIB, plan_config
+    from verlaudit.run.suite import load_suite
     from verlaudit.rundir import read_run
-    from verlaudit.suite import load_suite
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suite")

@@ -1,4 +1,4 @@
-"""The worker's emulated memory cap (`verlaudit.worker.apply_memory_cap`) on CPU, CUDA faked by monkeypatch.
+"""The worker's emulated memory cap (`verlaudit.run.worker.apply_memory_cap`) on CPU, CUDA faked by monkeypatch.
 
 Run: `pytest tests/test_audit_memory_cap.py` (no GPU needed; torch.cuda calls are replaced).
 """
@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from verlaudit.worker import apply_memory_cap
+from verlaudit.run.worker import apply_memory_cap
 
 GiB = 1024**3
 

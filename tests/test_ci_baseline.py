@@ -10,7 +10,7 @@ Tolerances, chosen from measurement: two runs on the same CPU and torch build gi
 `actor/loss` trajectories (max |d| = 0: fixed seed, one thread), so the loss tolerance is 1e-6 — room
 for summation-order noise, far below what one differently sampled token does (> 1e-3). Step time is
 machine-dependent: only a gross slowdown (x20) fails here. Memory is host RSS on CPU: the default
-0.25 GB absolute slack applies (see verlaudit/compare.py).
+0.25 GB absolute slack applies (see verlaudit/analysis/compare.py).
 """
 
 import json

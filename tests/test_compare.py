@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from verlaudit import cli, compare
+from verlaudit import cli
+from verlaudit.analysis import compare
 from verlaudit.rundir import Finding, RunWriter
 
 

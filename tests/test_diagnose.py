@@ -9,8 +9,8 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
-from verlaudit.diagnose import diagnose_path
-from verlaudit.plan import memory_at_failure
+from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.plan.failure import memory_at_failure
 from verlaudit.rundir import Finding, RunWriter, read_run
 
 
@@ -304,7 +304,7 @@ def test_memory_at_failure_is_the_planners_phase(tmp_path):
     # per training step: the candidates are the planner's old-log-prob forward and the four
     # actor_update moments; without a device capacity the largest is chosen. AdamW moments do not
     # exist before the first optimizer step, so only the "optimizer step" moment may carry them.
-    from verlaudit.plan import plan_config
+    from verlaudit.plan.planner import plan_config
 
     algo = {"name": "grpo", "batch_size": 2, "group_size": 2, "mini_batch_size": 4, "micro_batch_size": 2}
     run = read_run(make_run(tmp_path / "g", algo=algo, steps=2, metrics=[],
@@ -579,7 +579,7 @@ def test_log_with_nothing_recognised(tmp_path):
 
 
 def run_worker(tmp_path, name, inject, *, preset="fp32", steps=2, **train):
-    from verlaudit import worker
+    from verlaudit.run import worker
 
     cfg = {
         "model": {"preset": "tiny-llama"},

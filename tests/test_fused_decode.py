@@ -135,11 +135,11 @@ def test_bf16_snapshot_computes_what_the_bf16_loaded_model_computes(preset):
     assert weights.nbytes() == expected
     # and the planner's term for it (verlaudit plan's rollout phase with rollout.fused)
     from trainer.precision import resolve_policy
-    from verlaudit import memory_model as mm
-    from verlaudit.plan import _rollout_policy
+    from verlaudit.plan import memory_model as mm
+    from verlaudit.plan.planner import rollout_policy
 
     arch = mm.Architecture.from_config(actor.config)
-    d = mm.ActDtypes.of(_rollout_policy(resolve_policy(preset)))
+    d = mm.ActDtypes.of(rollout_policy(resolve_policy(preset)))
     assert mm.fused_snapshot_bytes(arch, d) == expected
 
 

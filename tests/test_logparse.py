@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verlaudit.diagnose import diagnose_path
-from verlaudit.logparse import parse_metric_lines
+from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.logparse import parse_metric_lines
 
 _HEALTHY = "{'loss': 0.6931, 'grad_norm': 1.2, 'learning_rate': 5e-07, 'epoch': 0.01}\n"
 

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from trainer.precision import resolve_policy
 from verlaudit import cli
-from verlaudit.memory_model import (
+from verlaudit.plan.memory_model import (
     GIB,
     ActDtypes,
     Architecture,
@@ -185,7 +185,7 @@ def test_gqa_fp32_on_cuda_takes_the_math_kernel():
 
 
 def test_attention_kernel_rule():
-    from verlaudit.memory_model import attention_kernel
+    from verlaudit.plan.memory_model import attention_kernel
 
     bf16, fp32 = ActDtypes(r=2, c=2, casts=False), ActDtypes(r=4, c=4, casts=False)
     mha = Architecture.from_config(LlamaConfig(**LLAMA2_7B))
@@ -343,7 +343,7 @@ def test_plan_tiny_suite_from_a_saved_model(tmp_path, capsys):
 
 def test_run_world_size_reads_the_workers_distributed_record(tmp_path):
     # torchrun workers write manifest.distributed.world_size; without it a run is one process
-    from verlaudit.plan import run_world_size
+    from verlaudit.plan.failure import run_world_size
     from verlaudit.rundir import RunWriter, read_run
 
     for manifest, expected in (({"distributed": {"rank": 0, "world_size": 2}}, 2), ({"environment": {}}, 1)):

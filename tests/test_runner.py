@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verlaudit import cli, runner
-from verlaudit.hardware import TARGETS, PresentDevice, get_target
-from verlaudit.report import write_report
+from verlaudit import cli
+from verlaudit.analysis.report import write_report
+from verlaudit.run import runner
+from verlaudit.run.hardware import TARGETS, PresentDevice, get_target
+from verlaudit.run.suite import Suite, load_suite
 from verlaudit.rundir import read_run
-from verlaudit.suite import Suite, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "suites" / "tiny_cpu.yaml"
@@ -104,12 +105,12 @@ def test_launch_command_is_the_worker_or_torchrun_for_several_gpus():
     assert runner.launch_command("x/spec.json", 1) == [
         sys.executable,
         "-m",
-        "verlaudit.worker",
+        "verlaudit.run.worker",
         "x/spec.json",
     ]
     assert runner.launch_command("x/spec.json", 2) == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "verlaudit.worker", "x/spec.json",
+        "-m", "verlaudit.run.worker", "x/spec.json",
     ]  # fmt: skip
 
 

@@ -17,8 +17,8 @@ from transformers import LlamaConfig
 from trainer.config import ModelConfig, PrecisionConfig, TrainConfig
 from trainer.models import PRESETS, build_causal_lm, compile_layers, decoder_layers, load_tokenizer
 from trainer.precision import resolve_policy
-from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Shape, TrainedModel, train_phases
-from verlaudit.plan import AUTO_HEADROOM, plan_config, resolve_checkpoint_layers
+from verlaudit.plan.memory_model import GIB, Architecture, Estimate, Logits, Shape, TrainedModel, train_phases
+from verlaudit.plan.planner import AUTO_HEADROOM, plan_config, resolve_checkpoint_layers
 
 THREE_LAYERS = ModelConfig(preset="tiny-llama", overrides={"num_hidden_layers": 3})
 
@@ -239,7 +239,7 @@ def _compiled_layer_bytes(preset, cfg, monkeypatch, **kw):
     ],
 )
 def test_compiled_layer_saved_bytes_match_the_hooks(preset, monkeypatch):
-    from verlaudit.memory_model import ActDtypes, compiled_layer_saved_bytes
+    from verlaudit.plan.memory_model import ActDtypes, compiled_layer_saved_bytes
 
     cfg = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=4, vocab_size=50, attn_implementation="sdpa")  # fmt: skip
@@ -267,7 +267,7 @@ def test_compiled_gqa_layer_saved_bytes_match_the_hooks(preset, padded, math, mo
     # + 2 x 24 (cos/sin) + 8 = 768 + 576 + 416 + 2112 + 48 + 8 = 3928, plus the input 2 x 128.
     # ``math``: the math kernel CUDA runs fp32 GQA on without a mask, forced here on CPU.
     from tests.test_plan import GQA
-    from verlaudit.memory_model import ActDtypes, compiled_layer_saved_bytes
+    from verlaudit.plan.memory_model import ActDtypes, compiled_layer_saved_bytes
 
     cfg = LlamaConfig(**dict(GQA.to_dict(), head_dim=24))
     d = ActDtypes.of(resolve_policy(preset)["actor"])
@@ -305,7 +305,7 @@ def test_planner_matches_every_committed_h200_run(runs):
     from pathlib import Path
 
     from benchmarks.planner_vs_runs import measured
-    from verlaudit.plan import run_plan_inputs
+    from verlaudit.plan.failure import run_plan_inputs
     from verlaudit.rundir import read_run
 
     root = Path(__file__).resolve().parents[1] / "reports" / "gpu" / runs

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verlaudit.suite import Suite, deep_merge, load_suite, read_yaml
+from verlaudit.run.suite import Suite, deep_merge, load_suite, read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "suites").glob("*.yaml"))
@@ -219,7 +219,7 @@ def test_compare_section_is_validated_when_the_suite_loads(tmp_path):
     # compare owns the keys' meaning; a typo must fail at `verlaudit run`, not days later in CI
     import pytest
 
-    from verlaudit.suite import load_suite
+    from verlaudit.run.suite import load_suite
 
     bad = tmp_path / "s.yaml"
     bad.write_text("name: x\ntrain: {steps: 1}\ncompare: {tolerances: {loss_atl: 1}}\nvariants: {a: {}}\n")

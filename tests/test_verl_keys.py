@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from verlaudit import verl_keys as V
-from verlaudit.diagnose import diagnose_path
+from verlaudit.analysis.diagnose import diagnose_path
 
-_ROOT = Path(__file__).resolve().parents[1] / "verlaudit"
+_ROOT = Path(__file__).resolve().parents[1] / "verlaudit" / "analysis"
 
 
 @pytest.mark.parametrize("module", ["diagnose.py", "logparse.py"])

@@ -1,4 +1,4 @@
-"""`python -m verlaudit.worker SPEC.json`: exit codes, run directory content, failures as results.
+"""`python -m verlaudit.run.worker SPEC.json`: exit codes, run directory content, failures as results.
 
 Run: `pytest tests/test_worker.py` (subprocesses; about half a minute on 2 cores).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from verlaudit.run.worker import main as worker_main
 from verlaudit.rundir import read_run
-from verlaudit.worker import main as worker_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = {
@@ -35,7 +35,7 @@ def spec(tmp_path, **extra):
 
 def worker(path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "verlaudit.worker", str(path)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "verlaudit.run.worker", str(path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 

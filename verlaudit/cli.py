@@ -12,16 +12,19 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": ("verlaudit.runner", "run a suite: every variant in its own process, then the comparison report"),
+    "run": (
+        "verlaudit.run.runner",
+        "run a suite: every variant in its own process, then the comparison report",
+    ),
     "diagnose": (
-        "verlaudit.diagnose",
+        "verlaudit.analysis.diagnose",
         "explain a run directory (or a foreign training log): cause, culprit, fix",
     ),
     "compare": (
-        "verlaudit.compare",
+        "verlaudit.analysis.compare",
         "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression",
     ),
-    "plan": ("verlaudit.plan", "predict each variant's peak device memory before running"),
+    "plan": ("verlaudit.plan.cli", "predict each variant's peak device memory before running"),
 }
 
 

@@ -25,13 +25,25 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-MANIFEST, METRICS, FINDINGS, EVENTS, STATUS = (
-    "manifest.json",
-    "metrics.jsonl",
-    "findings.jsonl",
-    "events.jsonl",
-    "status.json",
-)
+
+# A variant's run directory. The first five are the contract every reader relies on; the last three
+# are the runner's record of how it launched the variant (readable when the worker died early).
+MANIFEST = "manifest.json"
+METRICS = "metrics.jsonl"
+FINDINGS = "findings.jsonl"
+EVENTS = "events.jsonl"
+STATUS = "status.json"
+SPEC = "spec.json"
+RUNNER = "runner.json"
+WORKER_LOG = "worker.log"
+RANK_DIR = "rank{rank}"
+"""Rank k > 0 of a multi-GPU run writes its own run directory under the variant's."""
+
+# A suite's report directory (``reports/<suite>/<timestamp>/``): the run directories plus these.
+SUITE_COPY = "suite.json"
+REPORT_MD = "report.md"
+REPORT_CSV = "report.csv"
+REPORT_RUNS_CSV = "report_runs.csv"
 SEVERITIES = ("info", "warning", "error")
 
 

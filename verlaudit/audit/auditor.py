@@ -8,7 +8,7 @@ in `dtype_checks`, `boundaries` and `numerics` analyse, and `FindingLog` / `RunW
 findings.jsonl and one metrics.jsonl line per step. Hooks go on only for sampled steps at the
 ``full`` level and all come off in ``__exit__``. An exception leaving the ``with`` block is turned
 into a finding and a ``failure`` dict (for status.json) and then propagates — never swallowed.
-Exercised by `pytest tests/test_audit_auditor.py` and `python -m verlaudit.worker SPEC.json`.
+Exercised by `pytest tests/test_audit_auditor.py` and `python -m verlaudit.run.worker SPEC.json`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from verlaudit.audit import boundaries, dtype_checks, errors, numerics
 from verlaudit.audit.findings import FindingLog
 from verlaudit.audit.memory import MemoryMonitor
 from verlaudit.audit.probes import ModuleProbe
-from verlaudit.rundir import Finding, RunWriter
+from verlaudit.rundir import MANIFEST, Finding, RunWriter
 
 LEVELS = ("off", "boundary", "full")
 
@@ -125,7 +125,7 @@ class Auditor(Observer):
                 self.probe.detach()
             self.memory.stop()
             self.findings.flush()
-            if self.writer is not None and (self.writer.path / "manifest.json").exists():
+            if self.writer is not None and (self.writer.path / MANIFEST).exists():
                 self.writer.update_manifest(memory_summary=self.memory.summary())
         return False  # never swallow: the worker records status from self.failure and exits 1
 
@@ -142,7 +142,7 @@ class Auditor(Observer):
         self.tokenizer_info, self.config = dict(tokenizer_info), dict(config)
         self.names = {id(m): (role, n) for role, model in models.items() for n, m in model.named_modules()}
         self.model_vocab_size = boundaries.model_vocab_size(models.get("actor"))
-        if self.writer is not None and (self.writer.path / "manifest.json").exists():
+        if self.writer is not None and (self.writer.path / MANIFEST).exists():
             self.writer.update_manifest(policy=policy.to_dict())
         if self.level == "off":
             return

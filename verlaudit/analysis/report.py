@@ -24,7 +24,19 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from verlaudit.rundir import RunDir, is_run_dir, read_run, to_float
+from verlaudit.rundir import (
+    REPORT_CSV,
+    REPORT_MD,
+    REPORT_RUNS_CSV,
+    RUNNER,
+    SPEC,
+    SUITE_COPY,
+    WORKER_LOG,
+    RunDir,
+    is_run_dir,
+    read_run,
+    to_float,
+)
 
 REWARD_KEYS = {"dpo": "rewards/margins"}
 DEFAULT_REWARD_KEY = "critic/score/mean"
@@ -44,10 +56,10 @@ def read_run_safe(path: Path) -> RunDir:
     that died before writing anything (the runner left spec.json, runner.json, worker.log) is a
     failed row with its exit code and the last line of its log."""
     path = Path(path)
-    if not is_run_dir(path) and (path / "runner.json").exists():
-        spec = _json_or_empty(path / "spec.json")
+    if not is_run_dir(path) and (path / RUNNER).exists():
+        spec = _json_or_empty(path / SPEC)
         record = _runner_record(path) or {}
-        log = path / "worker.log"
+        log = path / WORKER_LOG
         lines = (
             [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
         )
@@ -208,7 +220,7 @@ def _json_or_empty(path: Path) -> dict[str, Any]:
 
 
 def _runner_record(path: Path) -> dict[str, Any] | None:
-    p = Path(path) / "runner.json"
+    p = Path(path) / RUNNER
     try:
         return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
     except json.JSONDecodeError:
@@ -300,7 +312,7 @@ def collect(out_dir: Path) -> list[RunDir]:
             f"{out_dir}: no such directory; pass a suite output directory (reports/<suite>/<time>)"
         )
     order: list[str] = list((_suite_copy(out_dir).get("variants") or {}).keys())
-    dirs = [d for d in sorted(out_dir.iterdir()) if is_run_dir(d) or (d / "runner.json").exists()]
+    dirs = [d for d in sorted(out_dir.iterdir()) if is_run_dir(d) or (d / RUNNER).exists()]
     if not dirs:
         raise ValueError(
             f"{out_dir}: no run directories inside; is this the output directory of `verlaudit run`?"
@@ -315,7 +327,7 @@ def collect(out_dir: Path) -> list[RunDir]:
 
 
 def _suite_copy(out_dir: Path) -> dict[str, Any]:
-    p = Path(out_dir) / "suite.json"
+    p = Path(out_dir) / SUITE_COPY
     if not p.exists():
         return {}
     try:
@@ -379,7 +391,7 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
     window = trailing_window or int((suite.get("report") or {}).get("trailing_window", 10))
     rows = pd.DataFrame([run_row(r, window) for r in runs])
     variants = aggregate(rows)
-    files = [out_dir / "report.csv", out_dir / "report_runs.csv"]
+    files = [out_dir / REPORT_CSV, out_dir / REPORT_RUNS_CSV]
     variants.to_csv(files[0], index=False)
     rows.to_csv(files[1], index=False)
     plots: list[Path] = []
@@ -407,8 +419,8 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
     if plots:
         md += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in plots]]
     text = "\n".join(md) + "\n"
-    (out_dir / "report.md").write_text(text, encoding="utf-8")
-    files += [out_dir / "report.md", *plots]
+    (out_dir / REPORT_MD).write_text(text, encoding="utf-8")
+    files += [out_dir / REPORT_MD, *plots]
     return Report(markdown=text, variants=variants, runs=rows, files=files)
 
 

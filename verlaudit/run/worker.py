@@ -1,4 +1,4 @@
-"""One variant run in its own process: ``python -m verlaudit.worker SPEC.json``.
+"""One variant run in its own process: ``python -m verlaudit.run.worker SPEC.json``.
 
 SPEC.json (the runner's contract)::
 
@@ -11,7 +11,7 @@ status.json last. Exit code 0: completed; 1: failed (status.json says why: oom, 
 dtype_error, exception, interrupted); 2: the spec itself is wrong (message on stderr). The spec's
 ``seed`` is the run's seed (it replaces ``train.seed``).
 
-Under torchrun (``python -m torch.distributed.run --nproc_per_node N -m verlaudit.worker SPEC.json``,
+Under torchrun (``python -m torch.distributed.run --nproc_per_node N -m verlaudit.run.worker SPEC.json``,
 what the runner starts for ``hardware.gpus: N``) every rank audits itself: rank 0 writes ``run_dir``,
 rank k writes ``run_dir/rank<k>`` (its own manifest, metrics, findings stamped with its rank, and
 status), each rank measures its own GPU. A failing rank leaves at once (``os._exit(1)`` after its
@@ -54,7 +54,7 @@ def load_spec(path: str | os.PathLike) -> Spec:
 
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: no such spec file; usage: python -m verlaudit.worker SPEC.json")
+        raise ValueError(f"{p}: no such spec file; usage: python -m verlaudit.run.worker SPEC.json")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -171,13 +171,13 @@ def run(spec: Spec) -> int:
     from trainer.common import resolve_device
     from verlaudit.audit import Auditor
     from verlaudit.audit.inject import Fanout, FaultInjector
-    from verlaudit.rundir import RunWriter
+    from verlaudit.rundir import RANK_DIR, RunWriter
 
     cfg = spec.train
     # before resolve_device and the memory cap: under torchrun each rank takes cuda:LOCAL_RANK
     info = dist_mod.init_distributed(cfg.device)
     device = info.device if info.distributed else resolve_device(cfg.device)
-    run_dir = spec.run_dir if info.rank == 0 else spec.run_dir / f"rank{info.rank}"
+    run_dir = spec.run_dir if info.rank == 0 else spec.run_dir / RANK_DIR.format(rank=info.rank)
     writer = RunWriter(run_dir, rank=info.rank)
     auditor = Auditor(writer, spec.audit, device=device)
     injector = FaultInjector(spec.inject) if spec.inject else None
@@ -210,7 +210,7 @@ def run(spec: Spec) -> int:
         # closed connection, torchrun's SIGTERM) are consequences
         writer.status("failed", **failure, rank=info.rank, failed_at=time.time())
         print(
-            f"verlaudit.worker: {spec.variant}: rank {info.rank}: failed ({failure['reason']}): "
+            f"verlaudit.run.worker: {spec.variant}: rank {info.rank}: failed ({failure['reason']}): "
             f"{failure.get('error')}",
             file=sys.stderr,
             flush=True,
@@ -236,12 +236,12 @@ def run(spec: Spec) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m verlaudit.worker SPEC.json", file=sys.stderr)
+        print("usage: python -m verlaudit.run.worker SPEC.json", file=sys.stderr)
         return 2
     try:
         spec = load_spec(argv[0])
     except ValueError as e:
-        print(f"verlaudit.worker: bad spec: {e}", file=sys.stderr)
+        print(f"verlaudit.run.worker: bad spec: {e}", file=sys.stderr)
         return 2
     return run(spec)
 

@@ -1,27 +1,24 @@
-"""``verlaudit plan SUITE.yaml``: each variant's peak device memory per GPU, before running it.
+"""The memory planner as a library: one training step's phases and their bytes, per GPU.
 
-For every variant of a suite: the architecture (exact parameter counts from the preset's or local
-model's config), the resolved precision policy per role, and the step's shape give the phases of a
-PPO, GRPO or DPO step (`verlaudit.memory_model`); the largest is the predicted peak, printed with
-its components, the target GPU's memory and whether it fits. ``--json`` prints the same as JSON.
-`memory_at_failure` runs the same planner over a failed run's manifest, for `verlaudit diagnose`.
-Exercised by `pytest tests/test_plan.py` and `verlaudit plan suites/llama7b_h200.yaml`.
+`plan_config(cfg)` composes the phases of a PPO, GRPO or DPO step (rollout, reward, reference,
+critic values, old log-probs, actor and critic updates) from the per-phase byte model in
+`verlaudit.plan.memory_model` (which knows tensors; this module knows the step); `plan_suite` plans
+`resolve_checkpoint_layers` turns ``checkpoint_layers: auto`` into a number.
+The ``verlaudit plan`` command (`verlaudit.plan.cli`) and failed-run reconstruction
+(`verlaudit.plan.failure`) sit on top. Exercised by `pytest tests/test_plan.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from trainer.config import ModelConfig, TrainConfig, upgrade_recorded_config
+from trainer.config import ModelConfig, TrainConfig
 from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype
-from verlaudit import memory_model as mm
-from verlaudit.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
-from verlaudit.rundir import RunDir
+from verlaudit.plan import memory_model as mm
+from verlaudit.plan.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
 
 
 def architecture_of(model_cfg: ModelConfig, *, path: str | None = None, where: str = "model") -> Architecture:
@@ -43,7 +40,7 @@ def architecture_of(model_cfg: ModelConfig, *, path: str | None = None, where: s
     )
 
 
-def _rollout_policy(policy: PrecisionPolicy) -> RolePolicy:
+def rollout_policy(policy: PrecisionPolicy) -> RolePolicy:
     """The rollout engine runs the actor's weights (stored in the actor's dtype) in the rollout
     role's compute dtype: autocast casts them when the two differ."""
     actor, roll = policy["actor"], policy["rollout"]
@@ -175,7 +172,7 @@ def plan_config(
     rows = math.ceil(algo.batch_size / w) * (algo.group_size if algo.name == "grpo" else 1)
     batch = {"rollout batch": rows * seq * 8 * 2 + rows * r_len * 4 * 6}  # ids, masks, fp32 per-token terms
     res = {**resident, **batch}
-    phases.append(mm.generate_phase(arch, _rollout_policy(policy), sequences=rows, prompt_len=p_len,
+    phases.append(mm.generate_phase(arch, rollout_policy(policy), sequences=rows, prompt_len=p_len,
                                     new_tokens=r_len, resident=res, world_size=w,
                                     fused=cfg.rollout.cache == "static" and cfg.rollout.fused))  # fmt: skip
     full = Shape(sequences=rows, seq_len=seq, logit_positions=r_len + 1)
@@ -271,230 +268,3 @@ def resolve_checkpoint_layers(
 def _without(parts: dict[str, int], prefix: str) -> dict[str, int]:
     """``parts`` minus the given role's own state (train_phases adds it back with its gradients)."""
     return {k: v for k, v in parts.items() if not k.startswith(f"{prefix} ")}
-
-
-# --------------------------------------------------------------------------------------------
-# a failed run through the planner (`verlaudit diagnose` on an out-of-memory run)
-
-MEMORY_CLASSES = ("activations", "parameters", "gradients", "optimizer state", "kv cache + rollout logits")
-
-
-def memory_class(component: str) -> str:
-    """The class of one planner component (named ``"<role> <what>"`` by `verlaudit.memory_model`)."""
-    if "optimizer" in component:
-        return "optimizer state"
-    if "grads" in component:
-        return "gradients"
-    if any(w in component for w in ("params", "weight copies", "gathered")):
-        return "parameters"
-    if component.startswith("rollout") and any(w in component for w in ("KV", "sampling", "scores", "batch")):
-        return "kv cache + rollout logits"
-    return "activations"  # saved activations, checkpoints, logits islands, workspaces
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryAtFailure:
-    """The planner's view of the moment a run ran out of memory (GiB per GPU)."""
-
-    phase: str
-    """The planner phase (``"actor_update: end of forward"``) the estimate is for."""
-    components: dict[str, float]
-    classes: dict[str, float]
-    allocated: float
-    device: float
-    """``allocated`` with the allocator's reserve and the CUDA context: what the device must hold."""
-    capacity: float | None
-    notes: tuple[str, ...]
-
-    @property
-    def dominant(self) -> str:
-        return max(self.classes, key=self.classes.get)  # type: ignore[arg-type]
-
-
-def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tuple[Any, Any, int, str]:
-    """(TrainConfig, policy, GPUs, AdamW kind) of a run, from its manifest; ``changes`` (a nested
-    config mapping) is merged into the config first, and then the policy is re-resolved from it."""
-    data = json.loads(json.dumps(run.manifest.get("config") or {}))
-    for section, values in (changes or {}).items():
-        data[section] = {**(data.get(section) or {}), **values} if isinstance(values, Mapping) else values
-    cfg = TrainConfig.from_dict(upgrade_recorded_config(data), where="manifest.json: config")
-    recorded = run.manifest.get("policy")
-    policy = None if changes or not recorded else policy_from_dict(recorded, "manifest.json: policy")
-    env = run.manifest.get("environment") or {}
-    device = str(env.get("device") or cfg.device)
-    return cfg, policy, run_world_size(run), "fused" if device.startswith("cuda") else "foreach"
-
-
-def run_world_size(run: RunDir) -> int:
-    """GPUs (ranks) the run used: the worker records ``manifest.distributed.world_size`` under torchrun."""
-    dist = run.manifest.get("distributed") or {}
-    env = run.manifest.get("environment") or {}
-    return int(dist.get("world_size") or env.get("world_size") or 1)
-
-
-def capacity_gib(run: RunDir) -> float | None:
-    """What the process could use: the emulation cap, else the device total the allocator saw."""
-    mem = (run.status or {}).get("memory") or {}
-    for v in ((run.manifest.get("emulation") or {}).get("memory_cap_gb"), mem.get("device_total_gb"),
-              (run.manifest.get("environment") or {}).get("total_memory_gb")):  # fmt: skip
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-            return float(v)
-    return None
-
-
-def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> MemoryAtFailure:
-    """The planner's estimate at the failing phase: of the planner phases inside ``phase``, the
-    first that needs more than the device has (where the allocation would fail), else the largest.
-    ValueError when the manifest's config cannot be planned (unknown architecture, missing model)."""
-    cfg, policy, gpus, optimizer = run_plan_inputs(run)
-    est, notes = plan_config(cfg, gpus=gpus, optimizer=optimizer, policy=policy)
-    phases = list(est.phases)
-    first_step = step in (0, None) and (run.status or {}).get("last_completed_step") is None
-    if first_step and optimizer_steps_per_step(cfg) == 1:
-        # AdamW allocates its moments in its first step(): before a role's first optimizer step
-        # they do not exist yet, which is what a step-0 OOM in a forward or backward sees.
-        stepped: set[str] = set()
-        kept = []
-        for p in phases:
-            if p.name.endswith("optimizer step"):
-                stepped.add(p.name.split("_update")[0])
-            comp = {k: v for k, v in p.components.items()
-                    if not (k.endswith("optimizer moments") and k.split(" ")[0] not in stepped)}  # fmt: skip
-            kept.append(Phase(p.name, comp))
-        phases = kept
-        notes.append("first step: AdamW moments are not allocated before each role's first optimizer step")
-    inside = phases_in(Estimate(tuple(phases)), phase) if phase else []
-    candidates = inside or phases
-    cap = capacity_gib(run)
-    need = [Estimate((p,)).device_bytes() / GIB for p in candidates]
-    over = [i for i, n in enumerate(need) if cap is not None and n >= cap]
-    i = over[0] if over else max(range(len(candidates)), key=lambda j: candidates[j].total)
-    chosen = candidates[i]
-    comp = {k: v / GIB for k, v in sorted(chosen.components.items(), key=lambda kv: -kv[1])}
-    classes: dict[str, float] = {}
-    for k, v in comp.items():
-        classes[memory_class(k)] = classes.get(memory_class(k), 0.0) + v
-    classes = dict(sorted(classes.items(), key=lambda kv: -kv[1]))
-    return MemoryAtFailure(chosen.name, comp, classes, chosen.total / GIB, need[i], cap, tuple(notes))
-
-
-@dataclasses.dataclass(frozen=True)
-class VariantPlan:
-    variant: str
-    config: TrainConfig
-    estimate: Estimate
-    target: str
-    target_gib: float | None
-    gpus: int
-    notes: tuple[str, ...]
-
-    @property
-    def fits(self) -> bool | None:
-        if self.target_gib is None:
-            return None
-        return self.estimate.device_bytes() <= self.target_gib * GIB
-
-    def to_dict(self) -> dict[str, Any]:
-        p = self.config.precision
-        return {
-            "variant": self.variant,
-            "algo": self.config.algo.name,
-            "preset": p.preset,
-            "grad_checkpointing": p.grad_checkpointing,
-            "checkpoint_layers": p.checkpoint_layers,
-            "gpus": self.gpus,
-            "target": self.target,
-            "target_gib": self.target_gib,
-            "fits": self.fits,
-            "notes": list(self.notes),
-            **self.estimate.to_dict(),
-        }
-
-
-def plan_suite(suite: Any, *, gpus: int | None = None, memory_gb: float | None = None,
-               optimizer: str = "fused") -> list[VariantPlan]:  # fmt: skip
-    """One `VariantPlan` per variant of a loaded `verlaudit.suite.Suite`."""
-    from verlaudit.hardware import get_target
-
-    hw = suite.hardware
-    n = gpus or hw.gpus
-    target_gib = memory_gb or hw.memory_gb or get_target(hw.target).memory_gb
-    out = []
-    for name, cfg in suite.variants.items():
-        try:
-            cfg, auto = resolve_checkpoint_layers(cfg, gpus=n, target_gib=target_gib, optimizer=optimizer)
-        except ValueError as e:
-            raise ValueError(f"variants.{name}.{e}") from None
-        est, notes = plan_config(cfg, gpus=n, optimizer=optimizer)
-        notes = ([auto] if auto else []) + notes
-        out.append(VariantPlan(name, cfg, est, hw.target, target_gib, n, tuple(notes)))
-    return out
-
-
-def _ckpt_words(pc: Any) -> str:
-    if pc.grad_checkpointing is False:
-        return "off"
-    if pc.checkpoint_layers is None:
-        return "all layers" if pc.grad_checkpointing else str(pc.grad_checkpointing)
-    if pc.checkpoint_layers == 0:
-        return "none of the layers"  # selective checkpointing chose (or was told) to keep every layer's activations
-    return f"first {pc.checkpoint_layers} layers"
-
-
-def render(plans: list[VariantPlan]) -> str:
-    """A summary table, then each variant's peak components (GiB)."""
-    from tabulate import tabulate
-
-    def yes(v: bool | None) -> str:
-        return "n/a (cpu: host memory)" if v is None else ("yes" if v else "NO")
-
-    rows = [
-        [p.variant, p.config.algo.name, p.config.precision.preset, _ckpt_words(p.config.precision),
-         p.estimate.peak.name, f"{p.estimate.peak_bytes / GIB:.3g}", f"{p.estimate.device_bytes() / GIB:.3g}",
-         "-" if p.target_gib is None else f"{p.target_gib:.1f}", yes(p.fits)]
-        for p in plans
-    ]  # fmt: skip
-    head = ["variant", "algo", "preset", "grad ckpt", "peak phase", "peak allocated GiB",
-            "device needed GiB", f"target GiB ({plans[0].target} x{plans[0].gpus})", "fits"]  # fmt: skip
-    parts = [tabulate(rows, head, tablefmt="github")]
-    for p in plans:
-        comp = sorted(p.estimate.peak.components.items(), key=lambda kv: -kv[1])
-        unit, scale = ("GiB", GIB) if p.estimate.peak_bytes >= GIB else ("MiB", 1024**2)  # tiny models
-        table = [[k, f"{v / scale:.2f}"] for k, v in comp] + [
-            ["total (allocated)", f"{p.estimate.peak_bytes / scale:.2f}"]
-        ]
-        parts.append(
-            f"\n{p.variant}: peak at {p.estimate.peak.name}\n"
-            + tabulate(table, ["component", unit], tablefmt="github")
-        )
-        parts += [f"  note: {n}" for n in p.notes]
-    parts.append(
-        f"\ndevice needed = allocated peak x {1 + mm.FRAGMENTATION:.2f} (allocator reserve) + "
-        f"{mm.CONTEXT_BYTES / GIB:.1f} GiB (CUDA context); per GPU."
-    )
-    return "\n".join(parts)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", help="suite YAML (e.g. suites/llama7b_h200.yaml)")
-    parser.add_argument("--variants", help="comma-separated variants to plan (default: all)")
-    parser.add_argument("--gpus", type=int, help="GPUs per variant (default: the suite's hardware.gpus)")
-    parser.add_argument("--memory-gb", type=float, help="usable GiB per GPU (default: the suite's target)")
-    parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused",
-                        help="AdamW implementation (the trainer uses fused on CUDA)")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-
-
-def main(args: argparse.Namespace) -> int:
-    from verlaudit.suite import load_suite
-
-    variants = [v for v in args.variants.split(",") if v] if args.variants else None
-    if args.gpus is not None and args.gpus < 1:
-        raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
-    suite = load_suite(args.suite, variants=variants)
-    plans = plan_suite(suite, gpus=args.gpus, memory_gb=args.memory_gb, optimizer=args.optimizer)
-    if args.json:
-        print(json.dumps({"suite": suite.name, "variants": [p.to_dict() for p in plans]}, indent=2))
-    else:
-        print(render(plans))
-    return 0

@@ -2,9 +2,9 @@
 
 Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
 cap, bf16 refusal) and write one worker spec per (variant, seed). Execute (`execute`): start
-``python -m verlaudit.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
+``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
 run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
-child's metrics.jsonl. Report (`verlaudit.report`): read the run directories back and write
+child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
 report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
 the report from what exists and exits 130.
 
@@ -29,16 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import verlaudit
-from verlaudit import report as report_mod
-from verlaudit.hardware import PresentDevice, detect, get_target
-from verlaudit.rundir import STATUS, RunWriter, read_json, to_float
-from verlaudit.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
+from verlaudit.analysis import report as report_mod
+from verlaudit.run.hardware import PresentDevice, detect, get_target
+from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
+from verlaudit.rundir import (
+    METRICS,
+    RUNNER,
+    SPEC,
+    STATUS,
+    SUITE_COPY,
+    WORKER_LOG,
+    RunWriter,
+    read_json,
+    to_float,
+)
 
 DEFAULT_SUITE = "suites/tiny_cpu.yaml"
-SPEC = "spec.json"
-RUNNER = "runner.json"
-WORKER_LOG = "worker.log"
-SUITE_COPY = "suite.json"
 GRACE_S = 30.0
 """How long an interrupted worker gets to write its status before SIGTERM, then SIGKILL."""
 
@@ -161,7 +167,7 @@ def plan_runs(
     suite: Suite, out_dir: Path, present: PresentDevice, device_override: str | None = None
 ) -> Plan:
     """Everything decided before the first process starts; raises ValueError if the suite can't run here."""
-    from verlaudit.plan import resolve_checkpoint_layers
+    from verlaudit.plan.planner import resolve_checkpoint_layers
 
     device, notes = resolve_device(suite, present, device_override)
     emulation = emulation_for(suite, present, device)
@@ -201,8 +207,8 @@ def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
     (FSDP2: rank 0 writes the variant's run dir, rank k its ``rank<k>`` subdirectory)."""
     if gpus > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-                "-m", "verlaudit.worker", str(spec_path)]  # fmt: skip
-    return [sys.executable, "-m", "verlaudit.worker", str(spec_path)]
+                "-m", "verlaudit.run.worker", str(spec_path)]  # fmt: skip
+    return [sys.executable, "-m", "verlaudit.run.worker", str(spec_path)]
 
 
 def write_refused(planned: PlannedRun) -> None:
@@ -287,7 +293,7 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
     record: dict[str, Any] = {"command": cmd, "started_at": _now()}
-    tail = _MetricsTail(run_dir / "metrics.jsonl")
+    tail = _MetricsTail(run_dir / METRICS)
     steps = int(planned.spec["train"]["steps"])
     # own session: a terminal Ctrl-C reaches only the runner, which forwards exactly one SIGINT
     with open(run_dir / WORKER_LOG, "wb") as log:

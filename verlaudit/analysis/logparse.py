@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
-from verlaudit.diagnose import Cause, Diagnosis, Fix, rank
+from verlaudit.analysis.causes import (
+    BACKWARD_NAN_WHAT,
+    Cause,
+    Diagnosis,
+    Fix,
+    backward_nan_fixes,
+    dtype_fixes,
+    rank,
+)
 
 _DT = {
     "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
@@ -145,17 +153,6 @@ def _innermost_frame(text: str, before: int | None = None) -> str | None:
     frames = [ln.strip() for ln in text[:before].splitlines() if ln.strip().startswith("File ")]
     user = [f for f in frames if "site-packages/torch" not in f and "/torch/" not in f]
     return (user or frames or [None])[-1]
-
-
-def dtype_fixes(observed: str | None) -> list[Fix]:
-    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype)."""
-    return [
-        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-            "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
-        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
-            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. the "
-            "reward model or value head)"),
-    ]  # fmt: skip
 
 
 _LOG_UNKNOWN_MODULE = (
@@ -342,26 +339,6 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
                 rec.update({k: v for k, v in values if v is not None})
                 out.append(rec)
     return out
-
-
-BACKWARD_NAN_WHAT = (
-    "The loss was finite while the gradients were NaN from the first (logged) step, before training could "
-    "diverge: the backward pass itself produced NaN. The usual cause in RL batches: attention rows that see no key (the left padding of prompts "
-    "under causal + padding masking). Math attention returns zeros there, but fused kernels (cuDNN's on Hopper, "
-    "seen on an H200) leave NaN in those rows' backward, and NaN x 0 spreads into every weight gradient. Next: "
-    "a custom autograd function or a log/sqrt at 0."
-)
-
-
-def backward_nan_fixes() -> list[Fix]:
-    """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
-    return [
-        Fix(None, V.REMOVE_PADDING,
-            "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
-            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
-        Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
-            "gradients there point at the fused kernel's empty rows"),
-    ]  # fmt: skip
 
 
 def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Cause]:

@@ -2,7 +2,7 @@
 
 PATH is a variant's run directory, a suite report directory (every run directory in it is
 diagnosed, summary first), or a plain log / traceback file from another framework (verl, TRL,
-DeepSpeed, plain PyTorch: see `verlaudit.logparse`). Only the run directory is read (manifest,
+DeepSpeed, plain PyTorch: see `verlaudit.analysis.logparse`). Only the run directory is read (manifest,
 metrics, findings, status), so runs killed half-way and runs copied from another machine work.
 
 Each cause says what happened, the evidence (step, module path or boundary, numbers) and a fix
@@ -22,82 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import (
+    BACKWARD_NAN_WHAT,
+    Cause,
+    Diagnosis,
+    Fix,
+    backward_nan_fixes,
+    dtype_fixes,
+    rank,
+)
+from verlaudit.analysis.logparse import diagnose_log, explain_error_text, parse_dtype_message
+from verlaudit.plan.failure import capacity_gib, memory_at_failure, run_plan_inputs, run_world_size
+from verlaudit.plan.memory_model import GIB
+from verlaudit.plan.planner import plan_config
 from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run, to_float
-
-SEVERITY_WEIGHT = {"error": 100.0, "warning": 10.0, "info": 1.0}
-GIB = 1024**3
-
-
-@dataclasses.dataclass(frozen=True)
-class Fix:
-    """One concrete change: the suite key to set, the verl key that does the same, and why."""
-
-    suite: str | None
-    verl: str | None = None
-    why: str = ""
-
-
-@dataclasses.dataclass
-class Cause:
-    """One explanation of (part of) what happened, with the numbers that support it."""
-
-    severity: str
-    kind: str
-    """``oom``, ``nonfinite``, ``dtype_error``, ``loss_scale_collapse``, ``overflow_skips``,
-    ``reward_collapse``, ``reward_variance``, ``killed``, ``exception``, ``interrupted``, ``refused``,
-    ``device_mismatch``, ``finding:<kind>``."""
-    title: str
-    what: str
-    evidence: list[str] = dataclasses.field(default_factory=list)
-    fixes: list[Fix] = dataclasses.field(default_factory=list)
-    unknown: list[str] = dataclasses.field(default_factory=list)
-    """What this source cannot tell (a foreign log has no culprit module, no memory classes)."""
-    step: int | None = None
-    where: str | None = None
-    score: float = 0.0
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["fixes"] = [dataclasses.asdict(f) for f in self.fixes]
-        return d
-
-
-@dataclasses.dataclass
-class Diagnosis:
-    """The diagnosis of one run directory or one log file."""
-
-    source: str
-    source_kind: str  # "run" | "log"
-    name: str
-    state: str
-    summary: str
-    causes: list[Cause]
-
-    @property
-    def verdict(self) -> str:
-        sev = {c.severity for c in self.causes}
-        return "error" if "error" in sev else "warning" if "warning" in sev else "clean"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "source_kind": self.source_kind,
-            "name": self.name,
-            "state": self.state,
-            "verdict": self.verdict,
-            "summary": self.summary,
-            "causes": [c.to_dict() for c in self.causes],
-        }
-
-
-def rank(causes: list[Cause]) -> list[Cause]:
-    """Errors before warnings before info; within a severity the higher score (the cause that
-    explains the failure reason, the earlier first step) first."""
-    for c in causes:
-        c.score += SEVERITY_WEIGHT.get(c.severity, 0.0)
-    return sorted(causes, key=lambda c: (-c.score, c.step if c.step is not None else 1 << 30))
-
 
 # --------------------------------------------------------------------------------------------
 # small readers over a RunDir
@@ -198,7 +136,6 @@ def _status_causes(run: RunDir) -> list[Cause]:
                       score=40.0)]  # fmt: skip
     if reason in ("nonfinite", "dtype_error") or "probability tensor contains" in error:
         return []  # explained by _nonfinite_causes / _dtype_causes, which read the same status
-    from verlaudit.logparse import explain_error_text
 
     known = explain_error_text(error + "\n" + str(st.get("traceback") or ""), step=step)
     if known:
@@ -260,7 +197,6 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         # finite loss, NaN gradients before any update: the weights are the initial ones, so it is not
         # divergence or overflow of trained values but a backward that makes NaN from finite inputs
         title = f"Non-finite gradients from the first step ({step}) with a finite loss: NaN made in the backward pass"
-        from verlaudit.logparse import BACKWARD_NAN_WHAT, backward_nan_fixes
 
         what = BACKWARD_NAN_WHAT
         fixes = backward_nan_fixes() + [f for f in fixes if f.suite is not None]
@@ -307,7 +243,6 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     runtime = [f for f in run.findings if f.kind == "runtime/dtype_error"]
     if not failed and not runtime:
         return []
-    from verlaudit.logparse import dtype_fixes, parse_dtype_message
 
     f = runtime[0] if runtime else None
     msg = str(st.get("error") or (f.message if f else ""))
@@ -511,13 +446,12 @@ def diagnose_run(run: RunDir) -> Diagnosis:
 
 
 # --------------------------------------------------------------------------------------------
-# OOM: which memory class dominated, from the planner (verlaudit.memory_model via verlaudit.plan)
+# OOM: which memory class dominated, from the planner (verlaudit.plan.memory_model via verlaudit.plan)
 
 
 def _planned_fit(run: RunDir, changes: Mapping[str, Any], cap: float | None, gpus: int | None = None) -> str:
     """`` (planner: N GiB needed of M: fits)`` for the run's config with ``changes``; empty when the
     changed config cannot be planned (the fix is still printed, unchecked)."""
-    from verlaudit.plan import plan_config, run_plan_inputs
 
     try:
         cfg, _, w, optimizer = run_plan_inputs(run, changes)
@@ -550,7 +484,6 @@ def _oom_cause(run: RunDir) -> Cause:
         ev.append(
             f"memory cap {emu['memory_cap_gb']} GiB emulating {emu.get('target')} ({emu.get('reason') or ''})"
         )
-    from verlaudit.plan import capacity_gib, memory_at_failure
 
     unknown: list[str] = []
     est = None
@@ -598,7 +531,6 @@ def _oom_fixes(
     run: RunDir, phase: str | None, dominant: str | None, fragmented: bool, cap: float | None
 ) -> list[Fix]:
     """Fixes for the dominating class, each checked against the planner where it is a config change."""
-    from verlaudit.plan import run_world_size
 
     mb = _cfg(run, "algo", "micro_batch_size")
     half = max(1, mb // 2) if isinstance(mb, int) else None
@@ -687,8 +619,6 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
     """One Diagnosis per run (or the log file). ValueError when PATH is none of the accepted kinds."""
     p = Path(path)
     if p.is_file():
-        from verlaudit.logparse import diagnose_log
-
         return [diagnose_log(p)]
     if not p.exists():
         raise ValueError(

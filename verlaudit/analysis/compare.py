@@ -17,7 +17,7 @@ directory name). Checks, each a JUnit test case:
   stays inside the per-step band is still caught; NaN where the baseline was finite fails.
 - ``findings``: no error-level finding (kind, role, where) that the baseline did not have.
 - ``overflow``: no more skipped optimizer steps (``*/skipped``) and no new overflow findings.
-- ``gate:<expr>``: gate expressions (`verlaudit.gates`) from the suite or ``--gate``.
+- ``gate:<expr>``: gate expressions (`verlaudit.analysis.gates`) from the suite or ``--gate``.
 
 Tolerances come from the run's suite (``compare:`` mapping in the suite YAML, copied to the
 report's suite.json), then ``--tolerances key=value,...``. Output: a markdown summary, JUnit XML,
@@ -39,8 +39,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verlaudit.gates import Gate, check_gates, check_known_metrics, parse_gate
-from verlaudit.rundir import MANIFEST, METRICS, RunDir, is_run_dir, read_json, read_run
+from verlaudit.analysis.gates import Gate, check_gates, check_known_metrics, parse_gate
+from verlaudit.rundir import (
+    FINDINGS,
+    MANIFEST,
+    METRICS,
+    STATUS,
+    SUITE_COPY,
+    RunDir,
+    is_run_dir,
+    read_json,
+    read_run,
+)
 
 DEFAULT_TOLERANCES: dict[str, float] = {
     "memory_rel": 0.05,
@@ -52,9 +62,8 @@ DEFAULT_TOLERANCES: dict[str, float] = {
 """Defaults for runs that are not bitwise reproducible (GPU kernels, other CPUs); a suite whose runs
 are (CPU, fixed seed, one thread) should tighten the loss tolerances in its ``compare:`` mapping."""
 COMPARE_KEYS = ("tolerances", "trajectories", "variant_tolerances", "gates")
-BASELINE_FILES = ("manifest.json", "metrics.jsonl", "findings.jsonl", "status.json")
+BASELINE_FILES = (MANIFEST, METRICS, FINDINGS, STATUS)
 """What a committed baseline keeps of each run (events.jsonl is left out: large, and not compared)."""
-SUITE_COPY = "suite.json"
 
 
 @dataclasses.dataclass
@@ -389,7 +398,7 @@ def render_markdown(checks: Sequence[Check], run: str, baseline: str, notes: Seq
 def render_junit(checks: Sequence[Check], suite: str) -> str:
     """JUnit XML: one <testcase> per variant x check, <failure>/<skipped> children."""
     root = ET.Element("testsuites", name="verlaudit compare")
-    ts = ET.SubElement(root, "testsuite", name=f"verlaudit.compare.{suite}", tests=str(len(checks)),
+    ts = ET.SubElement(root, "testsuite", name=f"verlaudit.analysis.compare.{suite}", tests=str(len(checks)),
                        failures=str(sum(c.verdict == "fail" for c in checks)), errors="0",
                        skipped=str(sum(c.verdict == "skip" for c in checks)))  # fmt: skip
     root.set("tests", ts.get("tests"))

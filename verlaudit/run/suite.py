@@ -22,7 +22,7 @@ import yaml
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps suite errors worded exactly like TrainConfig's.
 from trainer.config import TrainConfig, _Section
-from verlaudit.hardware import get_target
+from verlaudit.run.hardware import get_target
 
 AUDIT_LEVELS = ("off", "boundary", "full")
 DEVICES = ("cpu", "cuda")
@@ -32,7 +32,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HardwareConfig(_Section):
     target: str = "cpu"
-    """GPU the numbers are meant for (`verlaudit.hardware.TARGETS`: ``a100-80gb``, ``v100-32gb``,
+    """GPU the numbers are meant for (`verlaudit.run.hardware.TARGETS`: ``a100-80gb``, ``v100-32gb``,
     ``h200``, ...) or ``cpu``. A smaller target than the present GPU caps usable memory; a target
     without bf16 refuses bf16 variants."""
     gpus: int = 1
@@ -193,7 +193,9 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     compare = data.get("compare") or {}
     if not isinstance(compare, Mapping):
         raise ValueError(f"compare: expected a mapping (tolerances, gates), got {compare!r}")
-    from verlaudit.compare import load_settings  # compare owns the meaning; reject bad keys at load time
+    from verlaudit.analysis.compare import (
+        load_settings,  # compare owns the meaning; reject bad keys at load time
+    )
 
     load_settings(compare)
 

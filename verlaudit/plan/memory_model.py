@@ -4,7 +4,7 @@ Pure arithmetic over an `Architecture` (exact parameter counts from a Llama-like
 `trainer.precision.RolePolicy` and a batch shape. Every estimate is a list of `Phase` candidates
 (end of forward, top and bottom of backward, optimizer step, rollout, frozen forwards), each a dict
 of named components in bytes; the peak is the largest phase, and its components are what the
-planner prints. `verlaudit plan SUITE.yaml` (verlaudit/plan.py) composes the phases of a PPO, GRPO
+planner prints. `verlaudit plan SUITE.yaml` (verlaudit/plan/planner.py) composes the phases of a PPO, GRPO
 or DPO step; `pytest tests/test_plan.py` checks them against measured H200 peaks.
 
 How the terms are derived (HF Llama decoder layer, per token; h hidden, I intermediate, q/kv the

@@ -1,0 +1,117 @@
+"""What a diagnosis is made of, for a run directory and a foreign log alike: `Fix` (the suite key,
+the verl key, why), `Cause` (what happened, evidence, fixes, what the source cannot tell),
+`Diagnosis` (one source's ranked causes), the pure ranking, and the fixes both readers offer for the
+same problem (a dtype error, a NaN made in the backward pass), so a log and a run get the same advice.
+Exercised by `pytest tests/test_diagnose.py tests/test_logparse.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from verlaudit import verl_keys as V
+
+SEVERITY_WEIGHT = {"error": 100.0, "warning": 10.0, "info": 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One concrete change: the suite key to set, the verl key that does the same, and why."""
+
+    suite: str | None
+    verl: str | None = None
+    why: str = ""
+
+
+@dataclasses.dataclass
+class Cause:
+    """One explanation of (part of) what happened, with the numbers that support it."""
+
+    severity: str
+    kind: str
+    """``oom``, ``nonfinite``, ``dtype_error``, ``loss_scale_collapse``, ``overflow_skips``,
+    ``reward_collapse``, ``reward_variance``, ``killed``, ``exception``, ``interrupted``, ``refused``,
+    ``device_mismatch``, ``finding:<kind>``."""
+    title: str
+    what: str
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    fixes: list[Fix] = dataclasses.field(default_factory=list)
+    unknown: list[str] = dataclasses.field(default_factory=list)
+    """What this source cannot tell (a foreign log has no culprit module, no memory classes)."""
+    step: int | None = None
+    where: str | None = None
+    score: float = 0.0
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["fixes"] = [dataclasses.asdict(f) for f in self.fixes]
+        return d
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """The diagnosis of one run directory or one log file."""
+
+    source: str
+    source_kind: str  # "run" | "log"
+    name: str
+    state: str
+    summary: str
+    causes: list[Cause]
+
+    @property
+    def verdict(self) -> str:
+        sev = {c.severity for c in self.causes}
+        return "error" if "error" in sev else "warning" if "warning" in sev else "clean"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "source_kind": self.source_kind,
+            "name": self.name,
+            "state": self.state,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "causes": [c.to_dict() for c in self.causes],
+        }
+
+
+def rank(causes: list[Cause]) -> list[Cause]:
+    """Errors before warnings before info; within a severity the higher score (the cause that
+    explains the failure reason, the earlier first step) first."""
+    for c in causes:
+        c.score += SEVERITY_WEIGHT.get(c.severity, 0.0)
+    return sorted(causes, key=lambda c: (-c.score, c.step if c.step is not None else 1 << 30))
+
+
+def dtype_fixes(observed: str | None) -> list[Fix]:
+    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype)."""
+    return [
+        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
+            "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
+        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
+            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. the "
+            "reward model or value head)"),
+    ]  # fmt: skip
+
+
+BACKWARD_NAN_WHAT = (
+    "The loss was finite while the gradients were NaN from the first (logged) step, before training could "
+    "diverge: the backward pass itself produced NaN. The usual cause in RL batches: attention rows that see no key (the left padding of prompts "
+    "under causal + padding masking). Math attention returns zeros there, but fused kernels (cuDNN's on Hopper, "
+    "seen on an H200) leave NaN in those rows' backward, and NaN x 0 spreads into every weight gradient. Next: "
+    "a custom autograd function or a log/sqrt at 0."
+)
+
+
+def backward_nan_fixes() -> list[Fix]:
+    """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
+    return [
+        Fix(None, V.REMOVE_PADDING,
+            "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
+            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
+        Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
+            "gradients there point at the fused kernel's empty rows"),
+    ]  # fmt: skip
