@@ -12,10 +12,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": (
-        "verlaudit.run.runner",
-        "run a suite: every variant in its own process, then the comparison report",
-    ),
+    "run": ("verlaudit.run.runner", "run a suite: every variant in its own process, then the comparison report"),
     "diagnose": (
         "verlaudit.analysis.diagnose",
         "explain a run directory (or a foreign training log): cause, culprit, fix",
