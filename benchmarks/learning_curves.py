@@ -13,6 +13,7 @@ sized for real models. Every critic-free run (``RUNS``) is the GRPO settings wit
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -97,7 +98,8 @@ def main() -> None:
 
     lines += [
         "",
-        f"Machine: {torch.get_num_threads()} torch thread on {platform.machine()}, no GPU, Python "
+        f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}, shared with other jobs: wall times are "
+        f"noisy), {torch.get_num_threads()} torch thread, no GPU, Python "
         f"{platform.python_version()}, transformers {transformers.__version__}. tiny-llama (random init), digits "
         "task, seed 0. Settings: `trainer.data.TINY_LEARNING_SETTINGS` plus each run's algo options.",
         f"Runs whose end is not above their start: {', '.join(flat) if flat else 'none'}. "
