@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.verl_job import CHAT_TEMPLATE, gsm8k_rows, write_parquet
+from tests.verl_job import CHAT_TEMPLATE, gsm8k_rows, two_rank_extras, write_parquet
 from trainer import data as D
 from trainer import verl_data as VD
 from trainer.common import StepLog
@@ -263,3 +264,15 @@ def test_gsm8k_score_by_hand():
     assert s("openai/gsm8k", "the answer is 42.", "42") == 0.0  # strict: no ####
     assert s("openai/gsm8k", "the answer is 42.", "42", method="flexible") == 1.0
     assert s("openai/gsm8k", "#### -3.5", "-3.5") == 1.0
+
+
+def test_extra_metrics_are_averaged_over_ranks_with_different_keys(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(two_rank_extras, args=(str(tmp_path / "init"), str(tmp_path / "out")), nprocs=2)
+    got = [json.loads(Path(f"{tmp_path / 'out'}.{r}").read_text()) for r in (0, 1)]
+    assert (
+        got[0]["reward_extra/acc/mean"] == got[1]["reward_extra/acc/mean"] == pytest.approx(2 / 3)
+    )  # (1+0+1)/3
+    assert got[0]["reward_extra/len/mean"] == got[1]["reward_extra/len/mean"] == 4.0  # only rank 1 had it
+    assert got[0]["actor/loss"] == 0.5  # the recipe's own metrics are still averaged as before

@@ -67,3 +67,28 @@ def tiny_qwen_dir(path: Path, *, chat_template: bool = True) -> Path:
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def two_rank_extras(rank: int, init_file: str, out: str) -> None:
+    """One rank of tests/test_verl_data.py's two-process check of `StepLog`'s extra metrics (gloo)."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from trainer import common
+    from trainer.distributed import DistInfo
+    from trainer.events import NULL_OBSERVER
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        info = DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), backend="gloo")
+        log = common.StepLog(NULL_OBSERVER, 0, info)
+        log.start(0)
+        # rank 0: acc on 2 responses (1, 0); rank 1: acc on 1 response (1) and a key rank 0 never saw
+        common.add_step_metrics({"reward_extra/acc/mean": (1.0, 2)} if rank == 0 else
+                                {"reward_extra/acc/mean": (1.0, 1), "reward_extra/len/mean": (8.0, 2)})  # fmt: skip
+        got = log.end(0, {"actor/loss": float(rank)})
+        Path(f"{out}.{rank}").write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
