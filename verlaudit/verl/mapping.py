@@ -234,8 +234,7 @@ REASONS: tuple[tuple[str, str], ...] = (
 class Context:
     """The script's overrides by key, what has been consumed, and the records and suite values made."""
 
-    def __init__(self, launch: Launch, *, cwd: str) -> None:
-        self.cwd = cwd
+    def __init__(self, launch: Launch) -> None:
         self.by_key: dict[str, Override] = {}
         for o in launch.overrides:
             self.by_key[canonical(o.key)] = o  # Hydra: the last override of a key wins
@@ -671,9 +670,9 @@ def _map_leftovers(ctx: Context) -> None:
                    "or a misspelling?)")  # fmt: skip
 
 
-def map_launch(launch: Launch, *, target: str, model: str | None = None, cwd: str | None = None) -> Mapped:
+def map_launch(launch: Launch, *, target: str, model: str | None = None) -> Mapped:
     """The suite pieces of ``launch`` and what became of each key."""
-    ctx = Context(launch, cwd=cwd or os.getcwd())
+    ctx = Context(launch)
     _map_algorithm(ctx)
     ctx.set("algo.name", ctx.algo)
     hardware, gpus = _map_hardware(ctx, target)
