@@ -284,6 +284,36 @@ class Averages:
         return {k: self._sums[k] / self._counts[k] for k in self._sums}
 
 
+_STEP_EXTRAS: dict[str, list[float]] = {}
+"""The current step's extra metrics: name -> [sum, count] (see `add_step_metrics`)."""
+
+
+def add_step_metrics(values: Mapping[str, tuple[float, int]]) -> None:
+    """Adds ``name -> (sum, count)`` to the current step's extra metrics: values reported by code a recipe
+    calls without reading back (the extra keys of a verl ``compute_score`` dict). `StepLog.end` puts their
+    means (over the step's calls and over ranks) beside the recipe's own metrics, which win a name clash."""
+    for name, (total, count) in values.items():
+        acc = _STEP_EXTRAS.setdefault(name, [0.0, 0])
+        acc[0] += float(total)
+        acc[1] += int(count)
+
+
+def _take_step_extras(dist: dist_mod.DistInfo | None) -> dict[str, float]:
+    extras = {k: (v[0], v[1]) for k, v in _STEP_EXTRAS.items()}
+    _STEP_EXTRAS.clear()
+    if dist is not None and dist.distributed:
+        # every rank, every step (a rank whose rows had no extra key must still join): the key sets
+        # may differ between ranks, so the (sum, count) pairs are gathered, not all-reduced
+        gathered: list[Any] = [None] * dist.world_size
+        torch.distributed.all_gather_object(gathered, extras)
+        extras = {}
+        for part in gathered:
+            for k, (total, count) in part.items():
+                t, c = extras.get(k, (0.0, 0))
+                extras[k] = (t + total, c + count)
+    return {k: total / count for k, (total, count) in extras.items() if count}
+
+
 class StepLog:
     """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard."""
 
@@ -296,12 +326,15 @@ class StepLog:
         self._t0 = 0.0
 
     def start(self, step: int) -> None:
+        _STEP_EXTRAS.clear()
         self.observer.on_step_start(step)
         self._t0 = time.perf_counter()
 
     def end(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
         out = {k: float(v) for k, v in metrics.items()}
         out["perf/step_time_s"] = time.perf_counter() - self._t0
+        for k, v in _take_step_extras(self.dist).items():
+            out.setdefault(k, v)
         if self.dist is not None:
             # every rank, every step: means over ranks (max for perf/*). The guard below reads the
             # reduced loss so all ranks raise together; one rank raising alone would leave the

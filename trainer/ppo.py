@@ -332,7 +332,7 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool) -> Prepare
 
     algo = config.algo
     setup = build_setup(config, observer, critic=critic, reference=algo.uses_reference, reward_model=True)
-    examples = D.load_examples(config.data, seed=config.seed, pairs=False)
+    examples = D.load_examples(config.data, seed=config.seed, pairs=False, tokenizer=setup.tokenizer)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
     # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
