@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.precision import resolve_policy
 from verlaudit.run.worker import main as worker_main
 from verlaudit.rundir import read_run
 
@@ -25,9 +26,15 @@ TRAIN = {
 }  # fmt: skip
 
 
+def resolved(train):
+    """What the runner adds to a spec (here for a hand-written one): the device type and the policy."""
+    return {"device": "cpu", "policy": resolve_policy(train["precision"]["preset"]).to_dict()}
+
+
 def spec(tmp_path, **extra):
-    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": TRAIN,
-         "audit": {"level": "full", "full_steps": 1, "every": 0}, **extra}  # fmt: skip
+    train = extra.pop("train", TRAIN)
+    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": train,
+         "audit": {"level": "full", "full_steps": 1, "every": 0}, **resolved(train), **extra}  # fmt: skip
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     return p
@@ -108,7 +115,7 @@ def test_oom_and_interrupt_become_status(tmp_path, error, reason):
     ],
 )
 def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys, mutate, message):
-    s = {"variant": "v", "run_dir": str(tmp_path / "run"), "train": json.loads(json.dumps(TRAIN))}
+    s = {"variant": "v", "run_dir": str(tmp_path / "run"), "train": json.loads(json.dumps(TRAIN)), **resolved(TRAIN)}
     mutate(s)
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))

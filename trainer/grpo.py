@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from trainer import losses as L
-from trainer.common import StepLog, local_batch
+from trainer.common import Resolved, StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.ppo import (
@@ -26,11 +26,13 @@ from trainer.ppo import (
 )
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` GRPO steps; returns the per-step metrics."""
     algo = config.algo
     g = algo.group_size
-    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=False)
+    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(
+        config, observer, resolved, critic=False
+    )
     actor = setup.models["actor"]
     log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):

@@ -15,6 +15,7 @@ import torch
 from trainer import losses as L
 from trainer.common import (
     Averages,
+    Resolved,
     Setup,
     StepLog,
     backward,
@@ -240,13 +241,15 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
     return rollout
 
 
-def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
+def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, critic: bool):
     """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine, batches."""
     from trainer import data as D
     from trainer.rollout import build_engine
 
     algo = config.algo
-    setup = build_setup(config, observer, critic=critic, reference=algo.kl_coef > 0, reward_model=True)
+    setup = build_setup(
+        config, observer, resolved, critic=critic, reference=algo.kl_coef > 0, reward_model=True
+    )
     examples = D.load_examples(config.data, seed=config.seed, pairs=False)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
@@ -279,10 +282,12 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
     return setup, source, collator, reward_name, reward_fn, engine, batches
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` PPO steps; returns the per-step metrics."""
     algo = config.algo
-    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=True)
+    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(
+        config, observer, resolved, critic=True
+    )
     actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
     log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):
