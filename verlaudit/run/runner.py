@@ -2,9 +2,9 @@
 
 Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
 cap, bf16 refusal) and the precision policy, once, into one `verlaudit.run.spec.RunSpec` per
-(variant, seed). Execute (`execute`): start
-``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
-run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
+(variant, seed). Execute (`execute`): write it as spec.json and start ``python -m
+verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that run's
+directory and the next variant still runs; a tqdm bar per variant is fed by polling the
 child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
 report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
 the report from what exists and exits 130.
