@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer.advantages import ADV_ESTIMATORS, KL_CTRL_TYPES
 from trainer.losses import DPO_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
-from trainer.precision import PRESETS, resolve_policy
+from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, resolve_policy
 
 ALGORITHMS = ("ppo", "grpo", "dpo")
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -507,18 +507,28 @@ class PrecisionConfig(_Section):
         if self.checkpoint_layers == "auto":
             _check(self.grad_checkpointing is not False, "checkpoint_layers",
                    "auto needs grad_checkpointing: true")  # fmt: skip
-        else:
-            self.resolve(where="")
+            return
+        # validating the fields is building the policy: built once here, read through `policy`
+        policy = resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing,
+                                checkpoint_layers=self.checkpoint_layers, where="")  # fmt: skip
+        object.__setattr__(self, "_policy", policy)
 
-    def resolve(self, device: Any = "cpu", *, where: str = "precision"):
-        """The run's `trainer.precision.PrecisionPolicy` on ``device`` (ValueError naming ``where``)."""
+    @property
+    def policy(self) -> PrecisionPolicy:
+        """The `trainer.precision.PrecisionPolicy` these fields describe (built when the config was)."""
         if self.checkpoint_layers == "auto":
             raise ValueError(
-                f"{where + '.' if where else ''}checkpoint_layers: auto is chosen by `verlaudit run` from the "
-                "memory planner before the trainer starts; run the trainer directly with a number of layers"
+                "precision.checkpoint_layers: auto is chosen by `verlaudit run` from the memory planner "
+                "before the trainer starts; run the trainer directly with a number of layers"
             )
-        return resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing,
-                              checkpoint_layers=self.checkpoint_layers, device=device, where=where)  # fmt: skip
+        return self._policy  # type: ignore[attr-defined]
+
+    def resolve(self, device: Any, *, where: str = "precision") -> PrecisionPolicy:
+        """`policy`, refused (ValueError naming ``where``) when ``device`` cannot run it: bf16 on a GPU
+        without bf16. For the trainer run alone; `verlaudit run` decides this from the target instead."""
+        policy = self.policy
+        check_hardware(policy, device, where=where)
+        return policy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
