@@ -339,5 +339,6 @@ def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor | None) 
     by its (non-negative, detached) weight; every policy loss here is positively homogeneous in the
     advantage per token (PPO: max(-A r, -A clip(r)) * w = max(-(A w) r, -(A w) clip(r)) for w >= 0),
     so scaling the advantage by w is the same loss and gradient, and leaves entropy and KL terms
-    unweighted as verl does."""
+    unweighted as verl does. Not so for ``clip_cov`` / ``kl_cov``, which pick tokens by the advantages'
+    covariance: `trainer.config.TrainConfig` refuses IS weights with those."""
     return advantages if weights is None else advantages * weights
