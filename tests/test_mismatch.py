@@ -248,9 +248,10 @@ def test_per_option_and_combined_fractions():
     assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == approx(1.0)
 
 
-def _verl_pg_loss(logprobs, old, adv, mask, weights, clip):
-    """verl's vanilla policy loss written out per token: max(-A r, -A clip(r)) times the rollout IS
-    weight, token-mean over the (rejection-modified) response mask."""
+def _verl_pg_loss(logprobs, old, adv, mask, weights, clip, clip_c=3.0):
+    """verl's vanilla policy loss written out per token: max(-A r, -A clip(r)) (for A < 0 at most
+    -A c, the dual clip), times the rollout IS weight, token-mean over the (rejection-modified)
+    response mask."""
     total, count = 0.0, 0
     for i in range(logprobs.shape[0]):
         for j in range(logprobs.shape[1]):
@@ -259,9 +260,15 @@ def _verl_pg_loss(logprobs, old, adv, mask, weights, clip):
             ratio = torch.exp(logprobs[i, j] - old[i, j])
             a = adv[i, j]
             loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip, 1 + clip))
+            if a < 0:
+                loss = torch.minimum(loss, -a * clip_c)
             total = total + loss * (1.0 if weights is None else weights[i, j])
             count += 1
     return total / max(count, 1)
+
+
+def _loss(mode, logprobs, old, adv, mask):
+    return L.policy_loss(mode, logprobs, old, adv, mask, L.PolicyLossParams()).loss
 
 
 def test_correction_changes_the_ppo_loss_as_verls_does():
@@ -271,22 +278,39 @@ def test_correction_changes_the_ppo_loss_as_verls_does():
     + token_k1 rejection (row 1 token 0 dropped): -(0.8 - 1 + 0.5625 + 1) / 4 = -0.340625."""
     adv = torch.tensor([[1.0, -1.0, 0.5], [2.0, 1.0, 0.0]])
     current = OLD.clone()
-    plain, _, _ = L.ppo_policy_loss(current, OLD, adv, MASK, 0.2)
+    plain = _loss("vanilla", current, OLD, adv, MASK)
     assert float(plain) == approx(-0.7)
     c = _corr(rollout_is="token", rollout_is_threshold=2.0)
-    tis, _, _ = L.ppo_policy_loss(current, OLD, weighted_advantages(adv, c.weights), c.mask, 0.2)
+    tis = _loss("vanilla", current, OLD, weighted_advantages(adv, c.weights), c.mask)
     assert float(tis) == approx(-1.0725)
     c = _corr(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k1", rollout_rs_threshold=2.0)
-    both, _, _ = L.ppo_policy_loss(current, OLD, weighted_advantages(adv, c.weights), c.mask, 0.2)
+    both = _loss("vanilla", current, OLD, weighted_advantages(adv, c.weights), c.mask)
     assert float(both) == approx(-0.340625)
     assert float(both) == approx(float(_verl_pg_loss(current, OLD, adv, c.mask, c.weights, 0.2)))
 
 
+def _per_token_reference(mode, logprobs, old, adv, mask, weights):
+    """verl's weighting for a loss whose tokens are independent: sum over tokens of w_t times the
+    loss of that token alone (our loss on a one-token mask), over the token count (token-mean)."""
+    total = 0.0
+    for i, j in mask.nonzero().tolist():
+        alone = torch.zeros_like(mask)
+        alone[i, j] = 1
+        total = total + weights[i, j] * _loss(mode, logprobs, old, adv, alone)
+    return total / int(mask.sum())
+
+
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(min_value=0, max_value=2**31), level=st.sampled_from(["token", "sequence"]))
-def test_weighted_advantages_give_verls_loss_and_gradient(seed, level):
+@given(
+    seed=st.integers(min_value=0, max_value=2**31),
+    level=st.sampled_from(["token", "sequence"]),
+    mode=st.sampled_from(["vanilla", "gpg", "cispo"]),
+)
+def test_weighted_advantages_give_verls_loss_and_gradient(seed, level, mode):
     """Scaling the advantages by the (non-negative) weights is verl's per-token weighting of the
-    clipped loss, value and gradient, clipped tokens included (ratios up to e^+-0.5 against clip 0.2)."""
+    policy loss, value and gradient, clipped and dual-clipped tokens included (ratios up to e^+-1.5
+    against clip 0.2 and c = 3); vanilla against a plain loop of verl's formula, the others against
+    their own per-token losses weighted."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(3, 5, generator=g) * 3
     roll = old + torch.randn(3, 5, generator=g) * 0.3
@@ -296,10 +320,13 @@ def test_weighted_advantages_give_verls_loss_and_gradient(seed, level):
     c = rollout_correction(
         roll, old, mask, RolloutCorrectionConfig(rollout_is=level, rollout_is_threshold=1.5)
     )
-    current = (old + torch.randn(3, 5, generator=g) * 0.5).requires_grad_(True)
-    ours, _, _ = L.ppo_policy_loss(current, old, weighted_advantages(adv, c.weights), mask, 0.2)
+    current = (old + torch.randn(3, 5, generator=g) * 1.5).requires_grad_(True)
+    ours = _loss(mode, current, old, weighted_advantages(adv, c.weights), mask)
     (g_ours,) = torch.autograd.grad(ours, current)
-    ref = _verl_pg_loss(current, old, adv, mask, c.weights, 0.2)
+    if mode == "vanilla":
+        ref = _verl_pg_loss(current, old, adv, mask, c.weights, 0.2)
+    else:
+        ref = _per_token_reference(mode, current, old, adv, mask, c.weights)
     (g_ref,) = torch.autograd.grad(ref, current)
     assert float(ours.detach()) == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-7)
@@ -347,10 +374,27 @@ def test_the_recipe_applies_the_correction():
     """Mismatch metrics on every step; IS weights reach the policy loss; rejected tokens leave it."""
     plain = _ppo_step()
     assert plain["training/rollout_probs_diff_max"] > 0 and "rollout_corr/rollout_is_mean" not in plain
+    # (one epoch over one mini-batch: the ratio is 1 and the whitened advantages average 0, so the
+    # policy loss itself is 0 in every run; its gradient is what the correction changes)
     weighted = _ppo_step({"rollout_is": "token", "rollout_is_threshold": 1e9})  # untruncated ratios
     assert weighted["rollout_corr/rollout_is_mean"] != 1.0
-    assert weighted["actor/pg_loss"] != plain["actor/pg_loss"]
+    assert weighted["actor/grad_norm"] != plain["actor/grad_norm"]
     # every sequence's ratio product is outside [1e-9, 1e-8]: nothing is left to learn from
     none = _ppo_step({"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "1e-9_1e-8"})
     assert none["rollout_corr/rollout_rs_masked_fraction"] == 1.0
-    assert none["actor/pg_loss"] == 0.0 and plain["actor/pg_loss"] != 0.0
+    assert none["actor/grad_norm"] == 0.0 and plain["actor/grad_norm"] > 0.0
+
+
+def test_is_weights_refused_where_they_would_not_be_verls():
+    with pytest.raises(ValueError, match=r"rollout_correction.rollout_is: not with algo.loss_mode: clip_cov"):
+        TrainConfig.from_dict(
+            {"algo": {"loss_mode": "clip_cov"}, "rollout_correction": {"rollout_is": "token"}}
+        )
+    with pytest.raises(ValueError, match=r"rollout_correction: DPO has no rollout"):
+        TrainConfig.from_dict({"algo": {"name": "dpo"}, "rollout_correction": {"rollout_is": "token"}})
+    TrainConfig.from_dict(  # rejection alone only masks tokens: fine with every loss
+        {
+            "algo": {"loss_mode": "kl_cov"},
+            "rollout_correction": {"rollout_rs": "token_k3", "rollout_rs_threshold": 0.1},
+        }
+    )
