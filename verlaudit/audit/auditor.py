@@ -10,8 +10,8 @@ gradient and update numerics (`optimizer`), the module probes (`probes`, hooks o
 sampled at the ``full`` level), memory (`memory`) and phase timing (`context.PhaseTimer`). Findings
 go to a `FindingLog` (findings.jsonl); one metrics.jsonl line per step comes from `metrics.step_line`.
 An exception leaving the ``with`` block becomes a finding and a ``failure`` dict for status.json
-(`failure`), then propagates -- never swallowed. The manifest is the worker's: `manifest_fields`
-says what the audit adds to it. Exercised by `pytest tests/test_audit_probes.py
+(`failure`), then propagates -- never swallowed. manifest.json is the worker's alone: it adds
+``memory.summary()`` when training ends. Exercised by `pytest tests/test_audit_probes.py
 tests/test_audit_faults.py` and `python -m verlaudit.run.worker SPEC.json`.
 """
 
@@ -89,13 +89,6 @@ class Auditor(Observer):
             self.memory.stop()
             self.findings.flush()
         return False  # never swallow: the worker records status from self.failure and exits 1
-
-    def manifest_fields(self) -> dict[str, Any]:
-        """What the audit adds to manifest.json (written by the worker, its one writer): the policy
-        as the trainer resolved it, once known, and the run's memory peaks."""
-        out: dict[str, Any] = {} if self.policy is None else {"policy": self.policy.to_dict()}
-        out["memory_summary"] = self.memory.summary()
-        return out
 
     @property
     def _checking(self) -> bool:

@@ -30,9 +30,8 @@ from typing import Any
 
 import verlaudit
 from verlaudit.analysis import report as report_mod
-from verlaudit.audit.settings import LEVELS
 from verlaudit.run.hardware import PresentDevice, detect, get_target
-from verlaudit.run.suite import DEVICES, Suite, SuiteRun, load_suite
+from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
 from verlaudit.rundir import (
     METRICS,
     RUNNER,
@@ -424,7 +423,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     p.add_argument("--out", help="output directory (default reports/<suite>/<YYYYmmdd-HHMMSS>)")
     p.add_argument("--device", choices=DEVICES, help="run on cpu or cuda regardless of the suite's target")
-    p.add_argument("--audit-level", choices=LEVELS, help="override the suite's audit.level")
+    p.add_argument("--audit-level", choices=AUDIT_LEVELS, help="override the suite's audit.level")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (summary lines only)")
     p.add_argument(
         "--report-only", metavar="DIR", help="re-render report.md/csv/png from an existing output directory"

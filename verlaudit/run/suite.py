@@ -22,9 +22,11 @@ import yaml
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps suite errors worded exactly like TrainConfig's.
 from trainer.config import TrainConfig, _Section
-from verlaudit.audit.settings import AuditSettings
+from verlaudit.audit.settings import LEVELS, AuditSettings
 from verlaudit.run.hardware import get_target
 
+AUDIT_LEVELS = LEVELS
+"""`verlaudit.audit.settings.LEVELS`, for the runner's ``--audit-level`` choices."""
 DEVICES = ("cpu", "cuda")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

@@ -6,8 +6,8 @@ SPEC.json (the runner's contract)::
      "train": {<TrainConfig dict>}, "audit": {"level": "full", "full_steps": 2, "every": 10},
      "emulation": {"target": "a100-80gb", "memory_cap_gb": 80, "reason": "..."}, "inject": {...}}
 
-Writes manifest.json first (the audit's policy and memory peaks join it when training ends), one
-metrics.jsonl line per step and findings.jsonl as it goes, and status.json last. Exit code 0: completed; 1: failed (status.json says why: oom, nonfinite,
+Writes manifest.json first, one metrics.jsonl line per step and findings.jsonl as it goes, and
+status.json last. Exit code 0: completed; 1: failed (status.json says why: oom, nonfinite,
 dtype_error, exception, interrupted); 2: the spec itself is wrong (message on stderr). The spec's
 ``seed`` is the run's seed (it replaces ``train.seed``).
 
@@ -50,7 +50,7 @@ class Spec:
 def load_spec(path: str | os.PathLike) -> Spec:
     """Reads and validates SPEC.json; ValueError names the file and the field."""
     from trainer.config import TrainConfig
-    from verlaudit.audit.settings import AuditSettings
+    from verlaudit.audit import AuditSettings
 
     p = Path(path)
     if not p.is_file():
@@ -196,8 +196,8 @@ def run(spec: Spec) -> int:
         try:
             with auditor:
                 train(cfg, observer)
-        finally:  # the worker is the manifest's one writer; the audit says what it learned
-            writer.update_manifest(**auditor.manifest_fields())
+        finally:  # the worker is manifest.json's one writer: the audit's memory peaks join it now
+            writer.update_manifest(memory_summary=auditor.memory.summary())
     except BaseException as e:  # every failure becomes a status, then exit 1; nothing is swallowed silently
         failure = auditor.failure or {
             "reason": "interrupted" if isinstance(e, KeyboardInterrupt) else "exception",
