@@ -123,10 +123,10 @@ def sft(model, chain: MarkovChain, args, device) -> dict:
 
 
 def measure(model, tok, engine_name: str, trainer_dtype: str, rollout_dtype: str, ids, args, device) -> dict:
+    from trainer.engines import build_engine
     from trainer.logprobs import sequence_logprobs
     from trainer.mismatch import mismatch_metrics, worst_tokens
     from trainer.precision import resolve_policy
-    from trainer.rollout import build_engine
 
     rollout_policy = resolve_policy("fp32", {"rollout": {"compute_dtype": rollout_dtype}})["rollout"]
     engine = build_engine(

@@ -31,8 +31,9 @@ from tests.test_rollout_fast import (
 from trainer import decode_attention as DA
 from trainer import fused_decode
 from trainer.config import TrainConfig
+from trainer.engines import build_engine
 from trainer.logprobs import causal_mask_with_self
-from trainer.rollout import HFGenerateEngine, StaticDecodeEngine, build_engine
+from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
 
 CPU = torch.device("cpu")
 

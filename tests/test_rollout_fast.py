@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from benchmarks.rollout_bench import TimedStaticDecodeEngine
 from trainer.config import DataConfig, ModelConfig, TrainConfig
 from trainer.data import PromptCollator, load_examples
+from trainer.engines import build_engine
 from trainer.logprobs import sequence_logprobs
 from trainer.models import build_causal_lm
 from trainer.precision import resolve_policy
-from trainer.rollout import HFGenerateEngine, StaticDecodeEngine, build_engine
+from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
 from trainer.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()

@@ -21,10 +21,11 @@ import torch
 
 from trainer.config import DataConfig, ModelConfig, TrainConfig
 from trainer.data import PromptCollator, load_examples
+from trainer.engines import build_engine
 from trainer.logprobs import sequence_logprobs
 from trainer.models import build_causal_lm, preset_config
 from trainer.precision import resolve_policy
-from trainer.rollout import build_engine, sampling_processors
+from trainer.rollout import sampling_processors
 from trainer.tokenizer import build_tokenizer
 from trainer.vllm_engine import VLLMEngine, require_vllm, vllm_available
 

@@ -350,7 +350,7 @@ class Prepared:
 def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, critic: bool) -> Prepared:
     """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine(s), batches."""
     from trainer import data as D
-    from trainer.rollout import build_engine
+    from trainer.engines import build_engine
 
     algo = config.algo
     setup = build_setup(

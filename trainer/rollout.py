@@ -10,8 +10,8 @@ sees the final scores; HF's own warpers are switched off so nothing runs after t
 preallocated KV cache, sampling on device with the same ops in the same order as HF's sampler (same
 seed, same logits -> same tokens); optionally the whole decode step (forward, sampling, bookkeeping)
 captured once as a CUDA graph and replayed, and the single-token forward compiled by torch.compile
-(prefill stays eager). `build_engine` picks one from the ``rollout`` options, vLLM
-(`trainer.vllm_engine.VLLMEngine`) included.
+(prefill stays eager). `trainer.engines.build_engine` picks one from the ``rollout`` options
+(vLLM's, `trainer.vllm_engine.VLLMEngine`, included).
 Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
 ended, since each forward all-gathers parameter shards with the other ranks -- except with
 ``rollout.fused``, whose snapshot is gathered once per rollout, so its decode steps have no
@@ -32,7 +32,6 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.cache_utils import Cache, StaticLayer
 
 from trainer import fused_decode
-from trainer.config import resolve_engine
 from trainer.logprobs import additive_mask, causal_mask_with_self, has_left_padding
 from trainer.precision import RolePolicy, dtype_name
 
@@ -338,41 +337,6 @@ def _to_rollout(
         input_ids=torch.cat([prompt_ids, response], dim=1),
         attention_mask=torch.cat([prompt_mask.long(), mask], dim=1),
         left_padded=left_padded,
-    )
-
-
-def build_engine(
-    model: torch.nn.Module,
-    tokenizer,
-    policy: RolePolicy,
-    *,
-    device: str | torch.device,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    engine: str | None = None,
-    cache: str | None = None,
-    cuda_graphs: bool = False,
-    compile: bool = False,
-    fused: bool | None = None,
-    vllm: dict | None = None,
-):
-    """The rollout engine the ``rollout`` options ask for: ``rollout.engine`` (or the older
-    ``rollout.cache`` / ``rollout.fused``), ``rollout.cuda_graphs``, ``rollout.compile``; ``vllm`` holds
-    `trainer.vllm_engine.VLLMEngine`'s own keyword arguments (KV-cache size, model length, probe)."""
-    name = resolve_engine(engine, cache, fused, cuda_graphs=cuda_graphs, compile=compile)
-    kwargs = dict(
-        device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p
-    )
-    if name == "hf":
-        return HFGenerateEngine(model, tokenizer, policy, **kwargs)
-    if name == "vllm":
-        from trainer.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model, tokenizer, policy, **kwargs, **(vllm or {}))
-    return StaticDecodeEngine(
-        model, tokenizer, policy, cuda_graphs=cuda_graphs, compile=compile, fused=name == "fused", **kwargs
     )
 
 
