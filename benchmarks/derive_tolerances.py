@@ -94,6 +94,9 @@ NOT_A_MACHINE = {
 
 # name -> (suite `train.algo` key, new value or a factor on the suite's value, what it models)
 PLANTED: dict[str, tuple[str, Any, str]] = {
+    "lr-x1.002": ("lr", ("x", 1.002), "actor lr x1.002"),
+    "lr-x1.005": ("lr", ("x", 1.005), "actor lr x1.005"),
+    "lr-x1.01": ("lr", ("x", 1.01), "actor lr x1.01"),
     "lr-x1.02": ("lr", ("x", 1.02), "actor lr x1.02"),
     "lr-x1.05": ("lr", ("x", 1.05), "actor lr x1.05"),
     "lr-x1.1": ("lr", ("x", 1.1), "actor lr x1.1"),

@@ -5,6 +5,7 @@ tests/test_tolerance_replay.py."""
 
 import json
 import math
+import xml.etree.ElementTree as ET
 
 import pytest
 from hypothesis import given, settings
@@ -138,15 +139,25 @@ def test_compare_uses_the_model_per_step_and_says_so(tmp_path):
     # default loss_atol 0.05 applies to its 0.01, and to the mean of 4 steps (0.0102 / 4 = 0.00255) the
     # default loss_mean_atol 0.01
     now = write_run(tmp_path / "now" / "fp16", [0.10005, 0.19985, 0.3003, 0.41])
-    md = tmp_path / "s.md"
-    assert (
-        cli.main(["compare", str(now.parent), "--baseline", str(tmp_path / "base"), "--markdown", str(md)])
-        == 0
-    )
+    md, junit = tmp_path / "s.md", tmp_path / "j.xml"
+    argv = [
+        str(now.parent),
+        "--baseline",
+        str(tmp_path / "base"),
+        "--markdown",
+        str(md),
+        "--junit",
+        str(junit),
+    ]
+    assert cli.main(["compare", *argv]) == 0
     text = md.read_text()
     assert "steps 0-2 \\|d\\|<=[0.0001, 0.0002, 0.0004] (model fp16)" in text
     assert "step 3 \\|d\\|<=0.05 (loss_atol (default))" in text
     assert "trajectory:actor/grad_norm" in text  # every metric of the model is checked
+    case = ET.parse(junit).getroot().find("./testsuite/testcase[@name='trajectory:actor/loss']")
+    assert case.find("system-out").text.startswith(
+        "tolerance: steps 0-2 |d|<=[0.0001, 0.0002, 0.0004] (model fp16); step 3 |d|<=0.05 (loss_atol (default))"
+    )
     # the same run against a model with a tighter step 1: fails there, naming step and tolerance
     write_model(tmp_path / "base", loss=(1e-4, 1e-4, 4e-4))
     checks = compare.compare_runs(
