@@ -365,6 +365,35 @@ def leave_one_out(
     }
 
 
+def external_check(
+    name: str, e: Mapping[str, Any], matrix: Mapping[str, Any], model: Mapping[str, Any]
+) -> dict:
+    """|d| / step_atol of each value measured elsewhere against the reference run, and the
+    conditions here that reproduce those values bit for bit."""
+    ref = matrix["conditions"][matrix["reference"]]["trajectories"]
+    res: dict[str, list] = {}
+    for v, metrics in e["trajectories"].items():
+        vm = model["variants"].get(v)
+        for m, pts in metrics.items():
+            if not vm or m not in vm["metrics"]:
+                continue
+            for s, x in pts.items():
+                d, atol = abs(x - ref[v][m][int(s)]), vm["metrics"][m]["step_atol"][int(s)]
+                res.setdefault(v, []).append({"metric": m, "step": int(s), "d": d, "atol": atol})
+    same = [
+        c
+        for c, r in matrix["conditions"].items()
+        if all(
+            r["trajectories"][v][m][int(s)] == x
+            for v, ms in e["trajectories"].items()
+            for m, pts in ms.items()
+            for s, x in pts.items()
+            if int(s) < model["steps"] and m in r["trajectories"][v]
+        )
+    ]
+    return {"name": name, "description": e["description"], "result": res, "same_as": same}
+
+
 def describe(
     matrix: Mapping[str, Any],
     model: Mapping[str, Any],
@@ -400,29 +429,7 @@ def describe(
         }
         for n, r in matrix["planted"].items()
     ]
-    ext = []
-    for n, e in external.items():
-        res = {}
-        for v, metrics in e["trajectories"].items():
-            vm = model["variants"].get(v)
-            for m, pts in metrics.items():
-                if not vm or m not in vm["metrics"]:
-                    continue
-                for s, x in pts.items():
-                    d, atol = abs(x - ref[v][m][int(s)]), vm["metrics"][m]["step_atol"][int(s)]
-                    res.setdefault(v, []).append({"metric": m, "step": int(s), "d": d, "atol": atol})
-        same = [
-            c
-            for c, r in matrix["conditions"].items()
-            if all(
-                r["trajectories"][v][m][int(s)] == x
-                for v, ms in e["trajectories"].items()
-                for m, pts in ms.items()
-                for s, x in pts.items()
-                if int(s) < model["steps"] and m in r["trajectories"][v]
-            )
-        ]
-        ext.append({"name": n, "description": e["description"], "result": res, "same_as": same})
+    ext = [external_check(n, e, matrix, model) for n, e in external.items()]
     committed = {
         v: max((abs(a - b) for a, b in zip(t, ref[v]["actor/loss"])), default=None)
         for v, t in baseline_runs.items()

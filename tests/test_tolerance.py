@@ -67,6 +67,13 @@ def test_leave_one_factor_out_by_hand():
     assert r == {"X=1": pytest.approx(2.0), "Y=1": pytest.approx(0.75)}
 
 
+def test_safety_factor_per_variant_by_hand():
+    loo = {"a": {"m1": {"X=1": 1.5, "Y=1": 9.0}, "m2": {"X=1": 2.44}}, "b": {"m1": {"X=1": 0.3}}}
+    # a: Y=1 not counted -> largest 2.44 -> 2 x 2.44 = 4.88 -> 4.9 (rounded up to 0.1); b: 0.6 < 4 -> 4
+    assert tolerance.safety_factors(loo, exclude=["Y=1"]) == {"a": 4.9, "b": 4.0}
+    assert tolerance.safety_factors(loo) == {"a": 18.0, "b": 4.0}
+
+
 def test_violations_by_hand():
     mm = tolerance.MetricModel(step_atol=(0.1, 0.2, 0.4), mean_atol=(0.1, 0.1, 0.1), floor=0.0)
     assert tolerance.violations(mm, [1, 2, 3], [1.05, 2.15, 3.3]) == [

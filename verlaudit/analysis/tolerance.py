@@ -50,6 +50,8 @@ LOFO_MARGIN = 2.0
 """Safety factor per variant: max(K_MIN, LOFO_MARGIN x the largest leave-one-factor-out ratio); why
 these two numbers is in the baseline's BASELINE.md ('Why k')."""
 FLOOR_ULPS = 16.0
+"""The floor in fp32 ulps of the metric's magnitude: where every condition agrees bit for bit, an
+unmeasured kernel may still reorder an fp32 reduction, which moves it by a few ulps."""
 EPS32 = 2.0**-23
 
 Trajectories = Mapping[str, Mapping[str, Sequence[float | None]]]
@@ -183,10 +185,10 @@ def loo_ratios(
     floor_ulps: float = FLOOR_ULPS,
 ) -> dict[str, float]:
     """Leave one factor out: for each group (the conditions that share one kernel setting, e.g. every
-    condition with ``ATEN_CPU_CAPABILITY=default``), max over its conditions and the steps of (the
-    distance to the nearest-to-farthest remaining condition, i.e. the largest |d| to any of them) /
-    (the tolerance the remaining conditions give with k = 1). Above 1: a machine with that setting,
-    had it not been measured, would have fallen outside the bare envelope; k must exceed it."""
+    condition with ``ATEN_CPU_CAPABILITY=default``), the largest ratio, over its conditions and the
+    steps, of (the largest |d| to any remaining condition) / (the tolerance the remaining conditions
+    give with k = 1). Above 1: a machine with that setting, had it not been measured, would have
+    fallen outside the bare envelope; k must exceed it."""
     out = {}
     for label, members in groups.items():
         rest = {k: r for k, r in runs.items() if k not in members}
