@@ -381,6 +381,38 @@ def test_ppo_clip_and_adaptive_kl_keys(job):
     TrainConfig.from_dict(m.train, where="train")
 
 
+@pytest.mark.parametrize(
+    ("model", "total", "non_embedding"),
+    [  # the model cards' figures; Qwen's "non-embedding" leaves out the embedding and an untied LM head
+        ("Qwen/Qwen2.5-0.5B-Instruct", 494_032_768, 0.36e9),  # exact total: q/k/v biases included
+        ("Qwen/Qwen2.5-1.5B-Instruct", 1.54e9, 1.31e9),
+        ("Qwen/Qwen2.5-3B", 3.09e9, 2.77e9),
+        ("Qwen/Qwen2.5-7B-Instruct", 7.61e9, 6.53e9),
+        ("meta-llama/Llama-2-7b-hf", 6_738_415_616, None),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", 8.03e9, None),
+    ],
+)
+def test_known_architectures_have_the_published_sizes(model, total, non_embedding):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.config import ModelConfig
+    from trainer.models import preset_config
+    from trainer.tokenizer import build_tokenizer
+    from verlaudit.verl.architectures import lookup
+
+    arch = lookup(model)
+    cfg = preset_config(ModelConfig(preset=arch.preset, overrides=arch.overrides), build_tokenizer())
+    with torch.device("meta"):  # shapes only
+        lm = AutoModelForCausalLM.from_config(cfg)
+    n = sum(p.numel() for p in lm.parameters())
+    # the cards give two decimals in billions (7,615,616,512 is Qwen2.5-7B's "7.61B"): within 0.01B
+    assert n == total if isinstance(total, int) else abs(n - total) < 0.01e9, n
+    if non_embedding is not None:
+        heads = 1 if cfg.tie_word_embeddings else 2
+        assert abs(n - heads * lm.get_input_embeddings().weight.numel() - non_embedding) < 0.01e9
+
+
 def _origin(*overrides, kind="script"):
     return {"source": "run.sh", "kind": kind, "overrides": list(overrides)}
 
