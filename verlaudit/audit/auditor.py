@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import math
 import time
-import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -416,7 +415,7 @@ class Auditor(Observer):
         ctx = {"step": self.step, "phase": self._failed_phase or self.phase_name}
         info: dict[str, Any] = {
             "reason": reason, **ctx, "error": errors.one_line(exc), "role": role, "where": where,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+            "traceback": errors.format_traceback(exc),
             "memory": self.memory.allocator_view(), "last_completed_step": self.last_completed_step,
         }  # fmt: skip
         if reason == "dtype_error":
