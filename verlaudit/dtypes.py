@@ -60,6 +60,9 @@ class Wording:
     """One dtype-error message PyTorch emits: where it comes from and how to read it."""
 
     name: str
+    hint: str
+    """Text every message of this wording contains: a cheap `in` test before the regex (a log of
+    hundreds of megabytes is searched for every wording)."""
     source: str
     """The PyTorch file that raises it (aten/src/ATen/... or torch/...)."""
     pattern: re.Pattern[str]
@@ -81,12 +84,14 @@ _MISMATCH = "An op received operands (or input and weights) of different dtypes 
 WORDINGS: tuple[Wording, ...] = (
     Wording(
         "scalar_type",
+        "expected scalar type ",
         "aten/src/ATen/templates/TensorMethods.cpp (Tensor::data_ptr<T>'s check; also at::where)",
         re.compile(rf"expected scalar type (?P<exp>{_T}) but found (?P<obs>{_T})"),
         _MISMATCH,
     ),
     Wording(
         "mat1_mat2",
+        " and mat2 must have the same dtype",
         "aten/src/ATen/native/LinearAlgebra.cpp (addmm / mm meta functions)",
         re.compile(
             rf"\b(?:mat1|self) and mat2 must have the same dtype(?:, but got (?P<obs>{_T}) and (?P<exp>{_T}))?"
@@ -95,12 +100,14 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "cpu_addmm",
+        "expected m1 and m2 to have the same dtype",
         "aten/src/ATen/native/LinearAlgebra.cpp (addmm_impl_cpu_: the CPU / oneDNN matmul path)",
         re.compile(rf"expected m1 and m2 to have the same dtype, but got:? (?P<obs>{_T}) != (?P<exp>{_T})"),
         _MISMATCH,
     ),
     Wording(
         "cuda_addmm",
+        "expected mat1 and mat2 to have the same dtype",
         "aten/src/ATen/native/cuda/Blas.cpp (addmm_out_cuda_impl; XPU: aten/src/ATen/native/mkldnn/xpu/Blas.cpp)",
         re.compile(
             rf"expected mat1 and mat2 to have the same dtype, but got:? (?P<obs>{_T}) != (?P<exp>{_T})"
@@ -109,6 +116,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "conv_input_weight",
+        ") should be the same",
         "aten/src/ATen/native/Convolution.cpp (check_input_same_type_as_parameters; cuDNN path too)",
         re.compile(
             r"Input type \((?P<obs>[^)]+)\) and (?:weight|bias) type \((?P<exp>[^)]+)\) should be the same"
@@ -117,6 +125,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "sdpa_qkv",
+        "key, and value to have the same dtype",
         "aten/src/ATen/native/transformers/attention.cpp (validate_sdpa_input)",
         re.compile(
             rf"Expected query, key, and value to have the same dtype, but got query\.dtype: (?P<obs>{_T}),? "
@@ -127,6 +136,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "sdpa_mask",
+        "Expected attn_mask dtype",
         "aten/src/ATen/native/transformers/attention.cpp (validate_sdpa_input)",
         re.compile(
             rf"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
@@ -136,12 +146,14 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "dot",
+        "expected both vectors to have same dtype",
         "aten/src/ATen/native/LinearAlgebra.cpp and aten/src/ATen/native/cuda/Blas.cpp (dot_check)",
         re.compile(rf"expected both vectors to have same dtype, but found (?P<obs>{_T}) and (?P<exp>{_T})"),
         _MISMATCH,
     ),
     Wording(
         "index_put",
+        "Index put requires the source and destination dtypes match",
         "aten/src/ATen/native/TensorAdvancedIndexing.cpp (index_put_; autocast outputs written into fp32 buffers)",
         re.compile(
             rf"Index put requires the source and destination dtypes match, got (?P<exp>{_T}) for the "
@@ -152,12 +164,14 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "scatter",
+        "(): Expected self.dtype to be equal to src.dtype",
         "aten/src/ATen/native/ScatterGatherChecks.h (scatter_gather_dtype_check)",
-        re.compile(r"\w+\(\): Expected self\.dtype to be equal to src\.dtype"),
+        re.compile(r"\(\): Expected self\.dtype to be equal to src\.dtype"),
         "A scatter wrote values of another dtype than its destination (often an autocast output).",
     ),
     Wording(
         "result_type",
+        "can't be cast to the desired output type",
         "aten/src/ATen/TensorIterator.cpp (compute_types: an in-place or out= result that cannot hold the result)",
         re.compile(rf"result type (?P<obs>{_T}) can't be cast to the desired output type (?P<exp>{_T})"),
         "An in-place or out= op would have to store its result in a narrower dtype (a float into an "
@@ -165,6 +179,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "mixed_norm",
+        "mixed dtype (CPU): expect parameter",
         "aten/src/ATen/native/mixed_type.h (check_mixed_data_type: layer/group/batch norm on CPU)",
         re.compile(r"mixed dtype \(CPU\): expect parameter to have scalar type of (?P<exp>\w+)"),
         "A normalisation layer got low-precision input with parameters that are neither the input's dtype "
@@ -172,6 +187,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "indices",
+        "Expected tensor for argument #",
         "aten/src/ATen/TensorUtils.cpp (checkScalarTypes / checkScalarType: embedding indices)",
         re.compile(
             rf"Expected tensor for argument #\d+ '\w+' to have (?:one of the following scalar types: |scalar "
@@ -182,13 +198,15 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "gather_index",
+        " for index",
         "aten/src/ATen/native/ScatterGatherChecks.h (gather / scatter index dtype check)",
-        re.compile(r"\w+\(\): Expected dtype int(?:32/int)?64 for index"),
+        re.compile(r"\(\): Expected dtype int(?:32/int)?64 for index"),
         "A gather / scatter index is not an integer tensor (token ids cast to float before gathering log-probs).",
         expected="int64",
     ),
     Wording(
         "index_tensor",
+        "tensors used as indices must be",
         "aten/src/ATen/native/IndexingUtils.h (expandTensors: advanced indexing)",
         re.compile(r"tensors used as indices must be long, int, byte or bool tensors"),
         "A tensor used as an index is floating: indices and masks must be integer or bool.",
@@ -196,6 +214,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "nll_target",
+        "expected target dtype to be",
         "aten/src/ATen/native/LossNLL.cpp (nll_loss / cross_entropy target check)",
         re.compile(rf"expected target dtype to be Long or Byte, but got (?P<obs>{_T})"),
         "The targets of a cross-entropy / NLL loss are floating: class targets must be integer ids.",
@@ -203,6 +222,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "numpy",
+        "Got unsupported ScalarType",
         "torch/csrc/utils/tensor_numpy.cpp (aten_to_numpy_dtype: Tensor.numpy(), np.asarray)",
         re.compile(r"Got unsupported ScalarType (?P<obs>\w+)"),
         "NumPy has no such dtype: a .numpy() / np.asarray on a bf16 (or fp8) tensor fails.",
@@ -210,6 +230,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "not_implemented",
+        "\" not implemented for '",
         "aten/src/ATen/Dispatch.h (AT_DISPATCH's default case; torch/headeronly/core/Dispatch.h)",
         re.compile(r"\"(?P<op>\w+)\" not implemented for '(?P<obs>[\w:]+)'"),
         "The op has no kernel for this dtype on this device (fp16 on CPU, bf16 on an old GPU, an integer "
@@ -217,6 +238,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "cublas_unsupported",
+        "CUBLAS_STATUS_NOT_SUPPORTED",
         "aten/src/ATen/cuda/CUDABlas.cpp (TORCH_CUDABLAS_CHECK, aten/src/ATen/cuda/Exceptions.h)",
         re.compile(
             r"CUBLAS_STATUS_NOT_SUPPORTED when calling `cublas\w*\([^`]*?\b(?P<obs>CUDA_R_(?:16BF|16F))\b"
@@ -225,6 +247,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "autocast_bce",
+        "unsafe to autocast",
         "aten/src/ATen/autocast_mode.cpp (binary_cross_entropy_banned)",
         re.compile(r"binary_cross_entropy and torch\.nn\.BCELoss are unsafe to autocast"),
         "binary_cross_entropy is banned under autocast: its fp16/bf16 input (a sigmoid output) loses the "
@@ -233,6 +256,7 @@ WORDINGS: tuple[Wording, ...] = (
     ),
     Wording(
         "autocast_bf16_device",
+        "does not support bfloat16",
         "torch/amp/autocast_mode.py (autocast.__init__)",
         re.compile(r"Current CUDA Device does not support bfloat16\. Please switch dtype to float16"),
         "autocast was asked for bf16 on a GPU without bf16 support.",
@@ -279,7 +303,7 @@ def find_dtype_messages(text: str, pos: int = 0) -> list[DtypeMessage]:
     """The first match of every wording found in ``text`` from ``pos`` on, in the order they appear."""
     found = []
     for w in WORDINGS:
-        m = w.pattern.search(text, pos)
+        m = w.pattern.search(text, pos) if w.hint in text else None
         if m:
             found.append(_from_match(w, m))
     return sorted(found, key=lambda d: d.start)

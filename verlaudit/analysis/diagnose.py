@@ -617,6 +617,9 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
         raise ValueError(
             f"{p}: no such file or directory; pass a run directory, a suite report directory or a log file"
         )
+    if not p.is_dir():
+        raise ValueError(f"{p}: a device or a pipe, not a file: neither a log nor a run directory; pass a training "
+                         "log (text), a run directory or a suite report directory")  # fmt: skip
     if is_run_dir(p):
         return [diagnose_run(read_run(p))]
     runs = find_runs(p)

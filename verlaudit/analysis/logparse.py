@@ -1,16 +1,18 @@
 """Explains training logs and tracebacks from other frameworks (verl, TRL / HF Trainer, DeepSpeed,
 Megatron, apex, plain PyTorch) with the same causes `verlaudit diagnose` gives for its own runs.
 
-Recognised: dtype errors (``expected scalar type X but found Y``, ``mat1 and mat2 must have the same
-dtype``, ``Input type (...) and weight type (...)``, SDPA query/key/value dtypes, ``Got unsupported
-ScalarType BFloat16`` from ``.numpy()``, ``"op" not implemented for 'Half'``), device mismatches,
+Recognised: dtype errors (every wording in `verlaudit.dtypes.WORDINGS`, the table the live auditor
+uses too: ``expected scalar type X but found Y``, ``expected m1 and m2 to have the same dtype``, SDPA
+query/key/value dtypes, ``.numpy()`` of a bf16 tensor, ``"op" not implemented for 'Half'``...), device mismatches,
 CUDA OOM messages (both the PyTorch >= 2.1 wording and the older one) and vLLM KV-cache OOM,
 NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, plain ``loss=nan``,
 anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
 (apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
 alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
-optimizer / activations). Exercised by `pytest tests/test_logparse.py tests/test_diagnose.py -k log` and
-``verlaudit diagnose path/to/train.log``.
+optimizer / activations). A log is read in one pass with bounded memory whatever its size (per line
+for metric records; in blocks of about a MiB, with context lines around them, for messages), and a
+file that is empty or binary is refused as neither a log nor a run directory. Exercised by
+`pytest tests/test_logparse.py tests/test_diagnose.py -k log` and ``verlaudit diagnose path/to/train.log``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from verlaudit.dtypes import DtypeMessage, find_dtype_messages
 _COMPILE = re.compile(
     r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
 )
+_COMPILE_HINTS = ("torch._dynamo", "torch._inductor", "BackendCompilerFailed", "InductorError")
 _DEVICE = re.compile(
     r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
 )
@@ -53,6 +56,7 @@ _OOM_OLD = re.compile(
     rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
     rf"{_N} reserved in total by PyTorch\)"
 )
+_OOM_HINTS = ("out of memory", "OutOfMemoryError", "No available memory", "Tried to allocate")
 _OOM_ANY = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks"
 )
@@ -72,6 +76,8 @@ def _find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dic
     """(where, numbers) of the first OOM message starting in ``text[pos:end]``; a detailed message
     (either PyTorch wording) wins over a bare "out of memory" line."""
     end = len(text) if end is None else end
+    if not any(h in text for h in _OOM_HINTS):  # cheap test first: a long log is searched block by block
+        return None
     m = _OOM_NEW.search(text, pos)
     if m and m.start() < end:
         g = m.groups()
@@ -154,7 +160,7 @@ def _error_causes(
         slot = d.wording if d.wording in ("numpy", "not_implemented") else "dtype"
         if d.start < end and slot not in causes:
             causes[slot] = _dtype_cause(text, d, line(d.start), step)
-    m = _DEVICE.search(text, start)
+    m = _DEVICE.search(text, start) if "to be on the same device" in text else None
     if m and m.start() < end:
         frame = _innermost_frame(text, m.start())
         causes["device"] = Cause(
@@ -165,7 +171,7 @@ def _error_causes(
             fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", V.REWARD_MANAGER,
                        "the trainer converts lists/floats itself")],
             unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0)  # fmt: skip
-    m = _COMPILE.search(text, start)
+    m = _COMPILE.search(text, start) if any(h in text for h in _COMPILE_HINTS) else None
     if m and m.start() < end:
         causes["compile"] = _compile_cause(text, m, line(m.start()), step)
     oom = _find_oom(text, start, end)
@@ -276,9 +282,13 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
 _VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
 _VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
 _PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
+_NAN_VALUE = re.compile(r"[=:][^\S\n]*-?(?:nan|inf)\b")
+"""What every `_PLAIN_NAN` match contains: a fast test before the slow one."""
 _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
-_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)")
+_APEX = re.compile(
+    r"Gradient overflow\.[ \t]+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)"
+)
 _DS = re.compile(
     r"OVERFLOW! Rank (\d+) Skipping step\. Attempted loss scale: ([\d.e+]+), reducing to ([\d.e+]+)"
 )
@@ -326,6 +336,8 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
 
 def _line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
     """The metric records of log line ``ln``; ``hf`` HF dicts came before it (their steps count on)."""
+    if "step:" not in line and "{'" not in line:  # most lines of a long log: skip the regexes
+        return []
     m = _VERL_STEP.search(line)
     if m:
         rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
@@ -342,8 +354,9 @@ def _line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
 
 
 class _Nonfinite:
-    """Non-finite evidence, fed line by line: the first record with a non-finite metric, the first
-    ``loss=nan`` no record covers, anomaly mode's backward function, NaN probabilities in sampling."""
+    """Non-finite evidence: the first record with a non-finite metric (fed record by record), and
+    from blocks of lines the first ``loss=nan`` no record covers, anomaly mode's backward function
+    and NaN probabilities in sampling."""
 
     def __init__(self) -> None:
         self.records = 0
@@ -353,7 +366,7 @@ class _Nonfinite:
         self.anomaly: tuple[int, str] | None = None
         self.sampling: int | None = None
 
-    def feed(self, ln: int, line: str, records: list[dict[str, Any]]) -> None:
+    def feed(self, records: list[dict[str, Any]]) -> None:
         if self.first_bad is None:
             for i, rec in enumerate(records, self.records):
                 bad = [k for k, v in rec.items()
@@ -362,15 +375,24 @@ class _Nonfinite:
                     self.first_bad = (i, rec, bad)
                     break
         self.records += len(records)
-        # `loss=nan` in lines no record covers (a verl line's `pg_loss:nan` is already the record's evidence)
-        if self.plain is None and not records and _PLAIN_NAN.search(line):
-            self.plain = f"line {ln}: log: {line.strip()[:160]}"
-        if self.anomaly is None:
-            m = _ANOMALY.search(line)
+
+    def scan(self, text: str, low: str, first_line: int, covered: set[int]) -> None:
+        """Lines ``first_line``... as one ``text`` (``low``: lower-cased); ``covered``: their lines
+        that held records (a verl line's `pg_loss:nan` is already its record's evidence)."""
+        if self.plain is None and ("loss" in low or "grad_norm" in low):
+            for m in _NAN_VALUE.finditer(low):  # a cheap necessary condition, then the whole pattern
+                line = _line_of(text, m.start())
+                if _lineno(text, m.start()) + first_line - 1 not in covered and _PLAIN_NAN.search(line):
+                    self.plain = f"line {_lineno(text, m.start()) + first_line - 1}: log: {line[:160]}"
+                    break
+        if self.anomaly is None and "returned nan values" in text:
+            m = _ANOMALY.search(text)
             if m:
-                self.anomaly = (ln, m[1])
-        if self.sampling is None and _SAMPLING_NAN.search(line):
-            self.sampling = ln
+                self.anomaly = (_lineno(text, m.start()) + first_line - 1, m[1])
+        if self.sampling is None and "probability tensor contains" in text:
+            m = _SAMPLING_NAN.search(text)
+            if m:
+                self.sampling = _lineno(text, m.start()) + first_line - 1
 
     def causes(self) -> list[Cause]:
         ev, step, backward_only, where = [], None, False, None
@@ -409,8 +431,8 @@ class _Nonfinite:
 
 
 class _Overflows:
-    """fp16 overflow skips (apex, DeepSpeed, Megatron), fed line by line: their count, the first and
-    the last loss scale, DeepSpeed's minimum-scale abort."""
+    """fp16 overflow skips (apex, DeepSpeed, Megatron), from blocks of lines: their count, the first
+    and the last loss scale, DeepSpeed's minimum-scale abort."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -421,20 +443,23 @@ class _Overflows:
         self.megatron: int | None = None
         """The most skipped iterations one Megatron logging interval reported."""
 
-    def feed(self, ln: int, line: str) -> None:
-        hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(line)]
-        hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(line)]
-        for _, attempted, scale in sorted(hits, key=lambda h: h[0]):
-            if self.first is None:
-                self.first = (ln, attempted, scale)
-            self.count += 1
-            self.last_scale = scale
-        if self.ds_min is None:
-            m = _DS_MIN.search(line)
+    def scan(self, text: str, first_line: int) -> None:
+        """Lines ``first_line``... as one ``text``."""
+        if "Skipping step" in text:
+            hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(text)]
+            hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(text)]
+            for pos, attempted, scale in sorted(hits, key=lambda h: h[0]):
+                if self.first is None:
+                    self.first = (_lineno(text, pos) + first_line - 1, attempted, scale)
+                self.count += 1
+                self.last_scale = scale
+        if self.ds_min is None and "already at minimum" in text:
+            m = _DS_MIN.search(text)
             if m:
-                self.ds_min = (ln, m[0])
-        for m in _MEGATRON.finditer(line):
-            self.megatron = max(self.megatron or 0, int(m[1]))
+                self.ds_min = (_lineno(text, m.start()) + first_line - 1, m[0])
+        if "skipped iterations" in text:
+            for m in _MEGATRON.finditer(text):
+                self.megatron = max(self.megatron or 0, int(m[1]))
 
     def causes(self) -> list[Cause]:
         if not self.count and not self.ds_min and not self.megatron:
@@ -504,44 +529,78 @@ def log_lines(path: Path) -> Iterator[str]:
         raise ValueError(f"{path}: cannot read the log ({e})") from None
 
 
-class _ErrorBlocks:
-    """Error messages (dtype, device, OOM, compile) searched block by block with `CONTEXT` lines on
-    both sides; keeps the first cause of each kind. Holds at most BLOCK + 2 * CONTEXT lines."""
+class _Blocks:
+    """The lines of a log gathered into blocks of about `BLOCK` characters. Per block: NaN and
+    overflow evidence (`_Nonfinite.scan`, `_Overflows.scan`), what the log says as a whole (the
+    framework that wrote it, a traceback, its frames), and the error messages (dtype, device, OOM,
+    compile), searched with `CONTEXT` lines on both sides; the first cause of each kind is kept.
+    Holds at most a block and 2 x CONTEXT lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, nonfinite: _Nonfinite, overflows: _Overflows) -> None:
+        self.nonfinite, self.overflows = nonfinite, overflows
         self.buffer: list[str] = []
         self.first_line = 1
         """Log line number of buffer[0]."""
         self.settled = 0
-        """Lines up to this log line number have been searched."""
-        self.pending_chars = 0
+        """Error messages starting on lines up to this log line number have been searched for."""
+        self.pending = self.pending_chars = 0
+        self.covered: set[int] = set()
+        """Lines of the pending block that held metric records."""
         self.causes: dict[str, Cause] = {}
+        self.seen = {"verl": False, "deepspeed": False, "hf": False, "traceback": False}
+        self.frames: list[str | None] = [None, None]
+        """The last traceback frame line, and the last one outside torch."""
 
-    def feed(self, line: str) -> None:
+    def feed(self, line: str, ln: int, records: bool) -> None:
         self.buffer.append(line)
+        if records:
+            self.covered.add(ln)
+        self.pending += 1
         self.pending_chars += len(line) + 1
         if self.pending_chars >= BLOCK:
-            self.search(final=False)
+            self.flush(final=False)
 
-    def search(self, *, final: bool) -> None:
+    def flush(self, *, final: bool) -> None:
         last = self.first_line + len(self.buffer) - 1
+        new = "\n".join(self.buffer[len(self.buffer) - self.pending :])
+        low = new.lower()
+        self.nonfinite.scan(new, low, last - self.pending + 1, self.covered)
+        self.overflows.scan(new, last - self.pending + 1)
+        self._note(new, low)
+        self.pending = self.pending_chars = 0
+        self.covered.clear()
         upto = last if final else last - CONTEXT
         if upto <= self.settled:
             return
-        # char offsets of the first line to search and of the first line held back
-        offsets = [0]
+        offsets = [0]  # char offset of each buffered line in the joined text
         for ln in self.buffer:
             offsets.append(offsets[-1] + len(ln) + 1)
         text = "\n".join(self.buffer)
-        start = offsets[self.settled + 1 - self.first_line]
-        end = offsets[upto + 1 - self.first_line]
+        start, end = offsets[self.settled + 1 - self.first_line], offsets[upto + 1 - self.first_line]
         for kind, cause in _error_causes(text, start=start, end=end, first_line=self.first_line).items():
             self.causes.setdefault(kind, cause)
         self.settled = upto
-        drop = max(0, upto - CONTEXT - self.first_line + 1)
+        drop = max(
+            0, upto - CONTEXT - self.first_line + 1
+        )  # keep CONTEXT lines before the next unsearched one
         del self.buffer[:drop]
         self.first_line += drop
-        self.pending_chars = 0
+
+    def _note(self, text: str, low: str) -> None:
+        seen = self.seen
+        seen["verl"] |= V.ACTOR_ROLLOUT_REF in text or "/verl/" in text
+        seen["deepspeed"] |= "deepspeed" in low
+        seen["hf"] |= "{'loss'" in text or "trl" in low
+        seen["traceback"] |= "Traceback (most recent call last)" in text
+        if "File " in text:
+            for m in _FRAME.finditer(text):
+                frame = m[1].rstrip()
+                self.frames[0] = frame
+                if "site-packages/torch" not in frame and "/torch/" not in frame:
+                    self.frames[1] = frame
+
+
+_FRAME = re.compile(r"^[ \t]*(File [^\n]*)", re.M)
 
 
 def diagnose_log(path: str | Path) -> Diagnosis:
@@ -549,53 +608,36 @@ def diagnose_log(path: str | Path) -> Diagnosis:
     its size: per line for metric records, NaN and overflow lines; in blocks with context for error
     messages. ValueError for a file that is empty or not text: neither a log nor a run directory."""
     p = Path(path)
-    errors, nonfinite, overflows = _ErrorBlocks(), _Nonfinite(), _Overflows()
+    nonfinite, overflows = _Nonfinite(), _Overflows()
+    blocks = _Blocks(nonfinite, overflows)
     lines = hf = 0
     last_record: dict[str, Any] | None = None
-    seen = {"verl": False, "deepspeed": False, "hf": False, "traceback": False}
-    last_text, frames = "", [None, None]  # the last non-blank line; the last frame, the last user frame
+    verl_records, last_text = False, ""
     for line in log_lines(p):
         lines += 1
         records = _line_records(line, lines, hf)
-        hf += sum(r["_source"] == "hf" for r in records)
-        last_record = records[-1] if records else last_record
-        nonfinite.feed(lines, line, records)
-        overflows.feed(lines, line)
-        errors.feed(line)
-        _note_line(line, records, seen, frames)
-        if line.strip():
+        if records:
+            hf += sum(r["_source"] == "hf" for r in records)
+            verl_records |= records[0]["_source"] == "verl"
+            last_record = records[-1]
+        nonfinite.feed(records)
+        blocks.feed(line, lines, bool(records))
+        if line and not line.isspace():
             last_text = line
     if not last_text:
         raise ValueError(f"{p}: empty file: {_NOT_A_LOG}")
-    errors.search(final=True)
-    causes = rank(list(errors.causes.values()) + nonfinite.causes() + overflows.causes())
-    framework = ("verl" if seen["verl"] else "DeepSpeed" if seen["deepspeed"] else "HF Trainer/TRL" if seen["hf"]
-                 else "PyTorch")  # fmt: skip
+    blocks.flush(final=True)
+    causes = rank(list(blocks.causes.values()) + nonfinite.causes() + overflows.causes())
+    seen = blocks.seen
+    framework = ("verl" if verl_records or seen["verl"] else "DeepSpeed" if seen["deepspeed"]
+                 else "HF Trainer/TRL" if seen["hf"] else "PyTorch")  # fmt: skip
     failed = seen["traceback"] or any(c.severity == "error" for c in causes)
     state = "failed" if failed else "log"
     last = f", last logged step {last_record['step']}" if last_record else ""
     summary = f"{p.name}: {framework} log, {lines} lines{last}; {len(causes)} recognised cause(s)"
     if not causes and seen["traceback"]:
         causes = [Cause("error", "exception", "Unrecognised exception", last_text.rstrip()[:300],
-                        evidence=[f"raised from {frames[1] or frames[0]}"],
+                        evidence=[f"raised from {blocks.frames[1] or blocks.frames[0]}"],
                         unknown=["this error is not one of the dtype / OOM / NaN / overflow patterns verlaudit "
                                  "explains; run the suite under verlaudit for module-level evidence"])]  # fmt: skip
     return Diagnosis(str(p), "log", p.name, state, summary, causes)
-
-
-def _note_line(
-    line: str, records: list[dict[str, Any]], seen: dict[str, bool], frames: list[str | None]
-) -> None:
-    """What one line says about the whole log: the framework that wrote it, a traceback, its frames."""
-    low = line.lower()
-    seen["verl"] |= (
-        any(r["_source"] == "verl" for r in records) or V.ACTOR_ROLLOUT_REF in line or "/verl/" in line
-    )
-    seen["deepspeed"] |= "deepspeed" in low
-    seen["hf"] |= "{'loss'" in line or "trl" in low
-    seen["traceback"] |= "Traceback (most recent call last)" in line
-    frame = line.strip()
-    if frame.startswith("File "):
-        frames[0] = frame
-        if "site-packages/torch" not in frame and "/torch/" not in frame:
-            frames[1] = frame
