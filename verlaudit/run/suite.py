@@ -1,8 +1,9 @@
 """Suite YAML -> frozen, validated `Suite`: a base training config and a matrix of variants.
 
 A suite names the model, data, algorithm, steps and seeds (``train:``, the keys of
-`trainer.config.TrainConfig`), the hardware the numbers are meant for, the audit level, report and
-compare settings, and ``variants``: name -> partial TrainConfig deep-merged onto ``train``.
+`trainer.config.TrainConfig`; required: ``train: {}`` takes every default), the hardware the numbers
+are meant for, the audit level, report and compare settings, and ``variants``: name -> partial
+TrainConfig deep-merged onto ``train``. Command-line overrides apply after the file validates.
 Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
 are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
 (variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
@@ -221,6 +222,13 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         merged = deep_merge(base.to_dict(), over)
         variants[vname] = TrainConfig.from_dict(merged, where=where)
         overrides[vname] = copy.deepcopy(dict(over))
+    if "train" not in data:
+        # checked after the sections that are there, so the mistakes written in the file come first
+        raise ValueError(
+            "train: missing; a suite names the base training config its variants start from (model, data, "
+            "algo, steps), e.g. train: {model: {preset: tiny-llama}, algo: {name: ppo}, steps: 20}; write "
+            "train: {} to take every default of trainer.config.TrainConfig"
+        )
     return Suite(
         name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
         report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
@@ -285,7 +293,8 @@ def load_suite(
     device: str | None = None,
     audit_level: str | None = None,
 ) -> Suite:
-    """Reads and validates a suite file, then applies command-line overrides.
+    """Reads and validates a suite file as written, then applies command-line overrides (so a valid
+    ``--steps`` cannot hide an invalid ``steps:`` in the file).
 
     ``steps`` replaces every variant's steps; ``variants`` keeps only those (suite order);
     ``seeds`` replaces the seed list; ``device`` (``cpu``/``cuda``) sets ``train.device`` everywhere;
@@ -293,39 +302,54 @@ def load_suite(
     """
     p = Path(path)
     data = read_yaml(p)
-    if isinstance(data, dict):
-        data = dict(data)
-        if steps is not None:
-            if steps < 1:
-                raise ValueError(f"--steps: must be >= 1, got {steps}")
-            data["train"] = {**(data.get("train") or {}), "steps": steps}
-            data["variants"] = {
-                k: ({**v, "steps": steps} if isinstance(v, Mapping) else v)
-                for k, v in (data.get("variants") or {}).items()
-            }
-        if device is not None:
-            if device not in DEVICES:
-                raise ValueError(f"--device: {device!r}; expected one of {', '.join(DEVICES)}")
-            data["train"] = {**(data.get("train") or {}), "device": device}
-            data["variants"] = {
-                k: ({kk: vv for kk, vv in v.items() if kk != "device"} if isinstance(v, Mapping) else v)
-                for k, v in (data.get("variants") or {}).items()
-            }
-        if seeds is not None:
-            data["seeds"] = list(seeds)
-        if audit_level is not None:
-            data["audit"] = {**(data.get("audit") or {}), "level": audit_level}
     suite = Suite.from_dict(data, source=str(p), default_name=p.stem)
-    if variants:
-        unknown = [v for v in variants if v not in suite.variants]
-        if unknown:
-            raise ValueError(
-                f"--variants: {', '.join(unknown)} not in {p}; expected some of {', '.join(suite.variants)}"
-            )
-        keep = [v for v in suite.variants if v in variants]
-        suite = dataclasses.replace(
-            suite,
-            variants={v: suite.variants[v] for v in keep},
-            overrides={v: suite.overrides[v] for v in keep},
+    changed = _overridden(data, steps=steps, seeds=seeds, device=device, audit_level=audit_level)
+    if changed is not None:
+        flags = ", ".join(f for f, v in (("--steps", steps), ("--seeds", seeds), ("--device", device),
+                                         ("--audit-level", audit_level)) if v is not None)  # fmt: skip
+        try:
+            suite = Suite.from_dict(changed, source=str(p), default_name=p.stem)
+        except ValueError as e:
+            raise ValueError(f"{e} (with {flags} from the command line)") from None
+    return _keep_variants(suite, variants, p)
+
+
+def _overridden(data: dict[str, Any], *, steps: int | None, seeds: Sequence[int] | None, device: str | None,
+                audit_level: str | None) -> dict[str, Any] | None:  # fmt: skip
+    """A copy of a validated suite's data with the command-line values in, or None without any."""
+    if steps is None and seeds is None and device is None and audit_level is None:
+        return None
+    data = copy.deepcopy(data)
+    variants = {k: (v or {}) for k, v in data["variants"].items()}
+    train = data.get("train") or {}
+    if steps is not None:
+        if steps < 1:
+            raise ValueError(f"--steps: must be >= 1, got {steps}")
+        train["steps"] = steps
+        variants = {k: {**v, "steps": steps} for k, v in variants.items()}
+    if device is not None:
+        if device not in DEVICES:
+            raise ValueError(f"--device: {device!r}; expected one of {', '.join(DEVICES)}")
+        train["device"] = device
+        variants = {k: {kk: vv for kk, vv in v.items() if kk != "device"} for k, v in variants.items()}
+    if seeds is not None:
+        data["seeds"] = list(seeds)
+    if audit_level is not None:
+        data["audit"] = {**(data.get("audit") or {}), "level": audit_level}
+    return {**data, "train": train, "variants": variants}
+
+
+def _keep_variants(suite: Suite, variants: Sequence[str] | None, p: Path) -> Suite:
+    if not variants:
+        return suite
+    unknown = [v for v in variants if v not in suite.variants]
+    if unknown:
+        raise ValueError(
+            f"--variants: {', '.join(unknown)} not in {p}; expected some of {', '.join(suite.variants)}"
         )
-    return suite
+    keep = [v for v in suite.variants if v in variants]
+    return dataclasses.replace(
+        suite,
+        variants={v: suite.variants[v] for v in keep},
+        overrides={v: suite.overrides[v] for v in keep},
+    )
