@@ -1,7 +1,8 @@
 """`verlaudit run SUITE.yaml`: every variant in its own process, then the comparison report.
 
-Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
-cap, bf16 refusal) and write one worker spec per (variant, seed). Execute (`execute`): start
+Preflight (`verlaudit.run.preflight`): import every plug-in and read every model directory the
+suite names. Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target
+emulation (memory cap, bf16 refusal) and write one worker spec per (variant, seed). Execute (`execute`): start
 ``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
 run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
 child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
@@ -31,6 +32,7 @@ from typing import Any
 import verlaudit
 from verlaudit.analysis import report as report_mod
 from verlaudit.run.hardware import PresentDevice, detect, get_target
+from verlaudit.run.preflight import preflight
 from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
 from verlaudit.rundir import (
     METRICS,
@@ -443,6 +445,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         audit_level=args.audit_level,
     )
+    preflight(suite)  # plug-ins imported, model directories read: before any worker starts
     out_dir = Path(args.out) if args.out else default_out_dir(suite)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(

@@ -3,7 +3,10 @@
 A suite names the model, data, algorithm, steps and seeds (``train:``, the keys of
 `trainer.config.TrainConfig`; required: ``train: {}`` takes every default), the hardware the numbers
 are meant for, the audit level, report and compare settings, and ``variants``: name -> partial
-TrainConfig deep-merged onto ``train``. Command-line overrides apply after the file validates.
+TrainConfig deep-merged onto ``train``. Command-line overrides apply after the file validates. A
+plug-in given as ``path/to/file.py:attr`` is relative to the suite file's directory: the configs
+(and so each worker's spec) hold its absolute path (`resolve_plugin_paths`); ``module:attr`` and
+absolute paths are kept. `verlaudit.run.preflight` then imports and checks what the suite names.
 Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
 are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
 (variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -173,7 +177,9 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     base_raw = data.get("train") or {}
     if not isinstance(base_raw, Mapping):
         raise ValueError(f"train: expected a mapping of TrainConfig keys, got {base_raw!r}")
-    base = TrainConfig.from_dict(base_raw, where="train")
+    # plug-in files (file.py:attr) are relative to the suite file; the configs hold absolute paths
+    plugin_base = Path(source).parent if source else Path.cwd()
+    base = resolve_plugin_paths(TrainConfig.from_dict(base_raw, where="train"), plugin_base)
 
     seeds_raw = data.get("seeds")
     if seeds_raw is None:
@@ -220,7 +226,7 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         if "seed" in over:
             raise ValueError(f"{where}.seed: set seeds for the whole suite with the top-level 'seeds' list")
         merged = deep_merge(base.to_dict(), over)
-        variants[vname] = TrainConfig.from_dict(merged, where=where)
+        variants[vname] = resolve_plugin_paths(TrainConfig.from_dict(merged, where=where), plugin_base)
         overrides[vname] = copy.deepcopy(dict(over))
     if "train" not in data:
         # checked after the sections that are there, so the mistakes written in the file come first
@@ -234,6 +240,27 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
         source=source,
     )  # fmt: skip
+
+
+def resolve_plugin_path(spec: Any, base: Path) -> Any:
+    """``file.py:attr`` relative to ``base`` -> its absolute path; anything else unchanged."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return spec
+    target, _, attr = spec.rpartition(":")
+    if not target.endswith(".py") or os.path.isabs(target):
+        return spec
+    return f"{os.path.abspath(base / target)}:{attr}"
+
+
+def resolve_plugin_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
+    """``cfg`` with its relative ``file.py:attr`` plug-in paths made absolute against ``base``."""
+    data = {k: resolve_plugin_path(getattr(cfg.data, k), base) for k in ("dataset", "collator", "reward_fn")}
+    rm = resolve_plugin_path(cfg.model.reward_model, base)
+    if rm == cfg.model.reward_model and all(v == getattr(cfg.data, k) for k, v in data.items()):
+        return cfg
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, **data), model=dataclasses.replace(cfg.model, reward_model=rm)
+    )
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
