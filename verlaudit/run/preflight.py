@@ -50,6 +50,7 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
     """(field, value, check) for what one variant names outside the suite file."""
     m, d = cfg.model, cfg.data
     rule_reward = cfg.algo.name != "dpo" and d.reward_fn is None and m.reward_model is None
+    # a table, one field per line (a value of None: nothing named, nothing to check)
     return [
         ("model.preset", m.preset if m.path is None else None, _preset),
         ("model.path", m.path, lambda v, w: _hf_dir(v, w, "a causal LM")),
@@ -110,8 +111,10 @@ def _tokenizer(model_cfg: Any, where: str) -> None:
     from trainer.models import load_tokenizer
 
     if model_cfg.tokenizer is not None and not os.path.isdir(model_cfg.tokenizer):
-        raise ValueError(f"{where}: {model_cfg.tokenizer!r} is not a directory; expected a tokenizer directory "
-                         "(tokenizer.save_pretrained layout)")  # fmt: skip
+        raise ValueError(
+            f"{where}: {model_cfg.tokenizer!r} is not a directory; expected a tokenizer directory "
+            "(tokenizer.save_pretrained layout)"
+        )
     try:
         load_tokenizer(model_cfg)
     except ValueError as e:  # its message names model.tokenizer or model.path: put the variant in front

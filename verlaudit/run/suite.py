@@ -212,6 +212,27 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
             "variants: expected a non-empty mapping of variant name -> TrainConfig overrides, "
             "e.g. {fp32: {precision: {preset: fp32}}}"
         )
+    variants, overrides = _variants(variants_raw, base, plugin_base)
+    if "train" not in data:  # checked after the sections that are there: the mistakes written come first
+        raise ValueError(_NO_TRAIN)
+    return Suite(
+        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
+        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
+        source=source,
+    )  # fmt: skip
+
+
+_NO_TRAIN = (
+    "train: missing; a suite names the base training config its variants start from (model, data, algo, "
+    "steps), e.g. train: {model: {preset: tiny-llama}, algo: {name: ppo}, steps: 20}; write train: {} to "
+    "take every default of trainer.config.TrainConfig"
+)
+
+
+def _variants(
+    variants_raw: Mapping[Any, Any], base: TrainConfig, plugin_base: Path
+) -> tuple[dict[str, TrainConfig], dict[str, dict[str, Any]]]:
+    """Each variant's config (its overrides deep-merged onto ``base``) and its overrides as written."""
     variants: dict[str, TrainConfig] = {}
     overrides: dict[str, dict[str, Any]] = {}
     for vname, over in variants_raw.items():
@@ -228,18 +249,7 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         merged = deep_merge(base.to_dict(), over)
         variants[vname] = resolve_plugin_paths(TrainConfig.from_dict(merged, where=where), plugin_base)
         overrides[vname] = copy.deepcopy(dict(over))
-    if "train" not in data:
-        # checked after the sections that are there, so the mistakes written in the file come first
-        raise ValueError(
-            "train: missing; a suite names the base training config its variants start from (model, data, "
-            "algo, steps), e.g. train: {model: {preset: tiny-llama}, algo: {name: ppo}, steps: 20}; write "
-            "train: {} to take every default of trainer.config.TrainConfig"
-        )
-    return Suite(
-        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
-        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
-        source=source,
-    )  # fmt: skip
+    return variants, overrides
 
 
 def resolve_plugin_path(spec: Any, base: Path) -> Any:
@@ -332,8 +342,8 @@ def load_suite(
     suite = Suite.from_dict(data, source=str(p), default_name=p.stem)
     changed = _overridden(data, steps=steps, seeds=seeds, device=device, audit_level=audit_level)
     if changed is not None:
-        flags = ", ".join(f for f, v in (("--steps", steps), ("--seeds", seeds), ("--device", device),
-                                         ("--audit-level", audit_level)) if v is not None)  # fmt: skip
+        given = {"--steps": steps, "--seeds": seeds, "--device": device, "--audit-level": audit_level}
+        flags = ", ".join(flag for flag, value in given.items() if value is not None)
         try:
             suite = Suite.from_dict(changed, source=str(p), default_name=p.stem)
         except ValueError as e:
@@ -341,8 +351,14 @@ def load_suite(
     return _keep_variants(suite, variants, p)
 
 
-def _overridden(data: dict[str, Any], *, steps: int | None, seeds: Sequence[int] | None, device: str | None,
-                audit_level: str | None) -> dict[str, Any] | None:  # fmt: skip
+def _overridden(
+    data: dict[str, Any],
+    *,
+    steps: int | None,
+    seeds: Sequence[int] | None,
+    device: str | None,
+    audit_level: str | None,
+) -> dict[str, Any] | None:
     """A copy of a validated suite's data with the command-line values in, or None without any."""
     if steps is None and seeds is None and device is None and audit_level is None:
         return None
