@@ -5,9 +5,10 @@ decision comes from the resolved `PrecisionPolicy`; every boundary the auditor c
 observer call here or in the recipe. Under torchrun every rank runs the same code: `build_setup`
 shards the actor, critic and reference with FSDP2 (`trainer.distributed`), each recipe keeps its
 rank's slice of the global batch (`local_batch`), and `StepLog` averages the step's metrics over
-ranks. Each rank's loss is a mean over its own micro-batch and FSDP2 averages gradients over ranks:
-that equals the single-process gradient when ranks hold equal token counts, and is verl's per-rank
-mean convention when masked token means differ in length across ranks.
+ranks. The PPO/GRPO losses divide by the whole mini-batch's token (or sequence) count summed over
+ranks, times the world size that FSDP2's gradient averaging divides by again (`mini_batch_norm`,
+verl's global-batch normalisation): the gradient is the single-process one for any split into
+micro-batches and ranks. DPO averages each micro-batch's pairs and divides by the accumulation count.
 Exercised by `pytest tests/test_train.py` and `pytest tests/test_distributed_e2e.py`.
 """
 
@@ -24,9 +25,10 @@ import torch
 from torch import nn
 
 from trainer import distributed as dist_mod
+from trainer import losses as L
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy
+from trainer.precision import LossScaler, PrecisionPolicy
 
 
 class NonFiniteLossError(RuntimeError):
@@ -186,7 +188,6 @@ def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: LossScaler,
-    policy: RolePolicy,
     observer: Observer,
     max_grad_norm: float,
 ) -> tuple[float, bool]:
@@ -195,7 +196,6 @@ def optimizer_step(
     ``grad_norm`` is the norm before clipping, like verl's ``actor/grad_norm``. The scaler's ``update``
     runs after the step or skip, so ``scaler_state`` reports the scale the next step will use.
     """
-    del policy  # the scaler already carries the policy's loss-scaling contract
     params = _params(model)
     found_inf = scaler.unscale_(params)
     # the global norm (same on every rank for FSDP2 DTensor gradients); non-finite gradients are
@@ -216,6 +216,27 @@ def optimizer_step(
         grad_norm=norm,
     )
     return norm, skipped
+
+
+def mini_batch_norm(mask: torch.Tensor, setup: Setup, horizon: float | None = None) -> L.AggNorm:
+    """The loss denominators of one mini-batch (``mask``: this rank's rows of it): valid tokens and
+    non-empty sequences summed over ranks, and the world size (verl's ``batch_num_tokens``,
+    ``global_batch_size``, ``dp_size``)."""
+    m = mask.float()
+    counts = torch.stack([m.sum(), (m.sum(-1) > 0).float().sum()])
+    if setup.dist.distributed:
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
+    tokens, sequences = counts.tolist()
+    return L.AggNorm(tokens, sequences, setup.dist.world_size, horizon)
+
+
+def mean_over_ranks(value: float, setup: Setup) -> float:
+    """``value`` averaged over ranks (itself for one process): a statistic the whole batch shares."""
+    if not setup.dist.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=setup.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    return float(t) / setup.dist.world_size
 
 
 def convert_rewards(raw: Any, batch_size: int, device: torch.device, where: str) -> torch.Tensor:

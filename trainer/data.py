@@ -182,7 +182,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (DigitsTask(), CopyTask(), SortTask
 
 TINY_LEARNING_SETTINGS: dict[str, dict] = {
     "ppo": {"lr": 2e-3, "critic_lr": 2e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8,
-            "ppo_epochs": 2, "kl_coef": 0.0},
+            "ppo_epochs": 2},
     "grpo": {"lr": 1e-3, "batch_size": 8, "mini_batch_size": 16, "micro_batch_size": 16, "ppo_epochs": 2},
     "dpo": {"lr": 1e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8},
 }  # fmt: skip

@@ -2,8 +2,8 @@
 
 A decode step's query attends to a preallocated cache ``[B, Hkv, S, D]`` of which only the first
 ``slot + 1`` slots have been written (and, within those, the prompt's left padding is masked out).
-SDPA over the whole cache reads all ``S`` slots every step: at the 7B rollout shape that is 4.3 GB
-per step, a third again on top of the weights (reports/gpu/rollout.md). `decode_attention` reads
+SDPA over the whole cache reads all ``S`` slots every step (at the 7B rollout shape a third again on
+top of the weights: reports/gpu/rollout.md). `decode_attention` reads
 only the slots that are both written and valid, with the number written held on the device, so the
 same launch serves every step of a captured CUDA graph.
 
@@ -13,7 +13,7 @@ programs and the partial results combined by a second kernel). Elsewhere, and as
 kernel is tested against, it is SDPA over the whole cache with the same mask. Registered as the
 custom op ``trainer::decode_attention`` so a ``torch.compile``d decode step keeps it whole.
 
-Exercised by ``pytest tests/test_decode_attention.py`` (the kernel runs on CPU under Triton's
+Exercised by ``pytest tests/test_fused_decode.py`` (the kernel runs on CPU under Triton's
 interpreter there when triton is installed) and, on a GPU, by ``-m gpu`` and
 ``benchmarks/rollout_bench.py``.
 """

@@ -10,8 +10,9 @@ had been loaded in that dtype (RMSNorm in fp32 scaled in the dtype, rotary from 
 ``rotary_emb``, SiLU-mul, residual adds in the dtype); a decode step's attention is
 `trainer.decode_attention.decode_attention`, which reads only the written, valid cache slots.
 
-Supported: Llama, Mistral (no sliding window) and Qwen2 layouts -- `unsupported` says why another
-model is not, and the engine then keeps the HF forward. Exercised by
+Supported: Llama, Mistral (no sliding window) and Qwen2 layouts. For another model `unsupported` says
+why, and `require_supported` refuses ``rollout.fused`` with that reason (there is no silent fallback
+to the HF forward: the user asked for this engine). Exercised by
 ``pytest tests/test_fused_decode.py`` (logits against the HF forward of the same model in the same
 dtype) and, on a GPU, ``benchmarks/rollout_bench.py``.
 """

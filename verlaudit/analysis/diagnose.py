@@ -55,6 +55,15 @@ def _role_policy(run: RunDir, role: str) -> Mapping[str, Any]:
     return ((run.manifest.get("policy") or {}).get("roles") or {}).get(role) or {}
 
 
+def _uses_reference(run: RunDir) -> bool:
+    """Whether the run built the frozen reference (trainer.config.AlgoConfig.uses_reference); runs
+    recorded before the verl KL keys had one whenever kl_coef was positive."""
+    algo = (run.manifest.get("config") or {}).get("algo") or {}
+    if "use_kl_loss" not in algo:
+        return algo.get("name") == "dpo" or bool(algo.get("kl_coef", 0.05))
+    return algo.get("name") == "dpo" or bool(algo.get("use_kl_in_reward") or algo.get("use_kl_loss"))
+
+
 def _preset(run: RunDir) -> str | None:
     return (run.manifest.get("policy") or {}).get("preset") or _cfg(run, "precision", "preset")
 
@@ -337,13 +346,15 @@ def _reward_causes(run: RunDir) -> list[Cause]:
     best = max(sum(means[i : i + w]) / w for i in range(len(means) - w + 1))
     span = max(means) - min(means)
     if span > 1e-9 and best - l_mean > 0.5 * span and l_mean < e_mean:
+        kl_loss_coef = max(_cfg(run, "algo", "kl_loss_coef", default=0.001) * 2, 0.01)
         out.append(Cause("warning", "reward_collapse", f"Reward collapse: {mean_key} fell from {_fmt(best)} "
                          f"(best {w}-step window) to {_fmt(l_mean)}",
                          "The policy got worse than where it started: typical of a too-large step size, KL "
                          "drift from the reference, or reward hacking that the reward later punishes.",
                          evidence=[f"first {w} steps mean {_fmt(e_mean)}, last {w} steps mean {_fmt(l_mean)}"],
-                         fixes=[Fix(f"algo.kl_coef: {max(_cfg(run, 'algo', 'kl_coef', default=0.05) * 2, 0.01):g}",
-                                    f"{V.KL_COEF} (or {V.KL_LOSS_COEF})",
+                         fixes=[Fix(f"algo.use_kl_loss: true, algo.kl_loss_coef: {kl_loss_coef:g}",
+                                    f"{V.algo_override('use_kl_loss', True)} {V.KL_LOSS_COEF}={kl_loss_coef:g} "
+                                    f"(or {V.algo_key('use_kl_in_reward')} with {V.KL_COEF})",
                                     "a stronger KL anchor to the reference"),
                                 Fix("algo.lr: <half>", V.LR, "smaller policy steps")],
                          step=len(means) - w))  # fmt: skip
@@ -558,10 +569,7 @@ def _oom_fixes(
             Fix(None, V.OPTIMIZER_OFFLOAD, "offload AdamW state to host "
                 "(no verlaudit suite key)"),
         ]  # fmt: skip
-        if (
-            _cfg(run, "algo", "kl_coef", default=0)
-            and _role_policy(run, "reference").get("param_dtype") == "fp32"
-        ):
+        if _uses_reference(run) and _role_policy(run, "reference").get("param_dtype") == "fp32":
             fixes.append(Fix("precision.overrides.reference.param_dtype: bf16",
                              V.REF_PARAM_OFFLOAD, "the frozen reference needs no fp32 copy"))  # fmt: skip
     if phase == "rollout" or dominant == "kv cache + rollout logits":

@@ -136,7 +136,7 @@ def plan_config(
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
         resident[f"actor {k}"] = v
-    use_ref = algo.name == "dpo" or algo.kl_coef > 0
+    use_ref = algo.uses_reference  # DPO, or a KL term in the reward or the loss (verl builds it only then)
     if use_ref:
         ref = policy["reference"]
         resident["reference params"] = math.ceil(arch.params("causal_lm") * mm.nbytes(ref.param_dtype) / w)
