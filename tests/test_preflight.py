@@ -86,7 +86,7 @@ def test_a_relative_plugin_reaches_the_worker_as_the_suite_meant_it(suite_dir, t
     # the spec the runner writes holds the absolute path; the worker, from any directory, imports it
     plan = runner.plan_runs(suite, tmp_path / "out", PresentDevice(cuda=False, gpu_count=0))
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(plan.runs[0].spec))
+    spec_path.write_text(json.dumps(plan.runs[0].spec.to_dict()))
     spec = load_spec(spec_path)
     assert resolve_callable(spec.train.data.collator, "data.collator").__name__ == "collator"
     # the copy the report directory keeps round-trips to the same resolved configs

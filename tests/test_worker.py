@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from trainer.precision import resolve_policy
 from verlaudit.run.worker import main as worker_main
 from verlaudit.rundir import read_run
 
@@ -25,9 +27,15 @@ TRAIN = {
 }  # fmt: skip
 
 
+def resolved(train):
+    """What the runner adds to a spec (here for a hand-written one): the device type and the policy."""
+    return {"device": "cpu", "policy": resolve_policy(train["precision"]["preset"]).to_dict()}
+
+
 def spec(tmp_path, **extra):
-    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": TRAIN,
-         "audit": {"level": "full", "full_steps": 1, "every": 0}, **extra}  # fmt: skip
+    train = extra.pop("train", TRAIN)
+    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": train,
+         "audit": {"level": "full", "full_steps": 1, "every": 0}, **resolved(train), **extra}  # fmt: skip
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     return p
@@ -48,6 +56,8 @@ def test_completed_run_directory(tmp_path):
     assert (m["variant"], m["seed"], m["config"]["seed"]) == ("v", 3, 3)  # the spec's seed is the run's
     assert m["policy"]["preset"] == "bf16" and m["memory"]["source"] == "rss" and m["memory"]["reason"]
     assert {"python", "torch", "transformers", "vllm", "cuda", "device", "cpu_count"} <= set(m["environment"])
+    # the audit's contribution, written by the worker when training ended: the run's memory peaks
+    assert m["memory_summary"]["source"] == "rss" and m["memory_summary"]["phase_peak_gb"]["actor_update"] > 0
     assert [x["step"] for x in run.metrics] == [0, 1]
     first, second = run.metrics
     assert first["audit/full"] == 1.0 and second["audit/full"] == 0.0  # full_steps=1, every=0
@@ -93,6 +103,8 @@ def test_oom_and_interrupt_become_status(tmp_path, error, reason):
     assert (run.status["reason"], run.status["step"], run.status["phase"]) == (reason, 1, "actor_update")
     assert [x["step"] for x in run.metrics] == [0]  # what was written before the failure stays readable
     assert "phase_peak_gb_so_far" in run.status["memory"]
+    # a failed run's manifest gets the audit's memory peaks too, up to the failure
+    assert "actor_update" in run.manifest["memory_summary"]["phase_peak_gb"]
     if reason == "oom":
         assert [f.where for f in run.findings if f.kind == "memory/oom"] == ["actor_update"]
 
@@ -105,12 +117,27 @@ def test_oom_and_interrupt_become_status(tmp_path, error, reason):
         (lambda s: s["train"]["algo"].update(lr=-1), "train.algo.lr: must be > 0"),
         (lambda s: s.update(audit={"level": "loud"}), "audit.level: 'loud'"),
         (lambda s: s.update(emulation={"memory_cap_gb": -4}), "emulation.memory_cap_gb"),
+        (lambda s: s.pop("policy"), "policy: missing"),  # the runner decides it; the worker does not
     ],
 )
 def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys, mutate, message):
-    s = {"variant": "v", "run_dir": str(tmp_path / "run"), "train": json.loads(json.dumps(TRAIN))}
+    s = {
+        "variant": "v",
+        "run_dir": str(tmp_path / "run"),
+        "train": json.loads(json.dumps(TRAIN)),
+        **resolved(TRAIN),
+    }
     mutate(s)
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     assert worker_main([str(p)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_spec_for_a_gpu_on_a_machine_without_one_exits_2(tmp_path, capsys):
+    train = {**TRAIN, "device": "cuda"}
+    p = spec(tmp_path, train=train, device="cuda")
+    assert worker_main([str(p)]) == 2
+    assert "'cuda' requested but no CUDA GPU is visible" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing half-written

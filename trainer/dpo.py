@@ -14,6 +14,7 @@ import torch
 from trainer import losses as L
 from trainer.common import (
     Averages,
+    Resolved,
     Setup,
     StepLog,
     backward,
@@ -73,12 +74,12 @@ def _stack(batch, idx: torch.Tensor, device: torch.device):
     return ids, attn, resp
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` DPO steps; returns the per-step metrics."""
     from trainer import data as D
 
     algo = config.algo
-    setup = build_setup(config, observer, critic=False, reference=True, reward_model=False)
+    setup = build_setup(config, observer, resolved, critic=False, reference=True, reward_model=False)
     examples = D.load_examples(config.data, seed=config.seed, pairs=True)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=True)
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)

@@ -15,7 +15,7 @@ import torch
 
 from trainer import advantages as A
 from trainer import losses as L
-from trainer.common import StepLog, local_batch
+from trainer.common import Resolved, StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.ppo import (
@@ -31,11 +31,11 @@ from trainer.ppo import (
 )
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` steps of the critic-free recipe; returns the per-step metrics."""
     algo = config.algo
     g = algo.group_size
-    p = prepare(config, observer, critic=False)
+    p = prepare(config, observer, resolved, critic=False)
     setup = p.setup
     actor = setup.models["actor"]
     kl_ctrl = kl_controller(algo)

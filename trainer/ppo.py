@@ -22,6 +22,7 @@ from trainer import advantages as A
 from trainer import losses as L
 from trainer.common import (
     Averages,
+    Resolved,
     Setup,
     StepLog,
     backward,
@@ -325,14 +326,16 @@ class Prepared:
     """ReMax's baseline engine: the same engine with top-k 1 (greedy decoding); None otherwise."""
 
 
-def prepare(config: TrainConfig, observer: Observer, *, critic: bool) -> Prepared:
+def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, critic: bool) -> Prepared:
     """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine(s), batches."""
     from trainer import data as D
     from trainer.rollout import build_engine
 
     algo = config.algo
-    setup = build_setup(config, observer, critic=critic, reference=algo.uses_reference, reward_model=True)
-    examples = D.load_examples(config.data, seed=config.seed, pairs=False)
+    setup = build_setup(
+        config, observer, resolved, critic=critic, reference=algo.uses_reference, reward_model=True
+    )
+    examples = D.load_examples(config.data, seed=config.seed, pairs=False, tokenizer=setup.tokenizer)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
     # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
@@ -369,10 +372,10 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool) -> Prepare
     return Prepared(setup, source, collator, reward_name, reward_fn, engine(algo.top_k), batches, greedy)
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` PPO steps; returns the per-step metrics."""
     algo = config.algo
-    p = prepare(config, observer, critic=True)
+    p = prepare(config, observer, resolved, critic=True)
     setup = p.setup
     actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
     kl_ctrl = kl_controller(algo)

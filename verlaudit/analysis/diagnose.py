@@ -36,7 +36,7 @@ from verlaudit.dtypes import parse_dtype_message
 from verlaudit.plan.failure import capacity_gib, memory_at_failure, run_plan_inputs, run_world_size
 from verlaudit.plan.memory_model import GIB
 from verlaudit.plan.planner import plan_config
-from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run, to_float
+from verlaudit.rundir import MANIFEST, Finding, RunDir, is_run_dir, read_json, read_run, to_float
 
 # --------------------------------------------------------------------------------------------
 # small readers over a RunDir
@@ -606,9 +606,21 @@ def render_text(d: Diagnosis) -> str:
             parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None]
             head = "; ".join(p for p in parts if p)
             lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
+            lines.extend(_verl_script_lines(d, f))
         for u in c.unknown:
             lines.append(f"     cannot tell: {u}")
     return "\n".join(lines)
+
+
+def _verl_script_lines(d: Diagnosis, fix: Fix) -> list[str]:
+    """For a run made by `verlaudit from-verl`: the fix as the user's own verl script lines."""
+    manifest = read_json(Path(d.source) / MANIFEST) if d.source_kind == "run" else None
+    origin = (((manifest or {}).get("config") or {}).get("origin") or {}).get("verl")
+    if not origin:
+        return []
+    from verlaudit.verl.roundtrip import script_lines
+
+    return [f"       {line}" for line in script_lines(origin, fix.verl, fix.suite)]
 
 
 def find_runs(path: Path) -> list[Path]:
