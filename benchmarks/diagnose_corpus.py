@@ -12,7 +12,8 @@ scored against the header:
 - culprit right: the header's culprit, normalised (lower case, letters, digits and dots only), occurs
   in the first cause's ``where`` or title; not scored when the header says ``none shown``;
 - fix right: one of the header's ``backticked`` fix tokens, canonicalised, occurs in the text of one of
-  the first cause's fixes; not scored when the fix is ``unknown`` or ``none needed``.
+  the first cause's fixes (its suite key, verl key, the key in the log's own framework and its why);
+  not scored when the fix is ``unknown`` or ``none needed``.
 
 Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --out reports/diagnose_corpus.md``
 (``--update-readme`` also rewrites the fixture table of tests/fixtures/logs/README.md).
@@ -55,29 +56,28 @@ HEADER_PREFIX = "#: "
 NO_CULPRIT = "none shown"
 NO_FIX = ("unknown", "none needed")
 
-# Category -> the cause kinds that count as right. Kinds diagnose emits today (Cause.kind in
-# verlaudit.analysis.causes and verlaudit.analysis.logparse): oom, nonfinite, dtype_error, device_mismatch,
-# compile_error, loss_scale_collapse, overflow_skips, killed, refused, exception. A category with no
-# fitting kind today accepts the kind named after it, reserved for the parser work; until diagnose emits it,
-# that category scores wrong. A plain `oom` is deliberately not accepted for the KV-cache and host-RAM
-# categories: issue 17 names those two mislabels.
+# Category -> the cause kinds that count as right: the kinds diagnose emits for a log (Cause.kind in
+# verlaudit.analysis.causes; the log rules in verlaudit.analysis.logs). A plain `oom` is deliberately not
+# accepted for the KV-cache and host-RAM categories: issue 17 names those two mislabels. `cuda_error` (a
+# kernel fault the NCCL watchdog or an engine reports) fits an engine's error and another exception alike;
+# `nccl_error` (NCCL itself failed, not its timeout) fits the collective-failure category.
 ACCEPTED_KINDS: dict[str, frozenset[str]] = {
     "oom_gpu": frozenset({"oom"}),
-    "oom_host": frozenset({"oom_host"}),  # not emitted today
-    "oom_kv_cache": frozenset({"oom_kv_cache"}),  # not emitted today (a KV-cache failure comes back as oom)
-    "nccl_timeout": frozenset({"nccl_timeout"}),  # not emitted today
+    "oom_host": frozenset({"oom_host"}),
+    "oom_kv_cache": frozenset({"oom_kv_cache"}),
+    "nccl_timeout": frozenset({"nccl_timeout", "nccl_error"}),
     "killed": frozenset({"killed"}),
-    "ray_actor_died": frozenset({"ray_actor_died", "killed"}),  # ray_actor_died not emitted today
+    "ray_actor_died": frozenset({"ray_actor_died", "killed"}),
     "dtype_error": frozenset({"dtype_error"}),
-    "dtype_unsupported": frozenset({"dtype_unsupported", "refused"}),  # dtype_unsupported not emitted today
+    "dtype_unsupported": frozenset({"dtype_unsupported", "refused"}),
     "nonfinite": frozenset({"nonfinite"}),
     "loss_scale": frozenset({"loss_scale_collapse", "overflow_skips"}),
-    "unscale_fp16": frozenset({"unscale_fp16"}),  # not emitted today
-    "import_error": frozenset({"import_error"}),  # not emitted today
-    "weight_sync": frozenset({"weight_sync"}),  # not emitted today
+    "unscale_fp16": frozenset({"unscale_fp16"}),
+    "import_error": frozenset({"import_error"}),
+    "weight_sync": frozenset({"weight_sync"}),
     "compile_error": frozenset({"compile_error"}),
-    "exception": frozenset({"exception", "device_mismatch"}),
-    "engine_error": frozenset({"engine_error"}),  # not emitted today
+    "exception": frozenset({"exception", "device_mismatch", "cuda_error"}),
+    "engine_error": frozenset({"engine_error", "cuda_error"}),
     "clean": frozenset(),  # scored on the verdict, not on a kind
 }
 CATEGORIES = tuple(ACCEPTED_KINDS)
@@ -216,7 +216,8 @@ def score_fixture(fx: Fixture, workdir: Path, diagnose: Callable[[Path], Sequenc
     fix_right = None
     tokens = fix_tokens(fx.header["fix"])
     if fx.header["fix"] not in NO_FIX and tokens:
-        texts = [canon_fix(f"{f.suite or ''} {f.verl or ''} {f.why}") for f in (first.fixes if first else [])]
+        texts = [canon_fix(f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}")
+                 for f in (first.fixes if first else [])]  # fmt: skip
         fix_right = any(t in text for t in tokens for text in texts)
     return Score(fx, d.verdict, kind, title, category_right, culprit_right, fix_right, None)
 

@@ -1,16 +1,11 @@
-"""Explains training logs and tracebacks from other frameworks (verl, TRL / HF Trainer, DeepSpeed,
-Megatron, apex, plain PyTorch) with the same causes `verlaudit diagnose` gives for its own runs.
-
-Recognised: dtype errors (``expected scalar type X but found Y``, ``mat1 and mat2 must have the same
-dtype``, ``Input type (...) and weight type (...)``, SDPA query/key/value dtypes, ``Got unsupported
-ScalarType BFloat16`` from ``.numpy()``, ``"op" not implemented for 'Half'``), device mismatches,
-CUDA OOM messages (both the PyTorch >= 2.1 wording and the older one) and vLLM KV-cache OOM,
-NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, plain ``loss=nan``,
-anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
-(apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
-alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
-optimizer / activations). Exercised by `pytest tests/test_logparse.py tests/test_diagnose.py -k log` and
-``verlaudit diagnose path/to/train.log``.
+"""Explains training logs and tracebacks from other frameworks (verl and its forks, TRL / HF Trainer,
+OpenRLHF, NeMo-RL, DeepSpeed, accelerate, vLLM, SGLang, Megatron, apex, plain PyTorch) with the same
+causes `verlaudit diagnose` gives for its own runs. The thin entry point: the rule families live in
+`verlaudit.analysis.logs` (one streaming pass, bounded facts, one module per family); this module adds
+the per-step metric records (verl ``step:N - key:value`` lines, HF Trainer / TRL dicts, JSON records)
+and the non-finite evidence drawn from them, and `explain_error_text`, the same messages read from a
+run directory's recorded traceback. Exercised by `pytest tests/test_logparse.py tests/test_log_rules.py
+tests/test_diagnose.py -k log` and ``verlaudit diagnose path/to/train.log``.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
     BACKWARD_NAN_WHAT,
     Cause,
@@ -28,8 +24,9 @@ from verlaudit.analysis.causes import (
     Fix,
     backward_nan_fixes,
     dtype_fixes,
-    rank,
 )
+from verlaudit.analysis.logs.exceptions import COMPILE, DEVICE, NOT_IMPLEMENTED, NUMPY_DTYPE
+from verlaudit.analysis.logs.memory import parse_oom
 
 _DT = {
     "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
@@ -55,14 +52,10 @@ _DTYPE_PATTERNS = [
     (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) (?:and|!=) ([\w.:]+)"),
      lambda m: (m[1], m[2])),
 ]  # fmt: skip
-_NUMPY_BF16 = re.compile(r"Got unsupported ScalarType (\w+)")
-_NOT_IMPL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
-_COMPILE = re.compile(
-    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
-)
-_DEVICE = re.compile(
-    r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
-)
+_NUMPY_BF16 = NUMPY_DTYPE
+_NOT_IMPL = NOT_IMPLEMENTED
+_COMPILE = COMPILE
+_DEVICE = DEVICE
 
 
 def parse_dtype_message(text: str) -> dict[str, Any] | None:
@@ -74,47 +67,6 @@ def parse_dtype_message(text: str) -> dict[str, Any] | None:
             return {"observed": _dt(obs) if obs != "?" else None, "expected": _dt(exp) if exp != "?" else None,
                     "message": m[0]}  # fmt: skip
     return None
-
-
-_UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
-_N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
-_OOM_NEW = re.compile(
-    rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
-    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by PyTorch, "
-    rf"and {_N} is reserved by PyTorch but unallocated)?",
-    re.S,
-)
-_OOM_OLD = re.compile(
-    rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
-    rf"{_N} reserved in total by PyTorch\)"
-)
-_OOM_ANY = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks"
-)
-
-
-def _gib(num: str | None, unit: str | None) -> float | None:
-    return None if num is None else float(num) * _UNIT[str(unit).lower()]
-
-
-def parse_oom(text: str) -> dict[str, Any] | None:
-    """Numbers of the first CUDA OOM message, in GiB (keys absent when the message lacks them)."""
-    m = _OOM_NEW.search(text)
-    if m:
-        g = m.groups()
-        return {k: v for k, v in {
-            "tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]), "free_gib": _gib(g[5], g[6]),
-            "process_in_use_gib": _gib(g[7], g[8]), "allocated_gib": _gib(g[9], g[10]),
-            "reserved_unallocated_gib": _gib(g[11], g[12]), "message": m[0][:400]}.items() if v is not None}  # fmt: skip
-    m = _OOM_OLD.search(text)
-    if m:
-        g = m.groups()
-        alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
-        return {"tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]),
-                "allocated_gib": alloc, "free_gib": _gib(g[7], g[8]), "reserved_unallocated_gib": reserved - alloc,
-                "message": m[0]}  # fmt: skip
-    m = _OOM_ANY.search(text)
-    return {"message": _line_of(text, m.start())} if m else None
 
 
 def _line_of(text: str, pos: int) -> str:
@@ -286,12 +238,6 @@ _VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))",
 _PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
 _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
-_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)")
-_DS = re.compile(
-    r"OVERFLOW! Rank (\d+) Skipping step\. Attempted loss scale: ([\d.e+]+), reducing to ([\d.e+]+)"
-)
-_DS_MIN = re.compile(r"Current loss scale already at minimum - cannot decrease scale anymore")
-_MEGATRON = re.compile(r"number of skipped iterations:\s*(\d+)")
 
 
 def _f(x: str) -> float:
@@ -303,8 +249,8 @@ def _f(x: str) -> float:
 
 # An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
 # tail), or cut off at the line's end when the process died mid-print.
-_HF_RECORD = re.compile(r"\{'(?:loss|train_loss)':[^{}]*(?:\}|$)")
-_HF_KV = re.compile(r"'([\w/.@-]+)':\s*'?([^',}]+)'?")
+_HF_RECORD = re.compile(r"\{(['\"])(?:loss|train_loss)\1:[^{}]*(?:\}|$)")
+_HF_KV = re.compile(r"(['\"])([\w/.@()-]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
 
 
 def _hf_value(text: str) -> float | None:
@@ -335,14 +281,17 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
             for d in _HF_RECORD.finditer(line):
                 hf += 1
                 rec = {"step": hf, "_line": ln, "_source": "hf"}
-                values = ((k, _hf_value(v)) for k, v in _HF_KV.findall(d[0]))
+                values = ((k, _hf_value(v)) for _, k, v in _HF_KV.findall(d[0]))
                 rec.update({k: v for k, v in values if v is not None})
                 out.append(rec)
     return out
 
 
-def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Cause]:
-    ev, step, backward_only = [], None, False
+def _nonfinite_log_causes(
+    text: str, records: list[dict[str, Any]], ctx: logs.LogContext | None = None
+) -> list[Cause]:
+    ctx = ctx or logs.LogContext(None)
+    ev, step, backward_only, role, first_line = [], None, False, None, None
     for i, rec in enumerate(records):
         bad = [
             k
@@ -350,11 +299,13 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
             if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
         ]
         if bad:
-            step = rec["step"]
+            step, first_line = rec["step"], rec["_line"]
             ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
             # only the gradient norm, on the first logged step, with a finite loss: made in the backward
             losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
             backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
+            roles = {k.split("/", 1)[0] for k in bad if "/" in k}
+            role = roles.pop() if len(roles) == 1 and len(bad) == sum("/" in k for k in bad) else None
             break
     # `loss=nan` in lines no record covers (a verl line's `pg_loss:nan` is already the record's evidence)
     covered = {rec["_line"] for rec in records}
@@ -362,94 +313,86 @@ def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Caus
         line = _lineno(text, m.start())
         if line not in covered:
             ev.append(f"line {line}: log: {_line_of(text, m.start())[:160]}")
+            first_line = first_line or line
             break
     anomaly = _ANOMALY.search(text)
-    where = None
+    where = role
     if anomaly:
         where = anomaly[1]
+        first_line = first_line or _lineno(text, anomaly.start())
         ev.append(
             f"line {_lineno(text, anomaly.start())}: anomaly mode: backward function {anomaly[1]} produced NaN"
         )
     samp = _SAMPLING_NAN.search(text)
     if samp:
+        first_line = first_line or _lineno(text, samp.start())
         ev.append(f"line {_lineno(text, samp.start())}: sampling saw NaN/Inf probabilities: the rollout model's "
                   "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
     if not ev:
         return []
+    verlish = ctx.framework in (None, "verl")
     if backward_only:
+        fx = backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
         return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
-                      BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0,
-                      fixes=backward_nan_fixes(),
+                      BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                      phase="update", line=first_line,
                       unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
                                "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
-    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
-                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
-                  fixes=[Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-                             "if the run is fp16: bf16 does not overflow"),
-                         Fix("algo.lr: <lower>", V.LR, "if the loss diverged first"),
-                         Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients")],
+    if role == "critic" and ctx.framework == "verl":  # the critic has its own optimiser and clipping
+        fx = logs.frameworks.fixes(
+            ctx,
+            None
+            if logs.frameworks.applied("bf16_instead_of_fp16", ctx)
+            else Fix(
+                "precision.preset: bf16",
+                V.param_dtype("critic", "bf16"),
+                "if the run is fp16: bf16 does not overflow",
+            ),
+            Fix("algo.lr: <lower>", V.lr("critic"), "if the value loss diverged first"),
+            Fix("algo.max_grad_norm: 1.0", V.grad_clip("critic"), "clip the critic's gradients"),
+        )
+    else:
+        fx = logs.frameworks.fixes(
+            ctx,
+            ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+            ("lr", "if the loss diverged first", "algo.lr: <lower>"),
+            ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
+        )
+    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+                  + (f" in the {role}" if role and not anomaly else ""),
+                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                  phase="update", line=first_line,
                   unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
                            "`verlaudit run` with audit level full for the producer module",
                            "the loss-scale history, unless the framework logged it"])]  # fmt: skip
 
 
-def _overflow_log_causes(text: str) -> list[Cause]:
-    hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(text)]
-    hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(text)]
-    ds_min = _DS_MIN.search(text)
-    mega = [int(m[1]) for m in _MEGATRON.finditer(text)]
-    if not hits and not ds_min and not any(mega):
-        return []
-    hits.sort()
-    scales = [s for _, _, s in hits]
-    ev = []
-    if hits:
-        ev.append(f"{len(hits)} overflow skips, first at line {_lineno(text, hits[0][0])}; loss scale went "
-                  f"{_fmt_scale(hits[0][1] or scales[0] * 2)} -> {_fmt_scale(scales[-1])}")  # fmt: skip
-    if mega:
-        ev.append(f"Megatron: up to {max(mega)} skipped iterations per logging interval")
-    collapse = bool(ds_min) or (scales and scales[-1] <= 1.0) or len(hits) >= 20
-    if ds_min:
-        ev.append(f"line {_lineno(text, ds_min.start())}: {ds_min[0]}")
-    fixes = [Fix("precision.preset: bf16", "bf16 in the framework's config (DeepSpeed: bf16.enabled=true, fp16.enabled=false)",
-                 "bf16 has fp32's exponent range: no loss scaling, no overflow skips")]  # fmt: skip
-    if collapse:
-        return [Cause("error", "loss_scale_collapse", "fp16 loss-scale collapse",
-                      "The loss scale was driven to its floor by repeated overflows: values overflow fp16 even "
-                      "unscaled, so the optimizer keeps skipping.", evidence=ev, fixes=fixes, score=30.0,
-                      unknown=["which module overflows (a log has no per-module absmax); rerun under verlaudit"])]  # fmt: skip
-    return [Cause("info" if len(hits) <= 10 else "warning", "overflow_skips", f"{len(hits)} fp16 overflow skips",
-                  "Dynamic loss scaling found its level by skipping steps; occasional skips are normal.",
-                  evidence=ev, fixes=fixes if len(hits) > 10 else [])]  # fmt: skip
-
-
-def _fmt_scale(v: float) -> str:
-    return f"{v:g}"
-
-
 def diagnose_log(path: str | Path) -> Diagnosis:
-    """Diagnosis of a foreign training log or traceback file."""
+    """Diagnosis of a foreign training log or traceback file: the rule families of
+    `verlaudit.analysis.logs` fed line by line, plus the metric records' non-finite evidence."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise ValueError(f"{p}: cannot read the log ({e})") from None
     records = parse_metric_lines(text)
-    causes = explain_error_text(text) + _nonfinite_log_causes(text, records) + _overflow_log_causes(text)
-    causes = rank(causes)
-    verl_records = any(r.get("_source") == "verl" for r in records)
-    framework = ("verl" if verl_records or V.ACTOR_ROLLOUT_REF in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
-                 else "HF Trainer/TRL" if "{'loss'" in text or "trl" in text.lower() else "PyTorch")  # fmt: skip
-    failed = "Traceback (most recent call last)" in text or any(c.severity == "error" for c in causes)
-    state = "failed" if failed else "log"
+    scan = logs.new_scan()
+    n = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        scan.feed(n, line)
+    causes, ctx = logs.explain(scan.facts())
+    nonfinite = _nonfinite_log_causes(text, records, ctx)
+    for c in nonfinite:
+        c.framework = ctx.framework
+    causes = logs.order(_without_unrecognised(causes) + nonfinite if nonfinite else causes)
+    state = "failed" if any(c.severity == "error" for c in causes) else "log"
     last = f", last logged step {records[-1]['step']}" if records else ""
     summary = (
-        f"{p.name}: {framework} log, {len(text.splitlines())} lines{last}; {len(causes)} recognised cause(s)"
+        f"{p.name}: {ctx.framework or 'PyTorch'} log, {n} lines{last}; {len(causes)} recognised cause(s)"
     )
-    if not causes and "Traceback (most recent call last)" in text:
-        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
-        causes = [Cause("error", "exception", "Unrecognised exception", tail[:300],
-                        evidence=[f"raised from {_innermost_frame(text)}"],
-                        unknown=["this error is not one of the dtype / OOM / NaN / overflow patterns verlaudit "
-                                 "explains; run the suite under verlaudit for module-level evidence"])]  # fmt: skip
     return Diagnosis(str(p), "log", p.name, state, summary, causes)
+
+
+def _without_unrecognised(causes: list[Cause]) -> list[Cause]:
+    """The causes without the unrecognised-failure fallback (a recognised NaN explains the log)."""
+    return [c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))]
