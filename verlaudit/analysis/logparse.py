@@ -338,8 +338,20 @@ def _nonfinite_log_causes(
                       phase="update", line=first_line,
                       unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
                                "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
+    fx = _nonfinite_fixes(ctx, role)
+    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+                  + (f" in the {role}" if role and not anomaly else ""),
+                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                  phase="update", line=first_line,
+                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
+                           "`verlaudit run` with audit level full for the producer module",
+                           "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+
+
+def _nonfinite_fixes(ctx: logs.LogContext, role: str | None) -> list[Fix]:
+    """What to try for NaN/Inf metrics, in the log's framework (the critic's own keys for a verl critic)."""
     if role == "critic" and ctx.framework == "verl":  # the critic has its own optimiser and clipping
-        fx = logs.frameworks.fixes(
+        return logs.frameworks.fixes(
             ctx,
             None
             if logs.frameworks.applied("bf16_instead_of_fp16", ctx)
@@ -351,20 +363,12 @@ def _nonfinite_log_causes(
             Fix("algo.lr: <lower>", V.lr("critic"), "if the value loss diverged first"),
             Fix("algo.max_grad_norm: 1.0", V.grad_clip("critic"), "clip the critic's gradients"),
         )
-    else:
-        fx = logs.frameworks.fixes(
-            ctx,
-            ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
-            ("lr", "if the loss diverged first", "algo.lr: <lower>"),
-            ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
-        )
-    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
-                  + (f" in the {role}" if role and not anomaly else ""),
-                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0, fixes=fx,
-                  phase="update", line=first_line,
-                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
-                           "`verlaudit run` with audit level full for the producer module",
-                           "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+    return logs.frameworks.fixes(
+        ctx,
+        ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+        ("lr", "if the loss diverged first", "algo.lr: <lower>"),
+        ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
+    )
 
 
 def diagnose_log(path: str | Path) -> Diagnosis:

@@ -10,6 +10,7 @@ Exercised by ``pytest tests/test_log_rules.py -k distributed``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from verlaudit.analysis.causes import Cause
@@ -109,132 +110,115 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in causes if c]
 
 
-def _rank(h: Hit) -> int | None:
-    return h.line.rank
+@dataclasses.dataclass
+class _Wait:
+    """What the collective-failure messages say: who waited, for which rank, in what, since when."""
+
+    title: str = ""
+    culprit: int | None = None
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    at_init: bool = False
+    diverged: bool = False
 
 
-def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:  # noqa: C901 - one branch per message family
-    timeouts = facts.of("nccl_timeout")
-    glo = facts.of("gloo_timeout", "barrier_from", "barrier_failed")
-    store = facts.of("store_timeout", "store_clients")
-    beat = facts.of("heartbeat")
-    if not (timeouts or glo or store or beat):
-        return None
-    first = (timeouts or glo or store or beat)[0]
-    ev, culprit, stuck_at_init, diverged = [], None, False, None
+def _watchdog(facts: LogFacts, w: _Wait) -> None:
+    """NCCL watchdog timeouts: the first failing rank, or the rank behind when the ranks disagree on
+    the collective's SeqNum (the others moved on); whether any collective ever completed."""
     seq_of: dict[int, int] = {}
-    order: list[int] = []
-    for h in timeouts:
-        r, seq = int(h.fields["groups"][0]), int(h.fields["groups"][1])
-        if r not in seq_of:
-            seq_of[r] = seq
-            order.append(r)
-    title = ""
-    if timeouts:
-        g = timeouts[0].fields["groups"]
-        r0, seq, op, numel, _, tmo = int(g[0]), int(g[1]), g[2], g[3], g[4], g[5]
-        culprit = r0
+    for h in facts.of("nccl_timeout"):
+        seq_of.setdefault(int(h.fields["groups"][0]), int(h.fields["groups"][1]))
+    order = list(seq_of)
+    first = facts.first("nccl_timeout")
+    if first is not None:
+        _, seq, op, numel, _, tmo = first.fields["groups"]
+        w.culprit = order[0]
         if len(set(seq_of.values())) > 1:
             lag = min(seq_of.values())
             behind = [r for r in order if seq_of[r] == lag]
-            ahead = {r: s for r, s in seq_of.items() if s != lag}
-            culprit = behind[0]
-            diverged = (behind, lag, ahead)
-            ev.append(
-                f"ranks disagree on the collective: rank(s) {', '.join(map(str, behind))} at SeqNum {lag}, "
-                + ", ".join(f"rank {r} at {s}" for r, s in ahead.items())
-                + ": the ranks went out of step"
+            w.culprit, w.diverged = behind[0], True
+            ahead = ", ".join(f"rank {r} at {s}" for r, s in seq_of.items() if s != lag)
+            w.evidence.append(
+                f"ranks disagree on the collective: rank(s) {', '.join(map(str, behind))} at SeqNum "
+                f"{lag}, {ahead}: the ranks went out of step"
             )
-        stuck_at_init = seq <= 1
+        w.at_init = int(seq) <= 1
         waited = f" waited {int(tmo) / 1000:.0f} s" if tmo else " timed out"
         size = f", {int(numel):,} elements" if numel else ""
-        title = f"NCCL collective timeout: rank {culprit}{waited} in {op} (SeqNum {seq}{size})"
-        ev.append(quote(timeouts[0].line, 400))
+        w.title = f"NCCL collective timeout: rank {w.culprit}{waited} in {op} (SeqNum {seq}{size})"
+        w.evidence.append(quote(first.line, 400))
         if len(order) > 1:
-            ev.append(
-                f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} first in the log"
+            w.evidence.append(
+                f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} "
+                "first in the log"
             )
     for h in facts.of("nccl_status")[:2]:
         g = h.fields["groups"]
         done = g[3] if g[3] is not None else g[6]
-        if done is not None and int(done) < 0:
-            stuck_at_init = True
-        ev.append(quote(h.line, 240))
+        w.at_init |= done is not None and int(done) < 0  # last completed work -1: none ever completed
+        w.evidence.append(quote(h.line, 240))
+
+
+def _named_waits(facts: LogFacts, w: _Wait) -> None:
+    """The messages that name the rank the others waited for: a monitored barrier, the c10d store at
+    setup (rank 0 publishes the NCCL id), a Gloo send / recv, a stuck heartbeat."""
     barrier = facts.first("barrier_from")
     if barrier:
-        waiter, culprit = (int(x) for x in barrier.fields["groups"])
-        title = title or f"Gloo timeout: rank {waiter} waited for send/recv from rank {culprit}"
-        ev.append(quote(barrier.line))
-    failed_barrier = facts.first("barrier_failed")
-    if failed_barrier:
-        ranks = [int(x) for x in re.findall(r"\d+", failed_barrier.fields["groups"][0])]
-        culprit = ranks[0] if ranks else culprit
-        title = (
-            title or f"Monitored barrier: rank(s) {failed_barrier.fields['groups'][0].strip()} never arrived"
-        )
-        ev.append(quote(failed_barrier.line))
-    for h in store[:1]:
-        g = h.fields["groups"]
-        if h.rule == "store_timeout":
-            culprit, stuck_at_init = int(g[1]), True
-            title = title or (
-                f"Process-group setup timed out: rank {g[0]} waited"
-                + (f" {int(g[3]) / 1000:.0f} s" if g[3] else "")
-                + f" for rank {g[1]}'s NCCL unique id"
+        waiter, w.culprit = (int(x) for x in barrier.fields["groups"])
+        w.title = w.title or f"Gloo timeout: rank {waiter} waited for send/recv from rank {w.culprit}"
+        w.evidence.append(quote(barrier.line))
+    failed = facts.first("barrier_failed")
+    if failed:
+        ranks = re.findall(r"\d+", failed.fields["groups"][0])
+        w.culprit = int(ranks[0]) if ranks else w.culprit
+        w.title = w.title or f"Monitored barrier: rank(s) {', '.join(ranks)} never arrived"
+        w.evidence.append(quote(failed.line))
+    store = facts.first("store_timeout", "store_clients")
+    if store:
+        g, w.at_init = store.fields["groups"], True
+        if store.rule == "store_timeout":
+            w.culprit = int(g[1])
+            took = f" {int(g[3]) / 1000:.0f} s" if g[3] else ""
+            w.title = (
+                w.title
+                or f"Process-group setup timed out: rank {g[0]} waited{took} for rank {g[1]}'s NCCL id"
             )
         else:
-            stuck_at_init = True
-            title = title or f"Rendezvous timed out after {g[0]} s: {g[1]} of {g[2]} processes joined"
-        ev.append(quote(h.line))
-    gl = facts.first("gloo_timeout")
-    if gl:
-        g = gl.fields["groups"]
-        culprit = culprit if culprit is not None else _rank(gl)
-        title = title or f"Gloo timeout: {g[1]} waited {int(g[0]) / 1000:.0f} s" + (
-            f" on rank {culprit}" if culprit is not None else ""
-        )
-        ev.append(quote(gl.line))
-    if beat and not title:
-        title = "NCCL heartbeat monitor: a watchdog got stuck (a hung collective or CUDA call)"
-        ev.append(quote(beat[0].line))
-    downs = sorted({int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")})
-    if downs:
-        ev.append(f"the watchdog took down rank(s) {', '.join(map(str, downs[:16]))} (the cascade)")
-    pl = place(facts, first.line)
-    phase = "init" if stuck_at_init else pl.phase
-    if phase and pl.phase_why and not stuck_at_init:
-        title += f" during {pl.phase_why if not pl.phase_why.startswith('activity') else phase}"
-    elif stuck_at_init:
-        title += " at start-up (no collective ever completed)" if "start-up" not in title else ""
-    ev += pl.evidence()
-    what = (
-        "A collective did not complete on every rank within the timeout, so the watchdog aborted it and took the "
-        "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another "
-        "code path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
-    )
-    if stuck_at_init:
-        what += (
-            " Here no collective ever completed: the ranks could not reach each other (network interface, "
-            "firewall, a rank that never started)."
-        )
-    if diverged:
-        what += (
-            " The ranks were in different collectives: a data-dependent branch or unequal numbers of batches per "
-            "rank made them issue different collective sequences."
-        )
-    fx = fixes(
+            w.title = w.title or f"Rendezvous timed out after {g[0]} s: {g[1]} of {g[2]} processes joined"
+        w.evidence.append(quote(store.line))
+    gloo = facts.first("gloo_timeout")
+    if gloo:
+        g = gloo.fields["groups"]
+        w.culprit = w.culprit if w.culprit is not None else gloo.line.rank
+        on = f" on rank {w.culprit}" if w.culprit is not None else ""
+        w.title = w.title or f"Gloo timeout: {g[1]} waited {int(g[0]) / 1000:.0f} s{on}"
+        w.evidence.append(quote(gloo.line))
+    beat = facts.first("heartbeat")
+    if beat and not w.title:
+        w.title = "NCCL heartbeat monitor: a watchdog got stuck (a hung collective or CUDA call)"
+        w.evidence.append(quote(beat.line))
+
+
+_COLLECTIVE_WHAT = (
+    "A collective did not complete on every rank within the timeout, so the watchdog aborted it and took the "
+    "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another code "
+    "path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
+)
+
+
+def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
+    return fixes(
         ctx,
         advice(
             "check that every node can reach the others: NCCL_DEBUG=INFO shows the transport; point "
             "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME at an interface all nodes share"
         )
-        if stuck_at_init
+        if w.at_init
         else None,
         advice(
-            "make every rank issue the same collectives: equal batch counts per rank (drop_last, the same number "
-            "of micro-batches under dynamic batch sizes), no rank-dependent early exit"
+            "make every rank issue the same collectives: equal batch counts per rank (drop_last, the same "
+            "number of micro-batches under dynamic batch sizes), no rank-dependent early exit"
         )
-        if diverged
+        if w.diverged
         else None,
         (
             "collective_timeout",
@@ -246,21 +230,63 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:  # noqa: C901
             "find the stuck rank's own error above the timeout, or take a py-spy dump of it while it hangs"
         ),
         advice(
-            "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1: the flight recorder dumps "
-            "each rank's last collectives and their Python stacks"
+            "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1: the flight recorder "
+            "dumps each rank's last collectives and their Python stacks"
         ),
         ("collective_timeout", "raise it only when one rank legitimately works alone that long"),
     )
+
+
+def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    first = facts.first(
+        "nccl_timeout",
+        "gloo_timeout",
+        "barrier_from",
+        "barrier_failed",
+        "store_timeout",
+        "store_clients",
+        "heartbeat",
+    )
+    if first is None:
+        return None
+    w = _Wait()
+    _watchdog(facts, w)
+    _named_waits(facts, w)
+    downs = sorted({int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")})
+    if downs:
+        w.evidence.append(f"the watchdog took down rank(s) {', '.join(map(str, downs[:16]))} (the cascade)")
+    pl = place(facts, first.line)
+    phase = "init" if w.at_init else pl.phase
+    if w.at_init:
+        w.title += (
+            ""
+            if "setup" in w.title or "Rendezvous" in w.title
+            else " at start-up (no collective ever completed)"
+        )
+    elif phase and pl.phase_why:
+        w.title += f" during {phase if pl.phase_why.startswith('activity') else pl.phase_why}"
+    what = _COLLECTIVE_WHAT
+    if w.at_init:
+        what += (
+            " Here no collective ever completed: the ranks could not reach each other (network interface, "
+            "firewall, a rank that never started)."
+        )
+    if w.diverged:
+        what += (
+            " The ranks were in different collectives: a data-dependent branch or unequal numbers of batches "
+            "per rank made them issue different collective sequences."
+        )
+    fx = _collective_fixes(ctx, w, phase)
     return Cause(
         "error",
         "nccl_timeout",
-        title,
+        w.title,
         what,
-        evidence=ev,
+        evidence=w.evidence + pl.evidence(),
         fixes=fx,
-        where=f"rank {culprit}" if culprit is not None else pl.culprit(frame=False),
+        where=f"rank {w.culprit}" if w.culprit is not None else pl.culprit(frame=False),
         phase=phase,
-        rank=culprit,
+        rank=w.culprit,
         line=first.no,
         score=38.0,
         unknown=["why the missing rank stalled, unless its own error is in this log"],
@@ -345,26 +371,33 @@ def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
-def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
+def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] | None:
+    """(the first kill line, the signal, torch elastic's exit code, the rank it names) of a killed process."""
     failed = [h for h in facts.of("elastic_failed") if int(h.fields["groups"][0]) < 0]
     table = [h for h in facts.of("elastic_exit") if int(h.fields["groups"][0]) < 0]
     sig = facts.of("signal", "shell_killed")
     if not (failed or table or sig):
         return None
     first = (failed or table or sig)[0]
-    code = None
+    code = int(first.fields["groups"][0]) if failed or table else None
     where = None
     if failed:
-        code, local = int(first.fields["groups"][0]), int(first.fields["groups"][1])
-        where = f"local_rank {local}"
-    elif table:
-        code = int(first.fields["groups"][0])
+        where = f"local_rank {first.fields['groups'][1]}"
+    elif table:  # torch elastic's "Root Cause" table: the rank line sits a few lines above the exit code
         rank_line = next((h for h in facts.of("elastic_rank") if 0 <= first.no - h.no <= 6), None)
         where = f"rank {rank_line.fields['groups'][0]}" if rank_line else None
     signame = {-9: "SIGKILL", -15: "SIGTERM", -6: "SIGABRT", -11: "SIGSEGV", -7: "SIGBUS"}.get(code or 0)
     if sig and not signame:
         g = sig[0].fields["groups"]
         signame = "SIGKILL" if sig[0].rule == "shell_killed" else (g[1] or g[3])
+    return first, signame, code, where
+
+
+def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _signal(facts)
+    if found is None:
+        return None
+    first, signame, code, where = found
     cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
     pl = place(facts, first.line)
     ev = [quote(first.line)]
@@ -424,6 +457,17 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+def _dead_actor(facts: LogFacts) -> dict[str, str]:
+    """The fields ActorDiedError prints under itself (class_name, name, pid, actor_id, ip)."""
+    fields: dict[str, str] = {}
+    for h in facts.of("actor_died"):
+        for t in h.follow:
+            m = re.match(r"\s*(class_name|name|pid|actor_id|ip): (\S+)", t)
+            if m:
+                fields.setdefault(m[1], m[2])
+    return fields
+
+
 def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     died = facts.of("actor_died", "worker_died")
     tasks = [
@@ -434,12 +478,7 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if not (died or tasks):
         return None
     first = (died or tasks)[0]
-    fields = {}
-    for h in facts.of("actor_died"):
-        for t in h.follow:
-            m = re.match(r"\s*(class_name|name|pid|actor_id|ip): (\S+)", t)
-            if m:
-                fields.setdefault(m[1], m[2])
+    fields = _dead_actor(facts)
     name = re.sub(r"^[A-Za-z0-9]{6}(?=\w+_\d+:\d+$)", "", fields.get("name", ""))  # verl's random name prefix
     exit_ = facts.first("worker_exit")
     task = tasks[0].fields["groups"][1] if tasks else None

@@ -124,78 +124,86 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
-def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
-    named = facts.first("weight_sync_name")
-    tried = facts.of("weight_sync_failed")
-    failed = next((h for h in tried if h.fields["groups"][0]), tried[0] if tried else None)
-    key_err = None
-    for tb in facts.tracebacks:  # a KeyError / shape error raised inside the engine's weight loader
-        funcs = " ".join(f"{f.func} {f.code or ''}" for f in tb.frames)
+def _sync_frames(tb) -> bool:
+    return bool(tb.frames) and bool(_SYNC.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames)))
+
+
+def _sync_error(facts: LogFacts) -> LogLine | None:
+    """The exception line of a KeyError / shape / assertion error raised inside the weight copy (its
+    traceback shows the sync frames), or a KeyError quoted next to such a traceback."""
+    for tb in facts.tracebacks:
         exc = tb.exc.text.strip() if tb.exc else ""
         if re.search(
             r"out of memory|NCCL|OutOfMemory", exc, re.I
-        ):  # an OOM or a timeout during sync: not a mismatch
+        ):  # an OOM or a timeout in sync: not a mismatch
             continue
-        if _SYNC.search(funcs) and re.match(
+        if _sync_frames(tb) and re.match(
             r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError)\b", exc
         ):
-            key_err = tb
-            break
-    key_line = key_err.exc if key_err is not None else None
-    if key_err is None:  # a KeyError quoted next to a traceback that shows the sync frames
-        for h in facts.of("exception_line"):
-            if not h.fields.get("type", "").endswith("KeyError"):
-                continue
-            near = [
-                tb
-                for tb in facts.tracebacks
-                if tb.frames and min(abs(tb.start - h.no), abs(tb.end - h.no)) <= 6
-            ]
-            if any(_SYNC.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames)) for tb in near):
-                key_err, key_line = near[0], h.line
-                break
-    if not (named or failed or key_err):
-        return None
+            return tb.exc
+    for h in facts.of("exception_line"):
+        if h.fields.get("type", "").endswith("KeyError") and any(
+            _sync_frames(tb) and min(abs(tb.start - h.no), abs(tb.end - h.no)) <= 6 for tb in facts.tracebacks
+        ):
+            return h.line
+    return None
+
+
+def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None] | None:
+    """(line, the parameter or method named, title, the engine's "failed to update" hit) of a weight sync."""
+    named = facts.first("weight_sync_name")
+    tried = facts.of("weight_sync_failed")
+    failed = next((h for h in tried if h.fields["groups"][0]), tried[0] if tried else None)
     if named:
-        line, what_name = named.line, named.fields["groups"][0]
-        title = f"Weight sync: the engine's {named.fields['groups'][1]} has no parameter named '{what_name}'"
-    elif failed and failed.fields["groups"][0]:
-        line, what_name = failed.line, failed.fields["groups"][0]
-        title = f"Weight sync failed in {what_name}: {failed.fields['groups'][1].strip()[:160]}"
-    elif key_err is not None and key_line is not None:
-        line = exc_line = key_line
-        m = re.search(r"KeyError: '([^']+)'", exc_line.text)
-        what_name = m[1] if m else None
+        name, model = named.fields["groups"]
+        return named.line, name, f"Weight sync: the engine's {model} has no parameter named '{name}'", failed
+    if failed and failed.fields["groups"][0]:
+        method, msg = failed.fields["groups"]
+        return failed.line, method, f"Weight sync failed in {method}: {msg.strip()[:160]}", failed
+    err = _sync_error(facts)
+    if err is not None:
+        m = re.search(r"KeyError: '([^']+)'", err.text)
         title = (
-            f"Weight sync: the engine has no parameter '{what_name}'"
+            f"Weight sync: the engine has no parameter '{m[1]}'"
             if m
-            else f"Weight sync failed: {exc_line.text.strip()[:160]}"
+            else f"Weight sync failed: {err.text.strip()[:160]}"
         )
-    elif failed is not None:
-        line, what_name, title = failed.line, None, "Weight sync into the inference engine failed"
-    else:
+        return err, m[1] if m else None, title, failed
+    if failed is not None:
+        return failed.line, None, "Weight sync into the inference engine failed", failed
+    return None
+
+
+_SYNC_WHAT = (
+    "Copying the trainer's weights into the rollout engine failed: the engine's model has no parameter of that "
+    "name, or the tensor's shape / layout / dtype does not fit the engine's parameter. The trainer's names carry "
+    "wrappers the engine does not know (LoRA's base_layer, torch.compile's _orig_mod, FSDP's wrappers), or the "
+    "trainer and the engine disagree on the model's layout (a converter, a MoE backend, a version pair the "
+    "framework was not tested with)."
+)
+
+
+def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _sync_failure(facts)
+    if found is None:
         return None
+    line, name, title, failed = found
     pl = place(facts, line)
     ev = [quote(line)] + ([quote(failed.line)] if failed and failed.line is not line else []) + pl.evidence()
-    prefixes = [
+    wrappers = [
         p
-        for p in ("base_layer", "_orig_mod", "_fsdp_wrapped_module", "module.", "_checkpoint_wrapped")
-        if what_name and p in what_name
+        for p in ("base_layer", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped")
+        if p in (name or "")
     ]
-    what = (
-        "Copying the trainer's weights into the rollout engine failed: the engine's model has no parameter of "
-        "that name, or the tensor's shape / layout / dtype does not fit the engine's parameter. The trainer's "
-        "names carry wrappers the engine does not know (LoRA's base_layer, torch.compile's _orig_mod, FSDP's "
-        "wrappers), or the trainer and the engine disagree on the model's layout (a converter, a MoE backend, "
-        "a version pair the framework was not tested with)."
-    )
+    frames = " ".join(f.func for tb in facts.tracebacks for f in tb.frames)
+    lora = "lora" in f"{name} {frames}".lower() or "base_layer" in (name or "")
     fx = fixes(
         ctx,
         advice(
-            f"strip the {', '.join(prefixes)} wrapper from the names before the sync (merge LoRA into the base "
+            f"strip the {', '.join(wrappers)} wrapper from the names before the sync (merge LoRA into the base "
             "weights, or pass the unwrapped module)"
         )
-        if prefixes
+        if wrappers
         else None,
         advice(
             "use the engine version the framework pins for this trainer version; a newer engine renames or "
@@ -205,19 +213,17 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
             "with LoRA: sync the adapters the way the framework documents (verl: lora_rank with its LoRA sync "
             "path; TRL: merge before pushing to vLLM)"
         )
-        if "lora"
-        in (what_name or "").lower() + " ".join(f.func for tb in facts.tracebacks for f in tb.frames).lower()
-        or "base_layer" in (what_name or "")
+        if lora
         else None,
     )
     return Cause(
         "error",
         "weight_sync",
         title,
-        what,
+        _SYNC_WHAT,
         evidence=ev,
         fixes=fx,
-        where=what_name or pl.culprit(),
+        where=name or pl.culprit(),
         phase="weight_sync",
         rank=pl.rank,
         line=line.no,

@@ -320,91 +320,77 @@ def _package(so_path: str) -> str:
         stem = shorter
 
 
+def _import_reading(rule: str, g: tuple) -> tuple[str, str, str, str]:
+    """(package, title, what, fix) for one kind of import failure."""
+    if rule == "symbol":
+        pkg = _package(g[0])
+        pip = pkg.replace("_", "-")
+        abi = re.match(r"_ZN(?:3c10|2at|5torch)", g[1]) is not None  # a c10 / ATen / torch symbol
+        against = (
+            "torch (a c10 / ATen symbol is missing): a binary for another torch ABI" if abi else "a library"
+        )
+        return (
+            pkg,
+            f"{pkg}: native extension does not load (undefined symbol)",
+            f"{pkg}'s compiled extension was built against another version of {against}.",
+            f"reinstall {pip} as a build for the installed torch and CUDA (the matching wheel, or pip install "
+            f"--no-build-isolation {pip} to build against it)",
+        )
+    if rule == "shared_lib":
+        return (
+            g[0],
+            f"Shared library {g[0]} not found",
+            "A native library a package needs is not on the loader path.",
+            "install the CUDA / system library the wheel was built for, or a wheel built for the installed one",
+        )
+    if rule == "missing":
+        pkg = g[0].split(".")[0]
+        return (
+            pkg,
+            f"No module named '{g[0]}'",
+            f"{pkg} is not installed in the environment the code ran in.",
+            f"pip install {pkg.replace('_', '-')} (the version the framework pins)",
+        )
+    if rule == "cannot_import":
+        pkg = g[1].split(".")[0]
+        return (
+            pkg,
+            f"cannot import {g[0]} from {g[1]}",
+            f"The installed {pkg} does not provide {g[0]}: a version the calling code was not written for.",
+            f"install the {pkg} version the framework pins (its requirements / setup), not the latest",
+        )
+    return (
+        g[0],
+        f"Failed to import {g[0]}",
+        "A lazy import failed; the underlying error is printed after it.",
+        "read the error under 'Failed to import': the missing package or the broken binary it names",
+    )
+
+
+_RAY_ENV = (
+    "the import ran inside a Ray actor: install the package in the environment Ray starts workers in, on every "
+    "node, or ship it with the job (ray job submit --runtime-env-json '{\"pip\": [...]}', or "
+    "runtime_env={'pip': [...]} in ray.init)"
+)
+
+
 def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("missing", "cannot_import", "symbol", "shared_lib", "wrapped")
     if not hits:
         return None
-    by = {h.rule: h for h in reversed(hits)}  # the first hit of each kind
-    h = (
-        by.get("symbol")
-        or by.get("shared_lib")
-        or by.get("missing")
-        or by.get("cannot_import")
-        or by["wrapped"]
-    )
-    g = h.fields["groups"]
-    in_ray = (
-        any(t.fields["groups"][0] in ("ModuleNotFoundError", "ImportError") for t in facts.of("ray_task"))
-        or h.line.source is not None
-    )
-    if h.rule == "symbol":
-        pkg = _package(g[0])
-        torch_abi = re.match(r"_ZN(?:3c10|2at|5torch)", g[1]) is not None
-        title = f"{pkg}: native extension does not load (undefined symbol)"
-        what = f"{pkg}'s compiled extension was built against another version of " + (
-            "torch (a c10 / ATen symbol is missing): a binary built for a different torch ABI."
-            if torch_abi
-            else "a library it links to."
-        )
-        fx = [
-            advice(
-                f"reinstall {pkg.replace('_', '-')} as a build for the installed torch and CUDA (the matching "
-                f"wheel, or pip install --no-build-isolation {pkg.replace('_', '-')} to build against it)"
-            )
-        ]
-    elif h.rule == "shared_lib":
-        pkg = g[0]
-        title, what = (
-            f"Shared library {pkg} not found",
-            "A native library a package needs is not on the loader path.",
-        )
-        fx = [
-            advice(
-                "install the CUDA / system library the wheel was built for, or a wheel built for the installed one"
-            )
-        ]
-    elif h.rule == "missing":
-        pkg = g[0].split(".")[0]
-        title, what = (
-            f"No module named '{g[0]}'",
-            f"{pkg} is not installed in the environment the code ran in.",
-        )
-        fx = [advice(f"pip install {pkg.replace('_', '-')} (the version the framework pins)")]
-    elif h.rule == "cannot_import":
-        pkg = g[1].split(".")[0]
-        title = f"cannot import {g[0]} from {g[1]}"
-        what = f"The installed {pkg} does not provide {g[0]}: a version the calling code was not written for."
-        fx = [
-            advice(f"install the {pkg} version the framework pins (its requirements / setup), not the latest")
-        ]
-    else:
-        pkg = g[0]
-        title, what = (
-            f"Failed to import {g[0]}",
-            "A lazy import failed; the underlying error is printed after it.",
-        )
-        fx = [
-            advice(
-                "read the error under 'Failed to import': the missing package or the broken binary it names"
-            )
-        ]
-    if in_ray:
-        fx.append(
-            advice(
-                "the import ran inside a Ray actor: install the package in the environment Ray starts "
-                "workers in, on every node, or ship it with the job (ray job submit --runtime-env-json "
-                "'{\"pip\": [...]}', or runtime_env={'pip': [...]} in ray.init)"
-            )
-        )
+    first = {h.rule: h for h in reversed(hits)}  # the first hit of each kind; the most telling kind wins
+    h = next(first[r] for r in ("symbol", "shared_lib", "missing", "cannot_import", "wrapped") if r in first)
+    pkg, title, what, fix_text = _import_reading(h.rule, h.fields["groups"])
+    wrapped = {t.fields["groups"][0] for t in facts.of("ray_task")}
+    in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
     pl = place(facts, h.line)
-    ev = [quote(x.line) for x in hits[:3]] + pl.evidence()
     return Cause(
         "error",
         "import_error",
         title,
         what,
-        evidence=ev,
-        fixes=fixes(ctx, *fx),
+        evidence=[quote(x.line) for x in hits[:3]] + pl.evidence(),
+        fixes=fixes(ctx, advice(fix_text), advice(_RAY_ENV) if in_ray else None),
         where=pkg,
         phase="init",
         rank=pl.rank,

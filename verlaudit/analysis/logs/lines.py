@@ -140,7 +140,11 @@ _KILL = re.compile(
     r"^Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
     r"terminate called after throwing"
 )
-_HANG = re.compile(r"\btimed out\b|Watchdog caught|watchdog got stuck|\bTimeout at NCCL work\b", re.I)
+# hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
+_HANG = re.compile(
+    r"Watchdog caught|watchdog got stuck|Timeout at NCCL work|Timed out waiting \d+ ?ms|wait timeout after \d+ ?ms|"
+    r"Heartbeat monitor timed out|DistStoreError|RendezvousTimeoutError"
+)
 
 
 def failure_signal(line: LogLine) -> str | None:

@@ -107,7 +107,9 @@ _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 def detect(line: LogLine) -> list[Hit]:
     """Memory messages in one line (CUDA OOM, host-RAM kills, KV-cache sizing)."""
     text = line.text
-    if not any(k in text for k in ("emory", "MEMORY", "blocks", "KV cache", "oom-kill", "OOM")):
+    if not any(
+        k in text for k in ("emory", "MEMORY", "blocks", "KV cache", "max seq len", "oom-kill", "OOM")
+    ):
         return []
     out: list[Hit] = []
     for rule, pat in _KV:
@@ -263,46 +265,34 @@ def _oom_fixes(phase: str | None, ctx: LogContext, fragmented: bool, facts: LogF
     return fixes(ctx, alloc if fragmented else None, *by_phase.get(phase or "", generic))
 
 
+def _monitor(mon: Hit) -> tuple[str, str | None, str | None, list[str], str | None]:
+    """Ray's memory-monitor message: (title part, the killed task, the largest user, evidence, the phase
+    the killed task's or the largest users' method names tell)."""
+    f = mon.fields
+    name = re.search(r"name=([^,]+)", f.get("detail") or "")
+    killed = name[1] if name else None
+    part = f": node at {float(f['used']):.4g} of {float(f['total']):.4g} GB (threshold {f['thr']})"
+    rows = sorted((m for m in (_TABLE_ROW.match(t) for t in mon.follow) if m), key=lambda m: -float(m[2]))
+    top = rows[0][3].removeprefix("ray::").split()[0] if rows else None
+    ev = ["top memory users: " + "; ".join(f"{m[3][:60]} {m[2]} GB" for m in rows[:4])] if rows else []
+    methods = [n.split(":")[-1].split()[0].split(".")[-1] for n in [killed or "", *(m[3] for m in rows)] if n]
+    phase = next((p for p in map(phase_of_name, methods) if p), None)
+    return part, killed, top, ev, phase
+
+
 def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel")
     if not hits:
         return None
-    first = hits[0]
-    mon = facts.first("host_monitor")
-    ev = [quote(h.line) for h in hits[:3]]
-    killed = top = None
-    title = "Host RAM exhausted"
-    if mon:
-        f = mon.fields
-        detail = f.get("detail") or ""
-        name = re.search(r"name=([^,]+)", detail)
-        killed = name[1] if name else None
-        title += f": node at {float(f['used']):.4g} of {float(f['total']):.4g} GB (threshold {f['thr']})"
-        rows = [m for m in (_TABLE_ROW.match(t) for t in mon.follow) if m]
-        if rows:
-            rows.sort(key=lambda m: -float(m[2]))
-            top = rows[0][3].removeprefix("ray::").split()[0]
-            ev.append("top memory users: " + "; ".join(f"{m[3][:60]} {m[2]} GB" for m in rows[:4]))
-    phase_hint = None
-    if mon:  # the killed task's or the largest users' method names tell the phase the logs lack
-        names = [killed or ""] + [m[3] for m in (_TABLE_ROW.match(t) for t in mon.follow) if m]
-        phase_hint = next(
-            (p for p in (phase_of_name(n.split(":")[-1].split()[0].split(".")[-1]) for n in names if n) if p),
-            None,
-        )
-    kernel = facts.first("host_kernel")
+    mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
+    part, killed, top, table, phase_hint = _monitor(mon) if mon else ("", None, None, [], None)
     if kernel and kernel.fields["groups"][1]:
         killed = killed or kernel.fields["groups"][1]
-    pl = place(facts, first.line)
+    pl = place(facts, hits[0].line)
     if pl.phase is None and phase_hint:
         pl.phase, pl.phase_why = phase_hint, "the killed / largest processes' methods"
-    who = (
-        "Ray's memory monitor"
-        if (mon or facts.count("host_raylet", "host_task_killed"))
-        else "the kernel's OOM killer"
-    )
-    title += f"; {who} killed {killed or 'a worker'}"
-    ev += pl.evidence()
+    ray = mon or facts.count("host_raylet", "host_task_killed")
+    who = "Ray's memory monitor" if ray else "the kernel's OOM killer"
     what = (
         f"Host (CPU) memory ran out and {who} killed a process: this is not a CUDA OOM, GPU settings do not "
         "help. The killed process is the most recently scheduled one, not necessarily the one that grew"
@@ -333,121 +323,116 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     return Cause(
         "error",
         "oom_host",
-        title,
+        f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
         what,
-        evidence=ev,
+        evidence=[quote(h.line) for h in hits[:3]] + table + pl.evidence(),
         fixes=fx,
         where=top or killed,
         phase=pl.phase,
         rank=pl.rank,
-        line=first.no,
+        line=hits[0].no,
         score=42.0,
         unknown=["which allocation grew: Ray and the kernel report totals per process only"],
     )
 
 
 def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
-    out = []
+    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang")
+    if hit is not None:
+        return [_kv_cause(hit, facts, ctx)]
     blocks = facts.first("kv_blocks")
-    init_fail = next(
+    failed = next(
         (h for h in facts.of("engine_method_error") if h.fields.get("method") == "initialize_cache"), None
     )
-    for h in facts.of("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang")[:1]:
-        out.append(_kv_cause(h, facts, ctx))
-    if not out and init_fail is not None and blocks is not None:
-        n = int(blocks.fields["groups"][0])
-        rule = "kv_no_blocks" if n == 0 else "kv_max_len_inferred"
-        out.append(
-            _kv_cause(Hit(rule, init_fail.line, {"blocks": n, "blocks_line": blocks.line}), facts, ctx)
+    if failed is None or blocks is None:
+        return []
+    # vLLM V0's initialize_cache raises with blocks > 0 only when max_model_len exceeds the cache
+    n = int(blocks.fields["groups"][0])
+    rule = "kv_no_blocks" if n == 0 else "kv_max_len_inferred"
+    return [
+        _kv_cause(Hit(rule, failed.line, {"groups": (), "blocks": n, "blocks_line": blocks.line}), facts, ctx)
+    ]
+
+
+_RAISE = ("rollout_memory", "raise it: a larger share of the GPU for weights + KV cache")
+_LOWER_LEN = ("max_model_len", "lower it to what the cache holds (prompt + response length is enough)")
+_TRAINER_OFF = (
+    "param_offload",
+    "if the trainer shares the GPU: its state off the GPU before the engine starts",
+)
+_MAX_LEN_WHAT = (
+    "The engine must fit at least one sequence of max_model_len tokens in its KV cache at start; the model's "
+    "default context (often 32K-128K) is larger than the cache left after the weights."
+)
+
+
+def _kv_max_len_title(h: Hit) -> str:
+    g = h.fields["groups"]
+    if h.rule == "kv_max_len":
+        return f"KV cache holds {g[1]} tokens, fewer than max_model_len {g[0]}"
+    if h.rule == "kv_max_len_inferred":
+        return f"vLLM's cache initialisation failed: {h.fields['blocks']} blocks cannot hold one max_model_len sequence"
+    nums = re.search(
+        r"max seq len \((\d+)\),? \(?([\d.]+) GiB KV cache is needed.*?available KV cache memory "
+        r"\(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
+        h.text(""),
+    )
+    if not nums:
+        return f"KV cache too small for one request of max_model_len {g[0]}"
+    fits = f" (max_model_len <= {nums[4]} fits)" if nums[4] else ""
+    return f"One {nums[1]}-token request needs {nums[2]} GiB of KV cache; {nums[3]} GiB is available{fits}"
+
+
+def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
+    """(title, culprit, what, remedies) for one KV-cache sizing failure."""
+    g = h.fields["groups"]
+    if h.rule == "kv_no_blocks":
+        return (
+            "No memory left for KV-cache blocks after the weights and activation profiling",
+            "gpu_memory_utilization",
+            "The engine's memory budget (gpu_memory_utilization x GPU memory) is used up by the weights and the "
+            "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds the GPU.",
+            [_RAISE, _TRAINER_OFF, ("max_num_seqs", "a smaller profiling batch leaves more for the cache")],
         )
-    return out
+    if h.rule == "kv_free_memory":
+        _, free, total, util, want = g
+        return (
+            f"vLLM asks for {util} x {float(total):.4g} GiB = {want} GiB but only {free} GiB is free at start",
+            "gpu_memory_utilization",
+            "vLLM's start-up check: gpu_memory_utilization is a share of the whole GPU, and another process "
+            "(a colocated trainer, a previous engine, another job) already holds part of it.",
+            [
+                ("rollout_memory", f"lower it below {float(free) / float(total):.2f} (free / total)"),
+                ("sleep_mode", "a colocated engine should release its memory while the trainer runs"),
+                _TRAINER_OFF,
+            ],
+        )
+    if h.rule == "kv_sglang":
+        return (
+            "SGLang: no memory left for the KV-cache pool",
+            "--mem-fraction-static",
+            "SGLang's static pool (mem_fraction_static x GPU memory) must hold the weights and the KV cache; "
+            "after the weights nothing was left for the cache. Raising the fraction gives the pool more (and "
+            "leaves less for activations); a shorter context needs less.",
+            [_RAISE, _LOWER_LEN],
+        )
+    return _kv_max_len_title(h), "max_model_len", _MAX_LEN_WHAT, [_LOWER_LEN, _RAISE]
 
 
 def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
-    g = h.fields.get("groups") or ()
+    title, where, what, remedies = _kv_reading(h)
     pl = place(facts, h.line)
-    ev = [quote(h.line)]
-    raise_mem = ("rollout_memory", "raise it: a larger share of the GPU for weights + KV cache")
-    lower_len = ("max_model_len", "lower it to what the cache holds (prompt + response length is enough)")
-    if h.rule == "kv_no_blocks":
-        title, where = (
-            "No memory left for KV-cache blocks after the weights and activation profiling",
-            "gpu_memory_utilization",
-        )
-        what = (
-            "The engine's memory budget (gpu_memory_utilization x GPU memory) is used up by the weights and the "
-            "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds the GPU."
-        )
-        fx = [
-            raise_mem,
-            (
-                "param_offload",
-                "if the trainer shares the GPU: its state off the GPU before the engine starts",
-            ),
-            ("max_num_seqs", "a smaller profiling batch leaves more for the cache"),
-        ]
-    elif h.rule == "kv_free_memory":
-        dev, free, total, util, want = g
-        title = (
-            f"vLLM asks for {util} x {float(total):.4g} GiB = {want} GiB but only {free} GiB is free at start"
-        )
-        where = "gpu_memory_utilization"
-        what = (
-            "vLLM's start-up check: gpu_memory_utilization is a share of the whole GPU, and another process "
-            "(a colocated trainer, a previous engine, another job) already holds part of it."
-        )
-        fx = [
-            ("rollout_memory", f"lower it below {float(free) / float(total):.2f} (free / total)"),
-            ("sleep_mode", "a colocated engine should release its memory while the trainer runs"),
-            (
-                "param_offload",
-                "if the trainer shares the GPU: its state off the GPU before the engine starts",
-            ),
-        ]
-    elif h.rule == "kv_sglang":
-        title, where = "SGLang: no memory left for the KV-cache pool", "--mem-fraction-static"
-        what = (
-            "SGLang's static pool (mem_fraction_static x GPU memory) must hold the weights and the KV cache; "
-            "after the weights nothing was left for the cache. Raising the fraction gives the pool more (and "
-            "leaves less for activations); a shorter context needs less."
-        )
-        fx = [raise_mem, lower_len]
-    else:
-        text = h.text("") if h.rule == "kv_v1" else h.line.text
-        nums = re.search(
-            r"max seq len \((\d+)\),? \(?([\d.]+) GiB KV cache is needed.*?available KV cache memory "
-            r"\(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
-            text,
-        )
-        if h.rule == "kv_max_len":
-            title = f"KV cache holds {g[1]} tokens, fewer than max_model_len {g[0]}"
-        elif nums:
-            title = (
-                f"One {nums[1]}-token request needs {nums[2]} GiB of KV cache; {nums[3]} GiB is available"
-                + (f" (max_model_len <= {nums[4]} fits)" if nums[4] else "")
-            )
-        elif h.rule == "kv_v1":
-            title = f"KV cache too small for one request of max_model_len {g[0]}"
-        else:
-            title = f"vLLM's cache initialisation failed: {h.fields['blocks']} blocks cannot hold one max_model_len sequence"
-            ev.insert(0, quote(h.fields["blocks_line"]))
-            ev.append(
-                "vLLM raises on initialize_cache with blocks > 0 only when max_model_len exceeds the cache"
-            )
-        where = "max_model_len"
-        what = (
-            "The engine must fit at least one sequence of max_model_len tokens in its KV cache at start; the "
-            "model's default context (often 32K-128K) is larger than the cache left after the weights."
-        )
-        fx = [lower_len, raise_mem]
-    ev += pl.evidence()
+    ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []
+    ev.append(quote(h.line))
+    if h.rule == "kv_max_len_inferred":
+        ev.append("vLLM raises on initialize_cache with blocks > 0 only when max_model_len exceeds the cache")
     return Cause(
         "error",
         "oom_kv_cache",
         title,
         what,
-        evidence=ev,
-        fixes=fixes(ctx, *fx),
+        evidence=ev + pl.evidence(),
+        fixes=fixes(ctx, *remedies),
         where=where,
         phase=pl.phase or "init",
         rank=pl.rank,

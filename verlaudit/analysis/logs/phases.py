@@ -42,6 +42,7 @@ _NAMES = {
     ),
 }  # fmt: skip
 _BY_NAME = {name: phase for phase, names in _NAMES.items() for name in names}
+_ROLE_PREFIX = re.compile(r"^(actor_rollout_ref_|actor_rollout_|actor_|critic_|ref_|rollout_)")
 
 
 def phase_of_name(name: str | None) -> str | None:
@@ -49,6 +50,11 @@ def phase_of_name(name: str | None) -> str | None:
     if not name:
         return None
     name = name.rsplit(".", 1)[-1]
+    # verl's fused worker prefixes its methods with the roles it serves: actor_rollout_generate_sequences
+    role = _ROLE_PREFIX.match(name)
+    if name not in _BY_NAME and role and role.end() < len(name):
+        inner = phase_of_name(name[role.end() :])
+        return "reference" if inner == "logprob" and role[1] == "ref_" else inner
     while name:
         if name in _BY_NAME:
             return _BY_NAME[name]

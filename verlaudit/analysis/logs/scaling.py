@@ -9,6 +9,7 @@ floor, is the collapse that ends the run (error). Exercised by ``pytest tests/te
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -62,7 +63,24 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in (_skips(facts, ctx), _unscale(facts, ctx)) if c]
 
 
-def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:  # noqa: C901 - the three verdicts read one history
+@dataclasses.dataclass
+class _History:
+    """The loss-scale history the skip lines show."""
+
+    first: Hit
+    count: int
+    evidence: list[str]
+    lowest: float
+    """The lowest scale that overflowed (the attempted one; the new one where a line lacks it)."""
+    last: float | None
+    """The scale after the last skip."""
+    chain: int
+    """Skips at the end that halved the scale one after another, no successful step between."""
+    floor: bool
+    mega_skips: int
+
+
+def _history(facts: LogFacts) -> _History | None:
     steps: list[tuple[Hit, float | None, float | None]] = []  # (hit, attempted, new)
     for h in facts.of("overflow", "overflow_apex"):
         g = h.fields["groups"]
@@ -76,54 +94,57 @@ def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:  # noqa: C901 - th
         steps = [
             (h, _f(h.fields["groups"][0]), _f(h.fields["groups"][1])) for h in facts.of("overflow_reducing")
         ]
-    count = facts.count("overflow", "overflow_apex") or facts.count("overflow_reducing")
     floor = facts.first("loss_scale_min")
     mega = facts.of("megatron_skipped")
     mega_skips = [int(h.fields["groups"][1] or h.fields["groups"][2] or 0) for h in mega]
-    mega_scale = [_f(h.fields["groups"][0]) for h in mega if h.fields["groups"][0]]
+    mega_scale = [s for s in (_f(h.fields["groups"][0]) for h in mega) if s]
     if not steps and not floor and not any(mega_skips):
         return None
-    # the lowest scale that overflowed (the attempted one; the new one only where the line lacks it)
-    scales = [a if a is not None else n for _, a, n in steps if (a if a is not None else n) is not None]
-    scales += [s for s in mega_scale if s]
-    lowest = min(scales) if scales else math.nan
+    scales = [s for s in (a if a is not None else n for _, a, n in steps) if s is not None] + mega_scale
     chain = 1 if steps else 0
     for (_, _, prev_new), (_, a, _) in zip(steps, steps[1:]):
-        chain = chain + 1 if a is not None and prev_new is not None and a == prev_new else 1
-    last_new = steps[-1][2] if steps else (mega_scale[-1] if mega_scale else None)
+        chain = chain + 1 if a is not None and a == prev_new else 1
+    last = steps[-1][2] if steps else (mega_scale[-1] if mega_scale else None)
+    count = facts.count("overflow", "overflow_apex") or facts.count("overflow_reducing")
     ev = []
     if steps:
         first_a = steps[0][1] or (steps[0][2] * 2 if steps[0][2] else None)
         ev.append(
-            f"{count} overflow skips, first at line {steps[0][0].no}; loss scale went "
-            f"{_fmt(first_a)} -> {_fmt(last_new)}"
+            f"{count} overflow skips, first at line {steps[0][0].no}; loss scale went {_fmt(first_a)} -> "
+            f"{_fmt(last)}"
         )
     if any(mega_skips):
-        ev.append(
-            f"Megatron: up to {max(mega_skips)} skipped iterations per logging interval"
-            + (f" at loss scale {_fmt(min(mega_scale))}" if mega_scale else "")
-        )
+        at = f" at loss scale {_fmt(min(mega_scale))}" if mega_scale else ""
+        ev.append(f"Megatron: up to {max(mega_skips)} skipped iterations per logging interval{at}")
     if floor:
         ev.append(quote(floor.line))
-    collapse = (
-        bool(floor)
-        or lowest <= 1.0
-        or (last_new is not None and last_new < 1.0)
-        or (chain >= 3 and last_new is not None and last_new <= COLLAPSE_SCALE)
-    )
-    low = lowest <= LOW_SCALE
     if chain >= 3:
         ev.append(f"the last {chain} skips halved the scale one after another (no successful step between)")
     first = steps[0][0] if steps else (floor or mega[0])
+    lowest = min(scales) if scales else math.nan
+    return _History(first, count or sum(mega_skips), ev, lowest, last, chain, bool(floor), sum(mega_skips))
+
+
+def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = _history(facts)
+    if h is None:
+        return None
+    collapse = (
+        h.floor
+        or h.lowest <= 1.0
+        or (h.last is not None and h.last < 1.0)
+        or (h.chain >= 3 and h.last is not None and h.last <= COLLAPSE_SCALE)
+    )
+    low = h.lowest <= LOW_SCALE
     fx = fixes(
         ctx,
-        (
+        None
+        if _old_gpu(facts)
+        else (
             "bf16_instead_of_fp16",
             "bf16 has fp32's exponent range: no loss scaling, no overflow skips",
             "precision.preset: bf16",
-        )
-        if not _old_gpu(facts)
-        else None,
+        ),
         advice(
             "lower the learning rate or clip gradients harder: the overflow is in the gradients themselves"
         )
@@ -133,44 +154,43 @@ def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:  # noqa: C901 - th
         if collapse
         else None,
     )
+    at = {"evidence": h.evidence, "phase": "update", "line": h.first.no}
     if collapse:
-        ends = [x for x in (lowest, last_new) if x is not None and not math.isnan(x)]
+        end = (
+            min(x for x in (h.lowest, h.last) if x is not None and not math.isnan(x))
+            if h.chain or h.last
+            else None
+        )
         return Cause(
             "error",
             "loss_scale_collapse",
-            "fp16 loss-scale collapse" + (f" to {_fmt(min(ends))}" if ends else ""),
+            "fp16 loss-scale collapse" + (f" to {_fmt(end)}" if end else ""),
             "The loss scale was driven to its floor by repeated overflows: values overflow fp16 even "
             "unscaled, so the optimizer keeps skipping.",
-            evidence=ev,
             fixes=fx,
-            phase="update",
-            line=first.no,
             score=30.0,
             unknown=["which module overflows (a log has no per-module absmax); rerun under verlaudit"],
+            **at,
         )
     if low:
         return Cause(
             "warning",
             "overflow_skips",
-            f"{count or sum(mega_skips)} fp16 overflow skips at loss scale {_fmt(lowest)}",
-            f"Overflows at a loss scale of {_fmt(lowest)} mean unscaled gradient elements near "
-            f"{65504 / max(lowest, 1):.0f}: the gradients themselves spiked (a loss spike, a bad batch), not "
-            "the scaler searching down from its initial value.",
-            evidence=ev,
+            f"{h.count} fp16 overflow skips at loss scale {_fmt(h.lowest)}",
+            f"Overflows at a loss scale of {_fmt(h.lowest)} mean unscaled gradient elements near "
+            f"{65504 / max(h.lowest, 1):.0f}: the gradients themselves spiked (a loss spike, a bad batch), "
+            "not the scaler searching down from its initial value.",
             fixes=fx,
-            phase="update",
-            line=first.no,
             score=20.0,
+            **at,
         )
     return Cause(
         "info",
         "overflow_skips",
-        f"{count} fp16 overflow skips",
+        f"{h.count} fp16 overflow skips",
         "Dynamic loss scaling found its level by skipping steps; occasional skips are normal.",
-        evidence=ev,
-        fixes=fx if count > 10 else [],
-        phase="update",
-        line=first.no,
+        fixes=fx if h.count > 10 else [],
+        **at,
     )
 
 

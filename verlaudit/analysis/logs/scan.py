@@ -191,7 +191,8 @@ class LogScan:
                 self.signals_first.append((sig, line))
             else:
                 self.signals_last.append((sig, line))
-        for m in frameworks.markers(raw[:MAX_TEXT]):  # with its prefixes: `(WorkerDict pid=..)` marks verl
+        # with and without its prefixes: `(WorkerDict pid=..)` marks verl, vLLM's logger format starts the text
+        for m in set(frameworks.markers(raw[:MAX_TEXT])) | set(frameworks.markers(line.text)):
             self.markers[m] += 1
         if len(self.settings) < MAX_SETTINGS:
             for k, v in frameworks.settings(line.text):
