@@ -48,6 +48,8 @@ RULE_FIXTURES = {
     "verl_ray_actor_died_sglang_wake_up": ("ray_actor_died", "AsyncSglangServer.wake_up", "weight_sync"),
     "openrlhf_ray_actor_died_watchdog_stuck": ("ray_actor_died", "ActorModelRayActor.fit", None),
     "hf-trainer_nccl_watchdog_cuda_error_grpo_llava": ("cuda_error", "rank 2", None),
+    "hf-trainer_nccl_error_shm_no_space": ("nccl_error", "/dev/shm", None),
+    "deepspeed_sigkill_launcher_return_code": ("killed", None, None),
     # memory: CUDA vs host OOM, KV cache
     "verl_oom_compute_log_prob_entropy": ("oom", "entropy_from_logits", "logprob"),
     "nemo-rl_oom_get_logprobs_ppo_default": ("oom", "DTensorPolicyWorkerV2.get_logprobs", "logprob"),
@@ -81,6 +83,8 @@ RULE_FIXTURES = {
     "verl_nonfinite_critic_vf_loss_step1": ("nonfinite", "critic", "update"),
     "pytorch_dtype_ppo_rollout_generate_lora": ("dtype_error", "base_model.generate", "generate"),
     "verl_exception_param_offload_device_assert": ("exception", "compute_log_prob", "logprob"),
+    "trl_config_num_generations_divisible": ("exception", "num_generations", "init"),
+    "deepspeed_config_batch_size_world_size": ("exception", "train_batch_size", "init"),
 }
 
 
@@ -331,6 +335,30 @@ def test_sigkill_from_the_elastic_root_cause_table(tmp_path: Path) -> None:
     ])  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
     assert (c.kind, c.where, c.data["signal"]) == ("killed", "rank 5", "SIGKILL") and "OOM killer" in c.what
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[ERROR] [launch.py:325:sigkill_handler] exits with return code = -9",  # DeepSpeed's launcher
+        "Process finished with exit code 137 (interrupted by signal 9: SIGKILL)",  # an IDE
+        "train.sh: line 12: 4242 Killed                  python train.py",  # bash
+        "Killed",
+    ],
+)
+def test_kills_by_signal_without_a_python_error(tmp_path: Path, line: str) -> None:
+    c = diagnose_text(tmp_path, "step 3 loss 0.4\n" + line).causes[0]
+    assert (c.kind, c.data["signal"]) == ("killed", "SIGKILL") and "dmesg" in fix_text(c)
+
+
+def test_nccl_shared_memory_failure_points_at_dev_shm(tmp_path: Path) -> None:
+    text = "\n".join([
+        "host:97:183 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device",
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system error, "
+        "NCCL version 2.7.8",
+    ])  # fmt: skip
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert (c.kind, c.where) == ("nccl_error", "/dev/shm") and "--shm-size" in fix_text(c)
 
 
 def test_ray_actor_death_names_the_dead_actor_and_yields_to_a_memory_kill(tmp_path: Path) -> None:

@@ -39,46 +39,29 @@ _RULES = [
                                  r"([\w ]+?)(?: after (\d+)ms)?[,.]")),
     ("store_clients", re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")),
     ("heartbeat", re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d+) seconds")),
-    ("nccl_error", re.compile(r"NCCL error in: \S+, ([^,(\n]+)|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)"
+    ("nccl_error", re.compile(r"NCCL error in: \S+, ([^,(\n]+)|\bDistNetworkError\b|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)"
                               r"Error\b|NCCL communicator was aborted on rank (\d+)")),
+    ("nccl_shm", re.compile(r"Error while creating shared memory segment|Call to posix_fallocate failed|ncclShmOpen")),
     ("cuda_fault", re.compile(r"(?:CUDA error|Triton Error \[CUDA\]): (an illegal memory access was encountered|an "
                               r"illegal instruction was encountered|device-side assert triggered|misaligned address|"
                               r"unspecified launch failure)")),
     ("elastic_failed", re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")),
+    ("launcher_exit", re.compile(r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
+                                 r"|interrupted by signal (\d+): (SIG\w+)")),
     ("elastic_rank", re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")),
     ("elastic_exit", re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
     ("signal", re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
-    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$|exited with code 137\b")),
+    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$")),
     ("ray_task", re.compile(r"RayTaskError\((\w+)\): ray::([\w.]+)\(")),
     ("actor_died", re.compile(r"ActorDiedError: |The actor died unexpectedly before finishing this task")),
     ("worker_died", re.compile(r"A worker died or was killed while executing a task by an unexpected system error|"
                                r"The actor is dead because its worker process has died")),
     ("worker_exit", re.compile(r"Worker exit type: (\w+),? Worker exit detail: ([^.]+\.?)")),
 ]  # fmt: skip
-_KEYS = (
-    "NCCL",
-    "Watchdog",
-    "watchdog",
-    "gloo",
-    "Timed out",
-    "monitoredBarrier",
-    "exitcode",
-    "Signal",
-    "SIG",
-    "Killed",
-    "137",
-    "Ray",
-    "ray::",
-    "actor",
-    "worker",
-    "CUDA error",
-    "Triton Error",
-    "clients",
-    "Heartbeat",
-    "nccl",
-    "rank",
-)
+_KEYS = ("NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG", "Killed",
+         "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error", "clients",
+         "Heartbeat", "nccl", "rank")  # fmt: skip
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -299,19 +282,36 @@ def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
         return None
     pl = place(facts, h.line)
     detail = (h.fields["groups"][0] or "").strip()
+    shm = facts.first("nccl_shm")
+    what = (
+        "A collective failed inside NCCL (not a timeout): a peer process exited, the network or the GPU "
+        "interconnect failed, or the ranks passed inconsistent tensors."
+    )
+    if shm:
+        what += (
+            " Here NCCL could not create its shared-memory segment: /dev/shm is too small (a container's "
+            "default is 64 MB) or full."
+        )
+    fx = fixes(
+        ctx,
+        advice(
+            "give the container a larger /dev/shm (docker run --shm-size=16g, or --ipc=host; a Memory-backed "
+            "emptyDir on Kubernetes), or set NCCL_SHM_DISABLE=1"
+        )
+        if shm
+        else None,
+        advice("rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) for NCCL's own reason"),
+        advice("if a peer died first, its own error above is the root"),
+    )
+    ev = ([quote(shm.line)] if shm else []) + [quote(h.line)] + pl.evidence()
     return Cause(
         "error",
         "nccl_error",
         f"NCCL error{': ' + detail if detail else ''}",
-        "A collective failed inside NCCL (not a timeout): a peer process exited, the network or the GPU "
-        "interconnect failed, or the ranks passed inconsistent tensors.",
-        evidence=[quote(h.line)] + pl.evidence(),
-        fixes=fixes(
-            ctx,
-            advice("rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) for NCCL's own reason"),
-            advice("if a peer died first, its own error above is the root"),
-        ),
-        where=pl.culprit(frame=False),
+        what,
+        evidence=ev,
+        fixes=fx,
+        where="/dev/shm" if shm else pl.culprit(frame=False),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -375,6 +375,11 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
     """(the first kill line, the signal, torch elastic's exit code, the rank it names) of a killed process."""
     failed = [h for h in facts.of("elastic_failed") if int(h.fields["groups"][0]) < 0]
     table = [h for h in facts.of("elastic_exit") if int(h.fields["groups"][0]) < 0]
+    for h in facts.of("launcher_exit"):  # DeepSpeed's launcher, a shell's 137 (128 + 9), an IDE's "signal 9"
+        code, c137, num, _ = h.fields["groups"]
+        value = int(code) if code else -9 if c137 else -int(num)
+        if value < 0:
+            table.append(Hit("launcher_exit", h.line, {"groups": (str(value), None)}))
     sig = facts.of("signal", "shell_killed")
     if not (failed or table or sig):
         return None

@@ -33,7 +33,8 @@ OOM_OLD = re.compile(
     rf"{_N} reserved in total by PyTorch\)"
 )
 OOM_ANY = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks",
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|Cuda failure 'out of memory'|"
+    r"No available memory for the cache blocks",
     re.I,
 )
 
