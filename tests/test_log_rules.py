@@ -104,18 +104,23 @@ def test_rule_on_its_fixture(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize(
     "raw, text, rank, source",
     [
-        ("(WorkerDict pid=7591) [rank0]:[E325 04:13:11.3 ProcessGroupNCCL.cpp:760] x", "[E325 04:13:11.3 Process", 0,
+        ("(WorkerDict pid=7591) [rank0]:[E325 04:13:11.3 ProcessGroupNCCL.cpp:760] x", "[E325 04:13:11.3 "
+                                                                                       "Process", 0,
          "WorkerDict"),
         ("\x1b[36m(RayWorkerWrapper pid=2617116, ip=10.66.4.71)\x1b[0m Error: boom", "Error: boom", None,
          "RayWorkerWrapper"),
-        ("[36m(VllmGenerationWorker pid=1, ip=10.0.0.1)[0m Error: boom", "Error: boom", None, "VllmGenerationWorker"),
+        ("[36m(VllmGenerationWorker pid=1, ip=10.0.0.1)[0m Error: boom", "Error: boom", None,
+         "VllmGenerationWorker"),
         ("[rank-6]: Saving model to /ckpt", "Saving model to /ckpt", 6, None),
-        ("2024-06-28T06:11:52.685Z (LLMRayActor pid=20770) INFO 06-28 x", "INFO 06-28 x", None, "LLMRayActor"),
+        ("2024-06-28T06:11:52.685Z (LLMRayActor pid=20770) INFO 06-28 x", "INFO 06-28 x", None,
+         "LLMRayActor"),
         ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ERROR 11-18", None, None),
         ("[2024-08-21 03:38:02] [rank7]:[E ProcessGroupNCCL.cpp:563] x", "[E ProcessGroupNCCL", 7, None),
         ("> [default3]: RuntimeError: x", "RuntimeError: x", 3, None),
-        ("  2%|▏   | 13/620 [01:07<50:20,  4.98s/it][rank0]:[E1123 00:52:57.6 P.cpp:607] x", "[E1123", 0, None),
-        ("(raylet) [2025-03-01 16:18:15,116 E 2687 2687] (raylet) node_manager.cc:3069: 2 Workers", "node_manager", None,
+        ("  2%|▏   | 13/620 [01:07<50:20,  4.98s/it][rank0]:[E1123 00:52:57.6 P.cpp:607] x", "[E1123", 0,
+         None),
+        ("(raylet) [2025-03-01 16:18:15,116 E 2687 2687] (raylet) node_manager.cc:3069: 2 Workers",
+         "node_manager", None,
          "raylet"),
     ],
 )  # fmt: skip
@@ -168,14 +173,17 @@ def test_frames_and_the_call_they_make() -> None:
         ("Status message: Job entrypoint command failed with exit code 1, last available logs", "exit"),
         ("subprocess.CalledProcessError: Command '['python']' returned non-zero exit status 1.", "exception"),
         ("Process finished with exit code 2", "exit"),
-        ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE)", "hang"),
+        ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE)",
+         "hang"),
         ("ERROR 11-18 18:07:28 engine.py:366] something", "error"),
         ("[E1206 18:44:16.99 ProcessGroupNCCL.cpp:621] [Rank 0] Some NCCL operations have failed", "error"),
         # not failures: warnings, INFO advice that mentions errors, a retried download, exit code 0
         ("/x/checkpoint.py:1399: FutureWarning: `torch.cpu.amp.autocast(args...)` is deprecated.", None),
         ("UserWarning: torch.utils.checkpoint: please pass in use_reentrant=True", None),
-        ("INFO 02-11 10:17:57 [model_runner.py:1513] If out-of-memory error occurs during cudagraph capture", None),
-        ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525", None),
+        ("INFO 02-11 10:17:57 [model_runner.py:1513] If out-of-memory error occurs during cudagraph "
+         "capture", None),
+        ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525",
+         None),
         ("Request to huggingface.co timed out, retrying in 1s (1/5)", None),
         ("Process finished with exit code 0", None),
         ("W1026 03:51:31.222000 2521679 api.py:908] Sending process 2521733 closing signal SIGTERM", None),
@@ -199,7 +207,8 @@ def _frames(*funcs: str) -> list[Frame]:
         # log-probs inside the loss are the update's forward, with gradients
         (("training_step", "compute_loss", "_compute_loss", "_get_per_token_logps"), "update"),
         # TRL's old log-probs under _prepare_inputs (no gradients) are the log-prob pass
-        (("training_step", "_prepare_inputs", "_generate_and_score_completions", "_get_per_token_logps"), "logprob"),
+        (("training_step", "_prepare_inputs", "_generate_and_score_completions", "_get_per_token_logps"),
+         "logprob"),
         (("generate_sequences", "__enter__", "update_params", "load_weights"), "weight_sync"),
         (("fit", "generate_sequences_loop"), "generate"),
         (("train", "_save_checkpoint", "save_model"), "checkpoint"),
@@ -223,7 +232,8 @@ def test_phase_of_name_reads_suffixed_and_dotted_names() -> None:
 def test_framework_priority_and_settings() -> None:
     scan = new_scan()
     lines = [
-        "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 "
+        "python3 -m verl.trainer.main_ppo "
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 "
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 --foo-bar 3",
         "(WorkerDict pid=1) INFO 01-30 03:18:12 gpu_model_runner.py:848] Loading model weights took 67.7 GB",
         "TrainingArguments(bf16=True, gradient_checkpointing=False, per_device_train_batch_size=4,",
@@ -263,11 +273,14 @@ def test_fixes_are_spelled_in_the_log_framework_and_never_one_already_applied() 
 
 
 # ---- distributed: ranks, root before cascade
-NCCL = ("[rank{r}]:[E1206 18:44:12.7 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective operation timeout: "
+NCCL = ("[rank{r}]:[E1206 18:44:12.7 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "
+        "operation timeout: "
         "WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600017 "
         "milliseconds before timing out.")  # fmt: skip
-OOM_LINE = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
-            "capacity of 79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has 77.91 "
+OOM_LINE = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
+            "total "
+            "capacity of 79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process "
+            "has 77.91 "
             "GiB memory in use.")  # fmt: skip
 
 
@@ -296,17 +309,23 @@ def test_ranks_in_different_collectives_name_the_one_behind(tmp_path: Path) -> N
 def test_the_rank_a_barrier_or_the_store_waited_for(tmp_path: Path) -> None:
     barrier = "RuntimeError: [Rank 0]: Ranks 4, 5, 6, 7 failed to pass monitoredBarrier in 2000000 ms"
     assert diagnose_text(tmp_path, barrier).causes[0].where == "rank 4"
-    store = ("torch.distributed.DistBackendError: [7] is setting up NCCL communicator and retrieving ncclUniqueId from "
-             "[0] via c10d key-value store by key '0', but store->get('0') got error: wait timeout after 600000ms, keys: "
+    store = ("torch.distributed.DistBackendError: [7] is setting up NCCL communicator and retrieving "
+             "ncclUniqueId from "
+             "[0] via c10d key-value store by key '0', but store->get('0') got error: wait timeout after "
+             "600000ms, keys: "
              "//worker/attempt_0/default_pg/0//cuda//0")  # fmt: skip
     c = diagnose_text(tmp_path, store).causes[0]
     assert (c.kind, c.where, c.phase) == ("nccl_timeout", "rank 0", "init")
-    gloo = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete"
+    gloo = (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+        "1800000ms for recv operation to complete"
+    )
     assert diagnose_text(tmp_path, gloo).causes[0].kind == "nccl_timeout"
 
 
 def test_nccl_error_and_the_checkpoint_timeout_advice(tmp_path: Path) -> None:
-    err = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+    err = ("torch.distributed.DistBackendError: NCCL error in: "
+           "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
            "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3")  # fmt: skip
     c = diagnose_text(tmp_path, err).causes[0]
     assert c.kind == "nccl_error" and "unhandled system error" in c.title
@@ -354,7 +373,8 @@ def test_kills_by_signal_without_a_python_error(tmp_path: Path, line: str) -> No
 def test_nccl_shared_memory_failure_points_at_dev_shm(tmp_path: Path) -> None:
     text = "\n".join([
         "host:97:183 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device",
-        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system error, "
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system "
+        "error, "
         "NCCL version 2.7.8",
     ])  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
@@ -367,13 +387,16 @@ def test_ray_actor_death_names_the_dead_actor_and_yields_to_a_memory_kill(tmp_pa
         "\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict",
         "\tpid: 4242",
         "\tname: Ab12CdWorkerDict_0:3",
-        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+        "detail: "
         "Worker unexpectedly exits with a connection error code 2. End of file.",
     ]
     c = diagnose_text(tmp_path, "\n".join(died)).causes[0]
     assert c.kind == "ray_actor_died" and "WorkerDict_0:3" in c.where and "pid 4242" in c.where
-    monitor = ("(raylet) [2025-04-02 15:02:00,117 E 1 1] (raylet) node_manager.cc:3069: 1 Workers (tasks / actors) "
-               "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: ab, IP: "
+    monitor = ("(raylet) [2025-04-02 15:02:00,117 E 1 1] (raylet) node_manager.cc:3069: 1 Workers (tasks / "
+               "actors) "
+               "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: "
+               "ab, IP: "
                "10.0.0.1) over the last time period.")  # fmt: skip
     d = diagnose_text(tmp_path, "\n".join([monitor, *died]))
     assert [c.kind for c in d.causes] == ["oom_host", "ray_actor_died"]
@@ -383,9 +406,12 @@ def test_ray_actor_death_names_the_dead_actor_and_yields_to_a_memory_kill(tmp_pa
 def test_ray_memory_monitor_with_its_table_on_separate_lines(tmp_path: Path) -> None:
     text = "\n".join([
         "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
-        "Memory on the node (IP: 10.0.62.231, ID: e5d9) where the task (task ID: 4353, name=allocate_memory, pid=11362, "
-        "memory used=1.25GB) was running was 27.71GB / 28.80GB (0.962273), which exceeds the memory usage threshold "
-        "of 0.95. Ray killed this worker (ID: 6f2e) because it was the most recently scheduled task; to see more.",
+        "Memory on the node (IP: 10.0.62.231, ID: e5d9) where the task (task ID: 4353, "
+        "name=allocate_memory, pid=11362, "
+        "memory used=1.25GB) was running was 27.71GB / 28.80GB (0.962273), which exceeds the memory usage "
+        "threshold "
+        "of 0.95. Ray killed this worker (ID: 6f2e) because it was the most recently scheduled task; to "
+        "see more.",
         "Top 10 memory users:",
         "PID\tMEM(GB)\tCOMMAND",
         "410728\t8.47\tray::WorkerDict.actor_rollout_compute_log_prob",
@@ -407,7 +433,8 @@ def test_logprob_oom_fixes_are_log_prob_micro_batches_not_checkpointing(tmp_path
     text = "\n".join([
         "(WorkerDict pid=1) Traceback (most recent call last):",
         '(WorkerDict pid=1)   File "/opt/verl/verl/workers/fsdp_workers.py", line 782, in compute_log_prob',
-        "(WorkerDict pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total "
+        "(WorkerDict pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 "
+        "has a total "
         "capacity of 79.11 GiB of which 8.85 GiB is free.",
     ])  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
@@ -424,7 +451,8 @@ def test_an_update_oom_in_a_trl_log_gets_training_arguments(tmp_path: Path) -> N
     text = "\n".join([
         "Traceback (most recent call last):",
         '  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1400, in compute_loss',
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.15 "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+        "capacity of 79.15 "
         "GiB of which 1.23 GiB is free.",
     ])  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
@@ -434,8 +462,10 @@ def test_an_update_oom_in_a_trl_log_gets_training_arguments(tmp_path: Path) -> N
 
 
 def test_vllm_v1_kv_cache_message_hard_wrapped(tmp_path: Path) -> None:
-    text = ("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), "
-            "(4.26 GiB KV cach\ne is needed, which is larger than the available KV cache memory (4.25 GiB). Based on "
+    text = ("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len "
+            "(100000), "
+            "(4.26 GiB KV cach\ne is needed, which is larger than the available KV cache memory (4.25 "
+            "GiB). Based on "
             "the available memory, the estimated maximum model length is 99840. Try increasing")  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom_kv_cache" and c.where == "max_model_len"
@@ -455,8 +485,10 @@ def test_kv_cache_fixes_in_a_trl_log(tmp_path: Path) -> None:
 
 # ---- engines
 def test_bf16_on_a_v100_never_proposes_bf16(tmp_path: Path) -> None:
-    text = ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU "
-            "has compute capability 7.5. You can use float16 instead by explicitly setting the`dtype` flag in CLI, for "
+    text = ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your "
+            "Tesla T4 GPU "
+            "has compute capability 7.5. You can use float16 instead by explicitly setting the`dtype` flag "
+            "in CLI, for "
             "example: --dtype=half.")  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "dtype_unsupported" and c.where == "compute capability 7.5" and "Tesla T4" in c.title
@@ -478,7 +510,10 @@ def test_engine_core_death(tmp_path: Path) -> None:
 
 
 # ---- scaling
-DS = "[INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {}, reducing to {}"
+DS = (
+    "[INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+    "Attempted loss scale: {}, reducing to {}"
+)
 
 
 @pytest.mark.parametrize(
@@ -501,7 +536,10 @@ def test_loss_scale_verdicts(tmp_path: Path, scales: list[int], severity: str, k
 
 
 def test_newer_deepspeed_and_apex_wordings(tmp_path: Path) -> None:
-    new = "[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 1.0, reducing to 1.0"
+    new = (
+        "[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 1.0, reducing to "
+        "1.0"
+    )
     assert diagnose_text(tmp_path, new).causes[0].kind == "loss_scale_collapse"
     detected = "[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 64, reducing to 32.0"
     assert diagnose_text(tmp_path, detected).causes[0].severity == "warning"
@@ -526,7 +564,8 @@ def test_unscale_fp16_with_deepspeed_settings_and_an_old_gpu(tmp_path: Path) -> 
 # ---- exceptions
 def test_dtype_error_under_bf16_does_not_propose_bf16(tmp_path: Path) -> None:
     text = "\n".join([
-        "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        "python3 -m verl.trainer.main_ppo "
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
         "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16",
     ])  # fmt: skip
     c = diagnose_text(tmp_path, text).causes[0]
@@ -540,7 +579,8 @@ def test_dtype_error_under_bf16_does_not_propose_bf16(tmp_path: Path) -> None:
 
 
 def test_import_errors(tmp_path: Path) -> None:
-    so = ("ImportError: /venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: "
+    so = ("ImportError: "
+          "/venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: "
           "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationE")  # fmt: skip
     c = diagnose_text(tmp_path, so).causes[0]
     assert (c.kind, c.where) == ("import_error", "flash_attn") and "torch" in c.what
@@ -548,17 +588,23 @@ def test_import_errors(tmp_path: Path) -> None:
         tmp_path, "ImportError: cannot import name 'is_torch_npu_available' from 'transformers'"
     ).causes[0]
     assert c.where == "transformers" and "version" in fix_text(c)
-    ray = "ray.exceptions.RayTaskError(ModuleNotFoundError): ray::Actor.fit() (pid=1)\nModuleNotFoundError: No module named 'deepspeed'"
+    ray = (
+        "ray.exceptions.RayTaskError(ModuleNotFoundError): ray::Actor.fit() (pid=1)\n"
+        "ModuleNotFoundError: No module named 'deepspeed'"
+    )
     c = diagnose_text(tmp_path, ray).causes[0]
     assert c.where == "deepspeed" and "runtime-env-json" in fix_text(c)
 
 
 def test_framework_configuration_checks(tmp_path: Path) -> None:
-    trl = ("ValueError: The global train batch size (3 x 1) must be evenly divisible by the number of generations per "
-           "prompt (4). Given the current train batch size, the valid values for the number of generations are: [3].")  # fmt: skip
+    trl = ("ValueError: The global train batch size (3 x 1) must be evenly divisible by the number of "
+           "generations per "
+           "prompt (4). Given the current train batch size, the valid values for the number of generations "
+           "are: [3].")  # fmt: skip
     c = diagnose_text(tmp_path, trl).causes[0]
     assert (c.kind, c.where) == ("exception", "num_generations") and "[3]" in fix_text(c)
-    ds = ("AssertionError: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+    ds = ("AssertionError: Check batch related parameters. train_batch_size is not equal to "
+          "micro_batch_per_gpu * "
           "gradient_acc_step * world_size 16 != 4 * 1 * 1")  # fmt: skip
     c = diagnose_text(tmp_path, ds).causes[0]
     assert c.where == "train_batch_size" and c.fixes[0].framework == "deepspeed"
@@ -573,7 +619,8 @@ def test_framework_configuration_checks(tmp_path: Path) -> None:
         "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()",
         "SomeLibraryError: the flux capacitor is misaligned",
         "ERROR:root:worker lost",
-        "[E1206 18:44:16.9 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 0] Timeout at NCCL work: 7753, last enqueued NCCL work: 7755",
+        "[E1206 18:44:16.9 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 0] Timeout at NCCL work: 7753, last "
+        "enqueued NCCL work: 7755",
     ],
 )  # fmt: skip
 def test_a_failure_is_never_clean(tmp_path: Path, text: str, capsys) -> None:

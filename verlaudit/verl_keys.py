@@ -3,8 +3,8 @@
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
 way. Neither verlaudit/analysis/diagnose.py, verlaudit/analysis/logparse.py nor the log rules in
-verlaudit/analysis/logs/ spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it). Exercised by
-`pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py`.
+verlaudit/analysis/logs/ spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it).
+Exercised by `pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py`.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ _DTYPE_PATTERNS = [
     (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"), lambda m: (m[1], m[2])),
     (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
                 r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) (?:and|!=) ([\w.:]+)"),
+    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) "
+                r"(?:and|!=) ([\w.:]+)"),
      lambda m: (m[1], m[2])),
 ]  # fmt: skip
 _NUMPY_BF16 = NUMPY_DTYPE
@@ -120,7 +121,8 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
         pos = text.find(d["message"])
         frame = _innermost_frame(text, pos)
         causes.append(Cause(
-            "error", "dtype_error", f"Dtype error: {d['observed'] or '?'} where {d['expected'] or '?'} was expected",
+            "error", "dtype_error", f"Dtype error: {d['observed'] or '?'} where {d['expected'] or '?'} was "
+                                    "expected",
             "An op received operands (or input and weights) of different dtypes outside autocast.",
             evidence=[f"line {_lineno(text, pos)}: {d['message']}"] + ([f"raised from {frame}"] if frame else [])
             + ([f"phase (from traceback): {_phase_from_traceback(text)}"] if _phase_from_traceback(text) else []),
@@ -130,7 +132,8 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
     if m:
         causes.append(Cause(
             "error", "dtype_error", f"{m[1]} tensor converted to numpy",
-            f"NumPy has no {m[1]}: a `.numpy()` / `np.asarray` on a {_dt(m[1])} tensor fails. In RL code this is "
+            f"NumPy has no {m[1]}: a `.numpy()` / `np.asarray` on a {_dt(m[1])} tensor fails. In RL code "
+            "this is "
             "usually a reward model or a logging/metrics hook receiving bf16 outputs.",
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
             + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
@@ -142,7 +145,8 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
     if m:
         causes.append(Cause(
             "error", "dtype_error", f"Op {m[1]} has no {_dt(m[2])} kernel on this device",
-            f"'{m[1]}' is not implemented for {m[2]} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
+            f"'{m[1]}' is not implemented for {m[2]} here (typically fp16 matmuls on CPU, or an old GPU "
+            "without bf16).",
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"],
             fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
                    Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU")],
@@ -151,7 +155,8 @@ def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
     if m:
         causes.append(Cause(
             "error", "device_mismatch", "Tensors on different devices",
-            "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, or "
+            "An op mixed tensors on two devices: typically a reward function or collator returned CPU "
+            "tensors, or "
             "an offloaded model (param_offload) was called without being moved back.",
             evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
             + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
@@ -178,7 +183,8 @@ def _compile_cause(text: str, m: re.Match, step: int | None) -> Cause:
     layer_fix = Fix("model.compile: false", V.TORCH_COMPILE_OFF, "the compiled training layers")
     return Cause(
         "error", "compile_error", "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
-        "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor could not "
+        "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor "
+        "could not "
         "compile it. Nothing is wrong with the run's numerics: the eager path runs the same model.",
         evidence=[f"line {_lineno(text, m.start())}: {m[0].strip()[:300]}"]
         + ([f"while tracing {user[1].strip()}"] if user else []),
@@ -212,7 +218,8 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         )
     tried, total = oom.get("tried_gib"), oom.get("total_gib")
     if tried and total and tried > 0.1 * total:
-        what += (f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / log-softmax "
+        what += (f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / "
+                 "log-softmax "
                  "of a whole batch x sequence x vocab in fp32.")  # fmt: skip
     if "No available memory for the cache blocks" in text or phase == "rollout":
         fixes.append(Fix("data.response_length: <shorter>", f"{V.GPU_MEMORY_UTILIZATION} (lower if the "
@@ -221,14 +228,17 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         Fix("precision.grad_checkpointing: true", V.GRAD_CKPT,
             "activation memory"),
         Fix("algo.micro_batch_size: <half>", f"{V.MICRO_BATCH} "
-            f"(and {V.ROLLOUT_LOG_PROB_MICRO_BATCH} / {V.REF_LOG_PROB_MICRO_BATCH})", "smaller micro-batches"),
+            f"(and {V.ROLLOUT_LOG_PROB_MICRO_BATCH} / {V.REF_LOG_PROB_MICRO_BATCH})", "smaller "
+                                                                                      "micro-batches"),
         Fix("precision.preset: bf16-pure", f"{V.MODEL_DTYPE_BF16} "
             f"(or {V.PARAM_OFFLOAD} / {V.OPTIMIZER_OFFLOAD})", "model state memory"),
     ]  # fmt: skip
     return Cause("error", "oom", f"CUDA out of memory{f' in {phase}' if phase else ''}", what, evidence=ev,
                  fixes=fixes, step=step, where=phase, score=40.0, data=oom,
-                 unknown=["memory classes: the message gives totals only, not how much is parameters, gradients, "
-                          "optimizer state or activations; `verlaudit plan` estimates them, a run under verlaudit "
+                 unknown=["memory classes: the message gives totals only, not how much is parameters, "
+                          "gradients, "
+                          "optimizer state or activations; `verlaudit plan` estimates them, a run under "
+                          "verlaudit "
                           "measures per phase"])  # fmt: skip
 
 
@@ -321,31 +331,51 @@ def _nonfinite_log_causes(
         where = anomaly[1]
         first_line = first_line or _lineno(text, anomaly.start())
         ev.append(
-            f"line {_lineno(text, anomaly.start())}: anomaly mode: backward function {anomaly[1]} produced NaN"
+            f"line {_lineno(text, anomaly.start())}: anomaly mode: backward function {anomaly[1]} produced "
+            "NaN"
         )
     samp = _SAMPLING_NAN.search(text)
     if samp:
         first_line = first_line or _lineno(text, samp.start())
-        ev.append(f"line {_lineno(text, samp.start())}: sampling saw NaN/Inf probabilities: the rollout model's "
-                  "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
+        ev.append(f"line {_lineno(text, samp.start())}: sampling saw NaN/Inf probabilities: the rollout "
+                  "model's "
+                  "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 "
+                  "overflow)")  # fmt: skip
     if not ev:
         return []
     verlish = ctx.framework in (None, "verl")
     if backward_only:
         fx = backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
-        return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
+        return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a "
+                                            "finite loss",
                       BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
                       phase="update", line=first_line,
-                      unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
+                      unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) "
+                               "for one "
                                "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
     fx = _nonfinite_fixes(ctx, role)
-    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
-                  + (f" in the {role}" if role and not anomaly else ""),
-                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0, fixes=fx,
-                  phase="update", line=first_line,
-                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
-                           "`verlaudit run` with audit level full for the producer module",
-                           "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+    title = "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+    title += f" in the {role}" if role and not anomaly else ""
+    return [
+        Cause(
+            "error",
+            "nonfinite",
+            title,
+            "Training values became NaN/Inf.",
+            evidence=ev,
+            step=step,
+            where=where,
+            score=30.0,
+            fixes=fx,
+            phase="update",
+            line=first_line,
+            unknown=[
+                "the first module that produced the NaN (a log only shows the loss); rerun under "
+                "`verlaudit run` with audit level full for the producer module",
+                "the loss-scale history, unless the framework logged it",
+            ],
+        )
+    ]
 
 
 def _nonfinite_fixes(ctx: logs.LogContext, role: str | None) -> list[Fix]:

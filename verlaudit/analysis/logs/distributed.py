@@ -23,45 +23,61 @@ _RULES = [
         r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
         r"(?:, NumelIn=(\d+))?(?:, NumelOut=(\d+))?(?:,\s*Timeout\(ms\)=(\d+))?")),
     ("nccl_status", re.compile(
-        r"Rank (\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: (\d+), last "
-        r"enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)|failure detected by watchdog at work "
-        r"sequence id: (\d+) PG status: last enqueued work: (-?\d+), last completed work: (-?\d+))")),
+        r"Rank (\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: (\d+), "
+        r"last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)"
+        r"|failure detected by watchdog at work sequence id: (\d+) PG status: last enqueued work: (-?\d+), "
+        r"last completed work: (-?\d+))")),
     ("watchdog_error", re.compile(
-        r"(?:Process group|NCCL) watchdog thread terminated with exception: (?!\[Rank \d+\] Watchdog caught)(.+)")),
-    ("nccl_takedown", re.compile(r"\[Rank (\d+)\] To avoid data inconsistency, we are taking the entire process down")),
+        r"(?:Process group|NCCL) watchdog thread terminated with exception: "
+        r"(?!\[Rank \d+\] Watchdog caught)(.+)")),
+    ("nccl_takedown", re.compile(
+        r"\[Rank (\d+)\] To avoid data inconsistency, we are taking the entire process down")),
     ("gloo_timeout", re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")),
-    ("gloo_peer", re.compile(r"Connection closed by peer \[([^\]]+)\]|Application timeout caused pair closure")),
-    ("barrier_from", re.compile(r"Rank (\d+) successfully reached monitoredBarrier, but received errors while waiting "
-                                r"for send/recv from rank (\d+)")),
+    ("gloo_peer", re.compile(
+        r"Connection closed by peer \[([^\]]+)\]|Application timeout caused pair closure")),
+    ("barrier_from", re.compile(
+        r"Rank (\d+) successfully reached monitoredBarrier, but received errors while waiting for send/recv "
+        r"from rank (\d+)")),
     ("barrier_failed", re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")),
-    ("store_timeout", re.compile(r"\[(\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from \[(\d+)\] "
-                                 r"via c10d key-value store by key '[^']*', but store->get\('[^']*'\) got error: "
-                                 r"([\w ]+?)(?: after (\d+)ms)?[,.]")),
-    ("store_clients", re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")),
+    ("store_timeout", re.compile(
+        r"\[(\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from \[(\d+)\] via c10d "
+        r"key-value store by key '[^']*', but store->get\('[^']*'\) got error: "
+        r"([\w ]+?)(?: after (\d+)ms)?[,.]")),
+    ("store_clients", re.compile(
+        r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")),
     ("heartbeat", re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d+) seconds")),
-    ("nccl_error", re.compile(r"NCCL error in: \S+, ([^,(\n]+)|\bDistNetworkError\b|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)"
-                              r"Error\b|NCCL communicator was aborted on rank (\d+)")),
-    ("nccl_shm", re.compile(r"Error while creating shared memory segment|Call to posix_fallocate failed|ncclShmOpen")),
-    ("cuda_fault", re.compile(r"(?:CUDA error|Triton Error \[CUDA\]): (an illegal memory access was encountered|an "
-                              r"illegal instruction was encountered|device-side assert triggered|misaligned address|"
-                              r"unspecified launch failure)")),
+    ("nccl_error", re.compile(
+        r"NCCL error in: \S+, ([^,(\n]+)|\bDistNetworkError\b"
+        r"|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)Error\b"
+        r"|NCCL communicator was aborted on rank (\d+)")),
+    ("nccl_shm", re.compile(
+        r"Error while creating shared memory segment|Call to posix_fallocate failed|ncclShmOpen")),
+    ("cuda_fault", re.compile(
+        r"(?:CUDA error|Triton Error \[CUDA\]): (an illegal memory access was encountered"
+        r"|an illegal instruction was encountered|device-side assert triggered|misaligned address"
+        r"|unspecified launch failure)")),
     ("elastic_failed", re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")),
-    ("launcher_exit", re.compile(r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
-                                 r"|interrupted by signal (\d+): (SIG\w+)")),
+    ("launcher_exit", re.compile(
+        r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
+        r"|interrupted by signal (\d+): (SIG\w+)")),
     ("elastic_rank", re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")),
     ("elastic_exit", re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
-    ("signal", re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
+    ("signal", re.compile(
+        r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
     ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$")),
     ("ray_task", re.compile(r"RayTaskError\((\w+)\): ray::([\w.]+)\(")),
     ("actor_died", re.compile(r"ActorDiedError: |The actor died unexpectedly before finishing this task")),
-    ("worker_died", re.compile(r"A worker died or was killed while executing a task by an unexpected system error|"
-                               r"The actor is dead because its worker process has died")),
+    ("worker_died", re.compile(
+        r"A worker died or was killed while executing a task by an unexpected system error"
+        r"|The actor is dead because its worker process has died")),
     ("worker_exit", re.compile(r"Worker exit type: (\w+),? Worker exit detail: ([^.]+\.?)")),
 ]  # fmt: skip
-_KEYS = ("NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG", "Killed",
-         "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error", "clients",
-         "Heartbeat", "nccl", "rank")  # fmt: skip
+_KEYS = (
+    "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
+    "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
+    "clients", "Heartbeat", "nccl", "rank",
+)  # fmt: skip
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -129,6 +145,13 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
         size = f", {int(numel):,} elements" if numel else ""
         w.title = f"NCCL collective timeout: rank {w.culprit}{waited} in {op} (SeqNum {seq}{size})"
         w.evidence.append(quote(first.line, 400))
+        reported = set(order) | {int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")}
+        silent = sorted(set(range(max(reported) + 1)) - reported)
+        if len(order) >= 3 and silent:  # every other rank reported: the silent ones may be the stuck ones
+            w.evidence.append(
+                f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "
+                "if their output is in this log, look there for the first failure"
+            )
         if len(order) > 1:
             w.evidence.append(
                 f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} "
@@ -183,7 +206,8 @@ def _named_waits(facts: LogFacts, w: _Wait) -> None:
 
 _COLLECTIVE_WHAT = (
     "A collective did not complete on every rank within the timeout, so the watchdog aborted it and took the "
-    "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another code "
+    "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another "
+    "code "
     "path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
 )
 
@@ -413,8 +437,10 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     ev += pl.evidence()
     if signame == "SIGKILL":
         what = (
-            "The process was killed with SIGKILL and printed no Python error of its own. The usual sender is the "
-            "kernel's OOM killer (host RAM), then a scheduler's memory limit (slurm, Kubernetes) or a manual kill."
+            "The process was killed with SIGKILL and printed no Python error of its own. The usual sender "
+            "is the "
+            "kernel's OOM killer (host RAM), then a scheduler's memory limit (slurm, Kubernetes) or a "
+            "manual kill."
         )
         fx = fixes(
             ctx,
@@ -492,29 +518,23 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     where = " / ".join(p for p in where_parts if p) or pl.culprit(frame=False)
     ev = [quote(first.line)] + ([quote(exit_.line, 240)] if exit_ else []) + pl.evidence()
     if name:
-        ev.append(
-            f"dead actor: {fields.get('name')} ({fields.get('class_name', '?')}, pid {fields.get('pid', '?')})"
-        )
+        cls, pid = fields.get("class_name", "?"), fields.get("pid", "?")
+        ev.append(f"dead actor: {fields.get('name')} ({cls}, pid {pid})")
     detail = exit_.fields["groups"][1] if exit_ else ""
     eof = "connection error" in detail or "End of file" in detail
     what = (
-        "A Ray actor's worker process died, so every call waiting on it failed with ActorDiedError; that error "
-        "is the cascade. The worker itself printed no error here"
+        "A Ray actor's worker process died, so every call waiting on it failed with ActorDiedError; that "
+        "error is "
+        "the cascade. The worker itself printed no error here"
         + (
             "; an EOF on its connection means it was killed (SIGKILL: usually the OOM killer) or crashed."
             if eof
             else "."
         )
     )
-    title = (
-        "Ray actor died"
-        + (f": {name or fields.get('name')}" if fields.get("name") else "")
-        + (
-            f" during {pl.phase_why if pl.phase_why and not pl.phase_why.startswith('activity') else pl.phase}"
-            if pl.phase
-            else ""
-        )
-    )
+    during = pl.phase if not pl.phase_why or pl.phase_why.startswith("activity") else pl.phase_why
+    title = "Ray actor died" + (f": {name or fields['name']}" if fields.get("name") else "")
+    title += f" during {during}" if pl.phase else ""
     fx = fixes(
         ctx,
         advice(

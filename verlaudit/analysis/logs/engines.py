@@ -19,19 +19,25 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _RULES = [
     ("bf16_unsupported", re.compile(
-        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\. Your (.+?) GPU (?:has compute "
+        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\. Your (.+?) GPU "
+        r"(?:has compute "
         r"capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability)"
-        r"|Your setup doesn't support bf16/(?:gpu|cpu)|bf16 mixed precision requires PyTorch >= [\d.]+ and a supported "
-        r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this architecture")),
+        r"|Your setup doesn't support bf16/(?:gpu|cpu)|bf16 mixed precision requires PyTorch >= [\d.]+ and "
+        r"a supported "
+        r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
+        r"architecture")),
     ("gpu_name", re.compile(r"\b(Tesla V100|V100|T4|Tesla P100|P40|RTX 20\d0|Quadro RTX \d+|TITAN V)\b")),
     ("engine_method_error", re.compile(r"Error executing method '?(\w+)'?\. This might cause deadlock")),
     ("engine_error", re.compile(
-        r"Scheduler hit an exception|TpModelWorkerClient hit an exception|EngineCore encountered a fatal error|"
-        r"\bEngineDeadError\b|AsyncEngineDeadError|Engine core initialization failed|WorkerProc hit an exception")),
+        r"Scheduler hit an exception|TpModelWorkerClient hit an exception|EngineCore encountered a fatal "
+        r"error|"
+        r"\bEngineDeadError\b|AsyncEngineDeadError|Engine core initialization failed|WorkerProc hit an "
+        r"exception")),
     ("sglang_req_slots", re.compile(r"alloc_req_slots runs out of memory")),
     ("sglang_oom", re.compile(r"(Prefill|Decode) out of memory\b")),
     ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
-    ("weight_sync_failed", re.compile(r"Error in ([\w.]*update_weights\w*): (.+)|Worker failed to update weights")),
+    ("weight_sync_failed", re.compile(r"Error in ([\w.]*update_weights\w*): (.+)|Worker failed to update "
+                                      r"weights")),
 ]  # fmt: skip
 _KEYS = (
     "f16",
@@ -53,7 +59,8 @@ _KEYS = (
     "update weights",
     "update_weights",
 )
-# frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL, vLLM's loaders)
+# frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
+# vLLM's loaders)
 _SYNC = re.compile(
     r"load_weights|weight_loader|update_params|update_weights|sync_weights|broadcast_to_vllm|"
     r"update_named_param|_move_model_to_vllm|refit|sharding_manager"
@@ -175,9 +182,12 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
 
 
 _SYNC_WHAT = (
-    "Copying the trainer's weights into the rollout engine failed: the engine's model has no parameter of that "
-    "name, or the tensor's shape / layout / dtype does not fit the engine's parameter. The trainer's names carry "
-    "wrappers the engine does not know (LoRA's base_layer, torch.compile's _orig_mod, FSDP's wrappers), or the "
+    "Copying the trainer's weights into the rollout engine failed: the engine's model has no parameter of "
+    "that "
+    "name, or the tensor's shape / layout / dtype does not fit the engine's parameter. The trainer's names "
+    "carry "
+    "wrappers the engine does not know (LoRA's base_layer, torch.compile's _orig_mod, FSDP's wrappers), or "
+    "the "
     "trainer and the engine disagree on the model's layout (a converter, a MoE backend, a version pair the "
     "framework was not tested with)."
 )
@@ -200,7 +210,8 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
     fx = fixes(
         ctx,
         advice(
-            f"strip the {', '.join(wrappers)} wrapper from the names before the sync (merge LoRA into the base "
+            f"strip the {', '.join(wrappers)} wrapper from the names before the sync (merge LoRA into the "
+            "base "
             "weights, or pass the unwrapped module)"
         )
         if wrappers
@@ -210,7 +221,8 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
             "re-lays out parameters (fused experts, quantised layouts)"
         ),
         advice(
-            "with LoRA: sync the adapters the way the framework documents (verl: lora_rank with its LoRA sync "
+            "with LoRA: sync the adapters the way the framework documents (verl: lora_rank with its LoRA "
+            "sync "
             "path; TRL: merge before pushing to vLLM)"
         )
         if lora
@@ -245,7 +257,8 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h is slots:
         title, where = "SGLang ran out of request slots (alloc_req_slots)", "--max-running-requests"
         what = (
-            "The scheduler's request-to-token pool had no free slot for the next batch: more requests are running "
+            "The scheduler's request-to-token pool had no free slot for the next batch: more requests are "
+            "running "
             "than the pool was sized for."
         )
         fx = fixes(
@@ -268,7 +281,8 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )
         where = method or pl.culprit()
         what = (
-            "The rollout engine's scheduler or worker raised; every request in flight fails and the trainer waiting "
+            "The rollout engine's scheduler or worker raised; every request in flight fails and the "
+            "trainer waiting "
             "on it sees the cascade."
         )
         fx = fixes(

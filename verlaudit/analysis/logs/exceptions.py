@@ -22,7 +22,8 @@ DEVICE = re.compile(
     r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
 )
 COMPILE = re.compile(
-    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
+    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
+    r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
 )
 NUMPY_DTYPE = re.compile(r"Got unsupported ScalarType (\w+)")
 NOT_IMPLEMENTED = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
@@ -35,9 +36,11 @@ _IMPORT = [
 ]
 _CONFIG = [
     ("trl_generations", re.compile(
-        r"The (?:effective|global) train batch size \(([^)]*)\) must be evenly divisible by the number of generations "
+        r"The (?:effective|global) train batch size \(([^)]*)\) must be evenly divisible by the number of "
+        r"generations "
         r"per prompt \((\d+)\)(?:.*?the valid values for the number of generations are: (\[[^\]]*\]))?")),
-    ("ds_batch", re.compile(r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
+    ("ds_batch", re.compile(r"Check batch related parameters\. train_batch_size is not equal to "
+                            r"micro_batch_per_gpu \* "
                             r"gradient_acc_step \* world_size\s*(\d+) != (\d+) \* (\d+) \* (\d+)")),
 ]  # fmt: skip
 _DT = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16", "bfloat16": "bf16"}
@@ -47,7 +50,8 @@ UNKNOWN_MODULE = (
 
 
 def _dtype_parser():  # the one dtype-message parser, shared with the live auditor
-    from verlaudit.analysis.logparse import parse_dtype_message  # noqa: PLC0415 - logparse imports this package
+    # imported here: logparse imports this package
+    from verlaudit.analysis.logparse import parse_dtype_message
 
     return parse_dtype_message
 
@@ -131,7 +135,8 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
     what = "An op received operands (or input and weights) of different dtypes outside autocast."
     if under:
         what += (
-            " The log shows bf16 mixed precision already set: a tensor or module kept in another dtype (a value "
+            " The log shows bf16 mixed precision already set: a tensor or module kept in another dtype (a "
+            "value "
             "or reward head, an lm_head upcast to fp32, an input built as float) met the bf16 compute."
         )
     if ctx.framework in (None, "verl"):
@@ -148,13 +153,16 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx = fixes(
             ctx,
             advice(
-                "the model and what feeds it must share one compute dtype: with bf16=True / fp16=True the Trainer "
-                "autocasts its own forward, but a model loaded in bf16 meeting fp32 inputs or a head kept in fp32 "
+                "the model and what feeds it must share one compute dtype: with bf16=True / fp16=True the "
+                "Trainer "
+                "autocasts its own forward, but a model loaded in bf16 meeting fp32 inputs or a head kept "
+                "in fp32 "
                 "(value head, lm_head cast) outside that forward fails",
                 suite="precision.preset: bf16",
             ),
             advice(
-                "under DeepSpeed the engine casts the wrapped model to bf16 / fp16 itself; modules used outside it "
+                "under DeepSpeed the engine casts the wrapped model to bf16 / fp16 itself; modules used "
+                "outside it "
                 "(generation with the unwrapped model, reward / value models) must be cast the same way"
             )
             if ctx.shows("deepspeed")
@@ -219,7 +227,8 @@ def _not_impl(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "error",
         "dtype_error",
         f"Op {op} has no {_DT.get(dt.lower(), dt)} kernel on this device",
-        f"'{op}' is not implemented for {dt} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
+        f"'{op}' is not implemented for {dt} here (typically fp16 matmuls on CPU, or an old GPU without "
+        "bf16).",
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=[
             Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
@@ -248,7 +257,8 @@ def _device(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "error",
         "device_mismatch",
         "Tensors on different devices",
-        "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, or "
+        "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, "
+        "or "
         "an offloaded model (param_offload) was called without being moved back."
         + (" The log shows offloading switched on." if offload else ""),
         evidence=[quote(h.line)] + pl.evidence(),
@@ -308,7 +318,8 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
 
 
 def _package(so_path: str) -> str:
-    """The package a native extension belongs to (``.../flash_attn_2_cuda.cpython-310-...so`` -> flash_attn)."""
+    """The package a native extension belongs to
+    (``.../flash_attn_2_cuda.cpython-310-...so`` -> flash_attn)."""
     p = PurePosixPath(so_path)
     if p.parent.name and p.parent.name not in ("site-packages", "dist-packages", "lib", ""):
         return p.parent.name
@@ -333,7 +344,8 @@ def _import_reading(rule: str, g: tuple) -> tuple[str, str, str, str]:
             pkg,
             f"{pkg}: native extension does not load (undefined symbol)",
             f"{pkg}'s compiled extension was built against another version of {against}.",
-            f"reinstall {pip} as a build for the installed torch and CUDA (the matching wheel, or pip install "
+            f"reinstall {pip} as a build for the installed torch and CUDA (the matching wheel, or pip "
+            "install "
             f"--no-build-isolation {pip} to build against it)",
         )
     if rule == "shared_lib":
@@ -341,7 +353,8 @@ def _import_reading(rule: str, g: tuple) -> tuple[str, str, str, str]:
             g[0],
             f"Shared library {g[0]} not found",
             "A native library a package needs is not on the loader path.",
-            "install the CUDA / system library the wheel was built for, or a wheel built for the installed one",
+            "install the CUDA / system library the wheel was built for, or a wheel built for the installed "
+            "one",
         )
     if rule == "missing":
         pkg = g[0].split(".")[0]
@@ -368,7 +381,8 @@ def _import_reading(rule: str, g: tuple) -> tuple[str, str, str, str]:
 
 
 _RAY_ENV = (
-    "the import ran inside a Ray actor: install the package in the environment Ray starts workers in, on every "
+    "the import ran inside a Ray actor: install the package in the environment Ray starts workers in, on "
+    "every "
     "node, or ship it with the job (ray job submit --runtime-env-json '{\"pip\": [...]}', or "
     "runtime_env={'pip': [...]} in ray.init)"
 )
@@ -409,7 +423,8 @@ def _config(facts: LogFacts, ctx: LogContext) -> Cause | None:
         valid = g[2] or "a divisor of it"
         title, where = f"GRPO batch ({g[0]}) is not divisible by num_generations={g[1]}", "num_generations"
         what = (
-            "GRPO groups each prompt's generations inside one effective batch (processes x per-device batch x "
+            "GRPO groups each prompt's generations inside one effective batch (processes x per-device "
+            "batch x "
             "accumulation steps), so num_generations must divide it."
         )
         fx = [
@@ -427,7 +442,10 @@ def _config(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f"DeepSpeed batch sizes inconsistent: {g[0]} != {g[1]} x {g[2]} x {g[3]}",
             "train_batch_size",
         )
-        what = "DeepSpeed requires train_batch_size = micro batch per GPU x gradient accumulation steps x world size."
+        what = (
+            "DeepSpeed requires train_batch_size = micro batch per GPU x gradient accumulation steps x "
+            "world size."
+        )
         fx = [
             Fix(
                 None,

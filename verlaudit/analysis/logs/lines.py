@@ -36,7 +36,8 @@ _PREFIX = re.compile(
     | (?P<stamp>\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\]\s*)        # [2024-08-21 03:38:02]
     | (?P<compose>[\w.]+-\d+\s+\|\s?)                                                # vllm-1  |
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
-    | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?   # (WorkerDict pid=1)
+    # (WorkerDict pid=1, ip=10.0.0.1)
+    | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
     | \[(?:rank|RANK)[- ]?(?P<rank>\d+)\]:?\s?                                      # [rank3]:  [rank-6]:
     | \[default(?P<local>\d+)\]:\s?                                                  # torchrun --tee
     )""",
@@ -132,7 +133,8 @@ EXCEPTION = re.compile(
     r"(?:\((?P<inner>[\w.]+)\))?(?::\s*(?P<msg>.*))?$"
 )
 _EXIT = re.compile(
-    r"exit(?:ed)? (?:with )?(?:exit )?(?:code|status)[ :=]*(?P<code>-?[1-9]\d*)\b|exitcode\s*:\s*(?P<ec>-?[1-9]\d*)\b"
+    r"exit(?:ed)? (?:with )?(?:exit )?(?:code|status)[ "
+    r":=]*(?P<code>-?[1-9]\d*)\b|exitcode\s*:\s*(?P<ec>-?[1-9]\d*)\b"
     r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b",
     re.I,
 )
@@ -142,7 +144,8 @@ _KILL = re.compile(
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
-    r"Watchdog caught|watchdog got stuck|Timeout at NCCL work|Timed out waiting \d+ ?ms|wait timeout after \d+ ?ms|"
+    r"Watchdog caught|watchdog got stuck|Timeout at NCCL work|Timed out waiting \d+ ?ms|wait timeout after "
+    r"\d+ ?ms|"
     r"Heartbeat monitor timed out|DistStoreError|RendezvousTimeoutError"
 )
 

@@ -23,8 +23,10 @@ _UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 
 _N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
 OOM_NEW = re.compile(
     rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
-    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by PyTorch, "
-    rf"(?:with {_N} allocated in private pools \(e\.g\., CUDA Graphs\), )?and {_N} is reserved by PyTorch but "
+    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by "
+    r"PyTorch, "
+    rf"(?:with {_N} allocated in private pools \(e\.g\., CUDA Graphs\), )?and {_N} is reserved by PyTorch "
+    r"but "
     rf"unallocated)?",
     re.S,
 )
@@ -82,21 +84,25 @@ def parse_oom(text: str) -> dict[str, Any] | None:
 # ---- per-line detection
 _KV = [
     ("kv_no_blocks", re.compile(r"No available memory for the cache blocks")),
-    ("kv_max_len", re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that "
+    ("kv_max_len", re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of "
+                              r"tokens that "
                               r"can be stored in KV cache \((\d+)\)")),
     ("kv_v1", re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\)")),
-    ("kv_free_memory", re.compile(r"Free memory on device(?: (\S+))? \(([\d.]+)/([\d.]+) GiB\) on startup is less "
+    ("kv_free_memory", re.compile(r"Free memory on device(?: (\S+))? \(([\d.]+)/([\d.]+) GiB\) on startup "
+                                  r"is less "
                                   r"than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")),
     ("kv_sglang", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")),
     ("kv_blocks", re.compile(r"# (?:GPU|cuda) blocks: (\d+)")),
 ]  # fmt: skip
 _MONITOR = re.compile(
     r"Memory on the node \([^)]*\)(?: where the \w+ (?:\((?P<detail>[^()]*)\) )?was running)? was "
-    r"(?P<used>[\d.]+)GB / (?P<total>[\d.]+)GB \((?P<frac>[\d.]+)\), which exceeds the memory usage threshold of "
+    r"(?P<used>[\d.]+)GB / (?P<total>[\d.]+)GB \((?P<frac>[\d.]+)\), which exceeds the memory usage "
+    r"threshold of "
     r"(?P<thr>[\d.]*\d)"
 )
 _HOST = [
-    ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) were "
+    ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
+                                    r"were "
                                     r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY")),
     ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
     ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
@@ -198,18 +204,26 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
 
 
 _PHASE_TITLE = {
-    "logprob": " in the no-grad log-prob pass", "reference": " in the reference log-prob pass",
-    "update": " in the update (forward + backward)", "generate": " in generation", "values": " in the value pass",
-    "checkpoint": " while saving a checkpoint", "init": " while loading / initialising", "weight_sync": " in weight sync",
-}  # fmt: skip
+    "logprob": " in the no-grad log-prob pass",
+    "reference": " in the reference log-prob pass",
+    "update": " in the update (forward + backward)",
+    "generate": " in generation",
+    "values": " in the value pass",
+    "checkpoint": " while saving a checkpoint",
+    "init": " while loading / initialising",
+    "weight_sync": " in weight sync",
+}
 _PHASE_WHAT = {
-    "logprob": " The pass runs without gradients: activations are not kept, so gradient checkpointing does not "
+    "logprob": " The pass runs without gradients: activations are not kept, so gradient checkpointing does "
+    "not "
     "help; the micro-batch's logits (and entropy) are the peak.",
-    "reference": " The reference model's forward runs without gradients: its micro-batch and its resident weights "
+    "reference": " The reference model's forward runs without gradients: its micro-batch and its resident "
+    "weights "
     "are the levers.",
     "update": " Forward and backward: activations, gradients and optimizer state are all resident.",
     "generate": " Generation: the engine's KV cache and the batch of sequences in flight are the levers.",
-    "weight_sync": " The engine's weights and KV cache come back while the trainer's state is still on the GPU.",
+    "weight_sync": " The engine's weights and KV cache come back while the trainer's state is still on the "
+    "GPU.",
 }
 
 
@@ -312,7 +326,8 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         if pl.phase == "checkpoint"
         else None,
         advice(
-            "load weights on one rank or shard them at load time (low_cpu_mem_usage, meta-device init, ZeRO-3 "
+            "load weights on one rank or shard them at load time (low_cpu_mem_usage, meta-device init, "
+            "ZeRO-3 "
             "init) instead of a full CPU copy per process"
         )
         if pl.phase == "init"
@@ -372,7 +387,8 @@ def _kv_max_len_title(h: Hit) -> str:
     if h.rule == "kv_max_len":
         return f"KV cache holds {g[1]} tokens, fewer than max_model_len {g[0]}"
     if h.rule == "kv_max_len_inferred":
-        return f"vLLM's cache initialisation failed: {h.fields['blocks']} blocks cannot hold one max_model_len sequence"
+        blocks = h.fields["blocks"]
+        return f"vLLM's cache initialisation failed: {blocks} blocks cannot hold one max_model_len sequence"
     nums = re.search(
         r"max seq len \((\d+)\),? \(?([\d.]+) GiB KV cache is needed.*?available KV cache memory "
         r"\(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
@@ -391,14 +407,17 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
         return (
             "No memory left for KV-cache blocks after the weights and activation profiling",
             "gpu_memory_utilization",
-            "The engine's memory budget (gpu_memory_utilization x GPU memory) is used up by the weights and the "
-            "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds the GPU.",
+            "The engine's memory budget (gpu_memory_utilization x GPU memory) is used up by the weights "
+            "and the "
+            "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds "
+            "the GPU.",
             [_RAISE, _TRAINER_OFF, ("max_num_seqs", "a smaller profiling batch leaves more for the cache")],
         )
     if h.rule == "kv_free_memory":
         _, free, total, util, want = g
         return (
-            f"vLLM asks for {util} x {float(total):.4g} GiB = {want} GiB but only {free} GiB is free at start",
+            f"vLLM asks for {util} x {float(total):.4g} GiB = {want} GiB but only {free} GiB is free at "
+            "start",
             "gpu_memory_utilization",
             "vLLM's start-up check: gpu_memory_utilization is a share of the whole GPU, and another process "
             "(a colocated trainer, a previous engine, another job) already holds part of it.",

@@ -21,7 +21,8 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 _RULES = [
     ("overflow", re.compile(r"(?:OVERFLOW!|overflow!|Overflow detected\.)(?: Rank (\d+))? Skipping step\.?"
                             r"(?: Attempted loss scale: ([\d.e+]+)(?:, reducing to ([\d.e+]+))?)?")),
-    ("overflow_apex", re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to "
+    ("overflow_apex", re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale "
+                                 r"to "
                                  r"([\d.e+-]+)")),
     ("overflow_reducing", re.compile(r"Reducing dynamic loss scale from ([\d.e+]+) to ([\d.e+]+)")),
     ("loss_scale_min", re.compile(r"Current loss scale already at minimum - cannot decrease scale anymore")),
@@ -219,7 +220,8 @@ def _unscale(facts: LogFacts, ctx: LogContext) -> Cause | None:
     fx = fixes(
         ctx,
         advice(
-            "load the model (or at least the trainable parameters: LoRA adapters, heads) in fp32 and let fp16 "
+            "load the model (or at least the trainable parameters: LoRA adapters, heads) in fp32 and let "
+            "fp16 "
             "autocast do the compute (torch_dtype=torch.float32; peft keeps adapters fp32 by default)",
             suite="precision.preset: fp16",
         ),

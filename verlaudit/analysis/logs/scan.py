@@ -98,10 +98,15 @@ class Traceback:
         for f in reversed(frames):
             if f.func not in _WRAPPERS and f.call() not in _HANDOFFS:
                 return f.where()
-        return frames[-1].where() if frames else None
+        return None
 
     def phase(self) -> tuple[str, str] | None:
-        return phases.phase_of_frames(self.frames)
+        """From the frames; else from the Ray task it came from
+        (``WorkerDict.actor_rollout_update_actor``)."""
+        found = phases.phase_of_frames(self.frames)
+        if found is None and self.task and (p := phases.phase_of_name(self.task)):
+            found = (p, self.task)
+        return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +196,8 @@ class LogScan:
                 self.signals_first.append((sig, line))
             else:
                 self.signals_last.append((sig, line))
-        # with and without its prefixes: `(WorkerDict pid=..)` marks verl, vLLM's logger format starts the text
+        # with and without its prefixes: `(WorkerDict pid=..)` marks verl, vLLM's logger format starts
+        # the text
         for m in set(frameworks.markers(raw[:MAX_TEXT])) | set(frameworks.markers(line.text)):
             self.markers[m] += 1
         if len(self.settings) < MAX_SETTINGS:
