@@ -108,7 +108,7 @@ def run_update(preset: str, precision: str, ckpt_spec: str, loss_path: str, devi
             else:
                 loss = model(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False).loss
         scaler.scale_loss(loss).backward()
-        optimizer_step("actor", model, opt, scaler, policy, NULL_OBSERVER, 1.0)
+        optimizer_step("actor", model, opt, scaler, NULL_OBSERVER, 1.0)
         sync(device)
         times.append(time.perf_counter() - t0)
         del loss

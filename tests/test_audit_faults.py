@@ -17,7 +17,9 @@ from verlaudit.audit.inject import Fanout, FaultInjector
 
 BASE = {
     "steps": 2, "device": "cpu",
-    "algo": {"name": "ppo", "batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 1, "group_size": 2},
+    # a KL penalty in the reward, so the frozen reference runs too (verl's defaults build none)
+    "algo": {"name": "ppo", "batch_size": 2, "mini_batch_size": 2, "micro_batch_size": 1, "group_size": 2,
+             "use_kl_in_reward": True},
     "data": {"num_examples": 16, "prompt_length": 8, "response_length": 4},
     "precision": {"preset": "fp32"},
 }  # fmt: skip
@@ -46,7 +48,8 @@ def only(a, kind, role=None):
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "dpo"])
 @pytest.mark.parametrize("preset", ["fp32", "fp16", "bf16", "bf16-pure"])
 def test_clean_runs_have_no_error_findings(algo, preset):
-    a = run({"steps": 1, "algo": {"name": algo}, "precision": {"preset": preset}})
+    kl = {"use_kl_in_reward": algo != "dpo"}  # DPO's reference enters through its loss
+    a = run({"steps": 1, "algo": {"name": algo, **kl}, "precision": {"preset": preset}})
     assert a.failure is None
     assert [(f.kind, f.where) for f in a.findings.all() if f.severity == "error"] == []
     # the reference / critic copies are cast with the rotary buffers kept fp32 (trainer.precision.cast_module)

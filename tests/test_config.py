@@ -1,4 +1,5 @@
-"""Tests for trainer/config.py: from_dict/to_dict round-trips (hypothesis) and field-path errors.
+"""Tests for trainer/config.py: from_dict/to_dict round-trips (hypothesis), field-path errors, verl's
+defaults for the algorithm keys, and the errors for renamed or unused keys.
 
 Run: PYTHONPATH=. pytest -q tests/test_config.py
 """
@@ -9,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.config import ALGORITHMS, TrainConfig
+from trainer.advantages import ADV_ESTIMATORS
+from trainer.config import ALGORITHMS, AlgoConfig, TrainConfig
+from trainer.losses import DPO_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from trainer.precision import PRESETS
 
 
@@ -17,18 +20,30 @@ from trainer.precision import PRESETS
 def config_dicts(draw):
     micro = draw(st.integers(1, 8))
     mini = micro * draw(st.integers(1, 4))
+    name = draw(st.sampled_from(ALGORITHMS))
+    algo = {
+        "name": name,
+        "lr": draw(st.floats(1e-7, 1.0)),
+        "batch_size": draw(st.integers(1, 64)),
+        "mini_batch_size": mini,
+        "micro_batch_size": micro,
+        "gamma": draw(st.floats(0.0, 1.0)),
+    }
+    if name == "dpo":
+        algo["dpo_loss"] = draw(st.sampled_from([x for x in DPO_LOSSES if x != "exo_pair"]))
+    else:
+        algo["loss_agg_mode"] = draw(st.sampled_from(LOSS_AGG_MODES))
+        algo["clip_ratio_high"] = draw(st.none() | st.floats(0.0, 1.0))
+        if draw(st.booleans()):
+            algo.update(use_kl_in_reward=True, kl_coef=draw(st.floats(0.0, 1.0)),
+                        kl_penalty=draw(st.sampled_from(KL_ESTIMATORS)))  # fmt: skip
+        if draw(st.booleans()):
+            algo.update(use_kl_loss=True, kl_loss_type=draw(st.sampled_from(KL_ESTIMATORS)))
+        if name == "grpo":
+            algo["adv_estimator"] = draw(st.sampled_from([e for e in ADV_ESTIMATORS if e != "gae"]))
+            algo["group_size"] = draw(st.integers(2, 8))
     d = {
-        "algo": {
-            "name": draw(st.sampled_from(ALGORITHMS)),
-            "lr": draw(st.floats(1e-7, 1.0)),
-            "batch_size": draw(st.integers(1, 64)),
-            "mini_batch_size": mini,
-            "micro_batch_size": micro,
-            "kl_coef": draw(st.floats(0.0, 1.0)),
-            "kl_estimator": draw(st.sampled_from(["k1", "k3"])),
-            "kl_in_reward": draw(st.booleans()),
-            "gamma": draw(st.floats(0.0, 1.0)),
-        },
+        "algo": algo,
         "precision": {
             "preset": draw(st.sampled_from(PRESETS)),
             "grad_checkpointing": draw(st.booleans()),
@@ -91,6 +106,56 @@ def test_defaults_are_valid_and_documented():
         ({"device": "tpu"}, "", "device: 'tpu'; expected auto, cpu, cuda"),
         ({"data": {"response_length": 0}}, "", "data.response_length: must be > 0"),
         ({"algo": []}, "", "algo: expected a mapping"),
+        # renamed keys name their successor (and what changed)
+        ({"algo": {"value_clip": 0.2}}, "v", "v.algo.value_clip: renamed to cliprange_value"),
+        ({"algo": {"kl_estimator": "k3"}}, "", "algo.kl_estimator: split, as in verl: kl_penalty"),
+        ({"algo": {"kl_in_reward": True}}, "", "algo.kl_in_reward: renamed to use_kl_in_reward"),
+        ({"algo": {"normalize_advantages": False}}, "", "algo.normalize_advantages: removed"),
+        # a key set where nothing reads it
+        (
+            {"algo": {"kl_coef": 0.01}},
+            "",
+            "algo.kl_coef: set to 0.01 but nothing reads it: needs use_kl_in_reward",
+        ),
+        (
+            {"algo": {"kl_loss_type": "k1"}},
+            "",
+            "algo.kl_loss_type: set to 'k1' but nothing reads it: needs use_kl_loss",
+        ),
+        (
+            {"algo": {"use_kl_in_reward": True, "kl_ctrl_horizon": 5}},
+            "",
+            "algo.kl_ctrl_horizon: set to 5 but",
+        ),
+        (
+            {"algo": {"loss_mode": "gspo", "clip_ratio_c": 5.0}},
+            "",
+            "algo.clip_ratio_c: set to 5.0 but nothing",
+        ),
+        ({"algo": {"name": "grpo", "cliprange_value": 0.2}}, "", "algo.cliprange_value: set to 0.2 but"),
+        ({"algo": {"name": "dpo", "use_kl_loss": True}}, "", "algo.use_kl_loss: set to True but"),
+        (
+            {"algo": {"name": "dpo", "dpo_loss": "ipo", "label_smoothing": 0.1}},
+            "",
+            "algo.label_smoothing: set to",
+        ),
+        ({"algo": {"loss_scale_factor": 512.0}}, "", "algo.loss_scale_factor: set to 512.0 but nothing"),
+        # values out of verl's / TRL's domain
+        ({"algo": {"clip_ratio_c": 1.0}}, "", "algo.clip_ratio_c: must be > 1"),
+        ({"algo": {"loss_agg_mode": "token-sum"}}, "", "algo.loss_agg_mode: unknown value 'token-sum'"),
+        ({"algo": {"name": "grpo", "adv_estimator": "gae"}}, "", "algo.adv_estimator: gae needs a critic"),
+        (
+            {"algo": {"adv_estimator": "rloo"}},
+            "",
+            "algo.adv_estimator: rloo needs no critic: use algo.name: grpo",
+        ),
+        (
+            {"algo": {"name": "grpo", "adv_estimator": "grpo_passk", "group_size": 1}},
+            "",
+            "algo.group_size: grpo_passk",
+        ),
+        ({"algo": {"name": "dpo", "dpo_loss": "exo_pair"}}, "", "algo.label_smoothing: exo_pair needs"),
+        ({"algo": {"name": "dpo", "label_smoothing": 0.5}}, "", "algo.label_smoothing: must be in [0, 0.5)"),
     ],
 )
 def test_errors_name_the_field_path(data, where, expected):
@@ -102,3 +167,71 @@ def test_errors_name_the_field_path(data, where, expected):
 def test_yaml_strings_for_numbers_are_read():
     # PyYAML reads 1e-6 (no dot) as a string; the config accepts it as a number
     assert TrainConfig.from_dict({"algo": {"lr": "1e-6"}}).algo.lr == 1e-6
+
+
+# verl's defaults (verl/trainer/config/_generated_ppo_trainer.yaml) and TRL's (DPOConfig), key for key
+VERL_DEFAULTS = {
+    "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False, "kl_penalty": "kl",
+    "kl_coef": 0.001, "kl_ctrl_type": "fixed", "kl_ctrl_target_kl": 0.1, "kl_ctrl_horizon": 10000,
+    "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_mode": "vanilla", "loss_agg_mode": "token-mean",
+    "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1,
+    "entropy_coef": 0.0, "use_kl_loss": False, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl",
+    "ppo_epochs": 1, "max_grad_norm": 1.0, "cliprange_value": 0.5, "temperature": 1.0,
+    "loss_scale_factor": None, "beta": 0.1, "dpo_loss": "sigmoid", "label_smoothing": 0.0, "discopop_tau": 0.05,
+}  # fmt: skip
+
+
+def test_algorithm_defaults_are_verls_and_trls():
+    algo = AlgoConfig()
+    assert {k: getattr(algo, k) for k in VERL_DEFAULTS} == VERL_DEFAULTS
+    # unset clip sides are clip_ratio (verl's yaml spells 0.2 for both); unset estimator: gae for ppo
+    assert algo.clip_ratio_low is None and algo.clip_ratio_high is None and algo.estimator == "gae"
+    assert AlgoConfig(name="grpo").estimator == "grpo" and AlgoConfig(name="dpo").estimator is None
+    # no KL term by default: no reference model for PPO or GRPO (verl builds it only for a KL term)
+    assert not AlgoConfig().uses_reference and not AlgoConfig(name="grpo").uses_reference
+    assert AlgoConfig(use_kl_loss=True).uses_reference and AlgoConfig(name="dpo").uses_reference
+
+
+def test_every_choice_list_is_accepted():
+    for mode in POLICY_LOSSES:
+        AlgoConfig(name="grpo", loss_mode=mode)
+    for est in ADV_ESTIMATORS:
+        AlgoConfig(name="ppo" if est == "gae" else "grpo", adv_estimator=est)
+    for kind in DPO_LOSSES:
+        AlgoConfig(name="dpo", dpo_loss=kind, label_smoothing=0.01 if kind == "exo_pair" else 0.0)
+
+
+OLD_ALGO = {"name": "ppo", "value_clip": 0.2, "vf_coef": 0.5, "kl_coef": 0.05, "kl_estimator": "k1",
+            "kl_in_reward": True, "lam": 0.95, "normalize_advantages": True}  # fmt: skip
+
+
+def test_configs_recorded_before_the_verl_keys_are_upgraded():
+    from pathlib import Path
+
+    from trainer.config import upgrade_recorded_config
+
+    # PPO with its KL in the reward: the same run in today's keys
+    algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": OLD_ALGO})).algo
+    assert (algo.use_kl_in_reward, algo.kl_coef, algo.kl_penalty, algo.cliprange_value) == (
+        True,
+        0.05,
+        "kl",
+        0.2,
+    )
+    assert (algo.vf_coef, algo.lam, algo.use_kl_loss) == (0.5, 0.95, False)
+    # GRPO's KL was always a loss term; k3 is low_var_kl; the critic's options go
+    old = {**OLD_ALGO, "name": "grpo", "kl_estimator": "k3", "kl_coef": 0.01}
+    algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": old})).algo
+    assert (algo.use_kl_loss, algo.kl_loss_coef, algo.kl_loss_type, algo.use_kl_in_reward) == (
+        True, 0.01, "low_var_kl", False)  # fmt: skip
+    # value_clip 0 meant no clipping; kl_coef 0 meant no reference
+    algo = TrainConfig.from_dict(
+        upgrade_recorded_config({"algo": {**OLD_ALGO, "value_clip": 0.0, "kl_coef": 0.0}})
+    ).algo
+    assert algo.cliprange_value == 1e9 and not algo.uses_reference
+    # a real manifest from before (tests/fixtures: the H200 DPO suite), and a current config unchanged
+    manifest = Path(__file__).parent / "fixtures" / "h200_dpo_suite" / "bf16" / "manifest.json"
+    recorded = json.loads(manifest.read_text())["config"]
+    assert TrainConfig.from_dict(upgrade_recorded_config(recorded)).algo.name == "dpo"
+    now = TrainConfig().to_dict()
+    assert upgrade_recorded_config(now) == now

@@ -581,6 +581,7 @@ def test_log_with_nothing_recognised(tmp_path):
 
 
 def run_worker(tmp_path, name, inject, *, preset="fp32", steps=2, **train):
+    from trainer.precision import resolve_policy
     from verlaudit.run import worker
 
     cfg = {
@@ -602,6 +603,9 @@ def run_worker(tmp_path, name, inject, *, preset="fp32", steps=2, **train):
         "audit": {"level": "full", "full_steps": steps, "every": 1},
         "emulation": {"target": None, "memory_cap_gb": None, "reason": None},
         "inject": inject,
+        # what the runner decides for a spec: the device type and the policy
+        "device": "cpu",
+        "policy": resolve_policy(preset).to_dict(),
     }
     (tmp_path / f"{name}.json").write_text(json.dumps(spec))
     rc = worker.main([str(tmp_path / f"{name}.json")])

@@ -149,16 +149,21 @@ def _scenario(info, preset: str, *, reshard: bool = True, fp16_scaler: str | Non
 def _build_sharded_scenario(info) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    role = resolve_policy("fp32")["actor"]
+    role = resolve_policy("bf16-pure")["actor"]
     config = LlamaConfig(**CFG, attn_implementation="sdpa")
     model = D.build_sharded(lambda: LlamaForCausalLM(config), role, info, seed=3)
     full = D.full_state_dict(model)
+    torch.manual_seed(3)
+    one = LlamaForCausalLM(config).to(role.param_dtype)  # what one process builds from the same seed
     q = full["model.layers.0.self_attn.q_proj.weight"]
     half = q.shape[0] // 2
     fresh = type(model.model.rotary_emb)(config=config)
-    loss, _ = _loss(model, _global_batch()[D.local_slice(4, info)], role)
+    loss, _ = _loss(model, _global_batch()[D.local_slice(4, info)], resolve_policy("fp32")["actor"])
     loss.backward()
     return {
+        "equals_one_process": all(torch.equal(full[k], v) for k, v in one.state_dict().items() if k in full)
+        and set(full) == {k for k, _ in one.named_parameters()},
+        "dtypes": sorted({str(v.dtype) for v in full.values()}),
         "all_finite": all(bool(torch.isfinite(v).all()) for v in full.values()),
         "norm_weights_one": all(bool((v == 1).all()) for k, v in full.items() if "norm" in k),
         "q_std": float(q.std()),
@@ -167,6 +172,63 @@ def _build_sharded_scenario(info) -> dict:
         "loss": D.reduce_metrics({"loss": float(loss)}, info)["loss"],
         "grads_finite": all(bool(torch.isfinite(p.grad.to_local()).all()) for p in model.parameters()),
     }
+
+
+def _build_setup_scenario(info, preset: str) -> dict:
+    """`build_setup` of a 2-rank PPO run (actor, critic, reference sharded) against the same setup in
+    one process: the ranks build on the meta device and materialise only their shards, and the
+    gathered weights, buffers and the generator's state afterwards are the one process's, bit for bit."""
+    from trainer import meta_init
+    from trainer import models as M
+    from trainer.common import Resolved, build_setup
+    from trainer.config import TrainConfig
+    from trainer.events import NULL_OBSERVER
+
+    model = {"overrides": {"num_hidden_layers": 3}}
+    cfg = TrainConfig.from_dict({"device": "cpu", "precision": {"preset": preset}, "model": model})
+    built_on, peaks = [], []
+    real_build, real_replay = M.build_causal_lm, meta_init.replay_init
+
+    def build_spy(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        built_on.append(str(next(model.parameters()).device))
+        return model
+
+    def replay_spy(*args, **kwargs):
+        peaks.append(real_replay(*args, **kwargs))
+        return peaks[-1]
+
+    M.build_causal_lm, meta_init.replay_init = build_spy, replay_spy
+    try:
+        roles = dict(critic=True, reference=True, reward_model=False)
+        sharded = build_setup(cfg, NULL_OBSERVER, Resolved(dist=info, policy=cfg.precision.policy), **roles)
+        rng_sharded, sharded_built_on = torch.get_rng_state(), list(built_on)
+        one_info = D.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+        one = build_setup(cfg, NULL_OBSERVER, Resolved(dist=one_info, policy=cfg.precision.policy), **roles)
+        rng_one = torch.get_rng_state()
+    finally:
+        M.build_causal_lm, meta_init.replay_init = real_build, real_replay
+    out = {
+        "built_on": sharded_built_on,
+        "replay_peak_bytes": max(peaks, default=None),
+        "rng_equal": torch.equal(rng_sharded, rng_one),
+    }
+    for role, model in one.models.items():
+        full = D.full_state_dict(sharded.models[role])
+        params = dict(model.named_parameters())
+        out[role] = {
+            "sharded": all(hasattr(p, "to_local") for p in sharded.models[role].parameters()),
+            "same_names": set(full) == set(params),
+            "weights_equal": all(torch.equal(full[k], p.detach()) for k, p in params.items()),
+            "dtypes_equal": all(full[k].dtype == p.dtype for k, p in params.items()),
+            "buffers_equal": all(
+                torch.equal(b, dict(sharded.models[role].named_buffers())[k])
+                for k, b in model.named_buffers()
+            ),
+            "bytes": sum(p.numel() * p.element_size() for p in params.values()),
+            "largest_param_bytes": max(p.numel() * p.element_size() for p in params.values()),
+        }
+    return out
 
 
 def _fused_rollout_scenario(info, preset: str) -> dict:
@@ -222,6 +284,8 @@ def _worker_main(out_path: str) -> None:
     results["fp16_ours"] = _scenario(info, "fp16", fp16_scaler="ours")
     results["fp16_torch"] = _scenario(info, "fp16", fp16_scaler="torch")
     results["build_sharded"] = _build_sharded_scenario(info)
+    results["setup_fp32"] = _build_setup_scenario(info, "fp32")
+    results["setup_bf16"] = _build_setup_scenario(info, "bf16")
     results["fused_fp32"] = _fused_rollout_scenario(info, "fp32")
     results["fused_bf16"] = _fused_rollout_scenario(info, "bf16")
     per_rank = [None] * info.world_size
@@ -314,10 +378,30 @@ def test_build_sharded_initialises_local_shards(fsdp):
     for rank in fsdp:
         r = rank["build_sharded"]
         assert r["all_finite"] and r["grads_finite"] and r["norm_weights_one"] and r["inv_freq_ok"]
-        assert r["shards_differ"]  # each rank drew its own shard (seed + rank)
+        # the shards hold exactly what one process draws from the same seed, cast to bf16
+        assert r["equals_one_process"] and r["dtypes"] == ["torch.bfloat16"]
+        assert r["shards_differ"]  # the two halves of one random matrix
         assert r["q_std"] == pytest.approx(0.02, rel=0.15)  # 32x32 draws of N(0, 0.02)
         # std-0.02 weights give near-zero logits: a uniform next-token guess, loss = ln 64 = 4.159
         assert r["loss"] == pytest.approx(math.log(VOCAB), abs=0.05)
+
+
+@pytest.mark.parametrize("name", ["setup_fp32", "setup_bf16"])
+def test_sharded_setup_builds_on_meta_with_the_one_process_weights(fsdp, name):
+    for rank in fsdp:
+        r = rank[name]
+        # the actor (and from it critic and reference) never whole on a rank; the one-process build is
+        # made on the CPU in the same worker, after the sharded one
+        assert r["built_on"] == ["meta"]
+        for role in ("actor", "critic", "reference"):
+            assert r[role]["sharded"] and r[role]["same_names"], (role, r[role])
+            assert r[role]["weights_equal"] and r[role]["dtypes_equal"] and r[role]["buffers_equal"], role
+        # the replay held one full parameter at a time (the embedding, or lm_head), never the model
+        assert r["replay_peak_bytes"] <= r["actor"]["largest_param_bytes"] < r["actor"]["bytes"] / 3
+        assert r["rng_equal"]  # later draws (data, rollout) see the generator one process leaves
+    # bf16: fp32 master weights for actor and critic, the reference stored in bf16 (a cast of the same init)
+    bf16 = fsdp[0]["setup_bf16"]
+    assert bf16["reference"]["bytes"] * 2 == bf16["actor"]["bytes"]
 
 
 # ---------------------------------------------------------------------- single-process unit tests

@@ -7,6 +7,7 @@ shortened with --steps. Run: `pytest -q tests/test_runner.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from verlaudit import cli
 from verlaudit.analysis.report import write_report
 from verlaudit.run import runner
 from verlaudit.run.hardware import TARGETS, PresentDevice, get_target
+from verlaudit.run.spec import RunSpec
 from verlaudit.run.suite import Suite, load_suite
 from verlaudit.rundir import read_run
 
@@ -49,19 +51,19 @@ def test_hardware_targets():
 def test_a100_target_on_an_h200_caps_memory(tmp_path):
     plan = runner.plan_runs(_suite("a100-80gb"), tmp_path, H200)
     assert plan.device == "cuda" and not any(p.refused for p in plan.runs)
-    emu = plan.runs[0].spec["emulation"]
-    assert emu["target"] == "a100-80gb" and emu["memory_cap_gb"] == 80.0
-    assert "capped at 80.0 GiB of NVIDIA H200's 139.8 GiB" in emu["reason"]
-    assert plan.runs[0].spec["train"]["device"] == "cuda:0"
+    emu = plan.runs[0].spec.emulation
+    assert emu.target == "a100-80gb" and emu.memory_cap_gb == 80.0
+    assert "capped at 80.0 GiB of NVIDIA H200's 139.8 GiB" in emu.reason
+    assert plan.runs[0].spec.train.device == "cuda:0" and plan.runs[0].spec.device == "cuda"
     # hardware.memory_gb overrides the target's memory (a MIG slice, say)
     plan = runner.plan_runs(_suite("a100-80gb", memory_gb=20), tmp_path, H200)
-    assert plan.runs[0].spec["emulation"]["memory_cap_gb"] == 20.0
+    assert plan.runs[0].spec.emulation.memory_cap_gb == 20.0
 
 
 def test_bigger_target_than_present_gpu_is_not_capped(tmp_path):
     small = PresentDevice(cuda=True, gpu_count=1, gpu_name="NVIDIA A10G", memory_gb=22.0, bf16=True)
-    emu = runner.plan_runs(_suite("h200"), tmp_path, small).runs[0].spec["emulation"]
-    assert emu["memory_cap_gb"] is None and "may OOM where the target would not" in emu["reason"]
+    emu = runner.plan_runs(_suite("h200"), tmp_path, small).runs[0].spec.emulation
+    assert emu.memory_cap_gb is None and "may OOM where the target would not" in emu.reason
 
 
 def test_v100_target_refuses_bf16_variants_only(tmp_path):
@@ -83,18 +85,16 @@ def test_gpu_count_and_cpu_fallback_are_decided_before_starting(tmp_path):
     with pytest.raises(ValueError, match="no CUDA GPU.*pass --device cpu"):
         runner.plan_runs(_suite("a100-80gb"), tmp_path, CPU_ONLY)
     plan = runner.plan_runs(_suite("a100-80gb", gpus=2), tmp_path, CPU_ONLY, device_override="cpu")
-    assert plan.device == "cpu" and plan.runs[0].spec["emulation"]["memory_cap_gb"] is None
+    assert plan.device == "cpu" and plan.runs[0].spec.emulation.memory_cap_gb is None
     assert any("not emulated on CPU" in n for n in plan.notes) and any(
         "gpus=2 on CPU: 2 gloo processes" in n for n in plan.notes
     )
-    assert plan.runs[0].spec["train"]["device"] == "cpu"
+    assert plan.runs[0].spec.train.device == "cpu" and plan.runs[0].spec.device == "cpu"
     # two GPUs: the spec says plain "cuda" (each rank takes cuda:LOCAL_RANK; "cuda:0" would put
     # both ranks on one GPU and init_distributed refuses it); one GPU keeps the explicit cuda:0
     two = PresentDevice(cuda=True, gpu_count=2, gpu_name="NVIDIA H200", memory_gb=139.8, bf16=True)
-    assert (
-        runner.plan_runs(_suite("a100-80gb", gpus=2), tmp_path, two).runs[0].spec["train"]["device"] == "cuda"
-    )
-    assert runner.plan_runs(_suite("a100-80gb"), tmp_path, two).runs[0].spec["train"]["device"] == "cuda:0"
+    assert runner.plan_runs(_suite("a100-80gb", gpus=2), tmp_path, two).runs[0].spec.train.device == "cuda"
+    assert runner.plan_runs(_suite("a100-80gb"), tmp_path, two).runs[0].spec.train.device == "cuda:0"
     with pytest.raises(ValueError, match="--device cuda: no CUDA GPU"):
         runner.plan_runs(_suite("cpu"), tmp_path, CPU_ONLY, device_override="cuda")
     # a cpu suite stays on the CPU even where a GPU exists
@@ -117,12 +117,15 @@ def test_launch_command_is_the_worker_or_torchrun_for_several_gpus():
 def test_spec_follows_the_worker_contract(tmp_path):
     s = load_suite(TINY, seeds=[0, 1], steps=3)
     plan = runner.plan_runs(s, tmp_path, CPU_ONLY)
-    spec = plan.runs[1].spec
-    assert set(spec) == {"variant", "suite", "seed", "run_dir", "train", "audit", "emulation"}
+    spec = plan.runs[1].spec.to_dict()
+    assert set(spec) == {f.name for f in dataclasses.fields(RunSpec)}  # spec.json holds every field
     assert (spec["variant"], spec["seed"], spec["run_dir"]) == ("fp32", 1, str(tmp_path / "fp32-s1"))
     assert spec["train"]["seed"] == 1 and spec["train"]["steps"] == 3 and spec["train"]["device"] == "cpu"
     assert spec["audit"] == {"level": "full", "full_steps": 2, "every": 10}
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}
+    # resolved once, here: the worker reads the device type and the policy instead of deciding them
+    assert spec["device"] == "cpu" and spec["policy"]["preset"] == "fp32"
+    assert spec["policy"]["roles"]["actor"]["param_dtype"] == "fp32"
 
 
 def test_refused_variants_get_a_run_dir_and_a_report_row(tmp_path):

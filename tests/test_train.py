@@ -41,9 +41,13 @@ PPO_KEYS = {"critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "criti
 DPO_KEYS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"}
 
 
-def config(algo: str, preset: str = "fp32", *, steps: int = 2, **algo_over) -> TrainConfig:
+# a KL term, so the reference path runs: in the reward for PPO, as a loss term for GRPO (verl's defaults have none)
+KL_ON = {"ppo": {"use_kl_in_reward": True}, "grpo": {"use_kl_loss": True}, "dpo": {}}
+
+
+def config(algo: str, preset: str = "fp32", *, steps: int = 2, kl: bool = True, **algo_over) -> TrainConfig:
     return TrainConfig.from_dict({
-        "algo": {"name": algo, **SMALL, **algo_over},
+        "algo": {"name": algo, **SMALL, **(KL_ON[algo] if kl else {}), **algo_over},
         "data": {"prompt_length": 12, "response_length": 4, "num_examples": 256},
         "precision": {"preset": preset},
         "steps": steps, "device": "cpu", "seed": 0,
@@ -279,7 +283,7 @@ def test_ppo_kl_as_loss_epochs_and_reward_model():
     cfg = TrainConfig.from_dict({
         **config("ppo", steps=1).to_dict(),
         "algo": {"name": "ppo", **SMALL, "mini_batch_size": 2, "micro_batch_size": 1, "ppo_epochs": 2,
-                 "kl_in_reward": False, "kl_estimator": "k3"},
+                 "use_kl_loss": True, "kl_loss_type": "low_var_kl"},
         "model": {"reward_model": "preset:tiny-llama"},
     })  # fmt: skip
     m = train(cfg, rec).final
@@ -293,3 +297,59 @@ def test_ppo_kl_as_loss_epochs_and_reward_model():
     reward = rec.payloads["reward"]
     assert reward["source"] == "model:preset:tiny-llama" and isinstance(reward["raw"], torch.Tensor)
     assert reward["model"] is rec.payloads["setup"]["models"]["reward"]
+
+
+def test_verl_defaults_build_no_reference_and_skip_the_ref_phase():
+    rec = Recorder()
+    m = train(config("grpo", kl=False, batch_size=2), rec).final
+    assert set(rec.payloads["setup"]["models"]) == {"actor"}
+    assert "<ref" not in rec.calls and "rollout/kl_ref" not in m and "actor/kl_loss" not in m
+    # KL in the reward: verl's metrics of it, the coefficient the step used
+    m = train(config("ppo", steps=1, kl=False, use_kl_in_reward=True, kl_coef=0.05)).final
+    assert m["actor/reward_kl_penalty_coeff"] == 0.05 and math.isfinite(m["actor/reward_kl_penalty"])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                       "remax", "gpg", "opo", "grpo_passk"])  # fmt: skip
+def test_each_critic_free_estimator_runs(estimator):
+    rec = Recorder()
+    m = train(config("grpo", steps=1, kl=False, batch_size=2, adv_estimator=estimator), rec).final
+    assert all(math.isfinite(v) for v in m.values()), m
+    if estimator == "remax":  # the greedy baseline rollout is generated and scored before the sampled rows
+        assert rec.calls.count("rollout") == 2 and rec.calls.count("reward") == 2
+        assert "critic/reward_baseline/mean" in m
+        assert rec.payloads["reward"]["expected_shape"] == (4,)  # the sampled rows' reward came last
+    else:
+        assert rec.calls.count("rollout") == 1
+
+
+@pytest.mark.parametrize("mode", ["gspo", "gpg", "cispo", "clip_cov", "kl_cov"])
+def test_each_policy_loss_mode_runs(mode):
+    m = train(config("grpo", steps=1, batch_size=2, loss_mode=mode, loss_agg_mode="seq-mean-token-sum")).final
+    assert all(math.isfinite(v) for v in m.values()), m
+    assert "actor/pg_clipfrac_lower" in m and "actor/kl_loss" in m
+
+
+@pytest.mark.parametrize("kind", ["hinge", "ipo", "robust", "exo_pair", "bco_pair", "apo_zero", "discopop"])
+def test_dpo_loss_types_run(kind):
+    extra = {"label_smoothing": 0.1} if kind in ("robust", "exo_pair") else {}
+    m = train(config("dpo", steps=1, dpo_loss=kind, **extra)).final
+    assert math.isfinite(m["actor/loss"]) and math.isfinite(m["rewards/margins"])
+
+
+def test_greedy_engine_is_deterministic():
+    from trainer.events import NULL_OBSERVER
+    from trainer.ppo import generate, prepare
+
+    p = prepare(config("grpo", kl=False, batch_size=2, adv_estimator="remax"), NULL_OBSERVER, critic=False)
+    examples = next(p.batches)
+    a = generate(p.setup, NULL_OBSERVER, p.greedy_engine, p.collator, p.source, examples, step=0)
+    b = generate(p.setup, NULL_OBSERVER, p.greedy_engine, p.collator, p.source, examples, step=1)
+    assert torch.equal(a.response_ids, b.response_ids)  # a different sampling seed: the same tokens
+    from trainer.common import position_ids_for
+
+    pos = position_ids_for(a.prompt_mask)
+    logits = p.setup.models["actor"](
+        input_ids=a.prompt_ids, attention_mask=a.prompt_mask, position_ids=pos
+    ).logits[:, -1]
+    assert torch.equal(a.response_ids[:, 0], logits.argmax(-1))  # the first token is the argmax

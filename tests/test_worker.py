@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from trainer.precision import resolve_policy
 from verlaudit.run.worker import main as worker_main
 from verlaudit.rundir import read_run
 
@@ -25,9 +27,15 @@ TRAIN = {
 }  # fmt: skip
 
 
+def resolved(train):
+    """What the runner adds to a spec (here for a hand-written one): the device type and the policy."""
+    return {"device": "cpu", "policy": resolve_policy(train["precision"]["preset"]).to_dict()}
+
+
 def spec(tmp_path, **extra):
-    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": TRAIN,
-         "audit": {"level": "full", "full_steps": 1, "every": 0}, **extra}  # fmt: skip
+    train = extra.pop("train", TRAIN)
+    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": train,
+         "audit": {"level": "full", "full_steps": 1, "every": 0}, **resolved(train), **extra}  # fmt: skip
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     return p
@@ -105,12 +113,27 @@ def test_oom_and_interrupt_become_status(tmp_path, error, reason):
         (lambda s: s["train"]["algo"].update(lr=-1), "train.algo.lr: must be > 0"),
         (lambda s: s.update(audit={"level": "loud"}), "audit.level: 'loud'"),
         (lambda s: s.update(emulation={"memory_cap_gb": -4}), "emulation.memory_cap_gb"),
+        (lambda s: s.pop("policy"), "policy: missing"),  # the runner decides it; the worker does not
     ],
 )
 def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys, mutate, message):
-    s = {"variant": "v", "run_dir": str(tmp_path / "run"), "train": json.loads(json.dumps(TRAIN))}
+    s = {
+        "variant": "v",
+        "run_dir": str(tmp_path / "run"),
+        "train": json.loads(json.dumps(TRAIN)),
+        **resolved(TRAIN),
+    }
     mutate(s)
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     assert worker_main([str(p)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_spec_for_a_gpu_on_a_machine_without_one_exits_2(tmp_path, capsys):
+    train = {**TRAIN, "device": "cuda"}
+    p = spec(tmp_path, train=train, device="cuda")
+    assert worker_main([str(p)]) == 2
+    assert "'cuda' requested but no CUDA GPU is visible" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing half-written

@@ -5,9 +5,10 @@ decision comes from the resolved `PrecisionPolicy`; every boundary the auditor c
 observer call here or in the recipe. Under torchrun every rank runs the same code: `build_setup`
 shards the actor, critic and reference with FSDP2 (`trainer.distributed`), each recipe keeps its
 rank's slice of the global batch (`local_batch`), and `StepLog` averages the step's metrics over
-ranks. Each rank's loss is a mean over its own micro-batch and FSDP2 averages gradients over ranks:
-that equals the single-process gradient when ranks hold equal token counts, and is verl's per-rank
-mean convention when masked token means differ in length across ranks.
+ranks. The PPO/GRPO losses divide by the whole mini-batch's token (or sequence) count summed over
+ranks, times the world size that FSDP2's gradient averaging divides by again (`mini_batch_norm`,
+verl's global-batch normalisation): the gradient is the single-process one for any split into
+micro-batches and ranks. DPO averages each micro-batch's pairs and divides by the accumulation count.
 Exercised by `pytest tests/test_train.py` and `pytest tests/test_distributed_e2e.py`.
 """
 
@@ -24,9 +25,10 @@ import torch
 from torch import nn
 
 from trainer import distributed as dist_mod
+from trainer import losses as L
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.precision import LossScaler, PrecisionPolicy, RolePolicy
+from trainer.precision import LossScaler, PrecisionPolicy
 
 
 class NonFiniteLossError(RuntimeError):
@@ -39,16 +41,6 @@ class NonFiniteLossError(RuntimeError):
         )
         self.step = step
         self.count = count
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ValueError for an absent GPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} requested but no CUDA GPU is visible; use device: cpu or auto")
-    return dev
 
 
 def seed_everything(seed: int) -> None:
@@ -89,54 +81,61 @@ class Setup:
         return self.policy[role].autocast_ctx(self.device.type)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """What is decided before any model exists: this process's place in the job (which fixes its
+    device) and the precision policy. `verlaudit run` decides both once, before the worker starts, and
+    hands them to `trainer.train.train`; the trainer run alone decides them itself (`resolve`)."""
+
+    dist: dist_mod.DistInfo
+    """This process's rank and device (`trainer.distributed.init_distributed`: the process group is
+    joined there, once)."""
+    policy: PrecisionPolicy
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+
+def resolve(config: TrainConfig) -> Resolved:
+    """The trainer's own decision when nothing was handed over: joins torchrun's process group if
+    there is one, picks the device (``auto``: cuda when visible), and checks the policy against it."""
+    info = dist_mod.init_distributed(config.device)  # torchrun env -> nccl (cuda:LOCAL_RANK) or gloo
+    return Resolved(dist=info, policy=config.precision.resolve(info.device))
+
+
 def build_setup(
-    config: TrainConfig, observer: Observer, *, critic: bool, reference: bool, reward_model: bool
+    config: TrainConfig,
+    observer: Observer,
+    resolved: Resolved,
+    *,
+    critic: bool,
+    reference: bool,
+    reward_model: bool,
 ) -> Setup:
-    """Resolves device and policy, builds tokenizer and the models of each role, optimizers and loss
-    scalers for trainable roles, then calls ``observer.on_setup``."""
+    """Builds tokenizer and the models of each role on the resolved device under the resolved policy,
+    optimizers and loss scalers for trainable roles, then calls ``observer.on_setup``."""
     from trainer import models as M  # deferred: keeps `import trainer.common` light for the CLI
 
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    info = dist_mod.init_distributed(config.device)  # torchrun env -> nccl (cuda:LOCAL_RANK) or gloo
-    device = info.device if info.distributed else resolve_device(config.device)
+    info, policy, device = resolved.dist, resolved.policy, resolved.device
     # the same seed on every rank: each draws the same global batch and keeps its slice
     seed_everything(config.seed)
-    pc = config.precision
-    policy = pc.resolve(device)
     tokenizer = M.load_tokenizer(config.model)
-    actor = M.build_causal_lm(config.model, tokenizer, policy["actor"], device, seed=config.seed)
-    actor.train()
-    models: dict[str, nn.Module] = {"actor": actor}
-    if critic:
-        models["critic"] = M.build_critic(
-            config.model, tokenizer, policy["critic"], device, seed=config.seed + 1, actor=actor
-        )
-        models["critic"].train()
-    if reference:
-        models["reference"] = M.build_reference(actor, policy["reference"])
+    if info.distributed:
+        models = _sharded_models(config, tokenizer, policy, info, critic=critic, reference=reference)
+    else:
+        models = _whole_models(config, tokenizer, policy, device, critic=critic, reference=reference)
+        if config.model.compile:
+            for model in models.values():
+                M.compile_layers(model)
     if reward_model:
+        # replicated on every rank: frozen, usually small, and a user loader's module need not have
+        # a decoder layer list to shard
         rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
         if rm is not None:
             models["reward"] = rm
-    if config.model.compile:
-        if info.distributed:
-            raise ValueError(
-                "model.compile: not supported with several processes yet (FSDP2 + compiled layers is "
-                "untested here); set model.compile: false or run one process"
-            )
-        for role in ("actor", "critic", "reference"):
-            if role in models:
-                M.compile_layers(models[role])
-    if info.distributed:
-        # after the deep copies (reference, critic) and before the optimizers, which must see the
-        # sharded DTensor parameters
-        reshard = dist_mod.SHARDING[config.sharding]
-        for role in ("actor", "critic", "reference"):
-            if role in models:
-                dist_mod.shard_model(models[role], policy[role], reshard_after_forward=reshard)
-        # the reward model stays replicated: frozen, usually small, and a user loader's module need
-        # not have a decoder layer list to shard
     algo = config.algo
     lrs = {"actor": algo.lr, "critic": algo.critic_lr}
     optimizers = {r: make_optimizer(models[r], lrs[r], algo.weight_decay, device) for r in lrs if r in models}
@@ -153,6 +152,77 @@ def build_setup(
         },
     )
     return Setup(config, device, policy, tokenizer, models, optimizers, scalers, info)
+
+
+def critic_seed(config: TrainConfig) -> int:
+    """The seed `trainer.models.build_critic` gets (its head draws from it, its backbone copies the actor)."""
+    return config.seed + 1
+
+
+def _whole_models(
+    config: TrainConfig,
+    tokenizer: Any,
+    policy: PrecisionPolicy,
+    device: torch.device,
+    *,
+    critic: bool,
+    reference: bool,
+) -> dict[str, nn.Module]:
+    """Actor, critic (a copy of the actor's initial backbone plus a head) and reference, whole."""
+    from trainer import models as M
+
+    actor = M.build_causal_lm(config.model, tokenizer, policy["actor"], device, seed=config.seed)
+    actor.train()
+    models: dict[str, nn.Module] = {"actor": actor}
+    if critic:
+        models["critic"] = M.build_critic(
+            config.model, tokenizer, policy["critic"], device, seed=critic_seed(config), actor=actor
+        )
+        models["critic"].train()
+    if reference:
+        models["reference"] = M.build_reference(actor, policy["reference"])
+    return models
+
+
+def _sharded_models(
+    config: TrainConfig,
+    tokenizer: Any,
+    policy: PrecisionPolicy,
+    info: dist_mod.DistInfo,
+    *,
+    critic: bool,
+    reference: bool,
+) -> dict[str, nn.Module]:
+    """The roles sharded with FSDP2 before the optimizers, which must see the DTensor parameters.
+    Random-init presets are built on the meta device and each rank materialises only its shards;
+    a local ``model.path`` (or ``critic_path``) is loaded whole on every rank, then sharded."""
+    from trainer import models as M
+
+    if config.model.compile:
+        raise ValueError(
+            "model.compile: not supported with several processes yet (FSDP2 + compiled layers is "
+            "untested here); set model.compile: false or run one process"
+        )
+    reshard = dist_mod.SHARDING[config.sharding]
+    if config.model.path is None and config.model.critic_path is None:
+        models = M.build_sharded_roles(
+            config.model,
+            tokenizer,
+            policy,
+            info,
+            seed=config.seed,
+            critic_seed=critic_seed(config) if critic else None,
+            reference=reference,
+            reshard_after_forward=reshard,
+        )
+    else:
+        models = _whole_models(config, tokenizer, policy, info.device, critic=critic, reference=reference)
+        for role, model in models.items():
+            dist_mod.shard_model(model, policy[role], reshard_after_forward=reshard)
+    for role in ("actor", "critic"):
+        if role in models:
+            models[role].train()
+    return models
 
 
 def local_batch(rows: list[Any], setup: Setup, where: str = "algo.batch_size") -> list[Any]:
@@ -186,7 +256,6 @@ def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: LossScaler,
-    policy: RolePolicy,
     observer: Observer,
     max_grad_norm: float,
 ) -> tuple[float, bool]:
@@ -195,7 +264,6 @@ def optimizer_step(
     ``grad_norm`` is the norm before clipping, like verl's ``actor/grad_norm``. The scaler's ``update``
     runs after the step or skip, so ``scaler_state`` reports the scale the next step will use.
     """
-    del policy  # the scaler already carries the policy's loss-scaling contract
     params = _params(model)
     found_inf = scaler.unscale_(params)
     # the global norm (same on every rank for FSDP2 DTensor gradients); non-finite gradients are
@@ -216,6 +284,27 @@ def optimizer_step(
         grad_norm=norm,
     )
     return norm, skipped
+
+
+def mini_batch_norm(mask: torch.Tensor, setup: Setup, horizon: float | None = None) -> L.AggNorm:
+    """The loss denominators of one mini-batch (``mask``: this rank's rows of it): valid tokens and
+    non-empty sequences summed over ranks, and the world size (verl's ``batch_num_tokens``,
+    ``global_batch_size``, ``dp_size``)."""
+    m = mask.float()
+    counts = torch.stack([m.sum(), (m.sum(-1) > 0).float().sum()])
+    if setup.dist.distributed:
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
+    tokens, sequences = counts.tolist()
+    return L.AggNorm(tokens, sequences, setup.dist.world_size, horizon)
+
+
+def mean_over_ranks(value: float, setup: Setup) -> float:
+    """``value`` averaged over ranks (itself for one process): a statistic the whole batch shares."""
+    if not setup.dist.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=setup.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    return float(t) / setup.dist.world_size
 
 
 def convert_rewards(raw: Any, batch_size: int, device: torch.device, where: str) -> torch.Tensor:
@@ -263,6 +352,36 @@ class Averages:
         return {k: self._sums[k] / self._counts[k] for k in self._sums}
 
 
+_STEP_EXTRAS: dict[str, list[float]] = {}
+"""The current step's extra metrics: name -> [sum, count] (see `add_step_metrics`)."""
+
+
+def add_step_metrics(values: Mapping[str, tuple[float, int]]) -> None:
+    """Adds ``name -> (sum, count)`` to the current step's extra metrics: values reported by code a recipe
+    calls without reading back (the extra keys of a verl ``compute_score`` dict). `StepLog.end` puts their
+    means (over the step's calls and over ranks) beside the recipe's own metrics, which win a name clash."""
+    for name, (total, count) in values.items():
+        acc = _STEP_EXTRAS.setdefault(name, [0.0, 0])
+        acc[0] += float(total)
+        acc[1] += int(count)
+
+
+def _take_step_extras(dist: dist_mod.DistInfo | None) -> dict[str, float]:
+    extras = {k: (v[0], v[1]) for k, v in _STEP_EXTRAS.items()}
+    _STEP_EXTRAS.clear()
+    if dist is not None and dist.distributed:
+        # every rank, every step (a rank whose rows had no extra key must still join): the key sets
+        # may differ between ranks, so the (sum, count) pairs are gathered, not all-reduced
+        gathered: list[Any] = [None] * dist.world_size
+        torch.distributed.all_gather_object(gathered, extras)
+        extras = {}
+        for part in gathered:
+            for k, (total, count) in part.items():
+                t, c = extras.get(k, (0.0, 0))
+                extras[k] = (t + total, c + count)
+    return {k: total / count for k, (total, count) in extras.items() if count}
+
+
 class StepLog:
     """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard."""
 
@@ -275,12 +394,15 @@ class StepLog:
         self._t0 = 0.0
 
     def start(self, step: int) -> None:
+        _STEP_EXTRAS.clear()
         self.observer.on_step_start(step)
         self._t0 = time.perf_counter()
 
     def end(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
         out = {k: float(v) for k, v in metrics.items()}
         out["perf/step_time_s"] = time.perf_counter() - self._t0
+        for k, v in _take_step_extras(self.dist).items():
+            out.setdefault(k, v)
         if self.dist is not None:
             # every rank, every step: means over ranks (max for perf/*). The guard below reads the
             # reduced loss so all ranks raise together; one rank raising alone would leave the

@@ -182,7 +182,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (DigitsTask(), CopyTask(), SortTask
 
 TINY_LEARNING_SETTINGS: dict[str, dict] = {
     "ppo": {"lr": 2e-3, "critic_lr": 2e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8,
-            "ppo_epochs": 2, "kl_coef": 0.0},
+            "ppo_epochs": 2},
     "grpo": {"lr": 1e-3, "batch_size": 8, "mini_batch_size": 16, "micro_batch_size": 16, "ppo_epochs": 2},
     "dpo": {"lr": 1e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8},
 }  # fmt: skip
@@ -224,9 +224,18 @@ def _task(data_cfg: DataConfig) -> Task:
     return TASKS[data_cfg.task]
 
 
-def load_examples(data_cfg: DataConfig, *, seed: int, pairs: bool) -> list[dict]:
-    """The user's dataset (``data.dataset``, called with no arguments) or the task's examples;
-    with ``pairs``, each example also has ``chosen`` and ``rejected``."""
+def load_examples(data_cfg: DataConfig, *, seed: int, pairs: bool, tokenizer=None) -> list[dict]:
+    """verl's data files (``data.train_files``, rendered with ``tokenizer``), the user's dataset
+    (``data.dataset``, called with no arguments) or the task's examples; with ``pairs``, each example
+    also has ``chosen`` and ``rejected``."""
+    if data_cfg.train_files is not None:
+        if pairs:
+            raise ValueError("data.train_files: verl's RL format holds prompts only; DPO needs chosen/rejected "
+                             "pairs: use data.dataset")  # fmt: skip
+        assert tokenizer is not None, "verl prompts are rendered with the model's chat template"
+        from trainer import verl_data
+
+        return verl_data.prepare_examples(data_cfg, tokenizer)
     if data_cfg.dataset is not None:
         fn = resolve_callable(data_cfg.dataset, "data.dataset")
         try:
@@ -243,7 +252,13 @@ def load_examples(data_cfg: DataConfig, *, seed: int, pairs: bool) -> list[dict]
 
 def get_reward_fn(data_cfg: DataConfig) -> tuple[str, Callable]:
     """``(name, fn)``: the user's ``data.reward_fn`` or the task's rule reward ``task:<name>``.
-    ``fn(prompts, responses, examples)`` may return a list, a numpy array or a tensor."""
+    ``fn(prompts, responses, examples)`` may return a list, a numpy array or a tensor. With
+    ``data.train_files`` it is verl's ``compute_score`` behind `trainer.verl_data.VerlReward`."""
+    if data_cfg.train_files is not None:
+        from trainer import verl_data
+
+        reward = verl_data.build_reward(data_cfg, resolve_callable)
+        return f"verl:{reward.name}", reward
     if data_cfg.reward_fn is not None:
         return data_cfg.reward_fn, resolve_callable(data_cfg.reward_fn, "data.reward_fn")
     task = _task(data_cfg)
@@ -340,6 +355,10 @@ def build_collator(data_cfg: DataConfig, tokenizer, *, pairs: bool) -> tuple[str
             return dict(batch)
 
         return spec, user_collator
+    if data_cfg.train_files is not None and not pairs:
+        from trainer import verl_data
+
+        return "builtin:verl", verl_data.VerlPromptCollator(tokenizer, data_cfg.prompt_length)
     if pairs:
         return "builtin:pairs", PairCollator(tokenizer, data_cfg.prompt_length, data_cfg.response_length)
     return "builtin:prompt", PromptCollator(tokenizer, data_cfg.prompt_length)

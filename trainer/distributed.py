@@ -12,8 +12,8 @@ What is here, and why each piece exists:
   backward), ``False`` is SHARD_GRAD_OP (kept gathered from forward to backward: less communication,
   more memory).
 - `build_sharded()` builds a model on the meta device, shards it, materialises only the local
-  shards on the device (`to_empty`) and initialises them there, so a 7B model never exists whole
-  in one process's memory.
+  shards on the device (`to_empty`) and fills them with the values one process would draw from the
+  same seed (`trainer.meta_init`), so a 7B model never exists whole in one process's memory.
 - `clip_grad_norm_()` clips DTensor gradients and returns the global norm as a plain tensor.
 - `local_slice()`, `reduce_metrics()`, `full_state_dict()`: the batch split, metric averaging and
   gathering that a data-parallel recipe needs.
@@ -89,29 +89,33 @@ def _env_int(name: str) -> int:
 
 
 def init_distributed(device: str = "auto", *, timeout_s: float = 1800.0) -> DistInfo:
-    """Joins torchrun's process group; a single process (no WORLD_SIZE, or 1) gets a no-op info.
+    """This process's place in the job and its device, decided once: joins torchrun's process group
+    when there is one; a single process (no WORLD_SIZE, or 1) gets an info without a group.
 
-    ``device`` is the config's ``auto`` / ``cpu`` / ``cuda``: under torchrun every rank takes
-    ``cuda:LOCAL_RANK`` (NCCL) or the CPU (gloo). ``cuda:N`` pins one GPU and is refused for
-    several ranks, since all of them would land on the same GPU.
+    ``device`` is the config's ``auto`` / ``cpu`` / ``cuda`` / ``cuda:N``: ``auto`` is ``cuda`` when a
+    GPU is visible, and ``cuda`` is ``cuda:LOCAL_RANK`` (``cuda:0`` for a single process), so every
+    consumer sees an indexed device. ``cuda:N`` pins one GPU and is refused for several ranks, since
+    all of them would land on the same GPU; ``cuda`` without a visible GPU is refused too.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if world <= 1:
-        if use_cuda:
-            dev = torch.device("cuda" if device == "auto" else device)
-        else:
-            dev = torch.device("cpu")
-        return DistInfo(rank=0, world_size=1, local_rank=0, device=dev, backend=None)
-    if device not in ("auto", "cpu", "cuda"):
+    if world > 1 and device not in ("auto", "cpu", "cuda"):
         raise ValueError(
             f"device: {device!r} pins every one of the {world} ranks to the same GPU; use 'cuda' or "
             "'auto' under torchrun (each rank takes cuda:LOCAL_RANK)"
         )
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but no CUDA GPU is visible; use device: cpu or auto")
+    if world <= 1:
+        if not use_cuda:
+            dev = torch.device("cpu")
+        elif device.startswith("cuda:"):
+            dev = torch.device(device)
+        else:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return DistInfo(rank=0, world_size=1, local_rank=0, device=dev, backend=None)
     rank, local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
     if use_cuda:
-        if not torch.cuda.is_available():
-            raise ValueError("device: 'cuda' asked for, but torch sees no CUDA GPU; use 'cpu' (gloo)")
         if local_rank >= torch.cuda.device_count():
             raise ValueError(
                 f"environment: LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPUs are "
@@ -231,56 +235,6 @@ def shard_model(
     return model
 
 
-def _init_local_shards(model: nn.Module, *, std: float, generator: torch.Generator) -> None:
-    """HF's Llama initialisation (normal(0, std) for Linear and Embedding, zero biases, ones for
-    norms) applied to each rank's local shard with a per-rank generator."""
-
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    for name, module in model.named_modules():
-        params = dict(module.named_parameters(recurse=False))
-        if not params:
-            continue
-        cls = type(module).__name__
-        for pname, p in params.items():
-            t = local(p.data)
-            if pname == "bias":
-                t.zero_()
-            elif "Norm" in cls:
-                t.fill_(1.0)
-            elif isinstance(module, (nn.Linear, nn.Embedding)) or pname == "weight":
-                if t.numel():
-                    # normal_ with a generator samples in fp32 and casts for low-precision storage
-                    t.copy_(torch.randn(t.shape, generator=generator, device=t.device) * std)
-            else:
-                raise ValueError(
-                    f"build_sharded: no initialiser for parameter {name}.{pname} of {cls}; pass init_fn"
-                )
-
-
-def _rebuild_buffers(model: nn.Module, device: torch.device) -> None:
-    """`to_empty` leaves buffers (rotary ``inv_freq``) uninitialised: rebuild each module that owns
-    buffers from its config on the device and copy them over."""
-    for name, module in model.named_modules():
-        bufs = dict(module.named_buffers(recurse=False))
-        if not bufs:
-            continue
-        config = getattr(module, "config", None)
-        if config is None:
-            raise ValueError(
-                f"build_sharded: module {name} ({type(module).__name__}) has buffers {sorted(bufs)} and no "
-                "config to rebuild them from; pass init_fn to initialise them"
-            )
-        with torch.device(device):  # the constructors' device argument differs across versions
-            fresh = type(module)(config=config)
-        for bname, b in bufs.items():
-            b.copy_(getattr(fresh, bname))
-        for attr in ("attention_scaling",):
-            if hasattr(fresh, attr):
-                setattr(module, attr, getattr(fresh, attr))
-
-
 def build_sharded(
     make_model: Callable[[], nn.Module],
     role_policy: RolePolicy,
@@ -288,35 +242,29 @@ def build_sharded(
     *,
     seed: int = 0,
     reshard_after_forward: bool = True,
-    init_std: float | None = None,
-    init_fn: Callable[[nn.Module, torch.Generator], None] | None = None,
 ) -> nn.Module:
     """Builds a big model without ever holding it whole: meta device -> shard -> local shards.
 
-    ``make_model()`` is called under ``torch.device("meta")`` (e.g. ``lambda:
-    LlamaForCausalLM(config)``); parameters are cast to the role's master dtype, sharded with
-    `shard_model`, materialised with ``to_empty`` on ``info.device`` and initialised there:
-    ``init_fn(model, generator)`` when given, else HF Llama's scheme with ``init_std`` (default the
-    model config's ``initializer_range``). The generator is seeded with ``seed + rank``, so each
-    shard draws its own numbers: weights are random-init for memory and speed work, not equal to
-    a single-process init with the same seed.
+    ``make_model()`` is called on the meta device (e.g. ``lambda: LlamaForCausalLM(config)``) with its
+    initialisation recorded (`trainer.meta_init`); parameters are cast to the role's master dtype,
+    sharded with `shard_model`, materialised with ``to_empty`` on ``info.device``, and each rank's
+    shards get exactly the values of ``torch.manual_seed(seed); make_model().to(param_dtype)`` in one
+    process, drawn one full parameter at a time.
     """
-    with torch.device("meta"):
-        model = make_model()
+    from trainer import meta_init
+
+    model, record = meta_init.record_init(make_model)
+    unwritten = sorted({n for n, _ in model.named_parameters()} - {name for name, *_ in record.params})
+    if unwritten:
+        raise ValueError(f"build_sharded: no initialisation recorded for {', '.join(unwritten[:3])}")
     for p in model.parameters():
         # parameters only: buffers (rotary inv_freq) stay fp32, as from_pretrained keeps them
         p.data = p.data.to(role_policy.param_dtype)
     shard_model(model, role_policy, reshard_after_forward=reshard_after_forward)
     model.to_empty(device=info.device)
-    generator = torch.Generator(device=info.device).manual_seed(seed + info.rank)
-    with torch.no_grad():
-        if init_fn is not None:
-            init_fn(model, generator)
-        else:
-            if init_std is None:
-                init_std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02))
-            _init_local_shards(model, std=init_std, generator=generator)
-            _rebuild_buffers(model, info.device)
+    meta_init.replay_init(record, info.device, seed, lambda name, value: meta_init.copy_shard_(
+        model.get_parameter(name), value))  # fmt: skip
+    meta_init.rebuild_buffers(model, info.device)
     return model
 
 

@@ -1,4 +1,4 @@
-"""The DPO recipe: preference pairs, a trainable policy and its frozen reference, sigmoid or IPO loss.
+"""The DPO recipe: preference pairs, a trainable policy and its frozen reference, TRL's loss types.
 
 One step: collate ``batch_size`` (prompt, chosen, rejected) pairs; take the reference's sequence
 log-probs of both completions; then, per mini-batch, the policy's, the DPO loss, backward with
@@ -14,6 +14,7 @@ import torch
 from trainer import losses as L
 from trainer.common import (
     Averages,
+    Resolved,
     Setup,
     StepLog,
     backward,
@@ -73,12 +74,12 @@ def _stack(batch, idx: torch.Tensor, device: torch.device):
     return ids, attn, resp
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` DPO steps; returns the per-step metrics."""
     from trainer import data as D
 
     algo = config.algo
-    setup = build_setup(config, observer, critic=False, reference=True, reward_model=False)
+    setup = build_setup(config, observer, resolved, critic=False, reference=True, reward_model=False)
     examples = D.load_examples(config.data, seed=config.seed, pairs=True)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=True)
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
@@ -113,8 +114,11 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
                     observer.on_forward(role="actor", name="rejected_logps", output=rejected)
                     i = idx.to(setup.device)
                     losses, r_chosen, r_rejected = L.dpo_loss(
-                        chosen, rejected, ref_chosen[i], ref_rejected[i], algo.beta, algo.dpo_loss
-                    )
+                        chosen, rejected, ref_chosen[i], ref_rejected[i], algo.beta, algo.dpo_loss,
+                        chosen_lengths=batch["chosen_response_mask"][idx].sum(-1).to(setup.device),
+                        rejected_lengths=batch["rejected_response_mask"][idx].sum(-1).to(setup.device),
+                        label_smoothing=algo.label_smoothing, discopop_tau=algo.discopop_tau,
+                    )  # fmt: skip
                     loss = losses.mean()
                     observer.on_loss(role="actor", loss=loss, terms={"dpo_loss": loss})
                     backward(loss, "actor", actor, scaler, observer, accum=len(mini) / n)
@@ -127,9 +131,7 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
                         logps_chosen=chosen.detach().mean(),
                         logps_rejected=rejected.detach().mean(),
                     )
-                norm, skipped = optimizer_step(
-                    "actor", actor, opt, scaler, setup.policy["actor"], observer, algo.max_grad_norm
-                )
+                norm, skipped = optimizer_step("actor", actor, opt, scaler, observer, algo.max_grad_norm)
                 norms.append(norm)
                 skips.append(float(skipped))
 

@@ -1,47 +1,60 @@
-"""The GRPO recipe: PPO's clipped update with group-normalised advantages and no critic.
+"""The critic-free recipe (GRPO and verl's other outcome estimators): PPO's update, group advantages.
 
-One step: sample ``group_size`` responses for each of ``batch_size`` prompts; score them; each
-response's advantage is its score normalised within its group, broadcast over its tokens; the KL to
-the reference (when ``kl_coef > 0``) is a loss term with ``algo.kl_estimator``. The rollout, scoring
-and actor update are PPO's functions (`trainer.ppo`), called in GRPO's order. Run it:
-``python -m trainer.train --config cfg.yaml`` with ``algo.name: grpo`` (or `pytest tests/test_train.py`).
+One step: sample ``group_size`` responses for each of ``batch_size`` prompts; score them; token
+rewards (minus the KL penalty with ``use_kl_in_reward``); advantages from ``adv_estimator`` with the
+rows grouped by prompt (``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
+``remax``, ``gpg``, ``opo``, ``grpo_passk``; ReMax also decodes one greedy response per prompt and
+scores it as the baseline); then PPO's actor update, with the KL loss term when ``use_kl_loss``.
+The rollout, scoring and actor update are PPO's functions (`trainer.ppo`), called in this order. Run
+it: ``python -m trainer.train --config cfg.yaml`` with ``algo.name: grpo`` (or `pytest tests/test_train.py`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from trainer import advantages as A
 from trainer import losses as L
-from trainer.common import StepLog, local_batch
+from trainer.common import Resolved, StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.ppo import (
     actor_logprobs,
     generate,
+    kl_controller,
     prepare,
     reference_logprobs,
     rollout_metrics,
     score_responses,
+    shaped_rewards,
     update_actor,
 )
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
-    """Trains ``config.steps`` GRPO steps; returns the per-step metrics."""
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
+    """Trains ``config.steps`` steps of the critic-free recipe; returns the per-step metrics."""
     algo = config.algo
     g = algo.group_size
-    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=False)
+    p = prepare(config, observer, resolved, critic=False)
+    setup = p.setup
     actor = setup.models["actor"]
+    kl_ctrl = kl_controller(algo)
     log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):
         log.start(step)
-        examples = local_batch(next(batches), setup)  # over prompts: each rank samples whole groups
+        examples = local_batch(next(p.batches), setup)  # over prompts: each rank samples whole groups
         with observer.phase("rollout"):
-            rollout = generate(setup, observer, engine, collator, source, examples, step, num_samples=g)
+            rollout = generate(setup, observer, p.engine, p.collator, p.source, examples, step, num_samples=g)
+            if p.greedy_engine is not None:
+                greedy = generate(setup, observer, p.greedy_engine, p.collator, p.source, examples, step)
         mask = rollout.response_mask
         grouped = [ex for ex in examples for _ in range(g)]  # aligned with the repeat-interleaved rows
         with observer.phase("reward"):
-            scores = score_responses(setup, observer, rollout, grouped, reward_fn, reward_name)
+            baselines = None
+            if p.greedy_engine is not None:  # scored first: the sampled rows' reward is the step's last
+                greedy_scores = score_responses(setup, observer, greedy, examples, p.reward_fn, p.reward_name)
+                baselines = greedy_scores.repeat_interleave(g)
+            scores = score_responses(setup, observer, rollout, grouped, p.reward_fn, p.reward_name)
         ref_logprobs = None
         if "reference" in setup.models:
             with observer.phase("ref"):
@@ -52,20 +65,33 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
                 old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
             metrics = rollout_metrics(rollout, old_logprobs)
-            if ref_logprobs is not None:
-                kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_estimator)
-                metrics["rollout/kl_ref"] = float(L.masked_mean(kl, mask))
-            advantages = L.grpo_advantages(scores, g)[:, None] * mask.float()
-            metrics.update(update_actor(setup, observer, rollout, old_logprobs, advantages, ref_logprobs))
+            token_rewards, kl_metrics = shaped_rewards(
+                setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
+            )
+            metrics.update(kl_metrics)
+            advantages, returns = A.compute_advantages(
+                algo.estimator,
+                token_rewards,
+                mask,
+                index=A.group_index(mask.shape[0], g, mask.device),
+                reward_baselines=baselines,
+                gamma=algo.gamma,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            )
+            kl_ref = ref_logprobs if algo.use_kl_loss else None
+            metrics.update(
+                update_actor(setup, observer, rollout, old_logprobs, advantages, kl_ref_logprobs=kl_ref)
+            )
 
         metrics.update({
             "critic/score/mean": float(scores.mean()),
             "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            # No KL in the reward: the token-level reward summed over a sequence is its score.
-            "critic/rewards/mean": float(scores.mean()),
+            "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
             "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
-            "critic/returns/mean": float(L.masked_mean(advantages, mask)),  # verl: returns = advantages
+            "critic/returns/mean": float(L.masked_mean(returns, mask)),
             "response_length/mean": float(mask.float().sum(-1).mean()),
         })  # fmt: skip
+        if baselines is not None:
+            metrics["critic/reward_baseline/mean"] = float(baselines.mean())
         log.end(step, metrics)
     return log.history

@@ -1,39 +1,58 @@
-"""PPO, GRPO and DPO math as pure functions over tensors: the fp32 "loss" island.
+"""PPO, GRPO and DPO losses as pure functions over tensors: the fp32 "loss" island, with verl's and TRL's math.
 
-Every function upcasts its floating inputs to float32 before arithmetic, so a bf16 or fp16 caller
-gets the same numbers as an fp32 one up to the rounding of its inputs. Masks may be float or bool.
-Shapes: ``B`` sequences, ``R`` response tokens (right-padded; the mask marks valid tokens).
-Exercised by `pytest tests/test_losses.py`.
+Every function upcasts fp16/bf16 (and integer/bool masks) to float32 before arithmetic, so a low-precision
+caller gets the same numbers as an fp32 one up to the rounding of its inputs; fp64 inputs stay fp64 (the
+tests check the math in fp64). Shapes: ``B`` sequences, ``R`` response tokens (right-padded; the mask
+marks valid tokens). The policy and value losses follow verl's ``verl/trainer/ppo/core_algos.py``
+(names: ``loss_mode``, ``loss_agg_mode``, ``kl_penalty``); the DPO losses follow TRL's
+``DPOTrainer`` (``loss_type``). Advantage estimators live in `trainer.advantages`.
+Exercised by `pytest tests/test_losses.py tests/test_policy_losses.py tests/test_dpo_losses.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 import torch.nn.functional as F
 
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+"""verl's ``kl_penalty`` / ``kl_loss_type`` names (k1 = kl, k2 = mse, k3 = low_var_kl)."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""verl's ``loss_agg_mode`` values."""
+POLICY_LOSSES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo")
+"""verl's ``policy_loss.loss_mode`` values we implement."""
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "bco_pair", "sppo_hard", "nca_pair",
+              "apo_zero", "apo_down", "discopop")  # fmt: skip
+"""TRL's ``DPOConfig.loss_type`` values we implement."""
 
-def _f32(x: torch.Tensor) -> torch.Tensor:
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 and integer/bool tensors as float32; fp32 and fp64 unchanged."""
+    if x.is_floating_point() and x.dtype in (torch.float32, torch.float64):
+        return x
     return x.float()
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``values`` where ``mask`` is set (over all elements, or along ``dim``)."""
-    v, m = _f32(values), _f32(mask)
+    v, m = _up(values), _up(mask)
     return (v * m).sum() if dim is None else (v * m).sum(dim)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over the set positions of ``mask``; 0 where the mask is empty."""
-    m = _f32(mask)
+    m = _up(mask)
     count = m.sum() if dim is None else m.sum(dim)
     return masked_sum(values, m, dim) / count.clamp(min=1.0)
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance over the set positions of ``mask`` (Bessel-corrected unless ``unbiased=False``)."""
-    m = _f32(mask)
+    m = _up(mask)
     mean = masked_mean(values, m)
-    var = masked_mean((_f32(values) - mean) ** 2, m)
+    var = masked_mean((_up(values) - mean) ** 2, m)
     if unbiased:
         n = m.sum()
         var = var * n / (n - 1).clamp(min=1.0)
@@ -44,42 +63,52 @@ def masked_whiten(
     values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
     """(values - mean) / std over the masked positions; masked-out positions come back as 0."""
-    m = _f32(mask)
+    m = _up(mask)
     mean, var = masked_mean(values, m), masked_var(values, m)
-    white = (_f32(values) - mean) * torch.rsqrt(var + eps)
+    white = (_up(values) - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         white = white + mean
     return white * m
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token KL(actor || reference) estimate from sampled-token log-probs.
+# ---------------------------------------------------------------- KL estimators
 
-    ``k1``: logp - ref (unbiased, can be negative per token). ``k3``: exp(ref - logp) - (ref - logp) - 1
-    (unbiased, never negative, lower variance; verl's ``low_var_kl``, clamped there to [-10, 10]: we
-    clamp the log-ratio to the same range so one wild token cannot produce inf).
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "kl") -> torch.Tensor:
+    """Per-token estimate of KL(actor || reference) from sampled-token log-probs, verl's ``kl_penalty``.
+
+    ``kl``/``k1``: logp - ref (unbiased, can be negative). ``abs``: |logp - ref|. ``mse``/``k2``:
+    0.5 (logp - ref)^2. ``low_var_kl``/``k3``: with x = ref - logp clamped to [-20, 20],
+    e^x - x - 1 clamped to [0, 10]: where a value is clamped its gradient is zero (verl clamps to
+    [-10, 10]; the value is never negative, so the lower bound only removes rounding below 0).
     """
-    logr = _f32(ref_logprobs) - _f32(logprobs)
-    if estimator == "k1":
-        return -logr
-    if estimator == "k3":
-        logr = logr.clamp(-10.0, 10.0)
-        # expm1 keeps precision near 0; the clamp removes rounding below the true minimum 0.
-        return (torch.expm1(logr) - logr).clamp(min=0.0)
-    raise ValueError(f"algo.kl_estimator: unknown estimator {estimator!r}; expected k1 or k3")
+    diff = _up(logprobs) - _up(ref_logprobs)
+    if estimator in ("kl", "k1"):
+        return diff
+    if estimator == "abs":
+        return diff.abs()
+    if estimator in ("mse", "k2"):
+        return 0.5 * diff.square()
+    if estimator in ("low_var_kl", "k3"):
+        x = (-diff).clamp(-20.0, 20.0)
+        # expm1 keeps precision near 0 (e^x - 1 - x is the same value in exact arithmetic)
+        return (torch.expm1(x) - x).clamp(0.0, 10.0)
+    raise ValueError(f"kl estimator {estimator!r}: expected one of {', '.join(KL_ESTIMATORS)}")
 
 
 def token_level_rewards(
     scores: torch.Tensor, response_mask: torch.Tensor, kl: torch.Tensor | None, kl_coef: float
 ) -> torch.Tensor:
     """[B, R] rewards: each sequence's score placed on its last valid token, minus ``kl_coef * kl``
-    on every valid token. A sequence with an empty mask gets its score on token 0."""
-    m = _f32(response_mask)
-    rewards = torch.zeros_like(m)
+    on every valid token (verl's ``apply_kl_penalty``). A sequence with an empty mask gets its score
+    on token 0."""
+    m = _up(response_mask)
+    s = _up(scores)
+    rewards = torch.zeros_like(m, dtype=torch.promote_types(m.dtype, s.dtype))
     last = (m.sum(-1).long() - 1).clamp(min=0)
-    rewards[torch.arange(m.shape[0], device=m.device), last] = _f32(scores)
+    rewards[torch.arange(m.shape[0], device=m.device), last] = s.to(rewards.dtype)
     if kl is not None and kl_coef != 0:
-        rewards = rewards - kl_coef * _f32(kl) * m
+        rewards = rewards - kl_coef * _up(kl) * m
     return rewards
 
 
@@ -89,12 +118,13 @@ def compute_gae(
     """Generalised advantage estimation over right-padded responses -> (advantages, returns), [B, R].
 
     Positions after the last valid token contribute no reward and no bootstrap value, so a
-    sequence's advantage never leaks from the padding. Returns = advantages + values.
+    sequence's advantage never leaks from the padding. Returns = advantages + values. Not whitened
+    (`trainer.advantages.gae` whitens, as verl does).
     """
-    r, v, m = _f32(token_rewards), _f32(values), _f32(mask)
+    r, v, m = _up(token_rewards), _up(values), _up(mask)
     v = v * m
-    last_gae = torch.zeros(r.shape[0], device=r.device)
-    next_value = torch.zeros(r.shape[0], device=r.device)
+    last_gae = torch.zeros_like(r[:, 0])
+    next_value = torch.zeros_like(r[:, 0])
     adv = torch.zeros_like(r)
     for t in reversed(range(r.shape[1])):
         delta = r[:, t] + gamma * next_value - v[:, t]
@@ -106,19 +136,94 @@ def compute_gae(
     return adv, (adv + v) * m
 
 
-def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """[B] group-normalised scores: (s - mean of its group) / (std of its group + eps).
+# ---------------------------------------------------------------- aggregation
 
-    Consecutive ``group_size`` entries form a group (the rollout repeat-interleaves prompts). The std is
-    Bessel-corrected like ``torch.std`` (verl's GRPO); a group of 1 has advantage 0.
+
+@dataclasses.dataclass(frozen=True)
+class AggNorm:
+    """Denominators of one mini-batch (verl's ``global_batch_info``).
+
+    A micro-batch's aggregated loss is its share of the mini-batch's loss: the shares of all
+    micro-batches (on all ranks) add up to the loss verl computes over the whole mini-batch, so no
+    further division by the gradient-accumulation count is needed. ``world`` multiplies the share
+    because FSDP averages gradients over ranks.
     """
-    s = _f32(scores)
-    if s.numel() % group_size != 0:
-        raise ValueError(f"algo.group_size: {s.numel()} scores do not split into groups of {group_size}")
-    g = s.view(-1, group_size)
-    mean = g.mean(-1, keepdim=True)
-    std = g.std(-1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
-    return ((g - mean) / (std + eps)).view(-1)
+
+    tokens: float
+    """Valid tokens in the mini-batch, all ranks (``token-mean``'s denominator)."""
+    sequences: float
+    """Sequences with at least one valid token in the mini-batch, all ranks (the seq-mean modes')."""
+    world: int = 1
+    """Data-parallel ranks (verl's ``dp_size``)."""
+    horizon: float | None = None
+    """``seq-mean-token-sum-norm``'s constant divisor (verl's ``loss_scale_factor``); None: the
+    padded response length (``mask.shape[-1]``)."""
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, *, world: int = 1, horizon: float | None = None) -> AggNorm:
+        """The denominators when ``mask`` is the whole mini-batch (one process, no accumulation)."""
+        m = _up(mask)
+        return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm: AggNorm | None = None
+) -> torch.Tensor:
+    """A [B, R] per-token loss as a scalar, verl's ``agg_loss`` in its global-batch form.
+
+    ``token-mean``: sum over valid tokens / mini-batch tokens. ``seq-mean-token-sum``: each sequence's
+    token sum, averaged over the mini-batch's sequences. ``seq-mean-token-mean``: each sequence's token
+    mean, averaged over sequences. ``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum`` divided
+    by ``norm.horizon`` (default: R). ``norm`` None means this batch is the whole mini-batch.
+    """
+    v, m = _up(loss_mat), _up(mask)
+    norm = norm or AggNorm.of(m)
+    if mode == "token-mean":
+        return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
+    seq_sum = (v * m).sum(-1)
+    if mode == "seq-mean-token-sum":
+        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world
+    if mode == "seq-mean-token-mean":
+        # an empty sequence contributes 0 (verl divides by count + 1e-8: the same value in fp32)
+        return (seq_sum / m.sum(-1).clamp(min=1.0)).sum() / max(norm.sequences, 1.0) * norm.world
+    if mode == "seq-mean-token-sum-norm":
+        horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
+        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world / horizon
+    raise ValueError(f"loss_agg_mode {mode!r}: expected one of {', '.join(LOSS_AGG_MODES)}")
+
+
+# ---------------------------------------------------------------- policy losses
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossParams:
+    """The knobs of verl's policy losses (``actor_rollout_ref.actor.*``); `trainer.config.AlgoConfig`
+    documents each."""
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss and verl's metrics of it (``actor/pg_clipfrac``, ``actor/ppo_kl``,
+    ``actor/pg_clipfrac_lower``); the metrics are token means over this micro-batch, detached."""
+
+    loss: torch.Tensor
+    clipfrac: torch.Tensor
+    ppo_kl: torch.Tensor
+    clipfrac_lower: torch.Tensor
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
 def ppo_policy_loss(
@@ -126,45 +231,187 @@ def ppo_policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_ratio: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipped surrogate -> (loss, clipfrac, approx_kl), token-mean over the mask.
+    p: PolicyLossParams = PolicyLossParams(),
+    norm: AggNorm | None = None,
+) -> PolicyLoss:
+    """verl's ``vanilla`` loss: the clipped surrogate with clip-higher and dual-clip.
 
-    Per token: max(-A * ratio, -A * clip(ratio, 1-eps, 1+eps)). clipfrac: fraction of tokens where the
-    clipped term was the larger (the gradient is cut); approx_kl: mean of (old - new) log-prob.
+    Per token, ratio r = exp(clamp(logp - old, -20, 20)): L1 = max(-A r, -A clip(r, 1 - low, 1 + high));
+    for A < 0 the loss is min(L1, -A c) with c = ``clip_ratio_c`` (dual-clip: a negative-advantage
+    token whose ratio exceeds c contributes the constant -A c, with zero gradient). ``clipfrac``:
+    tokens where the clipped term won; ``clipfrac_lower``: A < 0 tokens bounded by the dual clip.
     """
-    lp, old, adv = _f32(logprobs), _f32(old_logprobs), _f32(advantages)
-    log_ratio = (lp - old).clamp(-20.0, 20.0)  # exp(20) is finite in fp32; a wild token cannot make inf
+    if not p.clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c: must be > 1 (dual-clip's lower bound), got {p.clip_ratio_c}")
+    lp, old, adv = _up(logprobs), _up(old_logprobs), _up(advantages)
+    log_ratio = (lp - old).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    approx_kl = masked_mean(-log_ratio, mask)
-    return loss, clipfrac.detach(), approx_kl.detach()
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - p.clip_ratio_low, 1.0 + p.clip_ratio_high)
+    clipped = torch.maximum(loss1, loss2)
+    loss3 = -adv * p.clip_ratio_c
+    losses = torch.where(adv < 0, torch.minimum(clipped, loss3), clipped)
+    return PolicyLoss(
+        agg_loss(losses, mask, p.loss_agg_mode, norm),
+        masked_mean((loss2 > loss1).float(), mask).detach(),
+        masked_mean(-log_ratio, mask).detach(),
+        masked_mean(((clipped > loss3) & (adv < 0)).float(), mask).detach(),
+    )
+
+
+def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
+    """verl's ``gspo``: one importance ratio per sequence, the geometric mean of its token ratios.
+
+    s_i = exp(mean over the sequence's tokens of (logp - old)); each token carries
+    sg[s_i] * pi / sg[pi] (value s_i, gradient through its own log-prob), log-clamped at 10, then
+    the clipped surrogate with ``clip_ratio_low``/``high`` and no dual-clip. Always aggregated
+    ``seq-mean-token-mean``, as verl does whatever ``loss_agg_mode`` says.
+    """
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    neg_kl = lp - old
+    seq_log_ratio = (neg_kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    log_ratio = (lp - lp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    ratio = torch.exp(log_ratio)
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - p.clip_ratio_low, 1.0 + p.clip_ratio_high)
+    losses = torch.maximum(loss1, loss2)
+    return PolicyLoss(
+        agg_loss(losses, m, "seq-mean-token-mean", norm),
+        masked_mean((loss2 > loss1).float(), m).detach(),
+        masked_mean(-neg_kl, m).detach(),
+        _zero(losses),
+    )
+
+
+def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
+    """verl's ``gpg``: plain policy gradient -logp * A (no ratio, no clipping); metrics are 0 as in verl."""
+    losses = -_up(logprobs) * _up(advantages)
+    loss = agg_loss(losses, mask, p.loss_agg_mode, norm)
+    return PolicyLoss(loss, _zero(loss), _zero(loss), _zero(loss))
+
+
+def cispo_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``cispo`` (MiniMax-M1): -sg[clip(r, 1 - low, 1 + high)] * A * logp.
+
+    The clipped ratio is a constant weight, so every token keeps a gradient through its log-prob
+    (PPO's clip zeroes it). ``clipfrac``: tokens whose ratio was clipped."""
+    lp, old, adv = _up(logprobs), _up(old_logprobs), _up(advantages)
+    log_ratio = (lp - old).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(1.0 - p.clip_ratio_low, 1.0 + p.clip_ratio_high)
+    losses = -weight.detach() * adv * lp
+    loss = agg_loss(losses, mask, p.loss_agg_mode, norm)
+    return PolicyLoss(
+        loss, masked_mean((ratio != weight).float(), mask).detach(), masked_mean(-log_ratio, mask).detach(),
+        _zero(loss),
+    )  # fmt: skip
+
+
+def clip_cov_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``clip_cov`` (Cui et al. 2025): the clipped surrogate, plus a random few tokens with a
+    large centred covariance of advantage and log-prob get no loss at all.
+
+    Over this micro-batch's valid tokens not already clipped, those with covariance
+    (A - mean A)(logp - mean logp) in (``clip_cov_lb``, ``clip_cov_ub``) are candidates;
+    max(1, int(``clip_cov_ratio`` x valid tokens)) of them, drawn with the global torch RNG, are
+    zeroed. ``clipfrac``: the zeroed fraction. No log-ratio clamp and no dual-clip (as in verl).
+    """
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    neg_kl = lp - old
+    ratio = torch.exp(neg_kl)
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - p.clip_ratio_low, 1.0 + p.clip_ratio_high)
+    with torch.no_grad():
+        valid = m > 0
+        cov = (adv - masked_mean(adv, m)) * (lp - masked_mean(lp, m))
+        candidate = valid & ~(loss2 > loss1) & (cov > p.clip_cov_lb) & (cov < p.clip_cov_ub)
+        where = torch.nonzero(candidate)
+        count = max(int(p.clip_cov_ratio * float(m.sum())), 1)
+        chosen = where[torch.randperm(len(where))[:count].to(where.device)] if len(where) else where
+        keep = torch.ones_like(lp)
+        keep[chosen[:, 0], chosen[:, 1]] = 0.0
+    loss = agg_loss(torch.maximum(loss1, loss2) * keep, m, p.loss_agg_mode, norm)
+    return PolicyLoss(
+        loss, masked_mean((keep == 0).float(), m).detach(), masked_mean(-neg_kl, m).detach(), _zero(loss)
+    )
+
+
+def kl_cov_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``kl_cov`` (Cui et al. 2025): the unclipped surrogate -A r, plus ``ppo_kl_coef`` |logp - old|
+    on the max(1, int(``kl_cov_ratio`` x valid tokens)) valid tokens of this micro-batch with the
+    largest centred covariance of advantage and log-prob. ``ppo_kl``: the mean |logp - old| (verl's)."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    neg_kl = lp - old
+    ratio = torch.exp(neg_kl)
+    losses = -adv * ratio
+    with torch.no_grad():
+        valid = m > 0
+        n = int(valid.sum())
+        penalised = torch.zeros_like(valid)
+        if n:
+            a, logp = adv[valid], lp[valid]
+            cov = (a - a.mean()) * (logp - logp.mean())
+            top = torch.topk(cov, max(1, int(n * p.kl_cov_ratio))).indices
+            flat = torch.zeros(n, dtype=torch.bool, device=lp.device)
+            flat[top] = True
+            penalised[valid] = flat
+    losses = torch.where(penalised, losses + p.ppo_kl_coef * neg_kl.abs(), losses)
+    loss = agg_loss(losses, m, p.loss_agg_mode, norm)
+    return PolicyLoss(loss, _zero(loss), masked_mean(neg_kl.abs(), m).detach(), _zero(loss))
+
+
+_POLICY_LOSS_FNS = {
+    "vanilla": ppo_policy_loss,
+    "gspo": gspo_policy_loss,
+    "gpg": gpg_policy_loss,
+    "cispo": cispo_policy_loss,
+    "clip_cov": clip_cov_policy_loss,
+    "kl_cov": kl_cov_policy_loss,
+}
+
+
+def policy_loss(
+    mode: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    p: PolicyLossParams = PolicyLossParams(),
+    norm: AggNorm | None = None,
+) -> PolicyLoss:
+    """The policy loss verl's ``policy_loss.loss_mode`` names."""
+    if mode not in _POLICY_LOSS_FNS:
+        raise ValueError(f"loss_mode {mode!r}: expected one of {', '.join(POLICY_LOSSES)}")
+    return _POLICY_LOSS_FNS[mode](logprobs, old_logprobs, advantages, mask, p, norm)
 
 
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    norm: AggNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """0.5 * max(unclipped, clipped) squared error, token-mean -> (loss, clipfrac).
-
-    ``clip <= 0`` disables clipping (the loss is the plain squared error, clipfrac 0).
-    """
-    v, old, ret = _f32(values), _f32(old_values), _f32(returns)
+    """verl's clipped value loss -> (loss, clipfrac): 0.5 * agg(max((v - R)^2, (v_clip - R)^2)) with
+    v_clip = old + clamp(v - old, -c, c). ``cliprange_value`` 0 clips every prediction to the old
+    value (its gradient then comes only from tokens where the unclipped error is the larger)."""
+    v, old, ret = _up(values), _up(old_values), _up(returns)
     unclipped = (v - ret) ** 2
-    if clip <= 0:
-        return 0.5 * masked_mean(unclipped, mask), torch.zeros((), device=v.device)
-    v_clipped = old + (v - old).clamp(-clip, clip)
+    v_clipped = old + (v - old).clamp(-cliprange_value, cliprange_value)
     clipped = (v_clipped - ret) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
-    clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    return loss, clipfrac.detach()
+    loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), mask, loss_agg_mode, norm)
+    return loss, masked_mean((clipped > unclipped).float(), mask).detach()
 
 
-def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean entropy (the PPO bonus subtracts ``entropy_coef`` times this)."""
-    return masked_mean(entropy, mask)
+# ---------------------------------------------------------------- DPO
 
 
 def dpo_loss(
@@ -174,19 +421,64 @@ def dpo_loss(
     ref_rejected: torch.Tensor,
     beta: float,
     loss_type: str = "sigmoid",
+    *,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+    discopop_tau: float = 0.05,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair DPO losses from sequence log-probs [B] -> (losses, chosen_rewards, rejected_rewards).
+    """Per-pair DPO-family losses from summed sequence log-probs [B] -> (losses, chosen_rewards, rejected_rewards).
 
-    With h = (pc - rc) - (pr - rr): ``sigmoid`` loss = -log sigmoid(beta * h);
-    ``ipo`` loss = (h - 1 / (2 * beta))^2 (beta is IPO's tau). Implicit rewards are beta * (p - r),
-    detached (they are metrics).
+    With c = pc - rc, r = pr - rr and h = c - r (TRL's ``chosen_logratios``, ``rejected_logratios``,
+    ``delta_score``), ls = ``label_smoothing``, s = sigmoid:
+    ``sigmoid``: -(1 - ls) log s(beta h) - ls log s(-beta h) (DPO; ls > 0 is cDPO);
+    ``hinge``: relu(1 - beta h); ``ipo``: (c / n_c - r / n_r - 1 / (2 beta))^2 with n the completion
+    lengths (TRL averages each log-ratio over its tokens); ``robust``: (-(1 - ls) log s(beta h)
+    + ls log s(-beta h)) / (1 - 2 ls); ``exo_pair``: s(beta h)(log s(beta h) - log(1 - ls))
+    + s(-beta h)(log s(-beta h) - log ls); ``bco_pair``: -log s(beta c) - log s(-beta r);
+    ``sppo_hard``: (c - 1/(2 beta))^2 + (r + 1/(2 beta))^2; ``nca_pair``: -log s(beta c)
+    - 0.5 log s(-beta c) - 0.5 log s(-beta r); ``apo_zero``: 1 - s(beta c) + s(beta r);
+    ``apo_down``: s(beta c) + 1 - s(beta h); ``discopop``: with x = beta h, w = s(x / tau):
+    (1 - w)(-log s(x)) + w e^-x. Rewards: beta c and beta r, detached (metrics).
     """
-    pc, pr, rc, rr = (_f32(t) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
-    h = (pc - rc) - (pr - rr)
+    pc, pr, rc, rr = (_up(t) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
+    c, r = pc - rc, pr - rr
+    h = c - r
+    ls = label_smoothing
     if loss_type == "sigmoid":
-        losses = -F.logsigmoid(beta * h)
+        losses = -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * h)
     elif loss_type == "ipo":
-        losses = (h - 1.0 / (2.0 * beta)) ** 2
+        if chosen_lengths is None or rejected_lengths is None:
+            raise ValueError(
+                "dpo_loss: ipo needs chosen_lengths and rejected_lengths (TRL's per-token average)"
+            )
+        avg = c / _up(chosen_lengths).clamp(min=1.0) - r / _up(rejected_lengths).clamp(min=1.0)
+        losses = (avg - 1 / (2 * beta)) ** 2
+    elif loss_type == "robust":
+        losses = (-(1 - ls) * F.logsigmoid(beta * h) + ls * F.logsigmoid(-beta * h)) / (1 - 2 * ls)
+    elif loss_type == "exo_pair":
+        if not 0 < ls < 1:
+            raise ValueError(f"dpo_loss: exo_pair needs 0 < label_smoothing < 1 (EXO's epsilon), got {ls}")
+        x = beta * h
+        losses = torch.sigmoid(x) * (F.logsigmoid(x) - math.log1p(-ls)) + torch.sigmoid(-x) * (
+            F.logsigmoid(-x) - math.log(ls)
+        )
+    elif loss_type == "bco_pair":
+        losses = -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
+    elif loss_type == "sppo_hard":
+        losses = (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
+    elif loss_type == "nca_pair":
+        losses = -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
+    elif loss_type == "apo_zero":
+        losses = (1 - torch.sigmoid(beta * c)) + torch.sigmoid(beta * r)
+    elif loss_type == "apo_down":
+        losses = torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * h))
+    elif loss_type == "discopop":
+        x = beta * h
+        w = torch.sigmoid(x / discopop_tau)
+        losses = -F.logsigmoid(x) * (1 - w) + torch.exp(-x) * w
     else:
-        raise ValueError(f"algo.dpo_loss: unknown loss {loss_type!r}; expected sigmoid or ipo")
-    return losses, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach()
+        raise ValueError(f"dpo_loss: unknown loss {loss_type!r}; expected one of {', '.join(DPO_LOSSES)}")
+    return losses, (beta * c).detach(), (beta * r).detach()

@@ -4,7 +4,9 @@ reward model, loaded from local Hugging Face directories or built from architect
 Nothing is downloaded: a ``path`` is a local ``save_pretrained`` directory; otherwise a preset is
 random-initialised (enough for precision, memory and speed work; the tiny preset also learns the
 built-in tasks). Big presets are built directly on the target device in the target dtype, so a
-7B init takes seconds on a GPU instead of minutes on a CPU. Exercised by `pytest tests/test_models.py`.
+7B init takes seconds on a GPU instead of minutes on a CPU. Under FSDP2 (`build_sharded_roles`) each
+rank builds the presets on the meta device and materialises only its shards, with the values one
+process draws. Exercised by `pytest tests/test_models.py` and `pytest tests/test_distributed.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from transformers import (
 
 from trainer.config import ModelConfig
 from trainer.logprobs import attention_inputs, position_ids_from_mask
-from trainer.precision import RolePolicy, cast_module, dtype_name
+from trainer.precision import PrecisionPolicy, RolePolicy, cast_module, dtype_name
 from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -327,6 +329,10 @@ def build_causal_lm(
     return _finish(model, tokenizer, policy)
 
 
+CRITIC_HEAD_SEED = 1
+"""The critic's value head is drawn from ``seed + 1``: its init must not repeat the actor's first draws."""
+
+
 class ValueModel(nn.Module):
     """Critic: a transformer backbone (no LM head) and a linear value head, hidden -> 1.
 
@@ -369,8 +375,12 @@ class ValueModel(nn.Module):
         return is_checkpointing(self.backbone)
 
 
+def _backbone_prefix(lm: nn.Module) -> str:
+    return getattr(lm, "base_model_prefix", "model")
+
+
 def _backbone_of(lm: PreTrainedModel) -> PreTrainedModel:
-    prefix = getattr(lm, "base_model_prefix", "model")
+    prefix = _backbone_prefix(lm)
     backbone = getattr(lm, prefix, None)
     if not isinstance(backbone, PreTrainedModel):
         raise ValueError(
@@ -421,7 +431,7 @@ def build_critic(
         if is_checkpointing(backbone):
             disable_checkpointing(backbone)
     backbone.config.use_cache = False
-    torch.manual_seed(seed + 1)  # the head's init must not repeat the actor's first draws
+    torch.manual_seed(seed + CRITIC_HEAD_SEED)
     critic = ValueModel(backbone).to(device)
     for p in critic.parameters():
         p.requires_grad_(True)
@@ -437,6 +447,70 @@ def build_reference(actor: nn.Module, policy: RolePolicy) -> nn.Module:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def build_sharded_roles(
+    model_cfg: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    policy: PrecisionPolicy,
+    info: Any,
+    *,
+    seed: int,
+    critic_seed: int | None,
+    reference: bool,
+    reshard_after_forward: bool,
+) -> dict[str, nn.Module]:
+    """Actor, critic and reference of a sharded run (``info``: `trainer.distributed.DistInfo`), no rank
+    ever holding a whole model: each is built on the meta device, sharded, and every rank materialises
+    only its shards, filled with exactly the weights `build_causal_lm`, `build_critic` and
+    `build_reference` give one process with the same seed (`trainer.meta_init` replays the actor's
+    initialisation one parameter at a time; the reference and the critic's backbone take the same
+    values in their own dtypes). ``critic_seed`` None: no critic. Random-init presets only: a
+    ``model.path`` is loaded whole."""
+    from trainer import distributed as D
+    from trainer import meta_init
+
+    meta = torch.device("meta")
+    actor, actor_init = meta_init.record_init(
+        lambda: build_causal_lm(model_cfg, tokenizer, policy["actor"], meta, seed=seed)
+    )
+    models: dict[str, nn.Module] = {"actor": actor}
+    critic = critic_seed is not None
+    if critic:
+        models["critic"], head_init = meta_init.record_init(
+            lambda: build_critic(model_cfg, tokenizer, policy["critic"], meta, seed=critic_seed, actor=actor)
+        )
+    if reference:
+        models["reference"] = build_reference(actor, policy["reference"])
+    for role, model in models.items():
+        D.shard_model(model, policy[role], reshard_after_forward=reshard_after_forward)
+        model.to_empty(device=info.device)
+    filled: set[tuple[str, str]] = set()
+
+    def fill(role: str, name: str, value: torch.Tensor) -> None:
+        meta_init.copy_shard_(models[role].get_parameter(name), value)
+        filled.add((role, name))
+
+    prefix = f"{_backbone_prefix(actor)}."
+
+    def actor_value(name: str, value: torch.Tensor) -> None:
+        fill("actor", name, value)
+        if reference:
+            fill("reference", name, value)
+        if critic and name.startswith(prefix):
+            fill("critic", "backbone." + name.removeprefix(prefix), value)
+
+    meta_init.replay_init(actor_init, info.device, seed, actor_value)
+    if critic:
+        meta_init.replay_init(
+            head_init, info.device, critic_seed + CRITIC_HEAD_SEED, lambda n, v: fill("critic", n, v)
+        )
+    for role, model in models.items():
+        meta_init.rebuild_buffers(model, info.device)
+        missing = [n for n, _ in model.named_parameters() if (role, n) not in filled]
+        if missing:
+            raise ValueError(f"{role}: no initialisation recorded for {', '.join(missing[:3])} (meta init)")
+    return models
 
 
 def build_reward_model(

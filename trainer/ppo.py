@@ -1,20 +1,28 @@
 """The PPO recipe, top to bottom: setup, rollout, score, reference, values, advantages, update, log.
 
-One step: sample ``batch_size`` responses with the HF generate engine; score them (task reward
-function or reward model); take reference log-probs (when ``kl_coef > 0``) and critic values;
-recompute the actor's log-probs (``old_logprobs``); KL penalty in the reward or as a loss term;
-GAE; whitened advantages; ``ppo_epochs`` passes of clipped policy and value updates over
-mini-batches with micro-batch gradient accumulation. Run it:
+One step: sample ``batch_size`` responses; score them (task reward function or reward model); take
+reference log-probs (when a KL term is on: ``use_kl_in_reward`` / ``use_kl_loss``) and critic
+values; recompute the actor's log-probs (``old_logprobs``); the KL penalty in the token rewards;
+GAE with whitened advantages; ``ppo_epochs`` passes of ``loss_mode`` policy updates (plus the KL
+loss term) and clipped value updates over mini-batches, each micro-batch's loss normalised by its
+mini-batch's token count (verl's semantics and defaults: `trainer.config.AlgoConfig`). The rollout,
+scoring and update functions here are GRPO's too (`trainer.grpo`). Run it:
 ``python -m trainer.train --config cfg.yaml`` with ``algo.name: ppo`` (or `pytest tests/test_train.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 
+from trainer import advantages as A
 from trainer import losses as L
 from trainer.common import (
     Averages,
+    Resolved,
     Setup,
     StepLog,
     backward,
@@ -22,12 +30,14 @@ from trainer.common import (
     convert_rewards,
     local_batch,
     local_size,
+    mean_over_ranks,
+    mini_batch_norm,
     optimizer_metrics,
     optimizer_step,
     position_ids_for,
     split_indices,
 )
-from trainer.config import TrainConfig
+from trainer.config import AlgoConfig, TrainConfig
 from trainer.events import Observer
 
 
@@ -111,11 +121,40 @@ def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool):
         )
 
 
-def update_actor(setup: Setup, observer: Observer, rollout, old_logprobs, advantages, ref_logprobs) -> dict:
-    """``ppo_epochs`` passes of the clipped surrogate (+ entropy bonus, + KL loss when not in reward)."""
+def policy_loss_params(algo: AlgoConfig) -> L.PolicyLossParams:
+    """The policy-loss knobs of ``algo``, unset clip sides resolved to ``clip_ratio`` (as verl)."""
+    low = algo.clip_ratio if algo.clip_ratio_low is None else algo.clip_ratio_low
+    high = algo.clip_ratio if algo.clip_ratio_high is None else algo.clip_ratio_high
+    return L.PolicyLossParams(
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        clip_ratio_c=algo.clip_ratio_c,
+        loss_agg_mode=algo.loss_agg_mode,
+        clip_cov_ratio=algo.clip_cov_ratio,
+        clip_cov_lb=algo.clip_cov_lb,
+        clip_cov_ub=algo.clip_cov_ub,
+        kl_cov_ratio=algo.kl_cov_ratio,
+        ppo_kl_coef=algo.ppo_kl_coef,
+    )
+
+
+def _add(sums: dict[str, float], **values: torch.Tensor) -> None:
+    for k, v in values.items():
+        sums[k] = sums.get(k, 0.0) + float(v.detach())
+
+
+def update_actor(
+    setup: Setup, observer: Observer, rollout, old_logprobs, advantages, *, kl_ref_logprobs=None
+) -> dict:
+    """``ppo_epochs`` passes of ``algo.loss_mode``, minus ``entropy_coef`` x entropy, plus
+    ``kl_loss_coef`` x the KL loss against ``kl_ref_logprobs`` when they are given (None: no KL loss).
+
+    Every micro-batch's terms are its share of its mini-batch's aggregate (`mini_batch_norm`), so
+    the backward needs no accumulation divisor and the loss metrics are the mini-batch sums of the
+    shares, averaged over mini-batches (verl logs them the same way)."""
     algo = setup.config.algo
+    params = policy_loss_params(algo)
     model, opt, scaler = setup.models["actor"], setup.optimizers["actor"], setup.scalers["actor"]
-    kl_as_loss = ref_logprobs is not None and (algo.name == "grpo" or not algo.kl_in_reward)
     avg, norms, skips = Averages(), [], []
     b = rollout.response_ids.shape[0]
     mini_size = local_size(algo.mini_batch_size, setup, "algo.mini_batch_size")
@@ -123,39 +162,42 @@ def update_actor(setup: Setup, observer: Observer, rollout, old_logprobs, advant
         perm = torch.randperm(b)  # global RNG, seeded once in setup
         for mini in split_indices(b, mini_size):
             mini = perm[mini]
-            micros = split_indices(len(mini), algo.micro_batch_size)
-            for micro in micros:
+            norm = mini_batch_norm(
+                rollout.response_mask[mini.to(setup.device)], setup, algo.loss_scale_factor
+            )
+            sums: dict[str, float] = {}
+            for micro in split_indices(len(mini), algo.micro_batch_size):
                 idx = mini[micro].to(setup.device)
                 sub = _select(rollout, idx)
                 logprobs, ent = actor_logprobs(setup, model, sub, entropy=True)
                 observer.on_forward(role="actor", name="logprobs", output=logprobs)
                 mask = sub.response_mask
-                pg_loss, clipfrac, ppo_kl = L.ppo_policy_loss(
-                    logprobs, old_logprobs[idx], advantages[idx], mask, algo.clip_ratio
+                pg = L.policy_loss(
+                    algo.loss_mode, logprobs, old_logprobs[idx], advantages[idx], mask, params, norm
                 )
-                entropy = L.entropy_loss(ent, mask)
-                loss = pg_loss - algo.entropy_coef * entropy
-                terms = {"pg_loss": pg_loss, "entropy": entropy}
-                if kl_as_loss:
-                    kl_loss = L.masked_mean(
-                        L.kl_penalty(logprobs, ref_logprobs[idx], algo.kl_estimator), mask
-                    )
-                    loss = loss + algo.kl_coef * kl_loss
-                    terms["kl_loss"] = kl_loss
+                entropy = L.agg_loss(ent, mask, algo.loss_agg_mode, norm)
+                loss = pg.loss - algo.entropy_coef * entropy
+                terms = {"pg_loss": pg.loss, "entropy": entropy}
+                if kl_ref_logprobs is not None:
+                    kl = L.kl_penalty(logprobs, kl_ref_logprobs[idx], algo.kl_loss_type)
+                    terms["kl_loss"] = L.agg_loss(kl, mask, algo.loss_agg_mode, norm)
+                    loss = loss + algo.kl_loss_coef * terms["kl_loss"]
                 observer.on_loss(role="actor", loss=loss, terms=terms)
-                backward(loss, "actor", model, scaler, observer, accum=len(mini) / len(micro))
-                avg.add(loss=loss, pg_loss=pg_loss, pg_clipfrac=clipfrac, ppo_kl=ppo_kl, **{
-                    k: v for k, v in terms.items() if k != "pg_loss"
-                })  # fmt: skip
-            norm, skipped = optimizer_step(
-                "actor", model, opt, scaler, setup.policy["actor"], observer, algo.max_grad_norm
-            )
-            norms.append(norm)
+                backward(loss, "actor", model, scaler, observer, accum=1.0)
+                _add(sums, loss=loss, **terms)
+                avg.add(pg_clipfrac=pg.clipfrac, ppo_kl=pg.ppo_kl, pg_clipfrac_lower=pg.clipfrac_lower)
+            avg.add(**sums)
+            norm_value, skipped = optimizer_step("actor", model, opt, scaler, observer, algo.max_grad_norm)
+            norms.append(norm_value)
             skips.append(float(skipped))
-    return update_metrics("actor", avg, norms, skips, opt, scaler)
+    metrics = update_metrics("actor", avg, norms, skips, opt, scaler)
+    if kl_ref_logprobs is not None:
+        metrics["actor/kl_coef"] = algo.kl_loss_coef
+    return metrics
 
 
 def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns) -> dict:
+    """``ppo_epochs`` passes of verl's clipped value loss (``cliprange_value``), aggregated like the actor's."""
     algo = setup.config.algo
     model, opt, scaler = setup.models["critic"], setup.optimizers["critic"], setup.scalers["critic"]
     avg, norms, skips = Averages(), [], []
@@ -165,6 +207,10 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
         perm = torch.randperm(b)
         for mini in split_indices(b, mini_size):
             mini = perm[mini]
+            norm = mini_batch_norm(
+                rollout.response_mask[mini.to(setup.device)], setup, algo.loss_scale_factor
+            )
+            sums: dict[str, float] = {}
             for micro in split_indices(len(mini), algo.micro_batch_size):
                 idx = mini[micro].to(setup.device)
                 sub = _select(rollout, idx)
@@ -172,18 +218,41 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
                     values = critic_values(model, sub.input_ids, sub.attention_mask, r, sub.left_padded)
                 observer.on_forward(role="critic", name="values", output=values)
                 vf_loss, vf_clipfrac = L.value_loss(
-                    values, old_values[idx], returns[idx], sub.response_mask, algo.value_clip
-                )
+                    values, old_values[idx], returns[idx], sub.response_mask, algo.cliprange_value,
+                    algo.loss_agg_mode, norm,
+                )  # fmt: skip
                 loss = algo.vf_coef * vf_loss
                 observer.on_loss(role="critic", loss=loss, terms={"vf_loss": vf_loss})
-                backward(loss, "critic", model, scaler, observer, accum=len(mini) / len(micro))
-                avg.add(vf_loss=vf_loss, vf_clipfrac=vf_clipfrac)
-            norm, skipped = optimizer_step(
-                "critic", model, opt, scaler, setup.policy["critic"], observer, algo.max_grad_norm
-            )
-            norms.append(norm)
+                backward(loss, "critic", model, scaler, observer, accum=1.0)
+                _add(sums, vf_loss=vf_loss)
+                avg.add(vf_clipfrac=vf_clipfrac)
+            avg.add(**sums)
+            norm_value, skipped = optimizer_step("critic", model, opt, scaler, observer, algo.max_grad_norm)
+            norms.append(norm_value)
             skips.append(float(skipped))
     return update_metrics("critic", avg, norms, skips, opt, scaler)
+
+
+def shaped_rewards(setup: Setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl: A.KLController):
+    """Token-level rewards (score on the last valid token, minus the KL penalty when
+    ``use_kl_in_reward``: verl's ``apply_kl_penalty``) and their metrics. ``kl_ctrl`` is updated
+    with the batch's KL (averaged over ranks, so every rank keeps the same coefficient)."""
+    algo = setup.config.algo
+    metrics: dict[str, float] = {}
+    if ref_logprobs is not None:  # k1 estimate of KL(actor || reference) on the sampled tokens
+        metrics["rollout/kl_ref"] = float(L.masked_mean(old_logprobs - ref_logprobs, mask))
+    if not algo.use_kl_in_reward:
+        return L.token_level_rewards(scores, mask, None, 0.0), metrics
+    kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_penalty) * mask
+    beta = kl_ctrl.value
+    current = mean_over_ranks(A.reward_kl(kl, mask), setup)
+    kl_ctrl.update(current, n_steps=mask.shape[0] * setup.dist.world_size)
+    metrics.update({"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": beta})
+    return L.token_level_rewards(scores, mask, kl, beta), metrics
+
+
+def kl_controller(algo: AlgoConfig) -> A.KLController:
+    return A.KLController(algo.kl_coef, algo.kl_ctrl_type, algo.kl_ctrl_target_kl, algo.kl_ctrl_horizon)
 
 
 def update_metrics(role: str, avg: Averages, norms: list, skips: list, opt, scaler) -> dict:
@@ -240,14 +309,33 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
     return rollout
 
 
-def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
-    """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine, batches."""
+@dataclasses.dataclass
+class Prepared:
+    """What a rollout recipe needs besides its models: `prepare`'s result."""
+
+    setup: Setup
+    source: str
+    """The collator's name, for ``on_batch``."""
+    collator: Callable[[list[dict]], dict]
+    reward_name: str
+    reward_fn: Callable[..., Any]
+    engine: Any
+    """The rollout engine (`trainer.rollout.build_engine`)."""
+    batches: Iterator[list[dict]]
+    greedy_engine: Any = None
+    """ReMax's baseline engine: the same engine with top-k 1 (greedy decoding); None otherwise."""
+
+
+def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, critic: bool) -> Prepared:
+    """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine(s), batches."""
     from trainer import data as D
     from trainer.rollout import build_engine
 
     algo = config.algo
-    setup = build_setup(config, observer, critic=critic, reference=algo.kl_coef > 0, reward_model=True)
-    examples = D.load_examples(config.data, seed=config.seed, pairs=False)
+    setup = build_setup(
+        config, observer, resolved, critic=critic, reference=algo.uses_reference, reward_model=True
+    )
+    examples = D.load_examples(config.data, seed=config.seed, pairs=False, tokenizer=setup.tokenizer)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
     # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
@@ -262,37 +350,44 @@ def prepare(config: TrainConfig, observer: Observer, *, critic: bool):
             f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
             "FSDP2 shards is untested here); set rollout.fused: true or rollout.compile: false"
         )
-    engine = build_engine(
-        setup.models["actor"],
-        setup.tokenizer,
-        setup.policy["rollout"],
-        device=setup.device,
-        max_new_tokens=config.data.response_length,
-        temperature=algo.temperature,
-        top_k=algo.top_k,
-        cache=config.rollout.cache,
-        cuda_graphs=config.rollout.cuda_graphs,
-        compile=config.rollout.compile,
-        fused=config.rollout.fused,
-    )
+
+    def engine(top_k: int):
+        return build_engine(
+            setup.models["actor"],
+            setup.tokenizer,
+            setup.policy["rollout"],
+            device=setup.device,
+            max_new_tokens=config.data.response_length,
+            temperature=algo.temperature,
+            top_k=top_k,
+            cache=config.rollout.cache,
+            cuda_graphs=config.rollout.cuda_graphs,
+            compile=config.rollout.compile,
+            fused=config.rollout.fused,
+        )
+
+    # ReMax's baseline is verl's do_sample=False generation: keeping only the top logit is greedy decoding
+    greedy = engine(1) if algo.estimator == "remax" else None
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
-    return setup, source, collator, reward_name, reward_fn, engine, batches
+    return Prepared(setup, source, collator, reward_name, reward_fn, engine(algo.top_k), batches, greedy)
 
 
-def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
+def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` PPO steps; returns the per-step metrics."""
     algo = config.algo
-    setup, source, collator, reward_name, reward_fn, engine, batches = prepare(config, observer, critic=True)
+    p = prepare(config, observer, resolved, critic=True)
+    setup = p.setup
     actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
+    kl_ctrl = kl_controller(algo)
     log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
     for step in range(config.steps):
         log.start(step)
-        examples = local_batch(next(batches), setup)
+        examples = local_batch(next(p.batches), setup)
         with observer.phase("rollout"):
-            rollout = generate(setup, observer, engine, collator, source, examples, step)
+            rollout = generate(setup, observer, p.engine, p.collator, p.source, examples, step)
         mask, r = rollout.response_mask, rollout.response_ids.shape[1]
         with observer.phase("reward"):
-            scores = score_responses(setup, observer, rollout, examples, reward_fn, reward_name)
+            scores = score_responses(setup, observer, rollout, examples, p.reward_fn, p.reward_name)
         ref_logprobs = None
         if ref is not None:
             with observer.phase("ref"):
@@ -309,17 +404,17 @@ def run(config: TrainConfig, observer: Observer) -> list[dict[str, float]]:
                 old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
             metrics = rollout_metrics(rollout, old_logprobs)
-            kl = None
-            if ref_logprobs is not None:
-                kl = L.kl_penalty(old_logprobs, ref_logprobs, algo.kl_estimator)
-                metrics["rollout/kl_ref"] = float(L.masked_mean(kl, mask))
-            token_rewards = L.token_level_rewards(
-                scores, mask, kl if algo.kl_in_reward else None, algo.kl_coef
+            token_rewards, kl_metrics = shaped_rewards(
+                setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
             )
-            advantages, returns = L.compute_gae(token_rewards, values, mask, algo.gamma, algo.lam)
-            if algo.normalize_advantages:
-                advantages = L.masked_whiten(advantages, mask)
-            metrics.update(update_actor(setup, observer, rollout, old_logprobs, advantages, ref_logprobs))
+            metrics.update(kl_metrics)
+            advantages, returns = A.compute_advantages(
+                "gae", token_rewards, mask, values=values, gamma=algo.gamma, lam=algo.lam
+            )
+            kl_ref = ref_logprobs if algo.use_kl_loss else None
+            metrics.update(
+                update_actor(setup, observer, rollout, old_logprobs, advantages, kl_ref_logprobs=kl_ref)
+            )
         with observer.phase("critic_update"):
             metrics.update(update_critic(setup, observer, rollout, values, returns))
 

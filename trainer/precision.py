@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -126,6 +126,38 @@ class PrecisionPolicy:
 
     def to_dict(self) -> dict[str, Any]:
         return {"preset": self.preset, "roles": {r: p.to_dict() for r, p in self.roles.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "policy") -> PrecisionPolicy:
+        """The inverse of `to_dict` (a run spec's or manifest's ``policy``); ValueError naming the
+        field on anything that is not one."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("roles"), Mapping):
+            raise ValueError(
+                f"{where}: expected {{preset, roles: {{role: {{...}}}}}}, got {str(data)[:80]!r}"
+            )
+        fields = {f.name for f in dataclasses.fields(RolePolicy)}
+        roles = {}
+        for role, d in data["roles"].items():
+            at = f"{where}.roles.{role}"
+            if role not in ROLES or not isinstance(d, Mapping):
+                raise ValueError(
+                    f"{at}: expected a role ({', '.join(ROLES)}) with its fields, got {str(d)[:80]!r}"
+                )
+            unknown = sorted(set(d) - fields)
+            if unknown:
+                raise ValueError(
+                    f"{at}.{unknown[0]}: unknown field; expected one of {', '.join(sorted(fields))}"
+                )
+            kw = dict(d)
+            for k in [k for k in kw if k.endswith("_dtype")]:
+                kw[k] = parse_dtype(kw[k], f"{at}.{k}")
+            kw["fp32_islands"] = tuple(kw.get("fp32_islands", ()))
+            kw["reasons"] = dict(kw.get("reasons", {}))
+            try:
+                roles[role] = RolePolicy(**kw)
+            except TypeError as e:
+                raise ValueError(f"{at}: {e}") from None
+        return cls(preset=str(data.get("preset")), roles=roles)
 
 
 _OVERRIDABLE = {
@@ -500,17 +532,3 @@ class LossScaler:
             "backoffs": self.backoffs,
             "growths": self.growths,
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for k in ("scale", "growth_tracker", "steps", "skipped_steps", "backoffs", "growths"):
-            if k in state:
-                setattr(self, k, state[k])
-
-
-@contextlib.contextmanager
-def maybe_autocast(policy: RolePolicy, device_type: str) -> Iterator[None]:
-    with policy.autocast_ctx(device_type):
-        yield

@@ -14,11 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-from trainer.common import NonFiniteLossError
+from trainer.common import NonFiniteLossError, Resolved, resolve
 from trainer.config import TrainConfig
 from trainer.events import NULL_OBSERVER, Observer
 
-__all__ = ["NonFiniteLossError", "TrainResult", "load_config", "main", "train"]
+__all__ = ["NonFiniteLossError", "Resolved", "TrainResult", "load_config", "main", "train"]
 
 
 @dataclasses.dataclass
@@ -31,8 +31,13 @@ class TrainResult:
     """The last step's metrics."""
 
 
-def train(config: TrainConfig, observer: Observer | None = None) -> TrainResult:
-    """Runs ``config.steps`` steps of ``config.algo.name`` and returns the metrics history."""
+def train(
+    config: TrainConfig, observer: Observer | None = None, *, resolved: Resolved | None = None
+) -> TrainResult:
+    """Runs ``config.steps`` steps of ``config.algo.name`` and returns the metrics history.
+
+    ``resolved``: the device, process group and precision policy decided before the call (what
+    ``verlaudit run`` hands over); None: the trainer decides them from ``config`` (`resolve`)."""
     observer = observer or NULL_OBSERVER
     name = config.algo.name
     if name == "ppo":
@@ -43,7 +48,7 @@ def train(config: TrainConfig, observer: Observer | None = None) -> TrainResult:
         from trainer import dpo as recipe
     else:  # TrainConfig already refuses other names; this guards direct construction bypasses
         raise ValueError(f"algo.name: unknown algorithm {name!r}; expected ppo, grpo or dpo")
-    history = recipe.run(config, observer)
+    history = recipe.run(config, observer, resolved or resolve(config))
     return TrainResult(history=history, final=dict(history[-1]) if history else {})
 
 

@@ -1,4 +1,4 @@
-"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``.
+"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``from-verl``.
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
@@ -12,7 +12,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "run": ("verlaudit.run.runner", "run a suite: every variant in its own process, then the comparison report"),
+    "run": (
+        "verlaudit.run.runner",
+        "run a suite: every variant in its own process, then the comparison report",
+    ),
     "diagnose": (
         "verlaudit.analysis.diagnose",
         "explain a run directory (or a foreign training log): cause, culprit, fix",
@@ -22,6 +25,10 @@ COMMANDS = {
         "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression",
     ),
     "plan": ("verlaudit.plan.cli", "predict each variant's peak device memory before running"),
+    "from-verl": (
+        "verlaudit.verl.cli",
+        "turn a verl launch script or Hydra YAML into a suite (and --run it)",
+    ),
 }
 
 

@@ -2,9 +2,11 @@
 
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
-way. Neither verlaudit/analysis/diagnose.py, verlaudit/analysis/logparse.py nor the log rules in
-verlaudit/analysis/logs/ spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it).
-Exercised by `pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py`.
+way, and every algorithm option of our suite maps to its verl key (`ALGO_KEYS`). Neither
+verlaudit/analysis/diagnose.py, verlaudit/analysis/logparse.py nor the log rules in verlaudit/analysis/logs/
+spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it). Exercised by
+`pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py tests/test_verl_keys.py
+tests/test_algo_keys.py`.
 """
 
 from __future__ import annotations
@@ -92,3 +94,62 @@ REWARD_MODEL_DTYPE_FP32 = "reward_model.model.fsdp_config.model_dtype=fp32"
 N_GPUS = "trainer.n_gpus_per_node"
 DEVICE_CUDA = "trainer.device=cuda"
 ALLOC_CONF = "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+# ---------------------------------------------------------------- algorithm keys
+# verl's spelling of every algorithm option our AlgoConfig supports (trainer/config.py names the same
+# verl key in each field's docstring; README "Compatibility with verl and TRL" is the table of both).
+ALGORITHM = "algorithm"
+POLICY_LOSS = f"{ACTOR}.policy_loss"
+KL_CTRL = f"{ALGORITHM}.kl_ctrl"
+
+ALGO_KEYS: dict[str, str] = {
+    "adv_estimator": f"{ALGORITHM}.adv_estimator",
+    "norm_adv_by_std_in_grpo": f"{ALGORITHM}.norm_adv_by_std_in_grpo",
+    "gamma": f"{ALGORITHM}.gamma",
+    "lam": f"{ALGORITHM}.lam",
+    "use_kl_in_reward": f"{ALGORITHM}.use_kl_in_reward",
+    "kl_penalty": f"{ALGORITHM}.kl_penalty",
+    "kl_coef": KL_COEF,
+    "kl_ctrl_type": f"{KL_CTRL}.type",
+    "kl_ctrl_target_kl": f"{KL_CTRL}.target_kl",
+    "kl_ctrl_horizon": f"{KL_CTRL}.horizon",
+    "loss_mode": f"{POLICY_LOSS}.loss_mode",
+    "clip_cov_ratio": f"{POLICY_LOSS}.clip_cov_ratio",
+    "clip_cov_lb": f"{POLICY_LOSS}.clip_cov_lb",
+    "clip_cov_ub": f"{POLICY_LOSS}.clip_cov_ub",
+    "kl_cov_ratio": f"{POLICY_LOSS}.kl_cov_ratio",
+    "ppo_kl_coef": f"{POLICY_LOSS}.ppo_kl_coef",
+    "loss_agg_mode": f"{ACTOR}.loss_agg_mode",
+    "loss_scale_factor": f"{ACTOR}.loss_scale_factor",
+    "clip_ratio": f"{ACTOR}.clip_ratio",
+    "clip_ratio_low": f"{ACTOR}.clip_ratio_low",
+    "clip_ratio_high": f"{ACTOR}.clip_ratio_high",
+    "clip_ratio_c": f"{ACTOR}.clip_ratio_c",
+    "entropy_coef": ENTROPY_COEFF,
+    "use_kl_loss": f"{ACTOR}.use_kl_loss",
+    "kl_loss_coef": KL_LOSS_COEF,
+    "kl_loss_type": f"{ACTOR}.kl_loss_type",
+    "ppo_epochs": f"{ACTOR}.ppo_epochs",
+    "max_grad_norm": f"{ACTOR}.grad_clip",
+    "micro_batch_size": MICRO_BATCH,
+    "mini_batch_size": f"{ACTOR}.ppo_mini_batch_size",
+    "lr": LR,
+    "critic_lr": f"{CRITIC}.optim.lr",
+    "cliprange_value": f"{CRITIC}.cliprange_value",
+    "batch_size": "data.train_batch_size",
+    "group_size": f"{ROLLOUT}.n",
+    "temperature": TEMPERATURE,
+    "top_k": f"{ROLLOUT}.top_k",
+}
+"""Our ``algo.<key>`` -> verl's key, for every algorithm option with a verl counterpart."""
+
+
+def algo_key(key: str) -> str:
+    """verl's key for our suite key ``algo.<key>`` (KeyError: no verl counterpart, e.g. DPO's keys)."""
+    return ALGO_KEYS[key.removeprefix("algo.")]
+
+
+def algo_override(key: str, value: object) -> str:
+    """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``)."""
+    text = str(value).lower() if isinstance(value, bool) else ("null" if value is None else str(value))
+    return f"{algo_key(key)}={text}"

@@ -35,7 +35,7 @@ from verlaudit.analysis.logparse import diagnose_log, explain_error_text, parse_
 from verlaudit.plan.failure import capacity_gib, memory_at_failure, run_plan_inputs, run_world_size
 from verlaudit.plan.memory_model import GIB
 from verlaudit.plan.planner import plan_config
-from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run, to_float
+from verlaudit.rundir import MANIFEST, Finding, RunDir, is_run_dir, read_json, read_run, to_float
 
 # --------------------------------------------------------------------------------------------
 # small readers over a RunDir
@@ -52,6 +52,15 @@ def _cfg(run: RunDir, *path: str, default: Any = None) -> Any:
 
 def _role_policy(run: RunDir, role: str) -> Mapping[str, Any]:
     return ((run.manifest.get("policy") or {}).get("roles") or {}).get(role) or {}
+
+
+def _uses_reference(run: RunDir) -> bool:
+    """Whether the run built the frozen reference (trainer.config.AlgoConfig.uses_reference); runs
+    recorded before the verl KL keys had one whenever kl_coef was positive."""
+    algo = (run.manifest.get("config") or {}).get("algo") or {}
+    if "use_kl_loss" not in algo:
+        return algo.get("name") == "dpo" or bool(algo.get("kl_coef", 0.05))
+    return algo.get("name") == "dpo" or bool(algo.get("use_kl_in_reward") or algo.get("use_kl_loss"))
 
 
 def _preset(run: RunDir) -> str | None:
@@ -336,13 +345,15 @@ def _reward_causes(run: RunDir) -> list[Cause]:
     best = max(sum(means[i : i + w]) / w for i in range(len(means) - w + 1))
     span = max(means) - min(means)
     if span > 1e-9 and best - l_mean > 0.5 * span and l_mean < e_mean:
+        kl_loss_coef = max(_cfg(run, "algo", "kl_loss_coef", default=0.001) * 2, 0.01)
         out.append(Cause("warning", "reward_collapse", f"Reward collapse: {mean_key} fell from {_fmt(best)} "
                          f"(best {w}-step window) to {_fmt(l_mean)}",
                          "The policy got worse than where it started: typical of a too-large step size, KL "
                          "drift from the reference, or reward hacking that the reward later punishes.",
                          evidence=[f"first {w} steps mean {_fmt(e_mean)}, last {w} steps mean {_fmt(l_mean)}"],
-                         fixes=[Fix(f"algo.kl_coef: {max(_cfg(run, 'algo', 'kl_coef', default=0.05) * 2, 0.01):g}",
-                                    f"{V.KL_COEF} (or {V.KL_LOSS_COEF})",
+                         fixes=[Fix(f"algo.use_kl_loss: true, algo.kl_loss_coef: {kl_loss_coef:g}",
+                                    f"{V.algo_override('use_kl_loss', True)} {V.KL_LOSS_COEF}={kl_loss_coef:g} "
+                                    f"(or {V.algo_key('use_kl_in_reward')} with {V.KL_COEF})",
                                     "a stronger KL anchor to the reference"),
                                 Fix("algo.lr: <half>", V.LR, "smaller policy steps")],
                          step=len(means) - w))  # fmt: skip
@@ -557,10 +568,7 @@ def _oom_fixes(
             Fix(None, V.OPTIMIZER_OFFLOAD, "offload AdamW state to host "
                 "(no verlaudit suite key)"),
         ]  # fmt: skip
-        if (
-            _cfg(run, "algo", "kl_coef", default=0)
-            and _role_policy(run, "reference").get("param_dtype") == "fp32"
-        ):
+        if _uses_reference(run) and _role_policy(run, "reference").get("param_dtype") == "fp32":
             fixes.append(Fix("precision.overrides.reference.param_dtype: bf16",
                              V.REF_PARAM_OFFLOAD, "the frozen reference needs no fp32 copy"))  # fmt: skip
     if phase == "rollout" or dominant == "kv cache + rollout logits":
@@ -603,9 +611,21 @@ def render_text(d: Diagnosis) -> str:
                      f"{f.framework}: {f.key}" if f.key else None]  # fmt: skip
             head = "; ".join(p for p in parts if p)
             lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
+            lines.extend(_verl_script_lines(d, f))
         for u in c.unknown:
             lines.append(f"     cannot tell: {u}")
     return "\n".join(lines)
+
+
+def _verl_script_lines(d: Diagnosis, fix: Fix) -> list[str]:
+    """For a run made by `verlaudit from-verl`: the fix as the user's own verl script lines."""
+    manifest = read_json(Path(d.source) / MANIFEST) if d.source_kind == "run" else None
+    origin = (((manifest or {}).get("config") or {}).get("origin") or {}).get("verl")
+    if not origin:
+        return []
+    from verlaudit.verl.roundtrip import script_lines
+
+    return [f"       {line}" for line in script_lines(origin, fix.verl, fix.suite)]
 
 
 def find_runs(path: Path) -> list[Path]:

@@ -30,7 +30,7 @@ from verlaudit.audit import boundaries, dtype_checks, errors, numerics
 from verlaudit.audit.findings import FindingLog
 from verlaudit.audit.memory import MemoryMonitor
 from verlaudit.audit.probes import ModuleProbe
-from verlaudit.rundir import MANIFEST, Finding, RunWriter
+from verlaudit.rundir import Finding, RunWriter
 
 LEVELS = ("off", "boundary", "full")
 
@@ -125,8 +125,6 @@ class Auditor(Observer):
                 self.probe.detach()
             self.memory.stop()
             self.findings.flush()
-            if self.writer is not None and (self.writer.path / MANIFEST).exists():
-                self.writer.update_manifest(memory_summary=self.memory.summary())
         return False  # never swallow: the worker records status from self.failure and exits 1
 
     @property
@@ -142,8 +140,6 @@ class Auditor(Observer):
         self.tokenizer_info, self.config = dict(tokenizer_info), dict(config)
         self.names = {id(m): (role, n) for role, model in models.items() for n, m in model.named_modules()}
         self.model_vocab_size = boundaries.model_vocab_size(models.get("actor"))
-        if self.writer is not None and (self.writer.path / MANIFEST).exists():
-            self.writer.update_manifest(policy=policy.to_dict())
         if self.level == "off":
             return
         for role, model in models.items():

@@ -14,9 +14,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, upgrade_recorded_config
+from trainer.precision import PrecisionPolicy
 from verlaudit.plan.memory_model import GIB, Estimate, Phase
-from verlaudit.plan.planner import optimizer_steps_per_step, phases_in, plan_config, policy_from_dict
+from verlaudit.plan.planner import optimizer_steps_per_step, phases_in, plan_config
 from verlaudit.rundir import RunDir
 
 
@@ -58,9 +59,9 @@ def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tu
     data = json.loads(json.dumps(run.manifest.get("config") or {}))
     for section, values in (changes or {}).items():
         data[section] = {**(data.get(section) or {}), **values} if isinstance(values, Mapping) else values
-    cfg = TrainConfig.from_dict(data, where="manifest.json: config")
+    cfg = TrainConfig.from_dict(upgrade_recorded_config(data), where="manifest.json: config")
     recorded = run.manifest.get("policy")
-    policy = None if changes or not recorded else policy_from_dict(recorded, "manifest.json: policy")
+    policy = None if changes or not recorded else PrecisionPolicy.from_dict(recorded, "manifest.json: policy")
     env = run.manifest.get("environment") or {}
     device = str(env.get("device") or cfg.device)
     return cfg, policy, run_world_size(run), "fused" if device.startswith("cuda") else "foreach"

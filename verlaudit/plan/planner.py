@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.precision import PrecisionPolicy, RolePolicy, parse_dtype
+from trainer.precision import PrecisionPolicy, RolePolicy
 from verlaudit.plan import memory_model as mm
 from verlaudit.plan.memory_model import GIB, Architecture, Estimate, Logits, Phase, Shape, TrainedModel
 
@@ -81,25 +80,6 @@ def phases_in(estimate: Estimate, trainer_phase: str) -> list[Phase]:
     return [p for p in estimate.phases if p.name.split(":")[0] in prefixes]
 
 
-def policy_from_dict(data: Any, where: str = "policy") -> PrecisionPolicy:
-    """The inverse of `PrecisionPolicy.to_dict` (a run manifest's ``policy``); ValueError naming
-    the field on anything that is not one."""
-    if not isinstance(data, dict) or not isinstance(data.get("roles"), dict):
-        raise ValueError(f"{where}: expected {{preset, roles: {{role: {{...}}}}}}, got {str(data)[:80]!r}")
-    fields = {f.name for f in dataclasses.fields(RolePolicy)}
-    roles = {}
-    for role, d in data["roles"].items():
-        kw = {k: v for k, v in dict(d).items() if k in fields}
-        for k in [k for k in kw if k.endswith("_dtype")]:
-            kw[k] = parse_dtype(kw[k], f"{where}.roles.{role}.{k}")
-        kw["fp32_islands"] = tuple(kw.get("fp32_islands", ()))
-        try:
-            roles[role] = RolePolicy(**kw)
-        except TypeError as e:
-            raise ValueError(f"{where}.roles.{role}: {e}") from None
-    return PrecisionPolicy(preset=str(data.get("preset")), roles=roles)
-
-
 def optimizer_steps_per_step(cfg: TrainConfig) -> int:
     """AdamW steps of the actor in one training step (mini-batches x epochs; DPO: mini-batches).
     Batch and mini-batch sizes are global, so the count does not depend on the number of GPUs."""
@@ -118,7 +98,8 @@ def plan_config(
     notes: list[str] = []
     pc = cfg.precision
     if policy is None:
-        policy = pc.resolve(where="")
+        # planning needs no run: the policy the config describes (a run's is in its spec and manifest)
+        policy = pc.policy
     arch = architecture_of(cfg.model)
     algo, data = cfg.algo, cfg.data
     w = gpus
@@ -136,7 +117,7 @@ def plan_config(
     resident: dict[str, int] = {}
     for k, v in actor.state().items():
         resident[f"actor {k}"] = v
-    use_ref = algo.name == "dpo" or algo.kl_coef > 0
+    use_ref = algo.uses_reference  # DPO, or a KL term in the reward or the loss (verl builds it only then)
     if use_ref:
         ref = policy["reference"]
         resident["reference params"] = math.ceil(arch.params("causal_lm") * mm.nbytes(ref.param_dtype) / w)

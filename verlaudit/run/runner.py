@@ -1,9 +1,10 @@
 """`verlaudit run SUITE.yaml`: every variant in its own process, then the comparison report.
 
 Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
-cap, bf16 refusal) and write one worker spec per (variant, seed). Execute (`execute`): start
-``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that
-run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
+cap, bf16 refusal) and the precision policy, once, into one `verlaudit.run.spec.RunSpec` per
+(variant, seed). Execute (`execute`): write it as spec.json and start ``python -m
+verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that run's
+directory and the next variant still runs; a tqdm bar per variant is fed by polling the
 child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
 report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
 the report from what exists and exits 130.
@@ -29,20 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import verlaudit
+from trainer.precision import PrecisionPolicy
 from verlaudit.analysis import report as report_mod
+from verlaudit.audit import AuditSettings
+from verlaudit.run import worker
 from verlaudit.run.hardware import PresentDevice, detect, get_target
+from verlaudit.run.spec import Emulation, RunSpec
 from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
-from verlaudit.rundir import (
-    METRICS,
-    RUNNER,
-    SPEC,
-    STATUS,
-    SUITE_COPY,
-    WORKER_LOG,
-    RunWriter,
-    read_json,
-    to_float,
-)
+from verlaudit.rundir import METRICS, RUNNER, SPEC, STATUS, SUITE_COPY, WORKER_LOG, read_json, to_float
 
 DEFAULT_SUITE = "suites/tiny_cpu.yaml"
 GRACE_S = 30.0
@@ -54,7 +49,7 @@ class PlannedRun:
     """One run with the spec its worker gets, or the reason the runner refuses to start it."""
 
     run: SuiteRun
-    spec: Mapping[str, Any]
+    spec: RunSpec
     refused: str | None = None
 
 
@@ -110,44 +105,38 @@ def resolve_device(suite: Suite, present: PresentDevice, override: str | None) -
     return device, notes
 
 
-def emulation_for(suite: Suite, present: PresentDevice, device: str) -> dict[str, Any]:
+def emulation_for(suite: Suite, present: PresentDevice, device: str) -> Emulation:
     """The spec's ``emulation``: memory cap (GiB) when the target has less memory than this GPU."""
     target = get_target(suite.hardware.target)
     target_gb = suite.hardware.memory_gb or target.memory_gb
     if device != "cuda":
         reason = None if target.memory_gb is None else f"{target.name} not emulated: running on CPU"
-        return {"target": target.name, "memory_cap_gb": None, "reason": reason}
+        return Emulation(target=target.name, reason=reason)
     if target_gb is None:
-        return {
-            "target": target.name,
-            "memory_cap_gb": None,
-            "reason": "cpu target run on a GPU as requested",
-        }
+        return Emulation(target=target.name, reason="cpu target run on a GPU as requested")
     here = present.memory_gb or 0.0
     if target_gb < here:
-        return {
-            "target": target.name,
-            "memory_cap_gb": float(target_gb),
-            "reason": f"emulating {target.name}: usable memory capped at {target_gb:.1f} GiB of "
+        return Emulation(
+            target=target.name,
+            memory_cap_gb=float(target_gb),
+            reason=f"emulating {target.name}: usable memory capped at {target_gb:.1f} GiB of "
             f"{present.gpu_name}'s {here:.1f} GiB, so OOMs happen where they would on the target",
-        }
-    return {
-        "target": target.name,
-        "memory_cap_gb": None,
-        "reason": f"{target.name} has {target_gb:.1f} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
+        )
+    return Emulation(
+        target=target.name,
+        reason=f"{target.name} has {target_gb:.1f} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
         "no cap; this GPU may OOM where the target would not",
-    }
+    )
 
 
-def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: str) -> str | None:
-    """Why a variant cannot run on the target (bf16 on a V100/T4-class GPU), else None."""
+def bf16_refusal(policy: PrecisionPolicy, suite: Suite, present: PresentDevice, device: str) -> str | None:
+    """Why a policy cannot run on the target (bf16 on a V100/T4-class GPU), else None: the runner's
+    hardware check, made from the target and the GPU found here instead of by each worker."""
     import torch
 
     from trainer.precision import dtype_name
 
     target = get_target(suite.hardware.target)
-    p = run.config.precision
-    policy = p.resolve("cpu")
     bf16_roles = [r for r, rp in policy.roles.items() if torch.bfloat16 in (rp.param_dtype, rp.compute_dtype)]
     if not bf16_roles:
         return None
@@ -155,7 +144,7 @@ def bf16_refusal(run: SuiteRun, suite: Suite, present: PresentDevice, device: st
         cc = ".".join(map(str, target.compute_capability or ()))
         return (
             f"target {target.name} (compute capability {cc}) has no native bf16; roles {', '.join(bf16_roles)} "
-            f"use {dtype_name(torch.bfloat16)} under preset {p.preset!r}. Use precision.preset: fp16 "
+            f"use {dtype_name(torch.bfloat16)} under preset {policy.preset!r}. Use precision.preset: fp16 "
             "(fp16 autocast, fp32 master weights, dynamic loss scaling)"
         )
     if device == "cuda" and not present.bf16:
@@ -171,15 +160,15 @@ def plan_runs(
 
     device, notes = resolve_device(suite, present, device_override)
     emulation = emulation_for(suite, present, device)
-    if emulation.get("reason") and emulation["reason"] not in " ".join(notes):
-        notes.append(emulation["reason"])
+    if emulation.reason and emulation.reason not in " ".join(notes):
+        notes.append(emulation.reason)
     # what checkpoint_layers: auto plans for: the emulated target's cap, else this GPU's memory
-    usable_gib = (emulation["memory_cap_gb"] or present.memory_gb) if device == "cuda" else None
+    usable_gib = (emulation.memory_cap_gb or present.memory_gb) if device == "cuda" else None
     runs = []
     for run in suite.expand():
-        # one process per variant sees its GPU as index 0; naming it spares every consumer of the
-        # device (memory caps, NVML, allocator stats) the "cuda without an index" case. Several
-        # ranks get plain "cuda": each takes cuda:LOCAL_RANK (trainer.distributed.init_distributed)
+        # train.device records the decision for the trainer run alone (the worker reads spec.device):
+        # one process sees its GPU as index 0; several ranks get plain "cuda", each taking
+        # cuda:LOCAL_RANK (trainer.distributed.init_distributed)
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
         try:
@@ -189,17 +178,25 @@ def plan_runs(
         if auto:
             notes.append(f"{run.variant}: {auto}")
         run = dataclasses.replace(run, config=cfg)
-        spec = {
-            "variant": run.variant,
-            "suite": suite.name,
-            "seed": run.seed,
-            "run_dir": str(out_dir / run.run_name),
-            "train": cfg.to_dict(),
-            "audit": suite.audit.to_dict(),
-            "emulation": emulation,
-        }
-        runs.append(PlannedRun(run=run, spec=spec, refused=bf16_refusal(run, suite, present, device)))
+        spec = run_spec(run, suite, out_dir, device=device, emulation=emulation)
+        runs.append(PlannedRun(run=run, spec=spec, refused=bf16_refusal(spec.policy, suite, present, device)))
     return Plan(device=device, notes=tuple(notes), runs=tuple(runs))
+
+
+def run_spec(run: SuiteRun, suite: Suite, out_dir: Path, *, device: str, emulation: Emulation) -> RunSpec:
+    """The spec of one planned run: the only place a run's precision policy is taken from its config
+    (the worker and the trainer receive it from here)."""
+    return RunSpec(
+        variant=run.variant,
+        suite=suite.name,
+        seed=run.seed,
+        run_dir=out_dir / run.run_name,
+        train=run.config,
+        audit=AuditSettings(**suite.audit.to_dict()),
+        emulation=emulation,
+        device=device,
+        policy=run.config.precision.policy,
+    )
 
 
 def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
@@ -209,23 +206,6 @@ def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                 "-m", "verlaudit.run.worker", str(spec_path)]  # fmt: skip
     return [sys.executable, "-m", "verlaudit.run.worker", str(spec_path)]
-
-
-def write_refused(planned: PlannedRun) -> None:
-    """A refused variant still gets a run directory, so the report and `diagnose` show why."""
-    p = planned.run.config.precision
-    policy = p.resolve("cpu")
-    with RunWriter(planned.spec["run_dir"]) as w:
-        w.write_manifest(
-            {
-                **{k: planned.spec[k] for k in ("variant", "suite", "seed", "emulation")},
-                "started_at": _now(),
-                "config": planned.spec["train"],
-                "policy": policy.to_dict(),
-                "audit": planned.spec["audit"],
-            }
-        )
-        w.status("failed", reason="refused", step=None, phase=None, error=planned.refused)
 
 
 def _now() -> str:
@@ -276,10 +256,10 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     KeyboardInterrupt is re-raised after the child has been stopped."""
     from tqdm import tqdm
 
-    run_dir = Path(planned.spec["run_dir"])
+    run_dir = planned.spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / SPEC
-    spec_path.write_text(json.dumps(planned.spec, indent=2), encoding="utf-8")
+    spec_path.write_text(json.dumps(planned.spec.to_dict(), indent=2), encoding="utf-8")
     cmd = launch_command(spec_path, gpus)
     # NVLink multicast off: the shared multi-GPU hosts require it (harmless on one GPU or CPU)
     env = {
@@ -294,7 +274,7 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     started = time.monotonic()
     record: dict[str, Any] = {"command": cmd, "started_at": _now()}
     tail = _MetricsTail(run_dir / METRICS)
-    steps = int(planned.spec["train"]["steps"])
+    steps = planned.spec.train.steps
     # own session: a terminal Ctrl-C reaches only the runner, which forwards exactly one SIGINT
     with open(run_dir / WORKER_LOG, "wb") as log:
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -380,7 +360,8 @@ def execute(plan: Plan, suite: Suite, out_dir: Path, *, progress: bool = True) -
         for planned in plan.runs:
             name = planned.run.run_name
             if planned.refused:
-                write_refused(planned)
+                # no worker starts; its module still writes the directory (manifest and status)
+                worker.write_refused(planned.spec, planned.refused)
                 done.append(name)
                 print(f"{name}: refused: {planned.refused}", flush=True)
                 continue

@@ -1,15 +1,18 @@
 """One variant run in its own process: ``python -m verlaudit.run.worker SPEC.json``.
 
-SPEC.json (the runner's contract)::
+SPEC.json is a `verlaudit.run.spec.RunSpec` (the runner's contract: variant, seed, run_dir, the
+TrainConfig, audit settings, emulation, and the device type and precision policy the runner
+decided). The worker decides nothing again: it joins the process group once
+(`trainer.distributed.init_distributed` with the spec's device type: ``cuda:LOCAL_RANK`` per rank)
+and hands that and the spec's policy to `trainer.train.train`.
 
-    {"variant": "bf16", "suite": "tiny_cpu", "seed": 0, "run_dir": "reports/tiny_cpu/<ts>/bf16",
-     "train": {<TrainConfig dict>}, "audit": {"level": "full", "full_steps": 2, "every": 10},
-     "emulation": {"target": "a100-80gb", "memory_cap_gb": 80, "reason": "..."}, "inject": {...}}
-
-Writes manifest.json first, one metrics.jsonl line per step and findings.jsonl as it goes, and
-status.json last. Exit code 0: completed; 1: failed (status.json says why: oom, nonfinite,
-dtype_error, exception, interrupted); 2: the spec itself is wrong (message on stderr). The spec's
-``seed`` is the run's seed (it replaces ``train.seed``).
+The worker is the only writer of manifest.json and status.json: the manifest first (what the spec
+decided, the environment), one metrics.jsonl line per step and findings.jsonl as it goes (the
+auditor), the auditor's memory summary added to the manifest when training ends, status.json last.
+A variant the runner refuses gets its directory from `write_refused`, called by the runner in its
+own process: no worker starts for it. Exit code 0: completed; 1: failed (status.json says why: oom,
+nonfinite, dtype_error, exception, interrupted); 2: the spec itself is wrong, or asks for a device
+this machine does not have (message on stderr).
 
 Under torchrun (``python -m torch.distributed.run --nproc_per_node N -m verlaudit.run.worker SPEC.json``,
 what the runner starts for ``hardware.gpus: N``) every rank audits itself: rank 0 writes ``run_dir``,
@@ -21,7 +24,6 @@ Exercised by `pytest tests/test_worker.py tests/test_distributed_e2e.py`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -32,26 +34,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SPEC_KEYS = ("variant", "suite", "seed", "run_dir", "train", "audit", "emulation", "inject")
+from verlaudit.run.spec import RunSpec
+from verlaudit.rundir import RANK_DIR, RunWriter
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    variant: str
-    suite: str
-    seed: int
-    run_dir: Path
-    train: Any  # TrainConfig
-    audit: Any  # AuditSettings
-    emulation: dict[str, Any]
-    inject: dict[str, Any] | None
-
-
-def load_spec(path: str | os.PathLike) -> Spec:
+def load_spec(path: str | os.PathLike) -> RunSpec:
     """Reads and validates SPEC.json; ValueError names the file and the field."""
-    from trainer.config import TrainConfig
-    from verlaudit.audit import AuditSettings
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: no such spec file; usage: python -m verlaudit.run.worker SPEC.json")
@@ -59,43 +47,10 @@ def load_spec(path: str | os.PathLike) -> Spec:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a JSON object with keys {', '.join(SPEC_KEYS)}")
-    for k in data:
-        if k not in SPEC_KEYS:
-            raise ValueError(f"{p}: {k}: unknown key; expected one of {', '.join(SPEC_KEYS)}")
-    for k in ("variant", "run_dir", "train"):
-        if k not in data:
-            raise ValueError(f"{p}: {k}: missing; a spec needs variant, run_dir and train")
-    for k in ("variant", "suite", "run_dir"):
-        if k in data and (not isinstance(data[k], str) or not data[k]):
-            raise ValueError(f"{p}: {k}: expected a non-empty string, got {data[k]!r}")
-    seed = data.get("seed", data["train"].get("seed", 0) if isinstance(data["train"], dict) else 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{p}: seed: expected an integer, got {seed!r}")
     try:
-        train = TrainConfig.from_dict({**data["train"], "seed": seed} if isinstance(data["train"], dict)
-                                      else data["train"], where="train")  # fmt: skip
-        audit = data.get("audit") or {}
-        if not isinstance(audit, dict):
-            raise ValueError(f"audit: expected a mapping, got {audit!r}")
-        unknown = set(audit) - {"level", "full_steps", "every"}
-        if unknown:
-            raise ValueError(f"audit.{sorted(unknown)[0]}: unknown key; expected level, full_steps, every")
-        settings = AuditSettings(**audit)
-        emulation = data.get("emulation") or {}
-        if not isinstance(emulation, dict) or set(emulation) - {"target", "memory_cap_gb", "reason"}:
-            raise ValueError(f"emulation: expected {{target, memory_cap_gb, reason}}, got {emulation!r}")
-        cap = emulation.get("memory_cap_gb")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
-            raise ValueError(f"emulation.memory_cap_gb: expected a number > 0 or null, got {cap!r}")
-        inject = data.get("inject")
-        if inject is not None and not isinstance(inject, dict):
-            raise ValueError(f"inject: expected a mapping, got {inject!r}")
+        return RunSpec.from_dict(data)
     except ValueError as e:
         raise ValueError(f"{p}: {e}") from None
-    return Spec(variant=data["variant"], suite=data.get("suite", ""), seed=seed, run_dir=Path(data["run_dir"]),
-                train=train, audit=settings, emulation=dict(emulation), inject=inject)  # fmt: skip
 
 
 def environment(device: Any, memory: Any) -> dict[str, Any]:
@@ -165,42 +120,63 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Interrupted(f"signal {signum}")
 
 
-def run(spec: Spec) -> int:
-    """Runs one variant and writes its run directory; returns the exit code (0 completed, 1 failed)."""
+def manifest(spec: RunSpec, **sections: Any) -> dict[str, Any]:
+    """manifest.json's content: what the spec decided, then ``sections`` (environment, memory source,
+    emulation as applied, distributed, ...)."""
+    return {
+        "variant": spec.variant,
+        "suite": spec.suite,
+        "seed": spec.seed,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": spec.train.to_dict(),
+        "policy": spec.policy.to_dict(),
+        "audit": spec.audit.to_dict(),
+        "emulation": spec.emulation.to_dict(),
+        "inject": None if spec.inject is None else dict(spec.inject),
+        **sections,
+    }
+
+
+def write_refused(spec: RunSpec, reason: str) -> None:
+    """A refused variant still gets a run directory (manifest and status), so the report and
+    `diagnose` show why; nothing runs."""
+    with RunWriter(spec.run_dir) as w:
+        w.write_manifest(manifest(spec))
+        w.status("failed", reason="refused", step=None, phase=None, error=reason)
+
+
+def run(spec: RunSpec) -> int:
+    """Runs one variant and writes its run directory; returns the exit code (0 completed, 1 failed,
+    2 the spec's device is not here)."""
     from trainer import distributed as dist_mod
-    from trainer.common import resolve_device
+    from trainer.common import Resolved
     from verlaudit.audit import Auditor
     from verlaudit.audit.inject import Fanout, FaultInjector
-    from verlaudit.rundir import RANK_DIR, RunWriter
 
-    cfg = spec.train
-    # before resolve_device and the memory cap: under torchrun each rank takes cuda:LOCAL_RANK
-    info = dist_mod.init_distributed(cfg.device)
-    device = info.device if info.distributed else resolve_device(cfg.device)
+    try:
+        # the process group and the device, once: under torchrun each rank takes cuda:LOCAL_RANK
+        info = dist_mod.init_distributed(spec.device)
+    except ValueError as e:
+        print(f"verlaudit.run.worker: {spec.variant}: {e}", file=sys.stderr, flush=True)
+        return 2
+    device = info.device
     run_dir = spec.run_dir if info.rank == 0 else spec.run_dir / RANK_DIR.format(rank=info.rank)
     writer = RunWriter(run_dir, rank=info.rank)
     auditor = Auditor(writer, spec.audit, device=device)
     injector = FaultInjector(spec.inject) if spec.inject else None
-    emulation = apply_memory_cap(spec.emulation, device)
-    try:
-        policy = cfg.precision.resolve(device).to_dict()
-    except ValueError as e:
-        policy = {"error": str(e)}
-    writer.write_manifest({
-        "variant": spec.variant, "suite": spec.suite, "seed": spec.seed,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": cfg.to_dict(), "policy": policy,
-        "environment": environment(device, auditor.memory),
-        "memory": {"source": auditor.memory.source, "reason": auditor.memory.reason},
-        "audit": spec.audit.to_dict(), "emulation": emulation, "inject": spec.inject,
-        "distributed": info.to_dict(),
-    })  # fmt: skip
+    writer.write_manifest(
+        manifest(
+            spec,
+            environment=environment(device, auditor.memory),
+            memory={"source": auditor.memory.source, "reason": auditor.memory.reason},
+            emulation=apply_memory_cap(spec.emulation.to_dict(), device),
+            distributed=info.to_dict(),
+        )
+    )
     observer = Fanout([injector, auditor]) if injector else auditor
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        from trainer.train import train
-
-        with auditor:
-            train(cfg, observer)
+        _train(spec, Resolved(dist=info, policy=spec.policy), auditor, observer, writer)
     except BaseException as e:  # every failure becomes a status, then exit 1; nothing is swallowed silently
         failure = auditor.failure or {
             "reason": "interrupted" if isinstance(e, KeyboardInterrupt) else "exception",
@@ -227,10 +203,21 @@ def run(spec: Spec) -> int:
         if injector is not None:
             injector.remove()
         writer.close()
-    writer.status("completed", step=auditor.last_completed_step, steps=cfg.steps)
+    writer.status("completed", step=auditor.last_completed_step, steps=spec.train.steps)
     writer.close()
     dist_mod.destroy()
     return 0
+
+
+def _train(spec: RunSpec, resolved: Any, auditor: Any, observer: Any, writer: RunWriter) -> None:
+    """Trains under the auditor; whatever happens, the manifest then gets what the auditor measured."""
+    from trainer.train import train
+
+    try:
+        with auditor:
+            train(spec.train, observer, resolved=resolved)
+    finally:
+        writer.update_manifest(memory_summary=auditor.memory.summary())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,364 @@
+"""`verlaudit from-verl`: verl launch scripts in the shape of verl's examples (GRPO on GSM8K, PPO with a
+critic, DAPO-style clip-higher, an fp16 actor), written here, each through from-verl and one short CPU
+run of its own precision (tiny local model, verl-format parquet, a compute_score file); the key table's
+arithmetic (batch sizes, KL, precision); every unmapped key reported with its reason; and the round trip:
+`verlaudit diagnose` writing its fixes back as the script's own lines. Run: `pytest tests/test_from_verl.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.verl_job import gsm8k_rows, tiny_qwen_dir, write_parquet, write_reward
+from verlaudit import cli
+from verlaudit.verl.launch import read_launch
+from verlaudit.verl.mapping import map_launch
+from verlaudit.verl.roundtrip import script_lines
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verl_job")
+    return {
+        "dir": d,
+        "model": tiny_qwen_dir(d / "tiny_qwen"),
+        "data": write_parquet(d / "train.parquet", gsm8k_rows(16)),
+        "reward": write_reward(d / "reward.py"),
+    }
+
+
+def _script(job, name: str, body: str) -> Path:
+    p = job["dir"] / name
+    p.write_text(body.format(model=job["model"], data=job["data"], reward=job["reward"], dir=job["dir"]))
+    return p
+
+
+def _from_verl(script: Path, out: Path, *extra: str) -> int:
+    return cli.main(["from-verl", str(script), "-o", str(out), "--target", "cpu", *extra])
+
+
+def _records(script: Path, **kw):
+    m = map_launch(read_launch(script, env={"HOME": "/home/u"}), target="cpu", **kw)
+    return m, {r.verl: r for r in m.records}
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+GRPO = r"""#!/usr/bin/env bash
+# GRPO on GSM8K with a rule reward: one node, one GPU
+set -x
+MODEL_PATH={model}
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files={data} \
+    data.val_files={data} \
+    data.train_batch_size=2 \
+    data.max_prompt_length=64 \
+    data.max_response_length=4 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    actor_rollout_ref.model.path=$MODEL_PATH \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.optim.lr=1e-3 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=2 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
+    custom_reward_function.path={reward} \
+    custom_reward_function.name=compute_score \
+    trainer.critic_warmup=0 \
+    trainer.logger=['console','wandb'] \
+    trainer.project_name=verl_grpo_example_gsm8k \
+    trainer.n_gpus_per_node=1 \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 $@
+"""
+
+
+def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys):
+    script = _script(job, "run_grpo_gsm8k.sh", GRPO)
+    m, by = _records(script)
+    assert m.train["algo"] == {
+        "name": "grpo", "batch_size": 2, "lr": 1e-3, "weight_decay": 0.01, "lam": 1.0, "entropy_coef": 0.0,
+        "kl_coef": 0.001, "kl_estimator": "k3", "kl_in_reward": False, "group_size": 2,
+        "mini_batch_size": 4,  # verl counts 2 prompts x rollout.n 2; ours counts sequences
+        "micro_batch_size": 2,
+    }  # fmt: skip
+    assert m.train["steps"] == 15 * (16 // 2)  # total_epochs x full batches of the 16 rows
+    assert m.train["data"]["compute_score"] == f"{job['reward']}:compute_score"
+    assert m.precision == {
+        "preset": "bf16",
+        "overrides": {},
+    }  # verl's defaults: fp32 master, bf16 compute + rollout
+    assert by["data.val_files"].kind == "unmapped" and "no validation pass" in by["data.val_files"].reason
+    assert by["actor_rollout_ref.rollout.name"].kind == "unmapped" and "rollout engine" in by[
+        "actor_rollout_ref.rollout.name"].reason  # fmt: skip
+    assert by["trainer.critic_warmup"].kind == "consistent"
+    assert {r.kind for r in m.records} <= {"mapped", "default", "consistent", "unmapped"}
+    assert all(r.reason for r in m.records if r.kind == "unmapped")
+
+    out = tmp_path / "grpo.yaml"
+    rc = _from_verl(
+        script, out, "--run", "--steps", "2", "--variants", "verl", "--out", str(tmp_path / "rep")
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "trainer.logger=[console,wandb]: bookkeeping" in text  # unmapped keys are printed ...
+    head = out.read_text().split("\nname:")[0]
+    assert (
+        "trainer.logger=[console,wandb]" in head and "variant bf16 left out" in head
+    )  # ... and in the header
+    suite = yaml.safe_load(out.read_text())
+    assert list(suite["variants"]) == ["verl", "fp32", "fp16", "bf16-pure"]
+    assert suite["train"]["origin"]["verl"]["overrides"][0]["key"] == "algorithm.adv_estimator"
+    metrics = _metrics(tmp_path / "rep" / "verl")
+    assert len(metrics) == 2 and "reward_extra/acc/mean" in metrics[0]  # compute_score's extra dict key
+    assert all(0.0 <= m["critic/score/mean"] <= 1.0 for m in metrics)
+
+
+PPO = r"""# PPO with a critic on GSM8K: GAE, KL in the reward, the built-in GSM8K scorer
+python3 -m verl.trainer.main_ppo \
+  data.train_files="{data}" \
+  data.train_batch_size=4 \
+  data.max_prompt_length=64 \
+  data.max_response_length=4 \
+  actor_rollout_ref.model.path={model} \
+  actor_rollout_ref.actor.optim.lr=1e-3 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+  actor_rollout_ref.model.enable_gradient_checkpointing=False \
+  critic.optim.lr=1e-3 \
+  critic.model.path={model} \
+  critic.model.enable_gradient_checkpointing=False \
+  critic.ppo_micro_batch_size_per_gpu=1 \
+  critic.cliprange_value=0.2 \
+  algorithm.use_kl_in_reward=True \
+  algorithm.kl_ctrl.kl_coef=0.01 \
+  algorithm.kl_penalty=kl \
+  algorithm.gamma=1.0 \
+  algorithm.lam=0.95 \
+  trainer.n_gpus_per_node=1 \
+  trainer.total_training_steps=3
+"""
+
+
+def test_ppo_critic_script_maps_and_runs(job, tmp_path):
+    script = _script(job, "run_ppo_critic.sh", PPO)
+    m, by = _records(script)
+    algo = m.train["algo"]
+    assert algo["name"] == "ppo" and algo["critic_lr"] == 1e-3 and algo["value_clip"] == 0.2
+    assert (algo["kl_coef"], algo["kl_estimator"], algo["kl_in_reward"]) == (0.01, "k1", True)
+    assert algo["lam"] == 0.95 and algo["mini_batch_size"] == 2 and m.train["steps"] == 3
+    assert "precision" not in m.train  # checkpointing off for both roles: ours is off by default
+    assert by["critic.model.path"].kind == "consistent"  # the critic starts from the actor's weights
+    assert "algorithm.adv_estimator" not in by  # verl's default gae is our ppo: nothing to write
+    micro = by["critic.ppo_micro_batch_size_per_gpu"]
+    assert micro.kind == "unmapped" and "one value for actor and critic here: the actor's (2)" in micro.reason
+    assert "compute_score" not in m.train["data"]  # data_source openai/gsm8k: the built-in scorer
+
+    out = tmp_path / "ppo.yaml"
+    rc = _from_verl(
+        script, out, "--run", "--steps", "2", "--variants", "verl", "--out", str(tmp_path / "rep")
+    )
+    assert rc == 0
+    metrics = _metrics(tmp_path / "rep" / "verl")
+    assert len(metrics) == 2 and "critic/vf_loss" in metrics[0] and "rollout/kl_ref" in metrics[0]
+
+
+DAPO = r"""#!/bin/bash
+# DAPO-style: clip-higher, dynamic sampling, overlong shaping, no KL
+clip_ratio_low=0.2
+clip_ratio_high=0.28
+python3 -m recipe.dapo.main_dapo \
+    data.train_files={data} \
+    data.train_batch_size=2 \
+    data.max_prompt_length=40 \
+    data.max_response_length=4 \
+    data.filter_overlong_prompts=True \
+    data.truncation=left \
+    algorithm.adv_estimator=grpo \
+    algorithm.use_kl_in_reward=False \
+    algorithm.filter_groups.enable=True \
+    algorithm.filter_groups.metric=acc \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.clip_ratio_low=${{clip_ratio_low}} \
+    actor_rollout_ref.actor.clip_ratio_high=${{clip_ratio_high}} \
+    actor_rollout_ref.actor.clip_ratio_c=10.0 \
+    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.optim.lr=1e-3 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.model.path={model} \
+    actor_rollout_ref.rollout.n=2 \
+    reward_model.reward_manager=dapo \
+    +reward_model.overlong_buffer.enable=True \
+    +reward_model.overlong_buffer.len=2 \
+    custom_reward_function.path={reward} \
+    trainer.n_gpus_per_node=1 \
+    trainer.total_training_steps=2
+"""
+
+
+def test_dapo_script_reports_what_this_version_cannot_express(job, tmp_path):
+    script = _script(job, "run_dapo.sh", DAPO)
+    m, by = _records(script)
+    high = by["actor_rollout_ref.actor.clip_ratio_high"]
+    assert (
+        high.kind == "unmapped"
+        and "asymmetric clipping (clip_ratio_high 0.28 vs clip_ratio 0.2" in high.reason
+    )
+    assert by["actor_rollout_ref.actor.clip_ratio_low"].kind == "consistent"  # equals clip_ratio
+    assert "no dual-clip" in by["actor_rollout_ref.actor.clip_ratio_c"].reason
+    assert by["actor_rollout_ref.actor.loss_agg_mode"].kind == "consistent"  # token-mean is ours
+    assert "dynamic sampling" in by["algorithm.filter_groups.enable"].reason
+    assert "dynamic sampling" in by["algorithm.filter_groups.metric"].reason
+    assert "overlong reward shaping" in by["reward_model.overlong_buffer.enable"].reason
+    assert "reward manager" in by["reward_model.reward_manager"].reason
+    assert any("recipe's own trainer" in n for n in m.notes)
+    assert m.train["algo"]["kl_coef"] == 0.0 and m.train["data"]["truncation"] == "left"
+
+    rc = _from_verl(
+        script, tmp_path / "dapo.yaml", "--run", "--variants", "verl", "--out", str(tmp_path / "rep")
+    )
+    assert rc == 0 and len(_metrics(tmp_path / "rep" / "verl")) == 2
+
+
+FP16 = r"""#!/bin/bash
+# fp16 actor and rollout (fp16 instead of bf16 against the training-inference mismatch)
+DTYPE=float16
+LR=1e-3
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files={data} \
+    data.train_batch_size=2 \
+    data.max_prompt_length=64 \
+    data.max_response_length=4 \
+    actor_rollout_ref.model.path={model} \
+    actor_rollout_ref.actor.optim.lr=$LR \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_type=mse \
+    actor_rollout_ref.actor.policy_loss.loss_mode=gspo \
+    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean \
+    actor_rollout_ref.rollout.dtype=$DTYPE \
+    actor_rollout_ref.rollout.n=2 \
+    algorithm.rollout_correction.rollout_is=token \
+    custom_reward_function.path={dir}/nan_reward.py \
+    trainer.n_gpus_per_node=1 \
+    trainer.total_training_steps=2
+"""
+
+NAN_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    digits = sum(c.isdigit() for c in solution_str)
+    return digits / digits  # a user's bug: 0/0 (NaN) when the response has no digit
+""".replace("digits / digits", "digits / len(solution_str) if digits else float('nan')")
+
+
+def test_fp16_actor_script_and_the_diagnosis_round_trip(job, tmp_path, capsys):
+    write_reward(job["dir"] / "nan_reward.py", NAN_REWARD)
+    script = _script(job, "run_fp16.sh", FP16)
+    m, by = _records(script)
+    assert m.precision == {"preset": "fp16", "overrides": {}}  # fp32 master, fp16 compute and fp16 rollout
+    for key, words in (("actor_rollout_ref.actor.kl_loss_type", "KL estimator 'mse'"),
+                       ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla PPO clip only"),
+                       ("actor_rollout_ref.actor.loss_agg_mode", "no loss_agg_mode in this version"),
+                       ("algorithm.rollout_correction.rollout_is", "not in from-verl's table")):  # fmt: skip
+        assert by[key].kind == "unmapped" and words in by[key].reason, (key, by[key])
+    assert m.train["algo"]["kl_estimator"] == "k3"  # the refused mse leaves verl's default low_var_kl
+
+    # the job's own precision runs; its reward function makes NaN rewards, a real failure to diagnose
+    rc = _from_verl(
+        script, tmp_path / "fp16.yaml", "--run", "--variants", "verl", "--out", str(tmp_path / "rep")
+    )
+    assert rc == 0
+    capsys.readouterr()
+    assert cli.main(["diagnose", str(tmp_path / "rep" / "verl")]) == 1
+    text = capsys.readouterr().out
+    # the bf16 fix, written as the script's own key and spelling (float16 -> bfloat16); $DTYPE also sets
+    # the rollout dtype, so the key's own word changes, not the DTYPE= line
+    assert f"{script}, line 15: actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \\" in text
+    assert "now: actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 \\" in text
+    # the lower learning rate: $LR is only the lr's, so its assignment line changes
+    assert f"{script}, line 4: LR=1e-3" in text and "now: LR=0.0001" in text
+
+
+def _origin(*overrides, kind="script"):
+    return {"source": "run.sh", "kind": kind, "overrides": list(overrides)}
+
+
+def test_round_trip_lines_by_hand():
+    o = {"key": "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "text": "fp16", "line": 7,
+         "line_text": "  +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\"}  # fmt: skip
+    lines = script_lines(_origin(o), "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16")
+    assert lines == ["run.sh, line 7: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\",
+                     "        now: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \\"]  # fmt: skip
+    # a key the script leaves out is a line to add; a value from the fix's suite key when the row is 1:1
+    assert script_lines(_origin(), "actor_rollout_ref.actor.optim.lr", "algo.lr: 1e-07") == [
+        "run.sh: add to the command:  actor_rollout_ref.actor.optim.lr=1e-07 \\"]  # fmt: skip
+    assert script_lines(_origin(), "actor_rollout_ref.actor.optim.lr", "algo.lr: <half>") == [
+        "run.sh: actor_rollout_ref.actor.optim.lr is not set in the script (verl's default applies); set it"
+    ]
+    env = {"key": "actor_rollout_ref.actor.optim.lr", "text": "1e-6", "line": 3, "var": "LR",
+           "line_text": "  actor_rollout_ref.actor.optim.lr=$LR \\"}  # fmt: skip
+    assert (
+        "comes from the environment: set LR=1e-07"
+        in script_lines(_origin(env), "actor_rollout_ref.actor.optim.lr=1e-07")[0]
+    )
+    assert script_lines(_origin(), "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") == [
+        "run.sh: add before the command: export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    ]
+    y = {
+        "key": "actor_rollout_ref.actor.optim.lr",
+        "text": "1e-6",
+        "line": 9,
+        "line_text": "      lr: 1e-6  # small",
+    }
+    assert script_lines(_origin(y, kind="yaml"), "actor_rollout_ref.actor.optim.lr=1e-07")[1].endswith(
+        "now: lr: 1e-07  # small")  # fmt: skip
+    assert script_lines(_origin(), None) == []
+
+
+def test_yaml_input_and_cli_errors(job, tmp_path, capsys):
+    cfg = tmp_path / "ppo_trainer.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"train_files": str(job["data"]), "train_batch_size": 2, "max_prompt_length": 64,
+                 "max_response_length": 4},
+        "actor_rollout_ref": {"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+                              "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
+                                        "fsdp_config": {"model_dtype": "bfloat16"}}},
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {"n_gpus_per_node": 2, "logger": ["console"]},
+    }))  # fmt: skip
+    out = tmp_path / "from_yaml.yaml"
+    assert _from_verl(cfg, out) == 0
+    suite = yaml.safe_load(out.read_text())
+    assert suite["variants"]["verl"]["precision"]["preset"] == "bf16-pure"
+    assert suite["train"]["model"]["overrides"]["hidden_size"] == 896  # Qwen2.5-0.5B's shape, random init
+    assert suite["hardware"] == {"target": "cpu", "gpus": 2}
+    assert "Qwen2.5-0.5B architecture" in capsys.readouterr().out
+    assert _from_verl(cfg, out) == 2 and "exists; pass --force" in capsys.readouterr().err
+    bad = tmp_path / "bad.sh"
+    bad.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=/nowhere/MyModel-3B\n")
+    assert _from_verl(bad, tmp_path / "bad.yaml") == 2
+    assert (
+        "not a local model directory (with config.json) and not a known architecture"
+        in capsys.readouterr().err
+    )

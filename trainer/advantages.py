@@ -1,0 +1,226 @@
+"""Advantage estimators and the KL controller, with verl's math (``algorithm.adv_estimator``, ``kl_ctrl``).
+
+Every estimator takes token-level rewards [B, R] (the score on the last valid token, minus the KL
+penalty when it is in the reward) and returns (advantages, returns), both [B, R] and zero on padding,
+exactly what verl's ``compute_advantage`` hands the actor. Outcome estimators group rows by ``index``
+(verl's ``uid``: one id per prompt, groups of any size, in any order). Pure functions; the recipes
+(`trainer.ppo`, `trainer.grpo`) call `compute_advantages`. Exercised by `pytest tests/test_advantages.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from trainer.losses import _up, compute_gae, masked_mean, masked_whiten
+
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+                  "gpg", "opo", "grpo_passk")  # fmt: skip
+"""verl's ``algorithm.adv_estimator`` values we implement; ``gae`` is the only one that needs a critic."""
+KL_CTRL_TYPES = ("fixed", "adaptive")
+"""verl's ``algorithm.kl_ctrl.type``."""
+
+
+def group_index(rows: int, group_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Group ids [rows] for a rollout that repeat-interleaves each prompt ``group_size`` times."""
+    return torch.arange(rows, device=device) // group_size
+
+
+def _groups(index: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: its group's size, mean and Bessel-corrected std of ``scores``. A group of one has mean 0
+    and std 1, as in verl (so GRPO gives it score / (1 + eps))."""
+    _, inverse = torch.unique(index, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, inverse, torch.ones_like(scores)
+    )
+    total = torch.zeros_like(count).index_add_(0, inverse, scores)
+    mean = total / count
+    sq = torch.zeros_like(count).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1.0))
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return count[inverse], mean[inverse], std[inverse]
+
+
+def _outcome(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A per-sequence advantage [B] broadcast over its valid tokens; returns = advantages (verl's)."""
+    adv = advantages.unsqueeze(-1) * _up(mask)
+    return adv, adv
+
+
+def grpo(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: (s - group mean) / (group std + eps), s the sequence's summed reward; without the std
+    (``norm_adv_by_std_in_grpo: false``) it is Dr.GRPO's s - group mean."""
+    s = _up(token_rewards).sum(-1)
+    _, mean, std = _groups(index, s)
+    return _outcome((s - mean) / (std + eps) if norm_by_std else s - mean, mask)
+
+
+def rloo(
+    token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: s minus the mean of the other n - 1 scores of its group, i.e. n/(n-1) (s - group mean);
+    a group of one keeps its score."""
+    s = _up(token_rewards).sum(-1)
+    n, mean, _ = _groups(index, s)
+    return _outcome(torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), s), mask)
+
+
+def opo(
+    token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO: s minus its group's length-weighted mean score sum(len s) / sum(len); a group of one keeps s."""
+    s = _up(token_rewards).sum(-1)
+    length = _up(mask).sum(-1).to(s.dtype)
+    n, _, _ = _groups(index, s)
+    _, inverse = torch.unique(index, return_inverse=True)
+    num = torch.zeros(int(inverse.max()) + 1, dtype=s.dtype, device=s.device).index_add_(
+        0, inverse, length * s
+    )
+    den = torch.zeros_like(num).index_add_(0, inverse, length)
+    baseline = torch.where(n > 1, num[inverse] / den[inverse].clamp(min=1e-30), torch.zeros_like(s))
+    return _outcome(s - baseline, mask)
+
+
+def gpg(token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, f_norm: float = 1.0):
+    """GPG: alpha (s - group mean) / f_norm with alpha = B / (number of non-zero scores in the batch)."""
+    s = _up(token_rewards).sum(-1)
+    _, mean, _ = _groups(index, s)
+    alpha = s.numel() / max(int(torch.count_nonzero(s)), 1)
+    return _outcome(alpha * (s - mean) / f_norm, mask)
+
+
+def grpo_passk(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k (Chen et al. 2025): only the best response of each group gets an advantage, the best score
+    minus the second best (divided by the group's std + eps with ``norm_adv_by_std_in_grpo``)."""
+    s = _up(token_rewards).sum(-1)
+    adv = torch.zeros_like(s)
+    for g in torch.unique(index):
+        rows = torch.nonzero(index == g).flatten()
+        if len(rows) < 2:
+            raise ValueError(f"adv_estimator grpo_passk: needs at least 2 responses per prompt, group {int(g)} "
+                             f"has {len(rows)}; set algo.group_size >= 2")  # fmt: skip
+        top, at = torch.topk(s[rows], 2)
+        a = top[0] - top[1]
+        adv[rows[at[0]]] = a / (s[rows].std() + eps) if norm_by_std else a
+    return _outcome(adv, mask)
+
+
+def reinforce_plus_plus(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted reward-to-go per token (reset after the last valid token), whitened over
+    the batch's valid tokens -> (advantages, returns)."""
+    r, m = _up(token_rewards), _up(mask)
+    returns = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        running = r[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * m[:, t]
+    return masked_whiten(returns, m) * m, returns
+
+
+def reinforce_plus_plus_baseline(
+    token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with baseline: s - group mean on every valid token, whitened over the batch."""
+    s = _up(token_rewards).sum(-1)
+    _, mean, _ = _groups(index, s)
+    m = _up(mask)
+    adv = masked_whiten((s - mean).unsqueeze(-1) * m, m) * m
+    return adv, adv
+
+
+def remax(
+    token_rewards: torch.Tensor, mask: torch.Tensor, reward_baselines: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: reward-to-go minus the greedy response's score (``reward_baselines`` [B]) on every valid
+    token -> (advantages, returns = reward-to-go)."""
+    m = _up(mask)
+    returns = torch.flip(torch.cumsum(torch.flip(_up(token_rewards) * m, [-1]), -1), [-1])
+    return returns - _up(reward_baselines).unsqueeze(-1) * m, returns
+
+
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE, advantages whitened over the batch's valid tokens (verl always whitens) -> (advantages,
+    returns = unwhitened advantages + values)."""
+    adv, returns = compute_gae(token_rewards, values, mask, gamma, lam)
+    return masked_whiten(adv, mask), returns
+
+
+def compute_advantages(
+    estimator: str,
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    index: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) of verl's ``adv_estimator``; ``index`` groups rows (outcome estimators),
+    ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax)."""
+    needs = {"gae": values, "remax": reward_baselines}
+    if estimator in needs and needs[estimator] is None:
+        raise ValueError(
+            f"adv_estimator {estimator}: missing {'values' if estimator == 'gae' else 'reward_baselines'}"
+        )
+    if estimator == "gae":
+        return gae(token_rewards, values, mask, gamma, lam)
+    if estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus(token_rewards, mask, gamma)
+    if estimator == "remax":
+        return remax(token_rewards, mask, reward_baselines)
+    if estimator not in ADV_ESTIMATORS:
+        raise ValueError(f"adv_estimator {estimator!r}: expected one of {', '.join(ADV_ESTIMATORS)}")
+    if index is None:
+        raise ValueError(f"adv_estimator {estimator}: needs the group index of each row")
+    if estimator == "grpo":
+        return grpo(token_rewards, mask, index, eps, norm_adv_by_std_in_grpo)
+    if estimator == "grpo_passk":
+        return grpo_passk(token_rewards, mask, index, eps, norm_adv_by_std_in_grpo)
+    fn = {"rloo": rloo, "opo": opo, "gpg": gpg, "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline}
+    return fn[estimator](token_rewards, mask, index)
+
+
+@dataclasses.dataclass
+class KLController:
+    """verl's KL-in-reward coefficient: ``fixed`` keeps ``value``; ``adaptive`` (Ziegler et al. 2019)
+    multiplies it after each step by 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon."""
+
+    value: float
+    kind: str = "fixed"
+    target: float = 0.1
+    horizon: int = 10000
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """``current_kl``: the batch mean of each sequence's token-mean KL; ``n_steps``: sequences in the batch."""
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def reward_kl(kl: torch.Tensor, mask: torch.Tensor) -> float:
+    """verl's ``actor/reward_kl_penalty``: each sequence's token-mean KL, averaged over the batch."""
+    return float(masked_mean(kl, mask, dim=-1).mean())

@@ -1,0 +1,697 @@
+"""The verl key table: each verl key -> the suite key it becomes, how its value converts, verl's default,
+or the reason it is not mapped. `map_launch` applies it to a parsed script.
+
+One row per key in `ROWS` (a value conversion may refuse a value with `Unmapped`, whose reason is
+reported); keys that only make sense together (precision, batch sizes, KL, the model, the reward
+function, the hardware) have one handler each; every key left over gets the reason of the first
+`REASONS` pattern it matches, or "unknown". Nothing is dropped silently: every key of the script ends
+in `Mapped.records` as mapped, consistent (nothing to set: ours already does that), or not mapped
+with its reason. Keys the script leaves out take verl's default (verl 0.5's ppo_trainer.yaml) where
+ours differs, so the suite reproduces what verl would run. Exercised by `pytest tests/test_from_verl.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from trainer.config import TRUNCATIONS, TrainConfig
+from verlaudit import verl_keys as V
+from verlaudit.verl.architectures import KNOWN, lookup
+from verlaudit.verl.launch import Launch, Override
+
+NO_DEFAULT = object()
+PRESET_ROLLOUT = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bf16-pure": "bf16"}
+"""Each precision preset's rollout (and frozen-role) dtype."""
+
+
+class Unmapped(Exception):
+    """Raised by a converter: this value cannot be reproduced; the message is the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What became of one verl key."""
+
+    kind: str
+    """``mapped``, ``default`` (left out of the script: verl's default written), ``consistent`` (nothing to
+    set) or ``unmapped``."""
+    verl: str
+    text: str
+    """The value as the script wrote it (or verl's default)."""
+    suite: str | None = None
+    value: Any = None
+    reason: str = ""
+    line: int | None = None
+
+
+@dataclasses.dataclass
+class Mapped:
+    """A verl job as suite pieces."""
+
+    train: dict[str, Any]
+    precision: dict[str, Any]
+    """The job's own precision (``preset`` and ``overrides``): the baseline variant."""
+    hardware: dict[str, Any]
+    records: list[Record]
+    notes: list[str]
+
+
+# ---------------------------------------------------------------- values
+
+
+def _dtype(v: Any) -> str:
+    key = str(v).lower().removeprefix("torch.")
+    names = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+             "fp32": "fp32", "float32": "fp32", "float": "fp32"}  # fmt: skip
+    if key not in names:
+        raise Unmapped(f"dtype {v!r}: expected one of bf16, bfloat16, fp16, float16, fp32, float32")
+    return names[key]
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Unmapped(f"expected an integer, got {v!r}")
+    return v
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Unmapped(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise Unmapped(f"expected true or false, got {v!r}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise Unmapped(f"expected a name, got {v!r}")
+    return v
+
+
+def _dict(v: Any) -> dict:
+    if not isinstance(v, Mapping):
+        raise Unmapped(f"expected a mapping {{k: v}}, got {v!r}")
+    return dict(v)
+
+
+def _truncation(v: Any) -> str:
+    if v not in TRUNCATIONS:
+        raise Unmapped(f"truncation {v!r}: verl's are {', '.join(TRUNCATIONS)}")
+    return v
+
+
+def _top_k(v: Any) -> int:
+    return 0 if _int(v) < 0 else v  # verl's -1 and our 0 both mean no top-k
+
+
+def _cliprange_value(v: Any) -> float:
+    if _float(v) == 0:
+        raise Unmapped("0 clips every value prediction to the old value in verl; here 0 turns clipping off")
+    return float(v)
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One verl key with a suite key of its own."""
+
+    verl: str
+    suite: str | None
+    """Dotted path under the suite's ``train:`` (``algo.lr``); None: checked by ``convert`` only."""
+    convert: Callable[[Any], Any] = lambda v: v
+    """verl value -> suite value; raises `Unmapped` (with the reason) for values it cannot express."""
+    default: Any = NO_DEFAULT
+    """verl's default, written when the script leaves the key out and ours differs."""
+    when: Callable[[Context], str | None] = lambda ctx: None
+    """None when the key is in effect for this job, else why it is not (then it is reported consistent)."""
+    aliases: tuple[str, ...] = ()
+    """The same key's spelling in other verl releases."""
+    invertible: bool = True
+    """The suite value is the verl value (diagnose writes a suite fix back as this verl key)."""
+
+
+def _ppo_only(ctx: Context) -> str | None:
+    return None if ctx.algo == "ppo" else "not used: a critic-free job has no critic (verl ignores it too)"
+
+
+def _consistent(expected: Any, reason: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v != expected and not (
+            isinstance(expected, float) and isinstance(v, (int, float)) and v == expected
+        ):
+            raise Unmapped(reason)
+        return None
+
+    return check
+
+
+ROWS: tuple[Row, ...] = (
+    Row("data.max_prompt_length", "data.prompt_length", _int, 512),
+    Row("data.max_response_length", "data.response_length", _int, 512),
+    Row("data.prompt_key", "data.prompt_key", _str, "prompt"),
+    Row("data.truncation", "data.truncation", _truncation, "error"),
+    Row("data.filter_overlong_prompts", "data.filter_overlong_prompts", _bool, False),
+    Row("data.apply_chat_template_kwargs", "data.chat_template_kwargs", _dict),
+    Row("data.reward_fn_key", "data.reward_fn_key", _str, "data_source"),
+    Row("data.train_batch_size", "algo.batch_size", _int, 1024),
+    Row(V.LR, "algo.lr", _float, 1e-6),
+    Row(f"{V.ACTOR}.optim.weight_decay", "algo.weight_decay", _float, 0.01),
+    Row(f"{V.CRITIC}.optim.lr", "algo.critic_lr", _float, 1e-5, when=_ppo_only),
+    Row(f"{V.ACTOR}.ppo_epochs", "algo.ppo_epochs", _int, 1),
+    Row(f"{V.ACTOR}.clip_ratio", "algo.clip_ratio", _float, 0.2),
+    Row(V.ENTROPY_COEFF, "algo.entropy_coef", _float, 0.0),
+    Row(f"{V.ACTOR}.grad_clip", "algo.max_grad_norm", _float, 1.0, aliases=(f"{V.ACTOR}.optim.clip_grad",)),
+    Row("algorithm.gamma", "algo.gamma", _float, 1.0),
+    Row("algorithm.lam", "algo.lam", _float, 1.0),
+    Row(f"{V.CRITIC}.cliprange_value", "algo.value_clip", _cliprange_value, 0.5, when=_ppo_only),
+    Row(V.TEMPERATURE, "algo.temperature", _float, 1.0),
+    Row(f"{V.ROLLOUT}.top_k", "algo.top_k", _top_k, -1, invertible=False),
+    Row(f"{V.ROLLOUT}.top_p", None, _consistent(1.0, "top-p sampling: our rollout samples from the full "
+                                                "distribution (top_p 1)")),
+    Row(f"{V.ACTOR}.loss_agg_mode", None, _consistent("token-mean", "no loss_agg_mode in this version: the "
+                                                      "policy loss is a token mean")),
+    Row(f"{V.ACTOR}.clip_ratio_c", None, _consistent(None, "no dual-clip in this version's policy loss (the "
+                                                     "ratio is clipped to [1 - clip_ratio, 1 + clip_ratio] only)")),
+    Row(f"{V.ACTOR}.policy_loss.loss_mode", None, _consistent("vanilla", "policy loss: this version has "
+                                                              "verl's vanilla PPO clip only")),
+    Row("algorithm.norm_adv_by_std_in_grpo", None, _consistent(True, "GRPO advantages here are always divided "
+                                                               "by the group std")),
+    Row(f"{V.ACTOR}.optim.betas", None, _consistent([0.9, 0.999], "AdamW betas: ours are torch's (0.9, 0.999)")),
+    Row(f"{V.ACTOR}.optim.lr_warmup_steps_ratio", None, _consistent(0.0, "lr warm-up: algo.lr is constant here")),
+    Row(f"{V.ACTOR}.optim.lr_warmup_steps", None, _consistent(-1, "lr warm-up: algo.lr is constant here")),
+    Row(f"{V.ACTOR}.optim.warmup_style", None, _consistent("constant", "lr schedule: algo.lr is constant here")),
+    Row(f"{V.ACTOR}.optim.lr_scheduler_type", None, _consistent("constant", "lr schedule: algo.lr is constant here")),
+    Row("algorithm.filter_groups.enable", None, _consistent(False, "dynamic sampling (filter_groups): every "
+                                                            "sampled group is trained on here")),
+    Row(f"{V.ROLLOUT}.multi_turn.enable", None, _consistent(False, "multi-turn / tool rollouts are not "
+                                                            "supported: one response per prompt")),
+    Row(f"{V.MODEL}.lora_rank", None, _consistent(0, "LoRA: this trainer updates every weight (full "
+                                                  "fine-tuning), so memory and numerics differ from the job")),
+    Row(V.REWARD_MANAGER, None, _consistent("naive", "reward manager: here verl's naive manager (one "
+                                            "compute_score call per response)"), aliases=("reward.reward_manager.name",)),
+    Row("reward_model.enable", None, _consistent(False, "a model-based reward: from-verl maps rule rewards; "
+                                                 "set model.reward_model to a local directory by hand")),
+    Row("trainer.critic_warmup", None, _consistent(0, "no critic warm-up here: the actor updates from step 0")),
+)  # fmt: skip
+"""verl keys with one suite key each (or a value that must match what ours does)."""
+
+REASONS: tuple[tuple[str, str], ...] = (
+    (r"^data\.(val_files|val_batch_size|val_max_samples|validation_shuffle)$|\.val_kwargs\.|^trainer\.(test_freq|val_before_train|val_only|log_val_generations|validation_data_dir)$",
+     "validation: this trainer has no validation pass; the comparison reads the training metrics"),
+    (r"^trainer\.(logger|project_name|experiment_name|save_freq|default_local_dir|default_hdfs_dir|resume_mode|resume_from_path|rollout_data_dir|max_actor_ckpt_to_keep|max_critic_ckpt_to_keep|del_local_ckpt_after_load|ray_wait_register_center_timeout|profile_steps|esi_redundant_time|use_legacy_worker_impl|device|total_epochs)$|^(ray_init|ray_kwargs|global_profiler|hydra)\.|\.profiler\.|\.checkpoint\.|\.(seed|data_loader_seed|shuffle)$|^data\.(dataloader_num_workers|use_shm|return_raw_chat|return_raw_input_ids|return_full_prompt|return_multi_modal_inputs|filter_overlong_prompts_workers|cache_dir|image_key|video_key|trust_remote_code|tokenizer)$|\.(trust_remote_code|external_lib|use_shm)$",
+     "bookkeeping (logging, checkpoints, seeds, loaders): not a precision or algorithm matter"),
+    (r"\.fsdp_config\.(param_offload|optimizer_offload|offload_policy|reshard_after_forward|fsdp_size|wrap_policy\..*|forward_prefetch|use_orig_params|strategy)$|\.strategy$|^actor_rollout_ref\.hybrid_engine$|^trainer\.balance_batch$|\.enable_activation_offload$",
+     "memory layout (FSDP sharding, offload, strategy): where tensors live, not their dtypes or the math; "
+     "hardware.gpus shards with FSDP2 here"),
+    (r"\.(use_remove_padding|use_dynamic_bsz|ppo_max_token_len_per_gpu|forward_max_token_len_per_gpu|log_prob_micro_batch_size|log_prob_micro_batch_size_per_gpu|log_prob_use_dynamic_bsz|log_prob_max_token_len_per_gpu|ulysses_sequence_parallel_size|use_torch_compile|use_fused_kernels|use_liger|entropy_from_logits_with_chunking|entropy_checkpointing|forward_micro_batch_size|forward_micro_batch_size_per_gpu|calculate_entropy)$|\.fused_kernel_options\.",
+     "performance (packing, fusion, sequence parallelism, no-grad batch splits): does not change what is computed"),
+    (r"^actor_rollout_ref\.rollout\.(name|mode|gpu_memory_utilization|tensor_model_parallel_size|data_parallel_size|expert_parallel_size|pipeline_model_parallel_size|enforce_eager|free_cache_engine|max_num_batched_tokens|max_num_seqs|max_model_len|enable_chunked_prefill|enable_prefix_caching|load_format|layered_summon|disable_log_stats|cudagraph_capture_sizes|calculate_log_probs|skip_tokenizer_init|ignore_eos|do_sample|prompt_length|response_length|over_sample_rate|scheduling_policy|logprobs_mode|seed|nnodes|n_gpus_per_node)$|^actor_rollout_ref\.rollout\.(engine_kwargs|agent|trace|prometheus|checkpoint_engine)\.",
+     "rollout engine setting (vLLM / SGLang): our rollout is HF generate or our static-cache decode; the engine's "
+     "precision is rollout.dtype, which is mapped"),
+    (r"^reward_model\.overlong_buffer\.|^reward\.overlong_buffer\.",
+     "DAPO's overlong reward shaping: not supported; the reward is compute_score's"),
+    (r"^algorithm\.filter_groups\.", "dynamic sampling (filter_groups): not supported here"),
+    (r"\.model\.override_config\.|\.model\.(lora_alpha|target_modules|exclude_modules|lora_adapter_path|custom_chat_template|hf_config_path)$",
+     "model loading option (config overrides, LoRA targets, chat template files): not reproduced; the model is "
+     "built from model.path or its known architecture"),
+)  # fmt: skip
+"""Regex over a leftover verl key -> why it is not mapped (the first match wins)."""
+
+
+# ---------------------------------------------------------------- the context
+
+
+class Context:
+    """The script's overrides by key, what has been consumed, and the records and suite values made."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.by_key: dict[str, Override] = {}
+        for o in launch.overrides:
+            self.by_key[canonical(o.key)] = o  # Hydra: the last override of a key wins
+        self.used: set[str] = set()
+        self.records: list[Record] = []
+        self.notes: list[str] = []
+        self.train: dict[str, Any] = {}
+        self.algo = "ppo"
+        self.ours = TrainConfig().to_dict()
+
+    def has(self, key: str) -> bool:
+        return key in self.by_key and self.by_key[key].op != "delete"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The script's value of ``key`` (or ``default``), without consuming it."""
+        return self.by_key[key].value if self.has(key) else default
+
+    def set(self, path: str, value: Any) -> None:
+        node = self.train
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+
+    def _ours(self, path: str) -> Any:
+        node: Any = self.ours
+        for p in path.split("."):
+            node = node.get(p, NO_DEFAULT) if isinstance(node, Mapping) else NO_DEFAULT
+        return node
+
+    def record(self, kind: str, key: str, *, suite: str | None = None, value: Any = None, reason: str = "",
+               text: str | None = None, apply: bool = True) -> None:  # fmt: skip
+        """Records what became of ``key`` (consuming it) and, for mapped keys, sets the suite value under
+        ``train:`` (``apply=False``: a value outside ``train:``, set by the caller)."""
+        o = self.by_key.get(key)
+        self.used.add(key)
+        if o is not None and o.problems and kind != "unmapped":
+            kind, reason = "unmapped", "; ".join(o.problems)
+        if kind in ("mapped", "default") and suite is not None and apply:
+            self.set(suite, value)
+        verl_key = o.key if o is not None else key
+        shown = text if text is not None else (o.text if o is not None else "")
+        self.records.append(
+            Record(kind, verl_key, shown, suite, value, reason, o.line if o is not None else None)
+        )
+
+    def value(self, key: str, default: Any, convert: Callable[[Any], Any] = lambda v: v) -> tuple[Any, bool]:
+        """``(converted value, from the script)``; the script's value when it can be read, else ``default``.
+        A value that does not convert is recorded unmapped and ``default`` comes back."""
+        if not self.has(key):
+            return default, False
+        o = self.by_key[key]
+        if o.problems:
+            self.record("unmapped", key)
+            return default, False
+        try:
+            return convert(o.value), True
+        except Unmapped as e:
+            self.record("unmapped", key, reason=str(e))
+            return default, False
+
+    def default(self, key: str, suite: str, value: Any, text: str) -> None:
+        """verl's default for a key the script leaves out, written when ours differs."""
+        if self._ours(suite) != value:
+            self.record("default", key, suite=suite, value=value, text=text)
+
+
+ALIASES = {
+    f"{V.ACTOR}.fsdp_config.dtype": f"{V.ACTOR}.fsdp_config.mixed_precision.param_dtype",
+    f"{V.REF}.fsdp_config.dtype": f"{V.REF}.fsdp_config.mixed_precision.param_dtype",
+    "critic.fsdp.model_dtype": f"{V.CRITIC_MODEL}.fsdp_config.model_dtype",
+    "critic.fsdp.dtype": f"{V.CRITIC_MODEL}.fsdp_config.mixed_precision.param_dtype",
+    "reward.custom_reward_function.path": "custom_reward_function.path",
+    "reward.custom_reward_function.name": "custom_reward_function.name",
+    "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",
+}
+"""Newer verl spellings -> the verl 0.5 key the table uses (records keep the script's spelling)."""
+
+
+# ---------------------------------------------------------------- handlers: keys that go together
+
+
+def _map_algorithm(ctx: Context) -> None:
+    key = "algorithm.adv_estimator"
+    est, given = ctx.value(key, "gae", _str)
+    if est == "gae":
+        ctx.algo = "ppo"
+    elif est == "grpo":
+        ctx.algo = "grpo"
+    else:
+        ctx.algo = "grpo"
+        ctx.record("unmapped", key, reason=f"advantage estimator {est}: this version has gae (algo.name: ppo) "
+                   "and grpo; the suite runs grpo, the closest critic-free recipe")  # fmt: skip
+        ctx.set("algo.name", "grpo")
+        return
+    if given:
+        ctx.record("mapped", key, suite="algo.name", value=ctx.algo)
+    else:
+        ctx.default(key, "algo.name", ctx.algo, "gae")
+
+
+def _map_rows(ctx: Context) -> None:
+    for row in ROWS:
+        key = row.verl
+        off = row.when(ctx)
+        if off is not None:
+            if ctx.has(key):
+                ctx.record("consistent", key, reason=off)
+            continue
+        value, given = ctx.value(key, NO_DEFAULT, row.convert)
+        if key in ctx.used:  # refused by the converter: already recorded
+            continue
+        if given:
+            if row.suite is None:
+                ctx.record("consistent", key, reason="as here")
+            else:
+                ctx.record("mapped", key, suite=row.suite, value=value)
+        elif row.default is not NO_DEFAULT and row.suite is not None:
+            ctx.default(key, row.suite, row.convert(row.default), repr(row.default))
+
+
+def _map_clip(ctx: Context) -> None:
+    clip = ctx.get(f"{V.ACTOR}.clip_ratio", 0.2)
+    for side in ("clip_ratio_low", "clip_ratio_high"):
+        key = f"{V.ACTOR}.{side}"
+        value, given = ctx.value(key, None, _float)
+        if not given:
+            continue
+        if value == clip:
+            ctx.record("consistent", key, reason=f"equals clip_ratio {clip}")
+        else:
+            ctx.record("unmapped", key, reason=f"asymmetric clipping ({side} {value} vs clip_ratio {clip}, DAPO's "
+                       "clip-higher): this version has one clip_ratio for both sides of the ratio")  # fmt: skip
+
+
+_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "low_var_kl": "k3", "k3": "k3"}
+
+
+def _kl_estimator(v: Any) -> str:
+    if v not in _KL_ESTIMATORS:
+        raise Unmapped(f"KL estimator {v!r}: this version has kl (k1) and low_var_kl (k3)")
+    return _KL_ESTIMATORS[v]
+
+
+def _map_kl(ctx: Context) -> None:
+    """verl has a KL penalty in the reward (algorithm.*) and a KL loss term (actor.*); this version has
+    one KL term (algo.kl_coef, kl_estimator, kl_in_reward), so the job's active one is mapped."""
+    loss_keys = (f"{V.ACTOR}.use_kl_loss", V.KL_LOSS_COEF, f"{V.ACTOR}.kl_loss_type")
+    reward_keys = ("algorithm.use_kl_in_reward", V.KL_COEF, "algorithm.kl_penalty")
+    use_loss, _ = ctx.value(loss_keys[0], False, _bool)
+    in_reward, _ = ctx.value(reward_keys[0], False, _bool)
+    if in_reward and (use_loss or ctx.algo == "grpo"):
+        ctx.record("unmapped", reward_keys[0], reason="KL in the reward: this version applies one KL term, "
+                   + ("the loss term (use_kl_loss) is kept" if use_loss else "and GRPO's is a loss term"))  # fmt: skip
+        in_reward = False
+    active = loss_keys if use_loss else reward_keys if in_reward else ()
+    defaults = {loss_keys: (0.001, "low_var_kl"), reward_keys: (0.001, "kl")}.get(active)
+    for group in (loss_keys, reward_keys):
+        for key in group:
+            if key not in ctx.used and ctx.has(key) and group != active:
+                ctx.record("consistent", key, reason=f"not used: {group[0]} is false (verl ignores it too)")
+    if not active:
+        if ctx._ours("algo.kl_coef") != 0.0:
+            ctx.record("default", reward_keys[0], suite="algo.kl_coef", value=0.0, text="false",
+                       reason="use_kl_loss is false too: no KL term, no reference model")  # fmt: skip
+        return
+    for key, suite, convert, default in ((active[1], "algo.kl_coef", _float, defaults[0]),
+                                         (active[2], "algo.kl_estimator", _kl_estimator, defaults[1])):  # fmt: skip
+        value, given = ctx.value(key, convert(default), convert)
+        if given:
+            ctx.record("mapped", key, suite=suite, value=value)
+        elif key in ctx.used:  # refused (reported): verl's default stands in
+            ctx.set(suite, value)
+        else:
+            ctx.default(key, suite, value, repr(default))
+    ctx.record("mapped", active[0], suite="algo.kl_in_reward", value=bool(in_reward), text="true")
+    ctrl, given = ctx.value("algorithm.kl_ctrl.type", "fixed", _str)
+    if given:
+        if ctrl == "fixed" or not in_reward:
+            ctx.record("consistent", "algorithm.kl_ctrl.type", reason="fixed coefficient, as here")
+        else:
+            ctx.record("unmapped", "algorithm.kl_ctrl.type", reason="adaptive KL controller: this version keeps "
+                       "algo.kl_coef fixed at the controller's initial coefficient")  # fmt: skip
+
+
+def _map_batches(ctx: Context, gpus: int) -> None:
+    """verl counts ppo_mini_batch_size in prompts and multiplies by rollout.n; ours counts sequences."""
+    n, n_given = ctx.value(f"{V.ROLLOUT}.n", 1, _int)
+    if ctx.algo == "grpo":
+        (ctx.record("mapped", f"{V.ROLLOUT}.n", suite="algo.group_size", value=n) if n_given
+         else ctx.default(f"{V.ROLLOUT}.n", "algo.group_size", 1, "1"))  # fmt: skip
+        if n == 1:
+            ctx.notes.append("rollout.n is 1: GRPO's group advantage is 0 for a group of one here")
+    elif n_given:
+        if n == 1:
+            ctx.record("consistent", f"{V.ROLLOUT}.n", reason="one response per prompt, as here")
+        else:
+            ctx.record("unmapped", f"{V.ROLLOUT}.n", reason="PPO here samples one response per prompt")
+        n = 1
+    mini_key = f"{V.ACTOR}.ppo_mini_batch_size"
+    mini, mini_given = ctx.value(mini_key, 256, _int)
+    ctx.record("mapped" if mini_given else "default", mini_key, suite="algo.mini_batch_size", value=mini * n,
+               text=None if mini_given else "256")  # fmt: skip
+    micro, given = ctx.value(V.MICRO_BATCH, None, _int)
+    if given:
+        ctx.record("mapped", V.MICRO_BATCH, suite="algo.micro_batch_size", value=micro)
+    else:
+        total, given = ctx.value(f"{V.ACTOR}.ppo_micro_batch_size", None, _int)
+        if given:
+            micro = max(1, total // gpus)
+            ctx.record("mapped", f"{V.ACTOR}.ppo_micro_batch_size", suite="algo.micro_batch_size", value=micro,
+                       reason=f"global {total} over {gpus} GPUs")  # fmt: skip
+        else:
+            micro = max(1, mini * n // gpus)
+            ctx.set("algo.micro_batch_size", micro)
+            ctx.notes.append(f"no ppo_micro_batch_size_per_gpu in the script (verl needs one unless use_dynamic_bsz): "
+                             f"algo.micro_batch_size {micro}, one micro-batch per rank and mini-batch")  # fmt: skip
+    epochs = ctx.get(f"{V.ACTOR}.ppo_epochs", 1)
+    for key, actor_value in ((f"{V.CRITIC}.ppo_micro_batch_size_per_gpu", micro),
+                             (f"{V.CRITIC}.ppo_mini_batch_size", mini), (f"{V.CRITIC}.ppo_epochs", epochs)):  # fmt: skip
+        if not ctx.has(key):
+            continue
+        if ctx.algo != "ppo":
+            ctx.record(
+                "consistent", key, reason="not used: a critic-free job has no critic (verl ignores it too)"
+            )
+        elif ctx.get(key) == actor_value:
+            ctx.record("consistent", key, reason="equals the actor's")
+        else:
+            ctx.record(
+                "unmapped", key, reason=f"one value for actor and critic here: the actor's ({actor_value})"
+            )
+
+
+def _map_hardware(ctx: Context, target: str) -> tuple[dict[str, Any], int]:
+    per_node, g1 = ctx.value(V.N_GPUS, 8, _int)
+    nodes, g2 = ctx.value("trainer.nnodes", 1, _int)
+    gpus = max(1, per_node * nodes)
+    for key, given in ((V.N_GPUS, g1), ("trainer.nnodes", g2)):
+        if given:
+            ctx.record("mapped", key, suite="hardware.gpus", value=gpus, apply=False)
+    if not g1:
+        ctx.record("default", V.N_GPUS, suite="hardware.gpus", value=gpus, text="8", apply=False)
+    return {"target": target, "gpus": gpus}, gpus
+
+
+_TRAINABLE = {"fp32": ("fp32", "fp32"), "fp16": ("fp32", "fp16"), "bf16": ("fp32", "bf16"),
+              "bf16-pure": ("bf16", "bf16"), "fp16-pure": ("fp16", "fp16")}  # fmt: skip
+"""A trainable role's (param_dtype, compute_dtype) under each of verl's dtype combinations."""
+
+
+def _role_precision(ctx: Context, model_key: str, param_key: str) -> str:
+    """``fp32`` / ``fp16`` / ``bf16`` / ``bf16-pure`` / ``fp16-pure`` from a role's FSDP dtypes (verl:
+    ``model_dtype`` is the stored master copy, ``mixed_precision.param_dtype`` the compute dtype)."""
+    model, _ = ctx.value(model_key, "fp32", _dtype)
+    param, _ = ctx.value(param_key, "bf16", _dtype)
+    if model == "fp32":
+        kind = param
+    else:
+        kind = "bf16-pure" if model == "bf16" else "fp16-pure"
+        if param != model and ctx.has(param_key):
+            ctx.record("unmapped", param_key, reason=f"compute in {param} over {model} weights: a low-precision "
+                       f"copy computes in its own dtype here ({model})")  # fmt: skip
+    return kind
+
+
+def _map_precision(ctx: Context) -> dict[str, Any]:
+    """The job's own precision as a preset plus per-role overrides (the baseline variant)."""
+    fsdp = f"{V.ACTOR}.fsdp_config"
+    actor = _role_precision(ctx, V.MODEL_DTYPE, f"{fsdp}.mixed_precision.param_dtype")
+    preset = "fp16" if actor == "fp16-pure" else actor
+    overrides: dict[str, dict[str, str]] = {}
+    if actor == "fp16-pure":
+        overrides["actor"] = {"param_dtype": "fp16", "compute_dtype": "fp16"}
+    if ctx.algo == "ppo":
+        cfsdp = f"{V.CRITIC_MODEL}.fsdp_config"
+        critic = _role_precision(ctx, f"{cfsdp}.model_dtype", f"{cfsdp}.mixed_precision.param_dtype")
+        if _TRAINABLE[critic] != _TRAINABLE[preset]:
+            pd, cd = _TRAINABLE[critic]
+            overrides["critic"] = {"param_dtype": pd, "compute_dtype": cd}
+    rollout, _ = ctx.value(V.ROLLOUT_DTYPE, "bf16", _dtype)
+    if rollout != PRESET_ROLLOUT[preset]:
+        overrides["rollout"] = {"param_dtype": rollout, "compute_dtype": rollout}
+    for key, field in ((f"{V.REF}.fsdp_config.model_dtype", "param_dtype"),
+                       (f"{V.REF}.fsdp_config.mixed_precision.param_dtype", "compute_dtype")):  # fmt: skip
+        value, given = ctx.value(key, None, _dtype)
+        if given and value != PRESET_ROLLOUT[preset]:  # the preset's frozen roles store and compute in this
+            overrides.setdefault("reference", {})[field] = value
+    reduce, given = ctx.value(f"{fsdp}.mixed_precision.reduce_dtype", None, _dtype)
+    if given and reduce != ("bf16" if preset == "bf16-pure" else "fp32"):
+        overrides.setdefault("actor", {})["reduce_dtype"] = reduce
+    for role in (fsdp, f"{V.CRITIC_MODEL}.fsdp_config"):
+        buffer, given = ctx.value(f"{role}.mixed_precision.buffer_dtype", None, _dtype)
+        if given:
+            kind, why = ("consistent", "buffers keep their stored dtype here (fp32 rotary)") if buffer == "fp32" else (
+                "unmapped", "FSDP buffer dtype: no per-buffer dtype in this policy (the audit flags buffers stored "
+                "in low precision)")  # fmt: skip
+            ctx.record(kind, f"{role}.mixed_precision.buffer_dtype", reason=why)
+    baseline = {"preset": preset, "overrides": overrides}
+    shown = preset + "".join(
+        f"; {role} " + ", ".join(f"{k} {v}" for k, v in fields.items()) for role, fields in overrides.items()
+    )
+    for key in (V.MODEL_DTYPE, f"{fsdp}.mixed_precision.param_dtype", V.ROLLOUT_DTYPE,
+                f"{fsdp}.mixed_precision.reduce_dtype", f"{V.REF}.fsdp_config.model_dtype",
+                f"{V.REF}.fsdp_config.mixed_precision.param_dtype", f"{V.CRITIC_MODEL}.fsdp_config.model_dtype",
+                f"{V.CRITIC_MODEL}.fsdp_config.mixed_precision.param_dtype"):  # fmt: skip
+        if ctx.has(key) and key not in ctx.used:
+            ctx.record("mapped", key, suite="variants.verl.precision", value=shown, apply=False)
+    gc = {}
+    for role, key in (("actor", f"{V.MODEL}.enable_gradient_checkpointing"),
+                      ("critic", f"{V.CRITIC_MODEL}.enable_gradient_checkpointing")):  # fmt: skip
+        if role == "critic" and ctx.algo != "ppo":
+            if ctx.has(key):
+                ctx.record("consistent", key, reason="not used: a critic-free job has no critic")
+            continue
+        gc[role], given = ctx.value(key, True, _bool)
+        if given:
+            ctx.record("mapped", key, suite="precision.grad_checkpointing", value=gc[role], apply=False)
+    value = gc["actor"] if len(set(gc.values())) == 1 else gc
+    if value is not False:
+        ctx.set("precision.grad_checkpointing", value)
+    return baseline
+
+
+def _local_dir(path: str) -> str | None:
+    p = os.path.expanduser(path)
+    return p if os.path.isdir(p) else None
+
+
+def _map_model(ctx: Context, model: str | None) -> None:
+    key = f"{V.MODEL}.path"
+    path, given = ctx.value(key, "~/models/deepseek-llm-7b-chat", _str)
+    chosen = model or path
+    local = _local_dir(chosen)
+    arch = lookup(chosen)
+    from trainer.models import PRESETS
+
+    if local is not None and os.path.isfile(os.path.join(local, "config.json")):
+        suite = {"path": local}
+    elif arch is not None:
+        suite = {"preset": arch.preset, **({"overrides": dict(arch.overrides)} if arch.overrides else {})}
+        ctx.notes.append(f"model {chosen}: not a local directory here; random-init {arch.name} architecture "
+                         "(model.overrides), the project's character tokenizer (no chat template)"
+                         + (f"; {arch.note}" if arch.note else ""))  # fmt: skip
+    elif chosen in PRESETS:
+        suite = {"preset": chosen}
+    else:
+        raise ValueError(f"{key}={chosen}: not a local model directory (with config.json) and not a known "
+                         f"architecture ({', '.join(sorted({a.name for a in KNOWN.values()}))}); pass --model "
+                         "with a local directory, a known name or a preset of trainer/models.py")  # fmt: skip
+    ctx.set("model", suite)
+    why = f"replaced by --model {model}" if model else ""
+    ctx.record("mapped" if given else "default", key, suite="model", value=suite, reason=why,
+               text=None if given else path, apply=False)  # fmt: skip
+    for tok_key in (f"{V.MODEL}.tokenizer_path", "data.tokenizer"):
+        tok, tok_given = ctx.value(tok_key, None, lambda v: v)
+        if tok_given and tok is not None:
+            if _local_dir(tok):
+                ctx.record("mapped", tok_key, suite="model.tokenizer", value=_local_dir(tok))
+            else:
+                ctx.record("unmapped", tok_key, reason=f"{tok} is not a local directory: the model's own tokenizer "
+                           "(or the project's) is used")  # fmt: skip
+    critic_key = f"{V.CRITIC_MODEL}.path"
+    if ctx.has(critic_key):
+        critic = ctx.get(critic_key)
+        if ctx.algo != "ppo":
+            ctx.record("consistent", critic_key, reason="not used: a critic-free job has no critic")
+        elif critic == path or os.path.expanduser(str(critic)) == os.path.expanduser(path):
+            ctx.record("consistent", critic_key, reason="the critic starts from the actor's weights, as here")
+        elif _local_dir(str(critic)):
+            ctx.record("mapped", critic_key, suite="model.critic_path", value=_local_dir(str(critic)))
+        else:
+            ctx.record("unmapped", critic_key, reason=f"{critic} is not a local directory: the critic starts from "
+                       "the actor's weights")  # fmt: skip
+
+
+def _map_data(ctx: Context) -> None:
+    from trainer.verl_data import count_rows
+
+    key = "data.train_files"
+    files, given = ctx.value(key, "~/data/rlhf/gsm8k/train.parquet", lambda v: v)
+    listed = [os.path.expanduser(str(f)) for f in (files if isinstance(files, list) else [files])]
+    value = listed[0] if len(listed) == 1 else listed
+    ctx.record("mapped" if given else "default", key, suite="data.train_files", value=value,
+               text=None if given else str(files))  # fmt: skip
+    missing = [f for f in listed if not os.path.isfile(f)]
+    if missing:
+        ctx.notes.append(
+            f"data.train_files: {', '.join(missing)} not found here; put verl's data there before running"
+        )
+    path, given = ctx.value("custom_reward_function.path", None, lambda v: v)
+    if given and path:
+        name, _ = ctx.value("custom_reward_function.name", "compute_score", _str)
+        spec = f"{os.path.expanduser(str(path))}:{name}"
+        ctx.record("mapped", "custom_reward_function.path", suite="data.compute_score", value=spec)
+        if ctx.has("custom_reward_function.name"):
+            ctx.record(
+                "mapped", "custom_reward_function.name", suite="data.compute_score", value=spec, apply=False
+            )
+        if not os.path.isfile(os.path.expanduser(str(path))):
+            ctx.notes.append(f"custom_reward_function.path: {path} not found here")
+    kwargs, given = ctx.value("custom_reward_function.reward_kwargs", {}, _dict)
+    if given:
+        ctx.record(
+            "mapped", "custom_reward_function.reward_kwargs", suite="data.compute_score_kwargs", value=kwargs
+        )
+    steps, given = ctx.value("trainer.total_training_steps", None, lambda v: v)
+    if given and steps is not None:
+        ctx.record("mapped", "trainer.total_training_steps", suite="steps", value=_int(steps))
+        return
+    epochs, e_given = ctx.value("trainer.total_epochs", 30, _int)
+    rows = count_rows(listed) if not missing else None
+    batch = ctx.train.get("algo", {}).get("batch_size", 1024)
+    if rows is None:
+        ctx.notes.append("steps: total_epochs needs the data's row count (files not here); steps left at the "
+                         "suite default: pass --steps")  # fmt: skip
+        return
+    steps = max(1, epochs * (rows // batch))
+    ctx.record("mapped" if e_given else "default", "trainer.total_epochs", suite="steps", value=steps,
+               reason=f"{epochs} epochs x {rows // batch} batches of {batch} ({rows} rows, the last partial batch "
+               "dropped as verl's loader does)", text=None if e_given else "30")  # fmt: skip
+
+
+def _map_leftovers(ctx: Context) -> None:
+    for key, o in ctx.by_key.items():
+        if key in ctx.used:
+            continue
+        if o.op == "delete":
+            ctx.record("unmapped", key, reason="deletes a key of verl's config (~key): not reproduced")
+            continue
+        reason = next((why for pattern, why in REASONS if re.search(pattern, key)), None)
+        ctx.record("unmapped", key, reason=reason or "not in from-verl's table (a key of another verl release, "
+                   "or a misspelling?)")  # fmt: skip
+
+
+def map_launch(launch: Launch, *, target: str, model: str | None = None) -> Mapped:
+    """The suite pieces of ``launch`` and what became of each key."""
+    ctx = Context(launch)
+    _map_algorithm(ctx)
+    ctx.set("algo.name", ctx.algo)
+    hardware, gpus = _map_hardware(ctx, target)
+    _map_rows(ctx)
+    _map_clip(ctx)
+    _map_kl(ctx)
+    _map_batches(ctx, gpus)
+    _map_model(ctx, model)
+    precision = _map_precision(ctx)
+    _map_data(ctx)
+    _map_leftovers(ctx)
+    records = sorted(ctx.records, key=lambda r: (r.line is None, r.line or 0))
+    return Mapped(train=ctx.train, precision=precision, hardware=hardware, records=records,
+                  notes=list(launch.notes) + ctx.notes)  # fmt: skip
+
+
+def canonical(key: str) -> str:
+    """The spelling the table uses for ``key`` (verl 0.5's), whatever release's spelling it is in."""
+    return _ROW_ALIASES.get(key, ALIASES.get(key, key))
+
+
+_ROW_ALIASES = {a: r.verl for r in ROWS for a in r.aliases}
