@@ -658,6 +658,6 @@ def test_scan_facts_are_bounded(lines: list[str]) -> None:
         scan.feed(i, line.replace("{}", str(i)))
     facts = scan.facts()
     assert all(len(h) <= 2 * KEEP for h in facts.hits.values())
-    assert len(facts.tracebacks) <= 2 * MAX_TRACEBACKS + 16  # stored plus the ones still open
+    assert len(facts.tracebacks) <= 3 * MAX_TRACEBACKS  # stored (first and last) plus the ones still open
     assert len(facts.settings) <= MAX_SETTINGS + 8 and len(facts.signals) <= 2 * KEEP
     assert sum(facts.counts.values()) >= sum(len(h) for h in facts.hits.values())

@@ -15,7 +15,7 @@ import re
 
 from verlaudit.analysis.causes import Cause
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
-from verlaudit.analysis.logs.lines import LogLine
+from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _RULES = [
@@ -80,10 +80,13 @@ _KEYS = (
 )  # fmt: skip
 
 
+_HAS = hints(*_KEYS)
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Distributed-failure messages in one line."""
     text = line.text
-    if not any(k in text for k in _KEYS):
+    if not _HAS(text):
         return []
     out = []
     for rule, pat in _RULES:

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
-from verlaudit.analysis.logs.lines import EXCEPTION, LogLine
+from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 DEVICE = re.compile(
@@ -56,6 +56,12 @@ def _dtype_parser():  # the one dtype-message parser, shared with the live audit
     return parse_dtype_message
 
 
+_HAS = hints("dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
+             "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
+             "batch related")  # fmt: skip
+_DTYPE_HINTS = hints("dtype", "scalar type", "type (")
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Exception lines and the recognised error messages in one line."""
     text = line.text
@@ -65,29 +71,9 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(
             Hit("exception_line", line, {"type": m["type"], "inner": m["inner"], "msg": m["msg"] or ""})
         )
-    if not any(
-        k in text
-        for k in (
-            "dtype",
-            "scalar type",
-            "type (",
-            "ScalarType",
-            "not implemented for",
-            "device",
-            "dynamo",
-            "inductor",
-            "Inductor",
-            "Compiler",
-            "module",
-            "import",
-            "undefined symbol",
-            "shared object",
-            "divisible",
-            "batch related",
-        )
-    ):
+    if not _HAS(text):
         return out
-    if any(k in text for k in ("dtype", "scalar type", "type (")):
+    if _DTYPE_HINTS(text):
         d = _dtype_parser()(text)
         if d:
             out.append(Hit("dtype_error", line, dict(d)))

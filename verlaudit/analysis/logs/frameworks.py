@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Fix
+from verlaudit.analysis.logs.lines import hints
 
 # ---- which framework: markers in the log's own lines
 _MARKERS = {
@@ -39,7 +40,7 @@ _MARKERS = {
     # vLLM's own logger format and its own messages
     "vllm": re.compile(
         r"vllm/|\bvllm\.|\bLLMEngine\b|\bEngineCore\w*"
-        r"|^(?:INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d \[?[\w.]+\.py:\d+\]"
+        r"|(?:^|\) )(?:INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d \[?[\w.]+\.py:\d+\]"
         r"|can be stored in KV cache|No available memory for the cache blocks"
         r"|To serve at least one request with the models?'s max seq len|desired GPU memory utilization"
         r"|Bfloat16 is only supported on GPUs with compute capability|There is no module or parameter named"),
@@ -63,11 +64,30 @@ PRIORITY = (
 )
 
 
-def markers(text: str) -> list[str]:
-    """The frameworks whose own messages ``text`` looks like."""
+# a substring every match of the framework's marker contains: the regex runs only on lines that have one
+_HINTS = {
+    "verl": hints("verl", "actor_rollout_ref", "WorkerDict", "TaskRunner", "main_ppo", "main_task", "step:"),
+    "openrlhf": hints("openrlhf", "RayActor", "train_ppo_ray"),
+    "nemo-rl": hints("nemo_rl", "PolicyWorker", "VllmGenerationWorker"),
+    "trl": hints("trl", "Trainer", "Config", "'reward", "'completion_length'"),
+    "hf-trainer": hints("transformers/", "TrainingArguments", "_inner_training_loop", "{'", '{"', "llmtuner",
+                   "llamafactory", "LLaMA-", "swift/"),
+    "accelerate": hints("accelerate", "accelerator."),
+    "deepspeed": hints("deepspeed", "deepscale", "DeepSpeed", "stage", "loss_scaler", "zero_optimization"),
+    "vllm": hints("vllm", "LLMEngine", "EngineCore", "INFO", "WARNING", "ERROR", "DEBUG", "KV cache", "cache blocks",
+             "max seq len", "GPU memory utilization", "Bfloat16", "module or parameter"),
+    "sglang": hints("sglang", "--mem-fraction-static", "--max-running-requests", "alloc_req_slots"),
+    "ray": hints("ray",),
+    "pytorch": hints("elastic", "torchrun", "ProcessGroupNCCL", "colossalai"),
+}  # fmt: skip
+
+
+def markers(text: str, skip: Iterable[str] = ()) -> list[str]:
+    """The frameworks whose own messages ``text`` looks like (``skip``: those already settled)."""
     if len(text) < 4:
         return []
-    return [name for name, pat in _MARKERS.items() if pat.search(text)]
+    return [name for name, pat in _MARKERS.items()
+            if name not in skip and _HINTS[name](text) and pat.search(text)]  # fmt: skip
 
 
 # ---- the settings a log prints
@@ -83,9 +103,12 @@ def settings(text: str) -> list[tuple[str, str]]:
     switches, ``key=value`` inside a repr, DeepSpeed's ``key ...... value`` dump, ``key: value`` YAML."""
     if "=" not in text and "--" not in text and ":" not in text and "..." not in text:
         return []
-    out = [(k, v) for k, v in _DOTTED.findall(text)]
-    out += [(k.replace("-", "_"), v or "true") for k, v in _FLAG.findall(text)]
-    out += _KWARG.findall(text)
+    out: list[tuple[str, str]] = []
+    if "=" in text:
+        out += _DOTTED.findall(text)
+        out += _KWARG.findall(text)
+    if "--" in text:
+        out += [(k.replace("-", "_"), v or "true") for k, v in _FLAG.findall(text)]
     for pat in (_DS_DUMP, _YAML):
         m = pat.match(text)
         if m:

@@ -14,7 +14,7 @@ from typing import Any
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
-from verlaudit.analysis.logs.lines import LogLine
+from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.phases import phase_of_name
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
@@ -111,12 +111,13 @@ _HOST = [
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
 
+_HAS = hints("emory", "MEMORY", "blocks", "KV cache", "max seq len", "oom-kill", "OOM")
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Memory messages in one line (CUDA OOM, host-RAM kills, KV-cache sizing)."""
     text = line.text
-    if not any(
-        k in text for k in ("emory", "MEMORY", "blocks", "KV cache", "max seq len", "oom-kill", "OOM")
-    ):
+    if not _HAS(text):
         return []
     out: list[Hit] = []
     for rule, pat in _KV:

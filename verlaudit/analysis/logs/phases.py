@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from verlaudit.analysis.logs.lines import Frame
+from verlaudit.analysis.logs.lines import Frame, hints
 
 PHASES = ("generate", "logprob", "reference", "values", "update", "weight_sync", "checkpoint", "init")
 
@@ -145,8 +145,14 @@ _ACTIVITY = [
 ]
 
 
+_ACTIVITY_HINTS = hints("og prob", "make_experience", "compute_log_prob", "Saving", "save_checkpoint", "Loading checkpoint",
+                   "wake up", "update_weights", "Processed prompts", "generate_sequences", "[rollout")  # fmt: skip
+
+
 def activity(text: str) -> str | None:
     """The phase a progress bar or status line announces (``Compute log probs: 76%|...``)."""
+    if not _ACTIVITY_HINTS(text):
+        return None
     for phase, pat in _ACTIVITY:
         if pat.search(text):
             return phase

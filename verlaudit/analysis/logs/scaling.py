@@ -15,7 +15,7 @@ import re
 
 from verlaudit.analysis.causes import Cause
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
-from verlaudit.analysis.logs.lines import LogLine
+from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _RULES = [
@@ -38,16 +38,13 @@ COLLAPSE_SCALE = 16.0
 the scaler is on its way to the minimum-scale abort."""
 
 
+_HAS = hints("verflow", "OVERFLOW", "loss scale", "unscale", "skipped iterations")
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Loss-scaling messages in one line."""
     text = line.text
-    if (
-        "verflow" not in text
-        and "OVERFLOW" not in text
-        and "loss scale" not in text
-        and "unscale" not in text
-        and "skipped iterations" not in text
-    ):
+    if not _HAS(text):
         return []
     return [Hit(rule, line, {"groups": m.groups()}) for rule, pat in _RULES if (m := pat.search(text))]
 

@@ -196,13 +196,13 @@ class LogScan:
                 self.signals_first.append((sig, line))
             else:
                 self.signals_last.append((sig, line))
-        # with and without its prefixes: `(WorkerDict pid=..)` marks verl, vLLM's logger format starts
-        # the text
-        for m in set(frameworks.markers(raw[:MAX_TEXT])) | set(frameworks.markers(line.text)):
+        # with its prefixes: `(WorkerDict pid=..)` marks verl; a framework seen a few times is settled
+        settled = [m for m, n in self.markers.items() if n >= 3]
+        for m in frameworks.markers(raw[:MAX_TEXT], settled):
             self.markers[m] += 1
         if len(self.settings) < MAX_SETTINGS:
             for k, v in frameworks.settings(line.text):
-                self.settings.setdefault(k, v)
+                self.settings.setdefault(k, v[:200])
         act = phases.activity(line.text)
         if act and (not self.activity or self.activity[-1][1] != act):
             self.activity.append((no, act))
@@ -223,18 +223,24 @@ class LogScan:
         stripped = text.strip()
         if stripped.startswith("Traceback (most recent call last)"):
             self._close(key)
+            if len(self.open) >= MAX_TRACEBACKS:  # many processes' tracebacks at once: keep the newest
+                self._close(next(iter(self.open)))
             self.open[key] = Traceback(line.no, line.no, line.rank, line.source)
             return
         frame = parse_frame(text)
         if frame:
             tb = self.open.get(key)
             if tb is None:  # frames without their "Traceback" line: a cut paste
+                if len(self.open) >= MAX_TRACEBACKS:
+                    self._close(next(iter(self.open)))
                 tb = self.open[key] = Traceback(line.no, line.no, line.rank, line.source)
             if len(tb.frames) >= MAX_FRAMES:
                 del tb.frames[10]  # keep the outermost and the innermost frames
             tb.frames.append(frame)
             tb.end = line.no
-            self.code_for[key] = frame
+            if len(self.code_for) >= MAX_TRACEBACKS:
+                self.code_for.clear()
+            self.code_for[key] = frame  # waits for its source line (ranks' lines interleave)
             return
         if key in self.code_for and is_code_line(text):
             self.code_for.pop(key).code = stripped[:300]
