@@ -112,6 +112,11 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in causes if c]
 
 
+EARLY_SEQ = 8
+"""A collective this early in a process group's sequence (setup barriers and parameter broadcasts) is
+taken as start-up."""
+
+
 @dataclasses.dataclass
 class _Wait:
     """What the collective-failure messages say: who waited, for which rank, in what, since when."""
@@ -120,6 +125,11 @@ class _Wait:
     culprit: int | None = None
     evidence: list[str] = dataclasses.field(default_factory=list)
     at_init: bool = False
+    """No collective ever completed (SeqNum 1, or the watchdog's last completed work is -1)."""
+    early: bool = False
+    """One of a process group's first few collectives: the job was still starting up."""
+    gradient: bool = False
+    """A reduce-scatter: FSDP / ZeRO reduce gradients that way, so the update's backward."""
     diverged: bool = False
 
 
@@ -144,6 +154,8 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
                 f"{lag}, {ahead}: the ranks went out of step"
             )
         w.at_init = int(seq) <= 1
+        w.early = int(seq) <= EARLY_SEQ
+        w.gradient = "REDUCE_SCATTER" in op
         waited = f" waited {int(tmo) / 1000:.0f} s" if tmo else " timed out"
         size = f", {int(numel):,} elements" if numel else ""
         w.title = f"NCCL collective timeout: rank {w.culprit}{waited} in {op} (SeqNum {seq}{size})"
@@ -266,7 +278,13 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if downs:
         w.evidence.append(f"the watchdog took down rank(s) {', '.join(map(str, downs[:16]))} (the cascade)")
     pl = place(facts, first.line)
-    phase = "init" if w.at_init else pl.phase
+    phase = "init" if w.at_init or (w.early and pl.phase is None) else pl.phase
+    if phase is None and w.gradient:
+        phase, pl.phase_why = "update", "a gradient reduce-scatter"
+    if w.early and not w.at_init and phase == "init":
+        w.evidence.append(
+            f"SeqNum {EARLY_SEQ} or less: one of the process group's first collectives, at start-up"
+        )
     if w.at_init:
         w.title += (
             ""
