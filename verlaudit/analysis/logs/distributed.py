@@ -282,6 +282,7 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if phase is None and w.gradient:
         phase, pl.phase_why = "update", "a gradient reduce-scatter"
     if w.early and not w.at_init and phase == "init":
+        w.title += " at start-up"
         w.evidence.append(
             f"SeqNum {EARLY_SEQ} or less: one of the process group's first collectives, at start-up"
         )
