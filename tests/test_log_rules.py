@@ -306,6 +306,14 @@ def test_ranks_in_different_collectives_name_the_one_behind(tmp_path: Path) -> N
     assert "make every rank issue the same collectives" in fix_text(c)
 
 
+def test_phase_of_a_collective_from_its_place_in_the_sequence_and_its_kind(tmp_path: Path) -> None:
+    early = diagnose_text(tmp_path, NCCL.format(r=1, s=4)).causes[0]
+    assert early.phase == "init" and "at start-up" in early.title  # one of the group's first collectives
+    rs = NCCL.format(r=0, s=7753).replace("OpType=ALLREDUCE", "OpType=_REDUCE_SCATTER_BASE")
+    assert diagnose_text(tmp_path, rs).causes[0].phase == "update"  # FSDP / ZeRO reduce gradients that way
+    assert diagnose_text(tmp_path, NCCL.format(r=0, s=812)).causes[0].phase is None  # an all-reduce: not said
+
+
 def test_the_rank_a_barrier_or_the_store_waited_for(tmp_path: Path) -> None:
     barrier = "RuntimeError: [Rank 0]: Ranks 4, 5, 6, 7 failed to pass monitoredBarrier in 2000000 ms"
     assert diagnose_text(tmp_path, barrier).causes[0].where == "rank 4"
