@@ -15,8 +15,9 @@ scored against the header:
   the first cause's fixes (its suite key, verl key, the key in the log's own framework and its why);
   not scored when the fix is ``unknown`` or ``none needed``.
 
-Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --out reports/diagnose_corpus.md``
-(``--update-readme`` also rewrites the fixture table of tests/fixtures/logs/README.md).
+Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --heldout tests/fixtures/logs_heldout --out
+reports/diagnose_corpus.md`` (``--update-readme`` also rewrites the fixture table of the README of the
+``--fixtures`` directory; ``--heldout DIR`` scores a held-out directory in its own section).
 Header checks: ``pytest tests/test_log_corpus.py``.
 """
 
@@ -262,8 +263,8 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def render(scores: Sequence[Score], command: str) -> str:
-    """The markdown report: summary lines, then one table row per fixture."""
+def _summary(scores: Sequence[Score]) -> list[str]:
+    """The summary lines of one set of scored fixtures."""
     failures = [s for s in scores if not s.fixture.is_control]
     controls = [s for s in scores if s.fixture.is_control]
     cat = sum(s.category_right for s in failures)
@@ -273,14 +274,7 @@ def render(scores: Sequence[Score], command: str) -> str:
     alarms = [s for s in controls if s.false_alarm]
     crashes = [s for s in scores if s.error]
     frameworks = {s.fixture.header["framework"] for s in failures}
-    lines = [
-        "# `verlaudit diagnose` on the real-log corpus",
-        "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU;",
-        "the diagnosis reads only each log's body).",
-        "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
-        "benchmarks/diagnose_corpus.py.",
-        "",
+    return [
         f"- failures: {len(failures)} across {len(frameworks)} frameworks; controls: {len(controls)}",
         f"- category right: {_pct(cat, len(failures))}",
         f"- culprit right (where the header names one): {_pct(cul, cul_n)}",
@@ -290,7 +284,11 @@ def render(scores: Sequence[Score], command: str) -> str:
         f"- false alarms on controls: {len(alarms)}/{len(controls)}"
         + (f" ({', '.join(s.fixture.path.stem for s in alarms)})" if alarms else ""),
         f"- crashes: {len(crashes)}",
-        "",
+    ]
+
+
+def _table(scores: Sequence[Score]) -> list[str]:
+    lines = [
         "| fixture | expected | verdict | first kind | title | category | culprit | fix | false alarm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -300,6 +298,36 @@ def render(scores: Sequence[Score], command: str) -> str:
             f"| {_mark(s.category_right)} | {_mark(s.culprit_right)} | {_mark(s.fix_right)} "
             f"| {_mark(s.false_alarm, bad_when=True)} |"
         )
+    return lines
+
+
+def render(scores: Sequence[Score], command: str, heldout: Sequence[Score] = ()) -> str:
+    """The markdown report: summary lines, then one table row per fixture; the held-out fixtures'
+    summary and table after it, in their own section."""
+    lines = [
+        "# `verlaudit diagnose` on the real-log corpus",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU;",
+        "the diagnosis reads only each log's body).",
+        "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
+        "benchmarks/diagnose_corpus.py.",
+        "",
+        *_summary(scores),
+        "",
+        *_table(scores),
+    ]
+    if heldout:
+        lines += [
+            "",
+            "## Held-out logs",
+            "",
+            "tests/fixtures/logs_heldout: logs in the same format, kept out of the corpus the rules were written "
+            "against and scored only here.",
+            "",
+            *_summary(heldout),
+            "",
+            *_table(heldout),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -326,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixtures", default=str(FIXTURES), help="directory of *.log fixtures")
     p.add_argument("--out", help="also write the markdown report to this file")
+    p.add_argument("--heldout", help="also score this directory of held-out fixtures, in its own section")
     p.add_argument(
         "--update-readme", action="store_true", help="rewrite the fixture table of the corpus README"
     )
@@ -335,13 +364,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.update_readme:
             update_readme(fixtures, Path(args.fixtures) / "README.md")
         scores = score_corpus(fixtures)
+        heldout = score_corpus(read_corpus(args.heldout)) if args.heldout else []
     except ValueError as e:
         print(f"diagnose_corpus: {e}", file=sys.stderr)
         return 2
-    command = "PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py" + (
-        f" --out {args.out}" if args.out else ""
+    command = (
+        "PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py"
+        + (f" --heldout {args.heldout}" if args.heldout else "")
+        + (f" --out {args.out}" if args.out else "")
     )
-    report = render(scores, command)
+    report = render(scores, command, heldout)
     print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
