@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from trainer import losses as L
+from trainer.common import resolve
 from trainer.config import TrainConfig
 from trainer.events import NULL_OBSERVER, Observer
 from trainer.ppo import actor_logprobs, generate, prepare, update_actor
@@ -44,7 +45,7 @@ def _first_step_grads(micro: int, mode: str) -> tuple[dict[str, torch.Tensor], t
                  "max_grad_norm": 0.0, "loss_agg_mode": mode, "entropy_coef": 0.01},
         "data": {"prompt_length": 12, "response_length": 4, "num_examples": 64}, "device": "cpu", "seed": 0,
     })  # fmt: skip
-    p = prepare(cfg, NULL_OBSERVER, critic=False)
+    p = prepare(cfg, NULL_OBSERVER, resolve(cfg), critic=False)
     rollout = _ragged(
         generate(p.setup, NULL_OBSERVER, p.engine, p.collator, p.source, next(p.batches), 0, num_samples=2)
     )

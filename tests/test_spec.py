@@ -125,7 +125,9 @@ class _Setup(Observer):
 def test_train_uses_the_handed_policy_instead_of_deciding_its_own():
     from trainer.train import train
 
-    cfg = TrainConfig.from_dict({**TINY_TRAIN, "precision": {"preset": "fp32"}})
+    # a KL loss term, so the recipe builds a reference (verl builds none without one)
+    algo = {**TINY_TRAIN["algo"], "use_kl_loss": True}
+    cfg = TrainConfig.from_dict({**TINY_TRAIN, "algo": algo, "precision": {"preset": "fp32"}})
     # a policy the config would not give: the reference stored in bf16
     handed = resolve_policy("fp32", {"reference": {"param_dtype": "bf16", "compute_dtype": "bf16"}})
     seen = _Setup()

@@ -338,10 +338,12 @@ def test_dpo_loss_types_run(kind):
 
 
 def test_greedy_engine_is_deterministic():
+    from trainer.common import resolve
     from trainer.events import NULL_OBSERVER
     from trainer.ppo import generate, prepare
 
-    p = prepare(config("grpo", kl=False, batch_size=2, adv_estimator="remax"), NULL_OBSERVER, critic=False)
+    cfg = config("grpo", kl=False, batch_size=2, adv_estimator="remax")
+    p = prepare(cfg, NULL_OBSERVER, resolve(cfg), critic=False)
     examples = next(p.batches)
     a = generate(p.setup, NULL_OBSERVER, p.greedy_engine, p.collator, p.source, examples, step=0)
     b = generate(p.setup, NULL_OBSERVER, p.greedy_engine, p.collator, p.source, examples, step=1)
