@@ -25,49 +25,22 @@ from verlaudit.analysis.causes import (
     backward_nan_fixes,
     dtype_fixes,
 )
-from verlaudit.analysis.logs.exceptions import COMPILE, DEVICE, NOT_IMPLEMENTED, NUMPY_DTYPE
+from verlaudit.analysis.logs.exceptions import (
+    COMPILE,
+    DEVICE,
+    NOT_IMPLEMENTED,
+    NUMPY_DTYPE,
+    parse_dtype_message,
+)
+from verlaudit.analysis.logs.exceptions import (
+    dtype_name as _dt,
+)
 from verlaudit.analysis.logs.memory import parse_oom
 
-_DT = {
-    "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
-    "half": "fp16", "float16": "fp16", "halftensor": "fp16", "c10::half": "fp16",
-    "bfloat16": "bf16", "bfloat16tensor": "bf16", "c10::bfloat16": "bf16",
-    "double": "fp64", "float64": "fp64", "long": "int64", "int64": "int64", "int": "int32",
-}  # fmt: skip
-
-
-def _dt(name: str) -> str:
-    key = name.strip().strip("'\"").lower().replace("torch.", "").replace("cuda.", "")
-    return _DT.get(key, key)
-
-
-_DTYPE_PATTERNS = [
-    (re.compile(r"expected scalar type (\w+) but found (\w+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"), lambda m: (m[1], m[2])),
-    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\w+) and (\w+))?"),
-     lambda m: (m[1] or "?", m[2] or "?")),
-    (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"), lambda m: (m[1], m[2])),
-    (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
-                r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) "
-                r"(?:and|!=) ([\w.:]+)"),
-     lambda m: (m[1], m[2])),
-]  # fmt: skip
 _NUMPY_BF16 = NUMPY_DTYPE
 _NOT_IMPL = NOT_IMPLEMENTED
 _COMPILE = COMPILE
 _DEVICE = DEVICE
-
-
-def parse_dtype_message(text: str) -> dict[str, Any] | None:
-    """``{"observed", "expected", "message"}`` for the first dtype-mismatch message in ``text``."""
-    for pat, pick in _DTYPE_PATTERNS:
-        m = pat.search(text)
-        if m:
-            obs, exp = pick(m)
-            return {"observed": _dt(obs) if obs != "?" else None, "expected": _dt(exp) if exp != "?" else None,
-                    "message": m[0]}  # fmt: skip
-    return None
 
 
 def _line_of(text: str, pos: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
+from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
@@ -37,28 +38,67 @@ _IMPORT = [
 _CONFIG = [
     ("trl_generations", re.compile(
         r"The (?:effective|global) train batch size \(([^)]*)\) must be evenly divisible by the number of "
-        r"generations "
-        r"per prompt \((\d+)\)(?:.*?the valid values for the number of generations are: (\[[^\]]*\]))?")),
-    ("ds_batch", re.compile(r"Check batch related parameters\. train_batch_size is not equal to "
-                            r"micro_batch_per_gpu \* "
-                            r"gradient_acc_step \* world_size\s*(\d+) != (\d+) \* (\d+) \* (\d+)")),
+        r"generations per prompt \((\d+)\)"
+        r"(?:.*?the valid values for the number of generations are: (\[[^\]]*\]))?")),
+    ("ds_batch", re.compile(
+        r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
+        r"gradient_acc_step \* world_size\s*(\d+) != (\d+) \* (\d+) \* (\d+)")),
 ]  # fmt: skip
-_DT = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16", "bfloat16": "bf16"}
 UNKNOWN_MODULE = (
     "which module: a log has no module tracker; rerun the suite under `verlaudit run` (audit level full)"
 )
 
 
-def _dtype_parser():  # the one dtype-message parser, shared with the live auditor
-    # imported here: logparse imports this package
-    from verlaudit.analysis.logparse import parse_dtype_message
+_DTYPE_NAMES = {
+    "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
+    "half": "fp16", "float16": "fp16", "halftensor": "fp16", "c10::half": "fp16",
+    "bfloat16": "bf16", "bfloat16tensor": "bf16", "c10::bfloat16": "bf16",
+    "double": "fp64", "float64": "fp64", "long": "int64", "int64": "int64", "int": "int32",
+}  # fmt: skip
 
-    return parse_dtype_message
+
+def dtype_name(name: str) -> str:
+    """One short name per dtype spelling (``torch.cuda.HalfTensor``, ``c10::Half``, ``float16``: fp16)."""
+    key = name.strip().strip("'\"").lower().replace("torch.", "").replace("cuda.", "")
+    return _DTYPE_NAMES.get(key, key)
 
 
-_HAS = hints("dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
-             "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
-             "batch related")  # fmt: skip
+# the wordings of PyTorch's dtype-mismatch errors -> (the odd operand's dtype, the expected one)
+_DTYPE_PATTERNS = [
+    (re.compile(r"expected scalar type (\w+) but found (\w+)"), lambda m: (m[2], m[1])),
+    (re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"),
+     lambda m: (m[1], m[2])),
+    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\w+) and (\w+))?"),
+     lambda m: (m[1] or "?", m[2] or "?")),
+    (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"),
+     lambda m: (m[1], m[2])),
+    (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
+                r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
+    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) "
+                r"(?:and|!=) ([\w.:]+)"),
+     lambda m: (m[1], m[2])),
+]  # fmt: skip
+
+
+def parse_dtype_message(text: str) -> dict[str, Any] | None:
+    """``{"observed", "expected", "message"}`` for the first dtype-mismatch message in ``text``."""
+    for pat, pick in _DTYPE_PATTERNS:
+        m = pat.search(text)
+        if m:
+            obs, exp = pick(m)
+            return {
+                "observed": dtype_name(obs) if obs != "?" else None,
+                "expected": dtype_name(exp) if exp != "?" else None,
+                "message": m[0],
+            }
+    return None
+
+
+_HAS = hints(
+    "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
+    "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
+    "batch related",
+)  # fmt: skip
 _DTYPE_HINTS = hints("dtype", "scalar type", "type (")
 
 
@@ -74,7 +114,7 @@ def detect(line: LogLine) -> list[Hit]:
     if not _HAS(text):
         return out
     if _DTYPE_HINTS(text):
-        d = _dtype_parser()(text)
+        d = parse_dtype_message(text)
         if d:
             out.append(Hit("dtype_error", line, dict(d)))
     for rule, pat in (
@@ -182,7 +222,7 @@ def _numpy(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "error",
         "dtype_error",
         f"{name} tensor converted to numpy",
-        f"NumPy has no {name}: a `.numpy()` / `np.asarray` on a {_DT.get(name.lower(), name)} tensor fails. "
+        f"NumPy has no {name}: a `.numpy()` / `np.asarray` on a {dtype_name(name)} tensor fails. "
         "In RL code this is usually a reward model or a logging/metrics hook receiving bf16 outputs.",
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=[
@@ -199,7 +239,7 @@ def _numpy(facts: LogFacts, ctx: LogContext) -> Cause | None:
         rank=pl.rank,
         line=h.no,
         score=35.0,
-        data={"observed": _DT.get(name.lower(), name), "expected": "fp32"},
+        data={"observed": dtype_name(name), "expected": "fp32"},
     )
 
 
@@ -212,7 +252,7 @@ def _not_impl(facts: LogFacts, ctx: LogContext) -> Cause | None:
     return Cause(
         "error",
         "dtype_error",
-        f"Op {op} has no {_DT.get(dt.lower(), dt)} kernel on this device",
+        f"Op {op} has no {dtype_name(dt)} kernel on this device",
         f"'{op}' is not implemented for {dt} here (typically fp16 matmuls on CPU, or an old GPU without "
         "bf16).",
         evidence=[quote(h.line)] + pl.evidence(),
@@ -229,7 +269,7 @@ def _not_impl(facts: LogFacts, ctx: LogContext) -> Cause | None:
         rank=pl.rank,
         line=h.no,
         score=35.0,
-        data={"observed": _DT.get(dt.lower(), dt)},
+        data={"observed": dtype_name(dt)},
     )
 
 

@@ -145,8 +145,10 @@ _ACTIVITY = [
 ]
 
 
-_ACTIVITY_HINTS = hints("og prob", "make_experience", "compute_log_prob", "Saving", "save_checkpoint", "Loading checkpoint",
-                   "wake up", "update_weights", "Processed prompts", "generate_sequences", "[rollout")  # fmt: skip
+_ACTIVITY_HINTS = hints(
+    "og prob", "make_experience", "compute_log_prob", "Saving", "save_checkpoint", "Loading checkpoint", "wake up",
+    "update_weights", "Processed prompts", "generate_sequences", "[rollout",
+)  # fmt: skip
 
 
 def activity(text: str) -> str | None:
