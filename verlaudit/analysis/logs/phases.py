@@ -146,7 +146,8 @@ _ACTIVITY = [
 
 
 _ACTIVITY_HINTS = hints(
-    "og prob", "make_experience", "compute_log_prob", "Saving", "save_checkpoint", "Loading checkpoint", "wake up",
+    "og prob", "make_experience", "compute_log_prob", "Saving", "save_checkpoint", "Loading checkpoint",
+    "wake up",
     "update_weights", "Processed prompts", "generate_sequences", "[rollout",
 )  # fmt: skip
 
