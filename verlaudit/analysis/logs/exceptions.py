@@ -1,4 +1,5 @@
-"""Python exceptions with a recognisable message: dtype errors (the shared dtype-message parser),
+"""Python exceptions with a recognisable message: dtype errors (`verlaudit.dtypes`, the parser the live
+auditor uses too),
 ``.numpy()`` on bf16, ops without a kernel for a dtype, device mismatches, torch.compile failures,
 import errors (a missing module, an API moved between versions, a native extension built for another
 torch: ``undefined symbol``), and framework configuration checks (TRL's ``must be evenly divisible by
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 import re
 from pathlib import PurePosixPath
-from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
 from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
 DEVICE = re.compile(
     r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
@@ -26,8 +27,6 @@ COMPILE = re.compile(
     r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
     r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
 )
-NUMPY_DTYPE = re.compile(r"Got unsupported ScalarType (\w+)")
-NOT_IMPLEMENTED = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
 _IMPORT = [
     ("missing", re.compile(r"No module named '([\w.]+)'")),
     ("cannot_import", re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")),
@@ -49,57 +48,13 @@ UNKNOWN_MODULE = (
 )
 
 
-_DTYPE_NAMES = {
-    "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
-    "half": "fp16", "float16": "fp16", "halftensor": "fp16", "c10::half": "fp16",
-    "bfloat16": "bf16", "bfloat16tensor": "bf16", "c10::bfloat16": "bf16",
-    "double": "fp64", "float64": "fp64", "long": "int64", "int64": "int64", "int": "int32",
-}  # fmt: skip
-
-
-def dtype_name(name: str) -> str:
-    """One short name per dtype spelling (``torch.cuda.HalfTensor``, ``c10::Half``, ``float16``: fp16)."""
-    key = name.strip().strip("'\"").lower().replace("torch.", "").replace("cuda.", "")
-    return _DTYPE_NAMES.get(key, key)
-
-
-# the wordings of PyTorch's dtype-mismatch errors -> (the odd operand's dtype, the expected one)
-_DTYPE_PATTERNS = [
-    (re.compile(r"expected scalar type (\w+) but found (\w+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"),
-     lambda m: (m[1], m[2])),
-    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\w+) and (\w+))?"),
-     lambda m: (m[1] or "?", m[2] or "?")),
-    (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"),
-     lambda m: (m[1], m[2])),
-    (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
-                r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) "
-                r"(?:and|!=) ([\w.:]+)"),
-     lambda m: (m[1], m[2])),
-]  # fmt: skip
-
-
-def parse_dtype_message(text: str) -> dict[str, Any] | None:
-    """``{"observed", "expected", "message"}`` for the first dtype-mismatch message in ``text``."""
-    for pat, pick in _DTYPE_PATTERNS:
-        m = pat.search(text)
-        if m:
-            obs, exp = pick(m)
-            return {
-                "observed": dtype_name(obs) if obs != "?" else None,
-                "expected": dtype_name(exp) if exp != "?" else None,
-                "message": m[0],
-            }
-    return None
-
-
 _HAS = hints(
     "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
     "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
     "batch related",
 )  # fmt: skip
-_DTYPE_HINTS = hints("dtype", "scalar type", "type (")
+_DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
+_BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -111,15 +66,20 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(
             Hit("exception_line", line, {"type": m["type"], "inner": m["inner"], "msg": m["msg"] or ""})
         )
-    if not _HAS(text):
-        return out
     if _DTYPE_HINTS(text):
         d = parse_dtype_message(text)
         if d:
-            out.append(Hit("dtype_error", line, dict(d)))
+            fields = {
+                "observed": d.observed,
+                "expected": d.expected,
+                "message": d.message,
+                "op": d.op,
+                "what": d.what,
+            }
+            out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
+    if not _HAS(text):
+        return out
     for rule, pat in (
-        ("numpy_dtype", NUMPY_DTYPE),
-        ("not_implemented", NOT_IMPLEMENTED),
         ("device_mismatch", DEVICE),
         ("compile_error", COMPILE),
     ):
@@ -158,7 +118,10 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
     pl = place(facts, h.line)
     obs, exp = d.get("observed"), d.get("expected")
     under = applied("bf16_instead_of_fp16", ctx)
-    what = "An op received operands (or input and weights) of different dtypes outside autocast."
+    what = (
+        d.get("what")
+        or "An op received operands (or input and weights) of different dtypes outside autocast."
+    )
     if under:
         what += (
             " The log shows bf16 mixed precision already set: a tensor or module kept in another dtype (a "
@@ -216,7 +179,7 @@ def _numpy(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("numpy_dtype")
     if h is None:
         return None
-    name = h.fields["groups"][0]
+    name = h.fields["message"].rsplit(" ", 1)[-1]
     pl = place(facts, h.line)
     return Cause(
         "error",
@@ -247,7 +210,7 @@ def _not_impl(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("not_implemented")
     if h is None:
         return None
-    op, dt = h.fields["groups"]
+    op, dt = h.fields["op"], h.fields["message"].rsplit("'", 2)[-2]
     pl = place(facts, h.line)
     return Cause(
         "error",
