@@ -49,6 +49,15 @@ def loader_one(tokenizer):
 def flexible(*args, **kwargs):
     return []
 
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 0.0
+
+def score_no_truth(data_source, solution_str):
+    return 0.0
+
+def score_strict(data_source, solution_str, ground_truth, extra_info):
+    return 0.0
+
 NOT_CALLABLE = 3
 """
 
@@ -101,6 +110,16 @@ def test_absolute_paths_and_modules_are_kept(suite_dir):
     assert suite.train.data.reward_fn == "tests.faults:nan_reward"
 
 
+def test_verl_compute_score_is_resolved_and_checked_like_the_others(suite_dir):
+    (suite_dir / "rows.jsonl").write_text("")
+    rows = suite_dir / "rows.jsonl"
+    p = write_suite(suite_dir, f"data: {{train_files: '{rows}', compute_score: plugins/user.py:compute_score, "
+                               "compute_score_kwargs: {scale: 2}}")  # fmt: skip
+    suite = load_suite(p)
+    assert suite.train.data.compute_score == f"{suite_dir / 'plugins' / 'user.py'}:compute_score"
+    preflight(suite)
+
+
 def test_every_plugin_point_with_a_good_plugin_passes(suite_dir):
     p = write_suite(suite_dir, "data: {dataset: plugins/user.py:dataset, collator: plugins/user.py:collator, "
                                "reward_fn: plugins/user.py:flexible}, model: {reward_model: plugins/user.py:reward_model}")  # fmt: skip
@@ -140,6 +159,14 @@ BAD = [
     ("model: {reward_model: 'preset:huge'}", "{}", r"train\.model\.reward_model: unknown preset 'preset:huge'"),
     ("model: {reward_model: rm_dir_typo}", "{}", r"train\.model\.reward_model: 'rm_dir_typo' is neither an existing directory"),
     ("data: {task: digitz}", "{}", r"train\.data\.task: unknown task 'digitz'; expected one of digits"),
+    # verl's data and reward function (data.train_files, data.compute_score, called by keyword)
+    ("data: {train_files: [rows.parquet]}", "{}", r"train\.data\.train_files: rows\.parquet not found"),
+    ("data: {train_files: '{rows}', compute_score: plugins/user.py:score_no_truth}", "{}",
+     r"train\.data\.compute_score: .*the trainer calls it as score_no_truth\(data_source=data_source, "
+     r"solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info\)"),
+    ("data: {train_files: '{rows}', compute_score: plugins/user.py:score_strict}",
+     "{data: {compute_score_kwargs: {scale: 2}}}", r"variants\.a\.data\.compute_score: .*extra_info=extra_info, "
+     r"scale=scale\), which its signature score_strict"),
 ]  # fmt: skip
 
 
@@ -148,7 +175,9 @@ def _fill(text: str, tmp_path: Path) -> str:
     bad = tmp_path / "bad_config"
     bad.mkdir(exist_ok=True)
     (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    return text.replace("{empty}", str(tmp_path / "empty")).replace("{bad_config}", str(bad))
+    (tmp_path / "rows.jsonl").write_text("")
+    text = text.replace("{empty}", str(tmp_path / "empty")).replace("{rows}", str(tmp_path / "rows.jsonl"))
+    return text.replace("{bad_config}", str(bad))
 
 
 @pytest.mark.parametrize("command", ["run", "plan"])

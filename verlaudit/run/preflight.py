@@ -3,7 +3,8 @@
 `preflight(suite)`: for every variant, every plug-in (`PLUGINS`) is imported and its signature
 checked against how the trainer calls it, every model directory (``model.path``,
 ``model.tokenizer``, ``model.critic_path``, a ``model.reward_model`` directory) is a local Hugging
-Face directory whose config or tokenizer loads, and ``model.preset`` / ``data.task`` exist. A
+Face directory whose config or tokenizer loads, verl's ``data.train_files`` exist, and
+``model.preset`` / ``data.task`` exist. A
 mistake is a ValueError naming the suite file and the field (``variants.bf16.data.collator``).
 `verlaudit run` and `verlaudit plan` both call it. Exercised by `pytest tests/test_preflight.py`.
 """
@@ -26,8 +27,11 @@ PLUGINS: dict[str, tuple[str, ...]] = {
     "data.collator": ("examples", "tokenizer"),
     "data.reward_fn": ("prompts", "responses", "examples"),
     "model.reward_model": ("tokenizer", "device"),
+    "data.compute_score": ("data_source=", "solution_str=", "ground_truth=", "extra_info="),
 }
-"""Plug-in field -> the arguments the trainer calls it with (trainer/data.py, trainer/models.py)."""
+"""Plug-in field -> the arguments the trainer calls it with (trainer/data.py, trainer/models.py,
+trainer/verl_data.py); ``name=`` is passed by keyword (verl's compute_score, plus
+``data.compute_score_kwargs``)."""
 
 
 def preflight(suite: Suite) -> None:
@@ -49,7 +53,9 @@ def preflight(suite: Suite) -> None:
 def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]]]:
     """(field, value, check) for what one variant names outside the suite file."""
     m, d = cfg.model, cfg.data
-    rule_reward = cfg.algo.name != "dpo" and d.reward_fn is None and m.reward_model is None
+    verl_rows = d.train_files is not None  # verl's data: no task, dataset or reward_fn (trainer.verl_data)
+    rule_reward = cfg.algo.name != "dpo" and d.reward_fn is None and m.reward_model is None and not verl_rows
+    uses_task = (d.dataset is None and not verl_rows) or rule_reward
     # a table, one field per line (a value of None: nothing named, nothing to check)
     return [
         ("model.preset", m.preset if m.path is None else None, _preset),
@@ -57,19 +63,19 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
         ("model.tokenizer", (m.tokenizer, m.path) if m.tokenizer or m.path else None, lambda v, w: _tokenizer(m, w)),
         ("model.critic_path", m.critic_path, lambda v, w: _hf_dir(v, w, "a model")),
         ("model.reward_model", m.reward_model, _reward_model),
-        ("data.task", d.task if d.dataset is None or rule_reward else None, _task),
+        ("data.task", d.task if uses_task else None, _task),
+        ("data.train_files", d.train_file_list or None, _data_files),
         *((field, getattr(d, field[5:]), functools.partial(_plugin, field=field))
           for field in ("data.dataset", "data.collator", "data.reward_fn")),
+        ("data.compute_score", (d.compute_score, tuple(d.compute_score_kwargs)) if d.compute_score else None,
+         lambda v, w: _plugin(v[0], w, field="data.compute_score", kwargs=v[1])),
     ]  # fmt: skip
 
 
 def _where(suite: Suite, vname: str, field: str, value: Any) -> str:
     """``train.<field>`` when the value comes from the suite's base, else ``variants.<name>.<field>``."""
-    section, key = field.split(".")
-    base = getattr(getattr(suite.train, section), key)
-    if field == "model.tokenizer":
-        base = (suite.train.model.tokenizer, suite.train.model.path)
-    return f"train.{field}" if base == value else f"variants.{vname}.{field}"
+    base = {f: v for f, v, _ in _checks(suite.train)}
+    return f"train.{field}" if base.get(field) == value else f"variants.{vname}.{field}"
 
 
 def _preset(name: str, where: str) -> None:
@@ -89,6 +95,13 @@ def _task(name: str, where: str) -> None:
         raise ValueError(
             f"{where}: unknown task {name!r}; expected one of {', '.join(TASKS)}, or set data.dataset"
         )
+
+
+def _data_files(files: tuple[str, ...], where: str) -> None:
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise ValueError(f"{where}: {', '.join(missing)} not found (relative to {os.getcwd()}); expected verl's "
+                         "RL data: .parquet, .jsonl or .json files")  # fmt: skip
 
 
 def _hf_dir(path: str, where: str, what: str) -> None:
@@ -140,9 +153,9 @@ def _reward_model(spec: str, where: str) -> None:
         )
 
 
-def _plugin(spec: str, where: str, *, field: str) -> None:
+def _plugin(spec: str, where: str, *, field: str, kwargs: tuple[str, ...] = ()) -> None:
     """Imports a ``module:attr`` / ``file.py:attr`` plug-in as the worker will and checks that it
-    accepts the arguments the trainer passes it (`PLUGINS`)."""
+    accepts the arguments the trainer passes it (`PLUGINS`, plus the ``kwargs`` names the suite adds)."""
     from trainer.data import resolve_callable
 
     target = spec.rpartition(":")[0]
@@ -153,17 +166,19 @@ def _plugin(spec: str, where: str, *, field: str) -> None:
         )
     with _worker_import_path():
         fn = resolve_callable(spec, where)
-    params = PLUGINS[field]
+    params = PLUGINS[field] + tuple(f"{k}=" for k in kwargs)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # a builtin without an inspectable signature: nothing to check before calling it
+    positional = [p for p in params if not p.endswith("=")]
     try:
-        sig.bind(*params)
+        sig.bind(*positional, **{p[:-1]: None for p in params if p.endswith("=")})
     except TypeError as e:
         name = spec.rpartition(":")[2]
+        call = ", ".join(p + p[:-1] if p.endswith("=") else p for p in params)
         raise ValueError(
-            f"{where}: {spec!r}: the trainer calls it as {name}({', '.join(params)}), which its signature "
+            f"{where}: {spec!r}: the trainer calls it as {name}({call}), which its signature "
             f"{name}{sig} does not accept ({e})"
         ) from None
 

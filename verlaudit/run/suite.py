@@ -247,7 +247,8 @@ def resolve_plugin_path(spec: Any, base: Path) -> Any:
 
 def resolve_plugin_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
     """``cfg`` with its relative ``file.py:attr`` plug-in paths made absolute against ``base``."""
-    data = {k: resolve_plugin_path(getattr(cfg.data, k), base) for k in ("dataset", "collator", "reward_fn")}
+    keys = ("dataset", "collator", "reward_fn", "compute_score")
+    data = {k: resolve_plugin_path(getattr(cfg.data, k), base) for k in keys}
     rm = resolve_plugin_path(cfg.model.reward_model, base)
     if rm == cfg.model.reward_model and all(v == getattr(cfg.data, k) for k, v in data.items()):
         return cfg
