@@ -135,6 +135,8 @@ def _shifted(diagnosis: dict, lines: int) -> list:
     """The causes of a diagnosis (as data), their evidence's log line numbers moved by ``lines``."""
     causes = json.loads(json.dumps(diagnosis["causes"], default=str))
     for c in causes:
+        if c.get("line") is not None:
+            c["line"] += lines
         c["evidence"] = [re.sub(r"^line (\d+)|(?<=first at )line (\d+)", lambda m: f"line {int(m[1] or m[2]) + lines}", e)
                          for e in c["evidence"]]  # fmt: skip
     return causes
@@ -164,22 +166,20 @@ def test_a_48_mib_log_is_diagnosed_like_its_last_lines_in_bounded_memory(tmp_pat
     )
     (want,) = diagnose_path(small)
     want = want.to_dict()
-    assert [c["kind"] for c in want["causes"]] == ["dtype_error", "nonfinite", "overflow_skips"]
+    # errors in log order (the NaN at line 2 before the dtype error at line 8), then the info-level skips
+    assert [c["kind"] for c in want["causes"]] == ["nonfinite", "dtype_error", "overflow_skips"]
     assert _shifted(want, n) == _shifted(got_big, 0) and _shifted(want, 1) == _shifted(got_one, 0)
     assert (got_big["verdict"], got_big["state"]) == (want["verdict"], want["state"])
     assert f"{n + 8} lines" in got_big["summary"]
 
 
-def test_a_message_across_a_block_boundary_is_read_whole(tmp_path, monkeypatch):
-    # small blocks and context: the traceback and its error line fall on either side of a block's end
-    from verlaudit.analysis import logparse
-
-    monkeypatch.setattr(logparse, "BLOCK", 200)
-    monkeypatch.setattr(logparse, "CONTEXT", 3)
+def test_a_traceback_and_its_error_line_are_read_together_far_into_a_log(tmp_path):
+    # the scan keeps the frames of an open traceback, so the error line that ends it is placed in it
     log = tmp_path / "x.log"
     log.write_text("".join(f"info line {i}\n" for i in range(37)) + SMALL)
     (d,) = diagnose_path(log)
-    c = d.causes[0]
-    assert c.kind == "dtype_error" and c.evidence[0].startswith("line 45: expected m1 and m2")
-    assert c.evidence[1:] == ['raised from File "/opt/verl/verl/workers/fsdp_workers.py", line 612, in update_actor',
-                              "phase (from traceback): actor_update"]  # fmt: skip
+    c = next(c for c in d.causes if c.kind == "dtype_error")
+    assert c.evidence[0].startswith("line 45: RuntimeError: expected m1 and m2")
+    frame = "raised from /opt/verl/verl/workers/fsdp_workers.py:612 in update_actor: "
+    assert c.evidence[1] == frame + "metrics = self.actor.update_policy(data=data)"
+    assert c.phase == "update" and c.where == "update_actor: self.actor.update_policy"

@@ -599,11 +599,17 @@ def render_text(d: Diagnosis) -> str:
         lines.append("  no problems found")
     for i, c in enumerate(d.causes, 1):
         lines.append(f"  {i}. [{c.severity}] {c.title}")
+        if c.framework or c.phase or c.rank is not None:  # a foreign log's cause: where it sits in the run
+            at = [f"culprit: {c.where}" if c.where else None, f"phase: {c.phase}" if c.phase else None,
+                  f"rank: {c.rank}" if c.rank is not None else None]  # fmt: skip
+            if any(at):
+                lines.append("     " + "; ".join(a for a in at if a))
         lines.append(f"     what: {c.what}")
         for e in c.evidence:
             lines.append(f"     - {e}")
         for f in c.fixes:
-            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None]
+            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None,
+                     f"{f.framework}: {f.key}" if f.key else None]  # fmt: skip
             head = "; ".join(p for p in parts if p)
             lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
             lines.extend(_verl_script_lines(d, f))

@@ -1,18 +1,13 @@
-"""Explains training logs and tracebacks from other frameworks (verl, TRL / HF Trainer, DeepSpeed,
-Megatron, apex, plain PyTorch) with the same causes `verlaudit diagnose` gives for its own runs.
-
-Recognised: dtype errors (every wording in `verlaudit.dtypes.WORDINGS`, the table the live auditor
-uses too: ``expected scalar type X but found Y``, ``expected m1 and m2 to have the same dtype``, SDPA
-query/key/value dtypes, ``.numpy()`` of a bf16 tensor, ``"op" not implemented for 'Half'``...), device mismatches,
-CUDA OOM messages (both the PyTorch >= 2.1 wording and the older one) and vLLM KV-cache OOM,
-NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, plain ``loss=nan``,
-anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
-(apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
-alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
-optimizer / activations). A log is read in one pass with bounded memory whatever its size (per line
-for metric records; in blocks of about a MiB, with context lines around them, for messages), and a
-file that is empty or binary is refused as neither a log nor a run directory. Exercised by
-`pytest tests/test_logparse.py tests/test_diagnose.py -k log` and ``verlaudit diagnose path/to/train.log``.
+"""Explains training logs and tracebacks from other frameworks (verl and its forks, TRL / HF Trainer,
+OpenRLHF, NeMo-RL, DeepSpeed, accelerate, vLLM, SGLang, Megatron, apex, plain PyTorch) with the same
+causes `verlaudit diagnose` gives for its own runs. The thin entry point: a log is read in one pass
+with bounded memory whatever its size (`log_lines`; an empty or binary file is refused as neither a
+log nor a run directory), each line goes to the rule families of `verlaudit.analysis.logs` (one
+streaming scan, bounded facts, one module per family) and to the metric records (verl
+``step:N - key:value`` lines, HF Trainer / TRL dicts and JSON records) whose non-finite evidence this
+module explains; `explain_error_text` reads the same messages in a run directory's recorded
+traceback. Exercised by `pytest tests/test_logparse.py tests/test_log_rules.py tests/test_diagnose.py
+-k log` and ``verlaudit diagnose path/to/train.log``.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
     BACKWARD_NAN_WHAT,
     Cause,
@@ -31,69 +27,13 @@ from verlaudit.analysis.causes import (
     Fix,
     backward_nan_fixes,
     dtype_fixes,
-    rank,
 )
+from verlaudit.analysis.logs.exceptions import COMPILE as _COMPILE
+from verlaudit.analysis.logs.exceptions import DEVICE as _DEVICE
+from verlaudit.analysis.logs.memory import find_oom as _find_oom
 from verlaudit.dtypes import DtypeMessage, find_dtype_messages
 
-_COMPILE = re.compile(
-    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
-)
 _COMPILE_HINTS = ("torch._dynamo", "torch._inductor", "BackendCompilerFailed", "InductorError")
-_DEVICE = re.compile(
-    r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
-)
-
-
-_UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
-_N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
-_OOM_NEW = re.compile(
-    rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
-    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by PyTorch, "
-    rf"and {_N} is reserved by PyTorch but unallocated)?",
-    re.S,
-)
-_OOM_OLD = re.compile(
-    rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
-    rf"{_N} reserved in total by PyTorch\)"
-)
-_OOM_HINTS = ("out of memory", "OutOfMemoryError", "No available memory", "Tried to allocate")
-_OOM_ANY = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks"
-)
-
-
-def _gib(num: str | None, unit: str | None) -> float | None:
-    return None if num is None else float(num) * _UNIT[str(unit).lower()]
-
-
-def parse_oom(text: str) -> dict[str, Any] | None:
-    """Numbers of the first CUDA OOM message, in GiB (keys absent when the message lacks them)."""
-    found = _find_oom(text)
-    return found[1] if found else None
-
-
-def _find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dict[str, Any]] | None:
-    """(where, numbers) of the first OOM message starting in ``text[pos:end]``; a detailed message
-    (either PyTorch wording) wins over a bare "out of memory" line."""
-    end = len(text) if end is None else end
-    if not any(h in text for h in _OOM_HINTS):  # cheap test first: a long log is searched block by block
-        return None
-    m = _OOM_NEW.search(text, pos)
-    if m and m.start() < end:
-        g = m.groups()
-        return m.start(), {k: v for k, v in {
-            "tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]), "free_gib": _gib(g[5], g[6]),
-            "process_in_use_gib": _gib(g[7], g[8]), "allocated_gib": _gib(g[9], g[10]),
-            "reserved_unallocated_gib": _gib(g[11], g[12]), "message": m[0][:400]}.items() if v is not None}  # fmt: skip
-    m = _OOM_OLD.search(text, pos)
-    if m and m.start() < end:
-        g = m.groups()
-        alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
-        return m.start(), {"tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]),
-                           "allocated_gib": alloc, "free_gib": _gib(g[7], g[8]),
-                           "reserved_unallocated_gib": reserved - alloc, "message": m[0]}  # fmt: skip
-    m = _OOM_ANY.search(text, pos)
-    return (m.start(), {"message": _line_of(text, m.start())}) if m and m.start() < end else None
 
 
 def _line_of(text: str, pos: int) -> str:
@@ -286,14 +226,6 @@ _NAN_VALUE = re.compile(r"[=:][^\S\n]*-?(?:nan|inf)\b")
 """What every `_PLAIN_NAN` match contains: a fast test before the slow one."""
 _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
-_APEX = re.compile(
-    r"Gradient overflow\.[ \t]+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)"
-)
-_DS = re.compile(
-    r"OVERFLOW! Rank (\d+) Skipping step\. Attempted loss scale: ([\d.e+]+), reducing to ([\d.e+]+)"
-)
-_DS_MIN = re.compile(r"Current loss scale already at minimum - cannot decrease scale anymore")
-_MEGATRON = re.compile(r"number of skipped iterations:\s*(\d+)")
 
 
 def _f(x: str) -> float:
@@ -305,8 +237,8 @@ def _f(x: str) -> float:
 
 # An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
 # tail), or cut off at the line's end when the process died mid-print.
-_HF_RECORD = re.compile(r"\{'(?:loss|train_loss)':[^{}]*(?:\}|$)")
-_HF_KV = re.compile(r"'([\w/.@-]+)':\s*'?([^',}]+)'?")
+_HF_RECORD = re.compile(r"\{(['\"])(?:loss|train_loss)\1:[^{}]*(?:\}|$)")
+_HF_KV = re.compile(r"(['\"])([\w/.@()-]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
 
 
 def _hf_value(text: str) -> float | None:
@@ -336,7 +268,7 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
 
 def _line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
     """The metric records of log line ``ln``; ``hf`` HF dicts came before it (their steps count on)."""
-    if "step:" not in line and "{'" not in line:  # most lines of a long log: skip the regexes
+    if "step:" not in line and "{'" not in line and '{"' not in line:  # most lines: skip the regexes
         return []
     m = _VERL_STEP.search(line)
     if m:
@@ -347,7 +279,7 @@ def _line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
     for d in _HF_RECORD.finditer(line):
         hf += 1
         rec = {"step": hf, "_line": ln, "_source": "hf"}
-        values = ((k, _hf_value(v)) for k, v in _HF_KV.findall(d[0]))
+        values = ((k, _hf_value(v)) for _, k, v in _HF_KV.findall(d[0]))
         rec.update({k: v for k, v in values if v is not None})
         out.append(rec)
     return out
@@ -394,110 +326,84 @@ class _Nonfinite:
             if m:
                 self.sampling = _lineno(text, m.start()) + first_line - 1
 
-    def causes(self) -> list[Cause]:
-        ev, step, backward_only, where = [], None, False, None
+    def scan_line(self, line: str, ln: int, covered: bool) -> None:
+        """One log line (``covered``: it held a metric record)."""
+        if "nan" in line or "NaN" in line or "inf" in line or "Inf" in line:
+            self.scan(line, line.lower(), ln, {ln} if covered else set())
+
+    def causes(self, ctx: logs.LogContext | None = None) -> list[Cause]:
+        ctx = ctx or logs.LogContext(None)
+        ev, step, backward_only, where, role, first_line = [], None, False, None, None, None
         if self.first_bad is not None:
             i, rec, bad = self.first_bad
-            step = rec["step"]
+            step, first_line = rec["step"], rec["_line"]
+            roles = {k.split("/", 1)[0] for k in bad if "/" in k}
+            role = roles.pop() if len(roles) == 1 and all("/" in k for k in bad) else None
+            where = role
             ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
             # only the gradient norm, on the first logged step, with a finite loss: made in the backward
             losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
             backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
         if self.plain:
             ev.append(self.plain)
+        if self.plain and first_line is None:
+            first_line = int(self.plain.split(":", 1)[0].removeprefix("line "))
         if self.anomaly:
             where = self.anomaly[1]
+            first_line = first_line or self.anomaly[0]
             ev.append(f"line {self.anomaly[0]}: anomaly mode: backward function {where} produced NaN")
         if self.sampling:
             ev.append(f"line {self.sampling}: sampling saw NaN/Inf probabilities: the rollout model's "
                       "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
         if not ev:
             return []
+        verlish = ctx.framework in (None, "verl")
         if backward_only:
+            fx = (
+                backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
+            )
             return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
-                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0,
-                          fixes=backward_nan_fixes(),
+                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                          phase="update", line=first_line,
                           unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
                                    "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
-        return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
-                      "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
-                      fixes=[Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-                                 "if the run is fp16: bf16 does not overflow"),
-                             Fix("algo.lr: <lower>", V.LR, "if the loss diverged first"),
-                             Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients")],
-                      unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
-                               "`verlaudit run` with audit level full for the producer module",
-                               "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+        title = "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+        title += f" in the {role}" if role and not self.anomaly else ""
+        return [
+            Cause("error", "nonfinite", title, "Training values became NaN/Inf.", evidence=ev, step=step,
+                  where=where, score=30.0, fixes=_nonfinite_fixes(ctx, role), phase="update", line=first_line,
+                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
+                           "`verlaudit run` with audit level full for the producer module",
+                           "the loss-scale history, unless the framework logged it"])
+        ]  # fmt: skip
 
 
-class _Overflows:
-    """fp16 overflow skips (apex, DeepSpeed, Megatron), from blocks of lines: their count, the first
-    and the last loss scale, DeepSpeed's minimum-scale abort."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: tuple[int, float | None, float] | None = None
-        """(line, attempted scale or None, new scale) of the first skip."""
-        self.last_scale = math.nan
-        self.ds_min: tuple[int, str] | None = None
-        self.megatron: int | None = None
-        """The most skipped iterations one Megatron logging interval reported."""
-
-    def scan(self, text: str, first_line: int) -> None:
-        """Lines ``first_line``... as one ``text``."""
-        if "Skipping step" in text:
-            hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(text)]
-            hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(text)]
-            for pos, attempted, scale in sorted(hits, key=lambda h: h[0]):
-                if self.first is None:
-                    self.first = (_lineno(text, pos) + first_line - 1, attempted, scale)
-                self.count += 1
-                self.last_scale = scale
-        if self.ds_min is None and "already at minimum" in text:
-            m = _DS_MIN.search(text)
-            if m:
-                self.ds_min = (_lineno(text, m.start()) + first_line - 1, m[0])
-        if "skipped iterations" in text:
-            for m in _MEGATRON.finditer(text):
-                self.megatron = max(self.megatron or 0, int(m[1]))
-
-    def causes(self) -> list[Cause]:
-        if not self.count and not self.ds_min and not self.megatron:
-            return []
-        ev = []
-        if self.first is not None:
-            ln, attempted, scale = self.first
-            ev.append(f"{self.count} overflow skips, first at line {ln}; loss scale went "
-                      f"{_fmt_scale(attempted or scale * 2)} -> {_fmt_scale(self.last_scale)}")  # fmt: skip
-        if self.megatron is not None:
-            ev.append(f"Megatron: up to {self.megatron} skipped iterations per logging interval")
-        collapse = bool(self.ds_min) or (self.count and self.last_scale <= 1.0) or self.count >= 20
-        if self.ds_min:
-            ev.append(f"line {self.ds_min[0]}: {self.ds_min[1]}")
-        fixes = [Fix("precision.preset: bf16", "bf16 in the framework's config (DeepSpeed: bf16.enabled=true, fp16.enabled=false)",
-                     "bf16 has fp32's exponent range: no loss scaling, no overflow skips")]  # fmt: skip
-        if collapse:
-            return [Cause("error", "loss_scale_collapse", "fp16 loss-scale collapse",
-                          "The loss scale was driven to its floor by repeated overflows: values overflow fp16 even "
-                          "unscaled, so the optimizer keeps skipping.", evidence=ev, fixes=fixes, score=30.0,
-                          unknown=["which module overflows (a log has no per-module absmax); rerun under verlaudit"])]  # fmt: skip
-        return [Cause("info" if self.count <= 10 else "warning", "overflow_skips", f"{self.count} fp16 overflow skips",
-                      "Dynamic loss scaling found its level by skipping steps; occasional skips are normal.",
-                      evidence=ev, fixes=fixes if self.count > 10 else [])]  # fmt: skip
-
-
-def _fmt_scale(v: float) -> str:
-    return f"{v:g}"
+def _nonfinite_fixes(ctx: logs.LogContext, role: str | None) -> list[Fix]:
+    """What to try for NaN/Inf metrics, in the log's framework (the critic's own keys for a verl critic)."""
+    if role == "critic" and ctx.framework == "verl":  # the critic has its own optimiser and clipping
+        return logs.frameworks.fixes(
+            ctx,
+            None
+            if logs.frameworks.applied("bf16_instead_of_fp16", ctx)
+            else Fix(
+                "precision.preset: bf16",
+                V.param_dtype("critic", "bf16"),
+                "if the run is fp16: bf16 does not overflow",
+            ),
+            Fix("algo.lr: <lower>", V.lr("critic"), "if the value loss diverged first"),
+            Fix("algo.max_grad_norm: 1.0", V.grad_clip("critic"), "clip the critic's gradients"),
+        )
+    return logs.frameworks.fixes(
+        ctx,
+        ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+        ("lr", "if the loss diverged first", "algo.lr: <lower>"),
+        ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
+    )
 
 
 # ---- reading a log: one pass, memory bounded whatever the log's size
 MAX_LINE = 16 * 1024
 """Characters kept of one line (the rest of a longer line is skipped: no message is that long)."""
-BLOCK = 1 << 20
-"""Characters of new lines searched for error messages at a time."""
-CONTEXT = 400
-"""Lines kept before a block (the frames above an error) and held back at its end until the next
-block (a message that goes on over several lines), so every message is searched whole."""
 _NOT_A_LOG = "neither a log nor a run directory; pass a training log or traceback (text), or a run directory"
 
 
@@ -529,115 +435,40 @@ def log_lines(path: Path) -> Iterator[str]:
         raise ValueError(f"{path}: cannot read the log ({e})") from None
 
 
-class _Blocks:
-    """The lines of a log gathered into blocks of about `BLOCK` characters. Per block: NaN and
-    overflow evidence (`_Nonfinite.scan`, `_Overflows.scan`), what the log says as a whole (the
-    framework that wrote it, a traceback, its frames), and the error messages (dtype, device, OOM,
-    compile), searched with `CONTEXT` lines on both sides; the first cause of each kind is kept.
-    Holds at most a block and 2 x CONTEXT lines."""
-
-    def __init__(self, nonfinite: _Nonfinite, overflows: _Overflows) -> None:
-        self.nonfinite, self.overflows = nonfinite, overflows
-        self.buffer: list[str] = []
-        self.first_line = 1
-        """Log line number of buffer[0]."""
-        self.settled = 0
-        """Error messages starting on lines up to this log line number have been searched for."""
-        self.pending = self.pending_chars = 0
-        self.covered: set[int] = set()
-        """Lines of the pending block that held metric records."""
-        self.causes: dict[str, Cause] = {}
-        self.seen = {"verl": False, "deepspeed": False, "hf": False, "traceback": False}
-        self.frames: list[str | None] = [None, None]
-        """The last traceback frame line, and the last one outside torch."""
-
-    def feed(self, line: str, ln: int, records: bool) -> None:
-        self.buffer.append(line)
-        if records:
-            self.covered.add(ln)
-        self.pending += 1
-        self.pending_chars += len(line) + 1
-        if self.pending_chars >= BLOCK:
-            self.flush(final=False)
-
-    def flush(self, *, final: bool) -> None:
-        last = self.first_line + len(self.buffer) - 1
-        new = "\n".join(self.buffer[len(self.buffer) - self.pending :])
-        low = new.lower()
-        self.nonfinite.scan(new, low, last - self.pending + 1, self.covered)
-        self.overflows.scan(new, last - self.pending + 1)
-        self._note(new, low)
-        self.pending = self.pending_chars = 0
-        self.covered.clear()
-        upto = last if final else last - CONTEXT
-        if upto <= self.settled:
-            return
-        offsets = [0]  # char offset of each buffered line in the joined text
-        for ln in self.buffer:
-            offsets.append(offsets[-1] + len(ln) + 1)
-        text = "\n".join(self.buffer)
-        start, end = offsets[self.settled + 1 - self.first_line], offsets[upto + 1 - self.first_line]
-        for kind, cause in _error_causes(text, start=start, end=end, first_line=self.first_line).items():
-            self.causes.setdefault(kind, cause)
-        self.settled = upto
-        drop = max(
-            0, upto - CONTEXT - self.first_line + 1
-        )  # keep CONTEXT lines before the next unsearched one
-        del self.buffer[:drop]
-        self.first_line += drop
-
-    def _note(self, text: str, low: str) -> None:
-        seen = self.seen
-        seen["verl"] |= V.ACTOR_ROLLOUT_REF in text or "/verl/" in text
-        seen["deepspeed"] |= "deepspeed" in low
-        seen["hf"] |= "{'loss'" in text or "trl" in low
-        seen["traceback"] |= "Traceback (most recent call last)" in text
-        if "File " in text:
-            for m in _FRAME.finditer(text):
-                frame = m[1].rstrip()
-                self.frames[0] = frame
-                if "site-packages/torch" not in frame and "/torch/" not in frame:
-                    self.frames[1] = frame
-
-
-_FRAME = re.compile(r"^[ \t]*(File [^\n]*)", re.M)
-
-
 def diagnose_log(path: str | Path) -> Diagnosis:
     """Diagnosis of a foreign training log or traceback file, read in one pass (`log_lines`) whatever
-    its size: per line for metric records, NaN and overflow lines; in blocks with context for error
-    messages. ValueError for a file that is empty or not text: neither a log nor a run directory."""
+    its size: each line to the metric records and their NaN evidence, and to the rule families of
+    `verlaudit.analysis.logs`. ValueError for a file that is empty or not text: neither a log nor a run
+    directory."""
     p = Path(path)
-    nonfinite, overflows = _Nonfinite(), _Overflows()
-    blocks = _Blocks(nonfinite, overflows)
+    nonfinite, scan = _Nonfinite(), logs.new_scan()
     lines = hf = 0
     last_record: dict[str, Any] | None = None
-    verl_records, last_text = False, ""
+    blank = True
     for line in log_lines(p):
         lines += 1
+        blank = blank and not line.strip()
         records = _line_records(line, lines, hf)
         if records:
             hf += sum(r["_source"] == "hf" for r in records)
-            verl_records |= records[0]["_source"] == "verl"
             last_record = records[-1]
         nonfinite.feed(records)
-        blocks.feed(line, lines, bool(records))
-        if line and not line.isspace():
-            last_text = line
-    if not last_text:
+        nonfinite.scan_line(line, lines, bool(records))
+        scan.feed(lines, line)
+    if blank:
         raise ValueError(f"{p}: empty file: {_NOT_A_LOG}")
-    blocks.flush(final=True)
-    causes = rank(list(blocks.causes.values()) + nonfinite.causes() + overflows.causes())
-    seen = blocks.seen
-    framework = ("verl" if verl_records or seen["verl"] else "DeepSpeed" if seen["deepspeed"]
-                 else "HF Trainer/TRL" if seen["hf"] else "PyTorch")  # fmt: skip
-    failed = seen["traceback"] or any(c.severity == "error" for c in causes)
-    state = "failed" if failed else "log"
+    causes, ctx = logs.explain(scan.facts())
+    found = nonfinite.causes(ctx)
+    for c in found:
+        c.framework = ctx.framework
+    if found:  # a recognised NaN explains the log: no "unrecognised failure" beside it
+        causes = [
+            c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
+        ]
+    causes = logs.order(causes + found)
+    state = "failed" if any(c.severity == "error" for c in causes) else "log"
     last = f", last logged step {last_record['step']}" if last_record else ""
-    summary = f"{p.name}: {framework} log, {lines} lines{last}; {len(causes)} recognised cause(s)"
-    if not causes and seen["traceback"]:
-        causes = [Cause("error", "exception", "Unrecognised exception", last_text.rstrip()[:300],
-                        evidence=[f"raised from {blocks.frames[1] or blocks.frames[0]}"],
-                        unknown=["this error is not one of the dtype / OOM / NaN / overflow patterns verlaudit "
-                                 "explains; run the suite under verlaudit for module-level evidence"])]  # fmt: skip
+    summary = (
+        f"{p.name}: {ctx.framework or 'PyTorch'} log, {lines} lines{last}; {len(causes)} recognised cause(s)"
+    )
     return Diagnosis(str(p), "log", p.name, state, summary, causes)
