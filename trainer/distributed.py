@@ -229,10 +229,22 @@ def shard_model(
             f"{dtype_name(role_policy.param_dtype)}; cast with trainer.precision.cast_model first"
         )
     mp, _ = fsdp_mixed_precision(role_policy)
+    if mesh is None:
+        mesh = default_mesh()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
     return model
+
+
+def default_mesh() -> Any:
+    """A 1-D mesh over every rank, on the device type of the process group's backend. FSDP2's own
+    default takes the machine's accelerator, so gloo ranks on a host with one GPU would all try to
+    claim a GPU (``invalid device ordinal`` on rank 1) although `init_distributed` chose the CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device_type, (dist.get_world_size(),))
 
 
 def build_sharded(
