@@ -572,6 +572,38 @@ def build_reward_model(
     return rm
 
 
+def apply_setup(
+    models: dict[str, nn.Module], model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, nn.Module]:
+    """Runs the user's ``model.setup`` plug-ins on the built models, in role order: each is called as
+    ``fn(model, role, tokenizer)`` and may change the model in place (returning None) or return the
+    module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
+    function is re-raised with the plug-in and role named."""
+    from trainer.data import resolve_callable  # data imports nothing from here; keep the edge one-way
+
+    plugins = model_cfg.setup_plugins()
+    out = dict(models)
+    for role, model in models.items():
+        spec = plugins.get(role, plugins.get("*"))
+        if spec is None:
+            continue
+        where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
+        fn = resolve_callable(spec, where)
+        try:
+            result = fn(model, role, tokenizer)
+        except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
+            raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
+        if result is None:
+            continue
+        if not isinstance(result, nn.Module):
+            raise ValueError(
+                f"{where}: {spec} returned {type(result).__name__} for the {role} model; return None (changed "
+                "in place) or the torch.nn.Module that replaces it"
+            )
+        out[role] = result
+    return out
+
+
 def score_with_reward_model(
     rm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:

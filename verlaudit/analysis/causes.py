@@ -43,6 +43,17 @@ class Cause:
     where: str | None = None
     score: float = 0.0
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    phase: str | None = None
+    """The trainer phase it was first seen in (`trainer.events.PHASES`); None: setup or unknown."""
+    role: str | None = None
+    cls: str | None = None
+    """Its class in the root-cause rules (`verlaudit.analysis.rules`); None: not classified (a log)."""
+    seq: float = 0.0
+    """Order of recording within its step and phase (the findings.jsonl line; a failure is last)."""
+    chain: list[str] = dataclasses.field(default_factory=list)
+    """On a root: the chain it starts, ``[root, consequence, ...]`` as short labels."""
+    consequence_of: str | None = None
+    """On a consequence: the root cause's title (its fixes are the root's)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -86,15 +97,24 @@ def rank(causes: list[Cause]) -> list[Cause]:
     return sorted(causes, key=lambda c: (-c.score, c.step if c.step is not None else 1 << 30))
 
 
-def dtype_fixes(observed: str | None) -> list[Fix]:
-    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype)."""
-    return [
-        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-            "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
-        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
-            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. the "
-            "reward model or value head)"),
-    ]  # fmt: skip
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def dtype_fixes(observed: str | None, expected: str | None = None, *, autocast: bool = False) -> list[Fix]:
+    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype,
+    `expected`: the other one). Only fixes that would work: none for integer ids (autocast never casts
+    ids; the code that made them float must keep them torch.long), no bf16 autocast where the run
+    already computes under autocast (``autocast``: known from a run's policy)."""
+    if observed in INTEGER_DTYPES or expected in INTEGER_DTYPES:
+        return []
+    fixes = []
+    if not autocast:
+        fixes.append(Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
+                         "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"))  # fmt: skip
+    fixes.append(Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
+                     "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. "
+                     "the reward model or value head)"))  # fmt: skip
+    return fixes
 
 
 BACKWARD_NAN_WHAT = (

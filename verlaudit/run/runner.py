@@ -172,7 +172,12 @@ def plan_runs(
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
         try:
-            cfg, auto = resolve_checkpoint_layers(cfg, gpus=suite.hardware.gpus, target_gib=usable_gib)
+            cfg, auto = resolve_checkpoint_layers(
+                cfg,
+                gpus=suite.hardware.gpus,
+                target_gib=usable_gib,
+                allocator_cap=emulation.memory_cap_gb is not None,
+            )
         except ValueError as e:
             raise ValueError(f"{suite.source}: variants.{run.variant}.{e}") from None
         if auto:
