@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,11 +128,27 @@ def _status_causes(run: RunDir) -> list[Cause]:
         c.phase, c.role, c.seq = phase, st.get("role"), LAST
     if known:
         return known
-    where = st.get("where") or _user_frame(st.get("traceback"))
+    field = _field_in(error)
+    where = field or st.get("where") or _user_frame(st.get("traceback"))
+    fixes = []
+    if field:  # a user error names the suite field and says what to do (trainer.config, trainer.data)
+        spec = cfg(run, *field.split(".")[:2])
+        fixes.append(
+            Fix(f"{field} ({spec})" if isinstance(spec, str) else field, None, error.split(": ", 2)[-1])
+        )
     return [Cause("error", "exception", f"Failed with an exception at {at}" + (f" in {where}" if where else ""),
-                  error or "an exception with no message",
-                  evidence=[_last_frame(st.get("traceback"))], step=step, where=where, score=30.0, phase=phase,
-                  role=st.get("role"), seq=LAST)]  # fmt: skip
+                  error or "an exception with no message", evidence=[_last_frame(st.get("traceback"))],
+                  fixes=fixes, step=step, where=where, score=30.0, phase=phase, role=st.get("role"),
+                  seq=LAST)]  # fmt: skip
+
+
+_FIELD = re.compile(r"^(?:\w+(?:Error|Exception): )?((?:model|data|algo|precision|rollout)\.[\w.]+): ")
+
+
+def _field_in(error: str) -> str | None:
+    """The suite field a user error names first (``ValueError: data.reward_fn: returned shape ...``)."""
+    m = _FIELD.match(error)
+    return m.group(1) if m else None
 
 
 def _last_frame(tb: Any) -> str:

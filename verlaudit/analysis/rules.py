@@ -133,8 +133,8 @@ def finding_class(kind: str, observed: Any = None, expected: Any = None) -> str:
     if kind == "boundary/collator":
         if isinstance(observed, str) and observed.startswith(("fp", "bf")):
             return "ids_float"
-        if isinstance(observed, list) and len(observed) == 2 and isinstance(expected, list):
-            return "ids_range"
+        if isinstance(expected, list) and len(expected) == 2 and expected[0] == 0:
+            return "ids_range"  # expected [0, vocab - 1]; a shape mismatch expects [batch, length]
         return "batch_shape"
     if kind == "boundary/reward":
         if expected == "finite" or str(observed).lower() in _NONFINITE:
@@ -173,7 +173,6 @@ RULES: dict[tuple[str, str], Rule] = {
     ("ids_range", "exception"): Rule("an id past the vocabulary indexes outside the embedding table"),
     ("ids_range", "nonfinite"): Rule("an id past the vocabulary reads memory outside the embedding table"),
     ("batch_shape", "exception"): Rule("fields of different shapes cannot be combined by the model"),
-    ("batch_shape", "dtype_error"): Rule("fields of different shapes cannot be combined by the model"),
     # rewards
     ("reward_nonfinite", "nonfinite"): Rule(
         "a NaN/Inf reward makes the advantages, the loss and the gradients NaN"
@@ -181,8 +180,6 @@ RULES: dict[tuple[str, str], Rule] = {
     ("reward_nonfinite", "overflow"): Rule(
         "a NaN/Inf reward makes the gradients non-finite, so steps are skipped"
     ),
-    ("reward_nonfinite", "exception"): Rule("NaN reached the weights through the update, then the sampler"),
-    ("reward_shape", "exception"): Rule("the trainer cannot use a reward of another shape"),
     ("reward_model_dtype", "reward_dtype"): Rule("the reward model scores in its own dtype"),
     ("reward_model_dtype", "dtype_error"): Rule(
         "the reward model's weights meet activations of another dtype"
@@ -264,12 +261,16 @@ def chains(events: Sequence[Event], ranked: Sequence[int]) -> list[tuple[list[in
     Every index is in exactly one group; a cause nothing explains and that explains nothing is a path
     of its own."""
     done: set[int] = set()
+    order = {j: n for n, j in enumerate(ranked)}
     out: list[tuple[list[int], list[int]]] = []
     for i in ranked:
         if i in done:
             continue
         path = [j for j in root_of(events, i) if j not in done] or [i]
         rest = _explained_by(events, path[0], done | set(path))
+        if len(path) == 1 and rest:  # a root ranked above all it explains: its most important consequence
+            path.append(min(rest, key=lambda j: order[j]))
+            rest.discard(path[-1])
         others = sorted(rest, key=lambda j: (events[j].moment, j))
         done.update(path + others)
         out.append((path, others))
