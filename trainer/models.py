@@ -583,12 +583,13 @@ def apply_setup(
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
+    loaded: dict[str, Any] = {}  # one import per plug-in: its module's state is shared by the roles
     for role, model in models.items():
         spec = plugins.get(role, plugins.get("*"))
         if spec is None:
             continue
         where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
-        fn = resolve_callable(spec, where)
+        fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
         try:
             result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
@@ -619,12 +620,13 @@ def score_with_reward_model(
     scores = out.logits if hasattr(out, "logits") else out
     if not isinstance(scores, torch.Tensor):
         raise ValueError(
-            f"reward model {type(rm).__name__} returned {type(out).__name__}; expected a tensor or .logits"
+            f"model.reward_model: {type(rm).__name__} returned {type(out).__name__}; expected a tensor or .logits"
         )
     if scores.dim() == 2 and scores.shape[-1] == 1:
         scores = scores[:, 0]
     if scores.dim() != 1 or scores.shape[0] != input_ids.shape[0]:
         raise ValueError(
-            f"reward model {type(rm).__name__} returned shape {tuple(scores.shape)}; expected [{input_ids.shape[0]}] or [B, 1]"
+            f"model.reward_model: {type(rm).__name__} returned shape {tuple(scores.shape)}; expected one score per "
+            f"sequence, [{input_ids.shape[0]}] or [{input_ids.shape[0]}, 1]"
         )
     return scores

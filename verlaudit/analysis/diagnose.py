@@ -136,6 +136,8 @@ def _status_causes(run: RunDir) -> list[Cause]:
         fixes.append(
             Fix(f"{field} ({spec})" if isinstance(spec, str) else field, None, error.split(": ", 2)[-1])
         )
+    elif where and where == _user_frame(st.get("traceback")):
+        fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
     return [Cause("error", "exception", f"Failed with an exception at {at}" + (f" in {where}" if where else ""),
                   error or "an exception with no message", evidence=[_last_frame(st.get("traceback"))],
                   fixes=fixes, step=step, where=where, score=30.0, phase=phase, role=st.get("role"),
@@ -167,6 +169,8 @@ def _user_frame(tb: Any) -> str | None:
         if any(part in path for part in ("site-packages", "/trainer/", "/verlaudit/", "/lib/python")):
             continue
         rest = ln.split('"')[-1]  # , line N, in fn
+        if rest.endswith(("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")):
+            continue  # a comprehension's own frame: the function it is in is the next one out
         return f"{Path(path).name}{rest.replace(', line ', ':').replace(', in ', ' in ')}"
     return None
 

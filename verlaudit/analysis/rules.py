@@ -238,9 +238,14 @@ def _can_explain(root: Event, symptom: Event) -> Rule | None:
         return None
     if explains(symptom.cls, root.cls) and not root.moment < symptom.moment:
         return None  # a rule both ways (same class) in one step and phase: the earlier record is the root
-    if rule.same_role and root.role and symptom.role and root.role != symptom.role:
+    if rule.same_role and root.role and symptom.role and _model(root.role) != _model(symptom.role):
         return None
     return rule
+
+
+def _model(role: str) -> str:
+    """The model a role's records are about: the rollout engine runs the actor's modules."""
+    return "actor" if role == "rollout" else role
 
 
 def root_of(events: Sequence[Event], i: int) -> list[int]:

@@ -42,6 +42,7 @@ def preset(run: RunDir) -> str | None:
 def setup_plugin(run: RunDir, role: str | None) -> str | None:
     """The ``model.setup`` plug-in that ran on ``role``'s model, if any."""
     setup = cfg(run, "model", "setup")
+    role = "actor" if role == "rollout" else role  # the rollout engine runs the actor's modules
     if isinstance(setup, str):
         return setup
     if isinstance(setup, Mapping) and role is not None:

@@ -30,14 +30,17 @@ class FindingLog:
 
     def __init__(self, writer: RunWriter | None = None) -> None:
         self.writer = writer
-        self._by_key: dict[tuple[str, str | None, str | None], Finding] = {}
+        self._by_key: dict[tuple[str, str | None, str | None, str], Finding] = {}
         self._dirty = False
         self.new_this_step: dict[str, int] = {"error": 0, "warning": 0, "info": 0}
 
     def add(self, finding: Finding) -> bool:
-        """Records ``finding``; returns True when it is new (not a repeat). Kinds in `ROLE_WIDE`
-        fold over the whole role (the first module seen names it)."""
-        key = (finding.kind, finding.role, None if finding.kind in ROLE_WIDE else finding.where)
+        """Records ``finding``; returns True when it is new (not a repeat). A repeat is the same
+        problem at the same place: kind, role, where and what was expected (a reward that is a list
+        and the same reward turning NaN are two findings). Kinds in `ROLE_WIDE` fold over the whole
+        role (the first module seen names it)."""
+        where = None if finding.kind in ROLE_WIDE else finding.where
+        key = (finding.kind, finding.role, where, str(finding.expected))
         old = self._by_key.get(key)
         if old is not None:
             self._by_key[key] = dataclasses.replace(old, count=old.count + finding.count)
