@@ -152,14 +152,17 @@ FAULTS: tuple[Fault, ...] = (
 )  # fmt: skip
 
 GPU_FAULTS: tuple[Fault, ...] = (
-    # a 0.45 GiB allocator cap: the activations of 16 x 1024 tokens do not fit; checkpointing does
+    # a 0.45 GiB allocator cap: the planner puts the step at 0.62 GiB allocated (32 x 1024 tokens in one
+    # micro-batch), with checkpointing at 0.33 and micro-batch 16 at 0.31: both fit the cap; counting
+    # the 0.5 GiB CUDA context against it (the old arithmetic), neither would
     Fault("cap-activations", "hardware.memory_gb", "ppo",
-          {"data": {"prompt_length": 512, "response_length": 512}, "algo": {"micro_batch_size": 16,
-                                                                              "mini_batch_size": 16,
-                                                                              "batch_size": 16}},
+          {"data": {"prompt_length": 512, "response_length": 512},
+           "algo": {"batch_size": 32, "mini_batch_size": 32, "micro_batch_size": 32}},
           ("oom",), ("actor_update", "critic"), ("grad_checkpointing", "micro_batch_size"), device="cuda"),
 )  # fmt: skip
-"""Memory caps need a CUDA allocator to cap: run with ``--device cuda`` (hardware.memory_gb 0.45)."""
+"""Memory caps need a CUDA allocator to cap: ``--device cuda`` runs these (every variant of its suite
+under hardware.memory_gb 0.45, the clean controls too) instead of the CPU set."""
+GPU_CONTROLS = {"ppo": ("fp32", "bf16")}
 
 
 @dataclasses.dataclass
@@ -329,7 +332,7 @@ def render(results: Sequence[Result], command: str, seconds: float) -> str:
     lines = [
         "# Root cause first: planted faults through the plug-in points",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU, {seconds:.0f} s).",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, {_machine()}, {seconds:.0f} s).",
         "Faults: tests/fault_plugins.py and benchmarks/root_cause_faults.py (what each one is and what a right "
         "diagnosis names); scoring: the benchmark's docstring.",
         "",
@@ -361,6 +364,14 @@ def _cell(text: str, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _machine() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({os.cpu_count()} cores visible)"
+
+
 def _commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
@@ -370,13 +381,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write the markdown report here")
     p.add_argument("--only", help="comma-separated fault names (no controls unless 'controls' is listed)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda adds the memory-cap faults")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: the memory-cap faults")
     p.add_argument("--keep", help="run in this directory and keep it (default: a temporary one)")
     args = p.parse_args(argv)
-    pool = FAULTS + (GPU_FAULTS if args.device == "cuda" else ())
+    pool = GPU_FAULTS if args.device == "cuda" else FAULTS
     wanted = set(args.only.split(",")) if args.only else None
     faults = [f for f in pool if wanted is None or f.name in wanted]
-    controls = {a: PRESETS for a in BASE} if wanted is None or "controls" in wanted else {}
+    all_controls = GPU_CONTROLS if args.device == "cuda" else {a: PRESETS for a in BASE}
+    controls = all_controls if wanted is None or "controls" in wanted else {}
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="root_cause_"))
     if args.keep:
         shutil.rmtree(work / "runs", ignore_errors=True)
