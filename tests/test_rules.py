@@ -236,6 +236,7 @@ def test_same_class_in_one_phase_the_earlier_record_is_the_root():
         ("boundary/collator", [0, 107], [0, 99], "ids_range"),
         ("boundary/collator", [2, 7], [2, 8], "batch_shape"),
         ("boundary/collator", "list", "torch.long tensor", "batch_shape"),
+        ("boundary/collator", "int32", "int64", "ids_dtype"),
         ("boundary/reward", "nan", "finite", "reward_nonfinite"),
         ("boundary/reward", "fp64", "fp32", "reward_dtype"),
         ("boundary/reward", [2, 1], [2], "reward_shape"),

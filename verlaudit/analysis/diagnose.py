@@ -138,8 +138,11 @@ def _status_causes(run: RunDir) -> list[Cause]:
         )
     elif where and where == _user_frame(st.get("traceback")):
         fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
+    evidence = [_last_frame(st.get("traceback"))]
+    if step is None and cfg(run, "model", "setup"):  # failed in setup, after the user's model code ran
+        evidence.append(f"model.setup ran on the models before it: {cfg(run, 'model', 'setup')}")
     return [Cause("error", "exception", f"Failed with an exception at {at}" + (f" in {where}" if where else ""),
-                  error or "an exception with no message", evidence=[_last_frame(st.get("traceback"))],
+                  error or "an exception with no message", evidence=evidence,
                   fixes=fixes, step=step, where=where, score=30.0, phase=phase, role=st.get("role"),
                   seq=LAST)]  # fmt: skip
 

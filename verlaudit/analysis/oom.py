@@ -47,6 +47,14 @@ def planned_need(
     """GiB per GPU the run would need with the candidate's change: over the whole step, or with
     ``scope`` (trainer phase, forward the traceback shows) over the planner phases a failure there can
     be in. None when the change cannot be planned."""
+    needs = phase_needs(run, c, allocator_cap, scope)
+    return max(needs.values()) if needs else None
+
+
+def phase_needs(
+    run: RunDir, c: Candidate, allocator_cap: bool, scope: tuple[str | None, str | None] | None = None
+) -> dict[str, float] | None:
+    """`planned_need` per planner phase (name -> GiB)."""
     if c.changes is None:
         return None
     try:
@@ -54,9 +62,16 @@ def planned_need(
         est = plan_config(config, gpus=c.gpus or w, optimizer=optimizer)[0]
     except ValueError:
         return None
-    if scope is not None:
-        est = Estimate(tuple(failing_phases(est, *scope)))
-    return need_gib(est, allocator_cap)
+    phases = failing_phases(est, *scope) if scope is not None else est.phases
+    return {p.name: need_gib(Estimate((p,)), allocator_cap) for p in phases}
+
+
+def _lowers(new: dict[str, float], cur: dict[str, float] | None) -> bool:
+    """Lowers some phase where the run may have failed and raises none (1% either way is noise)."""
+    if not cur:
+        return True
+    common = [k for k in cur if k in new]
+    return any(new[k] < 0.99 * cur[k] for k in common) and all(new[k] <= 1.01 * cur[k] for k in common)
 
 
 def oom_cause(run: RunDir) -> Cause:
@@ -184,24 +199,27 @@ def checked_fixes(
     scope: tuple[str | None, str | None],
 ) -> tuple[list[Fix], list[str]]:
     """The candidates the planner says work: with a capacity, those whose planned step fits it (else the
-    first combination of them that fits); without one, those that lower the need where the run failed
-    (``scope``). Fixes that are not a config change come from the audit's own evidence (fragmentation)
+    first combination of them that fits); without one, those that lower the need of a planner phase
+    where the run may have failed (``scope``) and raise none. Fixes that are not a config change come from the audit's own evidence (fragmentation)
     and are kept. Returns the fixes (each with the planner's numbers in its why) and notes for what
     could not be checked."""
     out: list[Fix] = []
     tried: list[tuple[Candidate, float]] = []
     notes: list[str] = []
-    current = planned_need(run, Candidate(Fix(None), {}), allocator_cap, scope)
+    # without a capacity, changes are compared without the CUDA context (the same in both)
+    measure = allocator_cap or cap is None
+    current = phase_needs(run, Candidate(Fix(None), {}), measure, scope)
     for c in cands:
-        need = planned_need(run, c, allocator_cap, None if cap is not None else scope)
         if c.changes is None:
             out.append(c.fix)
             continue
-        if need is None:
+        needs = phase_needs(run, c, measure, None if cap is not None else scope)
+        if not needs:
             notes.append(f"{c.fix.suite}: the planner cannot model this change, so it is not offered")
             continue
+        need = max(needs.values())
         tried.append((c, need))
-        if _works(need, cap, current):
+        if need <= cap if cap is not None else _lowers(needs, current):
             out.append(_with_need(c.fix, need, cap, allocator_cap))
     if not any(f.suite for f in out) and tried and cap is not None:
         combo = _combination(run, [c for c, _ in tried if c.gpus is None], allocator_cap, cap)
@@ -218,15 +236,9 @@ def checked_fixes(
     return out, notes
 
 
-def _works(need: float, cap: float | None, current: float | None) -> bool:
-    if cap is not None:
-        return need <= cap
-    return current is None or need < current
-
-
 def _with_need(fix: Fix, need: float, cap: float | None, allocator_cap: bool) -> Fix:
     if cap is None:
-        note = f" (planner: {need:.3g} GiB per GPU)"
+        note = f" (planner: lowers it to {need:.3g} GiB per GPU in the allocator)"
     else:
         note = f" (planner: {need:.3g} GiB needed of {gib(cap)}{' allocator cap' if allocator_cap else ''}: fits)"
     return dataclasses.replace(fix, why=fix.why + note)

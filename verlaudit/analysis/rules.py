@@ -57,7 +57,8 @@ ROOT_CLASSES = (
     "buffer_dtype",  # a buffer in a dtype that loses precision (rotary inv_freq)
     "ids_float",  # token ids or masks that became floating point
     "ids_range",  # token ids outside the vocabulary
-    "batch_shape",  # collator fields that disagree in batch size or shape
+    "ids_dtype",  # integer ids of another width (int32)
+    "batch_shape",  # collator fields that disagree in batch size or shape, or are not tensors
     "padding",  # prompts padded on the wrong side
     "reward_model_dtype",  # a reward model stored in another dtype than the policy's
     "reward_nonfinite",  # a reward function or model that returned NaN/Inf
@@ -106,7 +107,6 @@ _FINDING_CLASSES: dict[str, str] = {
     "dtype/mixed_params": "param_dtype",
     "dtype/buffer_precision": "buffer_dtype",
     "dtype/int_became_float": "ids_float",
-    "dtype/float_became_int": "exception",
     "boundary/rollout_tokens": "ids_range",
     "boundary/padding_side": "padding",
     "boundary/reward_model": "reward_model_dtype",
@@ -128,11 +128,14 @@ _NONFINITE = ("nan", "inf", "-inf", "nan+inf")
 
 def finding_class(kind: str, observed: Any = None, expected: Any = None) -> str:
     """The class of an audit finding from its kind and what it observed: ``boundary/collator`` is
-    ``ids_float`` for a float dtype, ``ids_range`` for an id range, else ``batch_shape``;
+    ``ids_float`` for a float dtype, ``ids_dtype`` for another integer width, ``ids_range`` for an id
+    range, else ``batch_shape`` (shapes, sizes, a list instead of a tensor);
     ``boundary/reward`` is ``reward_nonfinite`` / ``reward_dtype`` / ``reward_shape``."""
     if kind == "boundary/collator":
         if isinstance(observed, str) and observed.startswith(("fp", "bf")):
             return "ids_float"
+        if isinstance(observed, str) and observed.startswith(("int", "uint")):
+            return "ids_dtype"  # int32 ids: a narrower integer, harmless to the embedding
         if isinstance(expected, list) and len(expected) == 2 and expected[0] == 0:
             return "ids_range"  # expected [0, vocab - 1]; a shape mismatch expects [batch, length]
         return "batch_shape"
