@@ -552,7 +552,7 @@ def build_reward_model(
         if rm.config.pad_token_id is None:
             rm.config.pad_token_id = tokenizer.pad_token_id
     elif ":" in spec:
-        from trainer.data import resolve_callable  # data imports nothing from here; keep the edge one-way
+        from trainer.plugins import resolve_callable
 
         loader = resolve_callable(spec, where)
         rm = loader(tokenizer, device)
@@ -579,7 +579,7 @@ def apply_setup(
     ``fn(model, role, tokenizer)`` and may change the model in place (returning None) or return the
     module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
     function is re-raised with the plug-in and role named."""
-    from trainer.data import resolve_callable  # data imports nothing from here; keep the edge one-way
+    from trainer.plugins import resolve_callable
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
