@@ -118,12 +118,12 @@ def emulation_for(suite: Suite, present: PresentDevice, device: str) -> Emulatio
         return Emulation(
             target=target.name,
             memory_cap_gb=float(target_gb),
-            reason=f"emulating {target.name}: usable memory capped at {target_gb:.1f} GiB of "
+            reason=f"emulating {target.name}: the allocator capped at {target_gb:.4g} GiB of "
             f"{present.gpu_name}'s {here:.1f} GiB, so OOMs happen where they would on the target",
         )
     return Emulation(
         target=target.name,
-        reason=f"{target.name} has {target_gb:.1f} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
+        reason=f"{target.name} has {target_gb:.4g} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
         "no cap; this GPU may OOM where the target would not",
     )
 
