@@ -186,6 +186,23 @@ def test_a_constant_reward_is_no_signal_from_the_first_step(tmp_path):
     assert f.step == 0 and f.observed["groups"] == 2 and f.observed["fraction"] == 1.0
 
 
+def _user_hook(module, args, output):
+    return output * 2
+
+
+def test_user_hooks_are_recorded_and_library_hooks_are_not():
+    import functools
+
+    from verlaudit.audit.weights import user_hooks
+
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    m[0].register_forward_hook(_user_hook)
+    m[1].register_forward_pre_hook(functools.partial(torch.nn.modules.module.Module.__call__))  # torch's own code
+    (f,) = user_hooks("actor", m)
+    assert (f.kind, f.where, f.severity) == ("model/user_hook", "0", "info")
+    assert f.observed == [f"{_user_hook.__module__}._user_hook"]
+
+
 def test_a_module_output_cast_outside_autocast():
     pol = resolve_policy("fp32")["actor"]
     f32, b16 = torch.float32, torch.bfloat16

@@ -60,6 +60,7 @@ from verlaudit.analysis.runview import (
     role_policy,
     runner_record,
     setup_plugin,
+    user_hook_fix,
 )
 from verlaudit.analysis.trajectory import loss_scale_causes, no_signal_causes, reward_trend_causes
 from verlaudit.rundir import MANIFEST, Finding, RunDir, is_run_dir, read_json, read_run
@@ -308,6 +309,9 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:  # one analysis: evidence, pr
                 + ": it came from outside the modules (a reward, advantages, a boundary), or the step was not "
                 "audited at the full level.")  # fmt: skip
     fixes = _nonfinite_fixes(run, producer, nf_findings, step)
+    hook = user_hook_fix(run, producer.role, producer.where) if producer else None
+    if hook is not None:
+        fixes.insert(0, hook)
     first_step = run.metrics[0].get("step") if run.metrics else None
     if not bad_loss and not failed_nonfinite and producer is None and step is not None and step == first_step:
         # finite loss, NaN gradients before any update: the weights are the initial ones, so it is not
@@ -440,6 +444,12 @@ def _finding_causes(run: RunDir) -> list[Cause]:
             ev.append(f"model.setup ran on the {top.role} model: {plugin} (user code that can change dtypes, modules "
                       "and hooks)")  # fmt: skip
         fixes = _plugin_fixes(run, top, fs)
+        hook = (
+            user_hook_fix(run, top.role, top.where)
+            if kind.startswith(("dtype/module", "numerics/"))
+            else None
+        )
+        fixes = [hook, *fixes] if hook else fixes
         sev = "error" if any(f.severity == "error" for f in fs) else "warning"
         out.append(Cause(sev, f"finding:{kind}", f"{kind}: {top.message}", top.message, evidence=ev, fixes=fixes,
                          step=top.step, where=top.where, phase=top.phase, role=top.role, cls=cls,

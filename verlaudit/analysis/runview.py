@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from verlaudit.analysis.causes import Fix
 from verlaudit.rundir import RUNNER, RunDir, read_json, to_float
 
 
@@ -90,3 +91,17 @@ def num(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def user_hook_fix(run: RunDir, role: str | None, module: str | None) -> Fix | None:
+    """A fix pointing at the user's forward hook on ``module`` (``model/user_hook``, recorded at setup),
+    when there is one: the hook's code is what changed that module's output."""
+    model = "actor" if role == "rollout" else role
+    for f in run.findings:
+        if f.kind == "model/user_hook" and f.role == model and module and f.where == module:
+            hooks = ", ".join(f.observed) if isinstance(f.observed, list) else str(f.observed)
+            plugin = setup_plugin(run, model)
+            key = f"model.setup ({plugin})" if plugin else None
+            return Fix(key, None, f"a forward hook from user code sits on {module} ({hooks}) and runs before the "
+                       "audit sees its output: check what it does to the output first")  # fmt: skip
+    return None

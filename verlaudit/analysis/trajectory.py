@@ -12,7 +12,7 @@ import math
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.rules import LAST
-from verlaudit.analysis.runview import cfg, fmt, role_policy
+from verlaudit.analysis.runview import cfg, fmt, role_policy, user_hook_fix
 from verlaudit.rundir import RunDir
 
 
@@ -54,6 +54,9 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
             fixes.append(
                 Fix(None, None, f"{where} exceeds fp16's range: keep it in fp32 or rescale its output")
             )
+        hook = user_hook_fix(run, overflow[0].role if overflow else None, where)
+        if hook is not None:  # user code on the overflowing module comes before any precision change
+            fixes.insert(0, hook)
         if at_floor or longest >= 5 or tail_all_skipped:
             out.append(Cause("error", "loss_scale_collapse", f"{role} loss-scale collapse: scale driven to "
                              f"{fmt(final_scale) if final_scale is not None else '?'} with repeated skipped steps",

@@ -111,6 +111,8 @@ class Auditor(Observer):
         self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
         self._model_state(step=None)
         self.dtype_watch = weights.DtypeWatch(self.models)
+        for role, model in self.models.items():  # before the probe adds its own hooks
+            self.findings.extend(weights.user_hooks(role, model))
         if self.settings.level == "full":
             self.probe = ModuleProbe(
                 models, policy=policy, context=self.context, sink=self.findings, provenance=self.provenance

@@ -6,6 +6,10 @@ changed after setup. Pure functions over a model (or its named tensors) -> findi
   times the median of the others or more (`PAIR_RATIO` with a single sibling) is out of family (a corrupted or mis-converted checkpoint, a
   layer scaled by user code), and any NaN/Inf stored in a weight is named. One norm per parameter and
   one host read for the whole model; the `Auditor` runs it at setup and on full-audit steps.
+- `user_hooks`: forward hooks that user code (``model.setup``, a callback) put on the models before the
+  audit attached, one info finding per hooked module, so a diagnosis can say that a module whose output
+  went wrong has someone else's code on it (hooks of torch, transformers, FSDP2 and this project are
+  not user code).
 - `DtypeWatch`: the parameter and buffer dtypes seen at setup, compared on full-audit steps with a
   metadata read (``tensor.dtype``, no device work): a buffer or parameter that user code cast to a
   lower precision after setup (rotary ``inv_freq`` in bf16) becomes a finding at the step it is seen.
@@ -150,3 +154,28 @@ class DtypeWatch:
 
 def _bits(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits if dtype.is_floating_point else 64
+
+
+_OWN_HOOKS = ("torch.", "transformers.", "accelerate.", "trainer.", "verlaudit.", "peft.")
+
+
+def user_hooks(role: str, model: nn.Module) -> list[Finding]:
+    """One info finding per module carrying a forward (pre-)hook defined outside torch, transformers and
+    this project: user code that can change what the module returns."""
+    out: list[Finding] = []
+    for name, m in model.named_modules():
+        hooks = [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]
+        hooks = [getattr(h, "func", h) for h in hooks]  # a functools.partial: the function it calls
+        mine = [h for h in hooks if not str(getattr(h, "__module__", "") or "").startswith(_OWN_HOOKS)]
+        if mine:
+            names = [
+                f"{getattr(h, '__module__', '?')}.{getattr(h, '__qualname__', type(h).__name__)}"
+                for h in mine
+            ]
+            out.append(Finding(
+                severity="info", kind="model/user_hook", role=role, where=name or "<root>",
+                observed=names, expected=None,
+                message=f"{name or 'the model'} carries {len(mine)} forward hook(s) from user code: {', '.join(names)}",
+                fix="a hook can change this module's inputs or output (dtype, scale, values)",
+            ))  # fmt: skip
+    return out
