@@ -53,6 +53,12 @@ def right_padded_collator(examples, tokenizer):
     return {"input_ids": ids.gather(1, order), "attention_mask": mask.gather(1, order)}
 
 
+def list_collator(examples, tokenizer):
+    """Python lists instead of tensors (a collator ported from a numpy pipeline)."""
+    batch = PromptCollator(tokenizer, PROMPT_LENGTH)(examples)
+    return {k: v.tolist() for k, v in batch.items()}
+
+
 def float_pairs_collator(examples, tokenizer):
     """DPO pairs with the chosen ids cast to float32."""
     batch = PairCollator(tokenizer, PROMPT_LENGTH, RESPONSE_LENGTH)(examples)
@@ -88,6 +94,16 @@ def constant_reward(prompts, responses, examples):
 def float64_reward(prompts, responses, examples):
     """The digits reward as a float64 tensor."""
     return torch.tensor(_digits(prompts, responses, examples), dtype=torch.float64)
+
+
+def column_reward(prompts, responses, examples):
+    """The digits reward as a [B, 1] column (a score head's output, not squeezed)."""
+    return torch.tensor(_digits(prompts, responses, examples)).reshape(-1, 1)
+
+
+def bf16_reward(prompts, responses, examples):
+    """The digits reward in bf16 (a scorer that computes in the model's dtype)."""
+    return torch.tensor(_digits(prompts, responses, examples), dtype=torch.bfloat16)
 
 
 def short_reward(prompts, responses, examples):
@@ -138,6 +154,23 @@ def nan_head_reward_model(tokenizer, device):
     with torch.no_grad():
         rm.score.weight[0, 3] = float("nan")
     return rm
+
+
+class _Normalised(nn.Module):
+    """Scores divided by a per-sequence count that is zero: 0/0 and x/0 for every sequence."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask):
+        scores = self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
+        return scores / (input_ids[:, -1:] * 0).float()
+
+
+def dividing_reward_model(tokenizer, device):
+    """A reward model wrapper whose normalisation divides by zero."""
+    return _Normalised(_tiny_classifier(tokenizer, device))
 
 
 def two_logit_reward_model(tokenizer, device):
@@ -212,3 +245,24 @@ def scaled_down_proj(model, role, tokenizer):
 def fp16_reference(model, role, tokenizer):
     """The reference returned in fp16 whatever the policy says."""
     return model.half()
+
+
+def scaling_hook(model, role, tokenizer):
+    """A forward hook that multiplies the first MLP's output by 1e6 (a leftover debugging scale)."""
+    model.get_decoder().layers[0].mlp.register_forward_hook(lambda module, args, output: output * 1e6)
+
+
+def nan_hook(model, role, tokenizer):
+    """A forward hook that writes a NaN into one projection's output."""
+
+    def hook(module, args, output):
+        output = output.clone()
+        output.view(-1)[0] = float("nan")
+        return output
+
+    model.get_decoder().layers[1].mlp.down_proj.register_forward_hook(hook)
+
+
+def bf16_lm_head(model, role, tokenizer):
+    """The LM head cast to bf16 in an fp32 model."""
+    model.lm_head.to(torch.bfloat16)
