@@ -108,6 +108,7 @@ ALGO_KEYS: dict[str, str] = {
     "micro_batch_size": MICRO_BATCH,
     "mini_batch_size": f"{ACTOR}.ppo_mini_batch_size",
     "lr": LR,
+    "weight_decay": f"{ACTOR}.optim.weight_decay",
     "critic_lr": f"{CRITIC}.optim.lr",
     "cliprange_value": f"{CRITIC}.cliprange_value",
     "batch_size": "data.train_batch_size",
