@@ -109,11 +109,21 @@ def dtype_fixes(observed: str | None, expected: str | None = None, *, autocast: 
         return []
     fixes = []
     if not autocast:
-        fixes.append(Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-                         "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"))  # fmt: skip
-    fixes.append(Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
-                     "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. "
-                     "the reward model or value head)"))  # fmt: skip
+        fixes.append(
+            Fix(
+                "precision.preset: bf16",
+                V.PARAM_DTYPE_BF16,
+                "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing",
+            )
+        )
+    fixes.append(
+        Fix(
+            f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}",
+            f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
+            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. "
+            "the reward model or value head)",
+        )
+    )
     return fixes
 
 
@@ -129,9 +139,16 @@ BACKWARD_NAN_WHAT = (
 def backward_nan_fixes() -> list[Fix]:
     """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
     return [
-        Fix(None, V.REMOVE_PADDING,
+        Fix(
+            None,
+            V.REMOVE_PADDING,
             "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
-            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
-        Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
-            "gradients there point at the fused kernel's empty rows"),
-    ]  # fmt: skip
+            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad",
+        ),
+        Fix(
+            None,
+            None,
+            "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
+            "gradients there point at the fused kernel's empty rows",
+        ),
+    ]

@@ -23,11 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
-import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import (
@@ -39,8 +36,7 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.logparse import diagnose_log, explain_error_text, parse_dtype_message
-from verlaudit.analysis.oom import oom_cause
+from verlaudit.analysis.logparse import diagnose_log, parse_dtype_message
 from verlaudit.analysis.rules import (
     CAUSE_CLASSES,
     LAST,
@@ -54,14 +50,13 @@ from verlaudit.analysis.rules import (
 from verlaudit.analysis.runview import (
     cfg,
     fmt,
-    last_phase_started,
     last_step,
     preset,
     role_policy,
-    runner_record,
     setup_plugin,
     user_hook_fix,
 )
+from verlaudit.analysis.status import status_causes
 from verlaudit.analysis.trajectory import loss_scale_causes, no_signal_causes, reward_trend_causes
 from verlaudit.rundir import MANIFEST, Finding, RunDir, is_run_dir, read_json, read_run
 
@@ -97,163 +92,6 @@ def _seq(run: RunDir, f: Finding | None) -> float:
 # analyses: each is a pure function RunDir -> list[Cause]
 
 
-def _status_causes(run: RunDir) -> list[Cause]:
-    st = run.status or {}
-    reason = st.get("reason")
-    step, phase, error = st.get("step"), st.get("phase"), str(st.get("error") or "")
-    at = f"step {step}" + (f", phase {phase}" if phase else "") if step is not None else "setup"
-    if run.state == "killed":
-        return [_killed_cause(run)]
-    if run.state == "empty":
-        return [Cause("error", "killed", "Nothing was written", "The run directory is empty: the worker never started.",
-                      score=40.0)]  # fmt: skip
-    if run.state == "completed":
-        return []
-    if reason == "oom":
-        return [oom_cause(run)]
-    if reason == "interrupted":
-        return [Cause("warning", "interrupted", f"Interrupted at {at}", "The run was stopped (Ctrl-C or SIGTERM); "
-                      "everything before it is kept.", evidence=[error] if error else [], step=step, phase=phase,
-                      seq=LAST)]  # fmt: skip
-    if reason == "refused":
-        return [Cause("error", "refused", "Refused before starting", error or "the runner refused this variant",
-                      evidence=[error] if error else [], fixes=[Fix("variants.<name>.precision.preset: fp16",
-                      V.PARAM_DTYPE_FP16,
-                      "the target GPU has no bf16: fp16 autocast with dynamic loss scaling runs there")], step=step,
-                      score=40.0)]  # fmt: skip
-    if reason in ("nonfinite", "dtype_error") or "probability tensor contains" in error:
-        return []  # explained by _nonfinite_causes / _dtype_causes, which read the same status
-
-    known = explain_error_text(error + "\n" + str(st.get("traceback") or ""), step=step)
-    for c in known:
-        c.phase, c.role, c.seq = phase, st.get("role"), LAST
-    if known:
-        return known
-    field = _field_in(error)
-    where = field or st.get("where") or _user_frame(st.get("traceback"))
-    fixes = []
-    if field:  # a user error names the suite field and says what to do (trainer.config, trainer.data)
-        spec = cfg(run, *field.split(".")[:2])
-        fixes.append(
-            Fix(f"{field} ({spec})" if isinstance(spec, str) else field, None, error.split(": ", 2)[-1])
-        )
-    elif where and where == _user_frame(st.get("traceback")):
-        fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
-    evidence = [_last_frame(st.get("traceback"))]
-    if step is None and cfg(run, "model", "setup"):  # failed in setup, after the user's model code ran
-        evidence.append(f"model.setup ran on the models before it: {cfg(run, 'model', 'setup')}")
-    return [Cause("error", "exception", f"Failed with an exception at {at}" + (f" in {where}" if where else ""),
-                  error or "an exception with no message", evidence=evidence,
-                  fixes=fixes, step=step, where=where, score=30.0, phase=phase, role=st.get("role"),
-                  seq=LAST)]  # fmt: skip
-
-
-_FIELD = re.compile(r"^(?:\w+(?:Error|Exception): )?((?:model|data|algo|precision|rollout)\.[\w.]+): ")
-
-
-def _field_in(error: str) -> str | None:
-    """The suite field a user error names first (``ValueError: data.reward_fn: returned shape ...``)."""
-    m = _FIELD.match(error)
-    return m.group(1) if m else None
-
-
-def _last_frame(tb: Any) -> str:
-    lines = [ln.strip() for ln in str(tb or "").splitlines() if ln.strip().startswith("File ")]
-    return f"innermost frame: {lines[-1]}" if lines else "no traceback recorded"
-
-
-def _user_frame(tb: Any) -> str | None:
-    """The innermost traceback frame outside torch, transformers, the trainer and the standard
-    library: where user code (a plug-in) raised, as ``file.py:line in fn``."""
-    for ln in reversed(str(tb or "").splitlines()):
-        ln = ln.strip()
-        if not ln.startswith("File "):
-            continue
-        path = ln.split('"')[1] if '"' in ln else ""
-        if any(part in path for part in ("site-packages", "/trainer/", "/verlaudit/", "/lib/python")):
-            continue
-        rest = ln.split('"')[-1]  # , line N, in fn
-        if rest.endswith(("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")):
-            continue  # a comprehension's own frame: the function it is in is the next one out
-        return f"{Path(path).name}{rest.replace(', line ', ':').replace(', in ', ' in ')}"
-    return None
-
-
-_SIGNAL_WHAT = {
-    "SIGKILL": "SIGKILL cannot be caught, so nothing was recorded. It is what the kernel's OOM killer sends when host "
-    "RAM runs out; a scheduler's hard limit or `kill -9` send it too.",
-    "SIGTERM": "SIGTERM was not handled as an interrupt: a scheduler, a time limit or a parent process stopped it.",
-    "SIGSEGV": "a crash in native code (a CUDA kernel, an extension, a driver)",
-    "SIGBUS": "a crash in native code or shared memory (/dev/shm) exhausted",
-    "SIGABRT": "a native abort (an assertion in C++ code, a CUDA device-side assert)",
-}
-
-
-def _killed_cause(run: RunDir) -> Cause:
-    """A worker that died without writing status.json: the exit signal the runner recorded (runner.json)
-    and the last phase it started (events.jsonl)."""
-    last = last_step(run)
-    step, phase = last_phase_started(run)
-    rc = runner_record(run).get("returncode")
-    sig = None
-    if isinstance(rc, int) and rc < 0:
-        try:
-            sig = signal.Signals(-rc).name
-        except ValueError:
-            sig = f"signal {-rc}"
-    where = f" in {phase} at step {step}" if phase else ""
-    ev = [f"last complete metrics line: step {last}" if last is not None else "no metrics line was completed",
-          f"{len(run.findings)} findings recorded before it died"]  # fmt: skip
-    if phase:
-        ev.insert(0, f"last phase started: {phase} at step {step} (events.jsonl phase_start)")
-    if rc is not None:
-        ev.insert(0, f"exit code {rc} (runner.json)" + (f": killed by {sig}" if sig else ""))
-    running = _running_in(run, phase)
-    if running:
-        ev.append(f"running in that phase: {running}")
-    if sig:
-        title = f"Killed by {sig}{where}" + (": likely the OOM killer (host RAM)" if sig == "SIGKILL" else "")
-        what = f"The worker was killed by {sig}{where}. " + _SIGNAL_WHAT.get(sig, "")
-    else:
-        title = f"Killed without a status{where}" + (f" (exit code {rc})" if rc is not None else "")
-        what = ("The process died without writing status.json: killed by the OS OOM killer (host RAM), a scheduler "
-                "time limit, SIGKILL, or a crash in native code. Python exceptions, device OOM, NaN aborts and Ctrl-C "
-                "are all recorded, so they are ruled out.")  # fmt: skip
-    fixes = [Fix(None, None, "check `dmesg -T | grep -i 'killed process'`: an OOM-killer line names the process and "
-                 f"its memory; host RAM ran out{where}" + (f" while {running} ran" if running else ""))]  # fmt: skip
-    fixes += _host_memory_fixes(run, phase)
-    return Cause("error", "killed", title, what, evidence=ev, fixes=fixes, step=step if step is not None else last,
-                 where=phase, score=40.0, phase=phase, seq=LAST, data={"signal": sig, "returncode": rc})  # fmt: skip
-
-
-def _running_in(run: RunDir, phase: str | None) -> str | None:
-    """The user plug-in the trainer calls in ``phase`` (reward: the reward function or model)."""
-    if phase == "reward":
-        for key in ("model.reward_model", "data.reward_fn", "data.compute_score"):
-            spec = cfg(run, *key.split("."))
-            if spec:
-                return f"{key} ({spec})"
-    if phase == "rollout" and cfg(run, "data", "collator"):
-        return f"data.collator ({cfg(run, 'data', 'collator')})"
-    return None
-
-
-def _host_memory_fixes(run: RunDir, phase: str | None) -> list[Fix]:
-    """What lowers host memory in the phase that was running."""
-    b, r = cfg(run, "algo", "batch_size"), cfg(run, "data", "response_length")
-    if phase in ("rollout", "reward") and isinstance(b, int) and b > 1:
-        return [
-            Fix(f"algo.batch_size: {b // 2}", V.MAX_RESPONSE_LENGTH, "fewer sequences in host memory at once")
-        ]
-    if phase and phase.endswith("update"):
-        mb = cfg(run, "algo", "micro_batch_size")
-        if isinstance(mb, int) and mb > 1:
-            return [Fix(f"algo.micro_batch_size: {mb // 2}", V.micro_batch("actor"), "smaller micro-batches")]
-    if isinstance(r, int) and r > 1:
-        return [Fix(f"data.response_length: {r // 2}", V.MAX_RESPONSE_LENGTH, "shorter sequences")]
-    return []
-
-
 _MODULE_PRODUCERS = ("numerics/nonfinite_forward", "numerics/overflow", "numerics/nonfinite_backward")
 """Findings that name the module which made a non-finite value from finite inputs. A boundary
 (``numerics/nonfinite_boundary``: log-probs, values) or the loss is where NaN was seen, not made."""
@@ -277,8 +115,10 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:  # one analysis: evidence, pr
     if bad_loss:
         evidence.append(f"first non-finite loss: {bad_loss[1]} = {bad_loss[2]} at step {bad_loss[0]}")
     if sampling_nan:
-        evidence.append(f"rollout sampling failed on NaN/Inf probabilities at step {st.get('step')} "
-                        f"({st.get('phase')}): the policy's logits were already non-finite")  # fmt: skip
+        evidence.append(
+            f"rollout sampling failed on NaN/Inf probabilities at step {st.get('step')} "
+            f"({st.get('phase')}): the policy's logits were already non-finite"
+        )
     elif failed_nonfinite:
         evidence.append(f"run stopped: {st.get('error') or 'non-finite loss'} (step {st.get('step')})")
     for f in nf_findings[:4]:
@@ -298,16 +138,20 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:  # one analysis: evidence, pr
     where = producer.where if producer else None
     title = f"Non-finite loss/gradients from step {step}" + (f", first produced in {where}" if where else "")
     if producer:
-        what = (f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "
-                "inputs were finite; the modules after it only propagated it.")  # fmt: skip
+        what = (
+            f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "
+            "inputs were finite; the modules after it only propagated it."
+        )
         plugin = setup_plugin(run, producer.role)
         if plugin:
             evidence.append(f"model.setup ran on the {producer.role} model: {plugin}")
     else:
-        what = ("The loss became NaN/Inf. No module made it from finite inputs on an audited step"
-                + (f"; it was first seen in {seen.where} ({seen.role})" if seen is not None else "")
-                + ": it came from outside the modules (a reward, advantages, a boundary), or the step was not "
-                "audited at the full level.")  # fmt: skip
+        what = (
+            "The loss became NaN/Inf. No module made it from finite inputs on an audited step"
+            + (f"; it was first seen in {seen.where} ({seen.role})" if seen is not None else "")
+            + ": it came from outside the modules (a reward, advantages, a boundary), or the step was not "
+            "audited at the full level."
+        )
     fixes = _nonfinite_fixes(run, producer, nf_findings, step)
     hook = user_hook_fix(run, producer.role, producer.where) if producer else None
     if hook is not None:
@@ -321,11 +165,23 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:  # one analysis: evidence, pr
         fixes = backward_nan_fixes() + [f for f in fixes if f.suite is not None]
     ref = producer or seen
     phase = ref.phase if ref is not None and ref.step == step else st.get("phase") or "actor_update"
-    return [Cause("error", "nonfinite", title, what, evidence=evidence, fixes=fixes,
-                  step=step, where=where, score=50.0 if failed_nonfinite else 20.0, phase=phase,
-                  role=ref.role if ref is not None else None, seq=_seq(run, ref) if ref is not None else LAST,
-                  data={"producer": producer.to_dict() if producer else None,
-                        "loss_scale_history": history[-16:]})]  # fmt: skip
+    return [
+        Cause(
+            "error",
+            "nonfinite",
+            title,
+            what,
+            evidence=evidence,
+            fixes=fixes,
+            step=step,
+            where=where,
+            score=50.0 if failed_nonfinite else 20.0,
+            phase=phase,
+            role=ref.role if ref is not None else None,
+            seq=_seq(run, ref) if ref is not None else LAST,
+            data={"producer": producer.to_dict() if producer else None, "loss_scale_history": history[-16:]},
+        )
+    ]
 
 
 def _producer(findings: Sequence[Finding]) -> Finding | None:
@@ -349,23 +205,42 @@ def _nonfinite_fixes(
     fixes = []
     if producer is not None and producer.fix:
         fixes.append(Fix(None, None, producer.fix))
-    fp16_overflow = any(f.kind == "numerics/overflow" and (f.observed or {}).get("dtype") == "fp16" for f in nf
-                        if isinstance(f.observed, dict))  # fmt: skip
+    fp16_overflow = any(
+        f.kind == "numerics/overflow" and (f.observed or {}).get("dtype") == "fp16"
+        for f in nf
+        if isinstance(f.observed, dict)
+    )
     scaled_skips = role_policy(run, "actor").get("loss_scaling") == "dynamic" and any(
         v > 0 for s, v in run.series("actor/skipped") if step is None or s <= step
     )
     if preset(run) == "fp16" and (fp16_overflow or scaled_skips):
-        fixes.append(Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-                         "fp16 overflows at 65504; bf16 has fp32's exponent range (needs an Ampere+ GPU)"))  # fmt: skip
+        fixes.append(
+            Fix(
+                "precision.preset: bf16",
+                V.PARAM_DTYPE_BF16,
+                "fp16 overflows at 65504; bf16 has fp32's exponent range (needs an Ampere+ GPU)",
+            )
+        )
     if _diverged(run, step):
         lr = cfg(run, "algo", "lr")
-        fixes.append(Fix(f"algo.lr: {lr / 10:g}" if isinstance(lr, (int, float)) else "algo.lr: <lower>",
-                         V.LR, "the loss / gradient norm grew before going non-finite: smaller steps"))  # fmt: skip
+        fixes.append(
+            Fix(
+                f"algo.lr: {lr / 10:g}" if isinstance(lr, (int, float)) else "algo.lr: <lower>",
+                V.LR,
+                "the loss / gradient norm grew before going non-finite: smaller steps",
+            )
+        )
         if not cfg(run, "algo", "max_grad_norm"):
             fixes.append(Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients"))
     if not fixes and producer is None:
-        fixes.append(Fix("audit.level: full", None, f"rerun with every module audited at step {step} (audit.every) "
-                         "to name the module or boundary where the NaN is made"))  # fmt: skip
+        fixes.append(
+            Fix(
+                "audit.level: full",
+                None,
+                f"rerun with every module audited at step {step} (audit.every) "
+                "to name the module or boundary where the NaN is made",
+            )
+        )
     return fixes
 
 
@@ -406,12 +281,29 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     fixes = [Fix(None, None, f.fix)] if f and f.fix else []
     autocast = bool(role_policy(run, role or "actor").get("autocast")) or preset(run) in ("bf16", "bf16-pure")
     fixes += dtype_fixes(observed, expected, autocast=autocast)
-    title = "Dtype error" + (f" in {where}" if where else "") + (f": {observed} where {expected} was expected"
-                                                                 if observed and expected else "")  # fmt: skip
-    return [Cause("error", "dtype_error", title, "A tensor reached an op whose other operands (or weights) have a "
-                  "different dtype, outside autocast.", evidence=ev, fixes=fixes, step=step, where=where,
-                  score=50.0 if failed else 20.0, phase=phase, role=role, seq=LAST,
-                  data={"observed": observed, "expected": expected})]  # fmt: skip
+    title = (
+        "Dtype error"
+        + (f" in {where}" if where else "")
+        + (f": {observed} where {expected} was expected" if observed and expected else "")
+    )
+    return [
+        Cause(
+            "error",
+            "dtype_error",
+            title,
+            "A tensor reached an op whose other operands (or weights) have a "
+            "different dtype, outside autocast.",
+            evidence=ev,
+            fixes=fixes,
+            step=step,
+            where=where,
+            score=50.0 if failed else 20.0,
+            phase=phase,
+            role=role,
+            seq=LAST,
+            data={"observed": observed, "expected": expected},
+        )
+    ]
 
 
 _EXPLAINED_KINDS = (
@@ -435,14 +327,19 @@ def _finding_causes(run: RunDir) -> list[Cause]:
     for (kind, cls), fs in groups.items():
         fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else -1, f.rank))
         top = fs[0]
-        ev = [f"{f.role or '-'} {f.where or '-'} step {f.step}: observed {f.observed}, expected {f.expected}"
-              + (f" (x{f.count})" if f.count > 1 else "") for f in fs[:5]]  # fmt: skip
+        ev = [
+            f"{f.role or '-'} {f.where or '-'} step {f.step}: observed {f.observed}, expected {f.expected}"
+            + (f" (x{f.count})" if f.count > 1 else "")
+            for f in fs[:5]
+        ]
         if len(fs) > 5:
             ev.append(f"... and {len(fs) - 5} more")
         plugin = setup_plugin(run, top.role)
         if plugin and kind.startswith(("dtype/", "numerics/weight")):
-            ev.append(f"model.setup ran on the {top.role} model: {plugin} (user code that can change dtypes, modules "
-                      "and hooks)")  # fmt: skip
+            ev.append(
+                f"model.setup ran on the {top.role} model: {plugin} (user code that can change dtypes, modules "
+                "and hooks)"
+            )
         fixes = _plugin_fixes(run, top, fs)
         hook = (
             user_hook_fix(run, top.role, top.where)
@@ -451,9 +348,22 @@ def _finding_causes(run: RunDir) -> list[Cause]:
         )
         fixes = [hook, *fixes] if hook else fixes
         sev = "error" if any(f.severity == "error" for f in fs) else "warning"
-        out.append(Cause(sev, f"finding:{kind}", f"{kind}: {top.message}", top.message, evidence=ev, fixes=fixes,
-                         step=top.step, where=top.where, phase=top.phase, role=top.role, cls=cls,
-                         seq=_seq(run, top)))  # fmt: skip
+        out.append(
+            Cause(
+                sev,
+                f"finding:{kind}",
+                f"{kind}: {top.message}",
+                top.message,
+                evidence=ev,
+                fixes=fixes,
+                step=top.step,
+                where=top.where,
+                phase=top.phase,
+                role=top.role,
+                cls=cls,
+                seq=_seq(run, top),
+            )
+        )
     return out
 
 
@@ -464,8 +374,12 @@ _MODULE_DTYPE_KINDS = (
     "dtype/module_output",
 )
 """Findings about a model's own dtypes: user setup code (model.setup) is where they are changed."""
-_WEIGHT_SOURCES = {"actor": "model.path", "reference": "model.path", "critic": "model.critic_path",
-                   "reward": "model.reward_model"}  # fmt: skip
+_WEIGHT_SOURCES = {
+    "actor": "model.path",
+    "reference": "model.path",
+    "critic": "model.critic_path",
+    "reward": "model.reward_model",
+}
 
 
 def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]:
@@ -494,7 +408,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
 
 
 ANALYSES = (
-    _status_causes,
+    status_causes,
     _nonfinite_causes,
     _dtype_causes,
     loss_scale_causes,
@@ -516,8 +430,11 @@ def diagnose_run(run: RunDir) -> Diagnosis:
         if any(c.severity == "error" for c in causes):
             state = "completed with errors"
     elif run.state == "failed":
-        state = f"failed at step {st.get('step')}" + (f" ({st.get('phase')})" if st.get("phase") else "") + \
-            f": {st.get('reason', 'unknown')}"  # fmt: skip
+        state = (
+            f"failed at step {st.get('step')}"
+            + (f" ({st.get('phase')})" if st.get("phase") else "")
+            + f": {st.get('reason', 'unknown')}"
+        )
     else:
         state = run.state + (f" after step {last_step(run)}" if last_step(run) is not None else "")
     algo, steps = cfg(run, "algo", "name"), cfg(run, "steps")
@@ -609,8 +526,10 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
         return [diagnose_run(read_run(p))]
     runs = find_runs(p)
     if not runs:
-        raise ValueError(f"{p}: neither a run directory (manifest.json/metrics.jsonl/status.json) nor a suite report "
-                         "directory containing run directories, e.g. reports/<suite>/<timestamp>")  # fmt: skip
+        raise ValueError(
+            f"{p}: neither a run directory (manifest.json/metrics.jsonl/status.json) nor a suite report "
+            "directory containing run directories, e.g. reports/<suite>/<timestamp>"
+        )
     return [diagnose_run(read_run(r)) for r in runs]
 
 
@@ -624,8 +543,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     diags = diagnose_path(args.path)
     if args.json:
-        print(json.dumps({"diagnoses": [d.to_dict() for d in diags],
-                          "verdict": _overall(diags)}, indent=2, default=str))  # fmt: skip
+        print(
+            json.dumps(
+                {"diagnoses": [d.to_dict() for d in diags], "verdict": _overall(diags)}, indent=2, default=str
+            )
+        )
     else:
         if len(diags) > 1:
             print(f"summary ({len(diags)} runs):")

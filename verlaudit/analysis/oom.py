@@ -7,7 +7,7 @@ that is a config change is re-planned with the change; it is offered only when t
 what the process could use: the emulation cap, which caps the caching allocator alone (the CUDA
 context lives outside it), or the device's memory. When no single change fits, the smallest set of
 changes that does is offered instead. Sizes are printed with the precision they have (a 0.45 GiB cap
-is 0.45). Exercised by `pytest tests/test_diagnose.py -k oom` and `pytest tests/test_rules.py -k cap`.
+is 0.45). Exercised by `pytest tests/test_diagnose.py tests/test_root_cause.py -k "oom or cap"`.
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ def oom_cause(run: RunDir) -> Cause:
     st = run.status or {}
     phase, step = st.get("phase"), st.get("step")
     mem = st.get("memory") or {}
-    ev = [f"out of memory at step {step}, phase {phase}"
-          + (f", in {st['where']}" + (f" ({st['role']})" if st.get("role") else "") if st.get("where") else "")]  # fmt: skip
+    ev = [
+        f"out of memory at step {step}, phase {phase}"
+        + (f", in {st['where']}" + (f" ({st['role']})" if st.get("role") else "") if st.get("where") else "")
+    ]
     if st.get("error"):
         ev.append(f"error: {str(st['error'])[:300]}")
     shown = {k: v for k, v in mem.items() if isinstance(v, (int, float))}
@@ -94,8 +96,10 @@ def oom_cause(run: RunDir) -> Cause:
     emu = run.manifest.get("emulation") or {}
     cap, allocator_cap = capacity(run)
     if allocator_cap:
-        ev.append(f"memory cap {gib(cap)} GiB on the caching allocator (torch.cuda.set_per_process_memory_fraction) "
-                  f"emulating {emu.get('target')}; the CUDA context is outside it")  # fmt: skip
+        ev.append(
+            f"memory cap {gib(cap)} GiB on the caching allocator (torch.cuda.set_per_process_memory_fraction) "
+            f"emulating {emu.get('target')}; the CUDA context is outside it"
+        )
     unknown: list[str] = []
     est = None
     try:
@@ -104,16 +108,23 @@ def oom_cause(run: RunDir) -> Cause:
         unknown.append(f"memory classes: the planner cannot model this run ({e})")
     if est is not None:
         against = "against the allocator cap" if est.allocator_cap else "on the device with the CUDA context"
-        ev.append(f"planner at '{est.phase}'" + (f" (the traceback shows the {est.pass_shown})" if est.pass_shown else "")
-                  + ": " + ", ".join(f"{k} {v:.3g}" for k, v in list(est.components.items())[:6])
-                  + f" GiB (allocated {est.allocated:.3g} GiB; {est.need:.3g} GiB with the allocator's reserve {against})")  # fmt: skip
+        ev.append(
+            f"planner at '{est.phase}'"
+            + (f" (the traceback shows the {est.pass_shown})" if est.pass_shown else "")
+            + ": "
+            + ", ".join(f"{k} {v:.3g}" for k, v in list(est.components.items())[:6])
+            + f" GiB (allocated {est.allocated:.3g} GiB; {est.need:.3g} GiB with the allocator's reserve {against})"
+        )
         ev.append("by class: " + ", ".join(f"{k} {v:.3g} GiB" for k, v in est.classes.items()))
         ev += [f"planner assumed: {n}" for n in est.notes]
     dominant = est.dominant if est else None
     reserved, allocated = num(mem.get("reserved_gb")), num(mem.get("allocated_gb"))
     fragmented = bool(reserved and allocated is not None and reserved - allocated > 0.25 * reserved)
     title = f"Out of memory in {phase or '?'} at step {step}" + (
-        f"; {dominant} dominate ({est.classes[dominant]:.3g} of {est.allocated:.3g} GiB by the planner)" if est else "")  # fmt: skip
+        f"; {dominant} dominate ({est.classes[dominant]:.3g} of {est.allocated:.3g} GiB by the planner)"
+        if est
+        else ""
+    )
     what = f"The device ran out of memory during {phase}."
     if est is not None:
         room = (
@@ -121,18 +132,36 @@ def oom_cause(run: RunDir) -> Cause:
             if est.capacity
             else "an unknown capacity"
         )
-        what += f" The planner puts '{est.phase}' at {est.need:.3g} GiB against {room}; {dominant} are the largest class."  # fmt: skip
+        what += f" The planner puts '{est.phase}' at {est.need:.3g} GiB against {room}; {dominant} are the largest class."
         if est.capacity and est.need < est.capacity:
-            what += (" That is below the capacity, so memory the planner does not model (another process, "
-                     "fragmentation, user code, a different model than the config names) made the difference.")  # fmt: skip
+            what += (
+                " That is below the capacity, so memory the planner does not model (another process, "
+                "fragmentation, user code, a different model than the config names) made the difference."
+            )
     if fragmented:
         what += f" The allocator held {reserved - allocated:.3g} GiB reserved but unallocated: fragmentation."
     scope = (phase, est.pass_shown if est else None)
     fixes, notes = checked_fixes(run, candidates(run, phase, dominant, fragmented), cap, allocator_cap, scope)
-    return Cause("error", "oom", title, what, evidence=ev, fixes=fixes, unknown=unknown + notes, step=step,
-                 where=phase, score=50.0, phase=phase, role=st.get("role"),
-                 data={"phase": phase, "memory": mem, "dominant": dominant,
-                       "estimate": dataclasses.asdict(est) if est else None})  # fmt: skip
+    return Cause(
+        "error",
+        "oom",
+        title,
+        what,
+        evidence=ev,
+        fixes=fixes,
+        unknown=unknown + notes,
+        step=step,
+        where=phase,
+        score=50.0,
+        phase=phase,
+        role=st.get("role"),
+        data={
+            "phase": phase,
+            "memory": mem,
+            "dominant": dominant,
+            "estimate": dataclasses.asdict(est) if est else None,
+        },
+    )
 
 
 def candidates(run: RunDir, phase: str | None, dominant: str | None, fragmented: bool) -> list[Candidate]:
@@ -149,45 +178,123 @@ def candidates(run: RunDir, phase: str | None, dominant: str | None, fragmented:
             ckpt_on = ckpt_on.get(role, False)
         if ckpt_on and isinstance(kept, int) and not isinstance(kept, bool):
             # selective checkpointing kept some layers' activations: checkpoint them all
-            out.append(Candidate(Fix("precision.checkpoint_layers: auto (or unset: every layer)", V.grad_ckpt(role),
-                                     f"only the first {kept} decoder layers were checkpointed; the rest kept their "
-                                     "activations"), {"precision": {"checkpoint_layers": None}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        "precision.checkpoint_layers: auto (or unset: every layer)",
+                        V.grad_ckpt(role),
+                        f"only the first {kept} decoder layers were checkpointed; the rest kept their "
+                        "activations",
+                    ),
+                    {"precision": {"checkpoint_layers": None}},
+                )
+            )
         elif not ckpt_on:
-            out.append(Candidate(Fix("precision.grad_checkpointing: true", V.grad_ckpt(role),
-                                     "recompute activations in backward instead of keeping every layer's"),
-                                 {"precision": {"grad_checkpointing": True}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        "precision.grad_checkpointing: true",
+                        V.grad_ckpt(role),
+                        "recompute activations in backward instead of keeping every layer's",
+                    ),
+                    {"precision": {"grad_checkpointing": True}},
+                )
+            )
         if half and half < mb:
-            out.append(Candidate(Fix(f"algo.micro_batch_size: {half}", V.micro_batch(role),
-                                     "activations scale with the micro-batch; gradient accumulation keeps the "
-                                     "effective batch"), {"algo": {"micro_batch_size": half}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        f"algo.micro_batch_size: {half}",
+                        V.micro_batch(role),
+                        "activations scale with the micro-batch; gradient accumulation keeps the "
+                        "effective batch",
+                    ),
+                    {"algo": {"micro_batch_size": half}},
+                )
+            )
     if dominant in ("optimizer state", "parameters", "gradients"):
         gpus = run_world_size(run) * 2
         if (cfg(run, "precision", "preset") or "") != "bf16-pure":
-            out.append(Candidate(Fix("precision.preset: bf16-pure", V.MODEL_DTYPE_BF16,
-                                     "bf16 parameters and AdamW moments halve the model-state memory (fp32 master "
-                                     "copy dropped)"), {"precision": {"preset": "bf16-pure"}}))  # fmt: skip
-        out.append(Candidate(Fix(f"hardware.gpus: {gpus}", f"{V.N_GPUS} (FSDP shards params/grads/optimizer)",
-                                 "sharding divides model state by the number of GPUs"), {}, gpus))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        "precision.preset: bf16-pure",
+                        V.MODEL_DTYPE_BF16,
+                        "bf16 parameters and AdamW moments halve the model-state memory (fp32 master "
+                        "copy dropped)",
+                    ),
+                    {"precision": {"preset": "bf16-pure"}},
+                )
+            )
+        out.append(
+            Candidate(
+                Fix(
+                    f"hardware.gpus: {gpus}",
+                    f"{V.N_GPUS} (FSDP shards params/grads/optimizer)",
+                    "sharding divides model state by the number of GPUs",
+                ),
+                {},
+                gpus,
+            )
+        )
         if ref_fp32:
-            out.append(Candidate(Fix("precision.overrides.reference.param_dtype: bf16", V.REF_PARAM_OFFLOAD,
-                                     "the frozen reference needs no fp32 copy"),
-                                 {"precision": {"overrides": {"reference": {"param_dtype": "bf16"}}}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        "precision.overrides.reference.param_dtype: bf16",
+                        V.REF_PARAM_OFFLOAD,
+                        "the frozen reference needs no fp32 copy",
+                    ),
+                    {"precision": {"overrides": {"reference": {"param_dtype": "bf16"}}}},
+                )
+            )
     if phase == "ref" and ref_fp32 and dominant not in ("optimizer state", "parameters", "gradients"):
-        out.append(Candidate(Fix("precision.overrides.reference.param_dtype: bf16", V.REF_LOG_PROB_MICRO_BATCH,
-                                 "a bf16 reference halves its weights and its forward"),
-                             {"precision": {"overrides": {"reference": {"param_dtype": "bf16"}}}}))  # fmt: skip
+        out.append(
+            Candidate(
+                Fix(
+                    "precision.overrides.reference.param_dtype: bf16",
+                    V.REF_LOG_PROB_MICRO_BATCH,
+                    "a bf16 reference halves its weights and its forward",
+                ),
+                {"precision": {"overrides": {"reference": {"param_dtype": "bf16"}}}},
+            )
+        )
     if phase == "rollout" or dominant == "kv cache + rollout logits":
         r = cfg(run, "data", "response_length")
         b = cfg(run, "algo", "batch_size")
         if isinstance(r, int) and r > 1:
-            out.append(Candidate(Fix(f"data.response_length: {r // 2}", V.MAX_RESPONSE_LENGTH,
-                                     "the KV cache grows with sequence length"), {"data": {"response_length": r // 2}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        f"data.response_length: {r // 2}",
+                        V.MAX_RESPONSE_LENGTH,
+                        "the KV cache grows with sequence length",
+                    ),
+                    {"data": {"response_length": r // 2}},
+                )
+            )
         if isinstance(b, int) and b > 1:
-            out.append(Candidate(Fix(f"algo.batch_size: {b // 2}", f"{V.GPU_MEMORY_UTILIZATION} (vLLM/SGLang)",
-                                     "fewer sequences generated at once"), {"algo": {"batch_size": b // 2}}))  # fmt: skip
+            out.append(
+                Candidate(
+                    Fix(
+                        f"algo.batch_size: {b // 2}",
+                        f"{V.GPU_MEMORY_UTILIZATION} (vLLM/SGLang)",
+                        "fewer sequences generated at once",
+                    ),
+                    {"algo": {"batch_size": b // 2}},
+                )
+            )
     if fragmented:
-        out.append(Candidate(Fix(None, V.ALLOC_CONF, "reduces fragmentation (the allocator held reserved memory it "
-                                 "could not use)"), None))  # fmt: skip
+        out.append(
+            Candidate(
+                Fix(
+                    None,
+                    V.ALLOC_CONF,
+                    "reduces fragmentation (the allocator held reserved memory it could not use)",
+                ),
+                None,
+            )
+        )
     return out
 
 
@@ -226,13 +333,21 @@ def checked_fixes(
         if combo is not None:
             fixes, need = combo
             joined = ", ".join(f.suite or "" for f in fixes)
-            out.insert(0, Fix(joined, "; ".join(f.verl or "" for f in fixes),
-                              f"no single change fits; together they do (planner: {need:.3g} GiB needed of "
-                              f"{gib(cap)}{' allocator cap' if allocator_cap else ''}: fits)"))  # fmt: skip
+            out.insert(
+                0,
+                Fix(
+                    joined,
+                    "; ".join(f.verl or "" for f in fixes),
+                    f"no single change fits; together they do (planner: {need:.3g} GiB needed of "
+                    f"{gib(cap)}{' allocator cap' if allocator_cap else ''}: fits)",
+                ),
+            )
         else:
             least = min(n for _, n in tried)
-            notes.append(f"no change the planner knows fits {gib(cap)} GiB: the smallest planned need is "
-                         f"{least:.3g} GiB; a GPU with more memory or more GPUs")  # fmt: skip
+            notes.append(
+                f"no change the planner knows fits {gib(cap)} GiB: the smallest planned need is "
+                f"{least:.3g} GiB; a GPU with more memory or more GPUs"
+            )
     return out, notes
 
 

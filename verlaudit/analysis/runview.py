@@ -102,6 +102,10 @@ def user_hook_fix(run: RunDir, role: str | None, module: str | None) -> Fix | No
             hooks = ", ".join(f.observed) if isinstance(f.observed, list) else str(f.observed)
             plugin = setup_plugin(run, model)
             key = f"model.setup ({plugin})" if plugin else None
-            return Fix(key, None, f"a forward hook from user code sits on {module} ({hooks}) and runs before the "
-                       "audit sees its output: check what it does to the output first")  # fmt: skip
+            return Fix(
+                key,
+                None,
+                f"a forward hook from user code sits on {module} ({hooks}) and runs before the "
+                "audit sees its output: check what it does to the output first",
+            )
     return None

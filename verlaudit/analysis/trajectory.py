@@ -43,13 +43,29 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         for f in overflow[:3]:
             ev.append(f"{f.kind} at {f.where} (step {f.step}): {f.message}")
         if role_policy(run, role).get("loss_scaling", "none") == "none":
-            out.append(Cause("warning", "nonfinite_skips", f"{role}: {n_skipped} optimizer step(s) skipped for "
-                             "non-finite gradients", "This policy has no loss scaling, so a skip is not calibration: "
-                             "gradients were NaN/Inf (see the non-finite cause for the producer).", evidence=ev,
-                             step=first, where=where, phase=f"{role}_update", role=role, seq=LAST))  # fmt: skip
+            out.append(
+                Cause(
+                    "warning",
+                    "nonfinite_skips",
+                    f"{role}: {n_skipped} optimizer step(s) skipped for non-finite gradients",
+                    "This policy has no loss scaling, so a skip is not calibration: "
+                    "gradients were NaN/Inf (see the non-finite cause for the producer).",
+                    evidence=ev,
+                    step=first,
+                    where=where,
+                    phase=f"{role}_update",
+                    role=role,
+                    seq=LAST,
+                )
+            )
             continue
-        fixes = [Fix("precision.preset: bf16", V.param_dtype(role, "bf16"),
-                      "bf16 has fp32's exponent range: no overflow, no loss scaling")]  # fmt: skip
+        fixes = [
+            Fix(
+                "precision.preset: bf16",
+                V.param_dtype(role, "bf16"),
+                "bf16 has fp32's exponent range: no overflow, no loss scaling",
+            )
+        ]
         if where:
             fixes.append(
                 Fix(None, None, f"{where} exceeds fp16's range: keep it in fp32 or rescale its output")
@@ -58,27 +74,63 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         if hook is not None:  # user code on the overflowing module comes before any precision change
             fixes.insert(0, hook)
         if at_floor or longest >= 5 or tail_all_skipped:
-            out.append(Cause("error", "loss_scale_collapse", f"{role} loss-scale collapse: scale driven to "
-                             f"{fmt(final_scale) if final_scale is not None else '?'} with repeated skipped steps",
-                             (
+            out.append(
+                Cause(
+                    "error",
+                    "loss_scale_collapse",
+                    f"{role} loss-scale collapse: scale driven to "
+                    f"{fmt(final_scale) if final_scale is not None else '?'} with repeated skipped steps",
+                    (
                         "Gradients overflow even at a loss scale of 1 or below, so the overflow is in the "
                         "forward/backward values themselves (fp16 range), not a too-large scale; the "
                         "optimizer has stopped updating."
                         if at_floor
                         else f"{longest} optimizer steps in a row were skipped for non-finite gradients while "
                         "the scale kept halving: the scaler is not recovering and the weights are not updating."
-                    ), evidence=ev, fixes=fixes, step=first, where=where, phase=f"{role}_update", role=role, seq=LAST,
-                             score=30.0, data={"skipped": n_skipped, "longest_run": longest, "final_scale": final_scale}))  # fmt: skip
+                    ),
+                    evidence=ev,
+                    fixes=fixes,
+                    step=first,
+                    where=where,
+                    phase=f"{role}_update",
+                    role=role,
+                    seq=LAST,
+                    score=30.0,
+                    data={"skipped": n_skipped, "longest_run": longest, "final_scale": final_scale},
+                )
+            )
         elif frac > 0.1:
-            out.append(Cause("warning", "overflow_skips", f"{role}: {n_skipped} optimizer steps skipped on overflow",
-                             "More than 10% of steps were skipped for non-finite gradients; the scaler recovers but "
-                             "training is slowed and noisier.", evidence=ev, fixes=fixes, step=first, where=where,
-                             phase=f"{role}_update", role=role, seq=LAST))  # fmt: skip
+            out.append(
+                Cause(
+                    "warning",
+                    "overflow_skips",
+                    f"{role}: {n_skipped} optimizer steps skipped on overflow",
+                    "More than 10% of steps were skipped for non-finite gradients; the scaler recovers but "
+                    "training is slowed and noisier.",
+                    evidence=ev,
+                    fixes=fixes,
+                    step=first,
+                    where=where,
+                    phase=f"{role}_update",
+                    role=role,
+                    seq=LAST,
+                )
+            )
         else:
-            out.append(Cause("info", "overflow_skips", f"{role}: {n_skipped} skipped step(s) while the loss scale "
-                             "calibrated", "A few overflow skips early in fp16 are the dynamic scaler finding its "
-                             "level; no action needed.", evidence=ev, step=first, phase=f"{role}_update", role=role,
-                             seq=LAST))  # fmt: skip
+            out.append(
+                Cause(
+                    "info",
+                    "overflow_skips",
+                    f"{role}: {n_skipped} skipped step(s) while the loss scale calibrated",
+                    "A few overflow skips early in fp16 are the dynamic scaler finding its "
+                    "level; no action needed.",
+                    evidence=ev,
+                    step=first,
+                    phase=f"{role}_update",
+                    role=role,
+                    seq=LAST,
+                )
+            )
     return out
 
 
@@ -98,40 +150,72 @@ def reward_trend_causes(run: RunDir) -> list[Cause]:
     span = max(means) - min(means)
     if span > 1e-9 and best - l_mean > 0.5 * span and l_mean < e_mean:
         kl_loss_coef = max(cfg(run, "algo", "kl_loss_coef", default=0.001) * 2, 0.01)
-        out.append(Cause("warning", "reward_collapse", f"Reward collapse: {mean_key} fell from {fmt(best)} "
-                         f"(best {w}-step window) to {fmt(l_mean)}",
-                         "The policy got worse than where it started: typical of a too-large step size, KL "
-                         "drift from the reference, or reward hacking that the reward later punishes.",
-                         evidence=[f"first {w} steps mean {fmt(e_mean)}, last {w} steps mean {fmt(l_mean)}"],
-                         fixes=[Fix(f"algo.use_kl_loss: true, algo.kl_loss_coef: {kl_loss_coef:g}",
-                                    f"{V.algo_override('use_kl_loss', True)} {V.KL_LOSS_COEF}={kl_loss_coef:g} "
-                                    f"(or {V.algo_key('use_kl_in_reward')} with {V.KL_COEF})",
-                                    "a stronger KL anchor to the reference"),
-                                Fix("algo.lr: <half>", V.LR, "smaller policy steps")],
-                         step=len(means) - w))  # fmt: skip
+        out.append(
+            Cause(
+                "warning",
+                "reward_collapse",
+                f"Reward collapse: {mean_key} fell from {fmt(best)} (best {w}-step window) to {fmt(l_mean)}",
+                "The policy got worse than where it started: typical of a too-large step size, KL "
+                "drift from the reference, or reward hacking that the reward later punishes.",
+                evidence=[f"first {w} steps mean {fmt(e_mean)}, last {w} steps mean {fmt(l_mean)}"],
+                fixes=[
+                    Fix(
+                        f"algo.use_kl_loss: true, algo.kl_loss_coef: {kl_loss_coef:g}",
+                        f"{V.algo_override('use_kl_loss', True)} {V.KL_LOSS_COEF}={kl_loss_coef:g} "
+                        f"(or {V.algo_key('use_kl_in_reward')} with {V.KL_COEF})",
+                        "a stronger KL anchor to the reference",
+                    ),
+                    Fix("algo.lr: <half>", V.LR, "smaller policy steps"),
+                ],
+                step=len(means) - w,
+            )
+        )
     if std_key:
         stds = [v for _, v in run.series(std_key)]
         if len(stds) >= 6 and all(math.isfinite(v) for v in stds):
             e_std, l_std = sum(stds[:w]) / w, sum(stds[-w:]) / w
             if max(stds[:-w] or [0]) > 1e-3 and all(v < 1e-6 for v in stds[-3:]):
-                out.append(Cause("warning", "reward_collapse", "Reward variance collapsed to zero",
-                                 "Every response in the batch gets the same score, so GRPO/PPO advantages are zero "
-                                 "and the policy stops learning (entropy collapse or a saturated reward).",
-                                 evidence=[f"{std_key}: early mean {fmt(e_std)}, last 3 steps "
-                                           + ", ".join(fmt(v) for v in stds[-3:])],
-                                 fixes=[Fix("algo.temperature: 1.0", V.TEMPERATURE,
-                                            "sample with more diversity"),
-                                        Fix("algo.entropy_coef: 0.001", V.ENTROPY_COEFF,
-                                            "keep the policy's entropy from collapsing")]))  # fmt: skip
+                out.append(
+                    Cause(
+                        "warning",
+                        "reward_collapse",
+                        "Reward variance collapsed to zero",
+                        "Every response in the batch gets the same score, so GRPO/PPO advantages are zero "
+                        "and the policy stops learning (entropy collapse or a saturated reward).",
+                        evidence=[
+                            f"{std_key}: early mean {fmt(e_std)}, last 3 steps "
+                            + ", ".join(fmt(v) for v in stds[-3:])
+                        ],
+                        fixes=[
+                            Fix("algo.temperature: 1.0", V.TEMPERATURE, "sample with more diversity"),
+                            Fix(
+                                "algo.entropy_coef: 0.001",
+                                V.ENTROPY_COEFF,
+                                "keep the policy's entropy from collapsing",
+                            ),
+                        ],
+                    )
+                )
             elif e_std > 0 and l_std > 10 * e_std:
-                out.append(Cause("warning", "reward_variance", f"Exploding reward variance: {std_key} grew "
-                                 f"{l_std / e_std:.0f}x ({fmt(e_std)} -> {fmt(l_std)})",
-                                 "The spread of rewards grows without bound: the reward model or function is being "
-                                 "exploited, or values are blowing up.",
-                                 evidence=[f"first {w} steps mean {fmt(e_std)}, last {w} steps mean {fmt(l_std)}"],
-                                 fixes=[Fix("data.reward_fn: <clip or normalise the reward>", V.REWARD_MANAGER,
-                                            "bound the reward"),
-                                        Fix("algo.lr: <half>", V.LR, "smaller steps")]))  # fmt: skip
+                out.append(
+                    Cause(
+                        "warning",
+                        "reward_variance",
+                        f"Exploding reward variance: {std_key} grew "
+                        f"{l_std / e_std:.0f}x ({fmt(e_std)} -> {fmt(l_std)})",
+                        "The spread of rewards grows without bound: the reward model or function is being "
+                        "exploited, or values are blowing up.",
+                        evidence=[f"first {w} steps mean {fmt(e_std)}, last {w} steps mean {fmt(l_std)}"],
+                        fixes=[
+                            Fix(
+                                "data.reward_fn: <clip or normalise the reward>",
+                                V.REWARD_MANAGER,
+                                "bound the reward",
+                            ),
+                            Fix("algo.lr: <half>", V.LR, "smaller steps"),
+                        ],
+                    )
+                )
     return out
 
 
@@ -154,8 +238,10 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
     first = findings[0] if findings else None
     every = bool(silent) and len(silent) == recorded and recorded >= 2
     step = first.step if first else silent[0]
-    ev = [f"{len(silent)} of {recorded} steps had no group with differing rewards"
-          + (f" (first at step {silent[0]})" if silent else "")]  # fmt: skip
+    ev = [
+        f"{len(silent)} of {recorded} steps had no group with differing rewards"
+        + (f" (first at step {silent[0]})" if silent else "")
+    ]
     if first is not None:
         ev.append(f"step {first.step}: {first.message}")
     zero = [s for s, v in run.series("actor/pg_loss") if v == 0.0]
@@ -166,20 +252,45 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
         or cfg(run, "data", "reward_fn")
         or cfg(run, "data", "compute_score")
     )
-    key = ("model.reward_model" if cfg(run, "model", "reward_model") else
-           "data.reward_fn" if cfg(run, "data", "reward_fn") else "data.compute_score")  # fmt: skip
+    key = (
+        "model.reward_model"
+        if cfg(run, "model", "reward_model")
+        else "data.reward_fn"
+        if cfg(run, "data", "reward_fn")
+        else "data.compute_score"
+    )
     fixes = []
     if source:
-        fixes.append(Fix(f"{key} ({source})", V.REWARD_MANAGER,
-                         "the reward gives every response of a prompt the same score: check that it reads the "
-                         "response (and returns one score per response)"))  # fmt: skip
-    fixes += [Fix(f"algo.group_size: {max(8, 2 * int(cfg(run, 'algo', 'group_size', default=4)))}", None,
-                  "more responses per prompt make a differing reward more likely (a sparse, binary reward)"),
-              Fix("algo.temperature: 1.0", V.TEMPERATURE, "more diverse responses within a group")]  # fmt: skip
-    return [Cause("error" if every else "warning", "no_signal",
-                  f"No learning signal: rewards identical within every group at {len(silent)} of {recorded} steps",
-                  "GRPO's advantages are each reward minus its group's mean: when every response of a group gets "
-                  "the same reward they are all zero, the policy loss is zero and the policy does not learn.",
-                  evidence=ev, fixes=fixes, step=step, where=(first.where if first else source),
-                  phase="reward", role="reward", cls="no_signal",
-                  data={"silent_steps": silent, "recorded_steps": recorded})]  # fmt: skip
+        fixes.append(
+            Fix(
+                f"{key} ({source})",
+                V.REWARD_MANAGER,
+                "the reward gives every response of a prompt the same score: check that it reads the "
+                "response (and returns one score per response)",
+            )
+        )
+    fixes += [
+        Fix(
+            f"algo.group_size: {max(8, 2 * int(cfg(run, 'algo', 'group_size', default=4)))}",
+            None,
+            "more responses per prompt make a differing reward more likely (a sparse, binary reward)",
+        ),
+        Fix("algo.temperature: 1.0", V.TEMPERATURE, "more diverse responses within a group"),
+    ]
+    return [
+        Cause(
+            "error" if every else "warning",
+            "no_signal",
+            f"No learning signal: rewards identical within every group at {len(silent)} of {recorded} steps",
+            "GRPO's advantages are each reward minus its group's mean: when every response of a group gets "
+            "the same reward they are all zero, the policy loss is zero and the policy does not learn.",
+            evidence=ev,
+            fixes=fixes,
+            step=step,
+            where=(first.where if first else source),
+            phase="reward",
+            role="reward",
+            cls="no_signal",
+            data={"silent_steps": silent, "recorded_steps": recorded},
+        )
+    ]

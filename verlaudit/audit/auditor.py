@@ -142,8 +142,9 @@ class Auditor(Observer):
             found = dtype_checks.check_param_storage(role, model, self.policy[role], kind=kind, step=step)
             found += dtype_checks.check_buffers(role, model, self.policy[role])
             found += weights.weight_findings(role, weights.weight_rms(model.named_parameters()), step=step)
-            self.findings.extend(f for f in found if step is None or not self.findings.find(f.kind, role=role,
-                                                                                          where=f.where))  # fmt: skip
+            self.findings.extend(
+                f for f in found if step is None or not self.findings.find(f.kind, role=role, where=f.where)
+            )
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -273,8 +274,13 @@ class Auditor(Observer):
         if self._groups is not None:
             identical, groups, source = self._groups
             pg = metrics.get("actor/pg_loss")
-            found = reward_signal.no_signal_finding(identical, groups, source=source, step=step,
-                                                    pg_loss=float(pg) if isinstance(pg, (int, float)) else None)  # fmt: skip
+            found = reward_signal.no_signal_finding(
+                identical,
+                groups,
+                source=source,
+                step=step,
+                pg_loss=float(pg) if isinstance(pg, (int, float)) else None,
+            )
             self.findings.extend([found] if found else [])
         self.opt_watch.end_step()
         audit = None

@@ -145,11 +145,17 @@ def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
     ):
         came = _names(tuple(floats_in) or call.param_dtypes)
         sev = "warning" if policy.compute_dtype in LOW else "error"
-        add(sev, "dtype/module_output", f"{where} returned {dn(low_out[0])} from {came} inputs and weights outside "
+        add(
+            sev,
+            "dtype/module_output",
+            f"{where} returned {dn(low_out[0])} from {came} inputs and weights outside "
             f"autocast: a cast in its forward or in a forward hook (the {call.role} policy computes in "
-            f"{dn(policy.compute_dtype)})", dn(low_out[0]), came,
+            f"{dn(policy.compute_dtype)})",
+            dn(low_out[0]),
+            came,
             "remove the cast (a .to()/.half()/.bfloat16() in the forward or a forward hook): the modules after it "
-            "compute on the lost precision or fail on mixed dtypes")  # fmt: skip
+            "compute on the lost precision or fail on mixed dtypes",
+        )
 
 
 def check_boundary_output(role: str, name: str, tensor: torch.Tensor, policy: RolePolicy, *,

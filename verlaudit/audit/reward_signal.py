@@ -28,19 +28,36 @@ def reward_groups(rewards: torch.Tensor, group_size: int) -> tuple[int, int] | N
     return int(same.sum()), int(g.shape[0])
 
 
-def no_signal_finding(identical: int, groups: int, *, source: str, pg_loss: float | None, step: int | None,
-                      phase: str | None = "reward") -> Finding | None:  # fmt: skip
+def no_signal_finding(
+    identical: int,
+    groups: int,
+    *,
+    source: str,
+    pg_loss: float | None,
+    step: int | None,
+    phase: str | None = "reward",
+) -> Finding | None:
     """A warning when every group's rewards are identical: group-relative advantages are all zero."""
     if groups == 0 or identical < groups:
         return None
     zero = pg_loss is not None and pg_loss == 0.0
     return Finding(
-        severity="warning", kind="reward/no_signal", role="reward", where=f"reward:{source}", step=step, phase=phase,
-        observed={"identical_groups": identical, "groups": groups, "fraction": identical / groups,
-                  **({"pg_loss": pg_loss} if pg_loss is not None else {})},
+        severity="warning",
+        kind="reward/no_signal",
+        role="reward",
+        where=f"reward:{source}",
+        step=step,
+        phase=phase,
+        observed={
+            "identical_groups": identical,
+            "groups": groups,
+            "fraction": identical / groups,
+            **({"pg_loss": pg_loss} if pg_loss is not None else {}),
+        },
         expected="rewards that differ within a group",
         message=f"all {groups} groups got identical rewards within the group: the advantages are zero"
-        + (" and the policy loss is exactly 0" if zero else "") + ", so this step teaches the policy nothing",
+        + (" and the policy loss is exactly 0" if zero else "")
+        + ", so this step teaches the policy nothing",
         fix="check that the reward reads the response and returns one score per response; a sparse binary "
         "reward needs larger groups (algo.group_size) or more diverse sampling (algo.temperature)",
-    )  # fmt: skip
+    )

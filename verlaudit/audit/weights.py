@@ -67,20 +67,29 @@ def weight_rms(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     return out
 
 
-def weight_findings(role: str, rms: dict[str, float], *, step: int | None = None,
-                    phase: str | None = None) -> list[Finding]:  # fmt: skip
+def weight_findings(
+    role: str, rms: dict[str, float], *, step: int | None = None, phase: str | None = None
+) -> list[Finding]:
     """Non-finite weights (one finding per module) and members far out of their family."""
     out: list[Finding] = []
     for name, v in rms.items():
         if not math.isfinite(v):
             module = name.rsplit(".", 1)[0]
-            out.append(Finding(
-                severity="error", kind="numerics/weight_nonfinite", role=role, where=module, step=step, phase=phase,
-                observed={"parameter": name, "rms": str(v)}, expected="finite",
-                message=f"{name} holds non-finite values: every forward through {module} returns NaN/Inf",
-                fix=f"reload or inspect the weights of {module} (the checkpoint or the code that wrote them); "
-                "a precision change cannot make a stored NaN finite",
-            ))  # fmt: skip
+            out.append(
+                Finding(
+                    severity="error",
+                    kind="numerics/weight_nonfinite",
+                    role=role,
+                    where=module,
+                    step=step,
+                    phase=phase,
+                    observed={"parameter": name, "rms": str(v)},
+                    expected="finite",
+                    message=f"{name} holds non-finite values: every forward through {module} returns NaN/Inf",
+                    fix=f"reload or inspect the weights of {module} (the checkpoint or the code that wrote them); "
+                    "a precision change cannot make a stored NaN finite",
+                )
+            )
     families: dict[str, list[tuple[str, float]]] = {}
     for name, v in rms.items():
         if math.isfinite(v) and _INDEX.search(name):
@@ -94,16 +103,28 @@ def weight_findings(role: str, rms: dict[str, float], *, step: int | None = None
             ratio = v / median if median > 0 else 0.0
             if ratio >= bar:
                 module = name.rsplit(".", 1)[0]
-                out.append(Finding(
-                    severity="error", kind="numerics/weight_outlier", role=role, where=module, step=step, phase=phase,
-                    observed={"parameter": name, "rms": v, "family_median_rms": median, "ratio": round(ratio, 1)},
-                    expected=f"within {bar:g}x of the other {fam}",
-                    message=f"{name} has RMS {v:.3g}, {ratio:.3g}x the median of its {len(members) - 1} siblings "
-                    f"({median:.3g}): far out of family (a corrupted or mis-converted checkpoint, or code that "
-                    "scaled it)",
-                    fix=f"reload or inspect the weights of {module} (compare with the source checkpoint); do not "
-                    "change the precision to hide it: its activations are out of range in any dtype",
-                ))  # fmt: skip
+                out.append(
+                    Finding(
+                        severity="error",
+                        kind="numerics/weight_outlier",
+                        role=role,
+                        where=module,
+                        step=step,
+                        phase=phase,
+                        observed={
+                            "parameter": name,
+                            "rms": v,
+                            "family_median_rms": median,
+                            "ratio": round(ratio, 1),
+                        },
+                        expected=f"within {bar:g}x of the other {fam}",
+                        message=f"{name} has RMS {v:.3g}, {ratio:.3g}x the median of its {len(members) - 1} siblings "
+                        f"({median:.3g}): far out of family (a corrupted or mis-converted checkpoint, or code that "
+                        "scaled it)",
+                        fix=f"reload or inspect the weights of {module} (compare with the source checkpoint); do not "
+                        "change the precision to hide it: its activations are out of range in any dtype",
+                    )
+                )
     return out
 
 
@@ -140,15 +161,22 @@ class DtypeWatch:
                 )
                 names = ", ".join(n for n, _, _, _ in items)
                 was, now = dtype_name(items[0][2]), dtype_name(items[0][3])
-                out.append(Finding(
-                    severity="error" if kind == "dtype/param_storage" else "warning", kind=kind, role=role,
-                    where=module, step=step, phase=phase, observed={n: dtype_name(d) for n, _, _, d in items},
-                    expected=was,
-                    message=f"{names} of {module} became {now} after setup (was {was}): code that ran during "
-                    "training (a hook, a callback, the model's own forward) cast it",
-                    fix=f"find the cast of {module} (a forward hook or model.setup code, .to()/.half()/.bfloat16() on "
-                    f"the module or its buffers) and keep {names} in {was}",
-                ))  # fmt: skip
+                out.append(
+                    Finding(
+                        severity="error" if kind == "dtype/param_storage" else "warning",
+                        kind=kind,
+                        role=role,
+                        where=module,
+                        step=step,
+                        phase=phase,
+                        observed={n: dtype_name(d) for n, _, _, d in items},
+                        expected=was,
+                        message=f"{names} of {module} became {now} after setup (was {was}): code that ran during "
+                        "training (a hook, a callback, the model's own forward) cast it",
+                        fix=f"find the cast of {module} (a forward hook or model.setup code, .to()/.half()/.bfloat16() on "
+                        f"the module or its buffers) and keep {names} in {was}",
+                    )
+                )
         return out
 
 
@@ -172,10 +200,16 @@ def user_hooks(role: str, model: nn.Module) -> list[Finding]:
                 f"{getattr(h, '__module__', '?')}.{getattr(h, '__qualname__', type(h).__name__)}"
                 for h in mine
             ]
-            out.append(Finding(
-                severity="info", kind="model/user_hook", role=role, where=name or "<root>",
-                observed=names, expected=None,
-                message=f"{name or 'the model'} carries {len(mine)} forward hook(s) from user code: {', '.join(names)}",
-                fix="a hook can change this module's inputs or output (dtype, scale, values)",
-            ))  # fmt: skip
+            out.append(
+                Finding(
+                    severity="info",
+                    kind="model/user_hook",
+                    role=role,
+                    where=name or "<root>",
+                    observed=names,
+                    expected=None,
+                    message=f"{name or 'the model'} carries {len(mine)} forward hook(s) from user code: {', '.join(names)}",
+                    fix="a hook can change this module's inputs or output (dtype, scale, values)",
+                )
+            )
     return out
