@@ -14,7 +14,7 @@ changed after setup. Pure functions over a model (or its named tensors) -> findi
   metadata read (``tensor.dtype``, no device work): a buffer or parameter that user code cast to a
   lower precision after setup (rotary ``inv_freq`` in bf16) becomes a finding at the step it is seen.
 
-Exercised by `pytest tests/test_root_cause.py -k "weights or dtype_watch"`.
+Exercised by `pytest tests/test_root_cause.py -k "weight or dtype_watch or user_hooks or inv_freq"`.
 """
 
 from __future__ import annotations
