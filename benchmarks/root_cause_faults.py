@@ -412,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         results = run_all(faults, controls, work, args.device)
+        for r in results:  # the temporary directory's name says nothing: <work> in the report
+            r.title, r.first_fix = (x.replace(str(work), "<work>") for x in (r.title, r.first_fix))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
