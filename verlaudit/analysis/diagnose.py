@@ -386,7 +386,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
     """The findings' own fixes, each naming the suite key of the user code it is about: the collator,
     the reward function or model, the checkpoint the weights came from."""
     where = top.where or ""
-    key = None
+    key = verl = None
     if where.startswith("collator:"):
         key = (
             f"data.collator ({cfg(run, 'data', 'collator')})"
@@ -394,8 +394,12 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
             else "data.collator"
         )
     elif where.startswith("reward:"):
-        source = where.removeprefix("reward:").partition(":")[2]
-        key = f"{'model.reward_model' if where.startswith('reward:model:') else 'data.reward_fn'} ({source})"
+        source = where.removeprefix("reward:").partition(":")[2]  # function:<spec>, model:<spec>
+        field = "model.reward_model" if where.startswith("reward:model:") else "data.reward_fn"
+        if source.startswith("verl:"):  # verl's compute_score, as the run's data.compute_score names it
+            field, source = "data.compute_score", source.removeprefix("verl:")
+        key = f"{field} ({source})"
+        verl = V.REWARD_MODEL_PATH if field == "model.reward_model" else V.CUSTOM_REWARD
     elif top.kind in _MODULE_DTYPE_KINDS and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
     elif top.kind.startswith("numerics/weight") or top.kind == "boundary/reward_model":
@@ -403,7 +407,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)
         key = f"{field} ({source})" if source else f"model.setup ({plugin})" if plugin else field
-    fixes = list(dict.fromkeys(Fix(key, None, f.fix) for f in fs if f.fix))[:3]
+    fixes = list(dict.fromkeys(Fix(key, verl, f.fix) for f in fs if f.fix))[:3]
     return fixes
 
 
