@@ -166,7 +166,10 @@ def test_fp16_overflow_loss_scale_history_before_nan(tmp_path):
     assert nf.step == 5
     hist = next(e for e in nf.evidence if e.startswith("loss scale before it"))
     assert "0:6.554e+04" in hist and "5:2048" in hist
-    assert any(f.suite == "precision.preset: bf16" for f in nf.fixes)
+    # the overflow skips from step 1 explain the inf at step 5: they are the root, and carry the fix
+    root = d.causes[0]
+    assert root.kind == "loss_scale_collapse" and nf.consequence_of == root.title and not nf.fixes
+    assert any(f.suite == "precision.preset: bf16" for f in root.fixes)
     # 5 consecutive skips: the scaler is no longer recovering
     assert any(c.kind == "loss_scale_collapse" and c.severity == "error" for c in d.causes)
 
@@ -675,9 +678,14 @@ def test_real_fp16_forward_overflow_kills_rollout(tmp_path):
 def test_real_dtype_error_names_module_and_dtypes(tmp_path):
     rc, run = run_worker(tmp_path, "dt", {"cast_module": {"module": "model.layers.0.mlp", "dtype": "bf16"}})
     assert rc == 1
-    top = causes(run).causes[0]
-    assert top.kind == "dtype_error" and top.where and top.where.startswith("model.layers.0.mlp"), top
-    assert {top.data["observed"], top.data["expected"]} == {"fp32", "bf16"}
+    d = causes(run)
+    # the root: the module stored in bf16 (seen at setup); the dtype error is its consequence
+    root = d.causes[0]
+    assert root.kind == "finding:dtype/param_storage" and root.where.startswith("model.layers.0.mlp"), root
+    assert root.chain[-1].startswith("dtype_error in model.layers.0.mlp"), root.chain
+    err = next(c for c in d.causes if c.kind == "dtype_error")
+    assert err.where.startswith("model.layers.0.mlp") and err.consequence_of == root.title and not err.fixes
+    assert {err.data["observed"], err.data["expected"]} == {"fp32", "bf16"}
 
 
 def test_real_oom_names_phase(tmp_path):
@@ -691,9 +699,25 @@ def test_real_oom_names_phase(tmp_path):
     assert any("phase_peak_gb_so_far" in e for e in top.evidence)
 
 
+TRAINING_FORWARD_TB = (
+    'Traceback (most recent call last):\n  File "trainer/ppo.py", line 412, in run\n'
+    '  File "trainer/ppo.py", line 178, in update_actor\n  File "trainer/ppo.py", line 121, in actor_logprobs\n'
+    "torch.OutOfMemoryError: CUDA out of memory."
+)
+"""A traceback of an OOM in the actor's training forward (update_actor), as status.json keeps it."""
+
+
 def test_oom_with_selective_checkpointing_suggests_checkpointing_all_layers(tmp_path):
-    # tiny-llama has 2 decoder layers; only the first was checkpointed
+    # tiny-llama has 2 decoder layers; only the first was checkpointed. The traceback shows the training
+    # forward, where the kept activations live (the old-log-prob forward keeps none)
     precision = {"preset": "bf16", "grad_checkpointing": True, "checkpoint_layers": 1}
+    oom = {
+        "reason": "oom",
+        "step": 0,
+        "phase": "actor_update",
+        "memory": {},
+        "traceback": TRAINING_FORWARD_TB,
+    }
     run = make_run(
         tmp_path / "sel",
         preset="bf16",
@@ -701,10 +725,11 @@ def test_oom_with_selective_checkpointing_suggests_checkpointing_all_layers(tmp_
         metrics=[],
         precision=precision,
         data={"prompt_length": 512, "response_length": 512},
-        status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {}}),
+        status=("failed", oom),
     )
     top = causes(run).causes[0]
     assert top.data["dominant"] == "activations"
+    assert top.data["estimate"]["phase"].startswith("actor_update:")  # not the old-log-prob forward
     assert top.fixes[0].suite.startswith("precision.checkpoint_layers: auto")
     assert "only the first 1 decoder layers were checkpointed" in top.fixes[0].why
     assert "planner:" in top.fixes[0].why
@@ -716,7 +741,7 @@ def test_oom_with_selective_checkpointing_suggests_checkpointing_all_layers(tmp_
         metrics=[],
         precision={"preset": "bf16", "grad_checkpointing": True},
         data={"prompt_length": 512, "response_length": 512},
-        status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {}}),
+        status=("failed", oom),
     )
     assert all("grad_checkpointing" not in (f.suite or "") for f in causes(full).causes[0].fixes)
 

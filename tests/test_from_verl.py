@@ -15,6 +15,7 @@ import yaml
 
 from tests.verl_job import gsm8k_rows, tiny_qwen_dir, write_parquet, write_reward
 from verlaudit import cli
+from verlaudit.analysis.diagnose import diagnose_path
 from verlaudit.verl.launch import read_launch
 from verlaudit.verl.mapping import map_launch
 from verlaudit.verl.roundtrip import script_lines
@@ -293,12 +294,23 @@ def test_fp16_actor_script_and_the_diagnosis_round_trip(job, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["diagnose", str(tmp_path / "rep" / "verl")]) == 1
     text = capsys.readouterr().out
-    # the bf16 fix, written as the script's own key and spelling (float16 -> bfloat16); $DTYPE also sets
-    # the rollout dtype, so the key's own word changes, not the DTYPE= line
-    assert f"{script}, line 15: actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \\" in text
-    assert "now: actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 \\" in text
-    # the lower learning rate: $LR is only the lr's, so its assignment line changes
-    assert f"{script}, line 4: LR=1e-3" in text and "now: LR=0.0001" in text
+    # the root is the reward function that returned NaN, named by the script's own line; the NaN loss
+    # and the skipped steps are its consequences, and no precision change is offered to hide it
+    (d,) = diagnose_path(tmp_path / "rep" / "verl")
+    root = d.causes[0]
+    assert root.kind == "finding:boundary/reward" and root.fixes[0].suite.startswith("data.compute_score (")
+    assert any(c.kind == "nonfinite" and c.consequence_of == root.title for c in d.causes)
+    assert f"{script}, line 23: custom_reward_function.path=" in text
+    assert "bfloat16" not in text and "precision.preset" not in text
+    # a fix with a value, written back as the script's own lines: $DTYPE also sets the rollout dtype, so
+    # the key's own word changes (in the script's spelling, float16 -> bfloat16); $LR is only the lr's,
+    # so its assignment line changes
+    origin = json.loads((tmp_path / "rep" / "verl" / "manifest.json").read_text())["config"]["origin"]["verl"]
+    dtype = script_lines(origin, "actor_rollout_ref.actor.fsdp_config.dtype=bf16")
+    assert dtype == [f"{script}, line 15: actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \\",
+                     f"{' ' * len(str(script))}  now: actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 \\"]  # fmt: skip
+    lr = script_lines(origin, "actor_rollout_ref.actor.optim.lr", "algo.lr: 0.0001")
+    assert lr == [f"{script}, line 4: LR=1e-3", f"{' ' * len(str(script))}  now: LR=0.0001"]
 
 
 IGNORED = r"""# RLOO with the GPG loss; keys of other settings left in, as scripts that are edited over time have them

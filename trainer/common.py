@@ -128,15 +128,18 @@ def build_setup(
         models = _sharded_models(config, tokenizer, policy, info, critic=critic, reference=reference)
     else:
         models = _whole_models(config, tokenizer, policy, device, critic=critic, reference=reference)
-        if config.model.compile:
-            for model in models.values():
-                M.compile_layers(model)
+    compiled = [r for r in models if config.model.compile and not info.distributed]
     if reward_model:
         # replicated on every rank: frozen, usually small, and a user loader's module need not have
         # a decoder layer list to shard
         rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
         if rm is not None:
             models["reward"] = rm
+    # the user's model code (model.setup) sees every built model before the optimizers and the
+    # observer do: a head it adds is trained, and the audit checks the models as modified
+    models = M.apply_setup(models, config.model, tokenizer)
+    for role in compiled:
+        M.compile_layers(models[role])
     algo = config.algo
     lrs = {"actor": algo.lr, "critic": algo.critic_lr}
     optimizers = {r: make_optimizer(models[r], lrs[r], algo.weight_decay, device) for r in lrs if r in models}

@@ -18,6 +18,8 @@ from trainer.losses import DPO_LOSSES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOS
 from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, resolve_policy
 
 ALGORITHMS = ("ppo", "grpo", "dpo")
+SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
+"""Keys of a ``model.setup`` mapping: a role, or ``*`` for every role the run builds."""
 TRUNCATIONS = ("error", "left", "right", "middle")
 
 
@@ -127,6 +129,13 @@ class ModelConfig(_Section):
     reward_model: str | None = None
     """Reward model: a local sequence-classification directory, a preset name, or ``module:attr``
     loader; unset means the task's rule reward (or ``data.reward_fn``)."""
+    setup: str | Mapping[str, str] | None = None
+    """The user's model code, run on each built model before training (and before any audit
+    hook attaches): ``module:attr`` or ``path/to/file.py:attr`` naming ``fn(model, role, tokenizer)``,
+    called once per role the run builds (``actor``, ``critic``, ``reference``, ``reward``), or a
+    mapping role -> plug-in for some roles only (``{critic: heads.py:fp32_head}``). It may change the
+    model in place (a custom head, a forward hook, a modified module) and return None, or return
+    the module that replaces it. README "Plug-in points"."""
     compile: bool = False
     """``torch.compile`` every decoder layer (Inductor fuses norms, rotary, SiLU-mul and residual adds
     between the GEMMs) for training and frozen forwards; forwards with a KV cache (rollout) and
@@ -136,6 +145,21 @@ class ModelConfig(_Section):
         _check(self.path is not None or self.preset is not None, "preset", "set model.preset or model.path")
         _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"), "attn_implementation",
                f"{self.attn_implementation!r}; expected sdpa, eager or flash_attention_2")  # fmt: skip
+        for role, spec in self.setup_plugins().items():
+            path = "setup" if isinstance(self.setup, str) else f"setup.{role}"
+            _check(
+                role in SETUP_ROLES, path, f"unknown role {role!r}; expected some of {', '.join(SETUP_ROLES)}"
+            )
+            _check(isinstance(spec, str) and ":" in spec, path,
+                   f"{spec!r}; expected 'package.module:fn' or 'path/to/file.py:fn'")  # fmt: skip
+
+    def setup_plugins(self) -> dict[str, str]:
+        """Role -> ``model.setup`` plug-in; a single plug-in applies to every role (``*``)."""
+        if self.setup is None:
+            return {}
+        if isinstance(self.setup, str):
+            return {"*": self.setup}
+        return dict(self.setup)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -812,4 +836,22 @@ class TrainConfig(_Section):
             "rollout_correction.rollout_is",
             f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages, which "
             "the weights would change); use rollout_rs alone, or another loss_mode",
+        )
+        built = self.roles()
+        for role in self.model.setup_plugins():
+            _check(
+                role == "*" or role in built,
+                f"model.setup.{role}",
+                f"this run builds no {role} model (it builds {', '.join(built)}); drop the entry",
+            )
+
+    def roles(self) -> tuple[str, ...]:
+        """The models this run builds: the actor, the critic (PPO), the frozen reference (DPO or a KL
+        term) and a reward model (``model.reward_model``, not for DPO)."""
+        algo = self.algo
+        return (
+            ("actor",)
+            + ("critic",) * (algo.name == "ppo")
+            + ("reference",) * algo.uses_reference
+            + ("reward",) * (algo.name != "dpo" and self.model.reward_model is not None)
         )

@@ -578,7 +578,7 @@ def build_reward_model(
         if rm.config.pad_token_id is None:
             rm.config.pad_token_id = tokenizer.pad_token_id
     elif ":" in spec:
-        from trainer.data import resolve_callable  # data imports nothing from here; keep the edge one-way
+        from trainer.plugins import resolve_callable
 
         loader = resolve_callable(spec, where)
         rm = loader(tokenizer, device)
@@ -598,6 +598,39 @@ def build_reward_model(
     return rm
 
 
+def apply_setup(
+    models: dict[str, nn.Module], model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, nn.Module]:
+    """Runs the user's ``model.setup`` plug-ins on the built models, in role order: each is called as
+    ``fn(model, role, tokenizer)`` and may change the model in place (returning None) or return the
+    module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
+    function is re-raised with the plug-in and role named."""
+    from trainer.plugins import resolve_callable
+
+    plugins = model_cfg.setup_plugins()
+    out = dict(models)
+    loaded: dict[str, Any] = {}  # one import per plug-in: its module's state is shared by the roles
+    for role, model in models.items():
+        spec = plugins.get(role, plugins.get("*"))
+        if spec is None:
+            continue
+        where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
+        fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
+        try:
+            result = fn(model, role, tokenizer)
+        except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
+            raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
+        if result is None:
+            continue
+        if not isinstance(result, nn.Module):
+            raise ValueError(
+                f"{where}: {spec} returned {type(result).__name__} for the {role} model; return None (changed "
+                "in place) or the torch.nn.Module that replaces it"
+            )
+        out[role] = result
+    return out
+
+
 def score_with_reward_model(
     rm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -613,12 +646,13 @@ def score_with_reward_model(
     scores = out.logits if hasattr(out, "logits") else out
     if not isinstance(scores, torch.Tensor):
         raise ValueError(
-            f"reward model {type(rm).__name__} returned {type(out).__name__}; expected a tensor or .logits"
+            f"model.reward_model: {type(rm).__name__} returned {type(out).__name__}; expected a tensor or .logits"
         )
     if scores.dim() == 2 and scores.shape[-1] == 1:
         scores = scores[:, 0]
     if scores.dim() != 1 or scores.shape[0] != input_ids.shape[0]:
         raise ValueError(
-            f"reward model {type(rm).__name__} returned shape {tuple(scores.shape)}; expected [{input_ids.shape[0]}] or [B, 1]"
+            f"model.reward_model: {type(rm).__name__} returned shape {tuple(scores.shape)}; expected one score per "
+            f"sequence, [{input_ids.shape[0]}] or [{input_ids.shape[0]}, 1]"
         )
     return scores

@@ -55,9 +55,10 @@ class Cause:
     score: float = 0.0
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     phase: str | None = None
-    """For a foreign log: the phase the failure happened in, from the traceback's frames or the log's
-    last activity line (``generate``, ``logprob``, ``reference``, ``values``, ``update``,
-    ``weight_sync``, ``checkpoint``, ``init``); None when the log does not show it."""
+    """The phase it was first seen in. For a run directory: a trainer phase (`trainer.events.PHASES`);
+    None: setup or unknown. For a foreign log: the phase the failure happened in, from the traceback's
+    frames or the log's last activity line (``generate``, ``logprob``, ``reference``, ``values``,
+    ``update``, ``weight_sync``, ``checkpoint``, ``init``); None when the log does not show it."""
     framework: str | None = None
     """For a foreign log: the framework whose messages it shows (``verl``, ``trl``, ``openrlhf``, ...)."""
     rank: int | None = None
@@ -65,6 +66,15 @@ class Cause:
     others waited for)."""
     line: int | None = None
     """For a foreign log: the line number of the cause's first evidence (root before cascade)."""
+    role: str | None = None
+    cls: str | None = None
+    """Its class in the root-cause rules (`verlaudit.analysis.rules`); None: not classified (a log)."""
+    seq: float = 0.0
+    """Order of recording within its step and phase (the findings.jsonl line; a failure is last)."""
+    chain: list[str] = dataclasses.field(default_factory=list)
+    """On a root: the chain it starts, ``[root, consequence, ...]`` as short labels."""
+    consequence_of: str | None = None
+    """On a consequence: the root cause's title (its fixes are the root's)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -108,15 +118,34 @@ def rank(causes: list[Cause]) -> list[Cause]:
     return sorted(causes, key=lambda c: (-c.score, c.step if c.step is not None else 1 << 30))
 
 
-def dtype_fixes(observed: str | None) -> list[Fix]:
-    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype)."""
-    return [
-        Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-            "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing"),
-        Fix(f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}", f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
-            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. the "
-            "reward model or value head)"),
-    ]  # fmt: skip
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def dtype_fixes(observed: str | None, expected: str | None = None, *, autocast: bool = False) -> list[Fix]:
+    """What to do about a dtype error, for a log and for a run alike (`observed`: the odd operand's dtype,
+    `expected`: the other one). Only fixes that would work: none for integer ids (autocast never casts
+    ids; the code that made them float must keep them torch.long), no bf16 autocast where the run
+    already computes under autocast (``autocast``: known from a run's policy)."""
+    if observed in INTEGER_DTYPES or expected in INTEGER_DTYPES:
+        return []
+    fixes = []
+    if not autocast:
+        fixes.append(
+            Fix(
+                "precision.preset: bf16",
+                V.PARAM_DTYPE_BF16,
+                "under autocast each op casts its inputs, so mixed fp32/bf16 operands stop failing",
+            )
+        )
+    fixes.append(
+        Fix(
+            f"precision.overrides.<role>.compute_dtype: {observed or 'fp32'}",
+            f"{V.ROLLOUT_DTYPE} / {V.MODEL_DTYPE}",
+            "or make the role that produced the tensor compute in the same dtype as the one consuming it (e.g. "
+            "the reward model or value head)",
+        )
+    )
+    return fixes
 
 
 BACKWARD_NAN_WHAT = (
@@ -131,9 +160,16 @@ BACKWARD_NAN_WHAT = (
 def backward_nan_fixes() -> list[Fix]:
     """What to do about a NaN made in the backward pass (`BACKWARD_NAN_WHAT`)."""
     return [
-        Fix(None, V.REMOVE_PADDING,
+        Fix(
+            None,
+            V.REMOVE_PADDING,
             "unpadded (varlen) attention has no padding rows; in plain HF code give each padding query its own "
-            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad"),
-        Fix(None, None, "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
-            "gradients there point at the fused kernel's empty rows"),
-    ]  # fmt: skip
+            "position to attend to (a 4-D mask, as trainer/logprobs.py attention_inputs does) or right-pad",
+        ),
+        Fix(
+            None,
+            None,
+            "to confirm: rerun one step under torch.nn.attention.sdpa_kernel(SDPBackend.MATH); finite "
+            "gradients there point at the fused kernel's empty rows",
+        ),
+    ]

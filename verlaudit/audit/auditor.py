@@ -26,7 +26,7 @@ from torch import nn
 
 from trainer.events import Observer
 from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy
-from verlaudit.audit import boundaries, dtype_checks, errors, nonfinite, numerics
+from verlaudit.audit import boundaries, dtype_checks, errors, nonfinite, numerics, reward_signal, weights
 from verlaudit.audit.context import PhaseTimer, StepContext
 from verlaudit.audit.failure import failure_findings, failure_status
 from verlaudit.audit.findings import FindingLog
@@ -73,6 +73,11 @@ class Auditor(Observer):
         self.last_completed_step: int | None = None
         self.failure: dict[str, Any] | None = None
         """Status fields (reason, step, phase, culprit ...) when an exception left the run."""
+        self.dtype_watch: weights.DtypeWatch | None = None
+        self.group_size = 0
+        """GRPO's responses per prompt (0: the run has no groups), for `reward_signal`."""
+        self._groups: tuple[int, int, str] | None = None
+        """This step's (identical groups, groups, reward source), from its last reward."""
 
     # -- context manager -------------------------------------------------------------------------
     def __enter__(self) -> Auditor:
@@ -102,10 +107,12 @@ class Auditor(Observer):
         self.model_vocab_size = boundaries.model_vocab_size(models.get("actor"))
         if self.settings.level == "off":
             return
-        for role, model in models.items():
-            kind = "boundary/reward_model" if role == "reward" else "dtype/param_storage"
-            self.findings.extend(dtype_checks.check_param_storage(role, model, policy[role], kind=kind))
-            self.findings.extend(dtype_checks.check_buffers(role, model, policy[role]))
+        algo = (config or {}).get("algo") or {}
+        self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
+        self._model_state(step=None)
+        self.dtype_watch = weights.DtypeWatch(self.models)
+        for role, model in self.models.items():  # before the probe adds its own hooks
+            self.findings.extend(weights.user_hooks(role, model))
         if self.settings.level == "full":
             self.probe = ModuleProbe(
                 models, policy=policy, context=self.context, sink=self.findings, provenance=self.provenance
@@ -119,11 +126,31 @@ class Auditor(Observer):
         self.checks.clear()
         self.opt_watch.start_step(step)
         self._step_hooks.close()
+        self._groups = None
+        if self.context.sampled and self.dtype_watch is not None:
+            # a full-audit step re-reads the models' dtypes (metadata, no device work) and weight norms
+            self.findings.extend(self.dtype_watch.changes(step=step))
+            self._model_state(step=step)
         if self.probe is not None and self.context.sampled:
             self._step_hooks.enter_context(self.probe)
 
+    def _model_state(self, *, step: int | None) -> None:
+        """Storage dtypes, low-precision buffers and weights out of family or non-finite, for every role;
+        at setup, then on full-audit steps (only what is not recorded yet)."""
+        for role, model in self.models.items():
+            kind = "boundary/reward_model" if role == "reward" else "dtype/param_storage"
+            found = dtype_checks.check_param_storage(role, model, self.policy[role], kind=kind, step=step)
+            found += dtype_checks.check_buffers(role, model, self.policy[role])
+            found += weights.weight_findings(role, weights.weight_rms(model.named_parameters()), step=step)
+            self.findings.extend(
+                f for f in found if step is None or not self.findings.find(f.kind, role=role, where=f.where)
+            )
+
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self.writer is not None:
+            # the last phase started tells a killed run's diagnosis where it died (no status is written)
+            self.writer.event("phase_start", step=self.context.step, phase=name)
         with self.context.in_phase(name), self.timer.phase(name), self.memory.phase(name):
             yield
 
@@ -174,6 +201,12 @@ class Auditor(Observer):
             r = rewards.detach().float()
             self.numbers.put("reward/mean", float(r.mean()))
             self.numbers.put("reward/std", float(r.std(unbiased=False)))
+            counted = reward_signal.reward_groups(r, self.group_size)
+            if (
+                counted is not None
+            ):  # the step's last reward is its sampled rows' (ReMax scores its baseline first)
+                self._groups = (*counted, source)
+                self.numbers.put(reward_signal.METRIC, counted[0] / counted[1])
 
     def on_forward(self, *, role, name, output) -> None:
         if not self._checking:
@@ -238,6 +271,17 @@ class Auditor(Observer):
 
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
         self._settle()
+        if self._groups is not None:
+            identical, groups, source = self._groups
+            pg = metrics.get("actor/pg_loss")
+            found = reward_signal.no_signal_finding(
+                identical,
+                groups,
+                source=source,
+                step=step,
+                pg_loss=float(pg) if isinstance(pg, (int, float)) else None,
+            )
+            self.findings.extend([found] if found else [])
         self.opt_watch.end_step()
         audit = None
         if self.settings.level != "off":

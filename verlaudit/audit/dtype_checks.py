@@ -131,6 +131,28 @@ def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
         add("warning", "dtype/island", f"norm {where} produced {_names(call.outputs)} under autocast; the policy "
             "keeps norms in fp32", _names(call.outputs), "fp32",
             "keep norm weights in fp32 under autocast (do not cast norms to the compute dtype)")  # fmt: skip
+    low_out = [d for d in call.outputs if d in LOW]
+    floats_in = [d for _, d in call.inputs if d.is_floating_point]
+    # nothing low-precision went in (inputs, own weights) and no autocast: a low-precision output was cast
+    if (
+        call.autocast is None
+        and low_out
+        and (floats_in or call.param_dtypes)
+        and not any(d in LOW for d in (*floats_in, *call.param_dtypes))
+    ):
+        came = _names(tuple(floats_in) or call.param_dtypes)
+        sev = "warning" if policy.compute_dtype in LOW else "error"
+        add(
+            sev,
+            "dtype/module_output",
+            f"{where} returned {dn(low_out[0])} from {came} inputs and weights outside "
+            f"autocast: a cast in its forward or in a forward hook (the {call.role} policy computes in "
+            f"{dn(policy.compute_dtype)})",
+            dn(low_out[0]),
+            came,
+            "remove the cast (a .to()/.half()/.bfloat16() in the forward or a forward hook): the modules after it "
+            "compute on the lost precision or fail on mixed dtypes",
+        )
 
 
 def check_boundary_output(role: str, name: str, tensor: torch.Tensor, policy: RolePolicy, *,

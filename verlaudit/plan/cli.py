@@ -95,7 +95,7 @@ def render(plans: list[VariantPlan]) -> str:
     rows = [
         [p.variant, p.config.algo.name, p.config.precision.preset, _ckpt_words(p.config.precision),
          p.estimate.peak.name, f"{p.estimate.peak_bytes / GIB:.3g}", f"{p.estimate.device_bytes() / GIB:.3g}",
-         "-" if p.target_gib is None else f"{p.target_gib:.1f}", yes(p.fits)]
+         "-" if p.target_gib is None else f"{p.target_gib:.4g}", yes(p.fits)]
         for p in plans
     ]  # fmt: skip
     head = ["variant", "algo", "preset", "grad ckpt", "peak phase", "peak allocated GiB",
@@ -114,7 +114,8 @@ def render(plans: list[VariantPlan]) -> str:
         parts += [f"  note: {n}" for n in p.notes]
     parts.append(
         f"\ndevice needed = allocated peak x {1 + mm.FRAGMENTATION:.2f} (allocator reserve) + "
-        f"{mm.CONTEXT_BYTES / GIB:.1f} GiB (CUDA context); per GPU."
+        f"{mm.CONTEXT_BYTES / GIB:.1f} GiB (CUDA context); per GPU. Where verlaudit run emulates a smaller "
+        "target on this GPU it caps the allocator alone, so there the CUDA context does not count against it."
     )
     return "\n".join(parts)
 

@@ -47,6 +47,12 @@ class MemoryAtFailure:
     """``allocated`` with the allocator's reserve and the CUDA context: what the device must hold."""
     capacity: float | None
     notes: tuple[str, ...]
+    need: float = 0.0
+    """What is compared with ``capacity``: ``device``, or without the CUDA context under an allocator cap."""
+    allocator_cap: bool = False
+    """``capacity`` is an allocator cap (target emulation), not the device's memory."""
+    pass_shown: str | None = None
+    """The forward the traceback shows (``training forward`` or ``old log-probs``), when it tells."""
 
     @property
     def dominant(self) -> str:
@@ -75,19 +81,69 @@ def run_world_size(run: RunDir) -> int:
 
 
 def capacity_gib(run: RunDir) -> float | None:
-    """What the process could use: the emulation cap, else the device total the allocator saw."""
+    """What the process could use: the emulation cap where it was applied, else the device total
+    the allocator saw."""
+    return capacity(run)[0]
+
+
+def capacity(run: RunDir) -> tuple[float | None, bool]:
+    """(GiB, is an allocator cap): the emulation cap applied with
+    ``torch.cuda.set_per_process_memory_fraction`` caps the caching allocator only (the CUDA context is
+    outside it); without one, the device's total memory."""
+    emu = run.manifest.get("emulation") or {}
+    cap = emu.get("memory_cap_gb")
+    if emu.get("applied", True) is not False and _positive(cap):
+        return float(cap), True
     mem = (run.status or {}).get("memory") or {}
-    for v in ((run.manifest.get("emulation") or {}).get("memory_cap_gb"), mem.get("device_total_gb"),
-              (run.manifest.get("environment") or {}).get("total_memory_gb")):  # fmt: skip
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-            return float(v)
+    for v in (mem.get("device_total_gb"), (run.manifest.get("environment") or {}).get("total_memory_gb")):
+        if _positive(v):
+            return float(v), False
+    return None, False
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def need_gib(estimate: Estimate, allocator_cap: bool) -> float:
+    """What an estimate needs against a capacity of that kind (`Estimate.need_bytes`), GiB."""
+    return estimate.need_bytes(allocator_cap=allocator_cap) / GIB
+
+
+TRAINING_FRAMES = ("in update_actor", "in update_critic", "in backward", "in pair_logps")
+"""Traceback frames of the trainer's training passes (trainer/ppo.py, trainer/common.py, trainer/dpo.py);
+without one, an actor_update failure is in the old-log-prob forward that starts the phase."""
+
+
+def pass_in_traceback(traceback: Any, phase: str | None) -> str | None:
+    """Which forward of ``actor_update`` the traceback shows: ``training forward`` when a training
+    frame is on the stack, ``old log-probs`` when the actor's log-prob forward is without one; None
+    when the traceback does not tell (no traceback, another phase, a failure raised at the phase edge)."""
+    tb = str(traceback or "")
+    if phase != "actor_update" or "File " not in tb:
+        return None
+    if any(frame in tb for frame in TRAINING_FRAMES):
+        return "training forward"
+    if "in actor_logprobs" in tb:
+        return "old log-probs"
     return None
 
 
+def failing_phases(estimate: Estimate, trainer_phase: str | None, shown: str | None) -> list[Phase]:
+    """The planner phases a failure in ``trainer_phase`` can be in, narrowed to the forward the
+    traceback shows (`pass_in_traceback`); every phase when the trainer phase is unknown."""
+    inside = phases_in(estimate, trainer_phase) if trainer_phase else []
+    if shown is not None:
+        narrowed = [p for p in inside if p.name.startswith("old log-probs") == (shown == "old log-probs")]
+        inside = narrowed or inside
+    return inside or list(estimate.phases)
+
+
 def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> MemoryAtFailure:
-    """The planner's estimate at the failing phase: of the planner phases inside ``phase``, the
-    first that needs more than the device has (where the allocation would fail), else the largest.
-    ValueError when the manifest's config cannot be planned (unknown architecture, missing model)."""
+    """The planner's estimate at the failing phase: of the planner phases inside ``phase`` (narrowed to
+    the forward the traceback shows), the first that needs more than the process could use (where the
+    allocation would fail), else the largest. ValueError when the manifest's config cannot be planned
+    (unknown architecture, missing model)."""
     cfg, policy, gpus, optimizer = run_plan_inputs(run)
     est, notes = plan_config(cfg, gpus=gpus, optimizer=optimizer, policy=policy)
     phases = list(est.phases)
@@ -105,10 +161,10 @@ def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> Memor
             kept.append(Phase(p.name, comp))
         phases = kept
         notes.append("first step: AdamW moments are not allocated before each role's first optimizer step")
-    inside = phases_in(Estimate(tuple(phases)), phase) if phase else []
-    candidates = inside or phases
-    cap = capacity_gib(run)
-    need = [Estimate((p,)).device_bytes() / GIB for p in candidates]
+    shown = pass_in_traceback((run.status or {}).get("traceback"), phase)
+    candidates = failing_phases(Estimate(tuple(phases)), phase, shown)
+    cap, allocator_cap = capacity(run)
+    need = [need_gib(Estimate((p,)), allocator_cap) for p in candidates]
     over = [i for i, n in enumerate(need) if cap is not None and n >= cap]
     i = over[0] if over else max(range(len(candidates)), key=lambda j: candidates[j].total)
     chosen = candidates[i]
@@ -117,4 +173,6 @@ def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> Memor
     for k, v in comp.items():
         classes[memory_class(k)] = classes.get(memory_class(k), 0.0) + v
     classes = dict(sorted(classes.items(), key=lambda kv: -kv[1]))
-    return MemoryAtFailure(chosen.name, comp, classes, chosen.total / GIB, need[i], cap, tuple(notes))
+    device = Estimate((chosen,)).device_bytes() / GIB
+    return MemoryAtFailure(chosen.name, comp, classes, chosen.total / GIB, device, cap, tuple(notes),
+                           need=need[i], allocator_cap=allocator_cap, pass_shown=shown)  # fmt: skip

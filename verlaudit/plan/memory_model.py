@@ -581,9 +581,19 @@ class Estimate:
     def peak_bytes(self) -> int:
         return self.peak.total
 
+    def allocator_bytes(self) -> int:
+        """What the caching allocator must hold: its reserve on the allocated peak. A memory cap set
+        with ``torch.cuda.set_per_process_memory_fraction`` (target emulation) limits this alone."""
+        return int(self.peak_bytes * (1 + FRAGMENTATION))
+
     def device_bytes(self) -> int:
         """What the device must hold: allocator reserve on the allocated peak, plus the context."""
-        return int(self.peak_bytes * (1 + FRAGMENTATION)) + CONTEXT_BYTES
+        return self.allocator_bytes() + CONTEXT_BYTES
+
+    def need_bytes(self, *, allocator_cap: bool) -> int:
+        """What must fit a capacity: `allocator_bytes` against an allocator cap (the CUDA context
+        lives outside it), `device_bytes` against a whole device."""
+        return self.allocator_bytes() if allocator_cap else self.device_bytes()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -201,12 +201,19 @@ def fewest_checkpointed_layers(
 
 
 def resolve_checkpoint_layers(
-    cfg: TrainConfig, *, gpus: int = 1, target_gib: float | None, optimizer: str = "fused"
+    cfg: TrainConfig,
+    *,
+    gpus: int = 1,
+    target_gib: float | None,
+    optimizer: str = "fused",
+    allocator_cap: bool = False,
 ) -> tuple[TrainConfig, str | None]:
     """``precision.checkpoint_layers: auto`` -> the fewest checkpointed decoder layers (the most
     layers keeping their activations, the least recompute) whose planned peak fits ``target_gib``
     less `AUTO_HEADROOM`; all layers when nothing smaller fits or there is no GPU target. Returns
-    the config with a number and a note saying what was chosen and why; other configs unchanged."""
+    the config with a number and a note saying what was chosen and why; other configs unchanged.
+    ``allocator_cap``: ``target_gib`` caps the caching allocator (target emulation), so the CUDA
+    context is not counted against it (`memory_model.Estimate.need_bytes`)."""
     pc = cfg.precision
     checked = isinstance(pc.checkpoint_layers, int) and pc.grad_checkpointing is not False
     if not checked and pc.checkpoint_layers != "auto":
@@ -230,18 +237,19 @@ def resolve_checkpoint_layers(
     budget = target_gib * (1 - AUTO_HEADROOM)
 
     def need(n: int) -> float:
-        return plan_config(with_layers(n), gpus=gpus, optimizer=optimizer)[0].device_bytes() / GIB
+        est = plan_config(with_layers(n), gpus=gpus, optimizer=optimizer)[0]
+        return est.need_bytes(allocator_cap=allocator_cap) / GIB
 
     fit = fewest_checkpointed_layers(layers, need, budget)
     if fit is None:
         return with_layers(None), (
-            f"checkpoint_layers auto: even all {layers} layers checkpointed exceed {budget:.1f} GiB; "
+            f"checkpoint_layers auto: even all {layers} layers checkpointed exceed {budget:.4g} GiB; "
             "checkpointing all"
         )
     n, gib = fit
     return with_layers(n), (
         f"checkpoint_layers auto: {n} of {layers} decoder layers checkpointed, {layers - n} keep their "
-        f"activations ({gib:.1f} GiB planned per GPU, budget {budget:.1f} GiB = {target_gib:.1f} x "
+        f"activations ({gib:.4g} GiB planned per GPU, budget {budget:.4g} GiB = {target_gib:.4g} x "
         f"{1 - AUTO_HEADROOM:.2f})"
     )
 

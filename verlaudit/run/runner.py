@@ -120,12 +120,12 @@ def emulation_for(suite: Suite, present: PresentDevice, device: str) -> Emulatio
         return Emulation(
             target=target.name,
             memory_cap_gb=float(target_gb),
-            reason=f"emulating {target.name}: usable memory capped at {target_gb:.1f} GiB of "
+            reason=f"emulating {target.name}: the allocator capped at {target_gb:.4g} GiB of "
             f"{present.gpu_name}'s {here:.1f} GiB, so OOMs happen where they would on the target",
         )
     return Emulation(
         target=target.name,
-        reason=f"{target.name} has {target_gb:.1f} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
+        reason=f"{target.name} has {target_gb:.4g} GiB, not less than {present.gpu_name}'s {here:.1f} GiB: "
         "no cap; this GPU may OOM where the target would not",
     )
 
@@ -173,7 +173,12 @@ def plan_runs(
         one = device == "cuda" and suite.hardware.gpus == 1
         cfg = dataclasses.replace(run.config, device="cuda:0" if one else device)
         try:
-            cfg, auto = resolve_checkpoint_layers(cfg, gpus=suite.hardware.gpus, target_gib=usable_gib)
+            cfg, auto = resolve_checkpoint_layers(
+                cfg,
+                gpus=suite.hardware.gpus,
+                target_gib=usable_gib,
+                allocator_cap=emulation.memory_cap_gb is not None,
+            )
         except ValueError as e:
             raise ValueError(f"{suite.source}: variants.{run.variant}.{e}") from None
         if auto:

@@ -1,0 +1,249 @@
+"""The root-cause rule table (verlaudit/analysis/rules.py), one test per rule: a run directory (in
+memory, records as the auditor and the worker write them) holding the root's record and the symptom's
+is diagnosed, the root comes first and the symptom is its consequence; with the root recorded after
+the symptom, the symptom stands alone; for a rule within one role, a root in another role explains
+nothing. Plus the ordering itself (`Moment`, `root_of`, `chains`) on hand-built events.
+
+Run: `pytest tests/test_rules.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainConfig
+from trainer.precision import resolve_policy
+from verlaudit.analysis.diagnose import diagnose_run
+from verlaudit.analysis.rules import RULES, Event, Moment, chains, finding_class, root_of
+from verlaudit.rundir import Finding, RunDir
+
+
+def finding(kind, *, step=0, phase="rollout", role="actor", where="model.layers.0.mlp", observed=None,
+            expected=None, severity="error", message=None):  # fmt: skip
+    return Finding(severity=severity, kind=kind, step=step, phase=phase, role=role, where=where,
+                   observed=observed, expected=expected, message=message or f"{kind} at {where}",
+                   fix=f"fix the {kind} at {where}")  # fmt: skip
+
+
+class Records:
+    """What one side of a rule leaves in a run directory."""
+
+    def __init__(self, findings=(), status=None, metrics=None, preset=None):
+        self.findings, self.status, self.metrics, self.preset = list(findings), status, metrics, preset
+
+
+def nan_loss(step=0, role="actor"):
+    metrics = [{"step": s, "actor/loss": 0.5, "actor/skipped": 0.0} for s in range(step)]
+    metrics.append({"step": step, "actor/loss": "nan", "actor/skipped": 1.0})
+    return Records([finding("numerics/nonfinite_loss", step=step, phase="actor_update", role=role, where="loss",
+                            observed={"loss": "nan"}, expected="finite")], metrics=metrics)  # fmt: skip
+
+
+def fp16_skips(first=0, n=3, nan_at=None):
+    """Steps the dynamic loss scaler skipped (fp16), the scale halving each time."""
+    metrics = []
+    for s in range(first + n + 1):
+        skipped = first <= s < first + n
+        metrics.append({"step": s, "actor/loss": 0.5, "actor/skipped": 1.0 if skipped else 0.0,
+                        "actor/loss_scale": 65536.0 / 2 ** max(0, min(s, first + n) - first)})  # fmt: skip
+    if nan_at is not None:
+        metrics[nan_at]["actor/loss"] = "inf"
+    return Records(metrics=metrics, preset="fp16")
+
+
+def failed(reason, error, *, step=0, phase="rollout", role="actor", where="model.embed_tokens"):
+    findings = []
+    if reason == "dtype_error":
+        findings = [finding("runtime/dtype_error", step=step, phase=phase, role=role, where=where,
+                            observed="fp32", expected="bf16")]  # fmt: skip
+    status = {"state": "failed", "reason": reason, "step": step, "phase": phase, "error": error, "role": role,
+              "where": where}  # fmt: skip
+    return Records(findings, status=status)
+
+
+# the root side of each rule: (step, phase, role) -> its records
+ROOTS = {
+    "ids_float": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+                                                       where="collator:c.input_ids", observed="fp32", expected="int64")]),
+    "ids_range": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+                                                       where="collator:c.input_ids", observed=[0, 107], expected=[0, 99])]),
+    "batch_shape": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+                                                         where="collator:c.attention_mask", observed=[2, 7],
+                                                         expected=[2, 8])]),
+    "reward_nonfinite": lambda st, ph, role: Records([finding("boundary/reward", step=st, phase=ph, role=role,
+                                                              where="reward:function:r", observed="nan",
+                                                              expected="finite")]),
+    "reward_model_dtype": lambda st, ph, role: Records([finding("boundary/reward_model", step=st, phase=ph, role=role,
+                                                                where="score", observed={"fp16": 10},
+                                                                expected="fp32")]),
+    "weights_nonfinite": lambda st, ph, role: Records([finding("numerics/weight_nonfinite", step=st, phase=ph,
+                                                               role=role, where="model.layers.1.mlp.down_proj",
+                                                               observed={"nonfinite": 1}, expected="finite")]),
+    "weights_outlier": lambda st, ph, role: Records([finding("numerics/weight_outlier", step=st, phase=ph, role=role,
+                                                             where="model.layers.1.mlp.down_proj",
+                                                             observed={"rms_ratio": 3e4}, expected="< 10")]),
+    "param_dtype": lambda st, ph, role: Records([finding("dtype/param_storage", step=st, phase=ph, role=role,
+                                                         observed={"fp32": 90, "bf16": 10}, expected="fp32")]),
+    "module_output_dtype": lambda st, ph, role: Records([finding("dtype/module_output", step=st, phase=ph, role=role,
+                                                                 observed="bf16", expected="fp32")]),
+    "module_input_dtype": lambda st, ph, role: Records([finding("dtype/module_input", step=st, phase=ph, role=role,
+                                                                observed="fp32", expected="bf16")]),
+    "overflow": lambda st, ph, role: fp16_skips(first=max(0, st), n=3),
+}  # fmt: skip
+
+# the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
+SYMPTOMS = {
+    "dtype_error": lambda role: failed("dtype_error", "RuntimeError: mat1 and mat2 must have the same dtype",
+                                       phase="actor_update", role=role),
+    "exception": lambda role: failed("exception", "IndexError: index out of range in self", phase="actor_update",
+                                     role=role),
+    "ids_float": lambda role: Records([finding("dtype/int_became_float", phase="rollout", role=role, where="<root>",
+                                               observed="fp32", expected="int64")]),
+    "nonfinite": lambda role: nan_loss(role=role),
+    "overflow": lambda role: fp16_skips(first=0, n=3),
+    "reward_nonfinite": lambda role: Records([finding("boundary/reward", phase="reward", role=role,
+                                                      where="reward:model:m", observed="nan", expected="finite")]),
+    "reward_dtype": lambda role: Records([finding("boundary/reward", phase="reward", role=role, where="reward:model:m",
+                                                  observed="fp16", expected="fp32", severity="warning")]),
+    "module_input_dtype": lambda role: Records([finding("dtype/module_input", phase="actor_update", role=role,
+                                                        where="model.layers.1.mlp", observed="bf16",
+                                                        expected="fp32")]),
+    "compute_dtype": lambda role: Records([finding("dtype/compute", phase="actor_update", role=role,
+                                                   where="model.layers.1.mlp.up_proj", observed="bf16",
+                                                   expected="fp32")]),
+    "island_dtype": lambda role: Records([finding("dtype/island", phase="actor_update", role=role, where="logprobs",
+                                                  observed="bf16", expected="fp32")]),
+    "grad_dtype": lambda role: Records([finding("dtype/grad", phase="actor_update", role=role,
+                                                where="model.layers.0.mlp", observed="bf16", expected="fp32")]),
+    "buffer_dtype": lambda role: Records([finding("dtype/buffer_precision", step=None, phase=None, role=role,
+                                                  where="model.rotary_emb", observed={"inv_freq": "bf16"},
+                                                  expected="fp32", severity="warning")]),
+}  # fmt: skip
+ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward"}
+"""Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""
+
+
+def run_dir(*parts: Records, algo="ppo") -> RunDir:
+    preset = next((p.preset for p in parts if p.preset), "fp32")
+    config = TrainConfig.from_dict({"algo": {"name": algo}, "precision": {"preset": preset}, "steps": 5})
+    metrics: dict[int, dict] = {}
+    for p in parts:
+        for m in p.metrics or []:
+            metrics.setdefault(m["step"], {}).update(m)
+    status = next((p.status for p in parts if p.status), {"state": "completed"})
+    findings = sorted((f for p in parts for f in p.findings), key=lambda f: -1 if f.step is None else f.step)
+    return RunDir(path=Path("/nonexistent/run"), manifest={"config": config.to_dict(),
+                  "policy": resolve_policy(preset).to_dict()}, metrics=[metrics[k] for k in sorted(metrics)],
+                  findings=findings, events=[], status=status)  # fmt: skip
+
+
+def symptom_role(root: str, symptom: str) -> str:
+    if symptom in ("reward_nonfinite", "reward_dtype"):
+        return "reward"
+    return ROOT_ROLE.get(root, "actor")
+
+
+def _is_setup_root(root: str) -> bool:
+    return root in ("weights_nonfinite", "weights_outlier", "param_dtype", "reward_model_dtype")
+
+
+@pytest.mark.parametrize("rule", sorted(RULES), ids=lambda r: f"{r[0]}->{r[1]}")
+def test_each_rule_puts_the_root_first(rule):
+    root_cls, sym_cls = rule
+    role = symptom_role(root_cls, sym_cls)
+    setup = _is_setup_root(root_cls)
+    # the root before the symptom: at setup, or early in step 0
+    root = ROOTS[root_cls](None if setup else 0, None if setup else "rollout", ROOT_ROLE.get(root_cls, role))
+    if sym_cls == "nonfinite" and root_cls == "overflow":  # the fp16 skips, then the inf they end in
+        d = diagnose_run(run_dir(fp16_skips(first=0, n=3, nan_at=3)))
+    else:
+        d = diagnose_run(run_dir(root, SYMPTOMS[sym_cls](role)))
+    first = d.causes[0]
+    assert first.cls == root_cls, [(c.cls, c.title) for c in d.causes]
+    consequences = [c for c in d.causes[1:] if c.cls == sym_cls]
+    assert consequences and all(c.consequence_of == first.title and not c.fixes for c in consequences)
+    assert first.chain and len(first.chain) >= 2 and first.fixes
+
+
+@pytest.mark.parametrize(
+    "rule", sorted(r for r in RULES if r[0] != "overflow"), ids=lambda r: f"{r[0]}->{r[1]}"
+)
+def test_a_root_recorded_after_the_symptom_explains_nothing(rule):
+    root_cls, sym_cls = rule
+    role = symptom_role(root_cls, sym_cls)
+    late = ROOTS[root_cls](3, "critic_update", ROOT_ROLE.get(root_cls, role))
+    d = diagnose_run(run_dir(late, SYMPTOMS[sym_cls](role)))
+    root = next(c for c in d.causes if c.kind == f"finding:{late.findings[0].kind}" and c.step == 3)
+    assert not root.chain, [(c.cls, c.chain) for c in d.causes]
+
+
+SAME_ROLE = sorted(r for r, rule in RULES.items() if rule.same_role)
+
+
+@pytest.mark.parametrize("rule", SAME_ROLE, ids=lambda r: f"{r[0]}->{r[1]}")
+def test_a_rule_within_one_role_does_not_cross_roles(rule):
+    root_cls, sym_cls = rule
+    role = symptom_role(root_cls, sym_cls)
+    other = "critic" if role != "critic" else "actor"
+    root = ROOTS[root_cls](None, None, other)
+    d = diagnose_run(run_dir(root, SYMPTOMS[sym_cls](role)))
+    cause = next(c for c in d.causes if c.kind == f"finding:{root.findings[0].kind}" and c.role == other)
+    assert not cause.chain, [(c.cls, c.role, c.chain) for c in d.causes]
+
+
+def test_every_class_in_the_table_is_built_by_these_tests():
+    # a rule whose side nobody can record would be dead: each class has a record that produces it
+    assert {r for r, _ in RULES} <= set(ROOTS) and {s for _, s in RULES} <= set(SYMPTOMS)
+
+
+# ---------------------------------------------------------------- the ordering itself
+
+
+def test_moment_orders_setup_then_steps_then_phases():
+    # setup < step 0 before its phases (DPO collation) < rollout < reward < ... < a failure (last)
+    assert Moment.of(None, None) < Moment.of(0, None) < Moment.of(0, "rollout") < Moment.of(0, "reward")
+    assert Moment.of(0, "critic_update") < Moment.of(1, "rollout")
+    assert Moment.of(0, "rollout", 3) < Moment.of(0, "rollout", float("inf"))
+    # by step and phase only: line order within a phase does not decide "before"
+    assert Moment.of(0, "actor_update", 9).not_after(Moment.of(0, "actor_update", 1))
+
+
+def test_root_of_walks_back_through_rules_to_the_earliest():
+    # reward-model weights NaN (setup) -> NaN reward (step 0, reward) -> NaN loss (step 0, actor_update)
+    ev = [
+        Event("nonfinite", Moment.of(0, "actor_update", 5), "actor"),
+        Event("reward_nonfinite", Moment.of(0, "reward", 2), "reward"),
+        Event("weights_nonfinite", Moment.of(None, None, 0), "reward"),
+        Event("padding", Moment.of(0, "rollout", 1), "actor"),  # explains nothing here
+    ]
+    assert root_of(ev, 0) == [2, 1, 0]
+    groups = chains(ev, [0, 1, 3, 2])
+    assert groups == [([2, 1, 0], []), ([3], [])]
+
+
+def test_same_class_in_one_phase_the_earlier_record_is_the_root():
+    a = Event("ids_float", Moment.of(0, "rollout", 0), "actor")
+    b = Event("ids_float", Moment.of(0, "rollout", 4), "rollout")
+    assert root_of([b, a], 0) == [1, 0] and root_of([b, a], 1) == [1]
+
+
+@pytest.mark.parametrize(
+    "kind, observed, expected, cls",
+    [
+        ("boundary/collator", "fp32", "int64", "ids_float"),
+        ("boundary/collator", [0, 107], [0, 99], "ids_range"),
+        ("boundary/collator", [2, 7], [2, 8], "batch_shape"),
+        ("boundary/collator", "list", "torch.long tensor", "batch_shape"),
+        ("boundary/collator", "int32", "int64", "ids_dtype"),
+        ("boundary/reward", "nan", "finite", "reward_nonfinite"),
+        ("boundary/reward", "fp64", "fp32", "reward_dtype"),
+        ("boundary/reward", [2, 1], [2], "reward_shape"),
+        ("numerics/nonfinite_loss", {"loss": "nan"}, "finite", "nonfinite"),
+        ("dtype/param_storage", {"bf16": 3}, "fp32", "param_dtype"),
+        ("some/new_kind", None, None, "other"),
+    ],
+)
+def test_finding_class(kind, observed, expected, cls):
+    assert finding_class(kind, observed, expected) == cls
