@@ -23,8 +23,7 @@ from benchmarks._common import environment, guarded, median, write_json
 
 def run_case(cfg, level: str, steps: int) -> dict:
     from trainer.train import train
-    from verlaudit.audit import Auditor
-    from verlaudit.audit.auditor import AuditSettings
+    from verlaudit.audit import Auditor, AuditSettings
 
     cfg = dataclasses.replace(cfg, steps=steps)
     if level == "none":

@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("trainer", "verlaudit")
 
@@ -89,10 +87,6 @@ def test_the_graph_sees_deferred_imports():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="audit.auditor <-> audit.probes: ModuleProbe reaches into the Auditor (redesign in progress)",
-)
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
 

@@ -71,7 +71,7 @@ def test_checkpointing_with_hooks_gives_the_same_gradients_and_no_findings():
         a.on_step_start(0)
         assert hook_count(model) > before
         grads = one_step(a, model, lm_loss, policy)
-        assert a.sampled and a.probe is not None
+        assert a.context.sampled and a.probe is not None
     for n, g in ref.items():
         torch.testing.assert_close(grads[n], g)
     assert [f for f in a.findings.all() if f.severity != "info"] == []

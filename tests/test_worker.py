@@ -56,6 +56,8 @@ def test_completed_run_directory(tmp_path):
     assert (m["variant"], m["seed"], m["config"]["seed"]) == ("v", 3, 3)  # the spec's seed is the run's
     assert m["policy"]["preset"] == "bf16" and m["memory"]["source"] == "rss" and m["memory"]["reason"]
     assert {"python", "torch", "transformers", "vllm", "cuda", "device", "cpu_count"} <= set(m["environment"])
+    # the audit's contribution, written by the worker when training ended: the run's memory peaks
+    assert m["memory_summary"]["source"] == "rss" and m["memory_summary"]["phase_peak_gb"]["actor_update"] > 0
     assert [x["step"] for x in run.metrics] == [0, 1]
     first, second = run.metrics
     assert first["audit/full"] == 1.0 and second["audit/full"] == 0.0  # full_steps=1, every=0
@@ -101,6 +103,8 @@ def test_oom_and_interrupt_become_status(tmp_path, error, reason):
     assert (run.status["reason"], run.status["step"], run.status["phase"]) == (reason, 1, "actor_update")
     assert [x["step"] for x in run.metrics] == [0]  # what was written before the failure stays readable
     assert "phase_peak_gb_so_far" in run.status["memory"]
+    # a failed run's manifest gets the audit's memory peaks too, up to the failure
+    assert "actor_update" in run.manifest["memory_summary"]["phase_peak_gb"]
     if reason == "oom":
         assert [f.where for f in run.findings if f.kind == "memory/oom"] == ["actor_update"]
 

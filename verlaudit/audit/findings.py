@@ -3,18 +3,26 @@
 The first occurrence keeps its step, phase and numbers; later ones only raise ``count``. New
 findings are appended to ``findings.jsonl`` at once (so a run killed a moment later still shows
 them); when counts of already-written findings change, the file is rewritten atomically at the next
-`flush`. Exercised by `pytest tests/test_audit_checks.py`.
+`flush`. `FindingSink` is all a probe or collector needs of it (a plain list will do in tests).
+Exercised by `pytest tests/test_audit_checks.py tests/test_audit_collectors.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Protocol
 
 from verlaudit.rundir import Finding, RunWriter
 
 ROLE_WIDE = frozenset({"dtype/compute", "dtype/island", "numerics/headroom"})
 """Kinds that describe a whole role (every Linear computing in the wrong dtype is one problem)."""
+
+
+class FindingSink(Protocol):
+    """Where a probe or collector puts its findings (a `FindingLog`, or a list's ``extend`` in tests)."""
+
+    def extend(self, findings: Iterable[Finding]) -> None: ...
 
 
 class FindingLog:

@@ -83,7 +83,6 @@ class FaultInjector(Observer):
         self.step = -1
         self.phase_name: str | None = None
         self.handles: list[Any] = []
-        self.fired: list[str] = []
         ph = self.spec.get("phase")
         if ph is not None and ph not in PHASES:
             raise ValueError(f"{where}.phase: {ph!r}; expected one of {', '.join(PHASES)}")
@@ -97,7 +96,7 @@ class FaultInjector(Observer):
         s, w = self.spec, self.where
         if "nan_in_module" in s:
             m = _module(models, s.get("role", "actor"), s["nan_in_module"], f"{w}.nan_in_module")
-            self.handles.append(m.register_forward_hook(self._nan_hook(s["nan_in_module"]), prepend=True))
+            self.handles.append(m.register_forward_hook(self._nan_hook(), prepend=True))
         if "scale_module_output" in s:
             sc = s["scale_module_output"]
             m = _module(models, sc.get("role", "actor"), sc["module"], f"{w}.scale_module_output.module")
@@ -106,7 +105,6 @@ class FaultInjector(Observer):
             cm = s["cast_module"]
             m = _module(models, cm.get("role", "actor"), cm["module"], f"{w}.cast_module.module")
             m.to(parse_dtype(cm.get("dtype", "bf16"), f"{w}.cast_module.dtype"))
-            self.fired.append(f"cast_module:{cm['module']}")
 
     def on_step_start(self, step: int) -> None:
         self.step = step
@@ -117,7 +115,6 @@ class FaultInjector(Observer):
         r = self.spec.get("raise_in_phase")
         try:
             if r and r.get("phase") == name and int(r.get("at_step", 0)) == self.step:
-                self.fired.append(f"raise_in_phase:{name}")
                 _raise(r.get("error", "oom"))
             yield
         finally:
@@ -126,11 +123,10 @@ class FaultInjector(Observer):
     def _active(self, at_step: int, phase: str | None) -> bool:
         return self.step == at_step and (phase is None or phase == self.phase_name)
 
-    def _nan_hook(self, name: str):
+    def _nan_hook(self):
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
             if not self._active(int(self.spec.get("at_step", 0)), self.spec.get("phase")):
                 return None
-            self.fired.append(f"nan_in_module:{name}")
             return _map_first(output, lambda t: _poison(t))
 
         return hook

@@ -1,16 +1,14 @@
-"""Numerics: non-finite gradients, underflow, lost updates, loss-scale events, NaN/Inf provenance.
+"""Gradient and update numerics: non-finite gradients, underflow, lost updates, loss-scale events.
 
-Functions over gradients, parameter snapshots and per-module observations; they return numbers
-and `Finding`s and register nothing. `Provenance` keeps, per step, the first module (in execution
-order) whose forward output — or, in backward, whose input gradient — became non-finite while
-what it received was finite: the producer, told apart from the modules that only propagated it.
-Exercised by `pytest tests/test_audit_probes.py tests/test_audit_update_underflow.py`.
+Pure functions over gradients and parameter snapshots; they return numbers and `Finding`s and
+register nothing (`verlaudit.audit.optimizer` calls them around each optimizer step). The
+per-module numerics the probes replay are in `module_numerics`. Exercised by
+`pytest tests/test_audit_probes.py tests/test_audit_update_underflow.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,14 +18,11 @@ from trainer.precision import RolePolicy
 from verlaudit.audit.dtype_checks import dn
 from verlaudit.rundir import Finding
 
-HEADROOM = 1 / 8
-"""Warn when an fp16 absolute maximum exceeds this fraction of the dtype's largest finite value."""
 GRAD_UNDERFLOW_WARN = 0.05
 UPDATE_UNDERFLOW_WARN = 0.5
 """Warn when more than this fraction of sampled elements with a non-zero gradient kept their value
 through an optimizer step. High on purpose: the check runs at the always-on boundary level, and
-bf16-pure at a too-small lr loses nearly all (the FSDP benchmark: 98% of a 7B weight matrix
-bit-identical after a bf16 step at lr 1e-6)."""
+bf16-pure at a too-small lr loses nearly all of them (reports/gpu/fsdp_2xh200.md)."""
 UPDATE_SAMPLE = 4096
 """Elements per parameter tensor snapshotted to measure lost updates (a fixed sample keeps memory flat)."""
 UPDATE_SEED = 0
@@ -45,22 +40,31 @@ class GradStats:
     elements: int = 0
 
 
-def grad_stats(named_params: Iterable[tuple[str, torch.Tensor]], compute_dtype: torch.dtype, *,
-               scale: float = 1.0, underflow: bool = True, nonfinite: bool = True) -> GradStats:  # fmt: skip
+def grad_stats(
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    compute_dtype: torch.dtype,
+    *,
+    underflow: bool = True,
+    nonfinite: bool = True,
+) -> GradStats:
     """Counts over the parameters' ``.grad``; see `grad_counts`."""
-    return grad_counts(((n, p.grad) for n, p in named_params), compute_dtype, scale=scale, underflow=underflow,
-                       nonfinite=nonfinite)  # fmt: skip
+    grads = ((n, p.grad) for n, p in named_params)
+    return grad_counts(grads, compute_dtype, underflow=underflow, nonfinite=nonfinite)
 
 
-def grad_counts(named_grads: Iterable[tuple[str, torch.Tensor | None]], compute_dtype: torch.dtype, *,
-                scale: float = 1.0, underflow: bool = True, nonfinite: bool = True) -> GradStats:  # fmt: skip
-    """Non-finite and (``underflow``) tiny gradient elements. ``scale`` is the loss scale the
-    gradients still carry (underflow is judged on the scaled values, which is what the low-precision
-    backward actually held). All counts stay on the device until one read at the end: a read per
-    parameter would be a stream sync per parameter on a GPU."""
+def grad_counts(
+    named_grads: Iterable[tuple[str, torch.Tensor | None]],
+    compute_dtype: torch.dtype,
+    *,
+    underflow: bool = True,
+    nonfinite: bool = True,
+) -> GradStats:
+    """Non-finite and (``underflow``) tiny gradient elements, counted on the gradients as held: after
+    a backward they still carry the loss scale, which is what the low-precision backward held. All
+    counts stay on the device until one read at the end: a read per parameter would be a stream sync
+    per parameter on a GPU."""
     tiny = torch.finfo(compute_dtype).tiny if compute_dtype.is_floating_point else 0.0
     names, bad, small, sizes = [], [], [], []
-    del scale  # counted on the gradients as held (in on_backward: still scaled), so nothing to undo
     for name, g in named_grads:
         if g is None:
             continue
@@ -243,90 +247,3 @@ def scaler_findings(role: str, state: Mapping[str, Any], skipped: bool, grad_nor
     return [Finding(severity="warning", kind="numerics/skipped_step", role=role, where="optimizer", step=step,
                     phase=phase, observed={"scale": scale, "mode": mode, "skipped_steps": state.get("skipped_steps")},
                     expected="finite gradients", message=msg, fix=fix)]  # fmt: skip
-
-
-def absmax(t: torch.Tensor) -> float:
-    return float(t.detach().abs().max()) if t.numel() else 0.0
-
-
-def headroom_finding(role: str, where: str, dtype: torch.dtype, value: float, what: str, *, step: int | None,
-                     phase: str | None) -> Finding | None:  # fmt: skip
-    """fp16 activations / gradients closer than `HEADROOM` to the largest finite value."""
-    if dtype != torch.float16 or not math.isfinite(value):
-        return None
-    limit = torch.finfo(dtype).max
-    if value <= limit * HEADROOM:
-        return None
-    return Finding(
-        severity="warning", kind="numerics/headroom", role=role, where=where, step=step, phase=phase,
-        observed={what: value}, expected=f"< {limit * HEADROOM:g} (1/8 of fp16 max {limit:g})",
-        message=f"{what} of {where} reached {value:g}, {value / limit:.0%} of fp16's maximum",
-        fix="keep this module in fp32 or bf16 (precision.preset: bf16), or scale it down",
-    )  # fmt: skip
-
-
-class Provenance:
-    """First producer of non-finite values per step, forward and backward."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.forward_producer: tuple[str, str, str] | None = None
-        self.forward_propagated = 0
-        self.backward_producer: tuple[str, str, str] | None = None
-        self.backward_propagated = 0
-        self.loss_nonfinite = False
-        self._grad_out_finite: dict[tuple[str, str], bool] = {}
-
-    def forward(self, role: str, name: str, inputs_finite: bool, outputs_finite: bool, what: str) -> bool:
-        """Returns True when this call is the step's first producer."""
-        if outputs_finite:
-            return False
-        if not inputs_finite or self.forward_producer is not None:
-            self.forward_propagated += 1
-            return False
-        self.forward_producer = (role, name, what)
-        return True
-
-    def grad_output(self, role: str, name: str, finite: bool) -> None:
-        self._grad_out_finite[(role, name)] = finite
-        if not finite:
-            self.backward_propagated += 1
-
-    def grad_input(self, role: str, name: str, finite: bool, what: str) -> bool:
-        if finite or self.backward_producer is not None or self.forward_producer is not None:
-            return False
-        if self._grad_out_finite.get((role, name), True):
-            self.backward_producer = (role, name, what)
-            return True
-        return False
-
-
-def nonfinite_what(t: torch.Tensor) -> str:
-    has_nan = bool(torch.isnan(t).any())
-    has_inf = bool(torch.isinf(t).any())
-    return "nan+inf" if has_nan and has_inf else ("nan" if has_nan else "inf")
-
-
-def producer_finding(role: str, where: str, what: str, dtype: torch.dtype | None, direction: str, policy: RolePolicy,
-                     *, step: int, phase: str | None, max_in: float | None = None) -> Finding:  # fmt: skip
-    """The producer of a non-finite value; ``direction`` is ``forward`` or ``backward``."""
-    overflow = what == "inf" and dtype == torch.float16
-    if direction == "forward":
-        kind = "numerics/overflow" if overflow else "numerics/nonfinite_forward"
-        msg = f"{where} produced {what} in its forward output from finite inputs" + (
-            f" (fp16 max is {torch.finfo(torch.float16).max:g})" if overflow else ""
-        )
-        fix = ("run this module in bf16 or fp32 (precision.preset: bf16) or rescale it" if overflow
-               else "inspect this module's weights and inputs at this step (division by zero, log of <= 0, "
-               "sqrt of negative), lower the learning rate")  # fmt: skip
-        sev = "error"
-    else:
-        kind = "numerics/nonfinite_backward"
-        msg = f"backward of {where} produced {what} gradients from a finite incoming gradient"
-        fix = "dynamic loss scaling skips these steps; if persistent, lower init_scale or use bf16"
-        sev = "warning" if policy.loss_scaling == "dynamic" else "error"
-    return Finding(severity=sev, kind=kind, role=role, where=where, step=step, phase=phase,
-                   observed={"value": what, "dtype": dn(dtype), "input_absmax": max_in},
-                   expected="finite", message=msg, fix=fix)  # fmt: skip

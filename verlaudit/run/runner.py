@@ -32,7 +32,6 @@ from typing import Any
 import verlaudit
 from trainer.precision import PrecisionPolicy
 from verlaudit.analysis import report as report_mod
-from verlaudit.audit import AuditSettings
 from verlaudit.run import worker
 from verlaudit.run.hardware import PresentDevice, detect, get_target
 from verlaudit.run.spec import Emulation, RunSpec
@@ -192,7 +191,7 @@ def run_spec(run: SuiteRun, suite: Suite, out_dir: Path, *, device: str, emulati
         seed=run.seed,
         run_dir=out_dir / run.run_name,
         train=run.config,
-        audit=AuditSettings(**suite.audit.to_dict()),
+        audit=suite.audit,
         emulation=emulation,
         device=device,
         policy=run.config.precision.policy,

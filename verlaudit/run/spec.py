@@ -130,7 +130,7 @@ class RunSpec:
             raise ValueError(f"seed: expected an integer, got {seed!r}")
         # the spec's seed is the run's: it replaces whatever the config carried
         kw["train"] = TrainConfig.from_dict({**train, "seed": seed}, where="train")
-        kw["audit"] = AuditSettings(**_fields_of(AuditSettings, kw.get("audit"), "audit"))
+        kw["audit"] = AuditSettings.from_dict(kw.get("audit"), where="audit")
         kw["emulation"] = Emulation.from_dict(kw.get("emulation"))
         kw["policy"] = PrecisionPolicy.from_dict(kw["policy"], where="policy")
         if not isinstance(kw["run_dir"], str):

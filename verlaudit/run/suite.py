@@ -22,9 +22,11 @@ import yaml
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps suite errors worded exactly like TrainConfig's.
 from trainer.config import TrainConfig, _Section
+from verlaudit.audit.settings import LEVELS, AuditSettings
 from verlaudit.run.hardware import get_target
 
-AUDIT_LEVELS = ("off", "boundary", "full")
+AUDIT_LEVELS = LEVELS
+"""`verlaudit.audit.settings.LEVELS`, for the runner's ``--audit-level`` choices."""
 DEVICES = ("cpu", "cuda")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -47,25 +49,6 @@ class HardwareConfig(_Section):
             raise ValueError(f"gpus: must be >= 1, got {self.gpus}")
         if self.memory_gb is not None and self.memory_gb <= 0:
             raise ValueError(f"memory_gb: must be > 0, got {self.memory_gb}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AuditSettings(_Section):
-    level: str = "full"
-    """``off`` (metrics and status only), ``boundary`` (boundary checks, numerics, memory) or ``full``
-    (also per-module dtype and numerics hooks)."""
-    full_steps: int = 2
-    """Steps audited at ``full`` level from the start; later steps at ``boundary``..."""
-    every: int = 10
-    """...except every ``every``-th step, audited in full again (0: never)."""
-
-    def __post_init__(self) -> None:
-        if self.level not in AUDIT_LEVELS:
-            raise ValueError(f"level: {self.level!r}; expected one of {', '.join(AUDIT_LEVELS)}")
-        if self.full_steps < 0:
-            raise ValueError(f"full_steps: must be >= 0, got {self.full_steps}")
-        if self.every < 0:
-            raise ValueError(f"every: must be >= 0, got {self.every}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,59 @@
+"""Audit settings: how much to audit, and on which steps.
+
+The one `AuditSettings` class: the suite's ``audit:`` section (`verlaudit.run.suite`), the worker
+spec's ``audit`` (`verlaudit.run.worker`) and the `Auditor` all read it. ``from_dict`` checks types
+and unknown keys and raises ValueError with the field path (``audit.level: 'loud'; expected one of
+off, boundary, full``); ``to_dict`` gives the plain data back. Exercised by
+`pytest tests/test_audit_collectors.py tests/test_suite.py tests/test_worker.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
+# keeps audit errors worded exactly like TrainConfig's.
+from trainer.config import _Section
+
+LEVELS = ("off", "boundary", "full")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AuditSettings(_Section):
+    """How much to audit, and on which steps."""
+
+    level: str = "full"
+    """``off``: metrics, memory and status only; ``boundary``: + batch / rollout / reward / loss checks
+    and optimizer numerics; ``full``: + per-module dtype and numerics hooks on sampled steps."""
+    full_steps: int = 2
+    """The first ``full_steps`` steps are audited at the full level ..."""
+    every: int = 10
+    """... and every ``every``-th step after (0: never); the others at the boundary level. Lost
+    updates (`numerics.update_underflow`) are measured on the same steps at both levels, and on
+    step 0 even when ``full_steps`` is 0."""
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"audit.level: {self.level!r}; expected one of {', '.join(LEVELS)}")
+        if not _count(self.full_steps):
+            raise ValueError(f"audit.full_steps: expected an integer >= 0, got {self.full_steps!r}")
+        if not _count(self.every):
+            raise ValueError(f"audit.every: expected an integer >= 0 (0: never), got {self.every!r}")
+
+    def is_full(self, step: int) -> bool:
+        """Whether ``step`` is audited at the full level (module hooks on)."""
+        if self.level != "full":
+            return False
+        return step < self.full_steps or (self.every > 0 and step % self.every == 0)
+
+    def measures_updates(self, step: int) -> bool:
+        """Whether this step snapshots a sample of the weights to count updates lost to rounding:
+        cheap (`numerics.UPDATE_SAMPLE` elements per tensor, one host read), but not free, so only
+        on `is_full`'s schedule, at the boundary level too."""
+        if self.level == "off":
+            return False
+        return step < max(1, self.full_steps) or (self.every > 0 and step % self.every == 0)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
