@@ -6,7 +6,7 @@ which is what the fp16 backward held) and counts per module the elements that ar
 below fp16's smallest normal (2^-14: subnormal in fp16, losing bits; below 2^-25 they round to 0),
 from one histogram of binary exponents per parameter; from the same histogram it gives the loss
 scale that would lift all but `KEEP_FRAC` of the non-zero elements to normal numbers and the largest
-scale that keeps the largest one under fp16's max / 8 (`numerics.HEADROOM`). Zeros can be real
+scale that keeps the largest one under fp16's max / 8 (`module_numerics.HEADROOM`). Zeros can be real
 (an unused embedding row) or underflowed; the fp32 shadow's ``param_grad`` records tell them apart
 (``zero_lost_frac``). `update_loss` turns `numerics.update_underflow_rows` (the sampled elements a step
 left unchanged despite a non-zero gradient) into per-module records. `findings` names the worst
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from verlaudit.audit.numerics import GRAD_UNDERFLOW_WARN, HEADROOM
+from verlaudit.audit.module_numerics import HEADROOM
+from verlaudit.audit.numerics import GRAD_UNDERFLOW_WARN
 from verlaudit.rundir import Finding
 
 KEEP_FRAC = 1e-3

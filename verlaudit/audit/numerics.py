@@ -165,7 +165,11 @@ def update_underflow(
     """Fraction of parameter elements unchanged by the step despite a non-zero gradient, overall and
     per module, from a `snapshot` taken before it (`update_underflow_rows`, weighted by size, so a
     small norm weight does not count as much as a large projection)."""
-    rows = update_underflow_rows(before, named_params)
+    return update_underflow_summary(update_underflow_rows(before, named_params))
+
+
+def update_underflow_summary(rows: list[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
+    """(overall fraction weighted by module size, {module: fraction}) of `update_underflow_rows`."""
     total = sum(r["size"] for r in rows)
     overall = sum(r["lost_frac"] * r["size"] for r in rows) / total if total else 0.0
     return overall, {r["module"]: r["lost_frac"] for r in rows}

@@ -7,8 +7,9 @@ every op is counted under (role, module, phase, pass, category, op, input dtypes
 Categories: ``matmul``, ``attention`` (fused attention kernels), ``softmax``, ``norm`` (fused norm
 kernels), ``reduction``, ``cast`` (a dtype change), ``pointwise``, ``view`` (no arithmetic) and
 ``other``. An op whose floating inputs have different dtypes is an implicit promotion (its input
-label joins them: ``bf16+fp32``). The ``pass`` is ``forward``, ``backward``, or ``recompute`` (a
-forward inside the backward: activation checkpointing). Work done inside `suspended` (the audit's
+label joins them: ``bf16+fp32``). The ``pass`` is ``forward``, ``backward``, ``recompute`` (a
+forward inside the backward: activation checkpointing) or ``optimizer`` (outside the models between
+a backward and the next forward: unscale, clipping, the optimizer step). Work done inside `suspended` (the audit's
 own: the fp32 shadow, the probes' reductions) is not counted.
 
 Pure functions over the records: `island_ops` answers "is my softmax / norm / loss in fp32?" with
@@ -118,12 +119,16 @@ class OpCounter(TorchDispatchMode):
         self._fwd: list[tuple[str, str, str]] = []
         self._bwd: dict[tuple[str, str, str], int] = {}
         self._handles: list[Any] = []
+        self.outside = "forward"
+        """The pass of ops outside every module and outside the backward: ``optimizer`` from a backward's
+        end (set by the auditor) to the next module forward, else ``forward`` (the loss, the log-probs)."""
 
     # -- module tracking (the pattern of torch.utils.module_tracker, with role-qualified names) -----
     def _pre(self, module: nn.Module, args: tuple) -> None:
         who = self.names.get(id(module))
         if who is None:
             return
+        self.outside = "forward"
         self._fwd.append(who)
         ts = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
         if ts and torch.is_grad_enabled():
@@ -158,7 +163,7 @@ class OpCounter(TorchDispatchMode):
         if in_bwd:
             deepest = max(self._bwd, key=lambda w: w[1].count(".") + (w[1] != ""), default=None)
             return deepest, "backward"
-        return None, "forward"
+        return None, self.outside
 
     # -- the mode ---------------------------------------------------------------------------------
     def __enter__(self) -> OpCounter:
@@ -202,6 +207,9 @@ class OpCounter(TorchDispatchMode):
 
 # -- pure functions over records ------------------------------------------------------------------
 LOW = ("bf16", "fp16")
+PHASE_ROLE = {"ref": "reference", "critic": "critic", "critic_update": "critic", "actor_update": "actor",
+              "reward": "reward", "rollout": "rollout"}  # fmt: skip
+"""Whose work an op outside every module is (log-probs from logits, losses): the phase's role."""
 
 
 def _low(label: str) -> bool:
@@ -209,24 +217,19 @@ def _low(label: str) -> bool:
 
 
 def island_ops(records: Iterable[Mapping[str, Any]]) -> dict[str, Counter]:
-    """The measured answer to "is my softmax / norm / loss in fp32?": per island, op counts by input
-    dtype. ``softmax``: softmax ops inside modules, and fused attention (its softmax runs on inputs of
-    that dtype); ``norm``: reductions, fused norms and pointwise ops inside norm modules; ``logprobs``:
-    softmax ops outside every module (log-probs from logits); ``loss``: reductions outside every
-    module in an update phase."""
-    out: dict[str, Counter] = {
-        "softmax": Counter(),
-        "norm": Counter(),
-        "logprobs": Counter(),
-        "loss": Counter(),
-    }
+    """The measured answer to "is my softmax / norm / loss in fp32?": per island, forward op counts by
+    input dtype. ``softmax``: softmax ops inside the models; ``attention``: fused attention kernels
+    (informative only: they keep their softmax in fp32 internally whatever their inputs); ``norm``:
+    reductions and fused norms inside norm modules (the statistics); ``logprobs``: softmax ops outside
+    every module (log-probs from logits); ``loss``: reductions outside every module in an update phase."""
+    out: dict[str, Counter] = {k: Counter() for k in ("softmax", "attention", "norm", "logprobs", "loss")}
     for r in records:
-        cat, inside, n = r["category"], bool(r["module"]), r["count"]
+        cat, inside, n = r["category"], r["role"] is not None, r["count"]
         if r["pass"] != "forward":
             continue
         if cat in ("softmax", "attention") and inside:
-            out["softmax"][r["in"]] += n
-        elif inside and r.get("kind") == "norm" and cat in ("reduction", "norm", "pointwise"):
+            out[cat][r["in"]] += n
+        elif inside and r.get("kind") == "norm" and cat in ("reduction", "norm"):
             out["norm"][r["in"]] += n
         elif cat == "softmax" and not inside:
             out["logprobs"][r["in"]] += n
@@ -244,7 +247,7 @@ def findings(
 
     out = []
     for role, wanted in islands.items():
-        mine = [r for r in records if r["role"] == role or (r["role"] is None and role == "actor")]
+        mine = [r for r in records if (r["role"] or PHASE_ROLE.get(r["phase"])) == role]
         measured = island_ops(mine)
         for island in wanted:
             low = {k: v for k, v in measured.get(island, Counter()).items() if _low(k)}

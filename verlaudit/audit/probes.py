@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from trainer.precision import PrecisionPolicy
+from verlaudit.audit import opcount
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import ModuleCall, check_module_call, module_kind
 from verlaudit.audit.findings import FindingSink
@@ -98,6 +99,10 @@ class ModuleProbe:
         return "rollout" if role == "actor" and self.ctx.phase == "rollout" else role
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        with opcount.suspended():  # the probe's own reductions are not the model's ops
+            return self._pre_call(module, args, kwargs)
+
+    def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if _capturing():
             return None
         role, name, kind, own = self.info[id(module)]
@@ -120,6 +125,10 @@ class ModuleProbe:
         return (tuple(new_args), kwargs) if changed else None
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        with opcount.suspended():
+            self._post_call(module, args, kwargs, output)
+
+    def _post_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if _capturing():
             return
         role, name, kind, own = self.info[id(module)]
@@ -145,8 +154,10 @@ class ModuleProbe:
         def hook(grad: torch.Tensor) -> None:
             # a received gradient's role was judged when the output was made; a produced one's now
             eff = role if received else self._role(role)
+            with opcount.suspended():
+                amax = _amax(grad)
             self._record(
-                GradCall(received, eff, name, _amax(grad), grad.dtype, self.ctx.step, self.ctx.phase)
+                GradCall(received, eff, name, amax, grad.dtype, self.ctx.step, self.ctx.phase)
             )
 
         return hook

@@ -299,13 +299,22 @@ class ShadowProbe:
         self.seconds = 0.0
         """Time spent in the shadow this step (device work included: it synchronises)."""
         self.disabled: str | None = None
-        """Why the shadow stopped for the rest of the run (it ran out of memory), else None."""
+        """Why the shadow does not run (sharded parameters; it ran out of memory), else None."""
+        if any(hasattr(q, "to_local") for model in self.models.values() for q in model.parameters()):
+            self.disabled = "the models are sharded (FSDP2): the shadow copies whole blocks, which needs one process"
         self._done: set[tuple[str, bool]] = set()
         self._pass: _Pass | None = None
         self._calls: list[_BlockCall] = []
         self._grad_carry: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------
+    def __enter__(self) -> ShadowProbe:
+        self.attach()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
     def attach(self) -> None:
         if self.handles or self.disabled:
             return
@@ -338,6 +347,10 @@ class ShadowProbe:
         )
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        with opcount.suspended():  # the shadow's work is not the model's ops
+            return self._pre_call(module, args, kwargs)
+
+    def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._skip():
             return None
         p = self._pass
@@ -380,6 +393,10 @@ class ShadowProbe:
                            phase=self.ctx.phase, input_ids=ids, mask=mask)  # fmt: skip
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        with opcount.suspended():
+            self._post_call(module, output)
+
+    def _post_call(self, module: nn.Module, output: Any) -> None:
         p = self._pass
         if p is None or self._skip():
             return
@@ -547,6 +564,10 @@ class ShadowProbe:
             v.register_hook(
                 lambda g, call=call, x=x: self._guard(call.name, lambda: self._backward(call, x, g))
             )
+
+    def _backward_hook(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
+        with opcount.suspended():
+            self._guard(call.name, lambda: self._backward(call, x, g_in))
 
     def _backward(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
         """The block's gradient: local (fp32 copy, same output gradient), chain (carried fp32
