@@ -21,7 +21,9 @@ def test_fp16_underflow_by_hand():
         ("n.weight", torch.tensor([2.0**-30, 2.0**10])),
         ("n.bias", None),  # no gradient: left out
     ]
-    rows = {r["module"]: r for r in gradhealth.fp16_underflow("actor", grads, 1.0, step=2, phase="actor_update")}
+    rows = {
+        r["module"]: r for r in gradhealth.fp16_underflow("actor", grads, 1.0, step=2, phase="actor_update")
+    }
     m, n = rows["m"], rows["n"]
     assert (m["elements"], m["zero_frac"], m["subnormal_frac"]) == (4, 0.25, 0.25)
     # frexp exponents of m's non-zero elements: 2^-20 = 0.5 x 2^-19 -> -19; 2^-10 -> -9; 1.0 -> 1.
@@ -46,7 +48,10 @@ def test_scales_keep_all_but_a_fraction():
 
 
 def test_findings_name_the_worst_module_and_the_scale():
-    grads = [("m.weight", torch.tensor([0.0, 2.0**-20, 2.0**-10, 1.0])), ("n.weight", torch.tensor([2.0**-30, 2.0**10]))]
+    grads = [
+        ("m.weight", torch.tensor([0.0, 2.0**-20, 2.0**-10, 1.0])),
+        ("n.weight", torch.tensor([2.0**-30, 2.0**10])),
+    ]
     rows = gradhealth.fp16_underflow("actor", grads, 1.0, step=2, phase="actor_update")
     (f,) = gradhealth.findings(rows)
     assert (f.kind, f.where, f.observed["modules_over"]) == ("precision/fp16_underflow", "n", 2)
@@ -73,5 +78,7 @@ def test_update_loss_table_per_module():
     assert rows["b"] == {"module": "b", "lost_frac": 0.0, "sampled": 48, "size": 64}
     overall, per_module = numerics.update_underflow_summary(list(rows.values()))
     assert overall == pytest.approx(0.5) and per_module == {"a": 1.0, "b": 0.0}
-    (rec,) = gradhealth.update_loss("actor", [rows["a"]], param_dtype="bf16", lr=1e-6, step=0, phase="actor_update")
+    (rec,) = gradhealth.update_loss(
+        "actor", [rows["a"]], param_dtype="bf16", lr=1e-6, step=0, phase="actor_update"
+    )
     assert rec["measure"] == "update_loss" and rec["lost_frac"] == 1.0 and rec["lr"] == 1e-6

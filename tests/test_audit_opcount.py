@@ -105,7 +105,12 @@ def test_islands_measured_and_judged():
     planted = count(Tiny(upcast=False), torch.randn(2, 4), backward=False)  # statistics in bf16
     assert island_ops(planted)["norm"] == Counter({"bf16": 1})
     (f,) = opcount.findings(planted, {"actor": ("norm", "softmax")}, step=0)
-    assert (f.kind, f.role, f.where, f.observed["island"]) == ("precision/island_ops", "actor", "norm", "norm")
+    assert (f.kind, f.role, f.where, f.observed["island"]) == (
+        "precision/island_ops",
+        "actor",
+        "norm",
+        "norm",
+    )
     assert opcount.findings(planted, {"actor": ("softmax",)}, step=0) == []  # a policy without the island
 
 
@@ -121,7 +126,10 @@ def test_ops_outside_modules_belong_to_the_phase_and_the_optimizer_pass():
         with opcount.suspended():
             lin.weight.abs().amax()  # the audit's own work: not counted
     records = counter.take(0)
-    assert {r["pass"] for r in records if r["role"] is None and r["category"] == "reduction"} >= {"forward", "optimizer"}
+    assert {r["pass"] for r in records if r["role"] is None and r["category"] == "reduction"} >= {
+        "forward",
+        "optimizer",
+    }
     assert not [r for r in records if r["op"] == "amax"]
     islands = island_ops(records)
     assert islands["logprobs"] == Counter({"fp32": 1}) and islands["loss"] == Counter({"fp32": 1})
@@ -135,13 +143,19 @@ def test_classify_promotions_casts_and_views():
     assert classify(copy, (b, a), {}, b) == ("cast", "bf16", "fp32")  # copy_(dst fp32, src bf16)
     assert classify(copy, (b, b), {}, b)[0] == "other"  # same dtype: no cast
     assert classify(t, (torch.ones(2, 2),), {}, torch.ones(2, 2))[0] == "view"
-    assert classify(torch.ops.aten.argmax.default, (torch.ones(2, dtype=torch.long),), {}, torch.tensor(0)) is None
+    assert (
+        classify(torch.ops.aten.argmax.default, (torch.ones(2, dtype=torch.long),), {}, torch.tensor(0))
+        is None
+    )
 
 
 def test_differences_between_variants():
     fp32 = [{"role": "actor", "phase": "actor_update", "pass": "forward", "category": "matmul", "in": "fp32",
              "out": "fp32", "count": 6}]  # fmt: skip
-    bf16 = [{**fp32[0], "in": "bf16", "out": "bf16"}, {**fp32[0], "category": "view", "in": "bf16", "out": "bf16"}]
+    bf16 = [
+        {**fp32[0], "in": "bf16", "out": "bf16"},
+        {**fp32[0], "category": "view", "in": "bf16", "out": "bf16"},
+    ]
     assert totals(bf16)[("actor", "actor_update", "forward", "matmul", "bf16")] == 6
     rows = differences({"fp32": fp32, "bf16": bf16})
     assert rows == [

@@ -22,13 +22,15 @@ BASE = {
 }  # fmt: skip
 
 
-def run(tmp_path, preset, *, shadow=True, opcount=True, full_steps=1, algo=None, lr=None):
+def run(tmp_path, preset, *, shadow=True, opcount=1, full_steps=1, algo=None, lr=None):
     data = {**BASE, "precision": {"preset": preset}}
     if algo:
         data["algo"] = {**BASE["algo"], "name": algo, "use_kl_in_reward": True}
     if lr:
         data["algo"] = {**data["algo"], "lr": lr}
-    settings = AuditSettings(level="full", full_steps=full_steps, every=0, shadow=shadow, opcount=opcount)
+    settings = AuditSettings(
+        level="full", full_steps=full_steps, every=0, shadow=shadow, opcount_steps=opcount
+    )
     with RunWriter(tmp_path) as writer, Auditor(writer, settings) as auditor:
         result = train(TrainConfig.from_dict(data), auditor)
     return result, read_run(tmp_path)
@@ -47,7 +49,9 @@ def test_records_and_numbers_of_sampled_steps(tmp_path):
     # the auditor's own reductions (probe maxima, non-finite checks, the shadow) are not the model's
     assert not [r for r in ops if r["op"] in ("amax", "isnan", "isinf", "frexp", "bincount")]
     assert {r["pass"] for r in ops} >= {"forward", "backward", "optimizer"}
-    matmuls = {r["in"] for r in ops if r["category"] == "matmul" and r["role"] == "actor" and r["pass"] == "forward"}
+    matmuls = {
+        r["in"] for r in ops if r["category"] == "matmul" and r["role"] == "actor" and r["pass"] == "forward"
+    }
     assert matmuls == {"bf16"}
     assert [f.kind for f in rd.findings if f.kind.startswith("precision/")] == []  # an honest bf16 run
     lost = [r for r in read_records(tmp_path, GRADHEALTH) if r["measure"] == "update_loss"]
@@ -56,7 +60,7 @@ def test_records_and_numbers_of_sampled_steps(tmp_path):
 
 def test_training_is_unchanged_by_the_shadow_and_the_counter(tmp_path):
     with_all, _ = run(tmp_path / "a", "bf16")
-    without, _ = run(tmp_path / "b", "bf16", shadow=False, opcount=False)
+    without, _ = run(tmp_path / "b", "bf16", shadow=False, opcount=0)
     keys = ("actor/loss", "actor/grad_norm", "rewards/margins")
     assert [[m[k] for k in keys] for m in with_all.history] == [[m[k] for k in keys] for m in without.history]
 
@@ -70,15 +74,15 @@ def test_fp16_gradient_health_and_ppo_roles(tmp_path):
     assert roles == {"actor", "critic", "reference"}  # the rollout is not shadowed
 
 
-@pytest.mark.parametrize("shadow, opcount", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("shadow, opcount", [(False, 0), (True, 0), (False, 1), (False, 2)])
 def test_each_part_only_when_asked(tmp_path, shadow, opcount):
-    run(tmp_path, "fp32", shadow=shadow, opcount=opcount)
-    assert bool(read_records(tmp_path, SHADOW)) == shadow
-    assert bool(read_records(tmp_path, OPCOUNTS)) == opcount
+    run(tmp_path, "fp32", shadow=shadow, opcount=opcount, full_steps=3)
+    assert {r["step"] for r in read_records(tmp_path, SHADOW)} == ({0, 1, 2} if shadow else set())
+    assert {r["step"] for r in read_records(tmp_path, OPCOUNTS)} == set(range(opcount))  # the first sampled
 
 
 def test_lost_updates_named_per_module_at_a_tiny_lr(tmp_path):
-    _, rd = run(tmp_path, "bf16-pure", lr=1e-7, shadow=False, opcount=False)
+    _, rd = run(tmp_path, "bf16-pure", lr=1e-7, shadow=False, opcount=0)
     lost = [r for r in read_records(tmp_path, GRADHEALTH) if r["measure"] == "update_loss"]
     assert min(r["lost_frac"] for r in lost if r["sampled"] > 100) > 0.9  # bf16 masters at lr 1e-7
     assert any(f.kind == "numerics/update_underflow" for f in rd.findings)

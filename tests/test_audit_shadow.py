@@ -82,7 +82,9 @@ class Planted(nn.Module):
 
 # -- the rounding model ---------------------------------------------------------------------------
 def test_unit_roundoff():
-    assert unit_roundoff(BF16) == 2.0**-8 and unit_roundoff(FP16) == 2.0**-11 and unit_roundoff(FP32) == 2.0**-24
+    assert (
+        unit_roundoff(BF16) == 2.0**-8 and unit_roundoff(FP16) == 2.0**-11 and unit_roundoff(FP32) == 2.0**-24
+    )
 
 
 @settings(max_examples=12, deadline=None)
@@ -122,13 +124,20 @@ def test_rounding_model_by_hand():
     got = expected_linear(u_c=2**-8, u_out=2**-8, r_x=True, r_w=True, spread=1.0, k_inner=64)
     assert got == pytest.approx(math.sqrt(0.5) * 2**-8, rel=1e-6)
     # fp32 throughout: only the floor of 8 fp32 ulps (8 * 2^-24 = 4.77e-7) is left for K = 64
-    assert expected_linear(u_c=2**-24, u_out=2**-24, r_x=False, r_w=False, spread=1.0, k_inner=64) == 8 * 2**-24
+    assert (
+        expected_linear(u_c=2**-24, u_out=2**-24, r_x=False, r_w=False, spread=1.0, k_inner=64) == 8 * 2**-24
+    )
 
 
 # -- the probe on a tiny Llama --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "setup",
-    [("fp32", FP32, None), ("bf16 autocast", BF16, BF16), ("fp16 autocast", FP16, FP16), ("bf16-pure", BF16, None)],
+    [
+        ("fp32", FP32, None),
+        ("bf16 autocast", BF16, BF16),
+        ("fp16 autocast", FP16, FP16),
+        ("bf16-pure", BF16, None),
+    ],
     ids=lambda s: s[0],
 )
 def test_every_module_of_an_honest_model_is_explained_by_rounding(setup):
@@ -230,7 +239,12 @@ def test_shadow_leaves_the_model_and_its_gradients_untouched():
         ctx.in_backward = True
         logits.float().log_softmax(-1)[..., 0].mean().backward()
         probe.detach()
-        return logits.detach(), [p.grad.clone() for p in model.parameters()], probe.take()[0], hook_count(model) - before
+        return (
+            logits.detach(),
+            [p.grad.clone() for p in model.parameters()],
+            probe.take()[0],
+            hook_count(model) - before,
+        )
 
     plain_logits, plain_grads, _, _ = run(False)
     logits, grads, records, hooks = run(True)

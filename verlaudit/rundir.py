@@ -52,6 +52,8 @@ SUITE_COPY = "suite.json"
 REPORT_MD = "report.md"
 REPORT_CSV = "report.csv"
 REPORT_RUNS_CSV = "report_runs.csv"
+RECOMMEND_MD = "recommend.md"
+"""`verlaudit recommend`'s ranking, beside its candidates' run directories."""
 SEVERITIES = ("info", "warning", "error")
 
 

@@ -125,7 +125,7 @@ class Auditor(Observer):
             self.probe = ModuleProbe(
                 models, policy=policy, context=self.context, sink=self.findings, provenance=self.provenance
             )
-            if self.settings.shadow or self.settings.opcount:
+            if self.settings.shadow or self.settings.opcount_steps:
                 self.watch = PrecisionWatch(
                     models, policy, self.settings, self.context, self.numbers, self.writer
                 )
@@ -303,7 +303,9 @@ class Auditor(Observer):
             return
         for role, table, lr, where in rows:
             pd = dtype_checks.dn(self.policy[role].param_dtype)
-            self.writer.records(GRADHEALTH, gradhealth.update_loss(role, table, param_dtype=pd, lr=lr, **where))
+            self.writer.records(
+                GRADHEALTH, gradhealth.update_loss(role, table, param_dtype=pd, lr=lr, **where)
+            )
 
     # -- settle points and failures ---------------------------------------------------------------
     def _settle(self) -> None:

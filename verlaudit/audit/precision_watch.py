@@ -39,7 +39,8 @@ class PrecisionWatch:
             compute = {role: policy[role].compute_dtype for role in models}
             self.shadow = ShadowProbe(models, context, compute, rows=settings.shadow_rows)
         self.counter: opcount.OpCounter | None = None
-        if settings.opcount:
+        self._count_left = settings.opcount_steps
+        if settings.opcount_steps:
             names = {
                 id(m): (role, name, module_kind(name, m))
                 for role, model in models.items()
@@ -57,7 +58,8 @@ class PrecisionWatch:
         with contextlib.ExitStack() as stack:
             if self.shadow is not None:
                 stack.enter_context(self.shadow)
-            if self.counter is not None:
+            if self.counter is not None and self._count_left > 0:
+                self._count_left -= 1
                 stack.enter_context(self.counter)
             yield
 

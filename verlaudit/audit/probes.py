@@ -156,9 +156,7 @@ class ModuleProbe:
             eff = role if received else self._role(role)
             with opcount.suspended():
                 amax = _amax(grad)
-            self._record(
-                GradCall(received, eff, name, amax, grad.dtype, self.ctx.step, self.ctx.phase)
-            )
+            self._record(GradCall(received, eff, name, amax, grad.dtype, self.ctx.step, self.ctx.phase))
 
         return hook
 

@@ -38,9 +38,11 @@ class AuditSettings(_Section):
     and one block's fp32 weights of memory."""
     shadow_rows: int = 2
     """Rows of each shadowed micro-batch that run through the fp32 copies."""
-    opcount: bool = True
-    """Count the ops each module runs per dtype on the sampled steps (`verlaudit.audit.opcount`,
-    opcounts.jsonl): what ran in bf16, what autocast left in fp32, where dtypes were promoted."""
+    opcount_steps: int = 1
+    """On this many sampled steps (the first ones; 0: never), count the ops each module runs per dtype
+    (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
+    dtypes were promoted. The counts repeat from step to step, and counting costs a Python call per
+    op, so one step is usually enough."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -51,9 +53,10 @@ class AuditSettings(_Section):
             raise ValueError(f"audit.every: expected an integer >= 0 (0: never), got {self.every!r}")
         if not _count(self.shadow_rows) or self.shadow_rows < 1:
             raise ValueError(f"audit.shadow_rows: expected an integer >= 1, got {self.shadow_rows!r}")
-        for name in ("shadow", "opcount"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"audit.{name}: expected true or false, got {getattr(self, name)!r}")
+        if not _count(self.opcount_steps):
+            raise ValueError(f"audit.opcount_steps: expected an integer >= 0, got {self.opcount_steps!r}")
+        if not isinstance(self.shadow, bool):
+            raise ValueError(f"audit.shadow: expected true or false, got {self.shadow!r}")
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` is audited at the full level (module hooks on)."""

@@ -301,7 +301,9 @@ class ShadowProbe:
         self.disabled: str | None = None
         """Why the shadow does not run (sharded parameters; it ran out of memory), else None."""
         if any(hasattr(q, "to_local") for model in self.models.values() for q in model.parameters()):
-            self.disabled = "the models are sharded (FSDP2): the shadow copies whole blocks, which needs one process"
+            self.disabled = (
+                "the models are sharded (FSDP2): the shadow copies whole blocks, which needs one process"
+            )
         self._done: set[tuple[str, bool]] = set()
         self._pass: _Pass | None = None
         self._calls: list[_BlockCall] = []
