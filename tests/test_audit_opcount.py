@@ -1,6 +1,5 @@
 """The op counter on its own: a hand-counted tiny module under bf16 autocast, forward and backward,
-per module and dtype; the island answers and findings; the audit's own work left uncounted; the
-differences between two variants. Dispatch-level counts do not depend on the CPU's kernels (the ISA
+per module and dtype; the island answers and findings; the audit's own work left uncounted. Dispatch-level counts do not depend on the CPU's kernels (the ISA
 picks kernels, not the ops dispatched), but are checked under the AVX2 / default settings too.
 
 Run: `pytest tests/test_audit_opcount.py`.
@@ -16,7 +15,7 @@ from torch import nn
 from verlaudit.audit import opcount
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import module_kind
-from verlaudit.audit.opcount import OpCounter, classify, differences, island_ops, totals
+from verlaudit.audit.opcount import OpCounter, classify, island_ops
 
 
 class RMSNorm(nn.Module):
@@ -147,20 +146,3 @@ def test_classify_promotions_casts_and_views():
         classify(torch.ops.aten.argmax.default, (torch.ones(2, dtype=torch.long),), {}, torch.tensor(0))
         is None
     )
-
-
-def test_differences_between_variants():
-    fp32 = [{"role": "actor", "phase": "actor_update", "pass": "forward", "category": "matmul", "in": "fp32",
-             "out": "fp32", "count": 6}]  # fmt: skip
-    bf16 = [
-        {**fp32[0], "in": "bf16", "out": "bf16"},
-        {**fp32[0], "category": "view", "in": "bf16", "out": "bf16"},
-    ]
-    assert totals(bf16)[("actor", "actor_update", "forward", "matmul", "bf16")] == 6
-    rows = differences({"fp32": fp32, "bf16": bf16})
-    assert rows == [
-        {"role": "actor", "phase": "actor_update", "pass": "forward", "category": "matmul", "dtypes": "bf16",
-         "fp32": 0, "bf16": 6},
-        {"role": "actor", "phase": "actor_update", "pass": "forward", "category": "matmul", "dtypes": "fp32",
-         "fp32": 6, "bf16": 0},
-    ]  # fmt: skip

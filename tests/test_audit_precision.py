@@ -48,6 +48,7 @@ def test_records_and_numbers_of_sampled_steps(tmp_path):
     assert 0 < m0["shadow/actor/logprob_err/mean"] < 0.05 and m0["shadow/actor/max_ratio"] < 2.0
     # the auditor's own reductions (probe maxima, non-finite checks, the shadow) are not the model's
     assert not [r for r in ops if r["op"] in ("amax", "isnan", "isinf", "frexp", "bincount")]
+    assert not [r for r in ops if "fp64" in (r["in"], r["out"])]  # the shadow's error sums (in the hooks)
     assert {r["pass"] for r in ops} >= {"forward", "backward", "optimizer"}
     matmuls = {
         r["in"] for r in ops if r["category"] == "matmul" and r["role"] == "actor" and r["pass"] == "forward"

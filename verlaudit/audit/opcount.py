@@ -13,8 +13,8 @@ a backward and the next forward: unscale, clipping, the optimizer step). Work do
 own: the fp32 shadow, the probes' reductions) is not counted.
 
 Pure functions over the records: `island_ops` answers "is my softmax / norm / loss in fp32?" with
-the measured dtypes, `findings` flags a policy's fp32 island that ran in low precision, `totals`
-and `differences` summarise per variant for the report. It costs a Python call per op, so it runs
+the measured dtypes, `findings` flags a policy's fp32 island that ran in low precision (the report's
+tables and differences between variants are `verlaudit.analysis.precision`'s). It costs a Python call per op, so it runs
 only on sampled full-audit steps. Exercised by `pytest tests/test_audit_opcount.py`.
 """
 
@@ -268,27 +268,3 @@ def findings(
 def _island_of(r: Mapping[str, Any]) -> str | None:
     one = island_ops([{**r, "count": 1}])
     return next((k for k, c in one.items() if c), None)
-
-
-def totals(records: Iterable[Mapping[str, Any]]) -> Counter:
-    """Op counts per (role, phase, pass, category, input dtypes -> output dtype)."""
-    out: Counter = Counter()
-    for r in records:
-        label = r["in"] if r["in"] == r["out"] else f"{r['in']}->{r['out']}"
-        out[(r["role"] or "-", r["phase"] or "-", r["pass"], r["category"], label)] += r["count"]
-    return out
-
-
-def differences(per_variant: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Rows (role, phase, pass, category, dtypes) whose count differs between variants, with each
-    variant's count; view ops left out (no arithmetic)."""
-    tot = {v: totals(recs) for v, recs in per_variant.items()}
-    keys = sorted({k for t in tot.values() for k in t if k[3] != "view"}, key=str)
-    rows = []
-    for k in keys:
-        counts = {v: t.get(k, 0) for v, t in tot.items()}
-        if len(set(counts.values())) > 1:
-            rows.append(
-                {"role": k[0], "phase": k[1], "pass": k[2], "category": k[3], "dtypes": k[4], **counts}
-            )
-    return rows

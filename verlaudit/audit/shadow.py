@@ -445,7 +445,8 @@ class ShadowProbe:
     def _emit(self, p: _Pass | _BlockCall | None, module: str, measure: str, **fields: Any) -> None:
         base = {"step": getattr(self.ctx, "step", None), "phase": getattr(self.ctx, "phase", None)}
         if p is not None:
-            base = {"step": p.step, "phase": p.phase, "role": p.role, "rows": p.k}
+            grad = p.grad if isinstance(p, _Pass) else True  # a block's backward belongs to a grad pass
+            base = {"step": p.step, "phase": p.phase, "role": p.role, "grad": grad, "rows": p.k}
         self.records.append({**base, "module": module, "measure": measure, **fields})
 
     # -- the local measure ------------------------------------------------------------------------
@@ -563,9 +564,7 @@ class ShadowProbe:
                 t.register_hook(lambda g, t=t, call=call: call.grad_out.__setitem__(id(t), g.detach()))
         # the view_as made in _pre is the first input's consumer node: its gradient is the block's
         for x, v in frame.views:
-            v.register_hook(
-                lambda g, call=call, x=x: self._guard(call.name, lambda: self._backward(call, x, g))
-            )
+            v.register_hook(lambda g, call=call, x=x: self._backward_hook(call, x, g))
 
     def _backward_hook(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
         with opcount.suspended():

@@ -16,6 +16,12 @@ from verlaudit.audit.shadow import EXCESS
 from verlaudit.rundir import Finding
 
 
+def pass_key(r: Mapping[str, Any]) -> tuple:
+    """The shadowed forward a record belongs to: a role's no-grad and grad forwards of one step and
+    phase (PPO's old log-probs and its update) are two."""
+    return (r.get("role"), r.get("step"), r.get("phase"), r.get("grad"))
+
+
 def _forward_local(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in records if r.get("measure") == "local" and r.get("direction") == "forward"]
 
@@ -29,8 +35,7 @@ def culprits(records: Iterable[Mapping[str, Any]], excess: float = EXCESS) -> li
     for r in over:
         inner = [
             o for o in over
-            if o is not r and (o["role"], o["step"], o["phase"]) == (r["role"], r["step"], r["phase"])
-            and o["module"].startswith(r["module"] + ".")
+            if o is not r and pass_key(o) == pass_key(r) and o["module"].startswith(r["module"] + ".")
         ]  # fmt: skip
         if not inner:
             out.append(r)
@@ -44,11 +49,11 @@ def findings(records: list[Mapping[str, Any]], excess: float = EXCESS) -> list[F
     seen: set[tuple] = set()
     found = culprits(records, excess)
     for r in found:
-        key = (r["role"], r["step"], r["phase"])
+        key = pass_key(r)
         if key in seen:
             continue
         seen.add(key)
-        others = [o["module"] for o in found if (o["role"], o["step"], o["phase"]) == key and o is not r]
+        others = [o["module"] for o in found if pass_key(o) == key and o is not r]
         dtype, allowed = r.get("dtype"), r.get("allowed")
         below = f"its output is {dtype} where its contract allows {allowed}" if dtype != allowed else (
             f"it is handed {allowed} and returns {dtype}")  # fmt: skip
@@ -92,7 +97,7 @@ def metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         role = r.get("role")
         if role is None:
             continue
-        key = (role, r.get("step"), r.get("phase"))
+        key = pass_key(r)
         if r["measure"] == "logprob" and r.get("tokens"):
             put(f"shadow/{role}/logprob_err/mean", r["mean_abs"])
             put(f"shadow/{role}/logprob_err/max", r["max_abs"])
@@ -104,8 +109,8 @@ def metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
                 first_bwd[key] = r
         elif r["measure"] == "local" and r["direction"] == "forward":
             put(f"shadow/{role}/max_ratio", r["ratio"])
-    for (role, _, _), r in last_fwd.items():
+    for (role, *_), r in last_fwd.items():
         put(f"shadow/{role}/output_rel_err", r["rel_err"])
-    for (role, _, _), r in first_bwd.items():
+    for (role, *_), r in first_bwd.items():
         put(f"shadow/{role}/input_grad_rel_err", r["rel_err"])
     return out
