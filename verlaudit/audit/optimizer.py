@@ -54,7 +54,11 @@ class OptimizerWatch:
     def backward(
         self, role: str, params: list[tuple[str, nn.Parameter]], policy: RolePolicy
     ) -> list[Finding]:
-        """Gradients of a sampled step's micro-batch, still scaled: underflow against the compute dtype."""
+        """Gradients of a sampled step's micro-batch, still scaled: underflow against an fp16 compute
+        dtype (three reductions per parameter; bf16 and fp32 share fp32's exponent range, where
+        gradients do not underflow, so they are not counted)."""
+        if policy.compute_dtype != torch.float16:
+            return []
         stats = numerics.grad_stats(params, policy.compute_dtype, nonfinite=False)
         self.numbers.max(f"numerics/{role}/grad_underflow_frac", stats.underflow_frac)
         return numerics.grad_findings(role, stats, policy, skipped=False, **self.ctx.where())
