@@ -296,56 +296,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from verlaudit.plan.memory_model import GIB
-    from verlaudit.plan.planner import plan_config, resolve_checkpoint_layers
-    from verlaudit.run import runner
-    from verlaudit.run.hardware import detect, get_target
-
     if args.steps < 2:
         raise ValueError(f"--steps: {args.steps}; at least 2 (the first is shadowed, the others are timed)")
     if args.rows < 1:
         raise ValueError(f"--rows: must be >= 1, got {args.rows}")
     tol = Tolerance.parse(args.tolerance)
     suite = load_suite(args.suite, device=args.device)
-    cands = candidates(
-        suite, [r for r in args.recipes.split(",") if r], [c for c in args.checkpointing.split(",") if c]
-    )
+    recipes = [r for r in args.recipes.split(",") if r]
+    cands = candidates(suite, recipes, [c for c in args.checkpointing.split(",") if c])
     if not cands:
         raise ValueError(
             f"--recipes: none of {args.recipes} applies to {suite.train.algo.name} (no critic / reference)"
         )
     rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows)
-    hw = rsuite.hardware
-    target_gib = hw.memory_gb or get_target(hw.target).memory_gb
-    measured = []
-    for name, cfg in rsuite.variants.items():
-        cfg, _ = resolve_checkpoint_layers(cfg, gpus=hw.gpus, target_gib=target_gib)
-        planned = plan_config(cfg, gpus=hw.gpus)[0].device_bytes() / GIB
-        measured.append(Measured(name=name, planned_gib=planned, target_gib=target_gib))
-    runnable = [m.name for m in measured if m.fits]
-    default = runner.default_out_dir(suite)
-    out_dir = Path(args.out) if args.out else default.with_name("recommend-" + default.name)
-    if runnable:
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise ValueError(f"--out {out_dir}: directory is not empty; choose a new one")
-        rsuite = dataclasses.replace(rsuite, variants={k: rsuite.variants[k] for k in runnable},
-                                     overrides={k: rsuite.overrides[k] for k in runnable})  # fmt: skip
-        plan = runner.plan_runs(rsuite, out_dir, detect(), args.device)
-        print(
-            f"verlaudit recommend: {len(runnable)} candidate run(s) of {args.steps} steps on {plan.device} -> {out_dir}"
-        )
-        _, interrupted = runner.execute(plan, rsuite, out_dir, progress=not args.no_progress)
-        report_mod.write_report(out_dir)
-        if interrupted:
-            return 130
-        for m in measured:
-            if m.fits:
-                measure(report_mod.read_run_safe(out_dir / m.name), m)
+    measured = planned(rsuite)
+    out_dir, interrupted = _run(rsuite, suite, [m for m in measured if m.fits], args)
     ranked = rank(measured, tol, args.rank_by)
     text = render(ranked, cands, tol, args.rank_by)
+    if interrupted:
+        text = "Interrupted: the candidates not run are out as 'not run'.\n\n" + text
     print(text)
-    if runnable:
+    if out_dir is not None:
         (out_dir / RECOMMEND_MD).write_text(text + "\n", encoding="utf-8")
     if args.json:
         print(json.dumps([{**dataclasses.asdict(m), "fits": m.fits} for m in ranked], indent=2, default=str))
+    if interrupted:
+        return 130
     return 0 if ranked and not ranked[0].lost else 1
+
+
+def planned(rsuite: Suite) -> list[Measured]:
+    """Each candidate with the planner's device memory per GPU and the target's."""
+    from verlaudit.plan.memory_model import GIB
+    from verlaudit.plan.planner import plan_config, resolve_checkpoint_layers
+    from verlaudit.run.hardware import get_target
+
+    hw = rsuite.hardware
+    target_gib = hw.memory_gb or get_target(hw.target).memory_gb
+    out = []
+    for name, cfg in rsuite.variants.items():
+        cfg, _ = resolve_checkpoint_layers(cfg, gpus=hw.gpus, target_gib=target_gib)
+        need = plan_config(cfg, gpus=hw.gpus)[0].device_bytes() / GIB
+        out.append(Measured(name=name, planned_gib=need, target_gib=target_gib))
+    return out
+
+
+def _run(
+    rsuite: Suite, suite: Suite, fitting: list[Measured], args: argparse.Namespace
+) -> tuple[Path | None, bool]:
+    """Runs the candidates that fit through the runner and measures each from its run directory;
+    returns the output directory (None when nothing ran) and whether the user interrupted."""
+    from verlaudit.run import runner
+    from verlaudit.run.hardware import detect
+
+    if not fitting:
+        return None, False
+    default = runner.default_out_dir(suite)
+    out_dir = Path(args.out) if args.out else default.with_name("recommend-" + default.name)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(f"--out {out_dir}: directory is not empty; choose a new one")
+    names = [m.name for m in fitting]
+    rsuite = dataclasses.replace(rsuite, variants={k: rsuite.variants[k] for k in names},
+                                 overrides={k: rsuite.overrides[k] for k in names})  # fmt: skip
+    plan = runner.plan_runs(rsuite, out_dir, detect(), args.device)
+    print(
+        f"verlaudit recommend: {len(names)} candidate run(s) of {args.steps} steps on {plan.device} -> {out_dir}"
+    )
+    done, interrupted = runner.execute(plan, rsuite, out_dir, progress=not args.no_progress)
+    report_mod.write_report(out_dir)
+    for m in fitting:
+        if m.name in done:
+            measure(report_mod.read_run_safe(out_dir / m.name), m)
+    return out_dir, interrupted
