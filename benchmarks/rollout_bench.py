@@ -38,6 +38,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from trainer.rollout import StaticDecodeEngine  # noqa: E402
+
 GIB = 2**30
 ENGINES = (
     "ours_static",
@@ -58,6 +60,87 @@ DEFAULT_ENGINES = (
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def _compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (moves when a compiled call (re)compiles)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class TimedStaticDecodeEngine(StaticDecodeEngine):
+    """`StaticDecodeEngine` with this benchmark's instrumentation, outside the engine: after each
+    `generate`, ``last_stats`` holds prefill / decode / graph-capture / compile seconds and the decode
+    step counts; ``on_decode_ready(replay, state)``, if set, runs once after the first decode step
+    (``replay()`` runs one more step; the callee restores ``state``). Steps that capture or compile
+    are timed apart from ``decode_s``, and so is the hook."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_decode_ready = None
+        self.last_stats: dict[str, float] = {}
+        self._t: dict[str, float] = {}
+        inner = self._decode_forward
+
+        def forward(*a):
+            if not self._t.get("compile_pending"):
+                return inner(*a)
+            # the first compiled call of a generate() compiles when the shapes are new: time it
+            # apart (outside any capture: with cuda_graphs it is the warm-up run)
+            self._t["compile_pending"] = 0.0
+            graphs, c0 = _compiled_graphs(), self._sync()
+            out = inner(*a)
+            if _compiled_graphs() != graphs:
+                self._t["compile_s"] = self._sync() - c0
+            return out
+
+        self._decode_forward = forward
+
+    def _sync(self) -> float:
+        _sync(self.device)
+        return time.perf_counter()
+
+    def _decode(self, prompt_ids, prompt_mask, pad, eos):
+        self._t = {
+            "compile_pending": float(self.compile),
+            "compile_s": 0.0,
+            "capture_s": 0.0,
+            "hook_s": 0.0,
+        }
+        t0 = self._sync()
+        tokens, logprobs = super()._decode(prompt_ids, prompt_mask, pad, eos)
+        t = self._t
+        n, graphs, compile_s = tokens.shape[1], self.cuda_graphs, t["compile_s"]
+        # steps inside decode_s: the capture's warm-up step and a compiling step are timed apart
+        timed = (n - 1) - (1 if graphs and n > 1 else 0) - (1 if compile_s and not graphs else 0)
+        self.last_stats = {
+            "prefill_s": t["t1"] - t0,
+            "decode_s": t["t2"] - t["t1"] - t["capture_s"] - t["hook_s"] - (0.0 if graphs else compile_s),
+            "capture_s": max(t["capture_s"] - compile_s, 0.0) if graphs else 0.0,
+            "compile_s": compile_s,
+            "decode_steps": float(n - 1),
+            "timed_steps": float(max(timed, 0)),
+        }
+        return tokens, logprobs
+
+    def _decode_loop(self, step, st, r):
+        self._t["t1"] = self._sync()
+        n = super()._decode_loop(step, st, r)
+        self._t["t2"] = self._sync()
+        return n
+
+    def _capture(self, step):
+        c0 = time.perf_counter()
+        graph = super()._capture(step)
+        self._t["capture_s"] = self._sync() - c0
+        return graph
+
+    def _decode_ready(self, replay, state) -> None:
+        if self.on_decode_ready is not None:
+            h0 = self._sync()
+            self.on_decode_ready(replay, state)
+            self._t["hook_s"] = self._sync() - h0
 
 
 def environment(dev: torch.device) -> dict:
@@ -145,7 +228,7 @@ def make_runner(name: str, model, tok, policy, dev: torch.device, new: int):
     engine object (None for HF's static generate)."""
     from transformers import GenerationConfig
 
-    from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
+    from trainer.rollout import HFGenerateEngine
 
     if name == "hf_static":
         # HF's own static-cache generate, the issue's 3.7K tokens/s reference; plain sampling. Its
@@ -177,7 +260,7 @@ def make_runner(name: str, model, tok, policy, dev: torch.device, new: int):
         engine = HFGenerateEngine(model, tok, policy, **kw)
     else:
         graphs, compiled, fused = "_graphs" in name, name.endswith("_compiled"), "_fused" in name
-        engine = StaticDecodeEngine(
+        engine = TimedStaticDecodeEngine(
             model, tok, policy, cuda_graphs=graphs, compile=compiled, fused=fused, **kw
         )
 

@@ -19,12 +19,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config, Qwen3Config
 
-from tests.test_rollout_fast import TOK, R, _actor, _assert_graph_replays_eager, _assert_same, _batch
+from tests.test_rollout_fast import (
+    TOK,
+    R,
+    TimedStaticDecodeEngine,
+    _actor,
+    _assert_graph_replays_eager,
+    _assert_same,
+    _batch,
+)
 from trainer import decode_attention as DA
 from trainer import fused_decode
 from trainer.config import TrainConfig
+from trainer.engines import build_engine
 from trainer.logprobs import causal_mask_with_self
-from trainer.rollout import HFGenerateEngine, StaticDecodeEngine, build_engine
+from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
 
 CPU = torch.device("cpu")
 
@@ -219,7 +228,9 @@ def test_compiled_fused_decode_gives_the_eager_tokens():
     actor, policy = _actor(eos_bias=1.0)
     batch = _batch()
     eager = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, fused=True)
-    compiled = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, fused=True, compile=True)
+    compiled = TimedStaticDecodeEngine(
+        actor, TOK, policy, device=CPU, max_new_tokens=R, fused=True, compile=True
+    )
     a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=0)
     b = compiled.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=0)
     assert torch.equal(a.response_ids, b.response_ids)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainer.config import DataConfig, ModelConfig
 from trainer.data import PromptCollator, load_examples
@@ -84,6 +86,42 @@ def test_top_k_log_probs_are_renormalised():
     assert (rank[m] < 3).all()
 
 
+def test_top_p_log_probs_are_renormalised_over_the_nucleus():
+    actor, engine, batch = _setup(temperature=0.8, top_p=0.3)
+    r = engine.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=0)
+    with torch.no_grad():
+        logits = actor(r.input_ids, attention_mask=r.attention_mask).logits[:, -7:-1].float() / 0.8
+    probs = logits.softmax(-1)
+    m = r.response_mask.bool()
+    for i, j in m.nonzero().tolist():
+        # plain nucleus: the most probable tokens, taken while the mass before them is below 0.3
+        order = probs[i, j].argsort(descending=True).tolist()
+        kept, before = [], 0.0
+        for t in order:
+            if before >= 0.3:
+                break
+            kept.append(t)
+            before += float(probs[i, j, t])
+        token = int(r.response_ids[i, j])
+        assert token in kept and 1 < len(kept) < len(order)
+        expected = float(probs[i, j, token].log() - probs[i, j, kept].sum().log())
+        assert float(r.logprobs[i, j]) == pytest.approx(expected, abs=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), p=st.sampled_from([0.1, 0.5, 0.9, 0.99]), vocab=st.integers(2, 200))
+def test_top_p_is_transformers_top_p(seed, p, vocab):
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from trainer.rollout import _TopP
+
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    ours = _TopP(p)(None, logits.clone())
+    ref = TopPLogitsWarper(p)(None, logits.clone())
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    torch.testing.assert_close(ours.log_softmax(-1), ref.log_softmax(-1))
+
+
 def test_bf16_rollout_of_fp32_actor_generates_under_autocast():
     actor, engine, batch = _setup("bf16")
     assert next(actor.parameters()).dtype == torch.float32
@@ -108,5 +146,7 @@ def test_engine_argument_errors():
     policy = resolve_policy("fp32")["rollout"]
     with pytest.raises(ValueError, match="algo.temperature: must be > 0"):
         HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=4, temperature=0.0)
+    with pytest.raises(ValueError, match=r"rollout.top_p: must be in \(0, 1\]"):
+        HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError, match="algo.top_k: must be >= 0"):
         HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=4, top_k=-1)

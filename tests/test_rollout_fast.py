@@ -15,12 +15,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# the engine keeps no timing of its own: the benchmark's subclass records steps, capture and compile
+from benchmarks.rollout_bench import TimedStaticDecodeEngine
 from trainer.config import DataConfig, ModelConfig, TrainConfig
 from trainer.data import PromptCollator, load_examples
+from trainer.engines import build_engine
 from trainer.logprobs import sequence_logprobs
 from trainer.models import build_causal_lm
 from trainer.precision import resolve_policy
-from trainer.rollout import HFGenerateEngine, StaticDecodeEngine, build_engine
+from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
 from trainer.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()
@@ -47,7 +50,7 @@ def _batch(n=3):
 
 def _both(actor, policy, device=CPU, **kw):
     hf = HFGenerateEngine(actor, TOK, policy, device=device, max_new_tokens=R, **kw)
-    fast = StaticDecodeEngine(actor, TOK, policy, device=device, max_new_tokens=R, **kw)
+    fast = TimedStaticDecodeEngine(actor, TOK, policy, device=device, max_new_tokens=R, **kw)
     return hf, fast
 
 
@@ -58,7 +61,15 @@ def _assert_same(a, b, atol=1e-5):
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("kw", [{}, {"temperature": 0.6}, {"temperature": 0.6, "top_k": 5}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"temperature": 0.6},
+        {"temperature": 0.6, "top_k": 5},
+        {"temperature": 0.6, "top_k": 50, "top_p": 0.5},
+    ],
+)
 def test_static_engine_matches_hf_generate(kw):
     actor, policy = _actor()
     hf, fast = _both(actor, policy, **kw)
@@ -69,7 +80,7 @@ def test_static_engine_matches_hf_generate(kw):
     _assert_same(a, b)
     assert fast.name == "static-decode" and fast.last_stats["decode_steps"] == R - 1
     if fast.top_k:
-        return  # top-k renormalisation is checked against recomputation in tests/test_rollout.py
+        return  # top-k / top-p renormalisation is checked against recomputation in tests/test_rollout.py
     with torch.no_grad():
         lp, _ = sequence_logprobs(actor, b.input_ids, b.attention_mask, R, temperature=hf.temperature)
     m = b.response_mask.bool()
@@ -172,7 +183,7 @@ def test_cuda_graph_decode_replays_the_eager_loop(preset):
     cuda = torch.device("cuda")
     actor, policy = _actor(preset, device=cuda, eos_bias=1.0)
     eager = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R)
-    graphs = StaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R, cuda_graphs=True)
+    graphs = TimedStaticDecodeEngine(actor, TOK, policy, device=cuda, max_new_tokens=R, cuda_graphs=True)
     _assert_graph_replays_eager(eager, graphs)
     assert graphs.name == "static-decode+cuda-graphs" and graphs.last_stats["capture_s"] > 0
 
@@ -227,7 +238,7 @@ def test_decode_hook_sees_every_buffer_the_step_advances():
     missed a buffer the step advances, the run would differ from one without the hook."""
     actor, policy = _actor(eos_bias=1.0)
     batch = _batch()
-    engine = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
+    engine = TimedStaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
     plain = engine.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=3)
     calls = []
 
@@ -269,7 +280,7 @@ def test_compiled_decode_gives_the_eager_tokens():
     actor, policy = _actor(eos_bias=1.0)
     batch = _batch()
     eager = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
-    compiled = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, compile=True)
+    compiled = TimedStaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, compile=True)
     for seed in (0, 1):
         a = eager.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=seed)
         b = compiled.generate(batch["input_ids"], batch["attention_mask"], num_samples=2, generator_seed=seed)
@@ -293,7 +304,7 @@ def test_compiled_step_captured_replays_the_compiled_eager_loop(preset):
     actor, policy = _actor(preset, device=cuda, eos_bias=1.0)
     kw = dict(device=cuda, max_new_tokens=R, compile=True)
     eager = StaticDecodeEngine(actor, TOK, policy, **kw)
-    graphs = StaticDecodeEngine(actor, TOK, policy, cuda_graphs=True, **kw)
+    graphs = TimedStaticDecodeEngine(actor, TOK, policy, cuda_graphs=True, **kw)
     assert graphs.name == "static-decode+compile+cuda-graphs"
     _assert_graph_replays_eager(eager, graphs)
     assert graphs.last_stats["capture_s"] > 0 and graphs.last_stats["compile_s"] == 0

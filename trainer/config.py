@@ -445,44 +445,58 @@ class AlgoConfig(_Section):
 
     def _check_unused(self) -> None:
         """A key set away from its default where nothing reads it is a mistake, not a no-op."""
-        rl, est, mode, dpo = self.name != "dpo", self.estimator, self.loss_mode, self.dpo_loss
-        in_effect = {
-            "kl_coef": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_penalty": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_ctrl_type": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_ctrl_target_kl": (self.use_kl_in_reward and self.kl_ctrl_type == "adaptive",
-                                  "needs use_kl_in_reward: true and kl_ctrl_type: adaptive"),
-            "kl_ctrl_horizon": (self.use_kl_in_reward and self.kl_ctrl_type == "adaptive",
-                                "needs use_kl_in_reward: true and kl_ctrl_type: adaptive"),
-            "kl_loss_coef": (self.use_kl_loss, "needs use_kl_loss: true"),
-            "kl_loss_type": (self.use_kl_loss, "needs use_kl_loss: true"),
-            "use_kl_in_reward": (rl, "DPO's reference enters through its loss; remove it"),
-            "use_kl_loss": (rl, "DPO's reference enters through its loss; remove it"),
-            "clip_ratio": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_low": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_high": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_c": (rl and mode == "vanilla", "dual-clip is loss_mode vanilla's only"),
-            "clip_cov_ratio": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "clip_cov_lb": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "clip_cov_ub": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "kl_cov_ratio": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
-            "ppo_kl_coef": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
-            "loss_mode": (rl, "DPO's loss is dpo_loss"),
-            "loss_agg_mode": (rl, "DPO averages its per-pair losses, as TRL does"),
-            "loss_scale_factor": (rl and self.loss_agg_mode == "seq-mean-token-sum-norm",
-                                  "needs loss_agg_mode: seq-mean-token-sum-norm"),
-            "norm_adv_by_std_in_grpo": (est in ("grpo", "grpo_passk"), "needs adv_estimator grpo or grpo_passk"),
-            "cliprange_value": (self.name == "ppo", "only the PPO critic's loss reads it"),
-            "vf_coef": (self.name == "ppo", "only the PPO critic's loss reads it"),
-            "dpo_loss": (not rl, "needs algo.name: dpo"),
-            "label_smoothing": (not rl and dpo in ("sigmoid", "robust", "exo_pair"),
-                                "read by dpo_loss sigmoid, robust and exo_pair only"),
-            "discopop_tau": (not rl and dpo == "discopop", "needs dpo_loss: discopop"),
-        }  # fmt: skip
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for key, (used, why) in in_effect.items():
-            value = getattr(self, key)
-            _check(used or value == defaults[key], key, f"set to {value!r} but nothing reads it: {why}")
+        for key, why in unread_algo_keys(values).items():
+            value = values[key]
+            _check(value == defaults[key], key, f"set to {value!r} but nothing reads it: {why}")
+
+
+def unread_algo_keys(algo: Mapping[str, Any]) -> dict[str, str]:
+    """The algo options nothing reads under the others' values -> why (``algo``: every AlgoConfig field,
+    as plain data). `AlgoConfig` refuses such a key set away from its default; ``verlaudit from-verl``
+    reports it as ignored, as verl ignores it."""
+    name, mode, dpo = algo["name"], algo["loss_mode"], algo["dpo_loss"]
+    rl = name != "dpo"
+    est = None if not rl else algo["adv_estimator"] or ("gae" if name == "ppo" else "grpo")
+    in_reward, adaptive = algo["use_kl_in_reward"], algo["kl_ctrl_type"] == "adaptive"
+    needs_reward, needs_adaptive = (
+        "needs use_kl_in_reward: true",
+        "needs use_kl_in_reward: true and kl_ctrl_type: adaptive",
+    )
+    clipped = (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}")
+    in_effect = {
+        "kl_coef": (in_reward, needs_reward),
+        "kl_penalty": (in_reward, needs_reward),
+        "kl_ctrl_type": (in_reward, needs_reward),
+        "kl_ctrl_target_kl": (in_reward and adaptive, needs_adaptive),
+        "kl_ctrl_horizon": (in_reward and adaptive, needs_adaptive),
+        "kl_loss_coef": (algo["use_kl_loss"], "needs use_kl_loss: true"),
+        "kl_loss_type": (algo["use_kl_loss"], "needs use_kl_loss: true"),
+        "use_kl_in_reward": (rl, "DPO's reference enters through its loss; remove it"),
+        "use_kl_loss": (rl, "DPO's reference enters through its loss; remove it"),
+        "clip_ratio": clipped,
+        "clip_ratio_low": clipped,
+        "clip_ratio_high": clipped,
+        "clip_ratio_c": (rl and mode == "vanilla", "dual-clip is loss_mode vanilla's only"),
+        "clip_cov_ratio": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "clip_cov_lb": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "clip_cov_ub": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "kl_cov_ratio": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
+        "ppo_kl_coef": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
+        "loss_mode": (rl, "DPO's loss is dpo_loss"),
+        "loss_agg_mode": (rl, "DPO averages its per-pair losses, as TRL does"),
+        "loss_scale_factor": (rl and algo["loss_agg_mode"] == "seq-mean-token-sum-norm",
+                              "needs loss_agg_mode: seq-mean-token-sum-norm"),
+        "norm_adv_by_std_in_grpo": (est in ("grpo", "grpo_passk"), "needs adv_estimator grpo or grpo_passk"),
+        "cliprange_value": (name == "ppo", "only the PPO critic's loss reads it"),
+        "vf_coef": (name == "ppo", "only the PPO critic's loss reads it"),
+        "dpo_loss": (not rl, "needs algo.name: dpo"),
+        "label_smoothing": (not rl and dpo in ("sigmoid", "robust", "exo_pair"),
+                            "read by dpo_loss sigmoid, robust and exo_pair only"),
+        "discopop_tau": (not rl and dpo == "discopop", "needs dpo_loss: discopop"),
+    }  # fmt: skip
+    return {key: why for key, (used, why) in in_effect.items() if not used}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -531,31 +545,216 @@ class PrecisionConfig(_Section):
         return policy
 
 
+ENGINES = ("hf", "static", "fused", "vllm")
+"""Rollout engines: ``hf`` (HF ``generate``), ``static`` (our decode loop over a preallocated cache),
+``fused`` (that loop over our own fused forward), ``vllm`` (vLLM in-process, weights pushed per step)."""
+_ENGINE_CACHE = {"hf": "dynamic", "static": "static", "fused": "static", "vllm": None}
+"""The ``rollout.cache`` each engine implies (vLLM keeps its own paged cache)."""
+
+
+def resolve_engine(
+    engine: str | None,
+    cache: str | None,
+    fused: bool | None,
+    *,
+    cuda_graphs: bool = False,
+    compile: bool = False,
+    where: str = "rollout",
+) -> str:
+    """The engine ``rollout.engine`` names or, unset, the one the older ``rollout.cache`` /
+    ``rollout.fused`` keys select; ValueError (naming ``where``) when the keys contradict each other."""
+    at = f"{where}." if where else ""
+    if cache is not None and cache not in ("dynamic", "static"):
+        raise ValueError(f"{at}cache: {cache!r}; expected dynamic or static")
+    if engine is None:
+        if fused and cache != "static":
+            raise ValueError(f"{at}fused: needs rollout.cache: static (or rollout.engine: fused)")
+        engine = "fused" if fused else ("static" if cache == "static" else "hf")
+    elif engine not in ENGINES:
+        raise ValueError(f"{at}engine: {engine!r}; expected one of {', '.join(ENGINES)}")
+    else:
+        implied = _ENGINE_CACHE[engine]
+        if cache is not None and cache != implied:
+            raise ValueError(
+                f"{at}cache: {cache!r} contradicts rollout.engine: {engine} (which "
+                + (f"uses a {implied} cache" if implied else "keeps its own paged KV cache")
+                + "); remove rollout.cache"
+            )
+        if fused is not None and fused != (engine == "fused"):
+            raise ValueError(
+                f"{at}fused: {str(fused).lower()} contradicts rollout.engine: {engine}; remove rollout.fused"
+            )
+    for key, on in (("cuda_graphs", cuda_graphs), ("compile", compile)):
+        if on and engine not in ("static", "fused"):
+            raise ValueError(
+                f"{at}{key}: needs rollout.cache: static (rollout.engine: static or fused), "
+                f"not rollout.engine: {engine}"
+            )
+    return engine
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig(_Section):
-    cache: str = "dynamic"
-    """``dynamic``: HF ``generate``; ``static``: our decode loop over a preallocated KV cache
-    (`trainer.rollout.StaticDecodeEngine`, same tokens for the same seed)."""
+    engine: str | None = None
+    """``hf``, ``static``, ``fused`` or ``vllm`` (`ENGINES`). Unset: chosen by ``cache`` and ``fused``
+    as before this key existed (``hf`` unless ``cache: static``); `kind` is the engine either way. The
+    keys stay as written (a suite variant may set ``engine`` over a base that set none)."""
+    cache: str | None = None
+    """Older spelling of the engine: ``dynamic`` (``engine: hf``) or ``static`` (``engine: static``,
+    or ``fused`` with ``fused: true``). Unset: follows ``engine``."""
     cuda_graphs: bool = False
-    """Capture the single-token decode step as a CUDA graph (needs ``cache: static`` and CUDA; not
-    with several ranks, where each decode step contains FSDP2 all-gathers that cannot be captured)."""
+    """Capture the single-token decode step as a CUDA graph (needs ``engine: static`` or ``fused`` and
+    CUDA; not with several ranks, where each decode step contains FSDP2 all-gathers that cannot be
+    captured, except ``fused``)."""
     compile: bool = False
     """``torch.compile`` (Inductor, whole graph, static shapes) the single-token decode forward of
-    ``cache: static``, so norms, rotary, SiLU-mul and residual adds fuse between the GEMMs; with
-    ``cuda_graphs`` the compiled step is captured too. Compiles once per process and batch shape
+    ``engine: static`` / ``fused``, so norms, rotary, SiLU-mul and residual adds fuse between the GEMMs;
+    with ``cuda_graphs`` the compiled step is captured too. Compiles once per process and batch shape
     (tens of seconds for a 7B model; the prefill stays eager)."""
-    fused: bool = False
-    """``cache: static`` decodes with our own forward (`trainer.fused_decode`, Llama / Mistral / Qwen2
-    layouts) over a snapshot of the actor's weights cast to the rollout dtype once per rollout, q/k/v
-    and gate/up fused into one GEMM each, attention reading only the written cache slots: what an
-    inference engine loaded with the synced weights computes. Holds the snapshot during the rollout
-    (the fused projections, plus every weight whose dtype differs from the rollout's)."""
+    fused: bool | None = None
+    """Older spelling of ``engine: fused`` (with ``cache: static``): our decode loop with our own
+    forward (`trainer.fused_decode`, Llama / Mistral / Qwen2 layouts) over a snapshot of the actor's
+    weights cast to the rollout dtype once per rollout, q/k/v and gate/up fused into one GEMM each,
+    attention reading only the written cache slots: what an inference engine loaded with the synced
+    weights computes. Holds the snapshot during the rollout."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p`` (after
+    ``algo.temperature`` and ``algo.top_k``), every engine; 1 disables. The recorded rollout log-probs
+    are those of the distribution actually sampled from (renormalised over the kept tokens)."""
+    vllm_kv_cache_gib: int = 1
+    """``engine: vllm`` on CPU: KV-cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``)."""
+    vllm_probe_tokens: int = 16
+    """``engine: vllm``: after each weight push, the engine's teacher-forced log-probs of this many
+    fixed tokens are compared with the actor's own (``rollout/weight_sync_probe_*``); 0 skips it."""
+
+    @property
+    def kind(self) -> str:
+        """The engine these keys select (`ENGINES`)."""
+        return resolve_engine(
+            self.engine, self.cache, self.fused, cuda_graphs=self.cuda_graphs, compile=self.compile, where=""
+        )
 
     def __post_init__(self) -> None:
-        _check(self.cache in ("dynamic", "static"), "cache", f"{self.cache!r}; expected dynamic or static")
-        _check(not self.cuda_graphs or self.cache == "static", "cuda_graphs", "needs rollout.cache: static")
-        _check(not self.compile or self.cache == "static", "compile", "needs rollout.cache: static")
-        _check(not self.fused or self.cache == "static", "fused", "needs rollout.cache: static")
+        self.kind  # noqa: B018 - validates the engine keys together (ValueError naming the field)
+        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(
+            self.vllm_kv_cache_gib >= 1, "vllm_kv_cache_gib", f"must be >= 1, got {self.vllm_kv_cache_gib}"
+        )
+        _check(
+            self.vllm_probe_tokens >= 0, "vllm_probe_tokens", f"must be >= 0, got {self.vllm_probe_tokens}"
+        )
+
+
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_OPTIONS = (
+    "token_k1", "token_k2", "token_k3",
+    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
+    "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+"""verl's ``rollout_rs`` options: a divergence estimator (k1 = log rollout/train ratio, k2, k3) per
+token, or its sum / mean / max over each sequence."""
+ROLLOUT_RS_ALIASES = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+"""verl's earlier ``rollout_rs`` names (ratio bounds [1/C, C] per token, on the sequence's product
+of ratios, on their geometric mean): the same tests as these k1 options with ``C`` as threshold."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig(_Section):
+    """verl's ``algorithm.rollout_correction`` (its names and defaults): importance weights and
+    rejection of tokens / sequences where the rollout engine's log-probs disagree with the trainer's
+    recomputed ones (`trainer.mismatch.rollout_correction`). The defaults correct nothing; the
+    mismatch metrics are logged for every engine either way."""
+
+    rollout_is: str | None = None
+    """Truncated importance sampling: ``token`` (w_t = min(pi_train / pi_rollout, C) per token) or
+    ``sequence`` (the product over the sequence, truncated at C, on every token); unset: none.
+    The weights (detached) multiply each token's policy-gradient loss."""
+    rollout_is_threshold: float = 2.0
+    """C, the truncation of the importance weights (verl's default 2.0). Also the bound of the
+    always-on ``rollout_corr/token_ratio_fraction_outside`` metric ([1/C, C])."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the truncated weights by their batch mean (per token or per sequence), so they average 1."""
+    rollout_rs: str | None = None
+    """Rejection (masking): comma-separated `ROLLOUT_RS_OPTIONS` (or verl's earlier ``token``,
+    ``sequence``, ``geometric``); a token or sequence failing any of them leaves the response mask used
+    by the advantages and both updates. Unset: none."""
+    rollout_rs_threshold: str | float | None = None
+    """Required with ``rollout_rs``: one threshold for all options or one per option (comma-separated).
+    k1 options take ratio bounds ``lower_upper`` or one upper bound U (lower 1/U); k2 / k3 options an
+    upper bound on the divergence."""
+
+    def __post_init__(self) -> None:
+        if self.rollout_is is not None:
+            _check(
+                self.rollout_is in ROLLOUT_IS_LEVELS,
+                "rollout_is",
+                f"{self.rollout_is!r}; expected token, sequence or null",
+            )
+        _check(
+            self.rollout_is_threshold > 0,
+            "rollout_is_threshold",
+            f"must be > 0, got {self.rollout_is_threshold}",
+        )
+        if self.rollout_rs is None:
+            _check(self.rollout_rs_threshold is None, "rollout_rs_threshold", "set without rollout_rs")
+            return
+        _check(
+            self.rollout_rs_threshold is not None,
+            "rollout_rs_threshold",
+            f"required with rollout_rs: {self.rollout_rs} (verl has no default)",
+        )
+        self.rs_thresholds()  # validates the options and their thresholds once, here
+
+    def rs_options(self) -> list[str]:
+        """The ``rollout_rs`` options, aliases resolved, in order, without repeats."""
+        out: list[str] = []
+        for raw in str(self.rollout_rs or "").split(","):
+            opt = ROLLOUT_RS_ALIASES.get(raw.strip(), raw.strip())
+            if not opt:
+                continue
+            _check(
+                opt in ROLLOUT_RS_OPTIONS,
+                "rollout_rs",
+                f"unknown option {raw.strip()!r}; expected some of {', '.join(ROLLOUT_RS_OPTIONS)} "
+                f"(or {', '.join(ROLLOUT_RS_ALIASES)})",
+            )
+            if opt not in out:
+                out.append(opt)
+        _check(bool(out), "rollout_rs", "names no option")
+        return out
+
+    def rs_thresholds(self) -> dict[str, tuple[float | None, float]]:
+        """``option -> (lower, upper)``: ratio bounds for k1 options, (None, max divergence) otherwise."""
+        options = self.rs_options()
+        spec = self.rollout_rs_threshold
+        parts = [p.strip() for p in spec.split(",") if p.strip()] if isinstance(spec, str) else [str(spec)]
+        _check(
+            len(parts) in (1, len(options)),
+            "rollout_rs_threshold",
+            f"{len(parts)} thresholds for {len(options)} rollout_rs options; give one, or one per option",
+        )
+        parts = parts * len(options) if len(parts) == 1 else parts
+        out: dict[str, tuple[float | None, float]] = {}
+        for opt, part in zip(options, parts):
+            try:
+                nums = [float(x) for x in part.split("_")]
+            except ValueError:
+                raise ValueError(f"rollout_rs_threshold: {part!r} for {opt} is not a number") from None
+            k1 = opt.endswith("k1")
+            _check(
+                len(nums) == 1 or (k1 and len(nums) == 2),
+                "rollout_rs_threshold",
+                f"{part!r} for {opt}: " + ("lower_upper or one upper bound" if k1 else "one upper bound"),
+            )
+            _check(all(n > 0 for n in nums), "rollout_rs_threshold", f"{part!r} for {opt}: must be > 0")
+            if k1:
+                lower, upper = (nums[0], nums[1]) if len(nums) == 2 else (1.0 / nums[0], nums[0])
+                _check(lower < upper, "rollout_rs_threshold", f"{part!r} for {opt}: lower must be < upper")
+                out[opt] = (lower, upper)
+            else:
+                out[opt] = (None, nums[0])
+        return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -565,6 +764,9 @@ class TrainConfig(_Section):
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
     precision: PrecisionConfig = dataclasses.field(default_factory=PrecisionConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
+    """verl's ``algorithm.rollout_correction``: importance weights / rejection against the rollout
+    engine's mismatch (PPO and GRPO)."""
     steps: int = 20
     """Training steps (one rollout batch + its update epochs, or one DPO batch)."""
     seed: int = 0
@@ -585,8 +787,29 @@ class TrainConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
-        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"), "device",
-               f"{self.device!r}; expected auto, cpu, cuda or cuda:N")  # fmt: skip
+        _check(
+            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            "device",
+            f"{self.device!r}; expected auto, cpu, cuda or cuda:N",
+        )
         # literal keys of trainer.distributed.SHARDING: config must not import torch.distributed
-        _check(self.sharding in ("full_shard", "shard_grad_op"), "sharding",
-               f"{self.sharding!r}; expected full_shard or shard_grad_op")  # fmt: skip
+        _check(
+            self.sharding in ("full_shard", "shard_grad_op"),
+            "sharding",
+            f"{self.sharding!r}; expected full_shard or shard_grad_op",
+        )
+        rc = self.rollout_correction
+        if rc.rollout_is is not None or rc.rollout_rs is not None:
+            _check(
+                self.algo.name != "dpo",
+                "rollout_correction",
+                "DPO has no rollout to correct; remove rollout_correction",
+            )
+        # the IS weights scale each token's advantage (trainer.mismatch.weighted_advantages); these two
+        # losses pick tokens by the advantages' covariance, so the scaled ones would pick others
+        _check(
+            rc.rollout_is is None or self.algo.loss_mode not in ("clip_cov", "kl_cov"),
+            "rollout_correction.rollout_is",
+            f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages, which "
+            "the weights would change); use rollout_rs alone, or another loss_mode",
+        )

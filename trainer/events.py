@@ -10,6 +10,8 @@ Call order, for every algorithm:
     for each step:
         on_step_start(step)
         with phase("rollout"):          generation (PPO, GRPO); DPO has no rollout phase
+            on_weight_sync(...)         an engine with its own copy of the weights (vLLM) got the
+                                        actor's current ones (none for engines sampling the actor)
             on_batch(...)               after the collator, before any model sees the batch
             on_rollout(...)             tokens and rollout log-probs from the engine
         with phase("reward"):  on_reward(...)
@@ -81,6 +83,29 @@ class Observer:
         logprobs: torch.Tensor,
     ) -> None:
         """The rollout engine produced responses and the log-probs it sampled them with."""
+
+    def on_weight_sync(
+        self,
+        *,
+        engine: str,
+        engine_dtype: torch.dtype,
+        seconds: float,
+        nbytes: int,
+        tensors: int,
+        cast: Mapping[str, int],
+        mismatched: list[Mapping[str, str]],
+        probe_tokens: int,
+        probe_max_abs_diff: float | None = None,
+        probe_mean_abs_diff: float | None = None,
+        probe_change: float | None = None,
+    ) -> None:
+        """The actor's weights were pushed into the rollout engine (before a rollout, so after every
+        update): ``seconds`` and ``nbytes`` of the push, ``tensors`` pushed, ``cast`` counts by
+        ``"float32->bfloat16"``, ``mismatched`` lists ``{name, reason}`` for parameters that did not
+        match the engine by name, shape or dtype. The probe: the engine's teacher-forced log-probs of
+        ``probe_tokens`` fixed tokens against the actor's own in the engine dtype (max / mean abs
+        difference), and ``probe_change``, how far they moved since the previous push (None at the
+        first)."""
 
     def on_reward(
         self,

@@ -18,8 +18,10 @@ from trainer import losses as L
 from trainer.common import Resolved, StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
+from trainer.mismatch import weighted_advantages
 from trainer.ppo import (
     actor_logprobs,
+    correct_rollout,
     generate,
     kl_controller,
     prepare,
@@ -62,25 +64,31 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
 
         with observer.phase("actor_update"):
             with torch.no_grad():
-                old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
+                old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
-            metrics = rollout_metrics(rollout, old_logprobs)
+            metrics = rollout_metrics(
+                rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
+            )
             token_rewards, kl_metrics = shaped_rewards(
                 setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
             )
             metrics.update(kl_metrics)
+            # verl's rollout correction, between the KL reward and the advantages (see trainer.ppo.run)
+            train, is_weights, corr_metrics = correct_rollout(setup, rollout, old_logprobs)
+            metrics.update(corr_metrics)
             advantages, returns = A.compute_advantages(
                 algo.estimator,
                 token_rewards,
-                mask,
+                train.response_mask,
                 index=A.group_index(mask.shape[0], g, mask.device),
                 reward_baselines=baselines,
                 gamma=algo.gamma,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
+            weighted = weighted_advantages(advantages, is_weights)
             metrics.update(
-                update_actor(setup, observer, rollout, old_logprobs, advantages, kl_ref_logprobs=kl_ref)
+                update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
 
         metrics.update({

@@ -37,8 +37,17 @@ from trainer.common import (
     position_ids_for,
     split_indices,
 )
-from trainer.config import AlgoConfig, TrainConfig
+from trainer.config import AlgoConfig, DataConfig, TrainConfig
 from trainer.events import Observer
+from trainer.mismatch import weighted_advantages
+
+
+def reward_where(data_cfg: DataConfig, reward_name: str) -> str:
+    """What a reward conversion error names: the config key, and for verl data the compute_score function
+    (``reward_name`` as `trainer.data.get_reward_fn` returns it)."""
+    if data_cfg.train_files is not None:
+        return f"data.compute_score ({reward_name.removeprefix('verl:')})"
+    return "data.reward_fn" if data_cfg.reward_fn else "data.task"
 
 
 def score_responses(
@@ -58,27 +67,37 @@ def score_responses(
     else:
         prompts = [ex["prompt"] for ex in examples]
         raw = reward_fn(prompts, rollout.responses_text(setup.tokenizer), examples)
-        where, source = (
-            "data.reward_fn" if setup.config.data.reward_fn else "data.task",
-            f"function:{reward_name}",
-        )
+        where, source = reward_where(setup.config.data, reward_name), f"function:{reward_name}"
     scores = convert_rewards(raw, b, setup.device, where)
     observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
     return scores
 
 
-def rollout_metrics(rollout, old_logprobs: torch.Tensor) -> dict[str, float]:
-    """Rollout vs training log-probs of the same tokens (verl ``rollout_corr/...``): a bf16 engine
-    feeding an fp32 trainer shows up here. ``kl`` is the k1 estimate of KL(rollout || actor)
-    (tokens were sampled by the rollout engine)."""
-    mask = rollout.response_mask
-    diff = rollout.logprobs.float() - old_logprobs
-    absdiff = diff.abs() * mask
-    return {
-        "rollout_corr/kl": float(L.masked_mean(diff, mask)),
-        "rollout_corr/abs_diff_mean": float(L.masked_mean(diff.abs(), mask)),
-        "rollout_corr/abs_diff_max": float(absdiff.max()) if absdiff.numel() else 0.0,
-    }
+def rollout_metrics(rollout, old_logprobs: torch.Tensor, entropy=None, ratio_bound: float = 2.0) -> dict:
+    """Rollout vs training log-probs of the same tokens (`trainer.mismatch.mismatch_metrics`: verl's
+    ``training/rollout_probs_diff_*`` and ``rollout_corr/...``, whatever the engine): a bf16 engine
+    feeding an fp32 trainer shows up here. Plus what the engine reported with the rollout (a weight
+    sync's ``rollout/weight_sync_*``)."""
+    from trainer.mismatch import mismatch_metrics
+
+    metrics = mismatch_metrics(
+        rollout.logprobs, old_logprobs, rollout.response_mask, entropy=entropy, ratio_bound=ratio_bound
+    )
+    return {**metrics, **rollout.metrics}
+
+
+def correct_rollout(setup: Setup, rollout, old_logprobs: torch.Tensor):
+    """verl's rollout correction (``rollout_correction``), between the KL reward and the advantages as
+    in verl: the rollout with rejected tokens out of its response mask (what GAE and both updates see),
+    the truncated importance weights (or None) and their ``rollout_corr/`` metrics."""
+    import dataclasses
+
+    from trainer.mismatch import rollout_correction
+
+    c = rollout_correction(
+        rollout.logprobs, old_logprobs, rollout.response_mask, setup.config.rollout_correction
+    )
+    return dataclasses.replace(rollout, response_mask=c.mask), c.weights, c.metrics
 
 
 def critic_values(critic, input_ids, attention_mask, response_length: int, left_padded=None) -> torch.Tensor:
@@ -287,6 +306,9 @@ def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
 
 def generate(setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1):
     """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times)."""
+    sync = engine.sync_weights()  # vLLM: the actor's weights after the last update, pushed and probed
+    if sync is not None:
+        observer.on_weight_sync(**sync)
     batch = collator(examples)
     observer.on_batch(role="actor", batch=batch, source=source)
     ids = batch["input_ids"].to(setup.device)
@@ -297,6 +319,10 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
         num_samples=num_samples,
         generator_seed=rollout_seed(setup.config.seed, step, setup.dist.rank),
     )
+    if sync is not None:
+        from trainer.vllm_engine import weight_sync_metrics
+
+        rollout.metrics.update(weight_sync_metrics(sync))
     observer.on_rollout(
         engine=engine.name,
         engine_dtype=engine.engine_dtype,
@@ -329,7 +355,7 @@ class Prepared:
 def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, critic: bool) -> Prepared:
     """Setup plus the data side of a rollout recipe: examples, collator, reward fn, engine(s), batches."""
     from trainer import data as D
-    from trainer.rollout import build_engine
+    from trainer.engines import build_engine
 
     algo = config.algo
     setup = build_setup(
@@ -339,13 +365,14 @@ def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, crit
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
     # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
-    if config.rollout.cuda_graphs and setup.dist.distributed and not config.rollout.fused:
+    kind = config.rollout.kind
+    if config.rollout.cuda_graphs and setup.dist.distributed and kind != "fused":
         raise ValueError(
             f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
             "all-gathers, which a CUDA graph cannot capture); set rollout.fused: true (decodes on a "
             "snapshot gathered once per rollout) or rollout.cuda_graphs: false"
         )
-    if config.rollout.compile and setup.dist.distributed and not config.rollout.fused:
+    if config.rollout.compile and setup.dist.distributed and kind != "fused":
         raise ValueError(
             f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
             "FSDP2 shards is untested here); set rollout.fused: true or rollout.compile: false"
@@ -360,13 +387,24 @@ def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, crit
             max_new_tokens=config.data.response_length,
             temperature=algo.temperature,
             top_k=top_k,
-            cache=config.rollout.cache,
+            top_p=config.rollout.top_p,
+            engine=kind,
             cuda_graphs=config.rollout.cuda_graphs,
             compile=config.rollout.compile,
-            fused=config.rollout.fused,
+            vllm={
+                "max_model_len": config.data.prompt_length + config.data.response_length,
+                "kv_cache_gib": config.rollout.vllm_kv_cache_gib,
+                "probe_tokens": config.rollout.vllm_probe_tokens,
+                "seed": config.seed,
+            },
         )
 
     # ReMax's baseline is verl's do_sample=False generation: keeping only the top logit is greedy decoding
+    if algo.estimator == "remax" and kind == "vllm":
+        raise ValueError(
+            "rollout.engine: vllm: not with algo.adv_estimator: remax yet (its greedy baseline is a second "
+            "engine, and vLLM allows one per process); use rollout.engine: hf, static or fused"
+        )
     greedy = engine(1) if algo.estimator == "remax" else None
     batches = D.iterate_batches(examples, algo.batch_size, seed=config.seed)
     return Prepared(setup, source, collator, reward_name, reward_fn, engine(algo.top_k), batches, greedy)
@@ -401,22 +439,29 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
 
         with observer.phase("actor_update"):
             with torch.no_grad():
-                old_logprobs, _ = actor_logprobs(setup, actor, rollout, entropy=False)
+                old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
-            metrics = rollout_metrics(rollout, old_logprobs)
+            metrics = rollout_metrics(
+                rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
+            )
             token_rewards, kl_metrics = shaped_rewards(
                 setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
             )
             metrics.update(kl_metrics)
+            # verl's order: the correction after the KL reward, before the advantages; rejected tokens
+            # leave the mask of GAE and of both updates (``train`` is ``rollout`` without a correction)
+            train, is_weights, corr_metrics = correct_rollout(setup, rollout, old_logprobs)
+            metrics.update(corr_metrics)
             advantages, returns = A.compute_advantages(
-                "gae", token_rewards, mask, values=values, gamma=algo.gamma, lam=algo.lam
+                "gae", token_rewards, train.response_mask, values=values, gamma=algo.gamma, lam=algo.lam
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
+            weighted = weighted_advantages(advantages, is_weights)
             metrics.update(
-                update_actor(setup, observer, rollout, old_logprobs, advantages, kl_ref_logprobs=kl_ref)
+                update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
         with observer.phase("critic_update"):
-            metrics.update(update_critic(setup, observer, rollout, values, returns))
+            metrics.update(update_critic(setup, observer, train, values, returns))
 
         metrics.update({
             "critic/score/mean": float(scores.mean()),

@@ -1,16 +1,17 @@
 """Rollout: sample responses from the actor with Hugging Face ``generate`` in the rollout role's dtype.
 
 The engine records, for every sampled token, its log-prob under the distribution it was actually
-sampled from (after temperature and top-k), in fp32, one step at a time: ``output_scores`` would keep
-a [B, V] fp32 tensor per generated token (gigabytes for a 7B rollout batch). Temperature and top-k
-are applied by our own logits processors placed last, followed by a recorder that sees the final
-scores; HF's own warpers are switched off so nothing runs after the recorder.
+sampled from (after temperature, top-k and top-p), in fp32, one step at a time: ``output_scores``
+would keep a [B, V] fp32 tensor per generated token (gigabytes for a 7B rollout batch). Temperature,
+top-k and top-p are applied by our own logits processors placed last, followed by a recorder that
+sees the final scores; HF's own warpers are switched off so nothing runs after the recorder.
 
 `StaticDecodeEngine` is the fast path: our own decode loop over the same HF model with a
 preallocated KV cache, sampling on device with the same ops in the same order as HF's sampler (same
 seed, same logits -> same tokens); optionally the whole decode step (forward, sampling, bookkeeping)
 captured once as a CUDA graph and replayed, and the single-token forward compiled by torch.compile
-(prefill stays eager). `build_engine` picks one from the ``rollout`` options.
+(prefill stays eager). `trainer.engines.build_engine` picks one from the ``rollout`` options
+(vLLM's, `trainer.vllm_engine.VLLMEngine`, included).
 Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
 ended, since each forward all-gathers parameter shards with the other ranks -- except with
 ``rollout.fused``, whose snapshot is gathered once per rollout, so its decode steps have no
@@ -24,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import time
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,9 @@ class Rollout:
     """Whether any row starts with padding (a left-padded prompt), read from the prompt mask once per
     rollout: the training forwards over its rows pass it on instead of reading each micro-batch's
     mask back from the device (`trainer.logprobs.attention_inputs`). None: not known."""
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Numbers the engine reports with this rollout (a weight sync's ``rollout/weight_sync_*``);
+    the recipe merges them into the step's metrics."""
 
     def responses_text(self, tokenizer) -> list[str]:
         """Decoded responses, special tokens (eos) and padding dropped."""
@@ -83,6 +86,42 @@ class _TopK(LogitsProcessor):
         k = min(self.k, scores.shape[-1])
         kth = torch.topk(scores, k, dim=-1).values[..., -1:]
         return scores.masked_fill(scores < kth, float("-inf"))
+
+
+class _TopP(LogitsProcessor):
+    """Nucleus sampling as HF's ``TopPLogitsWarper`` and vLLM's top-p do it: sort ascending, drop the
+    tokens whose cumulative probability stays <= 1 - p, always keep the most probable one."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        ordered, index = scores.sort(dim=-1)
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - self.p
+        drop[..., -1] = False
+        return scores.masked_fill(torch.zeros_like(drop).scatter(-1, index, drop), float("-inf"))
+
+
+def sampling_processors(temperature: float, top_k: int, top_p: float) -> list[LogitsProcessor]:
+    """What every engine applies to the fp32 logits before sampling, in HF's and vLLM's order."""
+    out: list[LogitsProcessor] = []
+    if temperature != 1.0:
+        out.append(_Temperature(temperature))
+    if top_k > 0:
+        out.append(_TopK(top_k))
+    if top_p < 1.0:
+        out.append(_TopP(top_p))
+    return out
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """ValueError naming the config field for sampling options no engine can honour."""
+    if temperature <= 0:
+        raise ValueError(f"algo.temperature: must be > 0 for sampling, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"algo.top_k: must be >= 0 (0 disables), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"rollout.top_p: must be in (0, 1] (1 disables), got {top_p}")
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -137,11 +176,9 @@ class HFGenerateEngine:
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int = 0,
+        top_p: float = 1.0,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"algo.temperature: must be > 0 for sampling, got {temperature}")
-        if top_k < 0:
-            raise ValueError(f"algo.top_k: must be >= 0 (0 disables), got {top_k}")
+        check_sampling(temperature, top_k, top_p)
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy
@@ -149,6 +186,7 @@ class HFGenerateEngine:
         self.max_new_tokens = int(max_new_tokens)
         self.temperature = float(temperature)
         self.top_k = int(top_k)
+        self.top_p = float(top_p)
         weights = next(model.parameters()).dtype
         if policy.autocast or policy.compute_dtype == weights:
             self.engine_dtype = policy.compute_dtype
@@ -169,6 +207,11 @@ class HFGenerateEngine:
                 f"{dtype_name(weights)} and autocast cannot upcast: generating in {dtype_name(weights)}"
             )
             self._autocast = False
+
+    def sync_weights(self) -> dict | None:
+        """Nothing to push: this engine samples with the actor's own parameters. (vLLM's engine holds a
+        copy and returns a record of the push, `trainer.vllm_engine.VLLMEngine.sync_weights`.)"""
+        return None
 
     def _autocast_ctx(self) -> contextlib.AbstractContextManager:
         if not self._autocast:
@@ -225,11 +268,7 @@ class HFGenerateEngine:
     def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The generated columns [B, n] and their log-probs, through ``model.generate``."""
         recorder = _LogprobRecorder(prompt_ids.shape[1])
-        processors = LogitsProcessorList()
-        if self.temperature != 1.0:
-            processors.append(_Temperature(self.temperature))
-        if self.top_k > 0:
-            processors.append(_TopK(self.top_k))
+        processors = LogitsProcessorList(sampling_processors(self.temperature, self.top_k, self.top_p))
         processors.append(recorder)
         # A fresh config: nothing from the model's generation_config (repetition penalty, top_k=50 ...)
         # may change the sampling distribution behind the recorder's back.
@@ -301,46 +340,6 @@ def _to_rollout(
     )
 
 
-CACHES = ("dynamic", "static")
-"""``dynamic``: ``model.generate`` (HF's growing cache); ``static``: `StaticDecodeEngine`."""
-
-
-def build_engine(
-    model: torch.nn.Module,
-    tokenizer,
-    policy: RolePolicy,
-    *,
-    device: str | torch.device,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    cache: str = "dynamic",
-    cuda_graphs: bool = False,
-    compile: bool = False,
-    fused: bool = False,
-) -> HFGenerateEngine:
-    """The rollout engine the ``rollout`` options ask for (``rollout.cache``, ``rollout.cuda_graphs``,
-    ``rollout.compile``, ``rollout.fused``)."""
-    if cache not in CACHES:
-        raise ValueError(f"rollout.cache: {cache!r}; expected one of {', '.join(CACHES)}")
-    kwargs = dict(device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)
-    if cache == "dynamic":
-        if cuda_graphs:
-            raise ValueError(
-                "rollout.cuda_graphs: needs rollout.cache: static (a growing cache cannot be captured)"
-            )
-        if compile:
-            raise ValueError(
-                "rollout.compile: needs rollout.cache: static (it compiles our single-token decode forward)"
-            )
-        if fused:
-            raise ValueError("rollout.fused: needs rollout.cache: static (it is our decode loop's forward)")
-        return HFGenerateEngine(model, tokenizer, policy, **kwargs)
-    return StaticDecodeEngine(
-        model, tokenizer, policy, cuda_graphs=cuda_graphs, compile=compile, fused=fused, **kwargs
-    )
-
-
 class _SlotLayer(StaticLayer):
     """One layer's preallocated K/V ``[B, H, P+R, D]``. ``update`` writes the new states at the cache
     slots the engine put in ``slots[0]`` (a device tensor), not at a position counted on the host, so
@@ -373,12 +372,12 @@ def _slot_cache(model: torch.nn.Module, max_len: int, slots: list[torch.Tensor])
 class StaticDecodeEngine(HFGenerateEngine):
     """Our own decode loop over the HF model: one eager prefill into a preallocated KV cache of
     ``prompt + max_new_tokens`` slots, then one single-token forward per new token, sampling on the
-    device with HF's sampling ops in HF's order (``logits.float()``, temperature, top-k, ``softmax``,
+    device with HF's sampling ops in HF's order (``logits.float()``, temperature, top-k, top-p, ``softmax``,
     the draw of ``multinomial``, finished rows forced to pad). The model sees explicit position ids
     (HF's: attention-mask cumsum) and an explicit 4D mask, so its forward has no host-side shape or
     data-dependent branch.
 
-    One decode step (`_DecodeStep`) is the whole token: advance position and cache slot, forward,
+    One decode step (``step`` in `_decode`) is the whole token: advance position and cache slot, forward,
     sample, write the token and its log-prob at a column index held on the device, update the
     unfinished rows. It reads and writes only static buffers, so with ``cuda_graphs`` it is captured
     once per call as a `torch.cuda.CUDAGraph` and the host loop only replays it (and checks "every row
@@ -441,11 +440,6 @@ class StaticDecodeEngine(HFGenerateEngine):
         self._decode_forward = (
             torch.compile(target, fullgraph=True, dynamic=False) if self.compile else target
         )
-        self.on_decode_ready = None
-        """For benchmarks: called once per `generate` after the first decode step with ``(replay,
-        state)``: ``replay()`` runs one more decode step (the graph's replay, or the eager step) and
-        ``state`` holds the static buffers it advances; the callee must restore them (clone + copy_)."""
-        self.last_stats: dict[str, float] = {}
 
     def _forward(self, ids, positions, mask, cache, slots) -> torch.Tensor:
         """Last-position logits of one forward that writes its K/V at ``slots``."""
@@ -462,10 +456,8 @@ class StaticDecodeEngine(HFGenerateEngine):
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's ``_sample`` step: returns the sampled tokens and the log-softmax they were drawn from."""
         scores = logits.float()
-        if self.temperature != 1.0:
-            scores = _Temperature(self.temperature)(None, scores)
-        if self.top_k > 0:
-            scores = _TopK(self.top_k)(None, scores)
+        for processor in sampling_processors(self.temperature, self.top_k, self.top_p):
+            scores = processor(None, scores)
         probs = torch.nn.functional.softmax(scores, dim=-1)
         # This is torch.multinomial(probs, 1) op for op (its one-sample path: q ~ Exp(1) shaped like
         # probs from the same generator, then argmax(probs / q)), so the same seed draws the same
@@ -484,11 +476,6 @@ class StaticDecodeEngine(HFGenerateEngine):
         unfinished.mul_((nxt != eos).long())
         st["tok"].copy_(nxt[:, None])
         st["col"].add_(1)
-
-    def _sync(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def _capture(self, step) -> torch.cuda.CUDAGraph:
         """Captures ``step`` (which reads and advances only the static buffers). CUDA graphs need a
@@ -547,51 +534,19 @@ class StaticDecodeEngine(HFGenerateEngine):
 
     def _decode(self, prompt_ids, prompt_mask, pad: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
         (b, p), r = prompt_ids.shape, self.max_new_tokens
-        t0 = self._sync()
         backend = (_FusedForward if self.fused else _HFForward)(self, b, p, r)
         logits, st = self._prefill(prompt_ids, prompt_mask, backend)
         self._write(st, logits, pad, eos)  # column 0 from the prefill's logits
-        first = {"pending": self.compile, "compile_s": 0.0}
-
-        def forward(*args) -> torch.Tensor:
-            if not first["pending"]:
-                return self._decode_forward(*args)
-            # the first compiled call of a generate() compiles when the shapes are new: time it apart
-            # (outside any capture: with cuda_graphs it is the warm-up run)
-            first["pending"] = False
-            graphs, c0 = _compiled_graphs(), self._sync()
-            out = self._decode_forward(*args)
-            if _compiled_graphs() != graphs:
-                first["compile_s"] = self._sync() - c0
-            return out
 
         def step() -> None:
             st["pos"].add_(1)
             st["slot"].add_(1)
             st["valid"].index_fill_(1, st["slot"], True)
-            logits = backend.decode(forward, st["tok"], st["pos"], st["valid"], st["slot"])
+            logits = backend.decode(self._decode_forward, st["tok"], st["pos"], st["valid"], st["slot"])
             self._write(st, logits, pad, eos)
 
-        graph, n, capture_s, hook_s = None, r, 0.0, 0.0
-        t1 = self._sync()
-        for t in range(1, r):
-            if not self.cuda_graphs:
-                step()
-            elif graph is None:
-                c0 = time.perf_counter()
-                graph = self._capture(step)  # runs step t = 1 (the warm-up) and records it
-                capture_s = self._sync() - c0
-            else:
-                graph.replay()
-            if t == 1 and self.on_decode_ready is not None:
-                h0 = self._sync()
-                self.on_decode_ready(graph.replay if graph is not None else step, st)
-                hook_s = self._sync() - h0
-            if (t + 1) % self.check_every == 0 and t + 1 < r and not self._any_row(st["unfinished"]):
-                n = t + 1  # every row (of every rank) has ended: HF's generate stops here too
-                break
-        t2 = self._sync()
-        graph = backend = None  # the cache (and a fused snapshot) go with the call
+        n = self._decode_loop(step, st, r)
+        backend = None  # the cache (and a fused snapshot) go with the call
         tokens, logprobs = st["tokens"][:, :n], st["logprobs"][:, :n]
         if bool(torch.isnan(logprobs).any()):
             # what torch.multinomial's own check would have raised (verlaudit's diagnose matches it)
@@ -599,22 +554,30 @@ class StaticDecodeEngine(HFGenerateEngine):
                 "probability tensor contains either `inf`, `nan` or element < 0 (rollout: non-finite logits "
                 "in the static decode loop)"
             )
-        compile_s = first["compile_s"]
-        # steps inside decode_s: the capture's warm-up step and a compiling step are timed apart
-        timed = (
-            (n - 1)
-            - (1 if self.cuda_graphs and n > 1 else 0)
-            - (1 if compile_s and not self.cuda_graphs else 0)
-        )
-        self.last_stats = {
-            "prefill_s": t1 - t0,
-            "decode_s": t2 - t1 - capture_s - hook_s - (0.0 if self.cuda_graphs else compile_s),
-            "capture_s": max(capture_s - compile_s, 0.0) if self.cuda_graphs else 0.0,
-            "compile_s": compile_s,
-            "decode_steps": float(n - 1),
-            "timed_steps": float(max(timed, 0)),
-        }
         return tokens, logprobs
+
+    def _decode_loop(self, step, st: dict[str, torch.Tensor], r: int) -> int:
+        """Decode steps 1 .. r-1: eagerly, or the first one captured as a CUDA graph (its warm-up runs
+        the step) and the rest replayed. Returns the columns written: fewer than ``r`` when every row
+        (of every rank) ended early, checked every `check_every` steps."""
+        graph = None
+        for t in range(1, r):
+            if not self.cuda_graphs:
+                step()
+            elif graph is None:
+                graph = self._capture(step)  # runs step t = 1 (the warm-up) and records it
+            else:
+                graph.replay()
+            if t == 1:
+                self._decode_ready(graph.replay if graph is not None else step, st)
+            if (t + 1) % self.check_every == 0 and t + 1 < r and not self._any_row(st["unfinished"]):
+                return t + 1  # HF's generate stops here too
+        return r
+
+    def _decode_ready(self, replay, state: dict[str, torch.Tensor]) -> None:
+        """Called once per `generate`, after the first decode step; nothing here. A subclass may run
+        ``replay()`` (one more decode step: the graph's replay, or the eager step) provided it restores
+        ``state``, the static buffers the step advances (benchmarks/rollout_bench.py times steps so)."""
 
 
 class _HFForward:
@@ -654,10 +617,3 @@ class _FusedForward:
     def decode(self, forward, tok, pos, valid, slot) -> torch.Tensor:
         w = self.weights
         return forward(w.shape, tok, self.cos, self.sin, pos, valid, slot, self.cache, *w.args())
-
-
-def _compiled_graphs() -> int:
-    """Graphs Dynamo has compiled in this process (moves when a compiled call (re)compiles)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

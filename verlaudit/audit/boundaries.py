@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE, dn
+from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE
+from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
 

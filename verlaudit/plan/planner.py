@@ -155,7 +155,7 @@ def plan_config(
     res = {**resident, **batch}
     phases.append(mm.generate_phase(arch, rollout_policy(policy), sequences=rows, prompt_len=p_len,
                                     new_tokens=r_len, resident=res, world_size=w,
-                                    fused=cfg.rollout.cache == "static" and cfg.rollout.fused))  # fmt: skip
+                                    fused=cfg.rollout.kind == "fused"))  # fmt: skip
     full = Shape(sequences=rows, seq_len=seq, logit_positions=r_len + 1)
     if rm_arch is not None:
         rm_shape = dataclasses.replace(full, logit_positions=0)

