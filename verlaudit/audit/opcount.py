@@ -33,6 +33,8 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from verlaudit.dtypes import dtype_name
+
 _STATE = threading.local()
 
 MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "mv", "addmv",
@@ -44,7 +46,6 @@ SOFTMAX = frozenset({"_softmax", "_log_softmax", "_safe_softmax", "softmax", "lo
 NORM = frozenset({"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
                   "rms_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit"})  # fmt: skip
 CAST = frozenset({"_to_copy", "to", "copy_", "_copy_from_and_resize", "_copy_from"})
-SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 
 
 @contextlib.contextmanager
@@ -63,7 +64,7 @@ def is_suspended() -> bool:
 
 
 def _short(dtype: torch.dtype) -> str:
-    return SHORT.get(dtype, str(dtype).removeprefix("torch."))
+    return dtype_name(dtype) or str(dtype)
 
 
 def _order(label: str) -> tuple[int, str]:

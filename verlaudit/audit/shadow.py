@@ -21,8 +21,10 @@ activations. Four measures, each a record (`ShadowProbe.records`, written to sha
   precision but not in fp32 (gradients lost to underflow).
 
 The rounding model. Round-to-nearest in a dtype of unit roundoff u (2^-8 bf16, 2^-11 fp16, 2^-24
-fp32) perturbs each value by a relative error of mean square ``RHO2 * u^2`` (RHO2 = 1/6: absolute
-error uniform over half an ulp, mantissa uniform over its binade). Independent perturbations add in
+fp32) perturbs each value by a relative error of mean square ``RHO2 * u^2``: the absolute error is
+uniform over +-ulp/2 (mean square ulp^2 / 12, ulp = 2u 2^e for x in [2^e, 2^(e+1))) and the
+mantissa of products and sums of random data is log-uniform over its binade (Benford), where
+E[2^(2e) / x^2] = 3 / (8 ln 2); so RHO2 = 1 / (8 ln 2) = 0.180. Independent perturbations add in
 squares. A linear layer y = W x computing in dtype c with fp32 accumulation then has
 
     E|dy|^2 / |y|^2 = RHO2 * (u_c^2 * (r_x + r_w) * s + u_out^2) + RHO2 * u_32^2 * K * s
@@ -59,9 +61,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from verlaudit.audit import opcount
 from verlaudit.audit.dtype_checks import module_kind
+from verlaudit.dtypes import dtype_name
 
-RHO2 = 1.0 / 6.0
-"""Mean square relative rounding error of round-to-nearest, in units of u^2."""
+RHO2 = 1.0 / (8.0 * math.log(2.0))
+"""Mean square relative rounding error of round-to-nearest, in units of u^2 (0.180; module docstring)."""
 EXCESS = 4.0
 """A module's measured error above this multiple of the rounding model's expectation is not
 explained by its dtype's rounding."""
@@ -178,7 +181,7 @@ def _fp32(obj: Any) -> Any:
 
 
 def _dn(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
+    return dtype_name(dtype)
 
 
 def _coarsest(dtypes: list[torch.dtype]) -> torch.dtype | None:
