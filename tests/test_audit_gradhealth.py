@@ -20,6 +20,7 @@ def test_fp16_underflow_by_hand():
         # n.weight: 2^-30 and 2^10, 40 binades apart
         ("n.weight", torch.tensor([2.0**-30, 2.0**10])),
         ("n.bias", None),  # no gradient: left out
+        ("e.weight", torch.empty(0)),  # an empty shard (FSDP): left out, not a division by zero
     ]
     rows = {
         r["module"]: r for r in gradhealth.fp16_underflow("actor", grads, 1.0, step=2, phase="actor_update")

@@ -47,9 +47,11 @@ def exponent_histograms(
     over its parameters, with one host read for all of them."""
     names, parts = [], []
     for name, g in named_grads:
-        if g is None or not g.is_floating_point() or not g.numel():
+        if g is None or not g.is_floating_point():
             continue
         g = g.to_local() if hasattr(g, "to_local") else g
+        if not g.numel():  # no gradient elements, or an FSDP rank's empty shard
+            continue
         flat = g.detach().reshape(-1)
         exp = torch.frexp(flat.float()).exponent.clamp_(-OFFSET, BINS - OFFSET - 1) + OFFSET
         hist = torch.bincount(exp.long(), minlength=BINS)
