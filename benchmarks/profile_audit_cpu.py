@@ -2,9 +2,11 @@
 
 On a GPU every host read of a device value (``.item()``, ``float(t)``, ``bool(t)``, ``.tolist()``,
 ``.cpu()``) is a stream sync; on CPU it is free, so wall time alone understates the GPU cost. This
-script therefore reports, per level, the median step time AND the host reads per step (calls of
+script therefore reports, per level, the median step time, the host reads per step (calls of
 those Tensor methods, counted by wrapping them; the trainer's own reads are in every level, so the
-difference to ``off`` is the auditor's). Levels run interleaved (none, off, boundary, full, full,
+difference to ``off`` is the auditor's) and the aten ops dispatched per step that are not views (a
+`TorchDispatchMode` counts them: on a GPU each is a kernel launch, so the difference to ``none`` is
+the audit's launches). Levels run interleaved (none, off, boundary, full, full,
 boundary, off, none) so machine drift shows as spread between passes. Run:
 ``PYTHONPATH=. python benchmarks/profile_audit_cpu.py`` (hidden 512, 8 layers, fp32, 3 steps; a few minutes on
 2 CPU cores: fp16/bf16 autocast on CPU is ~10x slower, and the audit work measured here does not depend on it)
@@ -44,6 +46,31 @@ def count_host_reads() -> Iterator[Counter]:
             setattr(torch.Tensor, name, fn)
 
 
+class _CountOps:
+    """Counts the non-view aten ops dispatched while entered (views launch no kernel)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+                if not func.is_view:
+                    counter.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n = 0
+        self.mode = Mode()
+
+    def __enter__(self) -> _CountOps:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+
 def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int):
     from trainer.config import TrainConfig
 
@@ -58,7 +85,7 @@ def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int):
     })  # fmt: skip
 
 
-def run_level(cfg, level: str) -> dict:
+def run_level(cfg, level: str, count_ops: bool = False) -> dict:
     from trainer.train import train
     from verlaudit.audit import Auditor, AuditSettings
 
@@ -66,13 +93,15 @@ def run_level(cfg, level: str) -> dict:
     if level != "none":
         settings = AuditSettings(level=level, full_steps=cfg.steps if level == "full" else 0, every=0)
         observer = Auditor(None, settings, device="cpu")
-    with count_host_reads() as counts:
+    ops = _CountOps() if count_ops else contextlib.nullcontext()
+    with count_host_reads() as counts, ops:
         result = _train(train, cfg, observer)
     times = [m["perf/step_time_s"] for m in result.history]
     return {
         "level": level,
         "step_s": statistics.median(times[1:]),
         "reads_per_step": sum(counts.values()) / cfg.steps,
+        "ops_per_step": ops.n / cfg.steps if count_ops else float("nan"),
     }
 
 
@@ -92,6 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--levels", default="none,off,boundary,full")
+    ap.add_argument("--ops", action="store_true", help="also count dispatched ops (slows every level alike)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     cfg = build_config(args.hidden, args.layers, args.preset, args.steps, args.seq)
@@ -99,18 +129,23 @@ def main() -> None:
     runs: dict[str, list[dict]] = {lv: [] for lv in levels}
     for p in range(args.passes):
         for lv in levels if p % 2 == 0 else reversed(levels):
-            runs[lv].append(run_level(cfg, lv))
+            runs[lv].append(run_level(cfg, lv, args.ops))
     base = statistics.median(r["step_s"] for r in runs[levels[0]])
     print(
         f"hidden={args.hidden} layers={args.layers} preset={args.preset} steps={args.steps} passes={args.passes}"
     )
-    print(f"{'level':10s} {'step_s':>8s} {'vs ' + levels[0]:>9s} {'host reads/step':>16s}  per-pass step_s")
+    print(
+        f"{'level':10s} {'step_s':>8s} {'vs ' + levels[0]:>9s} {'host reads/step':>16s} {'ops/step':>9s}  "
+        "per-pass step_s"
+    )
     for lv in levels:
         ts = [r["step_s"] for r in runs[lv]]
         med = statistics.median(ts)
         reads = statistics.median(r["reads_per_step"] for r in runs[lv])
+        ops = statistics.median(r["ops_per_step"] for r in runs[lv])
         print(
-            f"{lv:10s} {med:8.3f} {med / base - 1:+8.1%} {reads:16.1f}  " + " ".join(f"{t:.3f}" for t in ts)
+            f"{lv:10s} {med:8.3f} {med / base - 1:+8.1%} {reads:16.1f} {ops:9.0f}  "
+            + " ".join(f"{t:.3f}" for t in ts)
         )
 
 

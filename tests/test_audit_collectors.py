@@ -38,7 +38,10 @@ def test_settings_round_trip(level, full_steps, every):
         ({"full_steps": -1}, "audit.full_steps: expected an integer >= 0"),
         ({"every": "3"}, "audit.every: expected an integer"),
         ({"every": True}, "audit.every: expected an integer"),
-        ({"colour": 1}, "audit.colour: unknown key; expected one of every, full_steps, level"),
+        (
+            {"colour": 1},
+            "audit.colour: unknown key; expected one of every, full_steps, level, opcount_steps, shadow, shadow_rows",
+        ),
         ([1], "audit: expected a mapping"),
     ],
 )

@@ -121,7 +121,9 @@ def test_spec_follows_the_worker_contract(tmp_path):
     assert set(spec) == {f.name for f in dataclasses.fields(RunSpec)}  # spec.json holds every field
     assert (spec["variant"], spec["seed"], spec["run_dir"]) == ("fp32", 1, str(tmp_path / "fp32-s1"))
     assert spec["train"]["seed"] == 1 and spec["train"]["steps"] == 3 and spec["train"]["device"] == "cpu"
-    assert spec["audit"] == {"level": "full", "full_steps": 2, "every": 10}
+    assert spec["audit"] == {
+        "level": "full", "full_steps": 2, "every": 10, "shadow": False, "shadow_rows": 2, "opcount_steps": 1
+    }  # fmt: skip
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}
     # resolved once, here: the worker reads the device type and the policy instead of deciding them
     assert spec["device"] == "cpu" and spec["policy"]["preset"] == "fp32"

@@ -1,4 +1,4 @@
-"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``from-verl``.
+"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``recommend``, ``from-verl``.
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
@@ -25,6 +25,10 @@ COMMANDS = {
         "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression",
     ),
     "plan": ("verlaudit.plan.cli", "predict each variant's peak device memory before running"),
+    "recommend": (
+        "verlaudit.run.recommend",
+        "rank precision recipes by measured cost among those within a tolerance of fp32",
+    ),
     "from-verl": (
         "verlaudit.verl.cli",
         "turn a verl launch script or Hydra YAML into a suite (and --run it)",

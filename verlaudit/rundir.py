@@ -6,6 +6,9 @@ One directory per variant run::
     metrics.jsonl    one JSON object per step (``step`` plus flat ``component/quantity/stat`` keys)
     findings.jsonl   one `Finding` per line
     events.jsonl     numerics / memory records that are not per-step metrics (optional)
+    shadow.jsonl, opcounts.jsonl, gradhealth.jsonl
+                     per-module precision records of the sampled steps (optional): the fp32
+                     shadow's errors, op counts by dtype, gradient health
     status.json      written last: ``completed`` or ``failed`` with reason, step and phase.
                      Its absence means the process was killed.
 
@@ -35,6 +38,11 @@ METRICS = "metrics.jsonl"
 FINDINGS = "findings.jsonl"
 EVENTS = "events.jsonl"
 STATUS = "status.json"
+SHADOW = "shadow.jsonl"
+OPCOUNTS = "opcounts.jsonl"
+GRADHEALTH = "gradhealth.jsonl"
+RECORD_FILES = (SHADOW, OPCOUNTS, GRADHEALTH)
+"""Per-module precision records of the sampled steps, beside the contract's files; the auditor writes them."""
 SPEC = "spec.json"
 RUNNER = "runner.json"
 WORKER_LOG = "worker.log"
@@ -46,6 +54,8 @@ SUITE_COPY = "suite.json"
 REPORT_MD = "report.md"
 REPORT_CSV = "report.csv"
 REPORT_RUNS_CSV = "report_runs.csv"
+RECOMMEND_MD = "recommend.md"
+"""`verlaudit recommend`'s ranking, beside its candidates' run directories."""
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -156,6 +166,13 @@ class RunWriter:
 
     def event(self, kind: str, **data: Any) -> None:
         self._append(EVENTS, {"kind": kind, **data})
+
+    def records(self, name: str, records: list[Mapping[str, Any]]) -> None:
+        """Appends ``records`` to one of `RECORD_FILES`."""
+        if name not in RECORD_FILES:
+            raise ValueError(f"RunWriter.records: {name!r} is not one of {', '.join(RECORD_FILES)}")
+        for rec in records:
+            self._append(name, rec)
 
     def status(self, state: str, **data: Any) -> None:
         """``state``: ``completed`` or ``failed`` (with ``reason``, ``step``, ``phase``, ``error``)."""
@@ -348,6 +365,14 @@ class RunDir:
     def series(self, key: str) -> list[tuple[int, float]]:
         """(step, value) for every step that recorded ``key``."""
         return [(int(m["step"]), to_float(m[key])) for m in self.metrics if key in m and "step" in m]
+
+
+def read_records(path: str | os.PathLike, name: str) -> list[dict[str, Any]]:
+    """The records of one of `RECORD_FILES` in run directory ``path`` ([] when absent), read as
+    tolerantly as the rest (`iter_jsonl`)."""
+    if name not in RECORD_FILES:
+        raise ValueError(f"read_records: {name!r} is not one of {', '.join(RECORD_FILES)}")
+    return list(iter_jsonl(Path(path) / name))
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
+from verlaudit.analysis import precision
 from verlaudit.rundir import (
     REPORT_CSV,
     REPORT_MD,
@@ -169,7 +170,17 @@ def run_row(run: RunDir, trailing_window: int) -> dict[str, Any]:
     rkey = reward_key(run)
     rewards = _finite(_values(run, rkey))
     reward_tail, reward_head = rewards[-trailing_window:], rewards[:trailing_window]
-    steps_time = _finite(_values(run, "perf/step_time_s"))
+    # shadowed steps (the fp32 shadow's extra forwards) are reported apart, in the Precision section
+    steps_time = _finite(
+        np.array(
+            [
+                to_float(m["perf/step_time_s"])
+                for m in run.metrics
+                if "perf/step_time_s" in m and not m.get("audit/shadow")
+            ],
+            dtype=float,
+        )
+    )
     sev = [f.severity for f in findings]
     top = next((f for f in findings if f.severity == "error"), None) or next(
         (f for f in findings if f.severity == "warning"), None
@@ -418,6 +429,11 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
         md += ["", "## Notes per run", "", *notes]
     if plots:
         md += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in plots]]
+    extra, extra_files = precision.section(
+        runs, out_dir, plots=(suite.get("report") or {}).get("plots", True)
+    )
+    md += extra
+    plots += extra_files
     text = "\n".join(md) + "\n"
     (out_dir / REPORT_MD).write_text(text, encoding="utf-8")
     files += [out_dir / REPORT_MD, *plots]

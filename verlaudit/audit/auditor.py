@@ -18,7 +18,8 @@ tests/test_audit_faults.py` and `python -m verlaudit.run.worker SPEC.json`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,7 +27,17 @@ from torch import nn
 
 from trainer.events import Observer
 from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy
-from verlaudit.audit import boundaries, dtype_checks, errors, nonfinite, numerics, reward_signal, weights
+from verlaudit.audit import (
+    boundaries,
+    dtype_checks,
+    errors,
+    gradhealth,
+    nonfinite,
+    numerics,
+    opcount,
+    reward_signal,
+    weights,
+)
 from verlaudit.audit.context import PhaseTimer, StepContext
 from verlaudit.audit.failure import failure_findings, failure_status
 from verlaudit.audit.findings import FindingLog
@@ -34,9 +45,21 @@ from verlaudit.audit.memory import MemoryMonitor
 from verlaudit.audit.metrics import StepNumbers, audit_numbers, step_line
 from verlaudit.audit.module_numerics import Provenance
 from verlaudit.audit.optimizer import OptimizerWatch, judge_overflow
+from verlaudit.audit.precision_watch import PrecisionWatch
 from verlaudit.audit.probes import ModuleProbe
 from verlaudit.audit.settings import AuditSettings
-from verlaudit.rundir import RunWriter
+from verlaudit.rundir import GRADHEALTH, RunWriter
+
+
+def _uncounted(method: Callable) -> Callable:
+    """The audit's own work in an observer method is not counted as the model's ops (`opcount`)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with opcount.suspended():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 class Auditor(Observer):
@@ -62,6 +85,8 @@ class Auditor(Observer):
         self.checks = nonfinite.DeviceChecks()
         self.opt_watch = OptimizerWatch(self.settings, self.numbers, self.context)
         self.probe: ModuleProbe | None = None
+        self.watch: PrecisionWatch | None = None
+        """The fp32 shadow, op counts and gradient health of sampled steps (``full`` level)."""
         self._step_hooks = contextlib.ExitStack()
         """The probe while it is entered (a sampled step), closed at the step's end and on exit."""
         self.policy: PrecisionPolicy | None = None
@@ -117,6 +142,10 @@ class Auditor(Observer):
             self.probe = ModuleProbe(
                 models, policy=policy, context=self.context, sink=self.findings, provenance=self.provenance
             )
+            if self.settings.shadow or self.settings.opcount_steps:
+                self.watch = PrecisionWatch(
+                    models, policy, self.settings, self.context, self.numbers, self.writer
+                )
 
     def on_step_start(self, step: int) -> None:
         self.context.start_step(step, sampled=self.settings.is_full(step))
@@ -131,6 +160,9 @@ class Auditor(Observer):
             # a full-audit step re-reads the models' dtypes (metadata, no device work) and weight norms
             self.findings.extend(self.dtype_watch.changes(step=step))
             self._model_state(step=step)
+        if self.watch is not None and self.context.sampled:
+            # before the probe: the shadow's hooks then see the inputs as the model passed them
+            self._step_hooks.enter_context(self.watch.sampled_step())
         if self.probe is not None and self.context.sampled:
             self._step_hooks.enter_context(self.probe)
 
@@ -151,9 +183,11 @@ class Auditor(Observer):
         if self.writer is not None:
             # the last phase started tells a killed run's diagnosis where it died (no status is written)
             self.writer.event("phase_start", step=self.context.step, phase=name)
-        with self.context.in_phase(name), self.timer.phase(name), self.memory.phase(name):
+        watch = self.watch.phase(name) if self.watch is not None else contextlib.nullcontext()
+        with self.context.in_phase(name), self.timer.phase(name), self.memory.phase(name), watch:
             yield
 
+    @_uncounted
     def on_batch(self, *, role, batch, source) -> None:
         if self.settings.level != "off":
             self.findings.extend(
@@ -166,6 +200,7 @@ class Auditor(Observer):
                 )
             )
 
+    @_uncounted
     def on_rollout(self, **payload: Any) -> None:  # Observer.on_rollout's keywords, checked as they are
         if self.settings.level == "off":
             return
@@ -177,6 +212,7 @@ class Auditor(Observer):
         self.findings.extend(boundaries.check_rollout(**payload, **vocab, **where))
         self.checks.boundary("rollout", "rollout_logprobs", payload["logprobs"], **where)
 
+    @_uncounted
     def on_reward(self, *, source, raw, rewards, expected_shape, model) -> None:
         if self.settings.level == "off":
             return
@@ -208,6 +244,7 @@ class Auditor(Observer):
                 self._groups = (*counted, source)
                 self.numbers.put(reward_signal.METRIC, counted[0] / counted[1])
 
+    @_uncounted
     def on_forward(self, *, role, name, output) -> None:
         if not self._checking:
             return
@@ -217,6 +254,7 @@ class Auditor(Observer):
         )
         self.checks.boundary(role, name, output, **where)
 
+    @_uncounted
     def on_loss(self, *, role, loss, terms) -> None:
         self.context.in_backward = True  # forwards until on_backward are checkpoint recomputes
         if not self._checking:
@@ -232,19 +270,24 @@ class Auditor(Observer):
                 self.findings.extend(dtype_checks.check_boundary_output(role, name, t, policy, **where))
         self.checks.loss(role, loss, terms, **where)
 
+    @_uncounted
     def on_backward(self, *, role, model, loss_scale) -> None:
         self.context.in_backward = False
         if not self._checking:
             return
         policy, params = self.policy[role], list(model.named_parameters())
         self.findings.extend(dtype_checks.check_grad_dtypes(role, params, policy, **self.context.where()))
+        if self.watch is not None:
+            self.watch.backward(role, params, policy, loss_scale, sampled=self.context.sampled)
         if self.context.sampled:
             self.findings.extend(self.opt_watch.backward(role, params, policy))
 
+    @_uncounted
     def on_before_optimizer_step(self, *, role, model, optimizer) -> None:
         if self._checking:
             self.opt_watch.before_step(role, model)
 
+    @_uncounted
     def on_optimizer_step(self, *, role, model, optimizer, scaler_state, skipped, grad_norm) -> None:
         if not self._checking:
             return
@@ -269,6 +312,7 @@ class Auditor(Observer):
         )
         self.findings.extend(found)
 
+    @_uncounted
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
         self._settle()
         if self._groups is not None:
@@ -283,6 +327,10 @@ class Auditor(Observer):
             )
             self.findings.extend([found] if found else [])
         self.opt_watch.end_step()
+        self._step_hooks.close()  # the shadow's and the counter's hooks off before their records are read
+        if self.watch is not None and self.context.sampled:
+            self.findings.extend(self.watch.end_step(step))
+        self._write_update_rows()
         audit = None
         if self.settings.level != "off":
             trained = [role for role in TRAINABLE_ROLES if role in self.models]
@@ -301,6 +349,17 @@ class Auditor(Observer):
         self.findings.flush()
         self.last_completed_step = step
         self._step_hooks.close()
+
+    def _write_update_rows(self) -> None:
+        """The per-module lost-update table of the step's measured optimizer steps (gradhealth.jsonl)."""
+        rows, self.opt_watch.update_rows = self.opt_watch.update_rows, []
+        if self.writer is None or self.policy is None:
+            return
+        for role, table, lr, where in rows:
+            pd = dtype_checks.dn(self.policy[role].param_dtype)
+            self.writer.records(
+                GRADHEALTH, gradhealth.update_loss(role, table, param_dtype=pd, lr=lr, **where)
+            )
 
     # -- settle points and failures ---------------------------------------------------------------
     def _settle(self) -> None:

@@ -126,13 +126,14 @@ def snapshot(named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPD
     return snap
 
 
-def update_underflow(
+def update_underflow_rows(
     before: Mapping[str, tuple], named_params: Iterable[tuple[str, torch.Tensor]]
-) -> tuple[float, dict[str, float]]:
-    """Fraction of parameter elements unchanged by the step despite a non-zero gradient, overall and
-    per module, from a `snapshot` taken before it. Each parameter's sampled fraction is weighted by its
-    size, so a small norm weight does not count as much as a large projection. With bf16 master weights
-    at a small learning rate most updates round away. One host read for all parameters."""
+) -> list[dict[str, Any]]:
+    """Per module (a parameter's owner), from a `snapshot` taken before the step: ``lost_frac``, the
+    size-weighted fraction of sampled elements that kept their value despite a non-zero gradient,
+    ``sampled`` (elements with a non-zero gradient in the sample) and ``size`` (the module's parameter
+    elements). With bf16 master weights at a small learning rate most updates round away. One host
+    read for all parameters."""
     names, sizes, counts = [], [], []
     for name, p in named_params:
         if name not in before:
@@ -143,22 +144,35 @@ def update_underflow(
         names.append(name)
         sizes.append(p.numel())
     if not counts:
-        return 0.0, {}
+        return []
     dev = counts[0].device
     pairs = torch.stack([c.to(dev) for c in counts]).tolist()  # the one read
-    lost_w = moving_w = 0.0
     per_module: dict[str, list[float]] = {}
     for name, size, (lost, moving) in zip(names, sizes, pairs):
         if not moving:
             continue
-        frac = lost / moving
-        lost_w += frac * size
-        moving_w += size
-        acc = per_module.setdefault(name.rsplit(".", 1)[0], [0.0, 0.0])
-        acc[0] += frac * size
+        acc = per_module.setdefault(name.rsplit(".", 1)[0], [0.0, 0.0, 0.0])
+        acc[0] += lost / moving * size
         acc[1] += size
-    overall = lost_w / moving_w if moving_w else 0.0
-    return overall, {m: lost / n for m, (lost, n) in per_module.items() if n}
+        acc[2] += moving
+    return [{"module": m, "lost_frac": lost / n, "sampled": int(k), "size": int(n)}
+            for m, (lost, n, k) in per_module.items() if n]  # fmt: skip
+
+
+def update_underflow(
+    before: Mapping[str, tuple], named_params: Iterable[tuple[str, torch.Tensor]]
+) -> tuple[float, dict[str, float]]:
+    """Fraction of parameter elements unchanged by the step despite a non-zero gradient, overall and
+    per module, from a `snapshot` taken before it (`update_underflow_rows`, weighted by size, so a
+    small norm weight does not count as much as a large projection)."""
+    return update_underflow_summary(update_underflow_rows(before, named_params))
+
+
+def update_underflow_summary(rows: list[Mapping[str, Any]]) -> tuple[float, dict[str, float]]:
+    """(overall fraction weighted by module size, {module: fraction}) of `update_underflow_rows`."""
+    total = sum(r["size"] for r in rows)
+    overall = sum(r["lost_frac"] * r["size"] for r in rows) / total if total else 0.0
+    return overall, {r["module"]: r["lost_frac"] for r in rows}
 
 
 def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], policy: RolePolicy, lr: float | None,

@@ -39,6 +39,9 @@ class OptimizerWatch:
         """Roles whose next optimizer step is measured for lost updates; a skipped step (fp16 scale
         calibration) passes the measurement on to the role's next optimizer step."""
         self._update_index: dict[tuple[str, int, str], torch.Tensor] = {}
+        self.update_rows: list[tuple[str, list[dict[str, Any]], float | None, dict[str, Any]]] = []
+        """(role, `numerics.update_underflow_rows`, lr, step and phase) of this step's measured optimizer
+        steps: the per-module table, taken by whoever writes it."""
 
     def start_step(self, step: int) -> None:
         self._snap = {}
@@ -51,7 +54,11 @@ class OptimizerWatch:
     def backward(
         self, role: str, params: list[tuple[str, nn.Parameter]], policy: RolePolicy
     ) -> list[Finding]:
-        """Gradients of a sampled step's micro-batch, still scaled: underflow against the compute dtype."""
+        """Gradients of a sampled step's micro-batch, still scaled: underflow against an fp16 compute
+        dtype (three reductions per parameter; bf16 and fp32 share fp32's exponent range, where
+        gradients do not underflow, so they are not counted)."""
+        if policy.compute_dtype != torch.float16:
+            return []
         stats = numerics.grad_stats(params, policy.compute_dtype, nonfinite=False)
         self.numbers.max(f"numerics/{role}/grad_underflow_frac", stats.underflow_frac)
         return numerics.grad_findings(role, stats, policy, skipped=False, **self.ctx.where())
@@ -92,9 +99,11 @@ class OptimizerWatch:
         snap = self._snap.pop(role, None)
         if snap and not skipped:
             self._update_due.discard(role)
-            frac, per_module = numerics.update_underflow(snap, model.named_parameters())
+            rows = numerics.update_underflow_rows(snap, model.named_parameters())
+            frac, per_module = numerics.update_underflow_summary(rows)
             self.numbers.max(f"numerics/{role}/update_underflow_frac", frac)
             lr = optimizer.param_groups[0].get("lr") if hasattr(optimizer, "param_groups") else None
+            self.update_rows.append((role, rows, lr, self.ctx.where()))
             out += numerics.underflow_findings(role, frac, per_module, policy, lr, **self.ctx.where())
         return out
 

@@ -20,13 +20,17 @@ are not recorded twice.
 The hooks read nothing back from the device (a host read per hooked tensor would be a stream sync
 each; reports/gpu/h200_results.md has the cost): each call's absolute maxima stay device scalars in
 an ordered log of `ForwardCall` / `GradCall` records, which `flush` reads with one host read per
-device and replays in call order (`module_numerics.replay`: provenance, headroom, producers).
-Exercised by `pytest tests/test_audit_probes.py tests/test_audit_collectors.py`.
+device and replays in call order (`module_numerics.replay`: provenance, headroom, producers). A
+tensor's maximum is taken once per step however many modules see it, and a call's new tensors in
+one launch (`Maxima`). Their work is not counted as the model's ops (`opcount.suspended`).
+Exercised by `pytest tests/test_audit_probes.py tests/test_audit_collectors.py
+tests/test_audit_probe_cost.py`.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +38,7 @@ import torch
 from torch import nn
 
 from trainer.precision import PrecisionPolicy
+from verlaudit.audit import opcount
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import ModuleCall, check_module_call, module_kind
 from verlaudit.audit.findings import FindingSink
@@ -73,6 +78,8 @@ class ModuleProbe:
         self._log: list[ForwardCall | GradCall] = []
         """Calls in order, read by `flush`."""
         self._seen: set[tuple] = set()
+        self.maxima = Maxima()
+        """Absolute maxima of this step's tensors, each computed once (`Maxima`)."""
         self.failed_in: tuple[str, str] | None = None
         """(role, module path) of the innermost module whose forward raised."""
         self.absmax: dict[str, float] = {}
@@ -91,6 +98,7 @@ class ModuleProbe:
             h.remove()
         self.handles.clear()
         self._pending.clear()
+        self.maxima.clear()
 
     # -- hooks: record, read nothing back ---------------------------------------------------------
     def _role(self, role: str) -> str:
@@ -98,6 +106,10 @@ class ModuleProbe:
         return "rollout" if role == "actor" and self.ctx.phase == "rollout" else role
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        with opcount.suspended():  # the probe's own reductions are not the model's ops
+            return self._pre_call(module, args, kwargs)
+
+    def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if _capturing():
             return None
         role, name, kind, own = self.info[id(module)]
@@ -106,7 +118,7 @@ class ModuleProbe:
             return None
         ins = _tensors(args) + _tensors(kwargs)
         self._check(module, role, name, kind, own, ins, (), "pre")
-        self._pending.append([_amax(t) for _, t in ins if t.is_floating_point()])
+        self._pending.append(self.maxima.of([t for _, t in ins if t.is_floating_point()]))
         if not torch.is_grad_enabled():
             return None
         changed = False
@@ -120,6 +132,10 @@ class ModuleProbe:
         return (tuple(new_args), kwargs) if changed else None
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        with opcount.suspended():
+            self._post_call(module, args, kwargs, output)
+
+    def _post_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if _capturing():
             return
         role, name, kind, own = self.info[id(module)]
@@ -134,7 +150,7 @@ class ModuleProbe:
         outs = [t for _, t in _tensors(output) if t.is_floating_point()]
         ins = _tensors(args) + _tensors(kwargs)
         self._check(module, role, name, kind, own, ins, tuple(t.dtype for t in outs), "post")
-        out_amaxes = [(_amax(t), t.dtype) for t in outs]
+        out_amaxes = list(zip(self.maxima.of(outs), [t.dtype for t in outs]))
         self._record(ForwardCall(eff, name, in_amaxes, out_amaxes, self.ctx.step, self.ctx.phase))
         if torch.is_grad_enabled():
             for t in outs:
@@ -145,9 +161,9 @@ class ModuleProbe:
         def hook(grad: torch.Tensor) -> None:
             # a received gradient's role was judged when the output was made; a produced one's now
             eff = role if received else self._role(role)
-            self._record(
-                GradCall(received, eff, name, _amax(grad), grad.dtype, self.ctx.step, self.ctx.phase)
-            )
+            with opcount.suspended():
+                (amax,) = self.maxima.of([grad])
+            self._record(GradCall(received, eff, name, amax, grad.dtype, self.ctx.step, self.ctx.phase))
 
         return hook
 
@@ -206,22 +222,62 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _amax(t: torch.Tensor) -> torch.Tensor | None:
-    """Absolute maximum as a device scalar (read later, with the step's others); NaN when ``t`` holds
-    a NaN (amax propagates it), so one reduction answers both "is it finite" and "how close to the
-    dtype's limit". None for an empty tensor."""
-    if t.numel() == 0:
+class Maxima:
+    """Absolute maxima of tensors as device scalars, each tensor's computed once per step.
+
+    Most of what a module receives is what another module returned a moment before (the residual
+    stream, a norm's output read by q, k and v, an MLP returning its down projection's output), and
+    most gradients a module passes on are the ones its producer receives. So a tensor's maximum is
+    kept under its identity (a weak reference: no activation lives longer for it) and a view that
+    covers all of a known tensor takes that tensor's; the rest of a call's tensors are reduced in one
+    ``_foreach_norm(inf)`` -- one launch for them all, no ``abs()`` temporary, and NaN when a NaN is
+    present (like amax), so one number still answers "finite?" and "how close to the dtype's top?".
+    Values stay in their dtype until `_read`.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+    def clear(self) -> None:
+        self._known.clear()
+
+    def _lookup(self, t: torch.Tensor) -> torch.Tensor | None:
+        base = t._base
+        for cand in (t, base if base is not None and base.numel() == t.numel() else None):
+            hit = self._known.get(id(cand)) if cand is not None else None
+            if hit is not None and hit[0]() is cand:
+                return hit[1]
         return None
-    return t.detach().abs().amax().float()
+
+    def of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Each tensor's absolute maximum (None for an empty one)."""
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        todo: list[int] = []
+        for i, t in enumerate(tensors):
+            if t.numel():
+                out[i] = self._lookup(t)
+                if out[i] is None:
+                    todo.append(i)
+        if todo:
+            with torch.no_grad():
+                got = torch._foreach_norm([tensors[i].detach() for i in todo], float("inf"))
+            if len(self._known) > FLUSH_EVERY:
+                self._known.clear()  # an eager rollout's many small tensors: keep the table small
+            for i, m in zip(todo, got):
+                out[i] = m
+                self._known[id(tensors[i])] = (weakref.ref(tensors[i]), m)
+        return out
 
 
 def _read(scalars: list[torch.Tensor]) -> list[float]:
-    """The values of device scalars, in order, with one host read per device."""
+    """The values of device scalars (any floating dtype), in order, with one host read per device."""
     out: list[float] = [0.0] * len(scalars)
-    by_device: dict[torch.device, list[int]] = {}
+    groups: dict[torch.device, dict[torch.dtype, list[int]]] = {}
     for i, t in enumerate(scalars):
-        by_device.setdefault(t.device, []).append(i)
-    for idx in by_device.values():
-        for i, v in zip(idx, torch.stack([scalars[i] for i in idx]).tolist()):
+        groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(i)
+    for by_dtype in groups.values():
+        order = [i for idx in by_dtype.values() for i in idx]
+        flat = torch.cat([torch.stack([scalars[i] for i in idx]).float() for idx in by_dtype.values()])
+        for i, v in zip(order, flat.tolist()):
             out[i] = v
     return out

@@ -31,6 +31,18 @@ class AuditSettings(_Section):
     """... and every ``every``-th step after (0: never); the others at the boundary level. Lost
     updates (`numerics.update_underflow`) are measured on the same steps at both levels, and on
     step 0 even when ``full_steps`` is 0."""
+    shadow: bool = False
+    """Also run the fp32 shadow on the sampled steps (`verlaudit.audit.shadow`): each module's error
+    against fp32, the log-prob error per token, gradient errors, written to shadow.jsonl. Costs a few
+    fp32 forwards and backwards of ``shadow_rows`` rows per role on those steps (``timing_s/shadow``),
+    and one block's fp32 weights of memory."""
+    shadow_rows: int = 2
+    """Rows of each shadowed micro-batch that run through the fp32 copies."""
+    opcount_steps: int = 1
+    """On this many sampled steps (the first ones; 0: never), count the ops each module runs per dtype
+    (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
+    dtypes were promoted. The counts repeat from step to step, and counting costs a Python call per
+    op, so one step is usually enough."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -39,6 +51,12 @@ class AuditSettings(_Section):
             raise ValueError(f"audit.full_steps: expected an integer >= 0, got {self.full_steps!r}")
         if not _count(self.every):
             raise ValueError(f"audit.every: expected an integer >= 0 (0: never), got {self.every!r}")
+        if not _count(self.shadow_rows) or self.shadow_rows < 1:
+            raise ValueError(f"audit.shadow_rows: expected an integer >= 1, got {self.shadow_rows!r}")
+        if not _count(self.opcount_steps):
+            raise ValueError(f"audit.opcount_steps: expected an integer >= 0, got {self.opcount_steps!r}")
+        if not isinstance(self.shadow, bool):
+            raise ValueError(f"audit.shadow: expected true or false, got {self.shadow!r}")
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` is audited at the full level (module hooks on)."""
