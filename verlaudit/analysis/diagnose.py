@@ -32,6 +32,7 @@ from verlaudit.analysis.causes import (
     rank,
 )
 from verlaudit.analysis.logparse import diagnose_log, explain_error_text, parse_dtype_message
+from verlaudit.analysis.mismatch_cause import mismatch_causes
 from verlaudit.plan.failure import capacity_gib, memory_at_failure, run_plan_inputs, run_world_size
 from verlaudit.plan.memory_model import GIB
 from verlaudit.plan.planner import plan_config
@@ -389,6 +390,7 @@ _EXPLAINED_KINDS = (
     "numerics/overflow",
     "memory/oom",
     "numerics/skipped_step",
+    "mismatch/",  # mismatch_causes
 )
 """Finding kinds that a dedicated analysis already turns into a cause (with more evidence)."""
 
@@ -420,6 +422,7 @@ ANALYSES = (
     _dtype_causes,
     _loss_scale_causes,
     _reward_causes,
+    mismatch_causes,
     _finding_causes,
 )
 

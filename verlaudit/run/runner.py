@@ -35,7 +35,7 @@ from verlaudit.analysis import report as report_mod
 from verlaudit.run import worker
 from verlaudit.run.hardware import PresentDevice, detect, get_target
 from verlaudit.run.spec import Emulation, RunSpec
-from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
+from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite, require_engines
 from verlaudit.rundir import METRICS, RUNNER, SPEC, STATUS, SUITE_COPY, WORKER_LOG, read_json, to_float
 
 DEFAULT_SUITE = "suites/tiny_cpu.yaml"
@@ -423,6 +423,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         audit_level=args.audit_level,
     )
+    require_engines(suite)  # rollout.engine: vllm without vLLM: the install command, before any worker
     out_dir = Path(args.out) if args.out else default_out_dir(suite)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(

@@ -4,7 +4,8 @@ A suite names the model, data, algorithm, steps and seeds (``train:``, the keys 
 `trainer.config.TrainConfig`), the hardware the numbers are meant for, the audit level, report and
 compare settings, and ``variants``: name -> partial TrainConfig deep-merged onto ``train``.
 Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
-are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
+are errors; YAML syntax errors name file:line; `require_engines` refuses a rollout engine that is not
+installed (with its install command). ``suite.expand()`` gives one `SuiteRun` per
 (variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
 """
 
@@ -209,6 +210,28 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
         source=source,
     )  # fmt: skip
+
+
+def require_engines(suite: Suite) -> None:
+    """ValueError naming the suite file, the field and the install command when a variant's rollout
+    engine is not installed in this Python (``rollout.engine: vllm`` without vLLM), so `verlaudit run`
+    stops before any worker starts instead of failing each such variant at its setup."""
+    from trainer.vllm_engine import require_vllm
+
+    needs = [name for name, cfg in suite.variants.items() if cfg.rollout.kind == "vllm"]
+    if not needs:
+        return
+    where = (
+        "train.rollout.engine"
+        if suite.train.rollout.kind == "vllm"
+        else f"variants.{needs[0]}.rollout.engine"
+    )
+    others = [name for name in suite.variants if name not in needs]
+    try:
+        require_vllm(where)
+    except ValueError as e:
+        rest = f"; or leave those variants out: --variants {','.join(others)}" if others else ""
+        raise ValueError(f"{suite.source}: {e}{rest}" if suite.source else f"{e}{rest}") from None
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
