@@ -12,10 +12,12 @@ scored against the header:
 - culprit right: the header's culprit, normalised (lower case, letters, digits and dots only), occurs
   in the first cause's ``where`` or title; not scored when the header says ``none shown``;
 - fix right: one of the header's ``backticked`` fix tokens, canonicalised, occurs in the text of one of
-  the first cause's fixes; not scored when the fix is ``unknown`` or ``none needed``.
+  the first cause's fixes (its suite key, verl key, the key in the log's own framework and its why);
+  not scored when the fix is ``unknown`` or ``none needed``.
 
-Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --out reports/diagnose_corpus.md``
-(``--update-readme`` also rewrites the fixture table of tests/fixtures/logs/README.md).
+Run: ``PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py --heldout tests/fixtures/logs_heldout --out
+reports/diagnose_corpus.md`` (``--update-readme`` also rewrites the fixture table of the README of the
+``--fixtures`` directory; ``--heldout DIR`` scores a held-out directory in its own section).
 Header checks: ``pytest tests/test_log_corpus.py``.
 """
 
@@ -55,29 +57,28 @@ HEADER_PREFIX = "#: "
 NO_CULPRIT = "none shown"
 NO_FIX = ("unknown", "none needed")
 
-# Category -> the cause kinds that count as right. Kinds diagnose emits today (Cause.kind in
-# verlaudit.analysis.causes and verlaudit.analysis.logparse): oom, nonfinite, dtype_error, device_mismatch,
-# compile_error, loss_scale_collapse, overflow_skips, killed, refused, exception. A category with no
-# fitting kind today accepts the kind named after it, reserved for the parser work; until diagnose emits it,
-# that category scores wrong. A plain `oom` is deliberately not accepted for the KV-cache and host-RAM
-# categories: issue 17 names those two mislabels.
+# Category -> the cause kinds that count as right: the kinds diagnose emits for a log (Cause.kind in
+# verlaudit.analysis.causes; the log rules in verlaudit.analysis.logs). A plain `oom` is deliberately not
+# accepted for the KV-cache and host-RAM categories: issue 17 names those two mislabels. `cuda_error` (a
+# kernel fault the NCCL watchdog or an engine reports) fits an engine's error and another exception alike;
+# `nccl_error` (NCCL itself failed, not its timeout) fits the collective-failure category.
 ACCEPTED_KINDS: dict[str, frozenset[str]] = {
     "oom_gpu": frozenset({"oom"}),
-    "oom_host": frozenset({"oom_host"}),  # not emitted today
-    "oom_kv_cache": frozenset({"oom_kv_cache"}),  # not emitted today (a KV-cache failure comes back as oom)
-    "nccl_timeout": frozenset({"nccl_timeout"}),  # not emitted today
+    "oom_host": frozenset({"oom_host"}),
+    "oom_kv_cache": frozenset({"oom_kv_cache"}),
+    "nccl_timeout": frozenset({"nccl_timeout", "nccl_error"}),
     "killed": frozenset({"killed"}),
-    "ray_actor_died": frozenset({"ray_actor_died", "killed"}),  # ray_actor_died not emitted today
+    "ray_actor_died": frozenset({"ray_actor_died", "killed"}),
     "dtype_error": frozenset({"dtype_error"}),
-    "dtype_unsupported": frozenset({"dtype_unsupported", "refused"}),  # dtype_unsupported not emitted today
+    "dtype_unsupported": frozenset({"dtype_unsupported", "refused"}),
     "nonfinite": frozenset({"nonfinite"}),
     "loss_scale": frozenset({"loss_scale_collapse", "overflow_skips"}),
-    "unscale_fp16": frozenset({"unscale_fp16"}),  # not emitted today
-    "import_error": frozenset({"import_error"}),  # not emitted today
-    "weight_sync": frozenset({"weight_sync"}),  # not emitted today
+    "unscale_fp16": frozenset({"unscale_fp16"}),
+    "import_error": frozenset({"import_error"}),
+    "weight_sync": frozenset({"weight_sync"}),
     "compile_error": frozenset({"compile_error"}),
-    "exception": frozenset({"exception", "device_mismatch"}),
-    "engine_error": frozenset({"engine_error"}),  # not emitted today
+    "exception": frozenset({"exception", "device_mismatch", "cuda_error"}),
+    "engine_error": frozenset({"engine_error", "cuda_error"}),
     "clean": frozenset(),  # scored on the verdict, not on a kind
 }
 CATEGORIES = tuple(ACCEPTED_KINDS)
@@ -216,7 +217,8 @@ def score_fixture(fx: Fixture, workdir: Path, diagnose: Callable[[Path], Sequenc
     fix_right = None
     tokens = fix_tokens(fx.header["fix"])
     if fx.header["fix"] not in NO_FIX and tokens:
-        texts = [canon_fix(f"{f.suite or ''} {f.verl or ''} {f.why}") for f in (first.fixes if first else [])]
+        texts = [canon_fix(f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}")
+                 for f in (first.fixes if first else [])]  # fmt: skip
         fix_right = any(t in text for t in tokens for text in texts)
     return Score(fx, d.verdict, kind, title, category_right, culprit_right, fix_right, None)
 
@@ -261,8 +263,8 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def render(scores: Sequence[Score], command: str) -> str:
-    """The markdown report: summary lines, then one table row per fixture."""
+def _summary(scores: Sequence[Score]) -> list[str]:
+    """The summary lines of one set of scored fixtures."""
     failures = [s for s in scores if not s.fixture.is_control]
     controls = [s for s in scores if s.fixture.is_control]
     cat = sum(s.category_right for s in failures)
@@ -272,14 +274,7 @@ def render(scores: Sequence[Score], command: str) -> str:
     alarms = [s for s in controls if s.false_alarm]
     crashes = [s for s in scores if s.error]
     frameworks = {s.fixture.header["framework"] for s in failures}
-    lines = [
-        "# `verlaudit diagnose` on the real-log corpus",
-        "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU;",
-        "the diagnosis reads only each log's body).",
-        "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
-        "benchmarks/diagnose_corpus.py.",
-        "",
+    return [
         f"- failures: {len(failures)} across {len(frameworks)} frameworks; controls: {len(controls)}",
         f"- category right: {_pct(cat, len(failures))}",
         f"- culprit right (where the header names one): {_pct(cul, cul_n)}",
@@ -289,7 +284,11 @@ def render(scores: Sequence[Score], command: str) -> str:
         f"- false alarms on controls: {len(alarms)}/{len(controls)}"
         + (f" ({', '.join(s.fixture.path.stem for s in alarms)})" if alarms else ""),
         f"- crashes: {len(crashes)}",
-        "",
+    ]
+
+
+def _table(scores: Sequence[Score]) -> list[str]:
+    lines = [
         "| fixture | expected | verdict | first kind | title | category | culprit | fix | false alarm |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -299,6 +298,36 @@ def render(scores: Sequence[Score], command: str) -> str:
             f"| {_mark(s.category_right)} | {_mark(s.culprit_right)} | {_mark(s.fix_right)} "
             f"| {_mark(s.false_alarm, bad_when=True)} |"
         )
+    return lines
+
+
+def render(scores: Sequence[Score], command: str, heldout: Sequence[Score] = ()) -> str:
+    """The markdown report: summary lines, then one table row per fixture; the held-out fixtures'
+    summary and table after it, in their own section."""
+    lines = [
+        "# `verlaudit diagnose` on the real-log corpus",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}, CPU;",
+        "the diagnosis reads only each log's body).",
+        "Fixtures and the header format: tests/fixtures/logs/README.md; scoring rules: the docstring of "
+        "benchmarks/diagnose_corpus.py.",
+        "",
+        *_summary(scores),
+        "",
+        *_table(scores),
+    ]
+    if heldout:
+        lines += [
+            "",
+            "## Held-out logs",
+            "",
+            "tests/fixtures/logs_heldout: logs in the same format, kept out of the corpus the rules were written "
+            "against and scored only here.",
+            "",
+            *_summary(heldout),
+            "",
+            *_table(heldout),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -325,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixtures", default=str(FIXTURES), help="directory of *.log fixtures")
     p.add_argument("--out", help="also write the markdown report to this file")
+    p.add_argument("--heldout", help="also score this directory of held-out fixtures, in its own section")
     p.add_argument(
         "--update-readme", action="store_true", help="rewrite the fixture table of the corpus README"
     )
@@ -334,13 +364,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.update_readme:
             update_readme(fixtures, Path(args.fixtures) / "README.md")
         scores = score_corpus(fixtures)
+        heldout = score_corpus(read_corpus(args.heldout)) if args.heldout else []
     except ValueError as e:
         print(f"diagnose_corpus: {e}", file=sys.stderr)
         return 2
-    command = "PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py" + (
-        f" --out {args.out}" if args.out else ""
+    command = (
+        "PYTHONPATH=$PWD python benchmarks/diagnose_corpus.py"
+        + (f" --heldout {args.heldout}" if args.heldout else "")
+        + (f" --out {args.out}" if args.out else "")
     )
-    report = render(scores, command)
+    report = render(scores, command, heldout)
     print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -106,6 +106,8 @@ MAY_NOT_IMPORT = {
     "verlaudit.plan.planner": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
     "verlaudit.plan.failure": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
     "verlaudit.rundir": ("verlaudit.",),
+    # dtype names and PyTorch's dtype messages: shared by the live audit and the log reader
+    "verlaudit.dtypes": ("verlaudit.",),
 }
 
 

@@ -5,6 +5,8 @@ Run: `pytest tests/test_audit_checks.py`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -279,3 +281,28 @@ def test_rollout_ids_against_model_and_tokenizer_vocabularies():
     # without a model size, the tokenizer's vocabulary is the limit (the old behaviour)
     f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 150]]), vocab_size=100, **base)
     assert kinds(f) == [("error", "boundary/rollout_tokens")]
+
+
+def test_an_error_is_not_folded_into_an_earlier_info_of_the_same_place():
+    # a reward function returning a Python list with a NaN: the boundary check gives an info (a list,
+    # converted) and an error (1 of 2 non-finite) at the same (kind, role, where); the error must stay
+    raw = [1.0, float("nan")]
+    found = B.check_reward(raw, torch.tensor(raw), source="function:f", expected_shape=(2,),
+                           train_device=torch.device("cpu"), step=0, phase="reward")  # fmt: skip
+    assert sorted(f.severity for f in found) == ["error", "info"]
+    log = FindingLog()
+    log.extend(found)
+    assert sorted(f.severity for f in log.all()) == ["error", "info"]
+    # repeats of the same severity still fold into one record with a count
+    log.extend(found)
+    assert sorted((f.severity, f.count) for f in log.all()) == [("error", 2), ("info", 2)]
+
+
+def test_relabelled_findings_keep_later_errors_apart():
+    log = FindingLog()
+    err = Finding(severity="error", kind="numerics/overflow", role="actor", where="m", step=1, message="x")
+    log.add(err)
+    assert log.relabel(lambda f: f.step == 1, "warning", "handled") == 1
+    # a later overflow at the same module that nobody handled is a new error record, not a repeat
+    assert log.add(dataclasses.replace(err, step=5)) is True
+    assert sorted((f.severity, f.step) for f in log.all()) == [("error", 5), ("warning", 1)]

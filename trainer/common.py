@@ -26,6 +26,7 @@ from torch import nn
 
 from trainer import distributed as dist_mod
 from trainer import losses as L
+from trainer import step_extras
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.precision import LossScaler, PrecisionPolicy
@@ -352,23 +353,8 @@ class Averages:
         return {k: self._sums[k] / self._counts[k] for k in self._sums}
 
 
-_STEP_EXTRAS: dict[str, list[float]] = {}
-"""The current step's extra metrics: name -> [sum, count] (see `add_step_metrics`)."""
-
-
-def add_step_metrics(values: Mapping[str, tuple[float, int]]) -> None:
-    """Adds ``name -> (sum, count)`` to the current step's extra metrics: values reported by code a recipe
-    calls without reading back (the extra keys of a verl ``compute_score`` dict). `StepLog.end` puts their
-    means (over the step's calls and over ranks) beside the recipe's own metrics, which win a name clash."""
-    for name, (total, count) in values.items():
-        acc = _STEP_EXTRAS.setdefault(name, [0.0, 0])
-        acc[0] += float(total)
-        acc[1] += int(count)
-
-
 def _take_step_extras(dist: dist_mod.DistInfo | None) -> dict[str, float]:
-    extras = {k: (v[0], v[1]) for k, v in _STEP_EXTRAS.items()}
-    _STEP_EXTRAS.clear()
+    extras = step_extras.take()
     if dist is not None and dist.distributed:
         # every rank, every step (a rank whose rows had no extra key must still join): the key sets
         # may differ between ranks, so the (sum, count) pairs are gathered, not all-reduced
@@ -394,7 +380,7 @@ class StepLog:
         self._t0 = 0.0
 
     def start(self, step: int) -> None:
-        _STEP_EXTRAS.clear()
+        step_extras.take()  # a step starts with none
         self.observer.on_step_start(step)
         self._t0 = time.perf_counter()
 

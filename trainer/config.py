@@ -445,44 +445,58 @@ class AlgoConfig(_Section):
 
     def _check_unused(self) -> None:
         """A key set away from its default where nothing reads it is a mistake, not a no-op."""
-        rl, est, mode, dpo = self.name != "dpo", self.estimator, self.loss_mode, self.dpo_loss
-        in_effect = {
-            "kl_coef": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_penalty": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_ctrl_type": (self.use_kl_in_reward, "needs use_kl_in_reward: true"),
-            "kl_ctrl_target_kl": (self.use_kl_in_reward and self.kl_ctrl_type == "adaptive",
-                                  "needs use_kl_in_reward: true and kl_ctrl_type: adaptive"),
-            "kl_ctrl_horizon": (self.use_kl_in_reward and self.kl_ctrl_type == "adaptive",
-                                "needs use_kl_in_reward: true and kl_ctrl_type: adaptive"),
-            "kl_loss_coef": (self.use_kl_loss, "needs use_kl_loss: true"),
-            "kl_loss_type": (self.use_kl_loss, "needs use_kl_loss: true"),
-            "use_kl_in_reward": (rl, "DPO's reference enters through its loss; remove it"),
-            "use_kl_loss": (rl, "DPO's reference enters through its loss; remove it"),
-            "clip_ratio": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_low": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_high": (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}"),
-            "clip_ratio_c": (rl and mode == "vanilla", "dual-clip is loss_mode vanilla's only"),
-            "clip_cov_ratio": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "clip_cov_lb": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "clip_cov_ub": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
-            "kl_cov_ratio": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
-            "ppo_kl_coef": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
-            "loss_mode": (rl, "DPO's loss is dpo_loss"),
-            "loss_agg_mode": (rl, "DPO averages its per-pair losses, as TRL does"),
-            "loss_scale_factor": (rl and self.loss_agg_mode == "seq-mean-token-sum-norm",
-                                  "needs loss_agg_mode: seq-mean-token-sum-norm"),
-            "norm_adv_by_std_in_grpo": (est in ("grpo", "grpo_passk"), "needs adv_estimator grpo or grpo_passk"),
-            "cliprange_value": (self.name == "ppo", "only the PPO critic's loss reads it"),
-            "vf_coef": (self.name == "ppo", "only the PPO critic's loss reads it"),
-            "dpo_loss": (not rl, "needs algo.name: dpo"),
-            "label_smoothing": (not rl and dpo in ("sigmoid", "robust", "exo_pair"),
-                                "read by dpo_loss sigmoid, robust and exo_pair only"),
-            "discopop_tau": (not rl and dpo == "discopop", "needs dpo_loss: discopop"),
-        }  # fmt: skip
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for key, (used, why) in in_effect.items():
-            value = getattr(self, key)
-            _check(used or value == defaults[key], key, f"set to {value!r} but nothing reads it: {why}")
+        for key, why in unread_algo_keys(values).items():
+            value = values[key]
+            _check(value == defaults[key], key, f"set to {value!r} but nothing reads it: {why}")
+
+
+def unread_algo_keys(algo: Mapping[str, Any]) -> dict[str, str]:
+    """The algo options nothing reads under the others' values -> why (``algo``: every AlgoConfig field,
+    as plain data). `AlgoConfig` refuses such a key set away from its default; ``verlaudit from-verl``
+    reports it as ignored, as verl ignores it."""
+    name, mode, dpo = algo["name"], algo["loss_mode"], algo["dpo_loss"]
+    rl = name != "dpo"
+    est = None if not rl else algo["adv_estimator"] or ("gae" if name == "ppo" else "grpo")
+    in_reward, adaptive = algo["use_kl_in_reward"], algo["kl_ctrl_type"] == "adaptive"
+    needs_reward, needs_adaptive = (
+        "needs use_kl_in_reward: true",
+        "needs use_kl_in_reward: true and kl_ctrl_type: adaptive",
+    )
+    clipped = (rl and mode not in ("gpg", "kl_cov"), f"not used by loss_mode {mode}")
+    in_effect = {
+        "kl_coef": (in_reward, needs_reward),
+        "kl_penalty": (in_reward, needs_reward),
+        "kl_ctrl_type": (in_reward, needs_reward),
+        "kl_ctrl_target_kl": (in_reward and adaptive, needs_adaptive),
+        "kl_ctrl_horizon": (in_reward and adaptive, needs_adaptive),
+        "kl_loss_coef": (algo["use_kl_loss"], "needs use_kl_loss: true"),
+        "kl_loss_type": (algo["use_kl_loss"], "needs use_kl_loss: true"),
+        "use_kl_in_reward": (rl, "DPO's reference enters through its loss; remove it"),
+        "use_kl_loss": (rl, "DPO's reference enters through its loss; remove it"),
+        "clip_ratio": clipped,
+        "clip_ratio_low": clipped,
+        "clip_ratio_high": clipped,
+        "clip_ratio_c": (rl and mode == "vanilla", "dual-clip is loss_mode vanilla's only"),
+        "clip_cov_ratio": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "clip_cov_lb": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "clip_cov_ub": (rl and mode == "clip_cov", "needs loss_mode: clip_cov"),
+        "kl_cov_ratio": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
+        "ppo_kl_coef": (rl and mode == "kl_cov", "needs loss_mode: kl_cov"),
+        "loss_mode": (rl, "DPO's loss is dpo_loss"),
+        "loss_agg_mode": (rl, "DPO averages its per-pair losses, as TRL does"),
+        "loss_scale_factor": (rl and algo["loss_agg_mode"] == "seq-mean-token-sum-norm",
+                              "needs loss_agg_mode: seq-mean-token-sum-norm"),
+        "norm_adv_by_std_in_grpo": (est in ("grpo", "grpo_passk"), "needs adv_estimator grpo or grpo_passk"),
+        "cliprange_value": (name == "ppo", "only the PPO critic's loss reads it"),
+        "vf_coef": (name == "ppo", "only the PPO critic's loss reads it"),
+        "dpo_loss": (not rl, "needs algo.name: dpo"),
+        "label_smoothing": (not rl and dpo in ("sigmoid", "robust", "exo_pair"),
+                            "read by dpo_loss sigmoid, robust and exo_pair only"),
+        "discopop_tau": (not rl and dpo == "discopop", "needs dpo_loss: discopop"),
+    }  # fmt: skip
+    return {key: why for key, (used, why) in in_effect.items() if not used}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import (
+    CONFIG_MAPPING,
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    LlamaConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -75,9 +76,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
         vocab_size=32000,
     ),
+    # Qwen2-7B-Instruct / Qwen2.5-7B-Instruct's config.json; Qwen2's attention has q/k/v biases (no o_proj
+    # bias), which a LlamaConfig cannot express (its attention_bias adds all four)
+    "qwen2-7b": dict(
+        model_type="qwen2",
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        max_position_embeddings=32768,
+        vocab_size=152064,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
 }
-"""Architecture presets: LlamaConfig keyword arguments. Presets without ``vocab_size`` take it from the
-tokenizer; the 32000-vocab ones keep Llama-2's (our tokenizer's ids are a subset)."""
+"""Architecture presets: config keyword arguments of the preset's ``model_type`` (``llama`` unless it says
+otherwise: LlamaConfig). Presets without ``vocab_size`` take it from the tokenizer; the others keep their
+model's (our tokenizer's ids are a subset)."""
+
+_ROPE_KWARGS = frozenset({"rope_theta", "rope_scaling"})
+"""Accepted by every supported transformers release's config constructors, though 5.x keeps them in
+``rope_parameters`` (so they are not in ``to_dict()``)."""
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -242,19 +263,24 @@ def _require_hf_dir(path: str, where: str) -> None:
         raise ValueError(f"{where}: {path!r} has no config.json; expected {what}")
 
 
-def preset_config(model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, **extra: Any) -> LlamaConfig:
-    """The LlamaConfig of ``model.preset`` with ``model.overrides`` applied and special ids set."""
+def preset_config(
+    model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, **extra: Any
+) -> PretrainedConfig:
+    """The config of ``model.preset`` (a LlamaConfig, or its ``model_type``'s) with ``model.overrides``
+    applied and special ids set."""
     if model_cfg.preset not in PRESETS:
         raise ValueError(
             f"model.preset: unknown preset {model_cfg.preset!r}; expected one of {', '.join(PRESETS)} "
             "(or set model.path to a local model directory)"
         )
-    kwargs: dict[str, Any] = {"vocab_size": len(tokenizer), **PRESETS[model_cfg.preset]}
-    known = set(LlamaConfig().to_dict())
+    preset = dict(PRESETS[model_cfg.preset])
+    config_cls = CONFIG_MAPPING[preset.pop("model_type", "llama")]
+    kwargs: dict[str, Any] = {"vocab_size": len(tokenizer), **preset}
+    known = set(config_cls().to_dict()) | _ROPE_KWARGS
     for key, value in model_cfg.overrides.items():
         if key not in known:
             raise ValueError(
-                f"model.overrides.{key}: not a LlamaConfig field; e.g. num_hidden_layers, hidden_size"
+                f"model.overrides.{key}: not a {config_cls.__name__} field; e.g. num_hidden_layers, hidden_size"
             )
         kwargs[key] = value
     if kwargs["vocab_size"] < len(tokenizer):
@@ -267,7 +293,7 @@ def preset_config(model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, **
         eos_token_id=tokenizer.eos_token_id,
         **extra,
     )
-    return LlamaConfig(**kwargs)
+    return config_cls(**kwargs)
 
 
 def _finish(

@@ -37,9 +37,17 @@ from trainer.common import (
     position_ids_for,
     split_indices,
 )
-from trainer.config import AlgoConfig, TrainConfig
+from trainer.config import AlgoConfig, DataConfig, TrainConfig
 from trainer.events import Observer
 from trainer.mismatch import weighted_advantages
+
+
+def reward_where(data_cfg: DataConfig, reward_name: str) -> str:
+    """What a reward conversion error names: the config key, and for verl data the compute_score function
+    (``reward_name`` as `trainer.data.get_reward_fn` returns it)."""
+    if data_cfg.train_files is not None:
+        return f"data.compute_score ({reward_name.removeprefix('verl:')})"
+    return "data.reward_fn" if data_cfg.reward_fn else "data.task"
 
 
 def score_responses(
@@ -59,10 +67,7 @@ def score_responses(
     else:
         prompts = [ex["prompt"] for ex in examples]
         raw = reward_fn(prompts, rollout.responses_text(setup.tokenizer), examples)
-        where, source = (
-            "data.reward_fn" if setup.config.data.reward_fn else "data.task",
-            f"function:{reward_name}",
-        )
+        where, source = reward_where(setup.config.data, reward_name), f"function:{reward_name}"
     scores = convert_rewards(raw, b, setup.device, where)
     observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
     return scores

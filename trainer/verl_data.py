@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from trainer.common import add_step_metrics
 from trainer.config import DataConfig
+from trainer.step_extras import add_step_metrics
 
 PLAIN_TEXT_NOTE = (
     "the tokenizer has no chat template: verl prompts are rendered as plain text, one 'role: content' line "
@@ -283,7 +283,7 @@ class VerlReward:
         self.skipped_keys: set[str] = set()
         self.metrics: dict[str, list[float]] = {}
         """The last call's extra keys: metric name -> one value per response that had the key; their
-        sums and counts go to `trainer.common.add_step_metrics`."""
+        sums and counts go to `trainer.step_extras.add_step_metrics`."""
 
     def _one(self, i: int, response: str, ex: Mapping[str, Any]) -> float:
         extra = dict(ex.get("extra_info") or {})

@@ -2,7 +2,7 @@
 
 Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
-one-paragraph error with exit code 2 instead of a traceback. Exercised by `pytest tests/test_cli.py`.
+one-line error with exit code 2 instead of a traceback. Exercised by `pytest tests/test_cli_input.py`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.main(args) or 0)
     except ValueError as e:
-        print(f"verlaudit {args.command}: error: {e}", file=sys.stderr)
+        # one line, whatever the message (a library's error inside it may span several)
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"verlaudit {args.command}: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"verlaudit {args.command}: interrupted; what was written so far is kept", file=sys.stderr)

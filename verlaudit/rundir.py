@@ -11,7 +11,9 @@ One directory per variant run::
 
 Writers append and flush every line; readers accept a truncated last line and a missing status,
 so `verlaudit diagnose` works on runs that died half-way and on runs copied from another machine.
-Exercised by `pytest tests/test_rundir.py`.
+Anything else a reader cannot use (a manifest that is a list, a line that is not an object, a step
+that is not an integer) is a ValueError naming the file, line and field. Exercised by
+`pytest tests/test_rundir.py`.
 """
 
 from __future__ import annotations
@@ -181,19 +183,30 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
-    """A JSON file, or None when missing; a damaged file raises ValueError naming it."""
+    """A JSON object file, or None when missing; a damaged file, or one holding something other than
+    an object, raises ValueError naming it."""
     p = Path(path)
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{p}: not valid JSON ({e}); the file is damaged — rerun or delete it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a JSON object {{...}}, got {_kind(data)}; the file is damaged or not "
+                         "verlaudit's")  # fmt: skip
+    return data
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file. A truncated or damaged *last* line (a killed writer) is skipped;
-    a damaged line in the middle raises ValueError naming file and line."""
+    """Records of a JSONL file (see `iter_jsonl_lines`)."""
+    return (rec for _, rec in iter_jsonl_lines(path))
+
+
+def iter_jsonl_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of a JSONL file. A truncated or damaged *last* line (a killed writer) is
+    skipped; a damaged line in the middle, or a complete line that is not a JSON object (no writer of
+    ours makes one, whole or cut), raises ValueError naming file and line."""
     p = Path(path)
     if not p.exists():
         return
@@ -211,10 +224,103 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 return  # truncated tail: the writer died mid-line
             raise ValueError(f"{p}:{i + 1}: damaged line (not JSON) in the middle of the file") from None
         if not isinstance(rec, dict):
-            if i >= last_complete - 1:
-                return
-            raise ValueError(f"{p}:{i + 1}: expected a JSON object per line")
-        yield rec
+            raise ValueError(f"{p}:{i + 1}: expected a JSON object per line, got {_kind(rec)}")
+        yield i + 1, rec
+
+
+def _kind(value: Any) -> str:
+    names = {
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        dict: "an object",
+    }
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+# What each field of a run-directory file must be (None is accepted for every field; unknown
+# fields are kept). Readers rely on these types; a file from elsewhere that breaks them is named.
+_MANIFEST = {"schema_version": int, "variant": str, "suite": str, "seed": int, "started_at": str, "config": dict,
+             "policy": dict, "environment": dict, "memory": dict, "audit": dict, "emulation": dict, "inject": dict,
+             "distributed": dict}  # fmt: skip
+_STATUS = {"state": str, "reason": str, "error": str, "phase": str, "where": str, "role": str, "traceback": str,
+           "step": int, "last_completed_step": int, "steps": int, "rank": int, "failed_at": float, "memory": dict}  # fmt: skip
+_FINDING = {"severity": str, "kind": str, "message": str, "role": str, "where": str, "step": int, "phase": str,
+            "fix": str, "rank": int, "count": int}  # fmt: skip
+STATES = ("completed", "failed")
+
+
+def _check_fields(data: Mapping[str, Any], schema: Mapping[str, type], where: str) -> None:
+    for key, want in schema.items():
+        v = data.get(key)
+        if not _has_type(v, want):
+            what = {str: "a string", int: "an integer", float: "a number", dict: "an object"}[want]
+            raise ValueError(f"{where}: {key}: expected {what}, got {_kind(v)} {json.dumps(v)[:40]}")
+
+
+def _has_type(v: Any, want: type) -> bool:
+    if v is None:
+        return True
+    if want in (int, float) and isinstance(v, bool):
+        return False
+    return isinstance(v, (int, float) if want is float else want)
+
+
+def _check_manifest(m: Mapping[str, Any], p: Path) -> None:
+    _check_fields(m, _MANIFEST, str(p))
+    for section, v in (m.get("config") or {}).items():
+        if isinstance(v, list) or (section in ("model", "data", "algo", "precision", "rollout") and v is not None
+                                   and not isinstance(v, dict)):  # fmt: skip
+            raise ValueError(f"{p}: config.{section}: expected an object, got {_kind(v)}")
+    roles = (m.get("policy") or {}).get("roles")
+    if roles is not None and not (
+        isinstance(roles, dict) and all(isinstance(r, dict) for r in roles.values())
+    ):
+        raise ValueError(
+            f"{p}: policy.roles: expected an object of role -> object, got {json.dumps(roles)[:60]}"
+        )
+
+
+def _check_status(st: Mapping[str, Any], p: Path) -> None:
+    _check_fields(st, _STATUS, str(p))
+    if "state" in st and st["state"] not in STATES:
+        raise ValueError(f"{p}: state: {st['state']!r}; expected one of {', '.join(STATES)}")
+
+
+def _metric_record(rec: dict[str, Any], where: str) -> dict[str, Any]:
+    step = rec.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"{where}: step: expected an integer, got {_kind(step)} {json.dumps(step)[:40]}")
+    for k, v in rec.items():
+        if not _is_number(v):
+            raise ValueError(f"{where}: {k}: expected a number, got {_kind(v)} {json.dumps(v)[:40]}")
+    return rec
+
+
+def _is_number(v: Any) -> bool:
+    """A metric value: a number, null, or one of the strings `dumps` writes for non-finite floats."""
+    if v is None or isinstance(v, (int, float)):
+        return True
+    if not isinstance(v, str):
+        return False
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _finding(rec: dict[str, Any], where: str) -> Finding:
+    _check_fields(rec, _FINDING, where)
+    for key in ("severity", "kind", "message"):
+        if rec.get(key) is None:
+            raise ValueError(f"{where}: {key}: missing; a finding needs severity, kind and message")
+    try:
+        return Finding.from_dict(rec)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 @dataclasses.dataclass
@@ -259,12 +365,25 @@ def read_run(path: str | os.PathLike) -> RunDir:
             f"{p}: not a run directory (no {MANIFEST}, {METRICS} or {STATUS}); "
             "pass a variant's directory, e.g. reports/<suite>/<timestamp>/<variant>"
         )
-    findings = [Finding.from_dict(d) for d in iter_jsonl(p / FINDINGS) if "severity" in d]
+    manifest, status = read_json(p / MANIFEST), read_json(p / STATUS)
+    if manifest is not None:
+        _check_manifest(manifest, p / MANIFEST)
+    if status is not None:
+        _check_status(status, p / STATUS)
+    events = [rec for ln, rec in iter_jsonl_lines(p / EVENTS) if _event(rec, f"{p / EVENTS}:{ln}")]
     return RunDir(
         path=p,
-        manifest=read_json(p / MANIFEST) or {},
-        metrics=list(iter_jsonl(p / METRICS)),
-        findings=findings,
-        events=list(iter_jsonl(p / EVENTS)),
-        status=read_json(p / STATUS),
+        manifest=manifest or {},
+        metrics=[_metric_record(rec, f"{p / METRICS}:{ln}") for ln, rec in iter_jsonl_lines(p / METRICS)],
+        findings=[_finding(rec, f"{p / FINDINGS}:{ln}") for ln, rec in iter_jsonl_lines(p / FINDINGS)],
+        events=events,
+        status=status,
     )
+
+
+def _event(rec: dict[str, Any], where: str) -> bool:
+    if not isinstance(rec.get("kind"), str):
+        raise ValueError(
+            f"{where}: kind: expected a string naming the event, got {json.dumps(rec.get('kind'))[:40]}"
+        )
+    return True

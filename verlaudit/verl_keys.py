@@ -3,8 +3,10 @@
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
 way, and every algorithm option of our suite maps to its verl key (`ALGO_KEYS`). Neither
-verlaudit/analysis/diagnose.py nor verlaudit/analysis/logparse.py spells a verl key itself. Exercised by
-`pytest tests/test_diagnose.py tests/test_logparse.py tests/test_verl_keys.py tests/test_algo_keys.py`.
+verlaudit/analysis/diagnose.py, verlaudit/analysis/logparse.py nor the log rules in verlaudit/analysis/logs/
+spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it). Exercised by
+`pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py tests/test_verl_keys.py
+tests/test_algo_keys.py`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ def micro_batch(role: str | None = None) -> str:
     return f"{worker(role)}.ppo_micro_batch_size_per_gpu"
 
 
+def lr(role: str | None = None) -> str:
+    return f"{worker(role)}.optim.lr"
+
+
+def grad_clip(role: str | None = None) -> str:
+    return f"{worker(role)}.grad_clip=1.0"
+
+
 PARAM_DTYPE_BF16 = param_dtype("actor", "bf16")
 PARAM_DTYPE_FP16 = param_dtype("actor", "fp16")
 MODEL_DTYPE = f"{fsdp_config('actor')}.model_dtype"
@@ -52,10 +62,16 @@ GRAD_CKPT = grad_ckpt("actor")
 MICRO_BATCH = micro_batch("actor")
 REF_LOG_PROB_MICRO_BATCH = f"{REF}.log_prob_micro_batch_size_per_gpu"
 ROLLOUT_LOG_PROB_MICRO_BATCH = f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"
+ROLLOUT_LOG_PROB_MAX_TOKEN_LEN = f"{ROLLOUT}.log_prob_max_token_len_per_gpu"
+REF_LOG_PROB_MAX_TOKEN_LEN = f"{REF}.log_prob_max_token_len_per_gpu"
+PPO_MAX_TOKEN_LEN = f"{ACTOR}.ppo_max_token_len_per_gpu"
+USE_DYNAMIC_BSZ = f"{ACTOR}.use_dynamic_bsz=True"
+ENTROPY_CHUNKING = f"{ACTOR}.entropy_from_logits_with_chunking=True"
+ENTROPY_CHECKPOINTING = f"{ACTOR}.entropy_checkpointing=True"
 REMOVE_PADDING = f"{MODEL}.use_remove_padding=True"
 TORCH_COMPILE_OFF = f"{ACTOR}.use_torch_compile=False"
-LR = f"{ACTOR}.optim.lr"
-GRAD_CLIP = f"{ACTOR}.grad_clip=1.0"
+LR = lr("actor")
+GRAD_CLIP = grad_clip("actor")
 ENTROPY_COEFF = f"{ACTOR}.entropy_coeff"
 KL_LOSS_COEF = f"{ACTOR}.kl_loss_coef"
 KL_COEF = "algorithm.kl_ctrl.kl_coef"
@@ -65,6 +81,16 @@ ROLLOUT_TOP_K = f"{ROLLOUT}.top_k"
 ROLLOUT_TOP_P = f"{ROLLOUT}.top_p"
 LOGPROBS_MODE = f"{ROLLOUT}.logprobs_mode"  # verl sets processed_logprobs; vLLM's own default is raw_logprobs
 GPU_MEMORY_UTILIZATION = f"{ROLLOUT}.gpu_memory_utilization"
+ROLLOUT_MAX_MODEL_LEN = f"{ROLLOUT}.max_model_len"
+ROLLOUT_MAX_NUM_SEQS = f"{ROLLOUT}.max_num_seqs"
+ROLLOUT_MAX_NUM_BATCHED_TOKENS = f"{ROLLOUT}.max_num_batched_tokens"
+ROLLOUT_FREE_CACHE_ENGINE = f"{ROLLOUT}.free_cache_engine=True"
+ROLLOUT_DTYPE_FP16 = f"{ROLLOUT}.dtype=float16"
+ROLLOUT_NAME = f"{ROLLOUT}.name"
+NCCL_TIMEOUT = f"{ACTOR_ROLLOUT_REF}.nccl_timeout"
+LORA_RANK = f"{MODEL}.lora_rank"
+SAVE_FREQ = "trainer.save_freq"
+RAY_NUM_CPUS = "ray_init.num_cpus"
 MAX_RESPONSE_LENGTH = "data.max_response_length"
 REWARD_MANAGER = "reward_model.reward_manager"
 REWARD_MODEL_DTYPE_FP32 = "reward_model.model.fsdp_config.model_dtype=fp32"
@@ -111,6 +137,7 @@ ALGO_KEYS: dict[str, str] = {
     "micro_batch_size": MICRO_BATCH,
     "mini_batch_size": f"{ACTOR}.ppo_mini_batch_size",
     "lr": LR,
+    "weight_decay": f"{ACTOR}.optim.weight_decay",
     "critic_lr": f"{CRITIC}.optim.lr",
     "cliprange_value": f"{CRITIC}.cliprange_value",
     "batch_size": "data.train_batch_size",

@@ -17,11 +17,18 @@ SEVERITY_WEIGHT = {"error": 100.0, "warning": 10.0, "info": 1.0}
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One concrete change: the suite key to set, the verl key that does the same, and why."""
+    """One concrete change: the suite key to set, the verl key that does the same, the setting in the
+    log's own framework when that is not verl, and why."""
 
     suite: str | None
     verl: str | None = None
     why: str = ""
+    key: str | None = None
+    """The same change in the framework a foreign log came from (a TrainingArguments / GRPOConfig
+    field, a DeepSpeed config key, an OpenRLHF flag, a vLLM engine argument), spelled as that
+    framework spells it; None for verl (see ``verl``) and for advice that is not a setting."""
+    framework: str | None = None
+    """The framework ``key`` belongs to (``trl``, ``deepspeed``, ``openrlhf``, ``vllm``, ...)."""
 
 
 @dataclasses.dataclass
@@ -32,7 +39,9 @@ class Cause:
     kind: str
     """``oom``, ``nonfinite``, ``dtype_error``, ``loss_scale_collapse``, ``overflow_skips``,
     ``reward_collapse``, ``reward_variance``, ``killed``, ``exception``, ``interrupted``, ``refused``,
-    ``device_mismatch``, ``finding:<kind>``."""
+    ``device_mismatch``, ``finding:<kind>``; from foreign logs also ``oom_host``, ``oom_kv_cache``,
+    ``nccl_timeout``, ``nccl_error``, ``ray_actor_died``, ``cuda_error``, ``dtype_unsupported``,
+    ``unscale_fp16``, ``import_error``, ``weight_sync``, ``engine_error``, ``compile_error``."""
     title: str
     what: str
     evidence: list[str] = dataclasses.field(default_factory=list)
@@ -41,8 +50,21 @@ class Cause:
     """What this source cannot tell (a foreign log has no culprit module, no memory classes)."""
     step: int | None = None
     where: str | None = None
+    """The culprit: a module path, a boundary, a rank, a setting, a function (a run's phase for
+    run-directory causes that have no finer culprit)."""
     score: float = 0.0
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    phase: str | None = None
+    """For a foreign log: the phase the failure happened in, from the traceback's frames or the log's
+    last activity line (``generate``, ``logprob``, ``reference``, ``values``, ``update``,
+    ``weight_sync``, ``checkpoint``, ``init``); None when the log does not show it."""
+    framework: str | None = None
+    """For a foreign log: the framework whose messages it shows (``verl``, ``trl``, ``openrlhf``, ...)."""
+    rank: int | None = None
+    """For a multi-rank log: the rank the cause points at (the first failing rank, or the one the
+    others waited for)."""
+    line: int | None = None
+    """For a foreign log: the line number of the cause's first evidence (root before cascade)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

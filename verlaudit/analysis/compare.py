@@ -12,9 +12,14 @@ directory name). Checks, each a JUnit test case:
 - ``allocator_memory``: ``perf/max_memory_allocated_gb`` (CUDA only) may grow by ``memory_rel``.
 - ``step_time``: median ``perf/step_time_s`` (first step excluded: warm-up) may grow by
   ``step_time_ratio`` (default 1.5x; CPU timings are noisy and machine-dependent).
-- ``trajectory:<metric>`` (default ``actor/loss``): per step ``|now - baseline| <= loss_atol`` and
-  the residual mean ``|mean(now - baseline)| <= loss_mean_atol`` so a small one-sided drift that
-  stays inside the per-step band is still caught; NaN where the baseline was finite fails.
+- ``trajectory:<metric>`` (default ``actor/loss``, plus every metric of the baseline's tolerance
+  model): per step ``|now - baseline| <= atol(step)`` and the residual mean
+  ``|mean(now - baseline)| <= mean_atol`` so a small one-sided drift that stays inside the per-step
+  band is still caught; NaN where the baseline was finite fails. Which tolerance applies, per step,
+  in this order: ``loss_atol`` / ``loss_mean_atol`` set explicitly (``--tolerances`` over the suite's
+  ``compare:`` mapping), else the baseline's ``tolerances.json`` (per variant, metric and step,
+  measured across CPU kernels: `verlaudit.analysis.tolerance`) for the steps it covers, else the
+  defaults below. The markdown and JUnit say which applied at each step.
 - ``findings``: no error-level finding (kind, role, where) that the baseline did not have.
 - ``overflow``: no more skipped optimizer steps (``*/skipped``) and no new overflow findings.
 - ``gate:<expr>``: gate expressions (`verlaudit.analysis.gates`) from the suite or ``--gate``.
@@ -22,8 +27,9 @@ directory name). Checks, each a JUnit test case:
 Tolerances come from the run's suite (``compare:`` mapping in the suite YAML, copied to the
 report's suite.json), then ``--tolerances key=value,...``. Output: a markdown summary, JUnit XML,
 exit 1 on any regression, 2 on bad input. ``--update-baseline`` copies RUN into BASELINE (default
-``reports/baselines/<suite>/<device>/``) and prints what changed. Exercised by
-`pytest tests/test_compare.py tests/test_ci_baseline.py`.
+``reports/baselines/<suite>/<device>/``), prints what changed, and keeps the baseline's
+tolerances.json (a noise model, re-derived only by `benchmarks/derive_tolerances.py`). Exercised by
+`pytest tests/test_compare.py tests/test_tolerance.py tests/test_ci_baseline.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verlaudit.analysis import tolerance as tolmodel
+from verlaudit.analysis.baseline_notes import write_notes
 from verlaudit.analysis.gates import Gate, check_gates, check_known_metrics, parse_gate
 from verlaudit.rundir import (
     FINDINGS,
@@ -83,6 +91,8 @@ class Settings:
     trajectories: tuple[str, ...]
     variant_tolerances: Mapping[str, Mapping[str, float]]
     gates: tuple[Gate, ...]
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Tolerance key -> where it was set explicitly (``--tolerances``, ``suite``); absent: default."""
 
     def for_variant(self, name: str) -> dict[str, float]:
         base = name.rsplit("-s", 1)[0] if re.search(r"-s\d+$", name) else name
@@ -91,6 +101,17 @@ class Settings:
             **self.variant_tolerances.get(base, {}),
             **self.variant_tolerances.get(name, {}),
         }
+
+    def explicit_for_variant(self, name: str) -> dict[str, str]:
+        """Tolerance key -> source, for the keys set by the suite or the command line (these win
+        over the baseline's tolerance model)."""
+        base = name.rsplit("-s", 1)[0] if re.search(r"-s\d+$", name) else name
+        out = dict(self.sources)
+        for v in (base, name):
+            for k in self.variant_tolerances.get(v, {}):
+                if out.get(k) != "--tolerances":
+                    out[k] = f"suite compare.variant_tolerances.{v}"
+        return out
 
 
 def _tolerance_map(data: Any, where: str) -> dict[str, float]:
@@ -115,7 +136,9 @@ def load_settings(compare: Mapping[str, Any] | None, cli_tolerances: Sequence[st
     for k in compare:
         if k not in COMPARE_KEYS:
             raise ValueError(f"compare.{k}: unknown key; expected one of {', '.join(COMPARE_KEYS)}")
-    tol = {**DEFAULT_TOLERANCES, **_tolerance_map(compare.get("tolerances") or {}, "compare.tolerances")}
+    suite_tol = _tolerance_map(compare.get("tolerances") or {}, "compare.tolerances")
+    tol = {**DEFAULT_TOLERANCES, **suite_tol}
+    sources = dict.fromkeys(suite_tol, "suite compare.tolerances")
     for item in cli_tolerances:
         for part in filter(None, (p.strip() for p in item.split(","))):
             if "=" not in part:
@@ -125,6 +148,7 @@ def load_settings(compare: Mapping[str, Any] | None, cli_tolerances: Sequence[st
                 tol.update(_tolerance_map({k.strip(): float(v)}, "--tolerances"))
             except ValueError as e:
                 raise ValueError(str(e) if "unknown" in str(e) else f"--tolerances {part!r}: {e}") from None
+            sources[k.strip()] = "--tolerances"
     traj = compare.get("trajectories", ["actor/loss"])
     if not isinstance(traj, (list, tuple)) or not all(isinstance(t, str) for t in traj):
         raise ValueError(f"compare.trajectories: expected a list of metric names, got {traj!r}")
@@ -142,7 +166,7 @@ def load_settings(compare: Mapping[str, Any] | None, cli_tolerances: Sequence[st
         except ValueError as e:
             where = f"compare.gates[{i}]" if i < len(gates_src) else "--gate"
             raise ValueError(f"{where}: {e}") from None
-    return Settings(tol, tuple(traj), vt, tuple(gates))
+    return Settings(tol, tuple(traj), vt, tuple(gates), sources)
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,34 +262,59 @@ def check_step_time(name: str, base: RunDir, now: RunDir, tol: Mapping[str, floa
                  f"median step time x{ratio:.2f} of baseline (first step excluded)")  # fmt: skip
 
 
-def check_trajectory(name: str, key: str, base: RunDir, now: RunDir, tol: Mapping[str, float]) -> Check:
+def check_trajectory(
+    name: str,
+    key: str,
+    base: RunDir,
+    now: RunDir,
+    tol: Mapping[str, float],
+    model: tolmodel.Model | None = None,
+    explicit: Mapping[str, str] | None = None,
+) -> Check:
+    """Per-step and mean-residual check of one metric; ``model`` gives per-step tolerances where
+    ``explicit`` (tolerance key -> source) does not override them."""
+    explicit = explicit or {}
     b, n = dict(base.series(key)), dict(now.series(key))
     check = f"trajectory:{key}"
-    label = f"|d|<={tol['loss_atol']:g}, |mean d|<={tol['loss_mean_atol']:g}"
     if not b:
-        return Check(name, check, "skip", "", "", label, f"{key} not in the baseline")
+        return Check(name, check, "skip", "", "", "", f"{key} not in the baseline")
     steps = sorted(set(b) & set(n))
     missing = sorted(set(b) - set(n))
     if not steps:
         return Check(
-            name, check, "fail", f"{len(b)} steps", "0 steps", label, f"regression: no {key} recorded now"
+            name, check, "fail", f"{len(b)} steps", "0 steps", "", f"regression: no {key} recorded now"
         )
+    per_step = tolmodel.step_tolerances(steps, tol, model, explicit)
     bad_nan = [s for s in steps if math.isfinite(b[s]) and not math.isfinite(n[s])]
-    res = [n[s] - b[s] for s in steps if math.isfinite(b[s]) and math.isfinite(n[s])]
-    worst_step = max((s for s in steps if s not in bad_nan and math.isfinite(b[s])), key=lambda s: abs(n[s] - b[s]),
-                     default=None)  # fmt: skip
-    worst = abs(n[worst_step] - b[worst_step]) if worst_step is not None else 0.0
-    mean_res = statistics.fmean(res) if res else 0.0
+    ok = [i for i, s in enumerate(steps) if math.isfinite(b[s]) and math.isfinite(n[s])]
+    res = [n[steps[i]] - b[steps[i]] for i in ok]
+    mean = tolmodel.mean_tolerance(len(res), tol, model, explicit)
+    label = tolmodel.tolerance_label(steps, per_step, mean)
+    over = [
+        (steps[i], abs(n[steps[i]] - b[steps[i]]), per_step[i][0])
+        for i in ok
+        if abs(n[steps[i]] - b[steps[i]]) > per_step[i][0]
+    ]
+    mean_res = tolmodel.mean_residual([b[steps[i]] for i in ok], [n[steps[i]] for i in ok])
     problems = []
     if bad_nan:
         problems.append(f"non-finite at step(s) {bad_nan[:5]} where the baseline was finite")
-    if worst > tol["loss_atol"]:
-        problems.append(f"step {worst_step}: {n[worst_step]:.6g} vs {b[worst_step]:.6g} (|d| {worst:.3g})")
-    if abs(mean_res) > tol["loss_mean_atol"]:
-        problems.append(f"one-sided drift: mean residual {mean_res:+.3g} over {len(res)} steps")
+    for s, d, a in over[:3]:
+        problems.append(f"step {s}: {n[s]:.6g} vs {b[s]:.6g} (|d| {d:.3g} > {a:.2g})")
+    if len(over) > 3:
+        problems.append(f"{len(over) - 3} more step(s) outside tolerance")
+    if abs(mean_res) > mean[0]:
+        problems.append(
+            f"one-sided drift: mean residual {mean_res:+.3g} over {len(res)} steps (> {mean[0]:.2g})"
+        )
     if missing:
         problems.append(f"{len(missing)} baseline step(s) missing now (from step {missing[0]})")
-    summary = f"{len(steps)} steps, max |d| {worst:.3g}, mean d {mean_res:+.3g}"
+    ratios = [abs(n[steps[i]] - b[steps[i]]) / per_step[i][0] if per_step[i][0] > 0 else math.inf for i in ok]
+    worst = max(range(len(ok)), key=lambda j: ratios[j], default=None)
+    summary = f"{len(steps)} steps, mean d {mean_res:+.3g}"
+    if worst is not None:
+        s = steps[ok[worst]]
+        summary += f", closest to tolerance: step {s} |d| {abs(n[s] - b[s]):.3g} ({ratios[worst]:.2f} of it)"
     return Check(name, check, "fail" if problems else "pass", f"{len(b)} steps", f"{len(n)} steps", label,
                  ("regression: " + "; ".join(problems)) if problems else summary)  # fmt: skip
 
@@ -309,10 +358,31 @@ def check_overflow(name: str, base: RunDir, now: RunDir) -> Check:
                  "no new skips/overflows", ("regression: " + "; ".join(problems)) if problems else "no new skips")  # fmt: skip
 
 
-def compare_runs(
-    base_runs: Mapping[str, RunDir], now_runs: Mapping[str, RunDir], settings: Settings
+def _preset(run: RunDir) -> str | None:
+    return ((run.manifest.get("config") or {}).get("precision") or {}).get("preset")
+
+
+def trajectory_checks(
+    name: str, base: RunDir, now: RunDir, settings: Settings, model: tolmodel.ToleranceModel | None
 ) -> list[Check]:
-    """Every check for every variant, in variant order."""
+    """The suite's trajectories and every metric the baseline's model covers for this variant."""
+    tol, explicit = settings.for_variant(name), settings.explicit_for_variant(name)
+    found = model.for_variant(name, _preset(base)) if model else None
+    metrics = dict.fromkeys([*settings.trajectories, *(found[1].metrics if found else ())])
+    out = []
+    for key in metrics:
+        mm = found[1].metrics.get(key) if found else None
+        out.append(check_trajectory(name, key, base, now, tol, (found[0], mm) if mm else None, explicit))
+    return out
+
+
+def compare_runs(
+    base_runs: Mapping[str, RunDir],
+    now_runs: Mapping[str, RunDir],
+    settings: Settings,
+    model: tolmodel.ToleranceModel | None = None,
+) -> list[Check]:
+    """Every check for every variant, in variant order; ``model``: the baseline's tolerances.json."""
     known = {k for r in now_runs.values() for m in r.metrics for k in m}
     check_known_metrics(settings.gates, sorted(known))
     out: list[Check] = []
@@ -335,7 +405,7 @@ def compare_runs(
         if alloc:
             out.append(alloc)
         out.append(check_step_time(name, base, now, tol))
-        out += [check_trajectory(name, k, base, now, tol) for k in settings.trajectories]
+        out += trajectory_checks(name, base, now, settings, model)
         out.append(check_findings(name, base, now))
         out.append(check_overflow(name, base, now))
         out += _gate_checks(name, now, settings)
@@ -412,7 +482,7 @@ def render_junit(checks: Sequence[Check], suite: str) -> str:
             ET.SubElement(tc, "skipped", message=c.message[:500])
         else:
             out = ET.SubElement(tc, "system-out")
-            out.text = c.message
+            out.text = f"tolerance: {c.tolerance}\n{c.message}" if c.tolerance else c.message
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -435,7 +505,9 @@ def default_baseline(runs: Mapping[str, RunDir], suite: Mapping[str, Any]) -> Pa
     return Path("reports") / "baselines" / str(name) / device_slug(first)
 
 
-def write_baseline(now_runs: Mapping[str, RunDir], run_path: Path, dest: Path, argv: Sequence[str]) -> None:
+def write_baseline(now_runs: Mapping[str, RunDir], run_path: Path, dest: Path) -> None:
+    """Copies the runs into ``dest`` (runs no longer there are removed); a tolerances.json already
+    there is kept: it models kernel noise, which a new baseline run does not re-measure."""
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.iterdir():
         if old.is_dir() and is_run_dir(old) and old.name not in now_runs:
@@ -451,13 +523,7 @@ def write_baseline(now_runs: Mapping[str, RunDir], run_path: Path, dest: Path, a
     src_suite = run_path / SUITE_COPY if not is_run_dir(run_path) else run_path.parent / SUITE_COPY
     if src_suite.exists():
         shutil.copyfile(src_suite, dest / SUITE_COPY)
-    (dest / "BASELINE.md").write_text(
-        "# Baseline\n\nWritten by `verlaudit compare --update-baseline` from `"
-        f"{run_path}`; update only with that command:\n\n    verlaudit {' '.join(argv)}\n\n"
-        "Each variant keeps manifest.json, metrics.jsonl, findings.jsonl and status.json (events.jsonl is "
-        "not compared and is left out).\n",
-        encoding="utf-8",
-    )
+    write_notes(dest)
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,7 +559,7 @@ def main(args: argparse.Namespace) -> int:
     if args.update_baseline:
         if has_baseline:
             base_runs, _ = load_runs(base_path, "BASELINE")
-            checks = compare_runs(base_runs, now_runs, settings)
+            checks = compare_runs(base_runs, now_runs, settings, tolmodel.load_model(base_path))
             changed = [c for c in checks if c.verdict != "pass"]
             print(
                 f"updating baseline {base_path}; what changed ({len(changed)} of {len(checks)} checks differ):"
@@ -506,18 +572,14 @@ def main(args: argparse.Namespace) -> int:
             print(
                 f"creating baseline {base_path} from {run_path} ({len(now_runs)} runs: {', '.join(now_runs)})"
             )
-        write_baseline(
-            now_runs,
-            run_path,
-            base_path,
-            ["compare", "<RUN>", "--baseline", str(base_path), "--update-baseline"],
-        )
+        write_baseline(now_runs, run_path, base_path)
+        print(_model_note(tolmodel.load_model(base_path), now_runs, base_path))
         return 0
     if not has_baseline:
         raise ValueError(f"baseline {base_path}: no run directories there; create one with "
                          f"`verlaudit compare {run_path} --baseline {base_path} --update-baseline`")  # fmt: skip
     base_runs, _ = load_runs(base_path, "BASELINE")
-    checks = compare_runs(base_runs, now_runs, settings)
+    checks = compare_runs(base_runs, now_runs, settings, tolmodel.load_model(base_path))
     md = render_markdown(checks, str(run_path), str(base_path), config_differences(base_runs, now_runs))
     print(md)
     if args.markdown:
@@ -525,3 +587,17 @@ def main(args: argparse.Namespace) -> int:
     if args.junit:
         Path(args.junit).write_text(render_junit(checks, suite_name), encoding="utf-8")
     return 1 if any(c.verdict == "fail" for c in checks) else 0
+
+
+def _model_note(model: tolmodel.ToleranceModel | None, runs: Mapping[str, RunDir], dest: Path) -> str:
+    derive = f"python benchmarks/derive_tolerances.py --baseline {dest}"
+    if model is None:
+        return f"no {tolmodel.TOLERANCE_FILE} in {dest}: trajectories use loss_atol / loss_mean_atol; derive one with `{derive}`"
+    uncovered = [n for n in runs if model.for_variant(n, _preset(runs[n])) is None]
+    longest = max((len(r.metrics) for r in runs.values()), default=0)
+    note = f"kept {model.path} (steps 0-{model.steps - 1}, variants {', '.join(model.variants)})"
+    if uncovered:
+        note += f"; not covered: {', '.join(uncovered)} (loss_atol applies)"
+    if longest > model.steps:
+        note += f"; steps >= {model.steps} use loss_atol"
+    return note + f"; re-derive after a change to the suite or the trainer's numerics: `{derive}`"

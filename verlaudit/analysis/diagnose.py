@@ -31,8 +31,9 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.logparse import diagnose_log, explain_error_text, parse_dtype_message
+from verlaudit.analysis.logparse import diagnose_log, explain_error_text
 from verlaudit.analysis.mismatch_cause import mismatch_causes
+from verlaudit.dtypes import parse_dtype_message
 from verlaudit.plan.failure import capacity_gib, memory_at_failure, run_plan_inputs, run_world_size
 from verlaudit.plan.memory_model import GIB
 from verlaudit.plan.planner import plan_config
@@ -247,9 +248,9 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
 
     f = runtime[0] if runtime else None
     msg = str(st.get("error") or (f.message if f else ""))
-    parsed = parse_dtype_message(msg) or {}
-    observed = (f.observed if f and f.observed else None) or parsed.get("observed")
-    expected = (f.expected if f and f.expected else None) or parsed.get("expected")
+    parsed = parse_dtype_message(msg)
+    observed = (f.observed if f and f.observed else None) or (parsed.observed if parsed else None)
+    expected = (f.expected if f and f.expected else None) or (parsed.expected if parsed else None)
     where = (f.where if f else None) or st.get("where")
     step = f.step if f and f.step is not None else st.get("step")
     ev = [f"error: {msg}"] if msg else []
@@ -601,11 +602,17 @@ def render_text(d: Diagnosis) -> str:
         lines.append("  no problems found")
     for i, c in enumerate(d.causes, 1):
         lines.append(f"  {i}. [{c.severity}] {c.title}")
+        if c.framework or c.phase or c.rank is not None:  # a foreign log's cause: where it sits in the run
+            at = [f"culprit: {c.where}" if c.where else None, f"phase: {c.phase}" if c.phase else None,
+                  f"rank: {c.rank}" if c.rank is not None else None]  # fmt: skip
+            if any(at):
+                lines.append("     " + "; ".join(a for a in at if a))
         lines.append(f"     what: {c.what}")
         for e in c.evidence:
             lines.append(f"     - {e}")
         for f in c.fixes:
-            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None]
+            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None,
+                     f"{f.framework}: {f.key}" if f.key else None]  # fmt: skip
             head = "; ".join(p for p in parts if p)
             lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
             lines.extend(_verl_script_lines(d, f))
@@ -639,6 +646,9 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
         raise ValueError(
             f"{p}: no such file or directory; pass a run directory, a suite report directory or a log file"
         )
+    if not p.is_dir():
+        raise ValueError(f"{p}: a device or a pipe, not a file: neither a log nor a run directory; pass a training "
+                         "log (text), a run directory or a suite report directory")  # fmt: skip
     if is_run_dir(p):
         return [diagnose_run(read_run(p))]
     runs = find_runs(p)

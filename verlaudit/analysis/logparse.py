@@ -1,26 +1,25 @@
-"""Explains training logs and tracebacks from other frameworks (verl, TRL / HF Trainer, DeepSpeed,
-Megatron, apex, plain PyTorch) with the same causes `verlaudit diagnose` gives for its own runs.
-
-Recognised: dtype errors (``expected scalar type X but found Y``, ``mat1 and mat2 must have the same
-dtype``, ``Input type (...) and weight type (...)``, SDPA query/key/value dtypes, ``Got unsupported
-ScalarType BFloat16`` from ``.numpy()``, ``"op" not implemented for 'Half'``), device mismatches,
-CUDA OOM messages (both the PyTorch >= 2.1 wording and the older one) and vLLM KV-cache OOM,
-NaN/Inf losses (verl ``step:N - key:value`` lines, HF ``{'loss': nan}`` dicts, plain ``loss=nan``,
-anomaly-mode backward functions, ``probability tensor contains inf/nan``), fp16 overflow skips
-(apex / DeepSpeed / Megatron) and the DeepSpeed minimum-loss-scale abort. Every cause says what a log
-alone cannot tell (which module produced the NaN, how memory split into parameters / gradients /
-optimizer / activations). Exercised by `pytest tests/test_logparse.py tests/test_diagnose.py -k log` and
-``verlaudit diagnose path/to/train.log``.
+"""Explains training logs and tracebacks from other frameworks (verl and its forks, TRL / HF Trainer,
+OpenRLHF, NeMo-RL, DeepSpeed, accelerate, vLLM, SGLang, Megatron, apex, plain PyTorch) with the same
+causes `verlaudit diagnose` gives for its own runs. The thin entry point: a log is read in one pass
+with bounded memory whatever its size (`log_lines`; an empty or binary file is refused as neither a
+log nor a run directory), each line goes to the rule families of `verlaudit.analysis.logs` (one
+streaming scan, bounded facts, one module per family) and to the metric records (verl
+``step:N - key:value`` lines, HF Trainer / TRL dicts and JSON records) whose non-finite evidence this
+module explains; `explain_error_text` reads the same messages in a run directory's recorded
+traceback. Exercised by `pytest tests/test_logparse.py tests/test_log_rules.py tests/test_diagnose.py
+-k log` and ``verlaudit diagnose path/to/train.log``.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
     BACKWARD_NAN_WHAT,
     Cause,
@@ -28,93 +27,13 @@ from verlaudit.analysis.causes import (
     Fix,
     backward_nan_fixes,
     dtype_fixes,
-    rank,
 )
+from verlaudit.analysis.logs.exceptions import COMPILE as _COMPILE
+from verlaudit.analysis.logs.exceptions import DEVICE as _DEVICE
+from verlaudit.analysis.logs.memory import find_oom as _find_oom
+from verlaudit.dtypes import DtypeMessage, find_dtype_messages
 
-_DT = {
-    "float": "fp32", "float32": "fp32", "floattensor": "fp32", "c10::float": "fp32",
-    "half": "fp16", "float16": "fp16", "halftensor": "fp16", "c10::half": "fp16",
-    "bfloat16": "bf16", "bfloat16tensor": "bf16", "c10::bfloat16": "bf16",
-    "double": "fp64", "float64": "fp64", "long": "int64", "int64": "int64", "int": "int32",
-}  # fmt: skip
-
-
-def _dt(name: str) -> str:
-    key = name.strip().strip("'\"").lower().replace("torch.", "").replace("cuda.", "")
-    return _DT.get(key, key)
-
-
-_DTYPE_PATTERNS = [
-    (re.compile(r"expected scalar type (\w+) but found (\w+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected m1 and m2 to have the same dtype, but got: ([\w:]+) != ([\w:]+)"), lambda m: (m[1], m[2])),
-    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\w+) and (\w+))?"),
-     lambda m: (m[1] or "?", m[2] or "?")),
-    (re.compile(r"Input type \(([\w.]+)\) and weight type \(([\w.]+)\) should be the same"), lambda m: (m[1], m[2])),
-    (re.compile(r"Expected query, key, and value to have the same dtype, but got query\.dtype: ([\w.]+) "
-                r"key\.dtype: ([\w.]+)"), lambda m: (m[2], m[1])),
-    (re.compile(r"expected (?:both )?\w+ (?:and \w+ )?to have the same dtype,? but got:? ?([\w.:]+) (?:and|!=) ([\w.:]+)"),
-     lambda m: (m[1], m[2])),
-]  # fmt: skip
-_NUMPY_BF16 = re.compile(r"Got unsupported ScalarType (\w+)")
-_NOT_IMPL = re.compile(r"\"(\w+)\" not implemented for '(\w+)'")
-_COMPILE = re.compile(
-    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
-)
-_DEVICE = re.compile(
-    r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
-)
-
-
-def parse_dtype_message(text: str) -> dict[str, Any] | None:
-    """``{"observed", "expected", "message"}`` for the first dtype-mismatch message in ``text``."""
-    for pat, pick in _DTYPE_PATTERNS:
-        m = pat.search(text)
-        if m:
-            obs, exp = pick(m)
-            return {"observed": _dt(obs) if obs != "?" else None, "expected": _dt(exp) if exp != "?" else None,
-                    "message": m[0]}  # fmt: skip
-    return None
-
-
-_UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
-_N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
-_OOM_NEW = re.compile(
-    rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
-    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by PyTorch, "
-    rf"and {_N} is reserved by PyTorch but unallocated)?",
-    re.S,
-)
-_OOM_OLD = re.compile(
-    rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
-    rf"{_N} reserved in total by PyTorch\)"
-)
-_OOM_ANY = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|No available memory for the cache blocks"
-)
-
-
-def _gib(num: str | None, unit: str | None) -> float | None:
-    return None if num is None else float(num) * _UNIT[str(unit).lower()]
-
-
-def parse_oom(text: str) -> dict[str, Any] | None:
-    """Numbers of the first CUDA OOM message, in GiB (keys absent when the message lacks them)."""
-    m = _OOM_NEW.search(text)
-    if m:
-        g = m.groups()
-        return {k: v for k, v in {
-            "tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]), "free_gib": _gib(g[5], g[6]),
-            "process_in_use_gib": _gib(g[7], g[8]), "allocated_gib": _gib(g[9], g[10]),
-            "reserved_unallocated_gib": _gib(g[11], g[12]), "message": m[0][:400]}.items() if v is not None}  # fmt: skip
-    m = _OOM_OLD.search(text)
-    if m:
-        g = m.groups()
-        alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
-        return {"tried_gib": _gib(g[0], g[1]), "gpu": int(g[2]), "total_gib": _gib(g[3], g[4]),
-                "allocated_gib": alloc, "free_gib": _gib(g[7], g[8]), "reserved_unallocated_gib": reserved - alloc,
-                "message": m[0]}  # fmt: skip
-    m = _OOM_ANY.search(text)
-    return {"message": _line_of(text, m.start())} if m else None
+_COMPILE_HINTS = ("torch._dynamo", "torch._inductor", "BackendCompilerFailed", "InductorError")
 
 
 def _line_of(text: str, pos: int) -> str:
@@ -162,60 +81,79 @@ _LOG_UNKNOWN_MODULE = (
 
 def explain_error_text(text: str, *, step: int | None = None) -> list[Cause]:
     """Causes for the errors recognised in a traceback / error message (dtype, device, OOM)."""
-    causes = []
-    d = parse_dtype_message(text)
-    if d:
-        pos = text.find(d["message"])
-        frame = _innermost_frame(text, pos)
-        causes.append(Cause(
-            "error", "dtype_error", f"Dtype error: {d['observed'] or '?'} where {d['expected'] or '?'} was expected",
-            "An op received operands (or input and weights) of different dtypes outside autocast.",
-            evidence=[f"line {_lineno(text, pos)}: {d['message']}"] + ([f"raised from {frame}"] if frame else [])
-            + ([f"phase (from traceback): {_phase_from_traceback(text)}"] if _phase_from_traceback(text) else []),
-            fixes=dtype_fixes(d["observed"]), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
-            data={"observed": d["observed"], "expected": d["expected"]}))  # fmt: skip
-    m = _NUMPY_BF16.search(text)
-    if m:
-        causes.append(Cause(
-            "error", "dtype_error", f"{m[1]} tensor converted to numpy",
-            f"NumPy has no {m[1]}: a `.numpy()` / `np.asarray` on a {_dt(m[1])} tensor fails. In RL code this is "
-            "usually a reward model or a logging/metrics hook receiving bf16 outputs.",
-            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
-            + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
-            fixes=[Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
-                   Fix("precision.overrides.reward.compute_dtype: fp32", V.REWARD_MODEL_DTYPE_FP32,
-                       "or keep the role whose output is converted in fp32")],
-            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0, data={"observed": _dt(m[1]), "expected": "fp32"}))  # fmt: skip
-    m = _NOT_IMPL.search(text)
-    if m:
-        causes.append(Cause(
-            "error", "dtype_error", f"Op {m[1]} has no {_dt(m[2])} kernel on this device",
-            f"'{m[1]}' is not implemented for {m[2]} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
-            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"],
-            fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
-                   Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU")],
-            step=step, score=35.0, data={"observed": _dt(m[2])}))  # fmt: skip
-    m = _DEVICE.search(text)
-    if m:
-        causes.append(Cause(
+    return list(_error_causes(text, step=step).values())
+
+
+def _error_causes(
+    text: str, *, step: int | None = None, start: int = 0, end: int | None = None, first_line: int = 1
+) -> dict[str, Cause]:
+    """The causes of the first error of each kind that starts in ``text[start:end]`` (the rest of
+    ``text`` is context: the frames above, the end of a message), keyed by kind; ``first_line`` is
+    the log line number of ``text``'s first line."""
+    end = len(text) if end is None else end
+    causes: dict[str, Cause] = {}
+
+    def line(pos: int) -> int:
+        return _lineno(text, pos) + first_line - 1
+
+    for d in find_dtype_messages(text, start):
+        slot = d.wording if d.wording in ("numpy", "not_implemented") else "dtype"
+        if d.start < end and slot not in causes:
+            causes[slot] = _dtype_cause(text, d, line(d.start), step)
+    m = _DEVICE.search(text, start) if "to be on the same device" in text else None
+    if m and m.start() < end:
+        frame = _innermost_frame(text, m.start())
+        causes["device"] = Cause(
             "error", "device_mismatch", "Tensors on different devices",
             "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, or "
             "an offloaded model (param_offload) was called without being moved back.",
-            evidence=[f"line {_lineno(text, m.start())}: {_line_of(text, m.start())}"]
-            + ([f"raised from {_innermost_frame(text, m.start())}"] if _innermost_frame(text, m.start()) else []),
+            evidence=[f"line {line(m.start())}: {_line_of(text, m.start())}"] + ([f"raised from {frame}"] if frame else []),
             fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", V.REWARD_MANAGER,
                        "the trainer converts lists/floats itself")],
-            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0))  # fmt: skip
-    m = _COMPILE.search(text)
-    if m:
-        causes.append(_compile_cause(text, m, step))
-    oom = parse_oom(text)
+            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0)  # fmt: skip
+    m = _COMPILE.search(text, start) if any(h in text for h in _COMPILE_HINTS) else None
+    if m and m.start() < end:
+        causes["compile"] = _compile_cause(text, m, line(m.start()), step)
+    oom = _find_oom(text, start, end)
     if oom:
-        causes.append(_log_oom_cause(text, oom, step))
+        causes["oom"] = _log_oom_cause(text, oom[1], step)
     return causes
 
 
-def _compile_cause(text: str, m: re.Match, step: int | None) -> Cause:
+def _dtype_cause(text: str, d: DtypeMessage, line: int, step: int | None) -> Cause:
+    """The cause for one recognised dtype message: `.numpy()` of a bf16 tensor, an op without a kernel
+    for the dtype, or (every other wording) operands / weights of mixed dtypes."""
+    frame = _innermost_frame(text, d.start)
+    raised = [f"raised from {frame}"] if frame else []
+    if d.wording == "numpy":
+        word = d.message.rsplit(" ", 1)[-1]
+        return Cause(
+            "error", "dtype_error", f"{word} tensor converted to numpy",
+            f"NumPy has no {word}: a `.numpy()` / `np.asarray` on a {d.observed} tensor fails. In RL code this is "
+            "usually a reward model or a logging/metrics hook receiving bf16 outputs.",
+            evidence=[f"line {line}: {_line_of(text, d.start)}"] + raised,
+            fixes=[Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
+                   Fix("precision.overrides.reward.compute_dtype: fp32", V.REWARD_MODEL_DTYPE_FP32,
+                       "or keep the role whose output is converted in fp32")],
+            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0, data={"observed": d.observed, "expected": d.expected})  # fmt: skip
+    if d.wording == "not_implemented":
+        kernel_dtype = d.message.rsplit("'", 2)[-2]
+        return Cause(
+            "error", "dtype_error", f"Op {d.op} has no {d.observed} kernel on this device",
+            f"'{d.op}' is not implemented for {kernel_dtype} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
+            evidence=[f"line {line}: {_line_of(text, d.start)}"],
+            fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
+                   Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU")],
+            step=step, score=35.0, data={"observed": d.observed})  # fmt: skip
+    phase = _phase_from_traceback(text)
+    return Cause(
+        "error", "dtype_error", f"Dtype error: {d.observed or '?'} where {d.expected or '?'} was expected", d.what,
+        evidence=[f"line {line}: {d.message}"] + raised + ([f"phase (from traceback): {phase}"] if phase else []),
+        fixes=dtype_fixes(d.observed), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
+        data={"observed": d.observed, "expected": d.expected})  # fmt: skip
+
+
+def _compile_cause(text: str, m: re.Match, line: int, step: int | None) -> Cause:
     """torch.compile (Dynamo tracing or Inductor) failed: name the code it was tracing and turn the
     compiled path off where it failed."""
     user = re.search(r"from user code:\s*\n\s*(File [^\n]+)", text)
@@ -228,7 +166,7 @@ def _compile_cause(text: str, m: re.Match, step: int | None) -> Cause:
         "error", "compile_error", "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
         "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor could not "
         "compile it. Nothing is wrong with the run's numerics: the eager path runs the same model.",
-        evidence=[f"line {_lineno(text, m.start())}: {m[0].strip()[:300]}"]
+        evidence=[f"line {line}: {m[0].strip()[:300]}"]
         + ([f"while tracing {user[1].strip()}"] if user else []),
         fixes=[rollout_fix, layer_fix] if decode else [layer_fix, rollout_fix],
         step=step, score=35.0,
@@ -284,14 +222,10 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
 _VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
 _VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
 _PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
+_NAN_VALUE = re.compile(r"[=:][^\S\n]*-?(?:nan|inf)\b")
+"""What every `_PLAIN_NAN` match contains: a fast test before the slow one."""
 _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
-_APEX = re.compile(r"Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to ([\d.e+-]+)")
-_DS = re.compile(
-    r"OVERFLOW! Rank (\d+) Skipping step\. Attempted loss scale: ([\d.e+]+), reducing to ([\d.e+]+)"
-)
-_DS_MIN = re.compile(r"Current loss scale already at minimum - cannot decrease scale anymore")
-_MEGATRON = re.compile(r"number of skipped iterations:\s*(\d+)")
 
 
 def _f(x: str) -> float:
@@ -303,8 +237,8 @@ def _f(x: str) -> float:
 
 # An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
 # tail), or cut off at the line's end when the process died mid-print.
-_HF_RECORD = re.compile(r"\{'(?:loss|train_loss)':[^{}]*(?:\}|$)")
-_HF_KV = re.compile(r"'([\w/.@-]+)':\s*'?([^',}]+)'?")
+_HF_RECORD = re.compile(r"\{(['\"])(?:loss|train_loss)\1:[^{}]*(?:\}|$)")
+_HF_KV = re.compile(r"(['\"])([\w/.@()-]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
 
 
 def _hf_value(text: str) -> float | None:
@@ -323,133 +257,218 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
     from HF Trainer / TRL log dicts (``{'loss': '0.69', 'grad_norm': 'nan', ...}``, values quoted or
     not; anywhere in a line, or cut off at its end). HF dicts carry no step: their step is the record's
     ordinal, and ``_source`` says which. A value that is not a number is left out."""
-    out = []
+    out: list[dict[str, Any]] = []
     hf = 0
     for ln, line in enumerate(text.splitlines(), 1):
-        m = _VERL_STEP.search(line)
-        if m:
-            rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
-            rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
-            out.append(rec)
-        else:
-            for d in _HF_RECORD.finditer(line):
-                hf += 1
-                rec = {"step": hf, "_line": ln, "_source": "hf"}
-                values = ((k, _hf_value(v)) for k, v in _HF_KV.findall(d[0]))
-                rec.update({k: v for k, v in values if v is not None})
-                out.append(rec)
+        recs = _line_records(line, ln, hf)
+        hf += sum(r["_source"] == "hf" for r in recs)
+        out += recs
     return out
 
 
-def _nonfinite_log_causes(text: str, records: list[dict[str, Any]]) -> list[Cause]:
-    ev, step, backward_only = [], None, False
-    for i, rec in enumerate(records):
-        bad = [
-            k
-            for k, v in rec.items()
-            if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
-        ]
-        if bad:
-            step = rec["step"]
+def _line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
+    """The metric records of log line ``ln``; ``hf`` HF dicts came before it (their steps count on)."""
+    if "step:" not in line and "{'" not in line and '{"' not in line:  # most lines: skip the regexes
+        return []
+    m = _VERL_STEP.search(line)
+    if m:
+        rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
+        rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
+        return [rec]
+    out = []
+    for d in _HF_RECORD.finditer(line):
+        hf += 1
+        rec = {"step": hf, "_line": ln, "_source": "hf"}
+        values = ((k, _hf_value(v)) for _, k, v in _HF_KV.findall(d[0]))
+        rec.update({k: v for k, v in values if v is not None})
+        out.append(rec)
+    return out
+
+
+class _Nonfinite:
+    """Non-finite evidence: the first record with a non-finite metric (fed record by record), and
+    from blocks of lines the first ``loss=nan`` no record covers, anomaly mode's backward function
+    and NaN probabilities in sampling."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.first_bad: tuple[int, dict[str, Any], list[str]] | None = None
+        """(ordinal of the record, the record, its non-finite keys)."""
+        self.plain: str | None = None
+        self.anomaly: tuple[int, str] | None = None
+        self.sampling: int | None = None
+
+    def feed(self, records: list[dict[str, Any]]) -> None:
+        if self.first_bad is None:
+            for i, rec in enumerate(records, self.records):
+                bad = [k for k, v in rec.items()
+                       if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)]  # fmt: skip
+                if bad:
+                    self.first_bad = (i, rec, bad)
+                    break
+        self.records += len(records)
+
+    def scan(self, text: str, low: str, first_line: int, covered: set[int]) -> None:
+        """Lines ``first_line``... as one ``text`` (``low``: lower-cased); ``covered``: their lines
+        that held records (a verl line's `pg_loss:nan` is already its record's evidence)."""
+        if self.plain is None and ("loss" in low or "grad_norm" in low):
+            for m in _NAN_VALUE.finditer(low):  # a cheap necessary condition, then the whole pattern
+                line = _line_of(text, m.start())
+                if _lineno(text, m.start()) + first_line - 1 not in covered and _PLAIN_NAN.search(line):
+                    self.plain = f"line {_lineno(text, m.start()) + first_line - 1}: log: {line[:160]}"
+                    break
+        if self.anomaly is None and "returned nan values" in text:
+            m = _ANOMALY.search(text)
+            if m:
+                self.anomaly = (_lineno(text, m.start()) + first_line - 1, m[1])
+        if self.sampling is None and "probability tensor contains" in text:
+            m = _SAMPLING_NAN.search(text)
+            if m:
+                self.sampling = _lineno(text, m.start()) + first_line - 1
+
+    def scan_line(self, line: str, ln: int, covered: bool) -> None:
+        """One log line (``covered``: it held a metric record)."""
+        if "nan" in line or "NaN" in line or "inf" in line or "Inf" in line:
+            self.scan(line, line.lower(), ln, {ln} if covered else set())
+
+    def causes(self, ctx: logs.LogContext | None = None) -> list[Cause]:
+        ctx = ctx or logs.LogContext(None)
+        ev, step, backward_only, where, role, first_line = [], None, False, None, None, None
+        if self.first_bad is not None:
+            i, rec, bad = self.first_bad
+            step, first_line = rec["step"], rec["_line"]
+            roles = {k.split("/", 1)[0] for k in bad if "/" in k}
+            role = roles.pop() if len(roles) == 1 and all("/" in k for k in bad) else None
+            where = role
             ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
             # only the gradient norm, on the first logged step, with a finite loss: made in the backward
             losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
             backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
-            break
-    # `loss=nan` in lines no record covers (a verl line's `pg_loss:nan` is already the record's evidence)
-    covered = {rec["_line"] for rec in records}
-    for m in _PLAIN_NAN.finditer(text):
-        line = _lineno(text, m.start())
-        if line not in covered:
-            ev.append(f"line {line}: log: {_line_of(text, m.start())[:160]}")
-            break
-    anomaly = _ANOMALY.search(text)
-    where = None
-    if anomaly:
-        where = anomaly[1]
-        ev.append(
-            f"line {_lineno(text, anomaly.start())}: anomaly mode: backward function {anomaly[1]} produced NaN"
-        )
-    samp = _SAMPLING_NAN.search(text)
-    if samp:
-        ev.append(f"line {_lineno(text, samp.start())}: sampling saw NaN/Inf probabilities: the rollout model's "
-                  "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
-    if not ev:
-        return []
-    if backward_only:
-        return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
-                      BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0,
-                      fixes=backward_nan_fixes(),
-                      unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
-                               "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
-    return [Cause("error", "nonfinite", "Non-finite loss / metrics" + (f" from step {step}" if step is not None else ""),
-                  "Training values became NaN/Inf.", evidence=ev, step=step, where=where, score=30.0,
-                  fixes=[Fix("precision.preset: bf16", V.PARAM_DTYPE_BF16,
-                             "if the run is fp16: bf16 does not overflow"),
-                         Fix("algo.lr: <lower>", V.LR, "if the loss diverged first"),
-                         Fix("algo.max_grad_norm: 1.0", V.GRAD_CLIP, "clip gradients")],
+        if self.plain:
+            ev.append(self.plain)
+        if self.plain and first_line is None:
+            first_line = int(self.plain.split(":", 1)[0].removeprefix("line "))
+        if self.anomaly:
+            where = self.anomaly[1]
+            first_line = first_line or self.anomaly[0]
+            ev.append(f"line {self.anomaly[0]}: anomaly mode: backward function {where} produced NaN")
+        if self.sampling:
+            ev.append(f"line {self.sampling}: sampling saw NaN/Inf probabilities: the rollout model's "
+                      "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
+        if not ev:
+            return []
+        verlish = ctx.framework in (None, "verl")
+        if backward_only:
+            fx = (
+                backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
+            )
+            return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
+                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                          phase="update", line=first_line,
+                          unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
+                                   "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
+        title = "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+        title += f" in the {role}" if role and not self.anomaly else ""
+        return [
+            Cause("error", "nonfinite", title, "Training values became NaN/Inf.", evidence=ev, step=step,
+                  where=where, score=30.0, fixes=_nonfinite_fixes(ctx, role), phase="update", line=first_line,
                   unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
                            "`verlaudit run` with audit level full for the producer module",
-                           "the loss-scale history, unless the framework logged it"])]  # fmt: skip
+                           "the loss-scale history, unless the framework logged it"])
+        ]  # fmt: skip
 
 
-def _overflow_log_causes(text: str) -> list[Cause]:
-    hits = [(m.start(), None, _f(m[1])) for m in _APEX.finditer(text)]
-    hits += [(m.start(), _f(m[2]), _f(m[3])) for m in _DS.finditer(text)]
-    ds_min = _DS_MIN.search(text)
-    mega = [int(m[1]) for m in _MEGATRON.finditer(text)]
-    if not hits and not ds_min and not any(mega):
-        return []
-    hits.sort()
-    scales = [s for _, _, s in hits]
-    ev = []
-    if hits:
-        ev.append(f"{len(hits)} overflow skips, first at line {_lineno(text, hits[0][0])}; loss scale went "
-                  f"{_fmt_scale(hits[0][1] or scales[0] * 2)} -> {_fmt_scale(scales[-1])}")  # fmt: skip
-    if mega:
-        ev.append(f"Megatron: up to {max(mega)} skipped iterations per logging interval")
-    collapse = bool(ds_min) or (scales and scales[-1] <= 1.0) or len(hits) >= 20
-    if ds_min:
-        ev.append(f"line {_lineno(text, ds_min.start())}: {ds_min[0]}")
-    fixes = [Fix("precision.preset: bf16", "bf16 in the framework's config (DeepSpeed: bf16.enabled=true, fp16.enabled=false)",
-                 "bf16 has fp32's exponent range: no loss scaling, no overflow skips")]  # fmt: skip
-    if collapse:
-        return [Cause("error", "loss_scale_collapse", "fp16 loss-scale collapse",
-                      "The loss scale was driven to its floor by repeated overflows: values overflow fp16 even "
-                      "unscaled, so the optimizer keeps skipping.", evidence=ev, fixes=fixes, score=30.0,
-                      unknown=["which module overflows (a log has no per-module absmax); rerun under verlaudit"])]  # fmt: skip
-    return [Cause("info" if len(hits) <= 10 else "warning", "overflow_skips", f"{len(hits)} fp16 overflow skips",
-                  "Dynamic loss scaling found its level by skipping steps; occasional skips are normal.",
-                  evidence=ev, fixes=fixes if len(hits) > 10 else [])]  # fmt: skip
+def _nonfinite_fixes(ctx: logs.LogContext, role: str | None) -> list[Fix]:
+    """What to try for NaN/Inf metrics, in the log's framework (the critic's own keys for a verl critic)."""
+    if role == "critic" and ctx.framework == "verl":  # the critic has its own optimiser and clipping
+        return logs.frameworks.fixes(
+            ctx,
+            None
+            if logs.frameworks.applied("bf16_instead_of_fp16", ctx)
+            else Fix(
+                "precision.preset: bf16",
+                V.param_dtype("critic", "bf16"),
+                "if the run is fp16: bf16 does not overflow",
+            ),
+            Fix("algo.lr: <lower>", V.lr("critic"), "if the value loss diverged first"),
+            Fix("algo.max_grad_norm: 1.0", V.grad_clip("critic"), "clip the critic's gradients"),
+        )
+    return logs.frameworks.fixes(
+        ctx,
+        ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+        ("lr", "if the loss diverged first", "algo.lr: <lower>"),
+        ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
+    )
 
 
-def _fmt_scale(v: float) -> str:
-    return f"{v:g}"
+# ---- reading a log: one pass, memory bounded whatever the log's size
+MAX_LINE = 16 * 1024
+"""Characters kept of one line (the rest of a longer line is skipped: no message is that long)."""
+_NOT_A_LOG = "neither a log nor a run directory; pass a training log or traceback (text), or a run directory"
+
+
+def _binary(head: bytes) -> bool:
+    """Whether the first bytes of a file look like anything but text: a NUL byte, or more than a
+    tenth of them control characters or invalid UTF-8."""
+    if b"\0" in head:
+        return True
+    control = sum(b < 32 and b not in b"\t\n\r\f\b\x0b\x1b" for b in head)
+    invalid = head.decode("utf-8", errors="replace").count("\ufffd")
+    return control + invalid > len(head) / 10
+
+
+def log_lines(path: Path) -> Iterator[str]:
+    """The lines of a log file, without their newlines and cut at `MAX_LINE` characters; ValueError
+    for a file that cannot be read or is not text (binary)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+        if _binary(head):
+            raise ValueError(f"{path}: a binary file: {_NOT_A_LOG}")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            while line := f.readline(MAX_LINE):
+                rest = line
+                while not rest.endswith("\n") and rest:  # a cut line: skip the rest of it
+                    rest = f.readline(MAX_LINE)
+                yield line.rstrip("\n")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the log ({e})") from None
 
 
 def diagnose_log(path: str | Path) -> Diagnosis:
-    """Diagnosis of a foreign training log or traceback file."""
+    """Diagnosis of a foreign training log or traceback file, read in one pass (`log_lines`) whatever
+    its size: each line to the metric records and their NaN evidence, and to the rule families of
+    `verlaudit.analysis.logs`. ValueError for a file that is empty or not text: neither a log nor a run
+    directory."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise ValueError(f"{p}: cannot read the log ({e})") from None
-    records = parse_metric_lines(text)
-    causes = explain_error_text(text) + _nonfinite_log_causes(text, records) + _overflow_log_causes(text)
-    causes = rank(causes)
-    verl_records = any(r.get("_source") == "verl" for r in records)
-    framework = ("verl" if verl_records or V.ACTOR_ROLLOUT_REF in text or "/verl/" in text else "DeepSpeed" if "deepspeed" in text.lower()
-                 else "HF Trainer/TRL" if "{'loss'" in text or "trl" in text.lower() else "PyTorch")  # fmt: skip
-    failed = "Traceback (most recent call last)" in text or any(c.severity == "error" for c in causes)
-    state = "failed" if failed else "log"
-    last = f", last logged step {records[-1]['step']}" if records else ""
+    nonfinite, scan = _Nonfinite(), logs.new_scan()
+    lines = hf = 0
+    last_record: dict[str, Any] | None = None
+    blank = True
+    for line in log_lines(p):
+        lines += 1
+        blank = blank and not line.strip()
+        records = _line_records(line, lines, hf)
+        if records:
+            hf += sum(r["_source"] == "hf" for r in records)
+            last_record = records[-1]
+        nonfinite.feed(records)
+        nonfinite.scan_line(line, lines, bool(records))
+        scan.feed(lines, line)
+    if blank:
+        raise ValueError(f"{p}: empty file: {_NOT_A_LOG}")
+    causes, ctx = logs.explain(scan.facts())
+    found = nonfinite.causes(ctx)
+    for c in found:
+        c.framework = ctx.framework
+    if found:  # a recognised NaN explains the log: no "unrecognised failure" beside it
+        causes = [
+            c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
+        ]
+    causes = logs.order(causes + found)
+    state = "failed" if any(c.severity == "error" for c in causes) else "log"
+    last = f", last logged step {last_record['step']}" if last_record else ""
     summary = (
-        f"{p.name}: {framework} log, {len(text.splitlines())} lines{last}; {len(causes)} recognised cause(s)"
+        f"{p.name}: {ctx.framework or 'PyTorch'} log, {lines} lines{last}; {len(causes)} recognised cause(s)"
     )
-    if not causes and "Traceback (most recent call last)" in text:
-        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
-        causes = [Cause("error", "exception", "Unrecognised exception", tail[:300],
-                        evidence=[f"raised from {_innermost_frame(text)}"],
-                        unknown=["this error is not one of the dtype / OOM / NaN / overflow patterns verlaudit "
-                                 "explains; run the suite under verlaudit for module-level evidence"])]  # fmt: skip
     return Diagnosis(str(p), "log", p.name, state, summary, causes)

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE, dn
+from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE
 from verlaudit.audit.engine_checks import check_engine
+from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
 

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from trainer.precision import RolePolicy, dtype_name
+from trainer.precision import RolePolicy
+from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
 LOW = (torch.float16, torch.bfloat16)
@@ -25,10 +26,6 @@ INT_KEY = re.compile(r"(^|_)(input_ids|ids|labels|attention_mask|mask|position_i
 
 VERL_ROLLOUT_DTYPE = "actor_rollout_ref.rollout.dtype"
 VERL_MODEL_DTYPE = "actor_rollout_ref.actor.fsdp_config.model_dtype"
-
-
-def dn(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else dtype_name(dtype)
 
 
 def module_kind(name: str, module: nn.Module) -> str:

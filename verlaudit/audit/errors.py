@@ -1,86 +1,29 @@
 """Failures as results: classify an exception, parse dtype errors, find the module that raised.
 
 `classify(exc)` -> ``oom`` | ``nonfinite`` | ``dtype_error`` | ``interrupted`` | ``exception``.
-`parse_dtype_error(message)` pulls observed / expected dtypes out of PyTorch's messages
-(``expected scalar type BFloat16 but found Float``, ``mat1 and mat2 must have the same dtype``,
-``Input type (...) and weight type (...) should be the same`` ...). `innermost_module(tb, names)`
-walks the traceback for the deepest frame whose ``self`` is a module of an audited model — this
-works at every audit level, hooks or not. Exercised by `pytest tests/test_audit_checks.py`.
+`parse_dtype_error(message)` pulls observed / expected dtypes out of PyTorch's messages with
+`verlaudit.dtypes` (every wording it knows: ``expected scalar type BFloat16 but found Float``,
+``expected m1 and m2 to have the same dtype``, ``Input type (...) and weight type (...)``...).
+`innermost_module(tb, names)` walks the traceback for the deepest frame whose ``self`` is a module
+of an audited model — this works at every audit level, hooks or not. `format_traceback(exc)` keeps
+the head and the tail of a long traceback for status.json. Exercised by
+`pytest tests/test_audit_checks.py tests/test_dtypes.py`.
 """
 
 from __future__ import annotations
 
-import re
+import traceback
 import types
 from collections.abc import Mapping
 
-_DTYPE_WORDS = [
-    (r"bfloat16|bf16", "bf16"),
-    (r"half|float16|fp16", "fp16"),
-    (r"double|float64", "fp64"),
-    (r"float32|float|fp32", "fp32"),
-    (r"long|int64", "int64"),
-    (r"int32|\bint\b", "int32"),
-    (r"bool", "bool"),
-]
-DTYPE_PATTERNS = [
-    # (regex, group holding the observed dtype, group holding the expected dtype)
-    (re.compile(r"expected scalar type (\w+) but found (\w+)", re.I), 2, 1),
-    (re.compile(r"mat1 and mat2 must have the same dtype(?:, but got (\S+) and (\S+))?", re.I), 1, 2),
-    (re.compile(r"expected mat1 and mat2 to have the same dtype, but got:? (\S+) != (\S+)", re.I), 1, 2),
-    (re.compile(r"expected m1 and m2 to have the same dtype, but got:? (\S+) != (\S+)", re.I), 1, 2),
-    (
-        re.compile(r"Input type \(([^)]+)\) and (?:weight|bias) type \(([^)]+)\) should be the same", re.I),
-        1,
-        2,
-    ),
-    (re.compile(r"Found dtype (\w+) but expected (\w+)", re.I), 1, 2),
-    (
-        re.compile(
-            r"expected query, key, and value to have the same dtype, but got query\.dtype: (\S+)"
-            r" key\.dtype: (\S+)",
-            re.I,
-        ),
-        1,
-        2,
-    ),  # fmt: skip
-    (
-        re.compile(
-            r"'indices' to have one of the following scalar types: (\w+).*but got (\S+) instead", re.I
-        ),
-        2,
-        1,
-    ),
-    (re.compile(r"Got unsupported ScalarType (\w+)", re.I), 1, None),
-    (re.compile(r"expected both vectors to have same dtype, but found (\w+) and (\w+)", re.I), 1, 2),
-    (re.compile(r"self and mat2 must have the same dtype(?:, but got (\S+) and (\S+))?", re.I), 1, 2),
-    (re.compile(r"result type (\w+) can't be cast to the desired output type (\w+)", re.I), 1, 2),
-]
-
-
-def short_dtype(word: str | None) -> str | None:
-    """``c10::BFloat16`` / ``torch.cuda.HalfTensor`` / ``Float`` -> ``bf16`` / ``fp16`` / ``fp32``."""
-    if not word:
-        return None
-    w = word.lower().replace("c10::", "").replace("torch.", "").replace("cuda.", "").replace("tensor", "")
-    w = w.strip(",.:;'\"")
-    for pattern, name in _DTYPE_WORDS:
-        if re.fullmatch(pattern, w) or re.search(pattern, w):
-            return name
-    return w or None
+from verlaudit.dtypes import parse_dtype_message
 
 
 def parse_dtype_error(message: str) -> dict[str, str | None] | None:
-    """{"observed", "expected", "pattern"} when ``message`` is a dtype mismatch, else None."""
-    for rx, obs, exp in DTYPE_PATTERNS:
-        m = rx.search(message)
-        if m:
-            return {
-                "observed": short_dtype(m.group(obs)) if obs else None,
-                "expected": short_dtype(m.group(exp)) if exp else None,
-                "pattern": rx.pattern.split("(")[0].strip()[:60],
-            }
-    return None
+    """{"observed", "expected", "pattern"} when ``message`` is a dtype error, else None
+    (`verlaudit.dtypes.parse_dtype_message`: the same reading `verlaudit diagnose` gives a log)."""
+    found = parse_dtype_message(message)
+    return None if found is None else found.to_dict()
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -126,3 +69,31 @@ def innermost_module(
 def one_line(exc: BaseException, limit: int = 400) -> str:
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+TRACEBACK_HEAD = 2000
+TRACEBACK_TAIL = 6000
+
+
+def format_traceback(exc: BaseException, head: int = TRACEBACK_HEAD, tail: int = TRACEBACK_TAIL) -> str:
+    """The formatted traceback, at most about ``head + tail`` characters: a long one keeps its first
+    lines (``Traceback (most recent call last):`` and the outermost frames) and its last ones (the
+    innermost frames and the error), cut at line ends with a marked gap between them."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return cut_middle(text, head, tail)
+
+
+def cut_middle(text: str, head: int, tail: int) -> str:
+    """``text`` unchanged when it fits in ``head + tail`` characters, else its first ``head`` and last
+    ``tail`` characters (each shortened to whole lines where a line end is near) with a marker line
+    saying how many characters were left out."""
+    if len(text) <= head + tail:
+        return text
+    first = text[:head]
+    if "\n" in first[head // 2 :]:
+        first = first[: first.rindex("\n") + 1]
+    last = text[len(text) - tail :]
+    if "\n" in last[: tail // 2]:
+        last = last[last.index("\n") + 1 :]
+    cut = len(text) - len(first) - len(last)
+    return f"{first}... [{cut} characters of the traceback cut here] ...\n{last}"

@@ -9,11 +9,11 @@ tests/test_audit_probes.py tests/test_worker.py`.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from trainer.precision import PrecisionPolicy
-from verlaudit.audit import dtype_checks, errors
+from verlaudit.audit import errors
+from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
 
@@ -36,7 +36,7 @@ def failure_status(
         "error": errors.one_line(exc),
         "role": role,
         "where": where,
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+        "traceback": errors.format_traceback(exc),
         "memory": memory,
         "last_completed_step": last_completed_step,
     }
@@ -95,7 +95,7 @@ def dtype_fix(
         ac = ""
         if policy is not None and role in policy.roles:
             rp = policy[role]
-            ac = f" (policy: {role} computes in {dtype_checks.dn(rp.compute_dtype)}" + (
+            ac = f" (policy: {role} computes in {dtype_name(rp.compute_dtype)}" + (
                 ", autocast)" if rp.autocast else ", no autocast)"
             )
         return (

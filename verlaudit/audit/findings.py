@@ -1,8 +1,10 @@
-"""Finding bookkeeping: fold repeats of the same (kind, role, where) into one record with a count.
+"""Finding bookkeeping: fold repeats of the same (kind, role, where, severity) into one record with a count.
 
 The first occurrence keeps its step, phase and numbers; later ones only raise ``count``. New
 findings are appended to ``findings.jsonl`` at once (so a run killed a moment later still shows
-them); when counts of already-written findings change, the file is rewritten atomically at the next
+them). Severity is part of the key: an error is never folded into an earlier info or warning of the
+same kind and place (a reward function's "returns a list" info must not swallow its later "2 rewards
+are non-finite" error). When counts of already-written findings change, the file is rewritten atomically at the next
 `flush`. `FindingSink` is all a probe or collector needs of it (a plain list will do in tests).
 Exercised by `pytest tests/test_audit_checks.py tests/test_audit_collectors.py`.
 """
@@ -25,19 +27,23 @@ class FindingSink(Protocol):
     def extend(self, findings: Iterable[Finding]) -> None: ...
 
 
+def _key(f: Finding) -> tuple[str, str | None, str | None, str]:
+    return (f.kind, f.role, None if f.kind in ROLE_WIDE else f.where, f.severity)
+
+
 class FindingLog:
     """Deduplicating store of findings, optionally mirrored to a run directory."""
 
     def __init__(self, writer: RunWriter | None = None) -> None:
         self.writer = writer
-        self._by_key: dict[tuple[str, str | None, str | None], Finding] = {}
+        self._by_key: dict[tuple[str, str | None, str | None, str], Finding] = {}
         self._dirty = False
         self.new_this_step: dict[str, int] = {"error": 0, "warning": 0, "info": 0}
 
     def add(self, finding: Finding) -> bool:
         """Records ``finding``; returns True when it is new (not a repeat). Kinds in `ROLE_WIDE`
         fold over the whole role (the first module seen names it)."""
-        key = (finding.kind, finding.role, None if finding.kind in ROLE_WIDE else finding.where)
+        key = _key(finding)
         old = self._by_key.get(key)
         if old is not None:
             self._by_key[key] = dataclasses.replace(old, count=old.count + finding.count)
@@ -68,7 +74,11 @@ class FindingLog:
             if self.new_this_step.get(f.severity, 0) > 0:
                 self.new_this_step[f.severity] -= 1
                 self.new_this_step[severity] += 1
-            self._by_key[key] = dataclasses.replace(f, severity=severity, message=f"{f.message}; {note}")
+            del self._by_key[key]
+            new = dataclasses.replace(f, severity=severity, message=f"{f.message}; {note}")
+            same = self._by_key.get(_key(new))
+            # an earlier finding already at the new severity absorbs this one's count (it came first)
+            self._by_key[_key(new)] = dataclasses.replace(same, count=same.count + f.count) if same else new
             self._dirty = True
             n += 1
         return n

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 
 from trainer.precision import PrecisionPolicy, RolePolicy
-from verlaudit.audit.dtype_checks import dn
+from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
 HEADROOM = 1 / 8

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trainer.precision import RolePolicy
-from verlaudit.audit.dtype_checks import dn
+from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
 GRAD_UNDERFLOW_WARN = 0.05

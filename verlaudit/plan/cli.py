@@ -1,6 +1,7 @@
 """``verlaudit plan SUITE.yaml``: each variant's peak device memory per GPU, before running it.
 
-For every variant of a suite: the architecture (exact parameter counts from the preset's or local
+For every variant of a suite (its plug-ins and model directories checked first, as `verlaudit run`
+does: `verlaudit.run.preflight`): the architecture (exact parameter counts from the preset's or local
 model's config), the resolved precision policy per role, and the step's shape give the phases of a
 PPO, GRPO or DPO step (`verlaudit.plan.planner`); the largest is the predicted peak, printed with
 its components, the target GPU's memory and whether it fits. ``--json`` prints the same as JSON.
@@ -19,6 +20,7 @@ from verlaudit.plan import memory_model as mm
 from verlaudit.plan.memory_model import GIB, Estimate
 from verlaudit.plan.planner import plan_config, resolve_checkpoint_layers
 from verlaudit.run.hardware import get_target
+from verlaudit.run.preflight import preflight
 from verlaudit.run.suite import load_suite
 
 
@@ -132,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
     suite = load_suite(args.suite, variants=variants)
+    preflight(suite)
     plans = plan_suite(suite, gpus=args.gpus, memory_gb=args.memory_gb, optimizer=args.optimizer)
     if args.json:
         print(json.dumps({"suite": suite.name, "variants": [p.to_dict() for p in plans]}, indent=2))

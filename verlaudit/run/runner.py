@@ -1,10 +1,11 @@
 """`verlaudit run SUITE.yaml`: every variant in its own process, then the comparison report.
 
-Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target emulation (memory
-cap, bf16 refusal) and the precision policy, once, into one `verlaudit.run.spec.RunSpec` per
-(variant, seed). Execute (`execute`): write it as spec.json and start ``python -m
-verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is recorded in that run's
-directory and the next variant still runs; a tqdm bar per variant is fed by polling the
+Preflight (`verlaudit.run.preflight`): import every plug-in and read every model directory the
+suite names. Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target
+emulation (memory cap, bf16 refusal) and the precision policy, once, into one
+`verlaudit.run.spec.RunSpec` per (variant, seed). Execute (`execute`): write it as spec.json and
+start ``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is
+recorded in that run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
 child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
 report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
 the report from what exists and exits 130.
@@ -34,8 +35,9 @@ from trainer.precision import PrecisionPolicy
 from verlaudit.analysis import report as report_mod
 from verlaudit.run import worker
 from verlaudit.run.hardware import PresentDevice, detect, get_target
+from verlaudit.run.preflight import preflight
 from verlaudit.run.spec import Emulation, RunSpec
-from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite, require_engines
+from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
 from verlaudit.rundir import METRICS, RUNNER, SPEC, STATUS, SUITE_COPY, WORKER_LOG, read_json, to_float
 
 DEFAULT_SUITE = "suites/tiny_cpu.yaml"
@@ -423,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         audit_level=args.audit_level,
     )
-    require_engines(suite)  # rollout.engine: vllm without vLLM: the install command, before any worker
+    preflight(suite)  # plug-ins imported, model directories read, engines installed: before any worker starts
     out_dir = Path(args.out) if args.out else default_out_dir(suite)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(

@@ -1,11 +1,14 @@
 """Suite YAML -> frozen, validated `Suite`: a base training config and a matrix of variants.
 
 A suite names the model, data, algorithm, steps and seeds (``train:``, the keys of
-`trainer.config.TrainConfig`), the hardware the numbers are meant for, the audit level, report and
-compare settings, and ``variants``: name -> partial TrainConfig deep-merged onto ``train``.
+`trainer.config.TrainConfig`; required: ``train: {}`` takes every default), the hardware the numbers
+are meant for, the audit level, report and compare settings, and ``variants``: name -> partial
+TrainConfig deep-merged onto ``train``. Command-line overrides apply after the file validates. A
+plug-in given as ``path/to/file.py:attr`` is relative to the suite file's directory: the configs
+(and so each worker's spec) hold its absolute path (`resolve_plugin_paths`); ``module:attr`` and
+absolute paths are kept. `verlaudit.run.preflight` then imports and checks what the suite names.
 Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
-are errors; YAML syntax errors name file:line; `require_engines` refuses a rollout engine that is not
-installed (with its install command). ``suite.expand()`` gives one `SuiteRun` per
+are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
 (variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -156,7 +160,9 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     base_raw = data.get("train") or {}
     if not isinstance(base_raw, Mapping):
         raise ValueError(f"train: expected a mapping of TrainConfig keys, got {base_raw!r}")
-    base = TrainConfig.from_dict(base_raw, where="train")
+    # plug-in files (file.py:attr) are relative to the suite file; the configs hold absolute paths
+    plugin_base = Path(source).parent if source else Path.cwd()
+    base = resolve_plugin_paths(TrainConfig.from_dict(base_raw, where="train"), plugin_base)
 
     seeds_raw = data.get("seeds")
     if seeds_raw is None:
@@ -189,6 +195,27 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
             "variants: expected a non-empty mapping of variant name -> TrainConfig overrides, "
             "e.g. {fp32: {precision: {preset: fp32}}}"
         )
+    variants, overrides = _variants(variants_raw, base, plugin_base)
+    if "train" not in data:  # checked after the sections that are there: the mistakes written come first
+        raise ValueError(_NO_TRAIN)
+    return Suite(
+        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
+        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
+        source=source,
+    )  # fmt: skip
+
+
+_NO_TRAIN = (
+    "train: missing; a suite names the base training config its variants start from (model, data, algo, "
+    "steps), e.g. train: {model: {preset: tiny-llama}, algo: {name: ppo}, steps: 20}; write train: {} to "
+    "take every default of trainer.config.TrainConfig"
+)
+
+
+def _variants(
+    variants_raw: Mapping[Any, Any], base: TrainConfig, plugin_base: Path
+) -> tuple[dict[str, TrainConfig], dict[str, dict[str, Any]]]:
+    """Each variant's config (its overrides deep-merged onto ``base``) and its overrides as written."""
     variants: dict[str, TrainConfig] = {}
     overrides: dict[str, dict[str, Any]] = {}
     for vname, over in variants_raw.items():
@@ -203,35 +230,31 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
         if "seed" in over:
             raise ValueError(f"{where}.seed: set seeds for the whole suite with the top-level 'seeds' list")
         merged = deep_merge(base.to_dict(), over)
-        variants[vname] = TrainConfig.from_dict(merged, where=where)
+        variants[vname] = resolve_plugin_paths(TrainConfig.from_dict(merged, where=where), plugin_base)
         overrides[vname] = copy.deepcopy(dict(over))
-    return Suite(
-        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
-        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
-        source=source,
-    )  # fmt: skip
+    return variants, overrides
 
 
-def require_engines(suite: Suite) -> None:
-    """ValueError naming the suite file, the field and the install command when a variant's rollout
-    engine is not installed in this Python (``rollout.engine: vllm`` without vLLM), so `verlaudit run`
-    stops before any worker starts instead of failing each such variant at its setup."""
-    from trainer.vllm_engine import require_vllm
+def resolve_plugin_path(spec: Any, base: Path) -> Any:
+    """``file.py:attr`` relative to ``base`` -> its absolute path; anything else unchanged."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return spec
+    target, _, attr = spec.rpartition(":")
+    if not target.endswith(".py") or os.path.isabs(target):
+        return spec
+    return f"{os.path.abspath(base / target)}:{attr}"
 
-    needs = [name for name, cfg in suite.variants.items() if cfg.rollout.kind == "vllm"]
-    if not needs:
-        return
-    where = (
-        "train.rollout.engine"
-        if suite.train.rollout.kind == "vllm"
-        else f"variants.{needs[0]}.rollout.engine"
+
+def resolve_plugin_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
+    """``cfg`` with its relative ``file.py:attr`` plug-in paths made absolute against ``base``."""
+    keys = ("dataset", "collator", "reward_fn", "compute_score")
+    data = {k: resolve_plugin_path(getattr(cfg.data, k), base) for k in keys}
+    rm = resolve_plugin_path(cfg.model.reward_model, base)
+    if rm == cfg.model.reward_model and all(v == getattr(cfg.data, k) for k, v in data.items()):
+        return cfg
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, **data), model=dataclasses.replace(cfg.model, reward_model=rm)
     )
-    others = [name for name in suite.variants if name not in needs]
-    try:
-        require_vllm(where)
-    except ValueError as e:
-        rest = f"; or leave those variants out: --variants {','.join(others)}" if others else ""
-        raise ValueError(f"{suite.source}: {e}{rest}" if suite.source else f"{e}{rest}") from None
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -291,7 +314,8 @@ def load_suite(
     device: str | None = None,
     audit_level: str | None = None,
 ) -> Suite:
-    """Reads and validates a suite file, then applies command-line overrides.
+    """Reads and validates a suite file as written, then applies command-line overrides (so a valid
+    ``--steps`` cannot hide an invalid ``steps:`` in the file).
 
     ``steps`` replaces every variant's steps; ``variants`` keeps only those (suite order);
     ``seeds`` replaces the seed list; ``device`` (``cpu``/``cuda``) sets ``train.device`` everywhere;
@@ -299,39 +323,60 @@ def load_suite(
     """
     p = Path(path)
     data = read_yaml(p)
-    if isinstance(data, dict):
-        data = dict(data)
-        if steps is not None:
-            if steps < 1:
-                raise ValueError(f"--steps: must be >= 1, got {steps}")
-            data["train"] = {**(data.get("train") or {}), "steps": steps}
-            data["variants"] = {
-                k: ({**v, "steps": steps} if isinstance(v, Mapping) else v)
-                for k, v in (data.get("variants") or {}).items()
-            }
-        if device is not None:
-            if device not in DEVICES:
-                raise ValueError(f"--device: {device!r}; expected one of {', '.join(DEVICES)}")
-            data["train"] = {**(data.get("train") or {}), "device": device}
-            data["variants"] = {
-                k: ({kk: vv for kk, vv in v.items() if kk != "device"} if isinstance(v, Mapping) else v)
-                for k, v in (data.get("variants") or {}).items()
-            }
-        if seeds is not None:
-            data["seeds"] = list(seeds)
-        if audit_level is not None:
-            data["audit"] = {**(data.get("audit") or {}), "level": audit_level}
     suite = Suite.from_dict(data, source=str(p), default_name=p.stem)
-    if variants:
-        unknown = [v for v in variants if v not in suite.variants]
-        if unknown:
-            raise ValueError(
-                f"--variants: {', '.join(unknown)} not in {p}; expected some of {', '.join(suite.variants)}"
-            )
-        keep = [v for v in suite.variants if v in variants]
-        suite = dataclasses.replace(
-            suite,
-            variants={v: suite.variants[v] for v in keep},
-            overrides={v: suite.overrides[v] for v in keep},
+    changed = _overridden(data, steps=steps, seeds=seeds, device=device, audit_level=audit_level)
+    if changed is not None:
+        given = {"--steps": steps, "--seeds": seeds, "--device": device, "--audit-level": audit_level}
+        flags = ", ".join(flag for flag, value in given.items() if value is not None)
+        try:
+            suite = Suite.from_dict(changed, source=str(p), default_name=p.stem)
+        except ValueError as e:
+            raise ValueError(f"{e} (with {flags} from the command line)") from None
+    return _keep_variants(suite, variants, p)
+
+
+def _overridden(
+    data: dict[str, Any],
+    *,
+    steps: int | None,
+    seeds: Sequence[int] | None,
+    device: str | None,
+    audit_level: str | None,
+) -> dict[str, Any] | None:
+    """A copy of a validated suite's data with the command-line values in, or None without any."""
+    if steps is None and seeds is None and device is None and audit_level is None:
+        return None
+    data = copy.deepcopy(data)
+    variants = {k: (v or {}) for k, v in data["variants"].items()}
+    train = data.get("train") or {}
+    if steps is not None:
+        if steps < 1:
+            raise ValueError(f"--steps: must be >= 1, got {steps}")
+        train["steps"] = steps
+        variants = {k: {**v, "steps": steps} for k, v in variants.items()}
+    if device is not None:
+        if device not in DEVICES:
+            raise ValueError(f"--device: {device!r}; expected one of {', '.join(DEVICES)}")
+        train["device"] = device
+        variants = {k: {kk: vv for kk, vv in v.items() if kk != "device"} for k, v in variants.items()}
+    if seeds is not None:
+        data["seeds"] = list(seeds)
+    if audit_level is not None:
+        data["audit"] = {**(data.get("audit") or {}), "level": audit_level}
+    return {**data, "train": train, "variants": variants}
+
+
+def _keep_variants(suite: Suite, variants: Sequence[str] | None, p: Path) -> Suite:
+    if not variants:
+        return suite
+    unknown = [v for v in variants if v not in suite.variants]
+    if unknown:
+        raise ValueError(
+            f"--variants: {', '.join(unknown)} not in {p}; expected some of {', '.join(suite.variants)}"
         )
-    return suite
+    keep = [v for v in suite.variants if v in variants]
+    return dataclasses.replace(
+        suite,
+        variants={v: suite.variants[v] for v in keep},
+        overrides={v: suite.overrides[v] for v in keep},
+    )

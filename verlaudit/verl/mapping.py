@@ -2,32 +2,40 @@
 or the reason it is not mapped. `map_launch` applies it to a parsed script.
 
 One row per key in `ROWS` (a value conversion may refuse a value with `Unmapped`, whose reason is
-reported); keys that only make sense together (precision, batch sizes, KL, the model, the reward
-function, the hardware) have one handler each; every key left over gets the reason of the first
-`REASONS` pattern it matches, or "unknown". Nothing is dropped silently: every key of the script ends
-in `Mapped.records` as mapped, consistent (nothing to set: ours already does that), or not mapped
-with its reason. Keys the script leaves out take verl's default (verl 0.5's ppo_trainer.yaml) where
-ours differs, so the suite reproduces what verl would run. Exercised by `pytest tests/test_from_verl.py`.
+reported); the algorithm's rows take verl's spelling from `verlaudit.verl_keys.ALGO_KEYS`, and a key
+that nothing reads under the script's other settings (a KL coefficient with its switch off, a clip
+bound of another loss) is reported as verl ignores it, by AlgoConfig's own rule
+(`trainer.config.unread_algo_keys`). Keys that only make sense together (the estimator and recipe,
+precision, batch sizes, the model, the engines, the reward function, the hardware) have one handler
+each; every key left over gets the reason of `verlaudit.verl.reasons`, or "not in from-verl's table".
+Nothing is dropped silently: every key of the script ends in `Mapped.records` as mapped, consistent
+(nothing to set: ours already does that), or not mapped with its reason. Keys the script leaves out
+take verl's default (verl 0.5's ppo_trainer.yaml) where ours differs, so the suite reproduces what verl
+would run. Exercised by `pytest tests/test_from_verl.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainer.advantages import ADV_ESTIMATORS, KL_CTRL_TYPES
 from trainer.config import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_RS_ALIASES,
     ROLLOUT_RS_OPTIONS,
     TRUNCATIONS,
+    AlgoConfig,
     TrainConfig,
+    unread_algo_keys,
 )
+from trainer.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from verlaudit import verl_keys as V
 from verlaudit.verl.architectures import KNOWN, lookup
 from verlaudit.verl.launch import Launch, Override
+from verlaudit.verl.reasons import unmapped_reason
 
 NO_DEFAULT = object()
 PRESET_ROLLOUT = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "bf16-pure": "bf16"}
@@ -118,10 +126,17 @@ def _top_k(v: Any) -> int:
     return 0 if _int(v) < 0 else v  # verl's -1 and our 0 both mean no top-k
 
 
-def _cliprange_value(v: Any) -> float:
-    if _float(v) == 0:
-        raise Unmapped("0 clips every value prediction to the old value in verl; here 0 turns clipping off")
-    return float(v)
+def _optional_float(v: Any) -> float | None:
+    return None if v is None else _float(v)  # verl's null: the option's own fallback
+
+
+def _choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if v not in allowed:
+            raise Unmapped(f"{what} {v!r}: this version has {', '.join(allowed)}")
+        return v
+
+    return convert
 
 
 def _rollout_is(v: Any) -> str | None:
@@ -174,6 +189,22 @@ def _ppo_only(ctx: Context) -> str | None:
     return None if ctx.algo == "ppo" else "not used: a critic-free job has no critic (verl ignores it too)"
 
 
+def _read(field: str) -> Callable[[Context], str | None]:
+    """``when`` of ``algo.<field>``: AlgoConfig's own rule (`trainer.config.unread_algo_keys`) under the
+    script's values; a key nothing reads is reported, not written (the suite would refuse it)."""
+
+    def when(ctx: Context) -> str | None:
+        why = ctx.unread.get(field)
+        return None if why is None else f"not used: {why} (verl ignores it too)"
+
+    return when
+
+
+def _algo(field: str, convert: Callable[[Any], Any], default: Any = NO_DEFAULT, **kw: Any) -> Row:
+    """The row of our ``algo.<field>`` under verl's spelling of it (`verlaudit.verl_keys.ALGO_KEYS`)."""
+    return Row(V.algo_key(field), f"algo.{field}", convert, default, when=kw.pop("when", _read(field)), **kw)
+
+
 def _consistent(expected: Any, reason: str) -> Callable[[Any], Any]:
     def check(v: Any) -> Any:
         if v != expected and not (
@@ -185,6 +216,19 @@ def _consistent(expected: Any, reason: str) -> Callable[[Any], Any]:
     return check
 
 
+def _optim_rows(section: str) -> tuple[Row, ...]:
+    """An optimizer's settings that ours has fixed (AdamW with torch's betas, a constant lr)."""
+    return (
+        Row(f"{section}.optim.betas", None, _consistent([0.9, 0.999], "AdamW betas: ours are torch's (0.9, 0.999)")),
+        Row(f"{section}.optim.lr_warmup_steps_ratio", None, _consistent(0.0, "lr warm-up: the lr is constant here")),
+        Row(f"{section}.optim.lr_warmup_steps", None, _consistent(-1, "lr warm-up: the lr is constant here")),
+        Row(f"{section}.optim.warmup_style", None, _consistent("constant", "lr schedule: the lr is constant here")),
+        Row(f"{section}.optim.lr_scheduler_type", None, _consistent("constant", "lr schedule: the lr is constant here")),
+    )  # fmt: skip
+
+
+_KL = _choice(KL_ESTIMATORS, "KL estimator")
+
 ROWS: tuple[Row, ...] = (
     Row("data.max_prompt_length", "data.prompt_length", _int, 512),
     Row("data.max_response_length", "data.response_length", _int, 512),
@@ -193,34 +237,49 @@ ROWS: tuple[Row, ...] = (
     Row("data.filter_overlong_prompts", "data.filter_overlong_prompts", _bool, False),
     Row("data.apply_chat_template_kwargs", "data.chat_template_kwargs", _dict),
     Row("data.reward_fn_key", "data.reward_fn_key", _str, "data_source"),
-    Row("data.train_batch_size", "algo.batch_size", _int, 1024),
-    Row(V.LR, "algo.lr", _float, 1e-6),
-    Row(f"{V.ACTOR}.optim.weight_decay", "algo.weight_decay", _float, 0.01),
-    Row(f"{V.CRITIC}.optim.lr", "algo.critic_lr", _float, 1e-5, when=_ppo_only),
-    Row(f"{V.ACTOR}.ppo_epochs", "algo.ppo_epochs", _int, 1),
-    Row(f"{V.ACTOR}.clip_ratio", "algo.clip_ratio", _float, 0.2),
-    Row(V.ENTROPY_COEFF, "algo.entropy_coef", _float, 0.0),
-    Row(f"{V.ACTOR}.grad_clip", "algo.max_grad_norm", _float, 1.0, aliases=(f"{V.ACTOR}.optim.clip_grad",)),
-    Row("algorithm.gamma", "algo.gamma", _float, 1.0),
-    Row("algorithm.lam", "algo.lam", _float, 1.0),
-    Row(f"{V.CRITIC}.cliprange_value", "algo.value_clip", _cliprange_value, 0.5, when=_ppo_only),
-    Row(V.TEMPERATURE, "algo.temperature", _float, 1.0),
-    Row(f"{V.ROLLOUT}.top_k", "algo.top_k", _top_k, -1, invertible=False),
+    _algo("batch_size", _int, 1024),
+    _algo("lr", _float, 1e-6),
+    _algo("weight_decay", _float, 0.01),
+    _algo("critic_lr", _float, 1e-5, when=_ppo_only),
+    _algo("ppo_epochs", _int, 1),
+    _algo("max_grad_norm", _float, 1.0, aliases=(f"{V.ACTOR}.optim.clip_grad",)),
+    _algo("gamma", _float, 1.0),
+    _algo("lam", _float, 1.0),
+    _algo("norm_adv_by_std_in_grpo", _bool, True),
+    _algo("entropy_coef", _float, 0.0),
+    # KL: in the reward (algorithm.*) and as a loss term (actor.*); each coefficient is read only when its
+    # switch is on, as in verl (the `when` of each row reports it otherwise)
+    _algo("use_kl_in_reward", _bool, False),
+    _algo("kl_penalty", _KL, "kl"),
+    _algo("kl_coef", _float, 0.001),
+    _algo("kl_ctrl_type", _choice(KL_CTRL_TYPES, "KL controller"), "fixed"),
+    _algo("kl_ctrl_target_kl", _float, 0.1),
+    _algo("kl_ctrl_horizon", _int, 10000),
+    _algo("use_kl_loss", _bool, False),
+    _algo("kl_loss_coef", _float, 0.001),
+    _algo("kl_loss_type", _KL, "low_var_kl"),
+    # the policy loss
+    _algo("loss_mode", _choice(POLICY_LOSSES, "policy loss"), "vanilla"),
+    _algo("loss_agg_mode", _choice(LOSS_AGG_MODES, "loss_agg_mode"), "token-mean"),
+    _algo("loss_scale_factor", _optional_float),
+    _algo("clip_ratio", _float, 0.2),
+    _algo("clip_ratio_low", _optional_float),  # verl's 0.2 defaults: `_map_clip_defaults`
+    _algo("clip_ratio_high", _optional_float),
+    _algo("clip_ratio_c", _float, 3.0),
+    _algo("clip_cov_ratio", _float, 0.0002),
+    _algo("clip_cov_lb", _float, 1.0),
+    _algo("clip_cov_ub", _float, 5.0),
+    _algo("kl_cov_ratio", _float, 0.0002),
+    _algo("ppo_kl_coef", _float, 0.1),
+    _algo("cliprange_value", _float, 0.5),
+    _algo("temperature", _float, 1.0),
+    _algo("top_k", _top_k, -1, invertible=False),
     Row(f"{V.ROLLOUT}.top_p", None, _consistent(1.0, "top-p sampling: our rollout samples from the full "
                                                 "distribution (top_p 1)")),
-    Row(f"{V.ACTOR}.loss_agg_mode", None, _consistent("token-mean", "no loss_agg_mode in this version: the "
-                                                      "policy loss is a token mean")),
-    Row(f"{V.ACTOR}.clip_ratio_c", None, _consistent(None, "no dual-clip in this version's policy loss (the "
-                                                     "ratio is clipped to [1 - clip_ratio, 1 + clip_ratio] only)")),
-    Row(f"{V.ACTOR}.policy_loss.loss_mode", None, _consistent("vanilla", "policy loss: this version has "
-                                                              "verl's vanilla PPO clip only")),
-    Row("algorithm.norm_adv_by_std_in_grpo", None, _consistent(True, "GRPO advantages here are always divided "
-                                                               "by the group std")),
-    Row(f"{V.ACTOR}.optim.betas", None, _consistent([0.9, 0.999], "AdamW betas: ours are torch's (0.9, 0.999)")),
-    Row(f"{V.ACTOR}.optim.lr_warmup_steps_ratio", None, _consistent(0.0, "lr warm-up: algo.lr is constant here")),
-    Row(f"{V.ACTOR}.optim.lr_warmup_steps", None, _consistent(-1, "lr warm-up: algo.lr is constant here")),
-    Row(f"{V.ACTOR}.optim.warmup_style", None, _consistent("constant", "lr schedule: algo.lr is constant here")),
-    Row(f"{V.ACTOR}.optim.lr_scheduler_type", None, _consistent("constant", "lr schedule: algo.lr is constant here")),
+    Row(f"{V.ACTOR}.shuffle", None, _consistent(True, "mini-batch order: ours reshuffles the rows every epoch "
+                                                "(verl's false splits them in order)")),
+    *_optim_rows(V.ACTOR),
+    *_optim_rows(V.CRITIC),
     Row("algorithm.filter_groups.enable", None, _consistent(False, "dynamic sampling (filter_groups): every "
                                                             "sampled group is trained on here")),
     Row(f"{V.ROLLOUT}.multi_turn.enable", None, _consistent(False, "multi-turn / tool rollouts are not "
@@ -245,29 +304,8 @@ ROWS: tuple[Row, ...] = (
     Row(f"{V.ROLLOUT_CORRECTION}.rollout_token_veto_threshold", None, _consistent(None, "the per-token veto is "
                                                                                    "not in this version")),
 )  # fmt: skip
-"""verl keys with one suite key each (or a value that must match what ours does)."""
-
-REASONS: tuple[tuple[str, str], ...] = (
-    (r"^data\.(val_files|val_batch_size|val_max_samples|validation_shuffle)$|\.val_kwargs\.|^trainer\.(test_freq|val_before_train|val_only|log_val_generations|validation_data_dir)$",
-     "validation: this trainer has no validation pass; the comparison reads the training metrics"),
-    (r"^trainer\.(logger|project_name|experiment_name|save_freq|default_local_dir|default_hdfs_dir|resume_mode|resume_from_path|rollout_data_dir|max_actor_ckpt_to_keep|max_critic_ckpt_to_keep|del_local_ckpt_after_load|ray_wait_register_center_timeout|profile_steps|esi_redundant_time|use_legacy_worker_impl|device|total_epochs)$|^(ray_init|ray_kwargs|global_profiler|hydra)\.|\.profiler\.|\.checkpoint\.|\.(seed|data_loader_seed|shuffle)$|^data\.(dataloader_num_workers|use_shm|return_raw_chat|return_raw_input_ids|return_full_prompt|return_multi_modal_inputs|filter_overlong_prompts_workers|cache_dir|image_key|video_key|trust_remote_code|tokenizer)$|\.(trust_remote_code|external_lib|use_shm)$",
-     "bookkeeping (logging, checkpoints, seeds, loaders): not a precision or algorithm matter"),
-    (r"\.fsdp_config\.(param_offload|optimizer_offload|offload_policy|reshard_after_forward|fsdp_size|wrap_policy\..*|forward_prefetch|use_orig_params|strategy)$|\.strategy$|^actor_rollout_ref\.hybrid_engine$|^trainer\.balance_batch$|\.enable_activation_offload$",
-     "memory layout (FSDP sharding, offload, strategy): where tensors live, not their dtypes or the math; "
-     "hardware.gpus shards with FSDP2 here"),
-    (r"\.(use_remove_padding|use_dynamic_bsz|ppo_max_token_len_per_gpu|forward_max_token_len_per_gpu|log_prob_micro_batch_size|log_prob_micro_batch_size_per_gpu|log_prob_use_dynamic_bsz|log_prob_max_token_len_per_gpu|ulysses_sequence_parallel_size|use_torch_compile|use_fused_kernels|use_liger|entropy_from_logits_with_chunking|entropy_checkpointing|forward_micro_batch_size|forward_micro_batch_size_per_gpu|calculate_entropy)$|\.fused_kernel_options\.",
-     "performance (packing, fusion, sequence parallelism, no-grad batch splits): does not change what is computed"),
-    (r"^actor_rollout_ref\.rollout\.(name|mode|gpu_memory_utilization|tensor_model_parallel_size|data_parallel_size|expert_parallel_size|pipeline_model_parallel_size|enforce_eager|free_cache_engine|max_num_batched_tokens|max_num_seqs|max_model_len|enable_chunked_prefill|enable_prefix_caching|load_format|layered_summon|disable_log_stats|cudagraph_capture_sizes|calculate_log_probs|skip_tokenizer_init|ignore_eos|do_sample|prompt_length|response_length|over_sample_rate|scheduling_policy|logprobs_mode|seed|nnodes|n_gpus_per_node)$|^actor_rollout_ref\.rollout\.(engine_kwargs|agent|trace|prometheus|checkpoint_engine)\.",
-     "rollout engine setting (vLLM / SGLang): our rollout is HF generate or our static-cache decode; the engine's "
-     "precision is rollout.dtype, which is mapped"),
-    (r"^reward_model\.overlong_buffer\.|^reward\.overlong_buffer\.",
-     "DAPO's overlong reward shaping: not supported; the reward is compute_score's"),
-    (r"^algorithm\.filter_groups\.", "dynamic sampling (filter_groups): not supported here"),
-    (r"\.model\.override_config\.|\.model\.(lora_alpha|target_modules|exclude_modules|lora_adapter_path|custom_chat_template|hf_config_path)$",
-     "model loading option (config overrides, LoRA targets, chat template files): not reproduced; the model is "
-     "built from model.path or its known architecture"),
-)  # fmt: skip
-"""Regex over a leftover verl key -> why it is not mapped (the first match wins)."""
+"""verl keys with one suite key each (or a value that must match what ours does). The algorithm's verl
+spellings come from `verlaudit.verl_keys.ALGO_KEYS` (one table for diagnose, the log parser and this)."""
 
 
 # ---------------------------------------------------------------- the context
@@ -285,6 +323,11 @@ class Context:
         self.notes: list[str] = []
         self.train: dict[str, Any] = {}
         self.algo = "ppo"
+        """Our recipe: ``ppo`` (verl's gae) or ``grpo`` (every critic-free estimator)."""
+        self.estimator: str | None = None
+        """``algo.adv_estimator`` when the recipe's own (gae, grpo) is not the script's."""
+        self.unread: dict[str, str] = {}
+        """Algo options nothing reads in this job -> why (`_unread`)."""
         self.ours = TrainConfig().to_dict()
 
     def has(self, key: str) -> bool:
@@ -360,22 +403,49 @@ ALIASES = {
 
 
 def _map_algorithm(ctx: Context) -> None:
-    key = "algorithm.adv_estimator"
+    """verl's estimator picks our recipe: ``gae`` is PPO with a critic; every other estimator is critic-free
+    and runs the grpo recipe (``algo.adv_estimator`` names it unless it is ``grpo`` itself)."""
+    key = V.algo_key("adv_estimator")
     est, given = ctx.value(key, "gae", _str)
-    if est == "gae":
-        ctx.algo = "ppo"
-    elif est == "grpo":
-        ctx.algo = "grpo"
-    else:
-        ctx.algo = "grpo"
-        ctx.record("unmapped", key, reason=f"advantage estimator {est}: this version has gae (algo.name: ppo) "
-                   "and grpo; the suite runs grpo, the closest critic-free recipe")  # fmt: skip
-        ctx.set("algo.name", "grpo")
-        return
-    if given:
-        ctx.record("mapped", key, suite="algo.name", value=ctx.algo)
-    else:
+    known = est in ADV_ESTIMATORS
+    ctx.algo = "ppo" if est == "gae" else "grpo"
+    ctx.set("algo.name", ctx.algo)
+    if known and est not in ("gae", "grpo"):
+        ctx.estimator = est
+        ctx.record("mapped", key, suite="algo.adv_estimator", value=est, reason="critic-free: algo.name grpo")
+    elif known and given:
+        ctx.record("mapped", key, suite="algo.name", value=ctx.algo, apply=False)
+    elif not known and key not in ctx.used:
+        ctx.record("unmapped", key, reason=f"advantage estimator {est}: this version has {', '.join(ADV_ESTIMATORS)}; "
+                   "the suite runs grpo, the closest critic-free recipe")  # fmt: skip
+    elif not given:
         ctx.default(key, "algo.name", ctx.algo, "gae")
+
+
+def _peek(ctx: Context, row: Row) -> Any:
+    """The script's value of ``row`` converted, or NO_DEFAULT (left out, or a value the row refuses)."""
+    o = ctx.by_key.get(row.verl)
+    if o is None or o.op == "delete" or o.problems:
+        return NO_DEFAULT
+    try:
+        return row.convert(o.value)
+    except Unmapped:
+        return NO_DEFAULT
+
+
+def _unread(ctx: Context) -> dict[str, str]:
+    """The algo options nothing reads in this job (`trainer.config.unread_algo_keys` over the script's
+    values, verl's defaults for the rest: ours equal verl's for every option the rule looks at)."""
+    values: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
+    values.update(name=ctx.algo, adv_estimator=ctx.estimator)
+    for row in ROWS:
+        if (
+            row.suite is not None
+            and row.suite.startswith("algo.")
+            and (v := _peek(ctx, row)) is not NO_DEFAULT
+        ):
+            values[row.suite.removeprefix("algo.")] = v
+    return unread_algo_keys(values)
 
 
 def _map_rows(ctx: Context) -> None:
@@ -398,106 +468,30 @@ def _map_rows(ctx: Context) -> None:
             ctx.default(key, row.suite, row.convert(row.default), repr(row.default))
 
 
-def _map_clip(ctx: Context) -> None:
-    clip = ctx.get(f"{V.ACTOR}.clip_ratio", 0.2)
+def _map_clip_defaults(ctx: Context) -> None:
+    """verl's actor.yaml sets clip_ratio_low and clip_ratio_high to 0.2, and they win over clip_ratio; ours
+    fall back to clip_ratio when unset. So a script that changes clip_ratio alone clips at 0.2 in verl."""
+    clip = ctx.train.get("algo", {}).get("clip_ratio", 0.2)
     for side in ("clip_ratio_low", "clip_ratio_high"):
-        key = f"{V.ACTOR}.{side}"
-        value, given = ctx.value(key, None, _float)
-        if not given:
-            continue
-        if value == clip:
-            ctx.record("consistent", key, reason=f"equals clip_ratio {clip}")
-        else:
-            ctx.record("unmapped", key, reason=f"asymmetric clipping ({side} {value} vs clip_ratio {clip}, DAPO's "
-                       "clip-higher): this version has one clip_ratio for both sides of the ratio")  # fmt: skip
+        key = V.algo_key(side)
+        if clip != 0.2 and not ctx.has(key) and side not in ctx.unread:
+            ctx.record("default", key, suite=f"algo.{side}", value=0.2, text="0.2",
+                       reason=f"verl's default, which wins over clip_ratio {clip}")  # fmt: skip
 
 
-_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "low_var_kl": "k3", "k3": "k3"}
-
-
-def _kl_estimator(v: Any) -> str:
-    if v not in _KL_ESTIMATORS:
-        raise Unmapped(f"KL estimator {v!r}: this version has kl (k1) and low_var_kl (k3)")
-    return _KL_ESTIMATORS[v]
-
-
-def _map_kl(ctx: Context) -> None:
-    """verl has a KL penalty in the reward (algorithm.*) and a KL loss term (actor.*); this version has
-    one KL term (algo.kl_coef, kl_estimator, kl_in_reward), so the job's active one is mapped."""
-    loss_keys = (f"{V.ACTOR}.use_kl_loss", V.KL_LOSS_COEF, f"{V.ACTOR}.kl_loss_type")
-    reward_keys = ("algorithm.use_kl_in_reward", V.KL_COEF, "algorithm.kl_penalty")
-    use_loss, _ = ctx.value(loss_keys[0], False, _bool)
-    in_reward, _ = ctx.value(reward_keys[0], False, _bool)
-    if in_reward and (use_loss or ctx.algo == "grpo"):
-        ctx.record("unmapped", reward_keys[0], reason="KL in the reward: this version applies one KL term, "
-                   + ("the loss term (use_kl_loss) is kept" if use_loss else "and GRPO's is a loss term"))  # fmt: skip
-        in_reward = False
-    active = loss_keys if use_loss else reward_keys if in_reward else ()
-    defaults = {loss_keys: (0.001, "low_var_kl"), reward_keys: (0.001, "kl")}.get(active)
-    for group in (loss_keys, reward_keys):
-        for key in group:
-            if key not in ctx.used and ctx.has(key) and group != active:
-                ctx.record("consistent", key, reason=f"not used: {group[0]} is false (verl ignores it too)")
-    if not active:
-        if ctx._ours("algo.kl_coef") != 0.0:
-            ctx.record("default", reward_keys[0], suite="algo.kl_coef", value=0.0, text="false",
-                       reason="use_kl_loss is false too: no KL term, no reference model")  # fmt: skip
-        return
-    for key, suite, convert, default in ((active[1], "algo.kl_coef", _float, defaults[0]),
-                                         (active[2], "algo.kl_estimator", _kl_estimator, defaults[1])):  # fmt: skip
-        value, given = ctx.value(key, convert(default), convert)
-        if given:
-            ctx.record("mapped", key, suite=suite, value=value)
-        elif key in ctx.used:  # refused (reported): verl's default stands in
-            ctx.set(suite, value)
-        else:
-            ctx.default(key, suite, value, repr(default))
-    ctx.record("mapped", active[0], suite="algo.kl_in_reward", value=bool(in_reward), text="true")
-    ctrl, given = ctx.value("algorithm.kl_ctrl.type", "fixed", _str)
-    if given:
-        if ctrl == "fixed" or not in_reward:
-            ctx.record("consistent", "algorithm.kl_ctrl.type", reason="fixed coefficient, as here")
-        else:
-            ctx.record("unmapped", "algorithm.kl_ctrl.type", reason="adaptive KL controller: this version keeps "
-                       "algo.kl_coef fixed at the controller's initial coefficient")  # fmt: skip
-
-
-def _map_batches(ctx: Context, gpus: int) -> None:
-    """verl counts ppo_mini_batch_size in prompts and multiplies by rollout.n; ours counts sequences."""
-    n, n_given = ctx.value(f"{V.ROLLOUT}.n", 1, _int)
-    if ctx.algo == "grpo":
-        (ctx.record("mapped", f"{V.ROLLOUT}.n", suite="algo.group_size", value=n) if n_given
-         else ctx.default(f"{V.ROLLOUT}.n", "algo.group_size", 1, "1"))  # fmt: skip
-        if n == 1:
-            ctx.notes.append("rollout.n is 1: GRPO's group advantage is 0 for a group of one here")
-    elif n_given:
-        if n == 1:
-            ctx.record("consistent", f"{V.ROLLOUT}.n", reason="one response per prompt, as here")
-        else:
-            ctx.record("unmapped", f"{V.ROLLOUT}.n", reason="PPO here samples one response per prompt")
-        n = 1
-    mini_key = f"{V.ACTOR}.ppo_mini_batch_size"
-    mini, mini_given = ctx.value(mini_key, 256, _int)
-    ctx.record("mapped" if mini_given else "default", mini_key, suite="algo.mini_batch_size", value=mini * n,
-               text=None if mini_given else "256")  # fmt: skip
-    micro, given = ctx.value(V.MICRO_BATCH, None, _int)
-    if given:
-        ctx.record("mapped", V.MICRO_BATCH, suite="algo.micro_batch_size", value=micro)
-    else:
-        total, given = ctx.value(f"{V.ACTOR}.ppo_micro_batch_size", None, _int)
-        if given:
-            micro = max(1, total // gpus)
-            ctx.record("mapped", f"{V.ACTOR}.ppo_micro_batch_size", suite="algo.micro_batch_size", value=micro,
-                       reason=f"global {total} over {gpus} GPUs")  # fmt: skip
-        else:
-            micro = max(1, mini * n // gpus)
-            ctx.set("algo.micro_batch_size", micro)
-            ctx.notes.append(f"no ppo_micro_batch_size_per_gpu in the script (verl needs one unless use_dynamic_bsz): "
-                             f"algo.micro_batch_size {micro}, one micro-batch per rank and mini-batch")  # fmt: skip
-    epochs = ctx.get(f"{V.ACTOR}.ppo_epochs", 1)
-    for key, actor_value in ((f"{V.CRITIC}.ppo_micro_batch_size_per_gpu", micro),
-                             (f"{V.CRITIC}.ppo_mini_batch_size", mini), (f"{V.CRITIC}.ppo_epochs", epochs)):  # fmt: skip
-        if not ctx.has(key):
+def _map_twins(ctx: Context) -> None:
+    """Critic keys that ours shares with the actor: reported consistent when equal, else unmapped."""
+    algo = ctx.train.get("algo", {})
+    twins = (
+        (f"{V.CRITIC}.ppo_micro_batch_size_per_gpu", algo.get("micro_batch_size")),
+        (f"{V.CRITIC}.ppo_mini_batch_size", ctx.get(V.algo_key("mini_batch_size"), 256)),
+        (f"{V.CRITIC}.ppo_epochs", algo.get("ppo_epochs", 1)),
+        (f"{V.CRITIC}.loss_agg_mode", algo.get("loss_agg_mode", "token-mean")),
+        (f"{V.CRITIC}.grad_clip", algo.get("max_grad_norm", 1.0)),
+        (f"{V.CRITIC}.optim.weight_decay", algo.get("weight_decay", 0.01)),
+    )
+    for key, actor_value in twins:
+        if not ctx.has(key) or key in ctx.used:
             continue
         if ctx.algo != "ppo":
             ctx.record(
@@ -509,6 +503,41 @@ def _map_batches(ctx: Context, gpus: int) -> None:
             ctx.record(
                 "unmapped", key, reason=f"one value for actor and critic here: the actor's ({actor_value})"
             )
+
+
+def _map_batches(ctx: Context, gpus: int) -> None:
+    """verl counts ppo_mini_batch_size in prompts and multiplies by rollout.n; ours counts sequences."""
+    n_key, mini_key, micro_key = (
+        V.algo_key(k) for k in ("group_size", "mini_batch_size", "micro_batch_size")
+    )
+    n, n_given = ctx.value(n_key, 1, _int)
+    if ctx.algo == "grpo":
+        (ctx.record("mapped", n_key, suite="algo.group_size", value=n) if n_given
+         else ctx.default(n_key, "algo.group_size", 1, "1"))  # fmt: skip
+        if n == 1:
+            ctx.notes.append("rollout.n is 1: GRPO's group advantage is 0 for a group of one here")
+    elif n_given:
+        if n == 1:
+            ctx.record("consistent", n_key, reason="one response per prompt, as here")
+        else:
+            ctx.record("unmapped", n_key, reason="PPO here samples one response per prompt")
+        n = 1
+    mini, mini_given = ctx.value(mini_key, 256, _int)
+    ctx.record("mapped" if mini_given else "default", mini_key, suite="algo.mini_batch_size", value=mini * n,
+               text=None if mini_given else "256")  # fmt: skip
+    micro, given = ctx.value(micro_key, None, _int)
+    if given:
+        ctx.record("mapped", micro_key, suite="algo.micro_batch_size", value=micro)
+        return
+    total, given = ctx.value(f"{V.ACTOR}.ppo_micro_batch_size", None, _int)
+    if given:
+        ctx.record("mapped", f"{V.ACTOR}.ppo_micro_batch_size", suite="algo.micro_batch_size",
+                   value=max(1, total // gpus), reason=f"global {total} over {gpus} GPUs")  # fmt: skip
+    else:
+        micro = max(1, mini * n // gpus)
+        ctx.set("algo.micro_batch_size", micro)
+        ctx.notes.append(f"no ppo_micro_batch_size_per_gpu in the script (verl needs one unless use_dynamic_bsz): "
+                         f"algo.micro_batch_size {micro}, one micro-batch per rank and mini-batch")  # fmt: skip
 
 
 def _map_hardware(ctx: Context, target: str) -> tuple[dict[str, Any], int]:
@@ -601,6 +630,39 @@ def _map_precision(ctx: Context) -> dict[str, Any]:
     return baseline
 
 
+_ATTENTION = ("sdpa", "eager", "flash_attention_2")
+
+
+def _map_engines(ctx: Context) -> None:
+    """The attention kernel (verl: ``model.override_config.attn_implementation``, flash_attention_2 unless
+    set) and the rollout engine (verl: ``rollout.name``)."""
+    key = f"{V.MODEL}.override_config.attn_implementation"
+    attn, given = ctx.value(key, None, _choice(_ATTENTION, "attention implementation"))
+    if given:
+        ctx.record("mapped", key, suite="model.attn_implementation", value=attn)
+    elif key not in ctx.used:
+        ctx.notes.append("attention: verl loads the model with flash_attention_2 unless "
+                         "model.override_config.attn_implementation says otherwise; the suite keeps sdpa "
+                         "(set model.attn_implementation: flash_attention_2 where flash-attn is installed)")  # fmt: skip
+    critic_key = f"{V.CRITIC_MODEL}.override_config.attn_implementation"
+    if ctx.has(critic_key):
+        same = ctx.get(critic_key) == (attn if given else "flash_attention_2")
+        ctx.record("consistent" if same else "unmapped", critic_key,
+                   reason="equals the actor's" if same else "one attention implementation for every role here: "
+                   "the actor's")  # fmt: skip
+    key = f"{V.ROLLOUT}.name"
+    if ctx.has(key):
+        name = ctx.get(key)
+        if name == "hf":
+            ctx.record("consistent", key, reason="HF generate, as here (rollout.cache: dynamic)")
+        else:
+            ctx.record("unmapped", key, reason=f"rollout engine {name}: this version's engines are HF generate "
+                       "(rollout.cache: dynamic) and our own decode over a static KV cache (rollout.cache: static; "
+                       "rollout.fused: true decodes with the weights cast to the rollout dtype, as an inference "
+                       "engine does); the engine's dtype (rollout.dtype) and sampling (temperature, top_k) "
+                       "are mapped")  # fmt: skip
+
+
 def _local_dir(path: str) -> str | None:
     p = os.path.expanduser(path)
     return p if os.path.isdir(p) else None
@@ -670,7 +732,8 @@ def _map_data(ctx: Context) -> None:
     path, given = ctx.value("custom_reward_function.path", None, lambda v: v)
     if given and path:
         name, _ = ctx.value("custom_reward_function.name", "compute_score", _str)
-        spec = f"{os.path.expanduser(str(path))}:{name}"
+        # absolute: the script's path is relative to where verl ran, a suite's to the suite file
+        spec = f"{os.path.abspath(os.path.expanduser(str(path)))}:{name}"
         ctx.record("mapped", "custom_reward_function.path", suite="data.compute_score", value=spec)
         if ctx.has("custom_reward_function.name"):
             ctx.record(
@@ -707,7 +770,7 @@ def _map_leftovers(ctx: Context) -> None:
         if o.op == "delete":
             ctx.record("unmapped", key, reason="deletes a key of verl's config (~key): not reproduced")
             continue
-        reason = next((why for pattern, why in REASONS if re.search(pattern, key)), None)
+        reason = unmapped_reason(key)
         ctx.record("unmapped", key, reason=reason or "not in from-verl's table (a key of another verl release, "
                    "or a misspelling?)")  # fmt: skip
 
@@ -716,13 +779,14 @@ def map_launch(launch: Launch, *, target: str, model: str | None = None) -> Mapp
     """The suite pieces of ``launch`` and what became of each key."""
     ctx = Context(launch)
     _map_algorithm(ctx)
-    ctx.set("algo.name", ctx.algo)
     hardware, gpus = _map_hardware(ctx, target)
+    ctx.unread = _unread(ctx)
     _map_rows(ctx)
-    _map_clip(ctx)
-    _map_kl(ctx)
+    _map_clip_defaults(ctx)
     _map_batches(ctx, gpus)
+    _map_twins(ctx)
     _map_model(ctx, model)
+    _map_engines(ctx)
     precision = _map_precision(ctx)
     _map_data(ctx)
     _map_leftovers(ctx)

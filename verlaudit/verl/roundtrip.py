@@ -19,7 +19,7 @@ from typing import Any
 
 from verlaudit.verl.mapping import ROWS, canonical
 
-_PART = re.compile(r"^(env\s+)?([A-Za-z_][\w.]*)(?:=(\S+))?")
+_WORD = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)(?:=(\S+))?$")
 _LONG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -28,12 +28,20 @@ def _canonical(key: str) -> str:
 
 
 def _fix_parts(verl: str) -> list[tuple[bool, str, str | None]]:
-    """``(is_env, key, value)`` for each ``key[=value]`` of a Fix's verl text (``A=1 / B (why)``)."""
+    """``(is_env, key, value)`` for each ``key[=value]`` of a Fix's verl text: alternatives split by
+    `` / ``, several keys to set together by spaces (``A=true B=0.01 (or C with D)``: A and B), and a
+    parenthesised remark ignored; ``env NAME=value`` is an environment variable."""
     out = []
     for part in verl.split(" / "):
-        m = _PART.match(part.strip())
-        if m:
-            out.append((bool(m.group(1)), m.group(2), m.group(3)))
+        words = part.split(" (", 1)[0].split()
+        if words[:1] == ["env"] and len(words) > 1 and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            out.append((True, name, value))
+            continue
+        for word in words:
+            m = _WORD.match(word)
+            if m:
+                out.append((False, m.group(1), m.group(2)))
     return out
 
 

@@ -1,0 +1,198 @@
+"""Everything a suite names outside its file (plug-ins, model directories, presets, tasks) is imported
+and checked before any worker starts, by `verlaudit run` and `verlaudit plan` alike; a
+``file.py:attr`` plug-in is relative to the suite file and reaches the worker as an absolute path.
+
+Run: `pytest tests/test_preflight.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trainer.data import resolve_callable
+from verlaudit import cli
+from verlaudit.run import runner
+from verlaudit.run.hardware import PresentDevice
+from verlaudit.run.preflight import preflight
+from verlaudit.run.suite import load_suite
+from verlaudit.run.worker import load_spec
+
+PLUGINS = """\
+def dataset():
+    return [{"prompt": "1 2:", "answer": "1111"}]
+
+def collator(examples, tokenizer):
+    return {}
+
+def reward(prompts, responses, examples):
+    return [0.0] * len(responses)
+
+def reward_model(tokenizer, device):
+    return None
+
+def one_arg_collator(examples):
+    return {}
+
+def reward_two(prompts, responses):
+    return []
+
+def dataset_needs_n(n):
+    return []
+
+def loader_one(tokenizer):
+    return None
+
+def flexible(*args, **kwargs):
+    return []
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 0.0
+
+def score_no_truth(data_source, solution_str):
+    return 0.0
+
+def score_strict(data_source, solution_str, ground_truth, extra_info):
+    return 0.0
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def suite_dir(tmp_path, monkeypatch):
+    """suites/s.yaml with its plug-ins in suites/plugins/user.py; the current directory elsewhere."""
+    d = tmp_path / "suites"
+    (d / "plugins").mkdir(parents=True)
+    (d / "plugins" / "user.py").write_text(PLUGINS)
+    (d / "plugins" / "broken.py").write_text("import not_a_module_anywhere\n")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    return d
+
+
+def write_suite(d: Path, train: str = "", variant: str = "{}") -> Path:
+    p = d / "s.yaml"
+    p.write_text(
+        f"name: s\ntrain: {{steps: 1, device: cpu{', ' + train if train else ''}}}\nvariants:\n  a: {variant}\n"
+    )
+    return p
+
+
+def test_a_relative_plugin_reaches_the_worker_as_the_suite_meant_it(suite_dir, tmp_path):
+    p = write_suite(
+        suite_dir, "data: {collator: plugins/user.py:collator, reward_fn: plugins/user.py:reward}"
+    )
+    suite = load_suite(p)
+    path = str(suite_dir / "plugins" / "user.py")
+    assert suite.variants["a"].data.collator == f"{path}:collator"
+    assert suite.train.data.reward_fn == f"{path}:reward"
+    preflight(suite)
+    # the spec the runner writes holds the absolute path; the worker, from any directory, imports it
+    plan = runner.plan_runs(suite, tmp_path / "out", PresentDevice(cuda=False, gpu_count=0))
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(plan.runs[0].spec.to_dict()))
+    spec = load_spec(spec_path)
+    assert resolve_callable(spec.train.data.collator, "data.collator").__name__ == "collator"
+    # the copy the report directory keeps round-trips to the same resolved configs
+    assert type(suite).from_dict(suite.to_dict(), source=suite.source).variants == suite.variants
+
+
+def test_absolute_paths_and_modules_are_kept(suite_dir):
+    path = suite_dir / "plugins" / "user.py"
+    p = write_suite(suite_dir, f"data: {{collator: '{path}:collator', reward_fn: 'tests.faults:nan_reward'}}")
+    suite = load_suite(p)
+    assert suite.train.data.collator == f"{path}:collator"
+    assert suite.train.data.reward_fn == "tests.faults:nan_reward"
+
+
+def test_verl_compute_score_is_resolved_and_checked_like_the_others(suite_dir):
+    (suite_dir / "rows.jsonl").write_text("")
+    rows = suite_dir / "rows.jsonl"
+    p = write_suite(suite_dir, f"data: {{train_files: '{rows}', compute_score: plugins/user.py:compute_score, "
+                               "compute_score_kwargs: {scale: 2}}")  # fmt: skip
+    suite = load_suite(p)
+    assert suite.train.data.compute_score == f"{suite_dir / 'plugins' / 'user.py'}:compute_score"
+    preflight(suite)
+
+
+def test_every_plugin_point_with_a_good_plugin_passes(suite_dir):
+    p = write_suite(suite_dir, "data: {dataset: plugins/user.py:dataset, collator: plugins/user.py:collator, "
+                               "reward_fn: plugins/user.py:flexible}, model: {reward_model: plugins/user.py:reward_model}")  # fmt: skip
+    preflight(load_suite(p))
+
+
+BAD = [
+    # (train: section, variant, error: field and what)
+    ("data: {collator: plugins/nope.py:collator}", "{}",
+     r"train\.data\.collator: '.*plugins/nope\.py:collator': file .*/suites/plugins/nope\.py not found \(a "
+     r"file\.py:attr path is relative to the suite file's directory"),
+    ("", "{data: {reward_fn: plugins/user.py:missing}}",
+     r"variants\.a\.data\.reward_fn: .*has no attribute 'missing'"),
+    ("data: {dataset: plugins/user.py:NOT_CALLABLE}", "{}", r"train\.data\.dataset: .*NOT_CALLABLE is a int, not callable"),
+    ("data: {collator: plugins/broken.py:f}", "{}",
+     r"train\.data\.collator: .*importing .*broken\.py failed: ModuleNotFoundError: No module named 'not_a_module_anywhere'"),
+    ("data: {collator: 'no_such_module_xyz:f'}", "{}",
+     r"train\.data\.collator: 'no_such_module_xyz:f': importing no_such_module_xyz failed: ModuleNotFoundError"),
+    ("data: {collator: plugins/user.py}", "{}", r"train\.data\.collator: 'plugins/user\.py' has no ':'"),
+    # signatures: what the trainer passes, which the plug-in does not accept
+    ("data: {collator: plugins/user.py:one_arg_collator}", "{}",
+     r"train\.data\.collator: .*the trainer calls it as one_arg_collator\(examples, tokenizer\), which its "
+     r"signature one_arg_collator\(examples\) does not accept"),
+    ("", "{data: {reward_fn: plugins/user.py:reward_two}}",
+     r"variants\.a\.data\.reward_fn: .*calls it as reward_two\(prompts, responses, examples\)"),
+    ("data: {dataset: plugins/user.py:dataset_needs_n}", "{}", r"train\.data\.dataset: .*calls it as dataset_needs_n\(\)"),
+    ("model: {reward_model: plugins/user.py:loader_one}", "{}",
+     r"train\.model\.reward_model: .*calls it as loader_one\(tokenizer, device\)"),
+    # model directories, presets, tasks
+    ("model: {preset: tiny-lama}", "{}", r"train\.model\.preset: unknown preset 'tiny-lama'; expected one of tiny-llama"),
+    ("", "{model: {path: /no/such/model}}", r"variants\.a\.model\.path: '/no/such/model' does not exist"),
+    ("model: {path: '{empty}'}", "{}", r"train\.model\.path: '.*empty' has no config\.json"),
+    ("model: {path: '{bad_config}'}", "{}", r"train\.model\.path: '.*bad_config': its config\.json does not load"),
+    ("model: {critic_path: missing_critic}", "{}", r"train\.model\.critic_path: 'missing_critic' does not exist"),
+    ("model: {tokenizer: '{empty}'}", "{}", r"train\.model\.tokenizer: could not load a tokenizer from"),
+    ("model: {tokenizer: /no/tok}", "{}", r"train\.model\.tokenizer: '/no/tok' is not a directory"),
+    ("model: {reward_model: 'preset:huge'}", "{}", r"train\.model\.reward_model: unknown preset 'preset:huge'"),
+    ("model: {reward_model: rm_dir_typo}", "{}", r"train\.model\.reward_model: 'rm_dir_typo' is neither an existing directory"),
+    ("data: {task: digitz}", "{}", r"train\.data\.task: unknown task 'digitz'; expected one of digits"),
+    # verl's data and reward function (data.train_files, data.compute_score, called by keyword)
+    ("data: {train_files: [rows.parquet]}", "{}", r"train\.data\.train_files: rows\.parquet not found"),
+    ("data: {train_files: '{rows}', compute_score: plugins/user.py:score_no_truth}", "{}",
+     r"train\.data\.compute_score: .*the trainer calls it as score_no_truth\(data_source=data_source, "
+     r"solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info\)"),
+    ("data: {train_files: '{rows}', compute_score: plugins/user.py:score_strict}",
+     "{data: {compute_score_kwargs: {scale: 2}}}", r"variants\.a\.data\.compute_score: .*extra_info=extra_info, "
+     r"scale=scale\), which its signature score_strict"),
+]  # fmt: skip
+
+
+def _fill(text: str, tmp_path: Path) -> str:
+    (tmp_path / "empty").mkdir(exist_ok=True)
+    bad = tmp_path / "bad_config"
+    bad.mkdir(exist_ok=True)
+    (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    (tmp_path / "rows.jsonl").write_text("")
+    text = text.replace("{empty}", str(tmp_path / "empty")).replace("{rows}", str(tmp_path / "rows.jsonl"))
+    return text.replace("{bad_config}", str(bad))
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+@pytest.mark.parametrize("train, variant, message", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_a_bad_plugin_or_model_path_stops_run_and_plan_before_any_worker(
+    suite_dir, tmp_path, capsys, monkeypatch, command, train, variant, message
+):
+    def no_worker(*a, **k):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(runner, "_run_one", no_worker)
+    p = write_suite(suite_dir, _fill(train, tmp_path), _fill(variant, tmp_path))
+    argv = [command, str(p)] + (["--out", str(tmp_path / "out")] if command == "run" else [])
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"verlaudit {command}: error: {p}: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert not (tmp_path / "out").exists()

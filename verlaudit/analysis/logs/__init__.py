@@ -1,0 +1,143 @@
+"""Rules that explain a foreign training log, one module per family: ``distributed`` (NCCL / Gloo
+timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``engines`` (vLLM /
+SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
+(dtype, import, configuration errors), with ``frameworks`` (which framework, the settings it printed,
+the fix vocabulary) and ``phases`` (the phase from frames). Each family has a per-line ``detect`` and a
+pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
+
+    scan = new_scan()
+    for no, line in enumerate(lines, 1):
+        scan.feed(no, line)
+    causes, ctx = explain(scan.facts())
+
+``logparse.diagnose_log`` is the entry point; ``order`` puts the root cause before its cascade and
+``explain`` never lets a log with an error line, a non-zero exit, a kill or a hang come back clean.
+Exercised by ``pytest tests/test_log_rules.py tests/test_log_corpus.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.logs import distributed, engines, exceptions, frameworks, memory, scaling
+from verlaudit.analysis.logs.frameworks import LogContext
+from verlaudit.analysis.logs.scan import LogFacts, LogScan, place, quote
+
+DETECTORS = (distributed.detect, memory.detect, engines.detect, scaling.detect, exceptions.detect)
+FAMILIES = (distributed.explain, memory.explain, engines.explain, scaling.explain, exceptions.explain)
+CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
+"""Kinds that are usually the consequence of another failure in the same log (a rank that died makes
+the others time out; a dead worker makes its callers fail): an earlier failure of another kind is
+listed before them as the root."""
+_SEVERITY = {"error": 0, "warning": 1, "info": 2}
+
+
+def new_scan() -> LogScan:
+    """A streaming scan that runs every family's detector on each line."""
+    return LogScan(DETECTORS)
+
+
+def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
+    """Every family's causes for the facts of one log (with the unrecognised-failure fallback), and the
+    log's context (framework, settings). Not yet ordered: see ``order``."""
+    ctx = frameworks.context(facts.markers, facts.settings)
+    causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    causes += unrecognised(facts, causes)
+    for c in causes:
+        c.framework = ctx.framework
+    return causes, ctx
+
+
+def order(causes: Sequence[Cause]) -> list[Cause]:
+    """Errors before warnings before info; among errors the root before the cascade (a failure of a
+    kind in ``CASCADE`` follows any other failure), then log order, then score. A cascade that comes
+    after a root says so in its evidence."""
+    roots = [c for c in causes if c.severity == "error" and c.kind not in CASCADE]
+    for c in causes:
+        if c.severity == "error" and c.kind in CASCADE:
+            before = [r for r in roots if r.line is not None and c.line is not None and r.line <= c.line]
+            if before:
+                r = before[0]
+                c.evidence.append(f"likely a consequence of: {r.title} (line {r.line}{_on(r)})")
+    big = 1 << 40
+
+    def key(c: Cause) -> tuple:
+        cascade = c.severity == "error" and c.kind in CASCADE
+        return (_SEVERITY.get(c.severity, 3), cascade, c.line if c.line is not None else big, -c.score)
+
+    return sorted(causes, key=key)
+
+
+def _on(c: Cause) -> str:
+    return f", rank {c.rank}" if c.rank is not None else ""
+
+
+def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
+    """Never clean on a failure: when no error-level cause explains a log that holds an exception, an
+    ERROR line, a non-zero exit, a kill or a hang (or a traceback), one "unrecognised failure" cause
+    quoting the line."""
+    if any(c.severity == "error" for c in causes):
+        return []
+    rank_of = {"exception": 0, "kill": 1, "exit": 2, "hang": 3, "error": 4}
+    signals = sorted(facts.signals, key=lambda s: (rank_of.get(s[0], 9), s[1].no))
+    tb = next((t for t in facts.tracebacks if t.frames), None)
+    if not signals and tb is None:
+        return []
+    if signals:
+        sig, line = signals[0]
+        # the innermost message of an exception chain: the last exception line of its traceback
+        tb_here = facts.traceback_near(line.no, line.rank)
+        if sig == "exception" and tb_here and tb_here.exc and tb_here.exc.no >= line.no:
+            line = tb_here.exc
+    else:
+        sig, line = "traceback", tb.exc if tb and tb.exc else None
+    if line is None and tb is not None:
+        f = tb.frames[-1]
+        title = f"Unrecognised failure: a traceback cut after {f.func} ({f.path}:{f.lineno})"
+        ev = [f"line {tb.start}: traceback with {len(tb.frames)} frame(s), no exception line"]
+        pl_where, phase, rank, no = tb.culprit(), (tb.phase() or (None,))[0], tb.rank, tb.start
+    else:
+        pl = place(facts, line)
+        title = f"Unrecognised failure: {line.text.strip()[:200]}"
+        ev = [quote(line)] + pl.evidence()
+        others = [quote(s[1], 160) for s in signals[1:3] if s[1].no != line.no]
+        ev += [f"also: {o}" for o in others]
+        pl_where, phase, rank, no = pl.culprit(), pl.phase, pl.rank, line.no
+    what = {
+        "exception": "An exception ended the run with a message verlaudit does not recognise.",
+        "kill": "A process was killed or crashed.",
+        "exit": "A process exited with a non-zero status.",
+        "hang": "Something timed out: a hang.",
+        "error": "The log reports an error.",
+        "traceback": "A traceback without a recognised error.",
+    }[sig]
+    return [
+        Cause(
+            "error",
+            "exception",
+            title,
+            what + " It is a failure all the same: the quoted line is the place to start.",
+            evidence=ev,
+            where=pl_where,
+            phase=phase,
+            rank=rank,
+            line=no,
+            score=10.0,
+            unknown=["the cause: this message is not one of the failure patterns verlaudit explains"],
+        )
+    ]
+
+
+__all__ = [
+    "CASCADE",
+    "DETECTORS",
+    "FAMILIES",
+    "LogContext",
+    "LogFacts",
+    "LogScan",
+    "explain",
+    "new_scan",
+    "order",
+    "unrecognised",
+]

@@ -1,0 +1,585 @@
+"""Distributed failures: NCCL and Gloo timeouts and watchdog aborts (torch ProcessGroupNCCL's
+``Watchdog caught collective operation timeout: WorkNCCL(SeqNum=.., OpType=..)``, the watchdog's
+status lines, Gloo's ``Timed out waiting ...ms for recv operation``, monitored barriers, the c10d
+store at setup), NCCL errors, CUDA kernel faults the watchdog surfaces, processes killed by a signal
+(torch elastic's ``failed (exitcode: -9) local_rank: N``, ``Signal 9 (SIGKILL)``, a shell's ``Killed``),
+and Ray actor / worker deaths. The first failing rank is named, and which rank the others waited for:
+the one a monitored barrier or the store names, the one behind when ranks disagree on SeqNum.
+Exercised by ``pytest tests/test_log_rules.py -k distributed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.lines import LogLine, hints
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+
+_RULES = [
+    ("nccl_timeout", re.compile(
+        r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+        r"(?:, NumelIn=(\d+))?(?:, NumelOut=(\d+))?(?:,\s*Timeout\(ms\)=(\d+))?")),
+    ("nccl_status", re.compile(
+        r"Rank (\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: (\d+), "
+        r"last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)"
+        r"|failure detected by watchdog at work sequence id: (\d+) PG status: last enqueued work: (-?\d+), "
+        r"last completed work: (-?\d+))")),
+    ("watchdog_error", re.compile(
+        r"(?:Process group|NCCL) watchdog thread terminated with exception: "
+        r"(?!\[Rank \d+\] Watchdog caught)(.+)")),
+    ("nccl_takedown", re.compile(
+        r"\[Rank (\d+)\] To avoid data inconsistency, we are taking the entire process down")),
+    ("gloo_timeout", re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")),
+    ("gloo_peer", re.compile(
+        r"Connection closed by peer \[([^\]]+)\]|Application timeout caused pair closure")),
+    ("barrier_from", re.compile(
+        r"Rank (\d+) successfully reached monitoredBarrier, but received errors while waiting for send/recv "
+        r"from rank (\d+)")),
+    ("barrier_failed", re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")),
+    ("store_timeout", re.compile(
+        r"\[(\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from \[(\d+)\] via c10d "
+        r"key-value store by key '[^']*', but store->get\('[^']*'\) got error: "
+        r"([\w ]+?)(?: after (\d+)ms)?[,.]")),
+    ("store_clients", re.compile(
+        r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")),
+    ("heartbeat", re.compile(r"Heartbeat monitor timed out|watchdog got stuck for (\d+) seconds")),
+    ("nccl_error", re.compile(
+        r"NCCL error in: \S+, ([^,(\n]+)|\bDistNetworkError\b"
+        r"|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)Error\b"
+        r"|NCCL communicator was aborted on rank (\d+)")),
+    ("nccl_shm", re.compile(
+        r"Error while creating shared memory segment|Call to posix_fallocate failed|ncclShmOpen")),
+    ("cuda_fault", re.compile(
+        r"(?:CUDA error|Triton Error \[CUDA\]): (an illegal memory access was encountered"
+        r"|an illegal instruction was encountered|device-side assert triggered|misaligned address"
+        r"|unspecified launch failure)")),
+    ("elastic_failed", re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")),
+    ("launcher_exit", re.compile(
+        r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
+        r"|interrupted by signal (\d+): (SIG\w+)")),
+    ("elastic_rank", re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")),
+    ("elastic_exit", re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
+    ("signal", re.compile(
+        r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
+    ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
+    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$")),
+    ("ray_task", re.compile(r"RayTaskError\((\w+)\): ray::([\w.]+)\(")),
+    ("actor_died", re.compile(r"ActorDiedError: |The actor died unexpectedly before finishing this task")),
+    ("worker_died", re.compile(
+        r"A worker died or was killed while executing a task by an unexpected system error"
+        r"|The actor is dead because its worker process has died")),
+    ("worker_exit", re.compile(r"Worker exit type: (\w+),? Worker exit detail: ([^.]+\.?)")),
+]  # fmt: skip
+_KEYS = (
+    "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
+    "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
+    "clients", "Heartbeat", "nccl", "rank",
+)  # fmt: skip
+
+
+_HAS = hints(*_KEYS)
+
+
+def detect(line: LogLine) -> list[Hit]:
+    """Distributed-failure messages in one line."""
+    text = line.text
+    if not _HAS(text):
+        return []
+    out = []
+    for rule, pat in _RULES:
+        m = pat.search(text)
+        if m:
+            out.append(Hit(rule, line, {"groups": m.groups()}, want=8 if rule == "actor_died" else 0))
+    if any(
+        h.rule == "nccl_timeout" for h in out
+    ):  # "terminated with exception: [Rank 1] Watchdog caught ..." twice
+        out = [h for h in out if h.rule != "watchdog_error"]
+    return out
+
+
+def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    """Collective timeouts, NCCL errors, CUDA faults, kills and Ray actor deaths."""
+    causes = [
+        _collective(facts, ctx),
+        _nccl_error(facts, ctx),
+        _cuda_fault(facts, ctx),
+        _killed(facts, ctx),
+        _ray_died(facts, ctx),
+    ]
+    return [c for c in causes if c]
+
+
+EARLY_SEQ = 8
+"""A collective this early in a process group's sequence (setup barriers and parameter broadcasts) is
+taken as start-up."""
+
+
+@dataclasses.dataclass
+class _Wait:
+    """What the collective-failure messages say: who waited, for which rank, in what, since when."""
+
+    title: str = ""
+    culprit: int | None = None
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    at_init: bool = False
+    """No collective ever completed (SeqNum 1, or the watchdog's last completed work is -1)."""
+    early: bool = False
+    """One of a process group's first few collectives: the job was still starting up."""
+    gradient: bool = False
+    """A reduce-scatter: FSDP / ZeRO reduce gradients that way, so the update's backward."""
+    diverged: bool = False
+
+
+def _watchdog(facts: LogFacts, w: _Wait) -> None:
+    """NCCL watchdog timeouts: the first failing rank, or the rank behind when the ranks disagree on
+    the collective's SeqNum (the others moved on); whether any collective ever completed."""
+    seq_of: dict[int, int] = {}
+    for h in facts.of("nccl_timeout"):
+        seq_of.setdefault(int(h.fields["groups"][0]), int(h.fields["groups"][1]))
+    order = list(seq_of)
+    first = facts.first("nccl_timeout")
+    if first is not None:
+        _, seq, op, numel, _, tmo = first.fields["groups"]
+        w.culprit = order[0]
+        if len(set(seq_of.values())) > 1:
+            lag = min(seq_of.values())
+            behind = [r for r in order if seq_of[r] == lag]
+            w.culprit, w.diverged = behind[0], True
+            ahead = ", ".join(f"rank {r} at {s}" for r, s in seq_of.items() if s != lag)
+            w.evidence.append(
+                f"ranks disagree on the collective: rank(s) {', '.join(map(str, behind))} at SeqNum "
+                f"{lag}, {ahead}: the ranks went out of step"
+            )
+        w.at_init = int(seq) <= 1
+        w.early = int(seq) <= EARLY_SEQ
+        w.gradient = "REDUCE_SCATTER" in op
+        waited = f" waited {int(tmo) / 1000:.0f} s" if tmo else " timed out"
+        size = f", {int(numel):,} elements" if numel else ""
+        w.title = f"NCCL collective timeout: rank {w.culprit}{waited} in {op} (SeqNum {seq}{size})"
+        w.evidence.append(quote(first.line, 400))
+        reported = set(order) | {int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")}
+        silent = sorted(set(range(max(reported) + 1)) - reported)
+        if len(order) >= 3 and silent:  # every other rank reported: the silent ones may be the stuck ones
+            w.evidence.append(
+                f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "
+                "if their output is in this log, look there for the first failure"
+            )
+        if len(order) > 1:
+            w.evidence.append(
+                f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} "
+                "first in the log"
+            )
+    for h in facts.of("nccl_status")[:2]:
+        g = h.fields["groups"]
+        done = g[3] if g[3] is not None else g[6]
+        w.at_init |= done is not None and int(done) < 0  # last completed work -1: none ever completed
+        w.evidence.append(quote(h.line, 240))
+
+
+def _named_waits(facts: LogFacts, w: _Wait) -> None:
+    """The messages that name the rank the others waited for: a monitored barrier, the c10d store at
+    setup (rank 0 publishes the NCCL id), a Gloo send / recv, a stuck heartbeat."""
+    barrier = facts.first("barrier_from")
+    if barrier:
+        waiter, w.culprit = (int(x) for x in barrier.fields["groups"])
+        w.title = w.title or f"Gloo timeout: rank {waiter} waited for send/recv from rank {w.culprit}"
+        w.evidence.append(quote(barrier.line))
+    failed = facts.first("barrier_failed")
+    if failed:
+        ranks = re.findall(r"\d+", failed.fields["groups"][0])
+        w.culprit = int(ranks[0]) if ranks else w.culprit
+        w.title = w.title or f"Monitored barrier: rank(s) {', '.join(ranks)} never arrived"
+        w.evidence.append(quote(failed.line))
+    store = facts.first("store_timeout", "store_clients")
+    if store:
+        g, w.at_init = store.fields["groups"], True
+        if store.rule == "store_timeout":
+            w.culprit = int(g[1])
+            took = f" {int(g[3]) / 1000:.0f} s" if g[3] else ""
+            w.title = (
+                w.title
+                or f"Process-group setup timed out: rank {g[0]} waited{took} for rank {g[1]}'s NCCL id"
+            )
+        else:
+            w.title = w.title or f"Rendezvous timed out after {g[0]} s: {g[1]} of {g[2]} processes joined"
+        w.evidence.append(quote(store.line))
+    gloo = facts.first("gloo_timeout")
+    if gloo:
+        g = gloo.fields["groups"]
+        w.culprit = w.culprit if w.culprit is not None else gloo.line.rank
+        on = f" on rank {w.culprit}" if w.culprit is not None else ""
+        w.title = w.title or f"Gloo timeout: {g[1]} waited {int(g[0]) / 1000:.0f} s{on}"
+        w.evidence.append(quote(gloo.line))
+    beat = facts.first("heartbeat")
+    if beat and not w.title:
+        w.title = "NCCL heartbeat monitor: a watchdog got stuck (a hung collective or CUDA call)"
+        w.evidence.append(quote(beat.line))
+
+
+_COLLECTIVE_WHAT = (
+    "A collective did not complete on every rank within the timeout, so the watchdog aborted it and took the "
+    "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another "
+    "code "
+    "path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
+)
+
+
+def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
+    return fixes(
+        ctx,
+        advice(
+            "check that every node can reach the others: NCCL_DEBUG=INFO shows the transport; point "
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME at an interface all nodes share"
+        )
+        if w.at_init
+        else None,
+        advice(
+            "make every rank issue the same collectives: equal batch counts per rank (drop_last, the same "
+            "number of micro-batches under dynamic batch sizes), no rank-dependent early exit"
+        )
+        if w.diverged
+        else None,
+        (
+            "collective_timeout",
+            "raise it when one rank legitimately works alone that long (checkpoint save, evaluation)",
+        )
+        if phase == "checkpoint"
+        else None,
+        advice(
+            "find the stuck rank's own error above the timeout, or take a py-spy dump of it while it hangs"
+        ),
+        advice(
+            "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1: the flight recorder "
+            "dumps each rank's last collectives and their Python stacks"
+        ),
+        ("collective_timeout", "raise it only when one rank legitimately works alone that long"),
+    )
+
+
+def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    first = facts.first(
+        "nccl_timeout",
+        "gloo_timeout",
+        "barrier_from",
+        "barrier_failed",
+        "store_timeout",
+        "store_clients",
+        "heartbeat",
+    )
+    if first is None:
+        return None
+    w = _Wait()
+    _watchdog(facts, w)
+    _named_waits(facts, w)
+    downs = sorted({int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")})
+    if downs:
+        w.evidence.append(f"the watchdog took down rank(s) {', '.join(map(str, downs[:16]))} (the cascade)")
+    pl = place(facts, first.line)
+    phase = "init" if w.at_init or (w.early and pl.phase is None) else pl.phase
+    if phase is None and w.gradient:
+        phase, pl.phase_why = "update", "a gradient reduce-scatter"
+    if w.early and not w.at_init and phase == "init":
+        w.title += " at start-up"
+        w.evidence.append(
+            f"SeqNum {EARLY_SEQ} or less: one of the process group's first collectives, at start-up"
+        )
+    if w.at_init:
+        w.title += (
+            ""
+            if "setup" in w.title or "Rendezvous" in w.title
+            else " at start-up (no collective ever completed)"
+        )
+    elif phase and pl.phase_why:
+        w.title += f" during {phase if pl.phase_why.startswith('activity') else pl.phase_why}"
+    what = _COLLECTIVE_WHAT
+    if w.at_init:
+        what += (
+            " Here no collective ever completed: the ranks could not reach each other (network interface, "
+            "firewall, a rank that never started)."
+        )
+    if w.diverged:
+        what += (
+            " The ranks were in different collectives: a data-dependent branch or unequal numbers of batches "
+            "per rank made them issue different collective sequences."
+        )
+    fx = _collective_fixes(ctx, w, phase)
+    return Cause(
+        "error",
+        "nccl_timeout",
+        w.title,
+        what,
+        evidence=w.evidence + pl.evidence(),
+        fixes=fx,
+        where=f"rank {w.culprit}" if w.culprit is not None else pl.culprit(frame=False),
+        phase=phase,
+        rank=w.culprit,
+        line=first.no,
+        score=38.0,
+        unknown=["why the missing rank stalled, unless its own error is in this log"],
+    )
+
+
+def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("nccl_error")
+    if h is None or facts.count("nccl_timeout", "gloo_timeout"):
+        return None
+    pl = place(facts, h.line)
+    detail = (h.fields["groups"][0] or "").strip()
+    shm = facts.first("nccl_shm")
+    what = (
+        "A collective failed inside NCCL (not a timeout): a peer process exited, the network or the GPU "
+        "interconnect failed, or the ranks passed inconsistent tensors."
+    )
+    if shm:
+        what += (
+            " Here NCCL could not create its shared-memory segment: /dev/shm is too small (a container's "
+            "default is 64 MB) or full."
+        )
+    fx = fixes(
+        ctx,
+        advice(
+            "give the container a larger /dev/shm (docker run --shm-size=16g, or --ipc=host; a Memory-backed "
+            "emptyDir on Kubernetes), or set NCCL_SHM_DISABLE=1"
+        )
+        if shm
+        else None,
+        advice("rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) for NCCL's own reason"),
+        advice("if a peer died first, its own error above is the root"),
+    )
+    ev = ([quote(shm.line)] if shm else []) + [quote(h.line)] + pl.evidence()
+    return Cause(
+        "error",
+        "nccl_error",
+        f"NCCL error{': ' + detail if detail else ''}",
+        what,
+        evidence=ev,
+        fixes=fx,
+        where="/dev/shm" if shm else pl.culprit(frame=False),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=36.0,
+    )
+
+
+def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    hits = facts.of("cuda_fault", "watchdog_error")
+    hits = [h for h in hits if h.rule == "cuda_fault" or "CUDA" in h.line.text]
+    if not hits:
+        return None
+    h = hits[0]
+    pl = place(facts, h.line)
+    m = re.search(
+        r"(an illegal [\w ]+? was encountered|device-side assert triggered|misaligned address|unspecified "
+        r"launch failure)",
+        h.line.text,
+    )
+    engine = bool(
+        re.search(
+            r"sglang|vllm|Scheduler|EngineCore",
+            " ".join(x.line.text for x in facts.of("engine_error")) + (h.line.source or ""),
+        )
+    )
+    return Cause(
+        "error",
+        "cuda_error",
+        f"CUDA kernel fault: {m[1] if m else 'CUDA error'}",
+        "A CUDA kernel faulted; the error surfaces at a later CUDA call (often the NCCL watchdog's), so the "
+        "reported place is not the faulting kernel. The ranks that time out afterwards are the cascade.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(
+            ctx,
+            advice(
+                "rerun with CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA for asserts) to stop "
+                "at the faulting kernel"
+            ),
+            advice(
+                "in an inference engine: disable CUDA graphs (enforce_eager) and the engine's "
+                "fused / custom kernels, or move to the engine version the framework pins"
+            )
+            if engine
+            else None,
+            advice(
+                "a device-side assert is usually an index out of range (token ids >= vocab size, "
+                "labels, embedding lookups)"
+            )
+            if m and "assert" in m[1]
+            else None,
+        ),
+        where=pl.culprit(frame=False),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=39.0,
+    )
+
+
+def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] | None:
+    """(the first kill line, the signal, torch elastic's exit code, the rank it names) of a killed process."""
+    failed = [h for h in facts.of("elastic_failed") if int(h.fields["groups"][0]) < 0]
+    table = [h for h in facts.of("elastic_exit") if int(h.fields["groups"][0]) < 0]
+    for h in facts.of("launcher_exit"):  # DeepSpeed's launcher, a shell's 137 (128 + 9), an IDE's "signal 9"
+        code, c137, num, _ = h.fields["groups"]
+        value = int(code) if code else -9 if c137 else -int(num)
+        if value < 0:
+            table.append(Hit("launcher_exit", h.line, {"groups": (str(value), None)}))
+    sig = facts.of("signal", "shell_killed")
+    if not (failed or table or sig):
+        return None
+    first = (failed or table or sig)[0]
+    code = int(first.fields["groups"][0]) if failed or table else None
+    where = None
+    if failed:
+        where = f"local_rank {first.fields['groups'][1]}"
+    elif table:  # torch elastic's "Root Cause" table: the rank line sits a few lines above the exit code
+        rank_line = next((h for h in facts.of("elastic_rank") if 0 <= first.no - h.no <= 6), None)
+        where = f"rank {rank_line.fields['groups'][0]}" if rank_line else None
+    signame = {-9: "SIGKILL", -15: "SIGTERM", -6: "SIGABRT", -11: "SIGSEGV", -7: "SIGBUS"}.get(code or 0)
+    if sig and not signame:
+        g = sig[0].fields["groups"]
+        signame = "SIGKILL" if sig[0].rule == "shell_killed" else (g[1] or g[3])
+    return first, signame, code, where
+
+
+def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _signal(facts)
+    if found is None:
+        return None
+    first, signame, code, where = found
+    cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
+    pl = place(facts, first.line)
+    ev = [quote(first.line)]
+    if cascade:
+        ev.append(
+            f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
+        )
+    ev += pl.evidence()
+    if signame == "SIGKILL":
+        what = (
+            "The process was killed with SIGKILL and printed no Python error of its own. The usual sender "
+            "is the "
+            "kernel's OOM killer (host RAM), then a scheduler's memory limit (slurm, Kubernetes) or a "
+            "manual kill."
+        )
+        fx = fixes(
+            ctx,
+            advice(
+                "check `dmesg -T | grep -i -E 'killed process|oom'` on the node, or the scheduler's "
+                "record of the job, to confirm who killed it"
+            ),
+            advice(
+                "loading: each process materialises the full checkpoint in host RAM; load once per node or "
+                "shard at load time (low_cpu_mem_usage, meta-device init, ZeRO-3 init)"
+            )
+            if pl.phase == "init"
+            else None,
+            ("zero3", "shards the model at load time") if pl.phase == "init" else None,
+            advice("give the node more RAM or run fewer processes per node"),
+        )
+    else:
+        what = f"The process ended on {signame or 'a signal'} with no Python error of its own."
+        fx = fixes(
+            ctx,
+            advice(
+                "find who sent the signal: the scheduler (preemption, time limit), the launcher (after "
+                "another rank failed) or a crash (SIGSEGV / SIGABRT: a native library)"
+            ),
+        )
+    title = (
+        f"Process killed by {signame or 'a signal'}"
+        + (f" ({where})" if where else "")
+        + (f" during {pl.phase}" if pl.phase else "")
+    )
+    return Cause(
+        "error",
+        "killed",
+        title,
+        what,
+        evidence=ev,
+        fixes=fx,
+        where=where or pl.culprit(frame=False),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=first.no,
+        score=35.0,
+        data={"signal": signame, "exitcode": code},
+        unknown=["who sent the signal: a log cannot show it (the kernel log or the scheduler can)"],
+    )
+
+
+def _dead_actor(facts: LogFacts) -> dict[str, str]:
+    """The fields ActorDiedError prints under itself (class_name, name, pid, actor_id, ip)."""
+    fields: dict[str, str] = {}
+    for h in facts.of("actor_died"):
+        for t in h.follow:
+            m = re.match(r"\s*(class_name|name|pid|actor_id|ip): (\S+)", t)
+            if m:
+                fields.setdefault(m[1], m[2])
+    return fields
+
+
+def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    died = facts.of("actor_died", "worker_died")
+    tasks = [
+        h
+        for h in facts.of("ray_task")
+        if h.fields["groups"][0] in ("ActorDiedError", "RaySystemError", "WorkerCrashedError")
+    ]
+    if not (died or tasks):
+        return None
+    first = (died or tasks)[0]
+    fields = _dead_actor(facts)
+    name = re.sub(r"^[A-Za-z0-9]{6}(?=\w+_\d+:\d+$)", "", fields.get("name", ""))  # verl's random name prefix
+    exit_ = facts.first("worker_exit")
+    task = tasks[0].fields["groups"][1] if tasks else None
+    pl = place(facts, first.line)
+    where_parts = [task, name or fields.get("name"), f"pid {fields['pid']}" if "pid" in fields else None]
+    where = " / ".join(p for p in where_parts if p) or pl.culprit(frame=False)
+    ev = [quote(first.line)] + ([quote(exit_.line, 240)] if exit_ else []) + pl.evidence()
+    if name:
+        cls, pid = fields.get("class_name", "?"), fields.get("pid", "?")
+        ev.append(f"dead actor: {fields.get('name')} ({cls}, pid {pid})")
+    detail = exit_.fields["groups"][1] if exit_ else ""
+    eof = "connection error" in detail or "End of file" in detail
+    what = (
+        "A Ray actor's worker process died, so every call waiting on it failed with ActorDiedError; that "
+        "error is "
+        "the cascade. The worker itself printed no error here"
+        + (
+            "; an EOF on its connection means it was killed (SIGKILL: usually the OOM killer) or crashed."
+            if eof
+            else "."
+        )
+    )
+    during = pl.phase if not pl.phase_why or pl.phase_why.startswith("activity") else pl.phase_why
+    title = "Ray actor died" + (f": {name or fields['name']}" if fields.get("name") else "")
+    title += f" during {during}" if pl.phase else ""
+    fx = fixes(
+        ctx,
+        advice(
+            "read the dead worker's own log (`ray logs worker-<id>*out` on its node) and `dmesg -T | grep -i "
+            "killed` for the OOM killer"
+        ),
+        ("token_budget", "smaller per-GPU token budgets lower both GPU and host memory per worker"),
+        ("rollout_memory", "lower if the worker died in generation next to a resident trainer")
+        if pl.phase in ("generate", "weight_sync", None)
+        else None,
+        advice("if host RAM: fewer workers per node, or more RAM"),
+    )
+    return Cause(
+        "error",
+        "ray_actor_died",
+        title,
+        what,
+        evidence=ev,
+        fixes=fx,
+        where=where,
+        phase=pl.phase,
+        rank=pl.rank,
+        line=first.no,
+        score=33.0,
+        unknown=["why the worker died: its own log and the kernel log tell, this log does not"],
+    )

@@ -1,0 +1,311 @@
+"""Inference-engine and hardware-support failures: bf16 refused on a GPU below compute capability 8.0
+(vLLM's ``Bfloat16 is only supported on GPUs with compute capability of at least 8.0``, the HF
+Trainer's and accelerate's bf16 checks, PyTorch's), the engines' own runtime errors (SGLang's
+``Scheduler hit an exception``, ``alloc_req_slots runs out of memory``; vLLM's ``Error executing
+method``, a dead engine core), and weight sync from the trainer into the engine failing on a name,
+a shape or a dtype (``KeyError`` in ``load_weights``, ``There is no module or parameter named``,
+``Worker failed to update weights``). Exercised by ``pytest tests/test_log_rules.py -k engines``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.lines import LogLine, hints
+from verlaudit.analysis.logs.phases import phase_of_name
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+
+_RULES = [
+    ("bf16_unsupported", re.compile(
+        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\. Your (.+?) GPU "
+        r"(?:has compute "
+        r"capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability)"
+        r"|Your setup doesn't support bf16/(?:gpu|cpu)|bf16 mixed precision requires PyTorch >= [\d.]+ and "
+        r"a supported "
+        r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
+        r"architecture")),
+    ("gpu_name", re.compile(r"\b(Tesla V100|V100|T4|Tesla P100|P40|RTX 20\d0|Quadro RTX \d+|TITAN V)\b")),
+    ("engine_method_error", re.compile(r"Error executing method '?(\w+)'?\. This might cause deadlock")),
+    ("engine_error", re.compile(
+        r"Scheduler hit an exception|TpModelWorkerClient hit an exception|EngineCore encountered a fatal "
+        r"error|"
+        r"\bEngineDeadError\b|AsyncEngineDeadError|Engine core initialization failed|WorkerProc hit an "
+        r"exception")),
+    ("sglang_req_slots", re.compile(r"alloc_req_slots runs out of memory")),
+    ("sglang_oom", re.compile(r"(Prefill|Decode) out of memory\b")),
+    ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
+    ("weight_sync_failed", re.compile(r"Error in ([\w.]*update_weights\w*): (.+)|Worker failed to update "
+                                      r"weights")),
+]  # fmt: skip
+_KEYS = (
+    "f16",
+    "bf16",
+    "Bfloat16",
+    "bfloat16",
+    "V100",
+    "T4",
+    "P100",
+    "P40",
+    "RTX",
+    "TITAN",
+    "Error executing method",
+    "hit an exception",
+    "Engine",
+    "alloc_req_slots",
+    "out of memory",
+    "no module or parameter",
+    "update weights",
+    "update_weights",
+)
+# frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
+# vLLM's loaders)
+_SYNC = re.compile(
+    r"load_weights|weight_loader|update_params|update_weights|sync_weights|broadcast_to_vllm|"
+    r"update_named_param|_move_model_to_vllm|refit|sharding_manager"
+)
+
+
+_HAS = hints(*_KEYS)
+
+
+def detect(line: LogLine) -> list[Hit]:
+    """Engine and hardware-support messages in one line."""
+    text = line.text
+    if not _HAS(text):
+        return []
+    out = []
+    for rule, pat in _RULES:
+        m = pat.search(text)
+        if m:
+            fields = {"groups": m.groups()}
+            if rule == "engine_method_error":
+                fields["method"] = m[1]
+            out.append(Hit(rule, line, fields))
+    return out
+
+
+def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    """bf16 on an old GPU, engine runtime errors, weight-sync failures."""
+    return [c for c in (_bf16(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+
+
+def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("bf16_unsupported")
+    if h is None:
+        return None
+    g = h.fields["groups"]
+    gpu = g[0] or (facts.first("gpu_name").fields["groups"][0] if facts.first("gpu_name") else None)
+    cc = g[1]
+    title = (
+        "bf16 is not supported on this GPU"
+        + (f": {gpu}" if gpu else "")
+        + (f" has compute capability {cc} (bf16 needs >= 8.0)" if cc else "")
+    )
+    pl = place(facts, h.line)
+    what = (
+        "bf16 needs an Ampere-or-newer GPU (compute capability >= 8.0); this one is older, so the framework "
+        "refuses the bf16 setting. Use fp16 (with loss scaling in training) or fp32."
+    )
+    fx = fixes(
+        ctx,
+        ("fp16_instead_of_bf16", "fp16 instead of bf16 on this GPU", "precision.preset: fp16"),
+        advice(
+            'a DeepSpeed config with "bf16": {"enabled": "auto"} follows the trainer\'s bf16 / fp16 '
+            "arguments: change those, not only the JSON"
+        )
+        if ctx.shows("deepspeed") or ctx.framework in ("hf-trainer", "trl")
+        else None,
+    )
+    return Cause(
+        "error",
+        "dtype_unsupported",
+        title,
+        what,
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fx,
+        where=f"compute capability {cc}" if cc else "bf16",
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=45.0,
+        data={"gpu": gpu, "compute_capability": cc},
+    )
+
+
+def _sync_frames(tb) -> bool:
+    return bool(tb.frames) and bool(_SYNC.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames)))
+
+
+def _sync_error(facts: LogFacts) -> LogLine | None:
+    """The exception line of a KeyError / shape / assertion error raised inside the weight copy (its
+    traceback shows the sync frames), or a KeyError quoted next to such a traceback."""
+    for tb in facts.tracebacks:
+        exc = tb.exc.text.strip() if tb.exc else ""
+        if re.search(
+            r"out of memory|NCCL|OutOfMemory", exc, re.I
+        ):  # an OOM or a timeout in sync: not a mismatch
+            continue
+        if _sync_frames(tb) and re.match(
+            r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError)\b", exc
+        ):
+            return tb.exc
+    for h in facts.of("exception_line"):
+        if h.fields.get("type", "").endswith("KeyError") and any(
+            _sync_frames(tb) and min(abs(tb.start - h.no), abs(tb.end - h.no)) <= 6 for tb in facts.tracebacks
+        ):
+            return h.line
+    return None
+
+
+def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None] | None:
+    """(line, the parameter or method named, title, the engine's "failed to update" hit) of a weight sync."""
+    named = facts.first("weight_sync_name")
+    tried = facts.of("weight_sync_failed")
+    failed = next((h for h in tried if h.fields["groups"][0]), tried[0] if tried else None)
+    if named:
+        name, model = named.fields["groups"]
+        return named.line, name, f"Weight sync: the engine's {model} has no parameter named '{name}'", failed
+    if failed and failed.fields["groups"][0]:
+        method, msg = failed.fields["groups"]
+        return failed.line, method, f"Weight sync failed in {method}: {msg.strip()[:160]}", failed
+    err = _sync_error(facts)
+    if err is not None:
+        m = re.search(r"KeyError: '([^']+)'", err.text)
+        title = (
+            f"Weight sync: the engine has no parameter '{m[1]}'"
+            if m
+            else f"Weight sync failed: {err.text.strip()[:160]}"
+        )
+        return err, m[1] if m else None, title, failed
+    if failed is not None:
+        return failed.line, None, "Weight sync into the inference engine failed", failed
+    return None
+
+
+_SYNC_WHAT = (
+    "Copying the trainer's weights into the rollout engine failed: the engine's model has no parameter of "
+    "that "
+    "name, or the tensor's shape / layout / dtype does not fit the engine's parameter. The trainer's names "
+    "carry "
+    "wrappers the engine does not know (LoRA's base_layer, torch.compile's _orig_mod, FSDP's wrappers), or "
+    "the "
+    "trainer and the engine disagree on the model's layout (a converter, a MoE backend, a version pair the "
+    "framework was not tested with)."
+)
+
+
+def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _sync_failure(facts)
+    if found is None:
+        return None
+    line, name, title, failed = found
+    pl = place(facts, line)
+    ev = [quote(line)] + ([quote(failed.line)] if failed and failed.line is not line else []) + pl.evidence()
+    wrappers = [
+        p
+        for p in ("base_layer", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped")
+        if p in (name or "")
+    ]
+    frames = " ".join(f.func for tb in facts.tracebacks for f in tb.frames)
+    lora = "lora" in f"{name} {frames}".lower() or "base_layer" in (name or "")
+    fx = fixes(
+        ctx,
+        advice(
+            f"strip the {', '.join(wrappers)} wrapper from the names before the sync (merge LoRA into the "
+            "base "
+            "weights, or pass the unwrapped module)"
+        )
+        if wrappers
+        else None,
+        advice(
+            "use the engine version the framework pins for this trainer version; a newer engine renames or "
+            "re-lays out parameters (fused experts, quantised layouts)"
+        ),
+        advice(
+            "with LoRA: sync the adapters the way the framework documents (verl: lora_rank with its LoRA "
+            "sync "
+            "path; TRL: merge before pushing to vLLM)"
+        )
+        if lora
+        else None,
+    )
+    return Cause(
+        "error",
+        "weight_sync",
+        title,
+        _SYNC_WHAT,
+        evidence=ev,
+        fixes=fx,
+        where=name or pl.culprit(),
+        phase="weight_sync",
+        rank=pl.rank,
+        line=line.no,
+        score=41.0,
+    )
+
+
+def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    slots = facts.first("sglang_req_slots")
+    oom = facts.first("sglang_oom")
+    errs = facts.of("engine_error")
+    methods = [h for h in facts.of("engine_method_error") if h.fields.get("method") != "initialize_cache"]
+    h = slots or oom or (errs[0] if errs else None) or (methods[0] if methods else None)
+    if h is None:
+        return None
+    pl = place(facts, h.line)
+    tb = facts.traceback_near(h.no + 1)
+    last = tb.exc.text.strip()[:200] if tb and tb.exc else None
+    if h is slots:
+        title, where = "SGLang ran out of request slots (alloc_req_slots)", "--max-running-requests"
+        what = (
+            "The scheduler's request-to-token pool had no free slot for the next batch: more requests are "
+            "running "
+            "than the pool was sized for."
+        )
+        fx = fixes(
+            ctx,
+            ("max_num_seqs", "fewer requests in flight"),
+            ("rollout_memory", "a larger pool (raise it if the weights leave room)"),
+        )
+    elif h is oom:
+        title, where = f"SGLang {oom.fields['groups'][0].lower()} out of memory", "--chunked-prefill-size"
+        what = "The engine's activations for a prefill / decode batch did not fit beside its KV-cache pool."
+        fx = fixes(
+            ctx, ("max_num_seqs", "smaller batches"), ("rollout_memory", "lower: more room for activations")
+        )
+    else:
+        method = h.fields.get("method")
+        title = (
+            "Inference engine error"
+            + (f" in {method}" if method else "")
+            + (f": {last}" if last else " (the engine's own traceback follows it)")
+        )
+        where = method or pl.culprit()
+        what = (
+            "The rollout engine's scheduler or worker raised; every request in flight fails and the "
+            "trainer waiting "
+            "on it sees the cascade."
+        )
+        fx = fixes(
+            ctx,
+            advice(
+                "the engine's traceback (below the line quoted) names the failing call; if it is a "
+                "CUDA fault, rerun with CUDA_LAUNCH_BLOCKING=1 and without CUDA graphs (enforce_eager)"
+            ),
+            advice("use the engine version the framework pins for this trainer version"),
+        )
+    return Cause(
+        "error",
+        "engine_error",
+        title,
+        what,
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fx,
+        where=where,
+        phase=pl.phase or (phase_of_name(where) if where else None) or "generate",
+        rank=pl.rank,
+        line=h.no,
+        score=37.0,
+    )

@@ -1,0 +1,460 @@
+"""Python exceptions with a recognisable message: dtype errors (`verlaudit.dtypes`, the parser the live
+auditor uses too),
+``.numpy()`` on bf16, ops without a kernel for a dtype, device mismatches, torch.compile failures,
+import errors (a missing module, an API moved between versions, a native extension built for another
+torch: ``undefined symbol``), and framework configuration checks (TRL's ``must be evenly divisible by
+the number of generations``, DeepSpeed's ``Check batch related parameters``). Every exception line is
+also kept (``exception_line``) for the other families and for the "unrecognised failure" fallback.
+Exercised by ``pytest tests/test_log_rules.py -k exceptions``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
+from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
+from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
+
+DEVICE = re.compile(
+    r"Expected all tensors to be on the same device, but (?:found at least two devices, )?(.*)"
+)
+COMPILE = re.compile(
+    r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
+    r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
+)
+_IMPORT = [
+    ("missing", re.compile(r"No module named '([\w.]+)'")),
+    ("cannot_import", re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")),
+    ("symbol", re.compile(r"(\S+\.so[\w.]*): undefined symbol: (\S+)")),
+    ("shared_lib", re.compile(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file")),
+    ("wrapped", re.compile(r"Failed to import ([\w.]+) because of the following error")),
+]
+_CONFIG = [
+    ("trl_generations", re.compile(
+        r"The (?:effective|global) train batch size \(([^)]*)\) must be evenly divisible by the number of "
+        r"generations per prompt \((\d+)\)"
+        r"(?:.*?the valid values for the number of generations are: (\[[^\]]*\]))?")),
+    ("ds_batch", re.compile(
+        r"Check batch related parameters\. train_batch_size is not equal to micro_batch_per_gpu \* "
+        r"gradient_acc_step \* world_size\s*(\d+) != (\d+) \* (\d+) \* (\d+)")),
+]  # fmt: skip
+UNKNOWN_MODULE = (
+    "which module: a log has no module tracker; rerun the suite under `verlaudit run` (audit level full)"
+)
+
+
+_HAS = hints(
+    "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
+    "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
+    "batch related",
+)  # fmt: skip
+_DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
+_BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
+
+
+def detect(line: LogLine) -> list[Hit]:
+    """Exception lines and the recognised error messages in one line."""
+    text = line.text
+    out = []
+    m = EXCEPTION.match(text.strip())
+    if m and not m["type"].endswith("Warning"):
+        out.append(
+            Hit("exception_line", line, {"type": m["type"], "inner": m["inner"], "msg": m["msg"] or ""})
+        )
+    if _DTYPE_HINTS(text):
+        d = parse_dtype_message(text)
+        if d:
+            fields = {
+                "observed": d.observed,
+                "expected": d.expected,
+                "message": d.message,
+                "op": d.op,
+                "what": d.what,
+            }
+            out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
+    if not _HAS(text):
+        return out
+    for rule, pat in (
+        ("device_mismatch", DEVICE),
+        ("compile_error", COMPILE),
+    ):
+        mm = pat.search(text)
+        if mm:
+            out.append(Hit(rule, line, {"groups": mm.groups(), "match": mm[0]}))
+    for rule, pat in _IMPORT + _CONFIG:
+        mm = pat.search(text)
+        if mm:
+            out.append(Hit(rule, line, {"groups": mm.groups()}))
+    return out
+
+
+def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    """Dtype, device, compile, import and configuration causes."""
+    return [
+        c
+        for c in (
+            _dtype(facts, ctx),
+            _numpy(facts, ctx),
+            _not_impl(facts, ctx),
+            _device(facts, ctx),
+            _compile(facts, ctx),
+            _import(facts, ctx),
+            _config(facts, ctx),
+        )
+        if c
+    ]
+
+
+def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("dtype_error")
+    if h is None:
+        return None
+    d = h.fields
+    pl = place(facts, h.line)
+    obs, exp = d.get("observed"), d.get("expected")
+    under = applied("bf16_instead_of_fp16", ctx)
+    what = (
+        d.get("what")
+        or "An op received operands (or input and weights) of different dtypes outside autocast."
+    )
+    if under:
+        what += (
+            " The log shows bf16 mixed precision already set: a tensor or module kept in another dtype (a "
+            "value "
+            "or reward head, an lm_head upcast to fp32, an input built as float) met the bf16 compute."
+        )
+    if ctx.framework in (None, "verl"):
+        fx = [f for f in dtype_fixes(obs) if not (under and f.verl == V.PARAM_DTYPE_BF16)]
+        if under:
+            fx.insert(
+                0,
+                advice(
+                    "cast the module that produced the odd tensor to the compute dtype, or run it under "
+                    "autocast; the setting is already bf16"
+                ),
+            )
+    else:
+        fx = fixes(
+            ctx,
+            advice(
+                "the model and what feeds it must share one compute dtype: with bf16=True / fp16=True the "
+                "Trainer "
+                "autocasts its own forward, but a model loaded in bf16 meeting fp32 inputs or a head kept "
+                "in fp32 "
+                "(value head, lm_head cast) outside that forward fails",
+                suite="precision.preset: bf16",
+            ),
+            advice(
+                "under DeepSpeed the engine casts the wrapped model to bf16 / fp16 itself; modules used "
+                "outside it "
+                "(generation with the unwrapped model, reward / value models) must be cast the same way"
+            )
+            if ctx.shows("deepspeed")
+            else None,
+            ("bf16_instead_of_fp16", "mixed precision on: ops cast their inputs") if not under else None,
+        )
+    return Cause(
+        "error",
+        "dtype_error",
+        f"Dtype error: {obs or '?'} where {exp or '?'} was expected",
+        what,
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fx,
+        unknown=[UNKNOWN_MODULE],
+        where=pl.culprit(),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=40.0,
+        data={"observed": obs, "expected": exp},
+    )
+
+
+def _numpy(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("numpy_dtype")
+    if h is None:
+        return None
+    name = h.fields["message"].rsplit(" ", 1)[-1]
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "dtype_error",
+        f"{name} tensor converted to numpy",
+        f"NumPy has no {name}: a `.numpy()` / `np.asarray` on a {dtype_name(name)} tensor fails. "
+        "In RL code this is usually a reward model or a logging/metrics hook receiving bf16 outputs.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[
+            Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
+            Fix(
+                "precision.overrides.reward.compute_dtype: fp32",
+                V.REWARD_MODEL_DTYPE_FP32 if ctx.framework in (None, "verl") else None,
+                "or keep the role whose output is converted in fp32",
+            ),
+        ],
+        unknown=[UNKNOWN_MODULE],
+        where=pl.culprit(),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=35.0,
+        data={"observed": dtype_name(name), "expected": "fp32"},
+    )
+
+
+def _not_impl(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("not_implemented")
+    if h is None:
+        return None
+    op, dt = h.fields["op"], h.fields["message"].rsplit("'", 2)[-2]
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "dtype_error",
+        f"Op {op} has no {dtype_name(dt)} kernel on this device",
+        f"'{op}' is not implemented for {dt} here (typically fp16 matmuls on CPU, or an old GPU without "
+        "bf16).",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[
+            Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
+            Fix(
+                "device: cuda",
+                V.DEVICE_CUDA if ctx.framework in (None, "verl") else None,
+                "fp16 kernels exist on the GPU",
+            ),
+        ],
+        where=pl.culprit() or op,
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=35.0,
+        data={"observed": dtype_name(dt)},
+    )
+
+
+def _device(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("device_mismatch")
+    if h is None:
+        return None
+    pl = place(facts, h.line)
+    offload = ctx.is_true("param_offload", "optimizer_offload", "offload_param.device")
+    return Cause(
+        "error",
+        "device_mismatch",
+        "Tensors on different devices",
+        "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, "
+        "or "
+        "an offloaded model (param_offload) was called without being moved back."
+        + (" The log shows offloading switched on." if offload else ""),
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[
+            Fix(
+                "data.reward_fn: <return tensors on the batch's device or plain floats>",
+                V.REWARD_MANAGER if ctx.framework in (None, "verl") else None,
+                "the trainer converts lists/floats itself",
+            )
+        ],
+        unknown=[UNKNOWN_MODULE],
+        where=pl.culprit(),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=35.0,
+    )
+
+
+def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("compile_error")
+    if h is None:
+        return None
+    pl = place(facts, h.line)
+    op = re.search(r"\baten\.\w+", h.line.text)
+    decode = any(
+        "rollout.py" in f.path or "_decode_forward" in f.func for tb in facts.tracebacks for f in tb.frames
+    )
+    verlish = ctx.framework in (None, "verl")
+    rollout_fix = Fix(
+        "rollout.compile: false", None, "the rollout's compiled decode step (the CUDA graph still applies)"
+    )
+    layer_fix = Fix(
+        "model.compile: false", V.TORCH_COMPILE_OFF if verlish else None, "the compiled training layers"
+    )
+    trace = advice(
+        "drop torch.compile on the failing module (or mark the data-dependent code with "
+        "torch.compiler.disable / allow graph breaks) and run it eagerly"
+    )
+    return Cause(
+        "error",
+        "compile_error",
+        "torch.compile failed"
+        + (f" on {op[0]}" if op else "")
+        + (" in the rollout's decode step" if decode else ""),
+        "Dynamo could not trace the code (an unsupported call, data-dependent control flow, a graph break "
+        "under fullgraph) or Inductor could not compile it. Nothing is wrong with the run's numerics: the "
+        "eager path runs the same model.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace]),
+        where=op[0] if op else pl.culprit(),
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=35.0,
+    )
+
+
+def _package(so_path: str) -> str:
+    """The package a native extension belongs to
+    (``.../flash_attn_2_cuda.cpython-310-...so`` -> flash_attn)."""
+    p = PurePosixPath(so_path)
+    if p.parent.name and p.parent.name not in ("site-packages", "dist-packages", "lib", ""):
+        return p.parent.name
+    stem = p.name.split(".", 1)[0]
+    while True:
+        shorter = re.sub(r"_(?:\d+|cuda|C|ext|kernels?|lib)$", "", stem)
+        if shorter == stem or not shorter:
+            return stem
+        stem = shorter
+
+
+def _import_reading(rule: str, g: tuple) -> tuple[str, str, str, str]:
+    """(package, title, what, fix) for one kind of import failure."""
+    if rule == "symbol":
+        pkg = _package(g[0])
+        pip = pkg.replace("_", "-")
+        abi = re.match(r"_ZN(?:3c10|2at|5torch)", g[1]) is not None  # a c10 / ATen / torch symbol
+        against = (
+            "torch (a c10 / ATen symbol is missing): a binary for another torch ABI" if abi else "a library"
+        )
+        return (
+            pkg,
+            f"{pkg}: native extension does not load (undefined symbol)",
+            f"{pkg}'s compiled extension was built against another version of {against}.",
+            f"reinstall {pip} as a build for the installed torch and CUDA (the matching wheel, or pip "
+            "install "
+            f"--no-build-isolation {pip} to build against it)",
+        )
+    if rule == "shared_lib":
+        return (
+            g[0],
+            f"Shared library {g[0]} not found",
+            "A native library a package needs is not on the loader path.",
+            "install the CUDA / system library the wheel was built for, or a wheel built for the installed "
+            "one",
+        )
+    if rule == "missing":
+        pkg = g[0].split(".")[0]
+        return (
+            pkg,
+            f"No module named '{g[0]}'",
+            f"{pkg} is not installed in the environment the code ran in.",
+            f"pip install {pkg.replace('_', '-')} (the version the framework pins)",
+        )
+    if rule == "cannot_import":
+        pkg = g[1].split(".")[0]
+        return (
+            pkg,
+            f"cannot import {g[0]} from {g[1]}",
+            f"The installed {pkg} does not provide {g[0]}: a version the calling code was not written for.",
+            f"install the {pkg} version the framework pins (its requirements / setup), not the latest",
+        )
+    return (
+        g[0],
+        f"Failed to import {g[0]}",
+        "A lazy import failed; the underlying error is printed after it.",
+        "read the error under 'Failed to import': the missing package or the broken binary it names",
+    )
+
+
+_RAY_ENV = (
+    "the import ran inside a Ray actor: install the package in the environment Ray starts workers in, on "
+    "every "
+    "node, or ship it with the job (ray job submit --runtime-env-json '{\"pip\": [...]}', or "
+    "runtime_env={'pip': [...]} in ray.init)"
+)
+
+
+def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    hits = facts.of("missing", "cannot_import", "symbol", "shared_lib", "wrapped")
+    if not hits:
+        return None
+    first = {h.rule: h for h in reversed(hits)}  # the first hit of each kind; the most telling kind wins
+    h = next(first[r] for r in ("symbol", "shared_lib", "missing", "cannot_import", "wrapped") if r in first)
+    pkg, title, what, fix_text = _import_reading(h.rule, h.fields["groups"])
+    wrapped = {t.fields["groups"][0] for t in facts.of("ray_task")}
+    in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "import_error",
+        title,
+        what,
+        evidence=[quote(x.line) for x in hits[:3]] + pl.evidence(),
+        fixes=fixes(ctx, advice(fix_text), advice(_RAY_ENV) if in_ray else None),
+        where=pkg,
+        phase="init",
+        rank=pl.rank,
+        line=h.no,
+        score=46.0,
+    )
+
+
+def _config(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("trl_generations", "ds_batch")
+    if h is None:
+        return None
+    g = h.fields["groups"]
+    pl = place(facts, h.line)
+    if h.rule == "trl_generations":
+        valid = g[2] or "a divisor of it"
+        title, where = f"GRPO batch ({g[0]}) is not divisible by num_generations={g[1]}", "num_generations"
+        what = (
+            "GRPO groups each prompt's generations inside one effective batch (processes x per-device "
+            "batch x "
+            "accumulation steps), so num_generations must divide it."
+        )
+        fx = [
+            Fix(
+                None,
+                None,
+                f"set num_generations to one of {valid}, or change per_device_train_batch_size / "
+                "gradient_accumulation_steps / the number of processes so it divides the batch",
+                key="GRPOConfig.num_generations",
+                framework="trl",
+            )
+        ]
+    else:
+        title, where = (
+            f"DeepSpeed batch sizes inconsistent: {g[0]} != {g[1]} x {g[2]} x {g[3]}",
+            "train_batch_size",
+        )
+        what = (
+            "DeepSpeed requires train_batch_size = micro batch per GPU x gradient accumulation steps x "
+            "world size."
+        )
+        fx = [
+            Fix(
+                None,
+                None,
+                'give two of the three (or "auto" under the HF Trainer / accelerate) and let DeepSpeed '
+                "derive the third",
+                key="train_batch_size / train_micro_batch_size_per_gpu / gradient_accumulation_steps",
+                framework="deepspeed",
+            )
+        ]
+    return Cause(
+        "error",
+        "exception",
+        title,
+        what,
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fx,
+        where=where,
+        phase="init",
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+    )

@@ -1,0 +1,183 @@
+"""One log line as the rules see it: its text with the launchers' prefixes taken off (Ray's
+``(WorkerDict pid=..., ip=...)``, torch's ``[rank3]:``, docker compose's ``vllm-1  | ``, timestamps,
+ANSI colour codes, a reporter's ``> `` quoting) and what those prefixes said (the rank, the process,
+the log level); traceback frames and the call each frame makes; which lines are failure signals.
+Pure functions of one line, so the streaming reader can call them line by line. Exercised by
+``pytest tests/test_log_rules.py -k lines``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+MAX_TEXT = 4000
+"""Characters of a line the rules look at (no message they match is longer)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLine:
+    """A line of a log: its number, its text without launcher prefixes, and what the prefixes said."""
+
+    no: int
+    text: str
+    rank: int | None = None
+    """The distributed rank the line's prefix names (``[rank3]:``, ``[default3]:``), if any."""
+    source: str | None = None
+    """The process that printed it, from a Ray prefix (``WorkerDict``, ``raylet``, ``EngineCore_DP0``)."""
+    level: str | None = None
+    """``E``/``W``/``I`` from a glog prefix, or ``ERROR``/``WARNING``/... from a logging prefix."""
+
+
+_ANSI = re.compile(r"(?:\x1b)?\[[0-9;]*m")
+_PREFIX = re.compile(
+    r"""(?:
+      (?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?\s+)                 # 2024-06-28T06:11:52.68Z
+    | (?P<stamp>\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\]\s*)        # [2024-08-21 03:38:02]
+    | (?P<compose>[\w.]+-\d+\s+\|\s?)                                                # vllm-1  |
+    | (?P<quote>>\s?(?=\S))                                                          # > quoted
+    # (WorkerDict pid=1, ip=10.0.0.1)
+    | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
+    | \[(?:rank|RANK)[- ]?(?P<rank>\d+)\]:?\s?                                      # [rank3]:  [rank-6]:
+    | \[default(?P<local>\d+)\]:\s?                                                  # torchrun --tee
+    )""",
+    re.X,
+)
+_GLUED_RANK = re.compile(r"\[rank(\d+)\]:")
+_LEVEL = re.compile(
+    r"^(?:\[?(?P<glog>[EWIF])(?:\d{4} \d{2}:\d{2}:\d{2}\.\d+(?:\s+\d+)?\s+|\s)[\w./-]+:\d+\]"
+    r"|\[?(?P<name>ERROR|WARNING|WARN|INFO|DEBUG|CRITICAL|FATAL)\]?[\s:])"
+)
+
+
+def hints(*words: str) -> Callable[[str], re.Match | None]:
+    """A cheap test run before a family's regexes: whether a line holds any of ``words`` (one C-level
+    search instead of a Python loop over substrings, for every line of a long log)."""
+    return re.compile("|".join(map(re.escape, words))).search
+
+
+def parse_line(no: int, raw: str) -> LogLine:
+    """``raw`` as a LogLine: launcher prefixes (any order, repeated) stripped and remembered."""
+    text = _ANSI.sub("", raw[:MAX_TEXT].rstrip("\r\n"))
+    rank = source = None
+    pos = 0
+    while True:
+        m = _PREFIX.match(text, pos)
+        if not m or m.end() == pos:
+            break
+        if m["source"]:
+            source = m["source"]
+        if m["rank"] or m["local"]:
+            rank = int(m["rank"] or m["local"])
+        pos = m.end()
+    text = text[pos:]
+    if rank is None:  # a rank prefix glued to a progress bar: `... 10.54s/it][rank2]:[E225 ...`
+        m = _GLUED_RANK.search(text)
+        if m:
+            rank, text = int(m[1]), text[m.end() :]
+    lv = _LEVEL.match(text.lstrip())
+    level = (lv["glog"] or lv["name"]) if lv else None
+    return LogLine(no, text, rank, source, level)
+
+
+# ---- traceback frames
+@dataclasses.dataclass
+class Frame:
+    """One traceback frame: where, in which function, and the source line it was executing."""
+
+    path: str
+    lineno: int
+    func: str
+    code: str | None = None
+
+    @property
+    def library(self) -> bool:
+        """A frame of an installed package or the interpreter, not of the user's own code."""
+        p = self.path
+        return ("-packages/" in p or "/lib/python3" in p or p.startswith("<frozen")) and "/verl/" not in p
+
+    def call(self) -> str | None:
+        """The first call the frame's source line makes (``self.base_model.generate``), if it shows one."""
+        if not self.code:
+            return None
+        code = self.code
+        eq, paren = code.find("="), code.find("(")
+        if 0 <= eq and (paren < 0 or eq < paren) and code[eq + 1 : eq + 2] != "=":  # `x = f(...)`
+            code = code[eq + 1 :]
+        m = _CALL.search(code)
+        return m[1] if m else None
+
+    def where(self) -> str:
+        """``func: call`` (or just ``func``): the culprit a frame names."""
+        call = self.call()
+        return f"{self.func}: {call}" if call and call.split(".")[-1] != self.func else self.func
+
+
+_FRAME = re.compile(
+    r'^\s*(?:File\s+)?"?(?P<path>[^"\s][^"]*?\.pyx?|<[^>]+>)"?, line (?P<ln>\d+), in (?P<func>[\w.<>]+)'
+)
+_FLIGHT = re.compile(r"^\s*#\d+ (?P<func>[\w.<>]+) from (?P<path>\S+\.py):(?P<ln>\d+)")
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_CARET = re.compile(r"^\s*[\^~]+\s*$")
+
+
+def parse_frame(text: str) -> Frame | None:
+    """A Python traceback frame line (also a reporter's clipped ``path.py", line N, in f``) or a
+    flight-recorder stack entry (``#0 all_reduce from .../distributed_c10d.py:3174``)."""
+    m = _FRAME.match(text) or _FLIGHT.match(text)
+    return Frame(m["path"], int(m["ln"]), m["func"]) if m else None
+
+
+def is_code_line(text: str) -> bool:
+    """Whether ``text`` can be the source line printed under a frame (indented, not carets)."""
+    return text.startswith("    ") and bool(text.strip()) and not _CARET.match(text)
+
+
+# ---- failure signals
+EXCEPTION = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed)\w*)"
+    r"(?:\((?P<inner>[\w.]+)\))?(?::\s*(?P<msg>.*))?$"
+)
+_EXIT = re.compile(
+    r"exit(?:ed)? (?:with )?(?:exit )?(?:code|status)[ "
+    r":=]*(?P<code>-?[1-9]\d*)\b|exitcode\s*:\s*(?P<ec>-?[1-9]\d*)\b"
+    r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b",
+    re.I,
+)
+_KILL = re.compile(
+    r"^Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
+    r"terminate called after throwing"
+)
+# hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
+_HANG = re.compile(
+    r"Watchdog caught|watchdog got stuck|Timeout at NCCL work|Timed out waiting \d+ ?ms|wait timeout after "
+    r"\d+ ?ms|"
+    r"Heartbeat monitor timed out|DistStoreError|RendezvousTimeoutError"
+)
+
+
+_KILL_HINTS = hints("Killed", "Signal", "SIGKILL", "Segmentation", "core dumped", "terminate called")
+_HANG_HINTS = hints(
+    "atchdog", "Timeout at", "Timed out", "wait timeout", "Heartbeat", "DistStoreError", "Rendezvous"
+)
+_EXIT_HINTS = hints("exit", "Exit", "EXIT", "ChildFailed")
+
+
+def failure_signal(line: LogLine) -> str | None:
+    """What kind of failure ``line`` signals: ``exception`` (a Python exception line), ``error`` (an
+    ERROR-level log line), ``exit`` (a non-zero exit), ``kill`` (a signal, a crash) or ``hang`` (a
+    timeout); None for every other line (INFO advice that mentions errors included)."""
+    text = line.text.strip()
+    m = EXCEPTION.match(text)
+    if m and not m["type"].endswith("Warning"):
+        return "exception"
+    if _KILL_HINTS(text) and _KILL.search(text):
+        return "kill"
+    if _EXIT_HINTS(text) and _EXIT.search(text):
+        return "exit"
+    if _HANG_HINTS(text) and _HANG.search(text):
+        return "hang"
+    if line.level in ("E", "F", "ERROR", "CRITICAL", "FATAL") or text.startswith("Error executing job"):
+        return "error"
+    return None

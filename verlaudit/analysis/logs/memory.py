@@ -1,0 +1,470 @@
+"""Out-of-memory, told apart by which memory ran out: GPU memory (PyTorch's CUDA OOM messages, both
+wordings; ``CUDA error: out of memory``; vLLM's sleep-mode wake-up in the cumem allocator), host RAM
+(Ray's memory monitor and the raylet's kill summary, the kernel's OOM killer), and the inference
+engine's KV-cache sizing (vLLM V0 / V1 and SGLang refusing to start). The fixes follow the phase the
+frames show: an OOM in the no-grad log-prob pass gets smaller log-prob micro-batches, not gradient
+checkpointing. Exercised by ``pytest tests/test_log_rules.py -k memory``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.lines import LogLine, hints
+from verlaudit.analysis.logs.phases import phase_of_name
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+
+# ---- CUDA OOM messages (one parser, shared with logparse.explain_error_text)
+_UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
+_N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
+OOM_NEW = re.compile(
+    rf"Tried to allocate {_N}\. GPU (\d+) has a total capac(?:i)?ty of {_N} of which {_N} (?:is )?free\."
+    rf"(?:.*?this process has {_N} memory in use\.)?(?:.*?Of the allocated memory {_N} is allocated by "
+    r"PyTorch, "
+    rf"(?:with {_N} allocated in private pools \(e\.g\., CUDA Graphs\), )?and {_N} is reserved by PyTorch "
+    r"but "
+    rf"unallocated)?",
+    re.S,
+)
+OOM_OLD = re.compile(
+    rf"Tried to allocate {_N} \(GPU (\d+); {_N} total capacity; {_N} already allocated; {_N} free; "
+    rf"{_N} reserved in total by PyTorch\)"
+)
+OOM_ANY = re.compile(
+    r"(?:CUDA|HIP) out of memory|OutOfMemoryError|CUDA error: out of memory|Cuda failure 'out of memory'|"
+    r"No available memory for the cache blocks",
+    re.I,
+)
+
+
+def _gib(num: str | None, unit: str | None) -> float | None:
+    return None if num is None else float(num) * _UNIT[str(unit).lower()]
+
+
+def parse_oom(text: str) -> dict[str, Any] | None:
+    """Numbers of the first CUDA OOM message in ``text``, in GiB (keys absent when it lacks them)."""
+    found = find_oom(text)
+    return found[1] if found else None
+
+
+def find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dict[str, Any]] | None:
+    """(where, numbers) of the first OOM message starting in ``text[pos:end]``; a detailed message
+    (either PyTorch wording) wins over a bare "out of memory" line."""
+    end = len(text) if end is None else end
+    m = OOM_NEW.search(text, pos)
+    if m and m.start() < end:
+        g = m.groups()
+        vals = {
+            "tried_gib": _gib(g[0], g[1]),
+            "gpu": int(g[2]),
+            "total_gib": _gib(g[3], g[4]),
+            "free_gib": _gib(g[5], g[6]),
+            "process_in_use_gib": _gib(g[7], g[8]),
+            "allocated_gib": _gib(g[9], g[10]),
+            "reserved_unallocated_gib": _gib(g[13], g[14]),
+            "message": m[0][:400],
+        }
+        return m.start(), {k: v for k, v in vals.items() if v is not None}
+    m = OOM_OLD.search(text, pos)
+    if m and m.start() < end:
+        g = m.groups()
+        alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
+        return m.start(), {
+            "tried_gib": _gib(g[0], g[1]),
+            "gpu": int(g[2]),
+            "total_gib": _gib(g[3], g[4]),
+            "allocated_gib": alloc,
+            "free_gib": _gib(g[7], g[8]),
+            "reserved_unallocated_gib": (reserved or 0.0) - (alloc or 0.0),
+            "message": m[0],
+        }
+    m = OOM_ANY.search(text, pos)
+    if not m or m.start() >= end:
+        return None
+    start, stop = text.rfind("\n", 0, m.start()) + 1, text.find("\n", m.start())
+    return m.start(), {"message": text[start : stop if stop >= 0 else len(text)].strip()[:400]}
+
+
+# ---- per-line detection
+_KV = [
+    ("kv_no_blocks", re.compile(r"No available memory for the cache blocks")),
+    ("kv_max_len", re.compile(r"The model's max seq len \((\d+)\) is larger than the maximum number of "
+                              r"tokens that "
+                              r"can be stored in KV cache \((\d+)\)")),
+    ("kv_v1", re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\)")),
+    ("kv_free_memory", re.compile(r"Free memory on device(?: (\S+))? \(([\d.]+)/([\d.]+) GiB\) on startup "
+                                  r"is less "
+                                  r"than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")),
+    ("kv_sglang", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")),
+    ("kv_blocks", re.compile(r"# (?:GPU|cuda) blocks: (\d+)")),
+]  # fmt: skip
+_MONITOR = re.compile(
+    r"Memory on the node \([^)]*\)(?: where the \w+ (?:\((?P<detail>[^()]*)\) )?was running)? was "
+    r"(?P<used>[\d.]+)GB / (?P<total>[\d.]+)GB \((?P<frac>[\d.]+)\), which exceeds the memory usage "
+    r"threshold of "
+    r"(?P<thr>[\d.]*\d)"
+)
+_HOST = [
+    ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
+                                    r"were "
+                                    r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY")),
+    ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
+    ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
+                               r"invoked oom-killer|oom-kill:")),
+]  # fmt: skip
+_TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
+
+
+_HAS = hints("emory", "MEMORY", "blocks", "KV cache", "max seq len", "oom-kill", "OOM")
+
+
+def detect(line: LogLine) -> list[Hit]:
+    """Memory messages in one line (CUDA OOM, host-RAM kills, KV-cache sizing)."""
+    text = line.text
+    if not _HAS(text):
+        return []
+    out: list[Hit] = []
+    for rule, pat in _KV:
+        m = pat.search(text)
+        if m:
+            out.append(Hit(rule, line, {"groups": m.groups()}, want=1 if rule == "kv_v1" else 0))
+    m = _MONITOR.search(text)
+    if m:
+        out.append(Hit("host_monitor", line, m.groupdict(), want=14))
+    for rule, pat in _HOST:
+        m = pat.search(text)
+        if m:
+            out.append(Hit(rule, line, {"groups": m.groups()}))
+    if any(h.rule != "kv_blocks" for h in out):
+        return out
+    oom = None if "memory on the node" in text.lower() else parse_oom(text)
+    if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
+        out.append(Hit("cuda_oom", line, oom))
+    return out
+
+
+# ---- causes
+def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    """CUDA OOM, host OOM and KV-cache causes of a log."""
+    return [c for c in (_cuda_oom(facts, ctx), _host_oom(facts, ctx), *_kv_cache(facts, ctx)) if c]
+
+
+def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    hits = facts.of("cuda_oom")
+    if not hits:
+        return None
+    # the first OOM, but the first detailed message of the same failure when the first line is bare
+    first = hits[0]
+    detailed = next((h for h in hits if "tried_gib" in h.fields and h.no - first.no < 30), first)
+    oom = dict(detailed.fields)
+    pl = place(facts, first.line)
+    allocator = re.search(r"([\w-]+allocator)\.cpp", first.line.text)
+    wake = bool(allocator) or any(f.func == "wake_up" for f in (pl.tb.frames if pl.tb else []))
+    phase = "weight_sync" if wake else pl.phase
+    what = "The GPU ran out of memory."
+    frag, alloc = oom.get("reserved_unallocated_gib"), oom.get("allocated_gib")
+    fragmented = frag is not None and alloc is not None and frag > 0.2 * max(alloc, 1e-9)
+    if fragmented:
+        what += (
+            f" {frag:.3g} GiB was reserved but unallocated: fragmentation made it fail earlier than needed."
+        )
+    tried, total = oom.get("tried_gib"), oom.get("total_gib")
+    if tried and total and tried > 0.1 * total:
+        what += (
+            f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / "
+            "log-softmax / entropy of a whole micro-batch x sequence x vocab in fp32."
+        )
+    what += _PHASE_WHAT.get(phase or "", "")
+    ev = [quote(first.line)] + ([quote(detailed.line)] if detailed is not first else [])
+    nums = {k: v for k, v in oom.items() if k.endswith("_gib")}
+    if nums:
+        ev.append("device view: " + ", ".join(f"{k[:-4]} {v:.3g} GiB" for k, v in nums.items()))
+    ev += pl.evidence()
+    if wake and pl.phase != "weight_sync":
+        ev.append("phase: weight_sync (sleep-mode wake_up re-maps the engine's memory)")
+    title = (
+        "vLLM sleep-mode wake_up ran out of GPU memory" + (f" in the {allocator[1]}" if allocator else "")
+        if wake
+        else f"CUDA out of memory{_PHASE_TITLE.get(phase or '', '')}"
+    )
+    return Cause(
+        "error",
+        "oom",
+        title,
+        what,
+        evidence=ev,
+        fixes=_oom_fixes(phase, ctx, fragmented, facts),
+        where=pl.culprit(allocator[1] if allocator else None),
+        phase=phase,
+        rank=pl.rank,
+        line=first.no,
+        score=40.0,
+        data=oom,
+        unknown=[
+            "memory classes: the message gives totals only, not how much is parameters, gradients, "
+            "optimizer state or activations; `verlaudit plan` estimates them, a run under verlaudit "
+            "measures per phase"
+        ],
+    )
+
+
+_PHASE_TITLE = {
+    "logprob": " in the no-grad log-prob pass",
+    "reference": " in the reference log-prob pass",
+    "update": " in the update (forward + backward)",
+    "generate": " in generation",
+    "values": " in the value pass",
+    "checkpoint": " while saving a checkpoint",
+    "init": " while loading / initialising",
+    "weight_sync": " in weight sync",
+}
+_PHASE_WHAT = {
+    "logprob": " The pass runs without gradients: activations are not kept, so gradient checkpointing does "
+    "not "
+    "help; the micro-batch's logits (and entropy) are the peak.",
+    "reference": " The reference model's forward runs without gradients: its micro-batch and its resident "
+    "weights "
+    "are the levers.",
+    "update": " Forward and backward: activations, gradients and optimizer state are all resident.",
+    "generate": " Generation: the engine's KV cache and the batch of sequences in flight are the levers.",
+    "weight_sync": " The engine's weights and KV cache come back while the trainer's state is still on the "
+    "GPU.",
+}
+
+
+def _oom_fixes(phase: str | None, ctx: LogContext, fragmented: bool, facts: LogFacts) -> list:
+    alloc = (
+        Fix(None, V.ALLOC_CONF, "lets the allocator grow segments")
+        if ctx.framework in (None, "verl")
+        else advice("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so the allocator can grow segments")
+    )
+    entropy = any("entropy" in (f.func + (f.code or "")) for tb in facts.tracebacks for f in tb.frames)
+    by_phase = {
+        "logprob": [
+            ("logprob_micro_batch", "smaller log-prob micro-batches (the no-grad pass's peak)"),
+            ("entropy_chunking", "computes the entropy over vocab chunks") if entropy else None,
+            ("param_offload", "frees the actor's parameters while they are not gathered"),
+        ],
+        "reference": [
+            ("ref_logprob_micro_batch", "smaller reference micro-batches"),
+            ("ref_offload", "keeps the reference weights on the CPU between passes"),
+        ],
+        "update": [
+            ("grad_checkpointing", "activation memory", "precision.grad_checkpointing: true"),
+            ("train_micro_batch", "smaller micro-batches", "algo.micro_batch_size: <half>"),
+            ("zero3", "shards parameters, gradients and optimizer state"),
+            ("optimizer_offload", "optimizer state to the CPU"),
+            ("param_offload", "parameters to the CPU"),
+        ],
+        "generate": [
+            ("rollout_memory", "lower if the trainer shares the GPU with the engine"),
+            ("max_num_seqs", "fewer sequences in flight"),
+            ("response_length", "shorter responses: a smaller KV cache per sequence"),
+        ],
+        "weight_sync": [
+            ("param_offload", "the trainer's parameters off the GPU before the engine wakes up"),
+            ("optimizer_offload", "the optimizer state off the GPU before the engine wakes up"),
+            ("rollout_memory", "a smaller engine footprint (weights + KV cache) beside the trainer"),
+            ("sleep_mode", "the engine releases its memory while the trainer runs"),
+        ],
+        "init": [("param_offload", "parameters to the CPU"), ("zero3", "shards the model at load time")],
+        "checkpoint": [advice("gather the state dict on the CPU, or save sharded checkpoints")],
+        "values": [("train_micro_batch", "smaller critic micro-batches")],
+    }
+    generic = [
+        (
+            "grad_checkpointing",
+            "activation memory, if it happened in a training forward / backward",
+            "precision.grad_checkpointing: true",
+        ),
+        ("train_micro_batch", "smaller micro-batches", "algo.micro_batch_size: <half>"),
+        ("logprob_micro_batch", "smaller micro-batches in the log-prob passes, if it happened there"),
+        ("zero3", "shards parameters, gradients and optimizer state"),
+        ("param_offload", "model state memory: parameters to the CPU", "precision.preset: bf16-pure"),
+    ]
+    return fixes(ctx, alloc if fragmented else None, *by_phase.get(phase or "", generic))
+
+
+def _monitor(mon: Hit) -> tuple[str, str | None, str | None, list[str], str | None]:
+    """Ray's memory-monitor message: (title part, the killed task, the largest user, evidence, the phase
+    the killed task's or the largest users' method names tell)."""
+    f = mon.fields
+    name = re.search(r"name=([^,]+)", f.get("detail") or "")
+    killed = name[1] if name else None
+    part = f": node at {float(f['used']):.4g} of {float(f['total']):.4g} GB (threshold {f['thr']})"
+    rows = sorted((m for m in (_TABLE_ROW.match(t) for t in mon.follow) if m), key=lambda m: -float(m[2]))
+    top = rows[0][3].removeprefix("ray::").split()[0] if rows else None
+    ev = ["top memory users: " + "; ".join(f"{m[3][:60]} {m[2]} GB" for m in rows[:4])] if rows else []
+    methods = [n.split(":")[-1].split()[0].split(".")[-1] for n in [killed or "", *(m[3] for m in rows)] if n]
+    phase = next((p for p in map(phase_of_name, methods) if p), None)
+    return part, killed, top, ev, phase
+
+
+def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel")
+    if not hits:
+        return None
+    mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
+    part, killed, top, table, phase_hint = _monitor(mon) if mon else ("", None, None, [], None)
+    if kernel and kernel.fields["groups"][1]:
+        killed = killed or kernel.fields["groups"][1]
+    pl = place(facts, hits[0].line)
+    if pl.phase is None and phase_hint:
+        pl.phase, pl.phase_why = phase_hint, "the killed / largest processes' methods"
+    ray = mon or facts.count("host_raylet", "host_task_killed")
+    who = "Ray's memory monitor" if ray else "the kernel's OOM killer"
+    what = (
+        f"Host (CPU) memory ran out and {who} killed a process: this is not a CUDA OOM, GPU settings do not "
+        "help. The killed process is the most recently scheduled one, not necessarily the one that grew"
+        + (f"; the largest user was {top}." if top else ".")
+    )
+    offload = ctx.is_true("param_offload", "optimizer_offload", "adam_offload", "offload_param.device")
+    fx = fixes(
+        ctx,
+        advice(
+            "offloading keeps parameters / optimizer state in host RAM: this run offloads, so turn it off or "
+            "give the node more RAM"
+        )
+        if offload
+        else None,
+        advice("save checkpoints less often, sharded, without gathering the full state dict on one host")
+        if pl.phase == "checkpoint"
+        else None,
+        advice(
+            "load weights on one rank or shard them at load time (low_cpu_mem_usage, meta-device init, "
+            "ZeRO-3 "
+            "init) instead of a full CPU copy per process"
+        )
+        if pl.phase == "init"
+        else None,
+        ("token_budget", "smaller per-GPU token budgets: smaller batches held in host memory between passes"),
+        advice("run fewer worker processes per node, or give the node more RAM"),
+        ("host_memory_threshold", "only if the node has headroom the monitor does not count (a stopgap)"),
+    )
+    return Cause(
+        "error",
+        "oom_host",
+        f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
+        what,
+        evidence=[quote(h.line) for h in hits[:3]] + table + pl.evidence(),
+        fixes=fx,
+        where=top or killed,
+        phase=pl.phase,
+        rank=pl.rank,
+        line=hits[0].no,
+        score=42.0,
+        unknown=["which allocation grew: Ray and the kernel report totals per process only"],
+    )
+
+
+def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang")
+    if hit is not None:
+        return [_kv_cause(hit, facts, ctx)]
+    blocks = facts.first("kv_blocks")
+    failed = next(
+        (h for h in facts.of("engine_method_error") if h.fields.get("method") == "initialize_cache"), None
+    )
+    if failed is None or blocks is None:
+        return []
+    # vLLM V0's initialize_cache raises with blocks > 0 only when max_model_len exceeds the cache
+    n = int(blocks.fields["groups"][0])
+    rule = "kv_no_blocks" if n == 0 else "kv_max_len_inferred"
+    return [
+        _kv_cause(Hit(rule, failed.line, {"groups": (), "blocks": n, "blocks_line": blocks.line}), facts, ctx)
+    ]
+
+
+_RAISE = ("rollout_memory", "raise it: a larger share of the GPU for weights + KV cache")
+_LOWER_LEN = ("max_model_len", "lower it to what the cache holds (prompt + response length is enough)")
+_TRAINER_OFF = (
+    "param_offload",
+    "if the trainer shares the GPU: its state off the GPU before the engine starts",
+)
+_MAX_LEN_WHAT = (
+    "The engine must fit at least one sequence of max_model_len tokens in its KV cache at start; the model's "
+    "default context (often 32K-128K) is larger than the cache left after the weights."
+)
+
+
+def _kv_max_len_title(h: Hit) -> str:
+    g = h.fields["groups"]
+    if h.rule == "kv_max_len":
+        return f"KV cache holds {g[1]} tokens, fewer than max_model_len {g[0]}"
+    if h.rule == "kv_max_len_inferred":
+        blocks = h.fields["blocks"]
+        return f"vLLM's cache initialisation failed: {blocks} blocks cannot hold one max_model_len sequence"
+    nums = re.search(
+        r"max seq len \((\d+)\),? \(?([\d.]+) GiB KV cache is needed.*?available KV cache memory "
+        r"\(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
+        h.text(""),
+    )
+    if not nums:
+        return f"KV cache too small for one request of max_model_len {g[0]}"
+    fits = f" (max_model_len <= {nums[4]} fits)" if nums[4] else ""
+    return f"One {nums[1]}-token request needs {nums[2]} GiB of KV cache; {nums[3]} GiB is available{fits}"
+
+
+def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
+    """(title, culprit, what, remedies) for one KV-cache sizing failure."""
+    g = h.fields["groups"]
+    if h.rule == "kv_no_blocks":
+        return (
+            "No memory left for KV-cache blocks after the weights and activation profiling",
+            "gpu_memory_utilization",
+            "The engine's memory budget (gpu_memory_utilization x GPU memory) is used up by the weights "
+            "and the "
+            "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds "
+            "the GPU.",
+            [_RAISE, _TRAINER_OFF, ("max_num_seqs", "a smaller profiling batch leaves more for the cache")],
+        )
+    if h.rule == "kv_free_memory":
+        _, free, total, util, want = g
+        return (
+            f"vLLM asks for {util} x {float(total):.4g} GiB = {want} GiB but only {free} GiB is free at "
+            "start",
+            "gpu_memory_utilization",
+            "vLLM's start-up check: gpu_memory_utilization is a share of the whole GPU, and another process "
+            "(a colocated trainer, a previous engine, another job) already holds part of it.",
+            [
+                ("rollout_memory", f"lower it below {float(free) / float(total):.2f} (free / total)"),
+                ("sleep_mode", "a colocated engine should release its memory while the trainer runs"),
+                _TRAINER_OFF,
+            ],
+        )
+    if h.rule == "kv_sglang":
+        return (
+            "SGLang: no memory left for the KV-cache pool",
+            "--mem-fraction-static",
+            "SGLang's static pool (mem_fraction_static x GPU memory) must hold the weights and the KV cache; "
+            "after the weights nothing was left for the cache. Raising the fraction gives the pool more (and "
+            "leaves less for activations); a shorter context needs less.",
+            [_RAISE, _LOWER_LEN],
+        )
+    return _kv_max_len_title(h), "max_model_len", _MAX_LEN_WHAT, [_LOWER_LEN, _RAISE]
+
+
+def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
+    title, where, what, remedies = _kv_reading(h)
+    pl = place(facts, h.line)
+    ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []
+    ev.append(quote(h.line))
+    if h.rule == "kv_max_len_inferred":
+        ev.append("vLLM raises on initialize_cache with blocks > 0 only when max_model_len exceeds the cache")
+    return Cause(
+        "error",
+        "oom_kv_cache",
+        title,
+        what,
+        evidence=ev + pl.evidence(),
+        fixes=fixes(ctx, *remedies),
+        where=where,
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+    )
