@@ -483,7 +483,8 @@ def test_from_verl_maps_the_correction(tmp_path):
         "  algorithm.rollout_correction.rollout_is=sequence algorithm.rollout_correction.rollout_is_threshold=3.0 \\\n"
         "  algorithm.rollout_correction.rollout_rs=token_k1,seq_mean_k3 \\\n"
         "  algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01' \\\n"
-        "  algorithm.rollout_correction.bypass_mode=true algorithm.rollout_correction.rollout_is=bogus_level\n"
+        "  algorithm.rollout_correction.bypass_mode=true algorithm.rollout_correction.rollout_is=bogus_level \\\n"
+        "  actor_rollout_ref.rollout.logprobs_mode=raw_logprobs\n"
     )  # the second rollout_is wins (Hydra) and is refused with its reason
     m = map_launch(read_launch(script, env={}), target="cpu")
     records = {r.verl: r for r in m.records}
@@ -495,6 +496,8 @@ def test_from_verl_maps_the_correction(tmp_path):
     assert records["algorithm.rollout_correction.rollout_is"].kind == "unmapped"
     assert "token, sequence or null" in records["algorithm.rollout_correction.rollout_is"].reason
     assert records["algorithm.rollout_correction.bypass_mode"].kind == "unmapped"
+    logprobs = records["actor_rollout_ref.rollout.logprobs_mode"]  # ours are always processed
+    assert logprobs.kind == "unmapped" and "distribution sampled from" in logprobs.reason
     cfg = TrainConfig.from_dict(
         {"algo": {"name": "grpo"}, "rollout_correction": m.train["rollout_correction"]}
     )

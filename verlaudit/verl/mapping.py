@@ -303,6 +303,8 @@ ROWS: tuple[Row, ...] = (
                                                                                  "write rollout_rs_threshold as lower_upper")),
     Row(f"{V.ROLLOUT_CORRECTION}.rollout_token_veto_threshold", None, _consistent(None, "the per-token veto is "
                                                                                    "not in this version")),
+    Row(V.LOGPROBS_MODE, None, _consistent("processed_logprobs", "the rollout log-probs here are always those of "
+                                           "the distribution sampled from (processed: after temperature, top-k, top-p)")),
 )  # fmt: skip
 """verl keys with one suite key each (or a value that must match what ours does). The algorithm's verl
 spellings come from `verlaudit.verl_keys.ALGO_KEYS` (one table for diagnose, the log parser and this)."""
