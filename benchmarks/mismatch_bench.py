@@ -5,6 +5,12 @@ distributions by SFT on a synthetic task.
     python benchmarks/mismatch_bench.py --out $OUT --preset llama2-7b --device cuda --sft-dtype bf16
     python benchmarks/mismatch_bench.py --out /tmp/mb --preset tiny-llama --hidden 128 --device cpu \\
         --engines hf,fused,vllm --sft-steps 300                                                 # CPU
+    OUT=/some/dir bash benchmarks/h200_mismatch.sh                      # the 1B and 7B runs, ~6 GPU minutes
+
+``--sft-only`` stops after the SFT: with ``--hidden``, ``--layers`` and ``--heads`` it checks an SFT
+recipe at a small scale on CPU (Adam changes a layer's output per step in proportion to its fan-in, so
+the narrow model takes the lr times the width ratio); the checks of the H200 recipes are in
+reports/mismatch_cpu/README.md.
 
 Random weights give near-uniform next-token distributions, where every dtype agrees; RL-trained
 models are peaked, and that is where bf16 and fp16 differ. So the model first learns (teacher-forced
@@ -89,6 +95,10 @@ def build_model(args, tok, device):
     overrides = {}
     if args.hidden:
         overrides = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.heads:
+        overrides.update(num_attention_heads=args.heads, num_key_value_heads=args.heads)
     policy = resolve_policy("bf16-pure" if args.sft_dtype == "bf16" else "fp32")
     return build_causal_lm(
         ModelConfig(preset=args.preset, overrides=overrides), tok, policy["actor"], device, seed=0
@@ -246,6 +256,13 @@ def main() -> int:
     ap.add_argument(
         "--hidden", type=int, default=0, help="override hidden_size (intermediate 2x); 0: preset's"
     )
+    ap.add_argument("--layers", type=int, default=0, help="override num_hidden_layers; 0: preset's")
+    ap.add_argument("--heads", type=int, default=0, help="override the attention (and KV) heads; 0: preset's")
+    ap.add_argument(
+        "--sft-only",
+        action="store_true",
+        help="stop after the SFT (the small-scale check of an SFT recipe: loss against the chain's entropy)",
+    )
     ap.add_argument(
         "--sft-dtype",
         choices=("fp32", "bf16"),
@@ -283,10 +300,15 @@ def main() -> int:
         f"{args.preset} (hidden {model.config.hidden_size}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params)"
     )
     res["sft"] = sft(model, chain, args, device)
+    out = Path(args.out)
+    if args.sft_only:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mismatch_bench.json").write_text(json.dumps(res, indent=2, default=str))
+        print(json.dumps(res["sft"]), flush=True)
+        return 0
     model = model.float()  # every cell starts from the same fp32 weights
     ids = chain.sample(args.batch, args.prompt, seed=args.seed + 1).to(device)
     res["shape"] = f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, temperature 1"
-    out = Path(args.out)
     for engine in args.engines.split(","):
         for pair in args.pairs.split(","):
             trainer_dtype, rollout_dtype = pair.split(":")
