@@ -5,6 +5,12 @@ distributions by SFT on a synthetic task.
     python benchmarks/mismatch_bench.py --out $OUT --preset llama2-7b --device cuda --sft-dtype bf16
     python benchmarks/mismatch_bench.py --out /tmp/mb --preset tiny-llama --hidden 128 --device cpu \\
         --engines hf,fused,vllm --sft-steps 300                                                 # CPU
+    OUT=/some/dir bash benchmarks/h200_mismatch.sh                      # the 1B and 7B runs, ~6 GPU minutes
+
+``--sft-only`` stops after the SFT: with ``--hidden``, ``--layers`` and ``--heads`` it checks an SFT
+recipe at a small scale on CPU (Adam changes a layer's output per step in proportion to its fan-in, so
+the narrow model takes the lr times the width ratio); the checks of the H200 recipes are in
+reports/mismatch_cpu/README.md.
 
 Random weights give near-uniform next-token distributions, where every dtype agrees; RL-trained
 models are peaked, and that is where bf16 and fp16 differ. So the model first learns (teacher-forced
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 import time
@@ -38,7 +45,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks._common import environment, guarded, write_json  # noqa: E402
+from benchmarks._common import environment, guarded  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_PAIRS = "fp32:fp32,bf16:bf16,fp16:fp16,fp32:bf16,fp32:fp16,bf16:fp32,fp16:fp32"
@@ -88,6 +95,10 @@ def build_model(args, tok, device):
     overrides = {}
     if args.hidden:
         overrides = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.heads:
+        overrides.update(num_attention_heads=args.heads, num_key_value_heads=args.heads)
     policy = resolve_policy("bf16-pure" if args.sft_dtype == "bf16" else "fp32")
     return build_causal_lm(
         ModelConfig(preset=args.preset, overrides=overrides), tok, policy["actor"], device, seed=0
@@ -97,6 +108,8 @@ def build_model(args, tok, device):
 def sft(model, chain: MarkovChain, args, device) -> dict:
     """Teacher-forced next-token cross-entropy on chain samples (AdamW in the model's dtype)."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.sft_lr, weight_decay=0.0)
+    # linear warm-up over --sft-warmup steps (a large model at a large lr from random init diverges without)
+    warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, args.sft_warmup)))
     model.train()
     losses, t0 = [], time.perf_counter()
     for step in range(args.sft_steps):
@@ -106,10 +119,15 @@ def sft(model, chain: MarkovChain, args, device) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        warm.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         if step % 50 == 0 or step == args.sft_steps - 1:
-            print(f"sft step {step}: loss {losses[-1]:.4f} (chain entropy {chain.entropy:.4f})", flush=True)
+            print(
+                f"sft step {step}: loss {losses[-1]:.4f} (chain entropy {chain.entropy:.4f}), "
+                f"{time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
     model.eval()
     del opt
     tail = losses[-10:] or [float("nan")]
@@ -118,6 +136,9 @@ def sft(model, chain: MarkovChain, args, device) -> dict:
         "final_loss": sum(tail) / len(tail),
         "chain_entropy": chain.entropy,
         "first_loss": losses[0] if losses else None,
+        "lr": args.sft_lr,
+        "warmup": args.sft_warmup,
+        "batch": args.sft_batch,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -154,10 +175,13 @@ def measure(model, tok, engine_name: str, trainer_dtype: str, rollout_dtype: str
             model, rollout.input_ids, rollout.attention_mask, args.new, compute_entropy=True
         )
     m = mismatch_metrics(rollout.logprobs, old, rollout.response_mask, entropy=entropy)
+    from verlaudit.audit.mismatch import expected_k3
+
     row = {
         "engine": engine.name,
         "trainer": trainer_dtype,
         "rollout": rollout_dtype,
+        "k3_over_model": m["rollout_corr/k3_kl"] / expected_k3(td, DTYPES[rollout_dtype]),
         "rollout_s": rollout_s,
         "tokens": int(rollout.response_mask.sum()),
         "metrics": m,
@@ -178,11 +202,13 @@ def markdown(res: dict) -> str:
         f"Model: {res['model']}; SFT {s.get('steps')} steps on the Markov chain: loss {s.get('first_loss')} -> "
         f"{s.get('final_loss')} (chain entropy {s.get('chain_entropy')}).",
         f"Rollout: {res['shape']}.",
+        "Token k3 / rounding model: rollout_corr/k3_kl over ALPHA^2 (u_trainer^2 + u_rollout^2) / 2 "
+        "(verlaudit/audit/mismatch.py; ALPHA fitted on reports/mismatch_cpu; the audit reports above 100x).",
         "",
-        "| engine | trainer | rollout | "
+        "| engine | trainer | rollout | token k3 / rounding model | "
         + " | ".join(c[1] for c in COLUMNS)
         + " | worst token (pos, p roll, p train, H) |",
-        "|" + " --- |" * (4 + len(COLUMNS)),
+        "|" + " --- |" * (5 + len(COLUMNS)),
     ]
     for row in res["rows"]:
         if "error" in row:
@@ -191,8 +217,9 @@ def markdown(res: dict) -> str:
         m, w = row["metrics"], row["worst_tokens"][0] if row["worst_tokens"] else {}
         cells = [format(m[k], f) if k in m and not math.isnan(m[k]) else "-" for k, _, f in COLUMNS]
         worst = f"{w.get('position', 0):.0f}, {w.get('rollout_prob', 0):.3f}, {w.get('train_prob', 0):.3f}, {w.get('entropy', 0):.2f}"
+        ratio = format(row["k3_over_model"], ".3g") if "k3_over_model" in row else "-"
         lines.append(
-            f"| {row['engine']} | {row['trainer']} | {row['rollout']} | "
+            f"| {row['engine']} | {row['trainer']} | {row['rollout']} | {ratio} | "
             + " | ".join(cells)
             + f" | {worst} |"
         )
@@ -229,6 +256,13 @@ def main() -> int:
     ap.add_argument(
         "--hidden", type=int, default=0, help="override hidden_size (intermediate 2x); 0: preset's"
     )
+    ap.add_argument("--layers", type=int, default=0, help="override num_hidden_layers; 0: preset's")
+    ap.add_argument("--heads", type=int, default=0, help="override the attention (and KV) heads; 0: preset's")
+    ap.add_argument(
+        "--sft-only",
+        action="store_true",
+        help="stop after the SFT (the small-scale check of an SFT recipe: loss against the chain's entropy)",
+    )
     ap.add_argument(
         "--sft-dtype",
         choices=("fp32", "bf16"),
@@ -238,6 +272,7 @@ def main() -> int:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--sft-batch", type=int, default=16)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
+    ap.add_argument("--sft-warmup", type=int, default=0, help="linear lr warm-up steps (0: none)")
     ap.add_argument("--successors", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=16)
@@ -258,11 +293,19 @@ def main() -> int:
     except ImportError:
         pass
     chain = MarkovChain(4, len(tok), args.successors, args.seed)  # ids 0-3: pad, bos, eos, unk
+    t0 = time.perf_counter()
     model = build_model(args, tok, device)
+    res["build_s"] = time.perf_counter() - t0
     res["model"] = (
         f"{args.preset} (hidden {model.config.hidden_size}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params)"
     )
     res["sft"] = sft(model, chain, args, device)
+    out = Path(args.out)
+    if args.sft_only:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mismatch_bench.json").write_text(json.dumps(res, indent=2, default=str))
+        print(json.dumps(res["sft"]), flush=True)
+        return 0
     model = model.float()  # every cell starts from the same fp32 weights
     ids = chain.sample(args.batch, args.prompt, seed=args.seed + 1).to(device)
     res["shape"] = f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, temperature 1"
@@ -270,24 +313,32 @@ def main() -> int:
         for pair in args.pairs.split(","):
             trainer_dtype, rollout_dtype = pair.split(":")
             key = f"{engine} {pair}"
+            t0 = time.perf_counter()
             row = guarded(
                 {}, "row", measure, model, tok, engine, trainer_dtype, rollout_dtype, ids, args, device
             )
-            row = {"cell": key, **row}
+            row = {"cell": key, **row, "seconds": time.perf_counter() - t0}
             res["rows"].append(row)
+            write(res, out)  # after every cell: a run cut short by a timeout keeps what it measured
             if "metrics" in row:
                 m = row["metrics"]
                 print(
                     f"{key}: seq_kl {m['rollout_corr/seq_kl']:.3g} seq_k3 {m['rollout_corr/seq_k3_kl']:.3g} "
-                    f"|dp| max {m['training/rollout_probs_diff_max']:.3g}",
+                    f"token k3 / rounding model {row['k3_over_model']:.3g} "
+                    f"|dp| max {m['training/rollout_probs_diff_max']:.3g} ({row['seconds']:.1f} s)",
                     flush=True,
                 )
-    res["bf16_vs_fp16"] = compare_bf16_fp16(res["rows"])
-    out = Path(args.out)
-    write_json(out / "mismatch_bench.json", res)
-    (out / "mismatch_bench.md").write_text(markdown(res))
+    write(res, out)
     print(markdown(res), flush=True)
     return 0
+
+
+def write(res: dict, out: Path) -> None:
+    """mismatch_bench.json and .md under ``out`` from the rows so far."""
+    res["bf16_vs_fp16"] = compare_bf16_fp16(res["rows"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mismatch_bench.json").write_text(json.dumps(res, indent=2, default=str))
+    (out / "mismatch_bench.md").write_text(markdown(res))
 
 
 if __name__ == "__main__":

@@ -284,7 +284,7 @@ def test_fp16_actor_script_and_the_diagnosis_round_trip(job, tmp_path, capsys):
         "seq-mean-token-mean",
     )
     rollout_is = by["algorithm.rollout_correction.rollout_is"]
-    assert rollout_is.kind == "unmapped" and "rollout correction" in rollout_is.reason
+    assert rollout_is.kind == "mapped" and m.train["rollout_correction"] == {"rollout_is": "token"}
 
     # the job's own precision runs; its reward function makes NaN rewards, a real failure to diagnose
     rc = _from_verl(

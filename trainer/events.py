@@ -81,8 +81,20 @@ class Observer:
         response_ids: torch.Tensor,
         response_mask: torch.Tensor,
         logprobs: torch.Tensor,
+        engine_facts: Mapping[str, Any] | None = None,
+        trainer_facts: Mapping[str, Any] | None = None,
     ) -> None:
-        """The rollout engine produced responses and the log-probs it sampled them with."""
+        """The rollout engine produced responses and the log-probs it sampled them with.
+
+        ``engine_facts`` (the engine's ``facts()``) says what set those probabilities:
+        ``weights_dtype``, ``compute_dtype``, ``kv_cache_dtype`` (a torch dtype, or the engine's own
+        name for a non-float cache such as ``fp8_e4m3``), ``logprob_dtype`` (of its log-softmax),
+        ``temperature``, ``top_k``, ``top_p`` and ``logprobs_mode`` (``processed``: log-probs of the
+        distribution sampled from, after temperature / top-k / top-p; ``raw``: before them; vLLM's
+        ``raw_logits`` / ``processed_logits``: not log-probs). ``trainer_facts`` says how the trainer
+        recomputes them: ``temperature``, ``top_k`` / ``top_p`` (0 / 1.0: the whole vocabulary),
+        ``logprob_dtype``, and ``used`` (False for a rollout whose log-probs no loss reads, ReMax's
+        greedy baseline). Both may be None from an engine or trainer that does not report them."""
 
     def on_weight_sync(
         self,

@@ -48,7 +48,9 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
         with observer.phase("rollout"):
             rollout = generate(setup, observer, p.engine, p.collator, p.source, examples, step, num_samples=g)
             if p.greedy_engine is not None:
-                greedy = generate(setup, observer, p.greedy_engine, p.collator, p.source, examples, step)
+                greedy = generate(
+                    setup, observer, p.greedy_engine, p.collator, p.source, examples, step, baseline=True
+                )
         mask = rollout.response_mask
         grouped = [ex for ex in examples for _ in range(g)]  # aligned with the repeat-interleaved rows
         with observer.phase("reward"):

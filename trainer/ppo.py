@@ -304,8 +304,11 @@ def rollout_seed(seed: int, step: int, rank: int = 0) -> int:
     return seed * 100_003 + step + rank * 1_000_000_007
 
 
-def generate(setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1):
-    """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times)."""
+def generate(
+    setup: Setup, observer: Observer, engine, collator, source, examples, step, num_samples=1, baseline=False
+):
+    """Collate prompts, generate; returns the rollout (rows repeat each prompt ``num_samples`` times).
+    ``baseline``: ReMax's greedy rollout, whose log-probs no loss uses (the observer is told so)."""
     sync = engine.sync_weights()  # vLLM: the actor's weights after the last update, pushed and probed
     if sync is not None:
         observer.on_weight_sync(**sync)
@@ -331,8 +334,24 @@ def generate(setup: Setup, observer: Observer, engine, collator, source, example
         response_ids=rollout.response_ids,
         response_mask=rollout.response_mask,
         logprobs=rollout.logprobs,
+        engine_facts=engine.facts(),
+        trainer_facts=trainer_facts(setup.config.algo.temperature, baseline=baseline),
     )
     return rollout
+
+
+def trainer_facts(temperature: float, *, baseline: bool = False) -> dict[str, Any]:
+    """How the trainer recomputes the rollout's log-probs (``trainer_facts`` of ``on_rollout``): at the
+    sampling temperature, over the whole vocabulary (no top-k / top-p), log-softmax in fp32
+    (`trainer.logprobs.sequence_logprobs`); ``used``: whether a loss uses these log-probs (not ReMax's
+    greedy baseline)."""
+    return {
+        "temperature": float(temperature),
+        "top_k": 0,
+        "top_p": 1.0,
+        "logprob_dtype": torch.float32,
+        "used": not baseline,
+    }
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -207,6 +208,26 @@ class HFGenerateEngine:
                 f"{dtype_name(weights)} and autocast cannot upcast: generating in {dtype_name(weights)}"
             )
             self._autocast = False
+
+    def facts(self) -> dict[str, Any]:
+        """What sets the probabilities this engine records (``engine_facts`` of
+        `trainer.events.Observer.on_rollout`): the dtypes of the weights it reads, of its matmuls, of its
+        KV cache and of its log-softmax, and the sampling processing its log-probs include
+        (``processed``: those of the distribution sampled from, after temperature, top-k and top-p)."""
+        return {
+            "weights_dtype": self._weights_dtype(),
+            "compute_dtype": self.engine_dtype,
+            # under autocast the k/v projections return the compute dtype, and the cache keeps what they return
+            "kv_cache_dtype": self.engine_dtype,
+            "logprob_dtype": torch.float32,  # the recorder's and the static loop's log_softmax of .float() scores
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "logprobs_mode": "processed",
+        }
+
+    def _weights_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     def sync_weights(self) -> dict | None:
         """Nothing to push: this engine samples with the actor's own parameters. (vLLM's engine holds a
@@ -440,6 +461,10 @@ class StaticDecodeEngine(HFGenerateEngine):
         self._decode_forward = (
             torch.compile(target, fullgraph=True, dynamic=False) if self.compile else target
         )
+
+    def _weights_dtype(self) -> torch.dtype:
+        # the fused forward reads a snapshot of the actor's weights cast to the rollout dtype
+        return self.engine_dtype if self.fused else super()._weights_dtype()
 
     def _forward(self, ids, positions, mask, cache, slots) -> torch.Tensor:
         """Last-position logits of one forward that writes its K/V at ``slots``."""

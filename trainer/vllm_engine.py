@@ -60,6 +60,7 @@ INSTALL = (
     "transformers' imports on a CPU machine)"
 )
 _VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_TORCH_DTYPES = {v: k for k, v in _VLLM_DTYPES.items()}
 
 
 def vllm_available() -> bool:
@@ -177,6 +178,28 @@ class VLLMEngine:
         config.save_pretrained(self._dir.name)
         self.llm = self._build(seed, kv_cache_gib)
         VLLMEngine._open = weakref.ref(self)
+
+    def facts(self) -> dict[str, Any]:
+        """What sets the probabilities this engine records (``engine_facts`` of
+        `trainer.events.Observer.on_rollout`), read back from vLLM's own configuration rather than from
+        what was asked of it: the model dtype, the KV-cache dtype (vLLM's name, e.g. ``fp8_e4m3``, where
+        it is no float dtype of torch's), the log-softmax dtype (fp32: its sampler upcasts the logits),
+        the sampling parameters, and the logprobs mode (``processed`` / ``raw`` log-probs, or logits)."""
+        engine = self.llm.llm_engine
+        model_dtype = engine.model_config.dtype
+        cache = engine.vllm_config.cache_config.cache_dtype
+        kv = model_dtype if cache == "auto" else _TORCH_DTYPES.get(cache, cache)
+        mode = str(engine.model_config.logprobs_mode)
+        return {
+            "weights_dtype": model_dtype,
+            "compute_dtype": model_dtype,
+            "kv_cache_dtype": kv,
+            "logprob_dtype": torch.float32,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "logprobs_mode": mode.removesuffix("_logprobs"),  # processed_logprobs -> processed; logits kept
+        }
 
     def close(self) -> None:
         """Shuts the engine down (frees its KV cache and weights; vLLM's process-wide state goes too)."""

@@ -77,6 +77,9 @@ KL_LOSS_COEF = f"{ACTOR}.kl_loss_coef"
 KL_COEF = "algorithm.kl_ctrl.kl_coef"
 ROLLOUT_DTYPE = f"{ROLLOUT}.dtype"
 TEMPERATURE = f"{ROLLOUT}.temperature"
+ROLLOUT_TOP_K = f"{ROLLOUT}.top_k"
+ROLLOUT_TOP_P = f"{ROLLOUT}.top_p"
+LOGPROBS_MODE = f"{ROLLOUT}.logprobs_mode"  # verl sets processed_logprobs; vLLM's own default is raw_logprobs
 GPU_MEMORY_UTILIZATION = f"{ROLLOUT}.gpu_memory_utilization"
 ROLLOUT_MAX_MODEL_LEN = f"{ROLLOUT}.max_model_len"
 ROLLOUT_MAX_NUM_SEQS = f"{ROLLOUT}.max_num_seqs"
@@ -142,7 +145,7 @@ ALGO_KEYS: dict[str, str] = {
     "batch_size": "data.train_batch_size",
     "group_size": f"{ROLLOUT}.n",
     "temperature": TEMPERATURE,
-    "top_k": f"{ROLLOUT}.top_k",
+    "top_k": ROLLOUT_TOP_K,
 }
 """Our ``algo.<key>`` -> verl's key, for every algorithm option with a verl counterpart."""
 
@@ -156,3 +159,32 @@ def algo_override(key: str, value: object) -> str:
     """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``)."""
     text = str(value).lower() if isinstance(value, bool) else ("null" if value is None else str(value))
     return f"{algo_key(key)}={text}"
+
+
+# ---------------------------------------------------------------- rollout correction keys
+ROLLOUT_CORRECTION = f"{ALGORITHM}.rollout_correction"
+
+ROLLOUT_CORRECTION_KEYS: dict[str, str] = {
+    field: f"{ROLLOUT_CORRECTION}.{field}"
+    for field in (
+        "rollout_is",
+        "rollout_is_threshold",
+        "rollout_is_batch_normalize",
+        "rollout_rs",
+        "rollout_rs_threshold",
+    )
+}
+"""Our ``rollout_correction.<key>`` (`trainer.config.RolloutCorrectionConfig`) -> verl's key: the same
+field names under ``algorithm.rollout_correction``."""
+
+
+def correction_key(key: str) -> str:
+    """verl's key for our suite key ``rollout_correction.<key>`` (KeyError: no such option)."""
+    return ROLLOUT_CORRECTION_KEYS[key.removeprefix("rollout_correction.")]
+
+
+def correction_override(key: str, value: object) -> str:
+    """A verl command-line override for our ``rollout_correction.<key>: value``
+    (``algorithm.rollout_correction.rollout_is=token``)."""
+    text = str(value).lower() if isinstance(value, bool) else ("null" if value is None else str(value))
+    return f"{correction_key(key)}={text}"

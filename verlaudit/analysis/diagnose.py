@@ -37,6 +37,7 @@ from verlaudit.analysis.causes import (
     rank,
 )
 from verlaudit.analysis.logparse import diagnose_log
+from verlaudit.analysis.mismatch_cause import mismatch_causes
 from verlaudit.analysis.rules import (
     CAUSE_CLASSES,
     LAST,
@@ -314,6 +315,7 @@ _EXPLAINED_KINDS = (
     "memory/oom",
     "numerics/skipped_step",
     "reward/no_signal",
+    "mismatch/",  # mismatch_causes
 )
 """Finding kinds that a dedicated analysis already turns into a cause (with more evidence)."""
 
@@ -419,6 +421,7 @@ ANALYSES = (
     loss_scale_causes,
     reward_trend_causes,
     no_signal_causes,
+    mismatch_causes,
     _finding_causes,
 )
 

@@ -7,7 +7,8 @@ loss, reward, memory per phase and loss scale. It works on runs that died half-w
 suites and on directories copied from another machine. A variant run by several ranks (torchrun)
 has rank 0's run directory with ``rank<k>/`` directories inside: its memory peak is the largest
 over ranks (each rank's own peak is listed too), its findings are those of every rank, and its
-status names the rank that failed first. Exercised by
+status names the rank that failed first. A run with a rollout adds the mismatch section
+(`verlaudit.analysis.mismatch_report`). Exercised by
 `verlaudit run --report-only reports/tiny_cpu` and `pytest tests/test_report.py`.
 """
 
@@ -25,6 +26,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from verlaudit.analysis import precision
+from verlaudit.analysis.mismatch_report import mismatch_section
 from verlaudit.rundir import (
     REPORT_CSV,
     REPORT_MD,
@@ -434,9 +436,13 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
     )
     md += extra
     plots += extra_files
+    mismatch_md, mismatch_files = mismatch_section(
+        runs, out_dir, plots=(suite.get("report") or {}).get("plots", True)
+    )
+    md += mismatch_md
     text = "\n".join(md) + "\n"
     (out_dir / REPORT_MD).write_text(text, encoding="utf-8")
-    files += [out_dir / REPORT_MD, *plots]
+    files += [out_dir / REPORT_MD, *plots, *mismatch_files]
     return Report(markdown=text, variants=variants, runs=rows, files=files)
 
 

@@ -6,8 +6,8 @@
 The `Auditor` only routes the trainer's events (`trainer.events.Observer`): it keeps the
 `StepContext` up to date and passes each payload to the part that owns it -- the pure checks in
 `dtype_checks`, `boundaries` and `numerics`, the deferred non-finite checks (`nonfinite`), the
-gradient and update numerics (`optimizer`), the module probes (`probes`, hooks on only for steps
-sampled at the ``full`` level), memory (`memory`) and phase timing (`context.PhaseTimer`). Findings
+gradient and update numerics (`optimizer`), the rollout mismatch and weight push (`mismatch`), the
+module probes (`probes`, hooks on only for steps sampled at the ``full`` level), memory (`memory`) and phase timing (`context.PhaseTimer`). Findings
 go to a `FindingLog` (findings.jsonl); one metrics.jsonl line per step comes from `metrics.step_line`.
 An exception leaving the ``with`` block becomes a finding and a ``failure`` dict for status.json
 (`failure`), then propagates -- never swallowed. manifest.json is the worker's alone: it adds
@@ -43,6 +43,7 @@ from verlaudit.audit.failure import failure_findings, failure_status
 from verlaudit.audit.findings import FindingLog
 from verlaudit.audit.memory import MemoryMonitor
 from verlaudit.audit.metrics import StepNumbers, audit_numbers, step_line
+from verlaudit.audit.mismatch import MismatchWatch
 from verlaudit.audit.module_numerics import Provenance
 from verlaudit.audit.optimizer import OptimizerWatch, judge_overflow
 from verlaudit.audit.precision_watch import PrecisionWatch
@@ -84,6 +85,7 @@ class Auditor(Observer):
         self.numbers = StepNumbers()
         self.checks = nonfinite.DeviceChecks()
         self.opt_watch = OptimizerWatch(self.settings, self.numbers, self.context)
+        self.mismatch = MismatchWatch(self.numbers)
         self.probe: ModuleProbe | None = None
         self.watch: PrecisionWatch | None = None
         """The fp32 shadow, op counts and gradient health of sampled steps (``full`` level)."""
@@ -211,6 +213,11 @@ class Auditor(Observer):
         }
         self.findings.extend(boundaries.check_rollout(**payload, **vocab, **where))
         self.checks.boundary("rollout", "rollout_logprobs", payload["logprobs"], **where)
+        self.mismatch.rollout(payload)
+
+    def on_weight_sync(self, **record: Any) -> None:  # Observer.on_weight_sync's keywords
+        if self.settings.level != "off":
+            self.findings.extend(self.mismatch.weight_sync(record, **self.context.where()))
 
     @_uncounted
     def on_reward(self, *, source, raw, rewards, expected_shape, model) -> None:
@@ -333,6 +340,7 @@ class Auditor(Observer):
         self._write_update_rows()
         audit = None
         if self.settings.level != "off":
+            self.findings.extend(self.mismatch.step_end(metrics, step=step))
             trained = [role for role in TRAINABLE_ROLES if role in self.models]
             absmax = self.probe.absmax if self.probe is not None and self.context.sampled else None
             audit = audit_numbers(trained, self.numbers.values, absmax)

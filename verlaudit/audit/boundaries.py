@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE
+from verlaudit.audit.engine_checks import check_engine
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
@@ -171,9 +172,12 @@ def model_vocab_size(model) -> int | None:
 def check_rollout(*, engine: str, engine_dtype: torch.dtype, actor_compute_dtype: torch.dtype,
                   prompt_ids: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
                   logprobs: torch.Tensor, vocab_size: int | None, model_vocab_size: int | None = None,
+                  engine_facts: Mapping[str, Any] | None = None, trainer_facts: Mapping[str, Any] | None = None,
                   step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
-    """Engine dtype against the actor's compute dtype; token, mask and log-prob dtypes."""
-    out: list[Finding] = []
+    """Engine dtype against the actor's compute dtype; token, mask and log-prob dtypes; the engine's
+    facts against the trainer's (`verlaudit.audit.engine_checks.check_engine`)."""
+    out: list[Finding] = check_engine(engine=engine, engine_dtype=engine_dtype, engine_facts=engine_facts,
+                                      trainer_facts=trainer_facts, step=step, phase=phase)  # fmt: skip
     ctx = {"role": "rollout", "step": step, "phase": phase}
     where = f"rollout:{engine}"
     if engine_dtype != actor_compute_dtype:

@@ -3,8 +3,9 @@
 `preflight(suite)`: for every variant, every plug-in (`PLUGINS`) is imported and its signature
 checked against how the trainer calls it, every model directory (``model.path``,
 ``model.tokenizer``, ``model.critic_path``, a ``model.reward_model`` directory) is a local Hugging
-Face directory whose config or tokenizer loads, verl's ``data.train_files`` exist, and
-``model.preset`` / ``data.task`` exist. A
+Face directory whose config or tokenizer loads, verl's ``data.train_files`` exist,
+``model.preset`` / ``data.task`` exist, and ``rollout.engine: vllm`` finds vLLM installed (else the
+install command). A
 mistake is a ValueError naming the suite file and the field (``variants.bf16.data.collator``).
 `verlaudit run` and `verlaudit plan` both call it. Exercised by `pytest tests/test_preflight.py`.
 """
@@ -69,7 +70,15 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
           for field in ("data.dataset", "data.collator", "data.reward_fn")),
         ("data.compute_score", (d.compute_score, tuple(d.compute_score_kwargs)) if d.compute_score else None,
          lambda v, w: _plugin(v[0], w, field="data.compute_score", kwargs=v[1])),
+        ("rollout.engine", cfg.rollout.kind if cfg.rollout.kind == "vllm" else None, _engine),
     ]  # fmt: skip
+
+
+def _engine(name: str, where: str) -> None:
+    """A rollout engine that is not part of this Python (vLLM) is installed: else its install command."""
+    from trainer.vllm_engine import require_vllm
+
+    require_vllm(where)
 
 
 def _where(suite: Suite, vname: str, field: str, value: Any) -> str:

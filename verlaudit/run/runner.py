@@ -430,7 +430,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         audit_level=args.audit_level,
     )
-    preflight(suite)  # plug-ins imported, model directories read: before any worker starts
+    preflight(suite)  # plug-ins imported, model directories read, engines installed: before any worker starts
     out_dir = Path(args.out) if args.out else default_out_dir(suite)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(

@@ -22,7 +22,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainer.advantages import ADV_ESTIMATORS, KL_CTRL_TYPES
-from trainer.config import TRUNCATIONS, AlgoConfig, TrainConfig, unread_algo_keys
+from trainer.config import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_ALIASES,
+    ROLLOUT_RS_OPTIONS,
+    TRUNCATIONS,
+    AlgoConfig,
+    TrainConfig,
+    unread_algo_keys,
+)
 from trainer.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from verlaudit import verl_keys as V
 from verlaudit.verl.architectures import KNOWN, lookup
@@ -129,6 +137,30 @@ def _choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
         return v
 
     return convert
+
+
+def _rollout_is(v: Any) -> str | None:
+    if v is not None and v not in ROLLOUT_IS_LEVELS:
+        raise Unmapped(f"rollout_is {v!r}: verl's are token, sequence or null")
+    return v
+
+
+def _rollout_rs(v: Any) -> str | None:
+    if v is None:
+        return None
+    names = [x.strip() for x in str(v).split(",") if x.strip()]
+    bad = [x for x in names if x not in ROLLOUT_RS_OPTIONS and x not in ROLLOUT_RS_ALIASES]
+    if bad or not names:
+        raise Unmapped(
+            f"rollout_rs {v!r}: expected some of {', '.join(ROLLOUT_RS_OPTIONS + tuple(ROLLOUT_RS_ALIASES))}"
+        )
+    return str(v)
+
+
+def _rs_threshold(v: Any) -> str | float | None:
+    if v is None or isinstance(v, str):
+        return v
+    return _float(v)
 
 
 # ---------------------------------------------------------------- the table
@@ -259,6 +291,20 @@ ROWS: tuple[Row, ...] = (
     Row("reward_model.enable", None, _consistent(False, "a model-based reward: from-verl maps rule rewards; "
                                                  "set model.reward_model to a local directory by hand")),
     Row("trainer.critic_warmup", None, _consistent(0, "no critic warm-up here: the actor updates from step 0")),
+    # verl's rollout correction (algorithm.rollout_correction): the same option names under rollout_correction
+    Row(V.correction_key("rollout_is"), "rollout_correction.rollout_is", _rollout_is, None),
+    Row(V.correction_key("rollout_is_threshold"), "rollout_correction.rollout_is_threshold", _float, 2.0),
+    Row(V.correction_key("rollout_is_batch_normalize"), "rollout_correction.rollout_is_batch_normalize", _bool, False),
+    Row(V.correction_key("rollout_rs"), "rollout_correction.rollout_rs", _rollout_rs, None),
+    Row(V.correction_key("rollout_rs_threshold"), "rollout_correction.rollout_rs_threshold", _rs_threshold, None),
+    Row(f"{V.ROLLOUT_CORRECTION}.bypass_mode", None, _consistent(False, "bypass mode (the rollout's log-probs "
+                                                                 "as the old ones): the actor always recomputes them here")),
+    Row(f"{V.ROLLOUT_CORRECTION}.rollout_rs_threshold_lower", None, _consistent(None, "a separate lower bound: "
+                                                                                 "write rollout_rs_threshold as lower_upper")),
+    Row(f"{V.ROLLOUT_CORRECTION}.rollout_token_veto_threshold", None, _consistent(None, "the per-token veto is "
+                                                                                   "not in this version")),
+    Row(V.LOGPROBS_MODE, None, _consistent("processed_logprobs", "the rollout log-probs here are always those of "
+                                           "the distribution sampled from (processed: after temperature, top-k, top-p)")),
 )  # fmt: skip
 """verl keys with one suite key each (or a value that must match what ours does). The algorithm's verl
 spellings come from `verlaudit.verl_keys.ALGO_KEYS` (one table for diagnose, the log parser and this)."""
