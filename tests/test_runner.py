@@ -53,7 +53,7 @@ def test_a100_target_on_an_h200_caps_memory(tmp_path):
     assert plan.device == "cuda" and not any(p.refused for p in plan.runs)
     emu = plan.runs[0].spec.emulation
     assert emu.target == "a100-80gb" and emu.memory_cap_gb == 80.0
-    assert "capped at 80.0 GiB of NVIDIA H200's 139.8 GiB" in emu.reason
+    assert "capped at 80 GiB of NVIDIA H200's 139.8 GiB" in emu.reason
     assert plan.runs[0].spec.train.device == "cuda:0" and plan.runs[0].spec.device == "cuda"
     # hardware.memory_gb overrides the target's memory (a MIG slice, say)
     plan = runner.plan_runs(_suite("a100-80gb", memory_gb=20), tmp_path, H200)

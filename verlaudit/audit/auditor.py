@@ -215,6 +215,7 @@ class Auditor(Observer):
         self.checks.boundary("rollout", "rollout_logprobs", payload["logprobs"], **where)
         self.mismatch.rollout(payload)
 
+    @_uncounted
     def on_weight_sync(self, **record: Any) -> None:  # Observer.on_weight_sync's keywords
         if self.settings.level != "off":
             self.findings.extend(self.mismatch.weight_sync(record, **self.context.where()))
