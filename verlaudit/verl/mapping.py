@@ -34,7 +34,7 @@ from trainer.config import (
 from trainer.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from verlaudit import verl_keys as V
 from verlaudit.verl.architectures import KNOWN, lookup
-from verlaudit.verl.engines import map_rollout_engine
+from verlaudit.verl.engines import INFERENCE_ENGINES, rollout_engine
 from verlaudit.verl.launch import Launch, Override
 from verlaudit.verl.reasons import unmapped_reason
 
@@ -653,7 +653,20 @@ def _map_engines(ctx: Context, target: str) -> None:
         ctx.record("consistent" if same else "unmapped", critic_key,
                    reason="equals the actor's" if same else "one attention implementation for every role here: "
                    "the actor's")  # fmt: skip
-    map_rollout_engine(ctx, target)
+    key = f"{V.ROLLOUT}.name"
+    if not ctx.has(key):
+        return
+    name = str(ctx.get(key))
+    if name == "hf":
+        ctx.record("mapped", key, suite="rollout.engine", value="hf", reason="HF generate, as in verl")
+    elif name in INFERENCE_ENGINES:  # after _map_model: the fused decode's support depends on the model
+        engine, why = rollout_engine(name, target=target, model=ctx.train["model"])
+        ctx.record("mapped", key, suite="rollout.engine", value=engine, reason=why)
+        if engine != name:
+            ctx.notes.append(f"rollout: {key}={name} -> rollout.engine: {engine}: {why}")
+    else:
+        ctx.record("unmapped", key, reason=f"rollout engine {name!r}: verl's are {', '.join(INFERENCE_ENGINES)} "
+                   "and hf; the suite keeps its default engine (hf)")  # fmt: skip
 
 
 def _local_dir(path: str) -> str | None:
