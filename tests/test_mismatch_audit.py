@@ -442,6 +442,7 @@ def test_report_section_hand_worked(tmp_path):
     ]
     for r in runs[:2]:
         r.manifest["variant"] = "a"
+    zero = _run_dir(tmp_path / "same", metrics=[{M.K3: 0.0}, {M.K3: 0.0}])  # identical computations
     table = mismatch_table(runs)
     assert list(table["variant"]) == ["a"]
     row = table.iloc[0]
@@ -455,6 +456,13 @@ def test_report_section_hand_worked(tmp_path):
         "mismatch.csv",
         "mismatch.png",
     ]
+    assert "Not on the plot" not in "\n".join(lines)
+    lines, _ = mismatch_section(
+        [*runs, zero], tmp_path
+    )  # k3 0 at every step: in the table, named under the plot
+    assert "| same " in "\n".join(lines) and lines[-1] == (
+        "Not on the plot, token k3 exactly 0 at every step (a log axis has no 0): same."
+    )
     assert mismatch_section(runs[2:], tmp_path) == ([], []) and not (tmp_path / "mismatch.png").exists()
 
 

@@ -41,9 +41,9 @@ def _backbone(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "model", None)
 
 
-def unsupported(model: torch.nn.Module) -> str | None:
-    """Why `FusedWeights` cannot take ``model``, or None when it can."""
-    cfg = getattr(model, "config", None)
+def unsupported_config(cfg: object) -> str | None:
+    """Why `FusedWeights` cannot take a model of config ``cfg`` (a transformers config), or None when the
+    config allows it (the module layout is checked by `unsupported`)."""
     kind = getattr(cfg, "model_type", None)
     if kind not in MODEL_TYPES:
         return f"model_type {kind!r} (fused decode covers {', '.join(MODEL_TYPES)})"
@@ -56,6 +56,14 @@ def unsupported(model: torch.nn.Module) -> str | None:
         return f"rope_type {rope!r} (its cos/sin depend on the sequence length)"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r}"
+    return None
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why `FusedWeights` cannot take ``model``, or None when it can."""
+    why = unsupported_config(getattr(model, "config", None))
+    if why is not None:
+        return why
     backbone = _backbone(model)
     need = ("embed_tokens", "layers", "norm", "rotary_emb")
     if backbone is None or any(not hasattr(backbone, n) for n in need) or not hasattr(model, "lm_head"):

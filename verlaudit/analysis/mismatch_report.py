@@ -7,7 +7,7 @@ token k3 and its largest ratio to the dtype-roundoff model (``mismatch/k3_over_e
 of the token IS ratios, the mean fraction of ratios outside [1/C, C], and the largest weight-push
 probe difference (vLLM); seeds of a variant are averaged (extremes: the extreme over seeds).
 Written as mismatch.csv, a markdown table, and mismatch.png (token k3 per step per variant, log
-scale). `mismatch_section` is what `verlaudit.analysis.report.write_report` appends; a suite with no
+scale; steps with k3 exactly 0 are left out, and runs with no other step are named under the plot). `mismatch_section` is what `verlaudit.analysis.report.write_report` appends; a suite with no
 rollout (DPO) gets nothing. Exercised by `pytest tests/test_mismatch_audit.py -k report`.
 """
 
@@ -144,4 +144,10 @@ def mismatch_section(
     if plots and plot(runs, png):
         files.append(png)
         lines += ["", f"![mismatch]({png.name})"]
+        zero = [r.path.name for r in runs if r.series(PLOTTED) and all(v == 0 for _, v in r.series(PLOTTED))]
+        if zero:  # a log axis cannot show them: say so rather than leave them out silently
+            lines += [
+                "",
+                f"Not on the plot, token k3 exactly 0 at every step (a log axis has no 0): {', '.join(zero)}.",
+            ]
     return lines, files

@@ -34,6 +34,7 @@ from trainer.config import (
 from trainer.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from verlaudit import verl_keys as V
 from verlaudit.verl.architectures import KNOWN, lookup
+from verlaudit.verl.engines import INFERENCE_ENGINES, rollout_engine
 from verlaudit.verl.launch import Launch, Override
 from verlaudit.verl.reasons import unmapped_reason
 
@@ -635,9 +636,9 @@ def _map_precision(ctx: Context) -> dict[str, Any]:
 _ATTENTION = ("sdpa", "eager", "flash_attention_2")
 
 
-def _map_engines(ctx: Context) -> None:
+def _map_engines(ctx: Context, target: str) -> None:
     """The attention kernel (verl: ``model.override_config.attn_implementation``, flash_attention_2 unless
-    set) and the rollout engine (verl: ``rollout.name``)."""
+    set) and the rollout engine (verl: ``rollout.name``, `verlaudit.verl.engines`)."""
     key = f"{V.MODEL}.override_config.attn_implementation"
     attn, given = ctx.value(key, None, _choice(_ATTENTION, "attention implementation"))
     if given:
@@ -653,16 +654,19 @@ def _map_engines(ctx: Context) -> None:
                    reason="equals the actor's" if same else "one attention implementation for every role here: "
                    "the actor's")  # fmt: skip
     key = f"{V.ROLLOUT}.name"
-    if ctx.has(key):
-        name = ctx.get(key)
-        if name == "hf":
-            ctx.record("consistent", key, reason="HF generate, as here (rollout.cache: dynamic)")
-        else:
-            ctx.record("unmapped", key, reason=f"rollout engine {name}: this version's engines are HF generate "
-                       "(rollout.cache: dynamic) and our own decode over a static KV cache (rollout.cache: static; "
-                       "rollout.fused: true decodes with the weights cast to the rollout dtype, as an inference "
-                       "engine does); the engine's dtype (rollout.dtype) and sampling (temperature, top_k) "
-                       "are mapped")  # fmt: skip
+    if not ctx.has(key):
+        return
+    name = str(ctx.get(key))
+    if name == "hf":
+        ctx.record("mapped", key, suite="rollout.engine", value="hf", reason="HF generate, as in verl")
+    elif name in INFERENCE_ENGINES:  # after _map_model: the fused decode's support depends on the model
+        engine, why = rollout_engine(name, target=target, model=ctx.train["model"])
+        ctx.record("mapped", key, suite="rollout.engine", value=engine, reason=why)
+        if engine != name:
+            ctx.notes.append(f"rollout: {key}={name} -> rollout.engine: {engine}: {why}")
+    else:
+        ctx.record("unmapped", key, reason=f"rollout engine {name!r}: verl's are {', '.join(INFERENCE_ENGINES)} "
+                   "and hf; the suite keeps its default engine (hf)")  # fmt: skip
 
 
 def _local_dir(path: str) -> str | None:
@@ -788,7 +792,7 @@ def map_launch(launch: Launch, *, target: str, model: str | None = None) -> Mapp
     _map_batches(ctx, gpus)
     _map_twins(ctx)
     _map_model(ctx, model)
-    _map_engines(ctx)
+    _map_engines(ctx, target)
     precision = _map_precision(ctx)
     _map_data(ctx)
     _map_leftovers(ctx)
