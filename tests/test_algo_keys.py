@@ -1,11 +1,12 @@
 """Every algorithm option names its verl key in one place (verlaudit/verl_keys.py ALGO_KEYS), the field's
-docstring in trainer/config.py names the same key, and the README's compatibility table lists our key.
+docstring in trainer/algo_config.py names the same key, and the README's compatibility table lists our key.
 
 Run: PYTHONPATH=. pytest -q tests/test_algo_keys.py
 """
 
 import ast
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def field_docstrings() -> dict[str, str]:
     """AlgoConfig's field -> the string literal under it."""
-    tree = ast.parse((ROOT / "trainer" / "config.py").read_text())
+    tree = ast.parse(Path(inspect.getsourcefile(AlgoConfig)).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AlgoConfig")
     docs, last = {}, None
     for node in cls.body:

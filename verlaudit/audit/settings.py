@@ -13,7 +13,7 @@ import dataclasses
 
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps audit errors worded exactly like TrainConfig's.
-from trainer.config import _Section
+from trainer.config_base import Section as _Section
 
 LEVELS = ("off", "boundary", "full")
 

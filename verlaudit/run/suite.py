@@ -26,7 +26,8 @@ import yaml
 
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps suite errors worded exactly like TrainConfig's.
-from trainer.config import TrainConfig, _Section
+from trainer.config import TrainConfig
+from trainer.config_base import Section as _Section
 from verlaudit.audit.settings import LEVELS, AuditSettings
 from verlaudit.run.hardware import get_target
 
