@@ -6,7 +6,8 @@ at a time (a block is a decoder layer, the embedding, the final norm, the head: 
 extra memory is one block's fp32 weights (0.8 GB for a 7B decoder layer) and a few rows of fp32
 activations (the backward's parameter gradients add up to two more block-sized tensors for a moment);
 a block's tensors are let go of at its backward, so the model's own checkpoint boundaries are freed
-as without the shadow (`tests/test_audit_shadow.py::test_shadow_memory_is_one_block_whatever_the_depth`). Four measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
+as without the shadow (checked by test_shadow_memory_is_one_block_whatever_the_depth). Four
+measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
 
 - ``local`` (every module inside a block, and the block): the module's fp32 copy runs on the fp32
   cast of the input the module actually received, so the error is the one the module itself adds.
