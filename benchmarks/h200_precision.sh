@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19's GPU numbers on one H200, each part under its own timeout (one failure cannot take the
-# others with it), from the repository root, everything in $OUT (8 files):
+# others with it), from the repository root, everything in $OUT (9 files):
 #
 #   OUT=/path bash benchmarks/h200_precision.sh
 #
@@ -11,6 +11,8 @@
 #      steps each: step 0 runs the full audit with the fp32 shadow (its cost is timing_s/shadow and the
 #      report's "shadowed step s"), steps 1-2 are timed; the ranking, the report with the Precision
 #      section (error vs depth: shadow_depth.png) and the run directories come back.
+#      memory_by_step.txt: each candidate's max allocated GiB per step; step 0 (shadow + op count)
+#      should exceed steps 1-2 by no more than the planned shadow share (recommend.md: "+ 4.9 shadow").
 #   plan.json: the planner's view of the suite first (seconds).
 #
 # The same at a tiny size on CPU (how it was checked before it went to the GPU; about 3 minutes):
@@ -49,5 +51,14 @@ run audit 170 $PY benchmarks/bench_audit.py --suite "$SUITE" --device "$DEVICE" 
 run recommend 330 $PY -m verlaudit recommend "$SUITE" --recipes "$RECIPES" --steps "$STEPS" --device "$DEVICE" \
   --out "$WORK/recommend" --no-progress --json
 for f in recommend.md report.md shadow_depth.png; do cp "$WORK/recommend/$f" "$OUT/" 2>>"$OUT/log.txt"; done
+# memory per step of each candidate: step 0 (shadow + op count) vs the plain steps after it
+for m in "$WORK"/recommend/*/metrics.jsonl; do
+  $PY - "$m" <<'PY'
+import json, pathlib, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+gib = [f"step {r['step']}: {r.get('perf/max_memory_allocated_gb', float('nan')):.1f} GiB" for r in rows]
+print(pathlib.Path(sys.argv[1]).parent.name + ": " + ", ".join(gib))
+PY
+done | tee "$OUT/memory_by_step.txt"
 tar czf "$OUT/recommend_runs.tgz" -C "$WORK" recommend 2>>"$OUT/log.txt"
 ls -la "$OUT"

@@ -350,3 +350,20 @@ def test_run_world_size_reads_the_workers_distributed_record(tmp_path):
         d = tmp_path / str(expected)
         RunWriter(d).write_manifest(manifest)
         assert run_world_size(read_run(d)) == expected
+
+
+def test_shadow_bytes_by_hand():
+    from verlaudit.plan.memory_model import shadow_bytes
+
+    arch = Architecture.from_config(LLAMA2_7B | {"model_type": "llama"})
+    parts = shadow_bytes(arch, seq_len=1024, rows=2, param_bytes=4)
+    # largest block with a backward: a decoder layer, 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096
+    # = 202,383,360 weights (the head's 32000 x 4096 = 131,072,000 is smaller); its fp32 copy, fp32
+    # gradients and fp32-master gradients: 12 bytes each = 2.26 GiB
+    assert parts["shadow: block copy + param grads"] == 202_383_360 * 12
+    # 2 rows x 1024 tokens: chain inputs 32 layers x 2048 x 4096 x 4 B = 1 GiB; one layer's fp32
+    # activations 2048 x (10 x 4096 + 4 x 11008) x 4 B = 0.65 GiB; logits 4 x 2048 x 32000 x 4 B = 0.98 GiB
+    assert parts["shadow: chain inputs"] == GIB
+    assert parts["shadow: one layer's fp32 activations"] == 2048 * 84_992 * 4
+    assert parts["shadow: fp32 logits"] == 4 * 2048 * 32000 * 4
+    assert 4.8 < sum(parts.values()) / GIB < 5.0  # beside a 7B AMP step's 121 GiB on a 140 GiB H200

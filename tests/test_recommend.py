@@ -88,6 +88,30 @@ def test_rank_and_the_reasons_each_loser_lost():
     assert by_memory[0].name == "bf16-pure"
 
 
+def test_the_shadow_that_does_not_fit_is_said_so():
+    # planned 70 GiB + 12 GiB of shadow > 80: not started, and the shadow named, not the recipe
+    tight = _m("bf16", 70.0, 2.0, shadow_gib=12.0)
+    tight.state, tight.status = "not run", "not run"
+    # planned 60 + 5 fits, but the run ran out of memory on step 0 (the shadowed one): the shadow
+    oom = _m("fp16", 60.0, math.nan, shadow_gib=5.0)
+    oom.state, oom.status = "failed", "failed at step 0 (actor_update): oom"
+    oom.failure = {"reason": "oom", "step": 0, "phase": "actor_update"}
+    # out of memory on a later step is the recipe's own failure
+    later = _m("fp32", 60.0, math.nan, shadow_gib=5.0)
+    later.state, later.status = "failed", "failed at step 2 (actor_update): oom"
+    later.failure = {"reason": "oom", "step": 2, "phase": "actor_update"}
+    ranked = rank([tight, oom, later], Tolerance(), "time")
+    assert not tight.fits and tight.lost == [
+        "the shadow does not fit: planned 70.0 GiB + 12.0 GiB for the fp32 shadow > target 80.0 GiB "
+        "(fewer --rows shrink the shadow)"
+    ]
+    assert oom.lost[0].startswith("the shadow did not fit: out of memory on step 0, the shadowed one, in "
+                                  "actor_update (planned 60.0 GiB + 5.0 GiB shadow)")  # fmt: skip
+    assert later.lost == ["run failed at step 2 (actor_update): oom"]
+    text = render(ranked, {m.name: {"precision": {"preset": m.name}} for m in ranked}, Tolerance(), "time")
+    assert "| 70 + 12 shadow (does not fit) |" in text.replace("  ", " ")
+
+
 def test_recommend_picks_bf16_when_bf16_pure_loses_its_updates(tmp_path, capsys):
     suite = tmp_path / "dpo.yaml"
     text = DPO.read_text().replace("lr: 1.0e-3", "lr: 1.0e-6")  # bf16-pure's updates round away at this lr

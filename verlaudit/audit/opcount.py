@@ -108,6 +108,14 @@ def classify(func: Any, args: tuple, kwargs: Mapping[str, Any], out: Any) -> tup
     return cat, in_label, out_label
 
 
+def _hooks_wanted() -> bool:
+    """Backward hooks go on a module's tensors in a grad-enabled forward outside any backward. A
+    forward inside a backward is a checkpoint recompute whose graph is never backpropagated: a
+    multi-grad hook there never fires, and its closure (which holds the graph's nodes) would keep
+    the recomputed activations alive until a garbage collection, undoing the checkpointing."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+
+
 class OpCounter(TorchDispatchMode):
     """Counts every op of the models in ``names`` (module -> (role, name, kind)), per module and pass;
     ``ctx`` has ``phase``. Use as a context manager around the work to count; `take` returns the
@@ -132,7 +140,7 @@ class OpCounter(TorchDispatchMode):
         self.outside = "forward"
         self._fwd.append(who)
         ts = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if ts and torch.is_grad_enabled():
+        if ts and _hooks_wanted():
             # the module's backward ends when every input's gradient is computed
             self._handles.append(register_multi_grad_hook(ts, lambda *_, who=who: self._leave_bwd(who)))
 
@@ -143,7 +151,7 @@ class OpCounter(TorchDispatchMode):
         if self._fwd and self._fwd[-1] == who:
             self._fwd.pop()
         ts = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if ts and torch.is_grad_enabled():
+        if ts and _hooks_wanted():
             # ... and begins when every output's gradient has arrived
             self._handles.append(register_multi_grad_hook(ts, lambda *_, who=who: self._enter_bwd(who)))
 
@@ -170,7 +178,8 @@ class OpCounter(TorchDispatchMode):
     def __enter__(self) -> OpCounter:
         self._handles += [
             register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post),
+            # always called: a checkpoint recompute stops early by raising out of the modules it is in
+            register_module_forward_hook(self._post, always_call=True),
         ]
         return super().__enter__()
 

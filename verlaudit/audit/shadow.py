@@ -4,7 +4,10 @@ On a sampled step, the first forward of each role in each grad mode (outside the
 shadowed on its first ``rows`` rows. Nothing needs a whole fp32 model: the copies are made one block
 at a time (a block is a decoder layer, the embedding, the final norm, the head: `blocks`), so the
 extra memory is one block's fp32 weights (0.8 GB for a 7B decoder layer) and a few rows of fp32
-activations. Four measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
+activations (the backward's parameter gradients add up to two more block-sized tensors for a moment);
+a block's tensors are let go of at its backward, so the model's own checkpoint boundaries are freed
+as without the shadow (checked by test_shadow_memory_is_one_block_whatever_the_depth). Four
+measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
 
 - ``local`` (every module inside a block, and the block): the module's fp32 copy runs on the fp32
   cast of the input the module actually received, so the error is the one the module itself adds.
@@ -138,9 +141,13 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-def hookless_copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+def hookless_copy(module: nn.Module, dtype: torch.dtype | None = None, *, share: bool = False) -> nn.Module:
     """A deep copy without any hook (a deep copy would otherwise copy the hooks' owners) and without
-    activation checkpointing; parameters and floating buffers in ``dtype`` (None: as they are)."""
+    activation checkpointing; parameters and floating buffers in ``dtype`` (None: as they are).
+    ``share`` (no ``dtype``): the parameters are new leaves on the module's own storage, no copy
+    (gradients taken with respect to them leave the module's ``.grad`` alone)."""
+    if share and dtype is not None:
+        raise ValueError("hookless_copy: share=True keeps the parameters' storage, so no dtype can be given")
     memo: dict[int, Any] = {}
     for m in module.modules():
         for attr in _HOOK_DICTS:
@@ -148,9 +155,8 @@ def hookless_copy(module: nn.Module, dtype: torch.dtype | None = None) -> nn.Mod
             if d is not None:
                 memo[id(d)] = type(d)()
     for p in module.parameters():
-        memo[id(p)] = nn.Parameter(
-            p.detach().to(dtype=dtype or p.dtype, copy=True), requires_grad=p.requires_grad
-        )
+        data = p.detach() if share else p.detach().to(dtype=dtype or p.dtype, copy=True)
+        memo[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
     for b in module.buffers():
         to = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
         memo[id(b)] = b.detach().to(dtype=to, copy=True)
@@ -276,6 +282,21 @@ class _BlockCall:
     autocast: tuple[bool, torch.dtype]
     expected: float
     grad_out: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """Output index -> the first ``k`` rows of the gradient that output received (a copy: the
+    whole batch's gradient is not kept)."""
+    inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    """The block's inputs whose gradient is measured (`_Frame.views`)."""
+    pending: int = 1
+    """Input gradients still to come; at 0 the call lets go of its tensors (`release`)."""
+
+    def keep_grad(self, i: int, g: torch.Tensor) -> None:
+        self.grad_out[i] = g.detach()[: self.k].clone()
+
+    def release(self) -> None:
+        """Drops every tensor the call holds: the hooks on its outputs hold the call, the call its
+        outputs, a cycle that would otherwise keep them until a garbage collection."""
+        self.args, self.kwargs, self.chain_args, self.chain_kwargs = (), {}, None, None
+        self.outputs, self.inputs, self.grad_out, self.pending = [], [], {}, 0
 
 
 class ShadowProbe:
@@ -334,6 +355,8 @@ class ShadowProbe:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        for call in self._calls:
+            call.release()
         self._pass, self._calls, self._grad_carry = None, [], {}
 
     def take(self) -> tuple[list[dict[str, Any]], float]:
@@ -560,25 +583,34 @@ class ShadowProbe:
         call = _BlockCall(name=name, module=frame.module, depth=p.depth, role=p.role, step=p.step, phase=p.phase,
                           b=p.b, k=p.k, args=frame.originals, kwargs=frame.kwargs, chain_args=chain_args,
                           chain_kwargs=chain_kwargs, outputs=_float_leaves(output), autocast=ac,
-                          expected=expected or _floor())  # fmt: skip
+                          expected=expected or _floor(), pending=len(frame.views))  # fmt: skip
         self._calls.append(call)
-        for t in call.outputs:
+        for i, t in enumerate(call.outputs):
             if t.requires_grad:
-                t.register_hook(lambda g, t=t, call=call: call.grad_out.__setitem__(id(t), g.detach()))
-        # the view_as made in _pre is the first input's consumer node: its gradient is the block's
-        for x, v in frame.views:
-            v.register_hook(lambda g, call=call, x=x: self._backward_hook(call, x, g))
+                t.register_hook(lambda g, i=i, call=call: call.keep_grad(i, g))
+        # the view_as made in _pre is the first input's consumer node: its gradient is the block's.
+        # The hook lives as long as the step's graph: it names the input by index, the call holds it
+        # until the block's backward (a closure holding it would keep every block's input to the end)
+        call.inputs = [x for x, _ in frame.views]
+        for i, (_, v) in enumerate(frame.views):
+            v.register_hook(lambda g, call=call, i=i: self._backward_hook(call, i, g))
 
-    def _backward_hook(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
+    def _backward_hook(self, call: _BlockCall, i: int, g_in: torch.Tensor) -> None:
         with opcount.suspended():
-            self._guard(call.name, lambda: self._backward(call, x, g_in))
+            if call.pending > 0 and i < len(call.inputs):
+                x = call.inputs[i]
+                self._guard(call.name, lambda: self._backward(call, x, g_in))
+            call.pending -= 1
+            if call.pending <= 0:
+                call.release()
+                self._calls = [c for c in self._calls if c is not call]
 
     def _backward(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
         """The block's gradient: local (fp32 copy, same output gradient), chain (carried fp32
         gradient), and per-module parameter gradients (unhooked copy in its own precision vs fp32)."""
         t0 = self._clock()
         b, k = call.b, call.k
-        g_out = [call.grad_out.get(id(t), torch.zeros_like(t))[:k] for t in call.outputs]
+        g_out = [call.grad_out.get(i, torch.zeros_like(t[:k])) for i, t in enumerate(call.outputs)]
         g_lp = g_in.detach()[:k]
         device = g_lp.device.type
         args = _rows(call.args, b, k)
@@ -588,16 +620,16 @@ class ShadowProbe:
         err = rel_err([g_lp], [g32[0]]) if g32 else math.nan
         self._emit(call, call.name, "local", direction="backward", kind="block", depth=call.depth,
                    rel_err=err, expected=call.expected * math.sqrt(2), ratio=err / (call.expected * math.sqrt(2)))  # fmt: skip
-        lp_copy = hookless_copy(call.module)
+        lp_copy = hookless_copy(call.module, share=True)  # the block's own parameters, as new leaves
         _, p_lp = _vjp(lp_copy, _detach(args), _detach(kwargs), [g.to(t.dtype) for g, t in zip(g_out, call.outputs)],
                        device, call.autocast)  # fmt: skip
         self._param_records(call, p_lp, p32)
-        del c32, lp_copy, p32, p_lp
+        del lp_copy, p32, p_lp, g32
         # the chain: the fp32 gradient carried down from the block(s) that consumed this output
         seed = [self._grad_carry.pop(id(t), (None, None))[1] for t in call.outputs]
         carried = [s if s is not None else g.float() for s, g in zip(seed, g_out)]
-        c32 = hookless_copy(call.module, torch.float32)
         g_chain, _ = _vjp(c32, call.chain_args, call.chain_kwargs, carried, device, None, params=False)
+        del c32
         if g_chain:
             self._emit(call, call.name, "chain", direction="backward", depth=call.depth,
                        seeded=all(s is None for s in seed), rel_err=rel_err([g_lp], [g_chain[0]]))  # fmt: skip

@@ -567,6 +567,24 @@ def generate_phase(
     return Phase("rollout: generate", parts)
 
 
+def shadow_bytes(arch: Architecture, *, seq_len: int, rows: int, param_bytes: int) -> dict[str, int]:
+    """What the fp32 shadow (`verlaudit.audit.shadow`) adds to a shadowed training step, by part: at
+    a block's backward, its fp32 copy and the fp32 and own-precision parameter gradients of the
+    largest block with a backward (a decoder layer or the head); the fp32 chain input of every layer
+    on ``rows`` rows; one layer's fp32 activations on those rows (norms, q/k/v, MLP); the head's fp32
+    logits on those rows, with the log-softmaxes of the log-prob error. Counted on top of the step's
+    peak (conservative: its backward peak and the model's are not always the same moment)."""
+    block = max(arch.layer_params, arch.lm_head_params or arch.embed_params)
+    tokens = rows * seq_len
+    h, i = arch.hidden_size, arch.intermediate_size
+    return {
+        "shadow: block copy + param grads": block * (4 + 4 + param_bytes),
+        "shadow: chain inputs": arch.num_layers * tokens * h * 4,
+        "shadow: one layer's fp32 activations": tokens * (10 * h + 4 * i) * 4,
+        "shadow: fp32 logits": 4 * tokens * arch.vocab_size * 4,
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """Every phase of a step and the peak among them, per GPU."""

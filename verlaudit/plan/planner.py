@@ -181,6 +181,19 @@ def plan_config(
     return Estimate(tuple(phases)), notes
 
 
+def shadow_gib(cfg: TrainConfig, *, rows: int) -> float:
+    """The fp32 shadow's extra device memory on a shadowed step of ``cfg`` (`mm.shadow_bytes`), for
+    the actor, in GiB; 0 when ``rows`` is 0."""
+    if rows <= 0:
+        return 0.0
+    arch = architecture_of(cfg.model)
+    seq = cfg.data.prompt_length + cfg.data.response_length
+    parts = mm.shadow_bytes(
+        arch, seq_len=seq, rows=rows, param_bytes=mm.nbytes(cfg.precision.policy["actor"].param_dtype)
+    )
+    return sum(parts.values()) / GIB
+
+
 AUTO_HEADROOM = 0.05
 """``checkpoint_layers: auto`` plans to at most 95% of the GPU: the planner was within 1.1% of every
 measured H200 peak (reports/gpu/planner_vs_reference.md); the rest absorbs allocator fragmentation

@@ -110,6 +110,10 @@ def candidates(
     return out
 
 
+SHADOWED_STEP = 0
+"""The step `recommend_suite` runs the full audit with the fp32 shadow on (``full_steps: 1``)."""
+
+
 def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, steps: int, rows: int) -> Suite:
     """The suite the runner runs: the candidates as variants, ``steps`` steps, the full audit with the
     fp32 shadow on the first step only (so the later steps time the recipe alone)."""
@@ -129,6 +133,8 @@ class Measured:
     name: str
     planned_gib: float
     target_gib: float | None
+    shadow_gib: float = 0.0
+    """The fp32 shadow's extra memory on the shadowed step (`verlaudit.plan.planner.shadow_gib`)."""
     state: str = "not run"
     status: str = "not run"
     step_s: float = math.nan
@@ -137,12 +143,22 @@ class Measured:
     ratio: float = math.nan
     update_loss: float = math.nan
     errors: int = 0
+    failure: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """status.json's reason, step and phase of a failed run."""
     lost: list[str] = dataclasses.field(default_factory=list)
     """Why it lost; empty for the candidates within tolerance."""
 
     @property
     def fits(self) -> bool:
-        return self.target_gib is None or self.planned_gib <= self.target_gib
+        """The recipe's step and the shadow's extra memory fit the target."""
+        return self.target_gib is None or self.planned_gib + self.shadow_gib <= self.target_gib
+
+    @property
+    def shadow_oom(self) -> bool:
+        """Out of memory on the shadowed step (step 0) of a recipe whose own step fits: the shadow
+        did not fit beside it, the recipe's own steps never ran."""
+        f = self.failure
+        return self.state == "failed" and f.get("reason") == "oom" and f.get("step") == SHADOWED_STEP
 
 
 def measure(run: RunDir, m: Measured) -> Measured:
@@ -153,6 +169,9 @@ def measure(run: RunDir, m: Measured) -> Measured:
         row["status"],
         row["device_peak_gb"],
         row["errors"],
+    )
+    m.failure = (
+        {k: (run.status or {}).get(k) for k in ("reason", "step", "phase")} if m.state == "failed" else {}
     )
     timed = [
         to_float(x["perf/step_time_s"])
@@ -192,8 +211,15 @@ def judge(m: Measured, tol: Tolerance) -> list[str]:
     """Why a candidate is out (empty: it is within tolerance)."""
     why = []
     if not m.fits:
+        if m.planned_gib <= m.target_gib:
+            return [f"the shadow does not fit: planned {m.planned_gib:.1f} GiB + {m.shadow_gib:.1f} GiB for the "
+                    f"fp32 shadow > target {m.target_gib:.1f} GiB (fewer --rows shrink the shadow)"]  # fmt: skip
         why.append(f"does not fit: planned {m.planned_gib:.1f} GiB > target {m.target_gib:.1f} GiB")
         return why
+    if m.shadow_oom:
+        return [f"the shadow did not fit: out of memory on step {SHADOWED_STEP}, the shadowed one, in "
+                f"{m.failure.get('phase')} (planned {m.planned_gib:.1f} GiB + {m.shadow_gib:.1f} GiB shadow); "
+                "the recipe's own steps never ran: try fewer --rows, or run the variant without the shadow"]  # fmt: skip
     if m.state != "completed":
         return [f"run {m.status}"]
     if m.errors:
@@ -229,7 +255,7 @@ def render(
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
     best = ranked[0] if ranked and not ranked[0].lost else None
-    rows = [[m.name, f(m.planned_gib, ".3g") + ("" if m.fits else " (does not fit)"), m.status, f(m.step_s, ".3f"),
+    rows = [[m.name, _planned(m), m.status, f(m.step_s, ".3f"),
              f(m.peak_gib, ".3g"), f(m.logprob, ".3g"), f(m.ratio, ".3g"), f(m.update_loss, ".1%"),
              "recommended" if m is best else ("ok" if not m.lost else "out")] for m in ranked]  # fmt: skip
     head = [
@@ -267,6 +293,14 @@ def render(
         elif best is not None:
             lines.append(f"- {m.name}: within tolerance but costlier ({_costlier(m, best, by)})")
     return "\n".join(lines)
+
+
+def _planned(m: Measured) -> str:
+    """The planned GiB cell: the recipe's step, the shadow's share beside it when it counts."""
+    text = format(m.planned_gib, ".3g")
+    if m.shadow_gib >= 0.05:
+        text += f" + {m.shadow_gib:.2g} shadow"
+    return text + ("" if m.fits else " (does not fit)")
 
 
 def _costlier(m: Measured, best: Measured, by: str) -> str:
@@ -328,16 +362,18 @@ def main(args: argparse.Namespace) -> int:
 def planned(rsuite: Suite) -> list[Measured]:
     """Each candidate with the planner's device memory per GPU and the target's."""
     from verlaudit.plan.memory_model import GIB
-    from verlaudit.plan.planner import plan_config, resolve_checkpoint_layers
+    from verlaudit.plan.planner import plan_config, resolve_checkpoint_layers, shadow_gib
     from verlaudit.run.hardware import get_target
 
     hw = rsuite.hardware
     target_gib = hw.memory_gb or get_target(hw.target).memory_gb
+    rows = rsuite.audit.shadow_rows if rsuite.audit.shadow else 0
     out = []
     for name, cfg in rsuite.variants.items():
         cfg, _ = resolve_checkpoint_layers(cfg, gpus=hw.gpus, target_gib=target_gib)
         need = plan_config(cfg, gpus=hw.gpus)[0].device_bytes() / GIB
-        out.append(Measured(name=name, planned_gib=need, target_gib=target_gib))
+        shadow = shadow_gib(cfg, rows=rows)
+        out.append(Measured(name=name, planned_gib=need, target_gib=target_gib, shadow_gib=shadow))
     return out
 
 
