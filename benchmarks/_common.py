@@ -54,8 +54,10 @@ def guarded(results: dict[str, Any], key: str, fn, *args, **kwargs) -> Any:
     try:
         results[key] = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - recorded in the JSON, the next measurement still runs
-        results[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                        "traceback": traceback.format_exc()[-2000:]}  # fmt: skip
+        results[key] = {
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+            "traceback": traceback.format_exc()[-2000:],
+        }
         print(f"{key}: {results[key]['error']}", file=sys.stderr, flush=True)
     finally:
         if torch.cuda.is_available():

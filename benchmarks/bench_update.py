@@ -29,8 +29,16 @@ import torch
 from benchmarks._common import environment, guarded, matmul_peak_tflops, median, sync, write_json
 
 
-def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_path: str, batch: int,
-            seq: int, compiled: bool = False) -> tuple[float, float]:  # fmt: skip
+def planned(
+    preset: str,
+    precision: str,
+    ckpt: bool,
+    layers: int | None,
+    loss_path: str,
+    batch: int,
+    seq: int,
+    compiled: bool = False,
+) -> tuple[float, float]:
     """The memory planner's device bytes (GiB) for this update step (fused AdamW, no padding)."""
     from trainer.config import ModelConfig
     from trainer.precision import resolve_policy
@@ -47,8 +55,9 @@ def planned(preset: str, precision: str, ckpt: bool, layers: int | None, loss_pa
     return est.device_bytes() / GIB, est.peak_bytes / GIB
 
 
-def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: int, gib: float,
-                compiled: bool = False) -> int | None:  # fmt: skip
+def auto_layers(
+    preset: str, precision: str, loss_path: str, batch: int, seq: int, gib: float, compiled: bool = False
+) -> int | None:
     """``checkpoint_layers: auto`` for this step: fewest checkpointed layers fitting ``gib`` x 0.95."""
     from trainer.config import ModelConfig
     from verlaudit.plan.planner import AUTO_HEADROOM, architecture_of, fewest_checkpointed_layers
@@ -61,8 +70,17 @@ def auto_layers(preset: str, precision: str, loss_path: str, batch: int, seq: in
     return None if fit is None else fit[0]
 
 
-def run_update(preset: str, precision: str, ckpt_spec: str, loss_path: str, device: torch.device, batch: int,
-               seq: int, steps: int, compile_layers: bool = False) -> dict:  # fmt: skip
+def run_update(
+    preset: str,
+    precision: str,
+    ckpt_spec: str,
+    loss_path: str,
+    device: torch.device,
+    batch: int,
+    seq: int,
+    steps: int,
+    compile_layers: bool = False,
+) -> dict:
     from trainer.common import make_optimizer, optimizer_step
     from trainer.config import ModelConfig
     from trainer.events import NULL_OBSERVER
@@ -151,17 +169,32 @@ def main() -> None:
         if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "compile"):
             raise SystemExit(f"--cases: {case!r}; expected PRECISION:CKPT:LOSS[:compile]")
         precision, ck, path = parts[:3]
-        guarded(res, f"update/{case}", run_update, args.preset, precision, ck, path, device,
-                args.batch, args.seq, args.steps, len(parts) == 4)  # fmt: skip
+        guarded(
+            res,
+            f"update/{case}",
+            run_update,
+            args.preset,
+            precision,
+            ck,
+            path,
+            device,
+            args.batch,
+            args.seq,
+            args.steps,
+            len(parts) == 4,
+        )
         peak = res.get("matmul_peak", {}).get("tflops")
         r = res[f"update/{case}"]
         if peak and "model_tflops" in r:
             r["mfu"] = r["model_tflops"] / peak
             r["mfu_with_attention"] = r["model_tflops_with_attention"] / peak
         if "step_s" in r:
-            print(f"{case}: {r['step_s']:.3f} s/step, MFU {r.get('mfu', float('nan')):.1%}, "
-                  f"peak {r.get('peak_allocated_gib', float('nan')):.1f} GiB (planned {r['planned_peak_allocated_gib']:.1f}), "
-                  f"layers ckpt {r['checkpoint_layers']}", flush=True)  # fmt: skip
+            print(
+                f"{case}: {r['step_s']:.3f} s/step, MFU {r.get('mfu', float('nan')):.1%}, "
+                f"peak {r.get('peak_allocated_gib', float('nan')):.1f} GiB (planned {r['planned_peak_allocated_gib']:.1f}), "
+                f"layers ckpt {r['checkpoint_layers']}",
+                flush=True,
+            )
         else:
             print(f"{case}: {r}", flush=True)
         write_json(args.out, res)

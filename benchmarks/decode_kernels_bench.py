@@ -80,10 +80,29 @@ def attention(rows, heads, kv, slots, d, filled, out: dict) -> None:
                 q, k, v, valid, slot, scale, parts=parts, block=block, warps=warps, stages=stages
             )
             err = (got.float() - ref.float()).abs().max().item()
-            t = timed(functools.partial(DA.triton_decode_attention, q, k, v, valid, slot, scale, parts=parts,
-                                        block=block, warps=warps, stages=stages))  # fmt: skip
-            rows_out.append({"kernel": f"triton parts={parts} block={block} warps={warps} stages={stages}", "us": t * 1e6,
-                             "tb_s_of_filled": read / t / 1e12, "max_abs_err": err})  # fmt: skip
+            t = timed(
+                functools.partial(
+                    DA.triton_decode_attention,
+                    q,
+                    k,
+                    v,
+                    valid,
+                    slot,
+                    scale,
+                    parts=parts,
+                    block=block,
+                    warps=warps,
+                    stages=stages,
+                )
+            )
+            rows_out.append(
+                {
+                    "kernel": f"triton parts={parts} block={block} warps={warps} stages={stages}",
+                    "us": t * 1e6,
+                    "tb_s_of_filled": read / t / 1e12,
+                    "max_abs_err": err,
+                }
+            )
         except Exception as e:  # a config the compiler refuses
             rows_out.append(
                 {
@@ -93,8 +112,14 @@ def attention(rows, heads, kv, slots, d, filled, out: dict) -> None:
             )
     default = DA.triton_decode_attention
     t = timed(lambda: default(q, k, v, valid, slot, scale))
-    rows_out.append({"kernel": "triton default choice", "us": t * 1e6, "tb_s_of_filled": read / t / 1e12,
-                     "parts": DA._parts(rows * heads, slots, dev)})  # fmt: skip
+    rows_out.append(
+        {
+            "kernel": "triton default choice",
+            "us": t * 1e6,
+            "tb_s_of_filled": read / t / 1e12,
+            "parts": DA._parts(rows * heads, slots, dev),
+        }
+    )
     out["attention"] = {
         "shape": [rows, heads, kv, slots, d],
         "filled": filled,
@@ -129,8 +154,17 @@ def main() -> int:
     best = sorted((r for r in out["attention"]["rows"] if "us" in r), key=lambda r: r["us"])[:8]
     print(json.dumps(best, indent=0), flush=True)
     if not args.skip_gemms:  # Llama-2-7B decode step at batch 32
-        gemms(32, {"qkv": (12288, 4096), "o": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008),
-                   "lm_head": (32000, 4096)}, out)  # fmt: skip
+        gemms(
+            32,
+            {
+                "qkv": (12288, 4096),
+                "o": (4096, 4096),
+                "gate_up": (22016, 4096),
+                "down": (4096, 11008),
+                "lm_head": (32000, 4096),
+            },
+            out,
+        )
     (out_dir / "decode_kernels.json").write_text(json.dumps(out, indent=1))
     return 0
 

@@ -217,8 +217,10 @@ def score_fixture(fx: Fixture, workdir: Path, diagnose: Callable[[Path], Sequenc
     fix_right = None
     tokens = fix_tokens(fx.header["fix"])
     if fx.header["fix"] not in NO_FIX and tokens:
-        texts = [canon_fix(f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}")
-                 for f in (first.fixes if first else [])]  # fmt: skip
+        texts = [
+            canon_fix(f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}")
+            for f in (first.fixes if first else [])
+        ]
         fix_right = any(t in text for t in tokens for text in texts)
     return Score(fx, d.verdict, kind, title, category_right, culprit_right, fix_right, None)
 

@@ -105,6 +105,7 @@ def _step(model, ids, labels, role, scaler, opt, dev_type):
     return float(loss), float(norm), found
 
 
+# long: one rank's whole measurement, setup to teardown, in order
 def _worker(args: argparse.Namespace) -> None:
     import torch
 
@@ -166,8 +167,14 @@ def _worker(args: argparse.Namespace) -> None:
             loss, norm, found = _step(model, ids, labels, role, scaler, opt, dev.type)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            s = {"step": step, "time_s": time.perf_counter() - t, "loss": loss, "grad_norm": norm,
-                 "found_inf": found, "loss_scale": scaler.scale}  # fmt: skip
+            s = {
+                "step": step,
+                "time_s": time.perf_counter() - t,
+                "loss": loss,
+                "grad_norm": norm,
+                "found_inf": found,
+                "loss_scale": scaler.scale,
+            }
             if before is not None:
                 s["unchanged_frac"] = float((probe.detach().to_local() == before).float().mean())
             if dev.type == "cuda":
@@ -208,8 +215,17 @@ def _summarise(name: str, records: list[dict], proc_info: dict) -> dict:
         row["peak_allocated_gib"] = max(row["peak_allocated_gib_per_rank"])
         row["peak_reserved_gib"] = round(max(r["max_reserved_gib"] for r in records), 2)
     first = records[0]
-    for key in ("preset", "grad_ckpt", "grad_ckpt_active", "reshard_after_forward", "optimizer", "build_s", "params_b",
-                "fsdp_mixed_precision", "memory_cap"):  # fmt: skip
+    for key in (
+        "preset",
+        "grad_ckpt",
+        "grad_ckpt_active",
+        "reshard_after_forward",
+        "optimizer",
+        "build_s",
+        "params_b",
+        "fsdp_mixed_precision",
+        "memory_cap",
+    ):
         row[key] = first.get(key)
     bad = [r for r in records if r["status"] != "completed"]
     if bad:
@@ -273,8 +289,13 @@ def _driver(args: argparse.Namespace) -> int:
     for name in names:
         left = deadline - time.monotonic()
         if left < 45:
-            rows.append({"variant": name, "status": f"not run: {args.budget_s} s budget spent",
-                         "reference": REFERENCE.get(name)})  # fmt: skip
+            rows.append(
+                {
+                    "variant": name,
+                    "status": f"not run: {args.budget_s} s budget spent",
+                    "reference": REFERENCE.get(name),
+                }
+            )
             continue
         for f in work.glob(f"{name}.rank*.json"):
             f.unlink()

@@ -51,8 +51,16 @@ PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
 
 def curve(run: str, preset: str) -> dict:
     algo, extra = RUNS[run]
-    cfg = TrainConfig.from_dict({"algo": {"name": algo, **SETTINGS[algo], **extra}, "precision": {"preset": preset},
-                                 "steps": STEPS[algo], "device": "cpu", "seed": 0, "threads": 1})  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            "algo": {"name": algo, **SETTINGS[algo], **extra},
+            "precision": {"preset": preset},
+            "steps": STEPS[algo],
+            "device": "cpu",
+            "seed": 0,
+            "threads": 1,
+        }
+    )
     t0 = time.perf_counter()
     history = train(cfg).history
     wall = time.perf_counter() - t0
@@ -89,8 +97,10 @@ def main() -> None:
         for preset in PRESETS:
             r = curve(run, preset)
             results.append(r)
-            row = (f"| {run} | {RUNS[run][0]}; {options} | {preset} | {r['metric']} | {r['start']:.3f} | "
-                   f"{r['end']:.3f} | {r['steps']} | {r['wall_s']:.1f} | {r['skipped']:.0f} |")  # fmt: skip
+            row = (
+                f"| {run} | {RUNS[run][0]}; {options} | {preset} | {r['metric']} | {r['start']:.3f} | "
+                f"{r['end']:.3f} | {r['steps']} | {r['wall_s']:.1f} | {r['skipped']:.0f} |"
+            )
             print(row, flush=True)
             lines.append(row)
     flat = [f"{r['run']}/{r['preset']}" for r in results if r["end"] <= r["start"]]

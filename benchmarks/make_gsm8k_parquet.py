@@ -25,8 +25,10 @@ def problem(rng: random.Random) -> tuple[str, str, int]:
     a, b, c = rng.randint(2, 40), rng.randint(2, 9), rng.randint(2, 12)
     d = rng.randint(1, a)
     result = a + b * c - d
-    question = (f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack, then gives "
-                f"{d} {item} to a friend. How many {item} does {name} have now?")  # fmt: skip
+    question = (
+        f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack, then gives "
+        f"{d} {item} to a friend. How many {item} does {name} have now?"
+    )
     answer = f"{b} * {c} = {b * c}. {a} + {b * c} - {d} = {result}.\n#### {result}"
     return question, answer, result
 
@@ -36,13 +38,15 @@ def rows(n: int, seed: int, split: str = "train") -> list[dict]:
     out = []
     for i in range(n):
         question, answer, result = problem(rng)
-        out.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(result)},
-            "extra_info": {"split": split, "index": i, "answer": answer, "question": question},
-        })  # fmt: skip
+        out.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(result)},
+                "extra_info": {"split": split, "index": i, "answer": answer, "question": question},
+            }
+        )
     return out
 
 

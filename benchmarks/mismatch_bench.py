@@ -248,6 +248,7 @@ def compare_bf16_fp16(rows: list[dict]) -> dict:
     return out
 
 
+# long: SFT, then the cells in order, the table rewritten after each
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)

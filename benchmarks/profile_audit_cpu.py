@@ -74,15 +74,26 @@ class _CountOps:
 def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int):
     from trainer.config import TrainConfig
 
-    return TrainConfig.from_dict({
-        "model": {"preset": "tiny-llama", "overrides": {
-            "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": hidden * 2,
-            "num_attention_heads": 8, "num_key_value_heads": 4}},
-        "data": {"task": "digits", "prompt_length": seq, "response_length": seq},
-        "algo": {"name": "dpo", "lr": 1e-4, "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 4},
-        "precision": {"preset": preset},
-        "steps": steps, "threads": 2, "device": "cpu",
-    })  # fmt: skip
+    return TrainConfig.from_dict(
+        {
+            "model": {
+                "preset": "tiny-llama",
+                "overrides": {
+                    "hidden_size": hidden,
+                    "num_hidden_layers": layers,
+                    "intermediate_size": hidden * 2,
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 4,
+                },
+            },
+            "data": {"task": "digits", "prompt_length": seq, "response_length": seq},
+            "algo": {"name": "dpo", "lr": 1e-4, "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 4},
+            "precision": {"preset": preset},
+            "steps": steps,
+            "threads": 2,
+            "device": "cpu",
+        }
+    )
 
 
 def run_level(cfg, level: str, count_ops: bool = False) -> dict:

@@ -469,6 +469,7 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# long: the benchmark's cases run in order and write one table
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -479,8 +480,11 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", default=DEFAULT_ENGINES, help=f"comma-separated, of: {', '.join(ENGINES)}")
-    ap.add_argument("--detail", default="best", help="engine to time and profile per step (best: fastest "
-                    "of ours by decode ms/step; none: skip)")  # fmt: skip
+    ap.add_argument(
+        "--detail",
+        default="best",
+        help="engine to time and profile per step (best: fastest of ours by decode ms/step; none: skip)",
+    )
     args = ap.parse_args()
     dev = torch.device(args.device)
     out = Path(args.out)

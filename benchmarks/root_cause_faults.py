@@ -260,15 +260,26 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 def suite_for(algo: str, faults: Sequence[Fault], controls: Sequence[str], dirs: Path, device: str) -> dict:
     """One suite per algorithm: its faults and its clean controls as variants."""
-    train = _merge({"model": {"preset": "tiny-llama"}, "steps": 2, "threads": 1,
-                    "data": {"task": "digits", "prompt_length": 8, "response_length": 4, "num_examples": 64}},
-                   BASE[algo])  # fmt: skip
+    train = _merge(
+        {
+            "model": {"preset": "tiny-llama"},
+            "steps": 2,
+            "threads": 1,
+            "data": {"task": "digits", "prompt_length": 8, "response_length": 4, "num_examples": 64},
+        },
+        BASE[algo],
+    )
     variants = {f"clean-{p}": {"precision": {"preset": p}} for p in controls}
     for f in faults:
         over = _merge(_fill(dict(f.train), dirs), {"precision": {"preset": f.preset}, "steps": f.steps})
         variants[f.name] = over
-    suite = {"name": f"faults_{algo}", "train": train, "audit": {"level": "full", "full_steps": 2, "every": 1},
-             "hardware": {"target": "cpu"}, "variants": variants}  # fmt: skip
+    suite = {
+        "name": f"faults_{algo}",
+        "train": train,
+        "audit": {"level": "full", "full_steps": 2, "every": 1},
+        "hardware": {"target": "cpu"},
+        "variants": variants,
+    }
     if device == "cuda":
         suite["hardware"] = {"target": "h200", "memory_gb": 0.45}
     return suite
@@ -366,8 +377,10 @@ def render(results: Sequence[Result], command: str, seconds: float) -> str:
             if not r.control
             else (lambda ok: "clean" if ok else "**error**")
         )
-        lines.append(f"| {r.name} | {r.point} | {r.algo} | {r.preset} | {r.verdict} | {_cell(r.title)} "
-                     f"| {mark(r.root_right)} | {'-' if r.control else mark(r.fix_right)} | {_cell(r.first_fix, 70)} |")  # fmt: skip
+        lines.append(
+            f"| {r.name} | {r.point} | {r.algo} | {r.preset} | {r.verdict} | {_cell(r.title)} "
+            f"| {mark(r.root_right)} | {'-' if r.control else mark(r.fix_right)} | {_cell(r.first_fix, 70)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -54,11 +54,16 @@ def main() -> None:
         for stored_low in (False, True):
             for cancel in (False, True):
                 for k in (64, 1024, 4096):
-                    rs = [ratio(dtype, k, stored_low=stored_low, cancel=cancel, seed=s) for s in range(args.seeds)]
+                    rs = [
+                        ratio(dtype, k, stored_low=stored_low, cancel=cancel, seed=s)
+                        for s in range(args.seeds)
+                    ]
                     name = "bf16" if dtype == torch.bfloat16 else "fp16"
                     ops = "stored" if stored_low else "rounded"
-                    print(f"{name:6s} {ops:10s} {str(cancel):6s} {k:5d} {statistics.median(rs):7.3f} "
-                          f"{min(rs):6.3f} {max(rs):6.3f}")  # fmt: skip
+                    print(
+                        f"{name:6s} {ops:10s} {str(cancel):6s} {k:5d} {statistics.median(rs):7.3f} "
+                        f"{min(rs):6.3f} {max(rs):6.3f}"
+                    )
 
 
 if __name__ == "__main__":

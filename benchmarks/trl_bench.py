@@ -264,6 +264,7 @@ def run_dpo(preset: str, device: torch.device, steps: int, out_dir: str) -> dict
     }
 
 
+# long: TRL's GRPO trainer set up, warmed up and timed in one place
 def run_grpo(
     preset: str, device: torch.device, steps: int, out_dir: str, beta: float = SHAPES["grpo"]["beta"]
 ) -> dict[str, Any]:
@@ -450,8 +451,22 @@ def render(records: list[dict[str, Any]], env: dict[str, Any]) -> str:
 def parent(args: argparse.Namespace, which: list[str], out: Path) -> int:
     records = []
     for w in which:
-        cmd = [sys.executable, __file__, "--child", w, "--out", str(out), "--preset", args.preset,
-               "--device", args.device, "--steps", str(args.steps), "--grpo-beta", str(args.grpo_beta)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            w,
+            "--out",
+            str(out),
+            "--preset",
+            args.preset,
+            "--device",
+            args.device,
+            "--steps",
+            str(args.steps),
+            "--grpo-beta",
+            str(args.grpo_beta),
+        ]
         print(f"== {w}: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         try:

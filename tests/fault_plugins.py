@@ -136,9 +136,17 @@ def sigkill_reward(prompts, responses, examples):
 def _tiny_classifier(tokenizer, device, num_labels: int = 1, dtype=torch.float32):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=128,
-                      num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     return LlamaForSequenceClassification(cfg).to(device=device, dtype=dtype).eval()
 

@@ -51,8 +51,16 @@ def fp16_reward_model(tokenizer, device):
     """A tiny reward model returned in fp16 whatever the policy says (a loader that hard-codes dtype)."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=128,
-                      num_labels=1, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=128,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     return LlamaForSequenceClassification(cfg).to(device=device, dtype=torch.float16).eval()

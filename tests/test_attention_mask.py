@@ -233,8 +233,15 @@ def test_kept_answer_follows_the_mask(rows, flip):
 def test_cuda_left_padded_gradients_are_finite(preset, capsys):
     """On the GPU's own SDPA kernels (cuDNN on Hopper for masked attention): every gradient finite
     through `attention_inputs`; HF's 2-D mask path is run beside it and only reported."""
-    cfg = ModelConfig(preset="tiny-llama", overrides={"hidden_size": 256, "num_attention_heads": 4,
-                                                      "num_key_value_heads": 4, "intermediate_size": 512})  # fmt: skip
+    cfg = ModelConfig(
+        preset="tiny-llama",
+        overrides={
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "intermediate_size": 512,
+        },
+    )
     pol = resolve_policy(preset)["actor"]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 90, (8, 320), generator=g)

@@ -31,8 +31,15 @@ TOK = {"vocab_size": 10, "pad_token_id": 0, "eos_token_id": 1, "padding_side": "
 def call(
     kind="linear", params=(BF16,), autocast=None, inputs=(("arg0", F32),), outputs=(BF16,), name="m.q_proj"
 ):
-    return D.ModuleCall(role="actor", name=name, kind=kind, param_dtypes=params, autocast=autocast,
-                        inputs=inputs, outputs=outputs)  # fmt: skip
+    return D.ModuleCall(
+        role="actor",
+        name=name,
+        kind=kind,
+        param_dtypes=params,
+        autocast=autocast,
+        inputs=inputs,
+        outputs=outputs,
+    )
 
 
 def kinds(findings):
@@ -94,14 +101,22 @@ def test_logprobs_island():
         )
         == []
     )
-    f = D.check_boundary_output("actor", "logprobs", torch.zeros(2, 3, dtype=BF16), BF16_POLICY["actor"], step=0,
-                                phase=None)  # fmt: skip
+    f = D.check_boundary_output(
+        "actor", "logprobs", torch.zeros(2, 3, dtype=BF16), BF16_POLICY["actor"], step=0, phase=None
+    )
     assert kinds(f) == [("error", "dtype/island")] and f[0].observed == "bf16"
 
 
 def tiny_llama():
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=10, max_position_embeddings=32)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=10,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -210,11 +225,19 @@ def test_rollout_boundary():
         ("expected scalar type BFloat16 but found Float", "fp32", "bf16"),
         ("mat1 and mat2 must have the same dtype, but got Float and BFloat16", "fp32", "bf16"),
         ("expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16", "fp32", "bf16"),
-        ("Input type (torch.cuda.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same", "fp32", "fp16"),
-        ("Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
-         "but got torch.FloatTensor instead (while checking arguments for embedding)", "fp32", "int64"),
+        (
+            "Input type (torch.cuda.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same",
+            "fp32",
+            "fp16",
+        ),
+        (
+            "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+            "but got torch.FloatTensor instead (while checking arguments for embedding)",
+            "fp32",
+            "int64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_parse_dtype_errors(message, observed, expected):
     p = E.parse_dtype_error(message)
     assert (p["observed"], p["expected"]) == (observed, expected)
@@ -247,8 +270,11 @@ def test_finding_log_folds_repeats_and_keeps_the_first():
     log.add(Finding(severity="warning", kind="dtype/compute", role="actor", where="x", step=1, message="m"))
     log.add(Finding(severity="warning", kind="dtype/compute", role="actor", where="y", step=1, message="m"))
     got = {(f.kind, f.where): (f.step, f.count) for f in log.all()}
-    assert got == {("dtype/module_input", "a"): (2, 3), ("dtype/module_input", "b"): (3, 1),
-                   ("dtype/compute", "x"): (1, 2)}  # fmt: skip
+    assert got == {
+        ("dtype/module_input", "a"): (2, 3),
+        ("dtype/module_input", "b"): (3, 1),
+        ("dtype/compute", "x"): (1, 2),
+    }
     assert log.take_step_counts() == {"error": 2, "warning": 1, "info": 0}
     assert log.take_step_counts() == {"error": 0, "warning": 0, "info": 0}
 
@@ -266,17 +292,37 @@ def test_audit_settings_sampling_and_errors():
 def test_rollout_ids_against_model_and_tokenizer_vocabularies():
     # Found on the 2 x H200 run: the llama2-7b preset has 32000 embedding rows, the project's tokenizer 100.
     # Ids in [100, 32000) are valid for the model but undecodable -> warning; ids >= 32000 -> error.
-    base = dict(engine="static-decode", engine_dtype=BF16, actor_compute_dtype=BF16,
-                response_mask=torch.ones(1, 2, dtype=I64), logprobs=torch.zeros(1, 2))  # fmt: skip
+    base = dict(
+        engine="static-decode",
+        engine_dtype=BF16,
+        actor_compute_dtype=BF16,
+        response_mask=torch.ones(1, 2, dtype=I64),
+        logprobs=torch.zeros(1, 2),
+    )
     prompt = torch.tensor([[5, 7]])
-    ok = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 99]]), vocab_size=100,
-                         model_vocab_size=32000, **base)  # fmt: skip
+    ok = B.check_rollout(
+        prompt_ids=prompt,
+        response_ids=torch.tensor([[3, 99]]),
+        vocab_size=100,
+        model_vocab_size=32000,
+        **base,
+    )
     assert ok == []
-    f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 31994]]), vocab_size=100,
-                        model_vocab_size=32000, **base)  # fmt: skip
+    f = B.check_rollout(
+        prompt_ids=prompt,
+        response_ids=torch.tensor([[3, 31994]]),
+        vocab_size=100,
+        model_vocab_size=32000,
+        **base,
+    )
     assert kinds(f) == [("warning", "boundary/vocab_mismatch")] and f[0].observed == [3, 31994]
-    f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 32000]]), vocab_size=100,
-                        model_vocab_size=32000, **base)  # fmt: skip
+    f = B.check_rollout(
+        prompt_ids=prompt,
+        response_ids=torch.tensor([[3, 32000]]),
+        vocab_size=100,
+        model_vocab_size=32000,
+        **base,
+    )
     assert kinds(f) == [("error", "boundary/rollout_tokens")]
     # without a model size, the tokenizer's vocabulary is the limit (the old behaviour)
     f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 150]]), vocab_size=100, **base)
@@ -287,8 +333,15 @@ def test_an_error_is_not_folded_into_an_earlier_info_of_the_same_place():
     # a reward function returning a Python list with a NaN: the boundary check gives an info (a list,
     # converted) and an error (1 of 2 non-finite) at the same (kind, role, where); the error must stay
     raw = [1.0, float("nan")]
-    found = B.check_reward(raw, torch.tensor(raw), source="function:f", expected_shape=(2,),
-                           train_device=torch.device("cpu"), step=0, phase="reward")  # fmt: skip
+    found = B.check_reward(
+        raw,
+        torch.tensor(raw),
+        source="function:f",
+        expected_shape=(2,),
+        train_device=torch.device("cpu"),
+        step=0,
+        phase="reward",
+    )
     assert sorted(f.severity for f in found) == ["error", "info"]
     log = FindingLog()
     log.extend(found)

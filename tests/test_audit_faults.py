@@ -59,8 +59,10 @@ def test_clean_runs_have_no_error_findings(algo, preset):
 def test_collator_casting_ids_to_float():
     a = run({"data": {"collator": "tests.faults:float_ids_collator"}})
     f = a.findings.find("boundary/collator")
-    assert {x.where for x in f} == {"collator:tests.faults:float_ids_collator.input_ids",
-                                    "collator:tests.faults:float_ids_collator.attention_mask"}  # fmt: skip
+    assert {x.where for x in f} == {
+        "collator:tests.faults:float_ids_collator.input_ids",
+        "collator:tests.faults:float_ids_collator.attention_mask",
+    }
     assert a.failure["reason"] == "dtype_error" and a.failure["where"] == "model.embed_tokens"
     assert only(a, "runtime/dtype_error").expected == "int64"
 
@@ -103,9 +105,17 @@ def test_nan_injected_in_one_layer():
 
 
 def test_fp16_layer_driven_to_overflow():
-    a = run({"precision": {"preset": "fp16"}},
-            inject={"scale_module_output": {"module": "model.layers.0.mlp.down_proj", "factor": 1e8, "at_step": 1,
-                                            "phase": "actor_update"}})  # fmt: skip
+    a = run(
+        {"precision": {"preset": "fp16"}},
+        inject={
+            "scale_module_output": {
+                "module": "model.layers.0.mlp.down_proj",
+                "factor": 1e8,
+                "at_step": 1,
+                "phase": "actor_update",
+            }
+        },
+    )
     f = only(a, "numerics/overflow")
     assert (f.where, f.observed["value"], f.observed["dtype"]) == (
         "model.layers.0.mlp.down_proj",
@@ -120,9 +130,18 @@ def test_fp16_layer_driven_to_overflow():
 
 def test_fp16_overflow_outside_the_scalers_reach_stays_an_error():
     # the same overflow in the frozen reference's forward: no optimizer step of its own can skip it
-    a = run({"precision": {"preset": "fp16"}},
-            inject={"scale_module_output": {"module": "model.layers.0.mlp.down_proj", "factor": 1e8, "at_step": 1,
-                                            "phase": "ref", "role": "reference"}})  # fmt: skip
+    a = run(
+        {"precision": {"preset": "fp16"}},
+        inject={
+            "scale_module_output": {
+                "module": "model.layers.0.mlp.down_proj",
+                "factor": 1e8,
+                "at_step": 1,
+                "phase": "ref",
+                "role": "reference",
+            }
+        },
+    )
     f = only(a, "numerics/overflow", role="reference")
     assert (f.severity, f.phase, f.where) == ("error", "ref", "model.layers.0.mlp.down_proj")
     assert "handled" not in f.message

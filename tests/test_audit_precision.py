@@ -41,8 +41,12 @@ def test_records_and_numbers_of_sampled_steps(tmp_path):
     shadow = read_records(tmp_path, SHADOW)
     ops = read_records(tmp_path, OPCOUNTS)
     assert {r["step"] for r in shadow} == {0} and {r["step"] for r in ops} == {0}  # sampled: step 0 only
-    assert {(r["role"], r["measure"]) for r in shadow} >= {("actor", "local"), ("actor", "logprob"),
-                                                           ("reference", "chain"), ("actor", "param_grad")}  # fmt: skip
+    assert {(r["role"], r["measure"]) for r in shadow} >= {
+        ("actor", "local"),
+        ("actor", "logprob"),
+        ("reference", "chain"),
+        ("actor", "param_grad"),
+    }
     m0, m1 = rd.metrics[0], rd.metrics[1]
     assert m0["audit/shadow"] == 1.0 and m0["timing_s/shadow"] > 0 and "audit/shadow" not in m1
     assert 0 < m0["shadow/actor/logprob_err/mean"] < 0.05 and m0["shadow/actor/max_ratio"] < 2.0

@@ -57,8 +57,12 @@ def test_a_freed_tensor_is_not_mistaken_for_a_new_one():
 
 
 def test_read_mixes_dtypes_in_order():
-    xs = [torch.tensor(1.5), torch.tensor(2.0, dtype=torch.bfloat16), torch.tensor(-3.0, dtype=torch.float16),
-          torch.tensor(4.0)]  # fmt: skip
+    xs = [
+        torch.tensor(1.5),
+        torch.tensor(2.0, dtype=torch.bfloat16),
+        torch.tensor(-3.0, dtype=torch.float16),
+        torch.tensor(4.0),
+    ]
     assert _read(xs) == [1.5, 2.0, -3.0, 4.0]
 
 
@@ -67,16 +71,25 @@ def test_probe_ops_per_step_on_a_tiny_llama():
     only, at most one per module call and gradient hook; before it took abs + amax + a cast per
     input, output and gradient: 242 ops here in fp32, 363 in bf16 with the cast; now 76)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=20, max_position_embeddings=32, use_cache=False)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=20,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     model = LlamaForCausalLM(cfg)
     ids = torch.arange(12).reshape(2, 6) % 20
 
     def step(probe_on):
         model.zero_grad(set_to_none=True)  # else the second backward accumulates into .grad (add_)
         ctx = StepContext(step=0, phase="actor_update")
-        probe = ModuleProbe({"actor": model}, policy=resolve_policy("fp32"), context=ctx, sink=[],
-                            provenance=Provenance())  # fmt: skip
+        probe = ModuleProbe(
+            {"actor": model}, policy=resolve_policy("fp32"), context=ctx, sink=[], provenance=Provenance()
+        )
         with Ops() as ops:
             if probe_on:
                 probe.__enter__()

@@ -21,8 +21,16 @@ TOK = {"vocab_size": 20, "pad_token_id": 0, "eos_token_id": 1, "padding_side": "
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=20, max_position_embeddings=32, use_cache=False)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=20,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -39,8 +47,14 @@ def one_step(auditor, model, forward, policy, step=0, lr=1e-3):
         opt.step()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.zero_grad(set_to_none=True)
-        auditor.on_optimizer_step(role="actor", model=model, optimizer=opt, scaler_state={"mode": "none", "scale": 1.0},
-                                  skipped=False, grad_norm=0.0)  # fmt: skip
+        auditor.on_optimizer_step(
+            role="actor",
+            model=model,
+            optimizer=opt,
+            scaler_state={"mode": "none", "scale": 1.0},
+            skipped=False,
+            grad_norm=0.0,
+        )
     auditor.on_step_end(step, {"actor/loss": float(loss.detach())})
     return grads
 

@@ -81,8 +81,21 @@ def _at(d: dict, path: tuple) -> dict:
 def malformed_suites(draw) -> tuple[dict[str, Any], str]:
     """A suite with one mistake, and the field its error must name."""
     data = copy.deepcopy(VALID_SUITE)
-    kind = draw(st.sampled_from(["wrong_type", "unknown_key", "no_train", "variants_list", "bad_steps",
-                                 "bad_preset", "missing_plugin", "plugin_signature", "missing_model_dir"]))  # fmt: skip
+    kind = draw(
+        st.sampled_from(
+            [
+                "wrong_type",
+                "unknown_key",
+                "no_train",
+                "variants_list",
+                "bad_steps",
+                "bad_preset",
+                "missing_plugin",
+                "plugin_signature",
+                "missing_model_dir",
+            ]
+        )
+    )
     if kind == "wrong_type":  # a list is the wrong type for every field of the suite
         leaf = draw(st.sampled_from(_leaves(data)))
         _at(data, leaf[:-1])[leaf[-1]] = [1, 2]
@@ -112,8 +125,15 @@ def malformed_suites(draw) -> tuple[dict[str, Any], str]:
         data["train"]["data"][field] = f"plugins/{draw(KEY)}.py:fn"
         return data, f"train.data.{field}: "
     if kind == "plugin_signature":  # a module plug-in the trainer cannot call with its arguments
-        field, fn = draw(st.sampled_from([("collator", "tests.faults:nan_reward"), ("reward_fn", "tests.faults:fp16_reward_model"),
-                                          ("dataset", "tests.faults:float_ids_collator")]))  # fmt: skip
+        field, fn = draw(
+            st.sampled_from(
+                [
+                    ("collator", "tests.faults:nan_reward"),
+                    ("reward_fn", "tests.faults:fp16_reward_model"),
+                    ("dataset", "tests.faults:float_ids_collator"),
+                ]
+            )
+        )
         data["variants"]["bf16"]["data"] = {field: fn}
         return data, f"variants.bf16.data.{field}: {fn!r}: the trainer calls it as"
     data["variants"]["fp32"]["model"] = {"path": f"/no/such/{draw(KEY)}"}
@@ -164,8 +184,15 @@ def test_run_and_plan_on_a_file_that_is_not_a_suite(text):
 
 def _valid_run(path: Path) -> Path:
     with RunWriter(path) as w:
-        w.write_manifest({"variant": path.name, "suite": "t", "seed": 0,
-                          "config": {"algo": {"name": "ppo"}, "steps": 3}, "policy": {"preset": "fp32", "roles": {}}})  # fmt: skip
+        w.write_manifest(
+            {
+                "variant": path.name,
+                "suite": "t",
+                "seed": 0,
+                "config": {"algo": {"name": "ppo"}, "steps": 3},
+                "policy": {"preset": "fp32", "roles": {}},
+            }
+        )
         for step in range(3):
             w.metrics(step, {"actor/loss": 1.0 - 0.1 * step, "actor/grad_norm": 0.5})
         w.finding(Finding(severity="warning", kind="dtype/x", message="m", where="a", step=0))
@@ -181,13 +208,13 @@ CORRUPTIONS = {
         JSON_NOT_OBJECT.map(lambda t: (t, "expected a JSON object")),
         st.sampled_from([("seed", '"0"'), ("variant", "[1]"), ("config", "[]"), ("policy", '"fp32"'),
                          ("environment", "1.5")]).map(lambda kv: (f'{{"{kv[0]}": {kv[1]}}}', f"{kv[0]}: expected")),
-    ),  # fmt: skip
+    ),
     "status.json": st.one_of(
         JSON_NOT_OBJECT.map(lambda t: (t, "expected a JSON object")),
         st.sampled_from([('{"state": "running"}', "state: 'running'"), ('{"state": 1}', "state: expected"),
                          ('{"state": "failed", "step": "2"}', "step: expected an integer"),
                          ('{"state": "failed", "error": []}', "error: expected a string")]),
-    ),  # fmt: skip
+    ),
     "metrics.jsonl": st.sampled_from([
         ('{"step": 0}\n[1]\n', "metrics.jsonl:2: expected a JSON object"),
         ('{"step": 0}\n{"step": 1\n{"step": 2}\n', "metrics.jsonl:2: damaged line"),
@@ -238,12 +265,14 @@ def test_compare_on_a_malformed_run_directory(case, which):
 
 
 @SETTINGS
-@given(content=st.one_of(
-    st.just(b""),
-    st.text(alphabet=" \t\n\r", max_size=50).map(str.encode),
-    st.binary(min_size=64, max_size=4096).filter(lambda b: b"\0" in b),
-    st.binary(min_size=1, max_size=64).map(lambda b: b"\x1f\x8b\x08\x00" + b + bytes(range(256))),
-))  # fmt: skip
+@given(
+    content=st.one_of(
+        st.just(b""),
+        st.text(alphabet=" \t\n\r", max_size=50).map(str.encode),
+        st.binary(min_size=64, max_size=4096).filter(lambda b: b"\0" in b),
+        st.binary(min_size=1, max_size=64).map(lambda b: b"\x1f\x8b\x08\x00" + b + bytes(range(256))),
+    )
+)
 def test_diagnose_on_a_file_that_is_no_log(content):
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "train.log"

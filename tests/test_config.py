@@ -35,8 +35,11 @@ def config_dicts(draw):
         algo["loss_agg_mode"] = draw(st.sampled_from(LOSS_AGG_MODES))
         algo["clip_ratio_high"] = draw(st.none() | st.floats(0.0, 1.0))
         if draw(st.booleans()):
-            algo.update(use_kl_in_reward=True, kl_coef=draw(st.floats(0.0, 1.0)),
-                        kl_penalty=draw(st.sampled_from(KL_ESTIMATORS)))  # fmt: skip
+            algo.update(
+                use_kl_in_reward=True,
+                kl_coef=draw(st.floats(0.0, 1.0)),
+                kl_penalty=draw(st.sampled_from(KL_ESTIMATORS)),
+            )
         if draw(st.booleans()):
             algo.update(use_kl_loss=True, kl_loss_type=draw(st.sampled_from(KL_ESTIMATORS)))
         if name == "grpo":
@@ -56,7 +59,7 @@ def config_dicts(draw):
             "overrides": draw(
                 st.dictionaries(st.sampled_from(["num_hidden_layers", "hidden_size"]), st.integers(1, 8))
             )
-        },  # fmt: skip
+        },
         "steps": draw(st.integers(1, 1000)),
         "seed": draw(st.integers(0, 2**31)),
         "device": draw(st.sampled_from(["auto", "cpu", "cuda", "cuda:1"])),
@@ -223,7 +226,11 @@ def test_configs_recorded_before_the_verl_keys_are_upgraded():
     old = {**OLD_ALGO, "name": "grpo", "kl_estimator": "k3", "kl_coef": 0.01}
     algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": old})).algo
     assert (algo.use_kl_loss, algo.kl_loss_coef, algo.kl_loss_type, algo.use_kl_in_reward) == (
-        True, 0.01, "low_var_kl", False)  # fmt: skip
+        True,
+        0.01,
+        "low_var_kl",
+        False,
+    )
     # value_clip 0 meant no clipping; kl_coef 0 meant no reference
     algo = TrainConfig.from_dict(
         upgrade_recorded_config({"algo": {**OLD_ALGO, "value_clip": 0.0, "kl_coef": 0.0}})

@@ -310,8 +310,15 @@ def test_memory_at_failure_is_the_planners_phase(tmp_path):
     from verlaudit.plan.planner import plan_config
 
     algo = {"name": "grpo", "batch_size": 2, "group_size": 2, "mini_batch_size": 4, "micro_batch_size": 2}
-    run = read_run(make_run(tmp_path / "g", algo=algo, steps=2, metrics=[],
-                            status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update"})))  # fmt: skip
+    run = read_run(
+        make_run(
+            tmp_path / "g",
+            algo=algo,
+            steps=2,
+            metrics=[],
+            status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update"}),
+        )
+    )
     est = memory_at_failure(run, "actor_update", 0)
     full, _ = plan_config(TrainConfig.from_dict(run.manifest["config"]), optimizer="foreach")
     by_name = {p.name: p for p in full.phases}
@@ -758,9 +765,17 @@ def test_torch_compile_failure_names_the_compiled_path(tmp_path):
         preset="bf16",
         steps=3,
         metrics=[],
-        status=("failed", {"reason": "exception", "step": rec["step"], "phase": rec["phase"],
-                           "error": rec["error"], "traceback": rec["traceback"]}),
-    )  # fmt: skip
+        status=(
+            "failed",
+            {
+                "reason": "exception",
+                "step": rec["step"],
+                "phase": rec["phase"],
+                "error": rec["error"],
+                "traceback": rec["traceback"],
+            },
+        ),
+    )
     top = causes(run).causes[0]
     assert top.kind == "compile_error" and "rollout's decode step" in top.title
     assert top.fixes[0].suite == "rollout.compile: false"
@@ -773,10 +788,16 @@ def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backw
     # gradient NaN from step 0, every step skipped, bf16 without loss scaling. The grads finding names
     # parameters in registration order (embed_tokens first): it must not be called the producer.
     grads = Finding(
-        severity="error", kind="numerics/nonfinite_grads", role="actor", where="model.embed_tokens", step=0,
-        phase="actor_update", message="6319984640 non-finite actor gradient elements (first: model.embed_tokens.weight)",
-        observed={"elements": 6319984640, "first_params": ["model.embed_tokens.weight"]}, expected="finite",
-    )  # fmt: skip
+        severity="error",
+        kind="numerics/nonfinite_grads",
+        role="actor",
+        where="model.embed_tokens",
+        step=0,
+        phase="actor_update",
+        message="6319984640 non-finite actor gradient elements (first: model.embed_tokens.weight)",
+        observed={"elements": 6319984640, "first_params": ["model.embed_tokens.weight"]},
+        expected="finite",
+    )
     metrics = [
         {
             **_healthy(s),
@@ -786,8 +807,9 @@ def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backw
         }
         for s in range(3)
     ]
-    run = make_run(tmp_path / "grpo-bf16", preset="bf16", algo="grpo", steps=3, metrics=metrics,
-                   findings=[grads])  # fmt: skip
+    run = make_run(
+        tmp_path / "grpo-bf16", preset="bf16", algo="grpo", steps=3, metrics=metrics, findings=[grads]
+    )
     top = causes(run).causes[0]
     assert top.kind == "nonfinite" and "NaN made in the backward pass" in top.title
     assert "embed_tokens" not in top.title and "left padding" in top.what
@@ -796,8 +818,14 @@ def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backw
     late = [*(_healthy(s) for s in range(3)), *metrics]
     for i, m in enumerate(late):
         m["step"] = i
-    run2 = make_run(tmp_path / "late", preset="bf16", algo="grpo", steps=6, metrics=late,
-                    findings=[dataclasses.replace(grads, step=3)])  # fmt: skip
+    run2 = make_run(
+        tmp_path / "late",
+        preset="bf16",
+        algo="grpo",
+        steps=6,
+        metrics=late,
+        findings=[dataclasses.replace(grads, step=3)],
+    )
     assert "backward pass" not in causes(run2).causes[0].title
 
 

@@ -301,8 +301,16 @@ def fsdp(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("fsdp") / "results.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).resolve()), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(Path(__file__).resolve()),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     # torchrun's own report hides the cause; the workers' tracebacks are the "[rankN]:" lines
     worker_lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")]

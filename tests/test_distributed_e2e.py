@@ -37,8 +37,18 @@ def _suite(tmp_path: Path) -> Path:
 def test_two_rank_suite_end_to_end(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "verlaudit", "run", str(_suite(tmp_path)), "--steps", "2", "--out", str(out),
-           "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlaudit",
+        "run",
+        str(_suite(tmp_path)),
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # rank1-fails failed; the others completed
     assert "2 gloo processes per variant" in proc.stdout

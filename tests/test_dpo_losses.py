@@ -146,7 +146,15 @@ def test_ipo_depends_on_per_token_log_ratios(c, r, nc, nr, k):
     zero = t(0.0)
 
     def ipo(scale):
-        return L.dpo_loss(t(c * scale), t(r * scale), zero, zero, 0.1, "ipo",
-                          chosen_lengths=t(nc * scale), rejected_lengths=t(nr * scale))[0].item()  # fmt: skip
+        return L.dpo_loss(
+            t(c * scale),
+            t(r * scale),
+            zero,
+            zero,
+            0.1,
+            "ipo",
+            chosen_lengths=t(nc * scale),
+            rejected_lengths=t(nr * scale),
+        )[0].item()
 
     assert ipo(k) == pytest.approx(ipo(1), rel=1e-9, abs=1e-12)

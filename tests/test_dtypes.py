@@ -194,9 +194,12 @@ def test_a_torch_dtype_is_named_as_the_trainer_names_it():
 
 
 def test_a_message_that_is_not_a_dtype_error_is_not_one():
-    for text in ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", "CUDA out of memory.",
-                 "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(... CUDA_R_16BF ...)`",
-                 "Expected all tensors to be on the same device, but found at least two devices"):  # fmt: skip
+    for text in (
+        "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)",
+        "CUDA out of memory.",
+        "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx(... CUDA_R_16BF ...)`",
+        "Expected all tensors to be on the same device, but found at least two devices",
+    ):
         assert parse_dtype_message(text) is None, text
         assert errors.classify(RuntimeError(text)) != "dtype_error"
 

@@ -98,11 +98,18 @@ def test_grpo_gsm8k_script_maps_and_runs(job, tmp_path, capsys, monkeypatch):
     script = _script(job, "run_grpo_gsm8k.sh", GRPO)
     m, by = _records(script)
     assert m.train["algo"] == {
-        "name": "grpo", "batch_size": 2, "lr": 1e-3, "weight_decay": 0.01, "entropy_coef": 0.0,
-        "use_kl_loss": True, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl", "group_size": 2,
+        "name": "grpo",
+        "batch_size": 2,
+        "lr": 1e-3,
+        "weight_decay": 0.01,
+        "entropy_coef": 0.0,
+        "use_kl_loss": True,
+        "kl_loss_coef": 0.001,
+        "kl_loss_type": "low_var_kl",
+        "group_size": 2,
         "mini_batch_size": 4,  # verl counts 2 prompts x rollout.n 2; ours counts sequences
         "micro_batch_size": 2,
-    }  # fmt: skip
+    }
     assert m.train["steps"] == 15 * (16 // 2)  # total_epochs x full batches of the 16 rows
     assert m.train["data"]["compute_score"] == f"{job['reward']}:compute_score"
     assert m.precision == {
@@ -312,8 +319,10 @@ def test_fp16_actor_script_and_the_diagnosis_round_trip(job, tmp_path, capsys):
     # so its assignment line changes
     origin = json.loads((tmp_path / "rep" / "verl" / "manifest.json").read_text())["config"]["origin"]["verl"]
     dtype = script_lines(origin, "actor_rollout_ref.actor.fsdp_config.dtype=bf16")
-    assert dtype == [f"{script}, line 15: actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \\",
-                     f"{' ' * len(str(script))}  now: actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 \\"]  # fmt: skip
+    assert dtype == [
+        f"{script}, line 15: actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \\",
+        f"{' ' * len(str(script))}  now: actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 \\",
+    ]
     lr = script_lines(origin, "actor_rollout_ref.actor.optim.lr", "algo.lr: 0.0001")
     assert lr == [f"{script}, line 4: LR=1e-3", f"{' ' * len(str(script))}  now: LR=0.0001"]
 
@@ -360,8 +369,18 @@ def test_keys_nothing_reads_are_reported_and_the_suite_validates(job):
             by[key].kind == "consistent" and why in by[key].reason and "verl ignores it too" in by[key].reason
         ), key
     # none of them is written (AlgoConfig would refuse it), and no verl default of clip_ratio_low/high either
-    written = {"norm_adv_by_std_in_grpo", "kl_coef", "kl_ctrl_target_kl", "kl_loss_coef", "clip_ratio",
-               "clip_ratio_c", "loss_scale_factor", "cliprange_value", "critic_lr", "clip_ratio_low"}  # fmt: skip
+    written = {
+        "norm_adv_by_std_in_grpo",
+        "kl_coef",
+        "kl_ctrl_target_kl",
+        "kl_loss_coef",
+        "clip_ratio",
+        "clip_ratio_c",
+        "loss_scale_factor",
+        "cliprange_value",
+        "critic_lr",
+        "clip_ratio_low",
+    }
     assert not written & set(algo)
     TrainConfig.from_dict(m.train, where="train")  # the suite's train section validates as it is
 
@@ -391,10 +410,16 @@ def test_ppo_clip_and_adaptive_kl_keys(job):
     low = by["actor_rollout_ref.actor.clip_ratio_low"]
     assert low.kind == "default" and "wins over clip_ratio 0.3" in low.reason
     assert algo["cliprange_value"] == 0.0  # verl's 0: clip every value prediction to the old value
-    assert {k: algo[k] for k in ("use_kl_in_reward", "kl_penalty", "kl_ctrl_type", "kl_ctrl_target_kl",
-                                 "kl_ctrl_horizon")} == {"use_kl_in_reward": True, "kl_penalty": "abs",
-                                                         "kl_ctrl_type": "adaptive", "kl_ctrl_target_kl": 0.2,
-                                                         "kl_ctrl_horizon": 500}  # fmt: skip
+    assert {
+        k: algo[k]
+        for k in ("use_kl_in_reward", "kl_penalty", "kl_ctrl_type", "kl_ctrl_target_kl", "kl_ctrl_horizon")
+    } == {
+        "use_kl_in_reward": True,
+        "kl_penalty": "abs",
+        "kl_ctrl_type": "adaptive",
+        "kl_ctrl_target_kl": 0.2,
+        "kl_ctrl_horizon": 500,
+    }
     TrainConfig.from_dict(m.train, where="train")
 
 
@@ -435,19 +460,31 @@ def _origin(*overrides, kind="script"):
 
 
 def test_round_trip_lines_by_hand():
-    o = {"key": "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "text": "fp16", "line": 7,
-         "line_text": "  +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\"}  # fmt: skip
+    o = {
+        "key": "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+        "text": "fp16",
+        "line": 7,
+        "line_text": "  +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\",
+    }
     lines = script_lines(_origin(o), "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16")
-    assert lines == ["run.sh, line 7: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\",
-                     "        now: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \\"]  # fmt: skip
+    assert lines == [
+        "run.sh, line 7: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16 \\",
+        "        now: +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16 \\",
+    ]
     # a key the script leaves out is a line to add; a value from the fix's suite key when the row is 1:1
     assert script_lines(_origin(), "actor_rollout_ref.actor.optim.lr", "algo.lr: 1e-07") == [
-        "run.sh: add to the command:  actor_rollout_ref.actor.optim.lr=1e-07 \\"]  # fmt: skip
+        "run.sh: add to the command:  actor_rollout_ref.actor.optim.lr=1e-07 \\"
+    ]
     assert script_lines(_origin(), "actor_rollout_ref.actor.optim.lr", "algo.lr: <half>") == [
         "run.sh: actor_rollout_ref.actor.optim.lr is not set in the script (verl's default applies); set it"
     ]
-    env = {"key": "actor_rollout_ref.actor.optim.lr", "text": "1e-6", "line": 3, "var": "LR",
-           "line_text": "  actor_rollout_ref.actor.optim.lr=$LR \\"}  # fmt: skip
+    env = {
+        "key": "actor_rollout_ref.actor.optim.lr",
+        "text": "1e-6",
+        "line": 3,
+        "var": "LR",
+        "line_text": "  actor_rollout_ref.actor.optim.lr=$LR \\",
+    }
     assert (
         "comes from the environment: set LR=1e-07"
         in script_lines(_origin(env), "actor_rollout_ref.actor.optim.lr=1e-07")[0]
@@ -462,15 +499,18 @@ def test_round_trip_lines_by_hand():
         "line_text": "      lr: 1e-6  # small",
     }
     assert script_lines(_origin(y, kind="yaml"), "actor_rollout_ref.actor.optim.lr=1e-07")[1].endswith(
-        "now: lr: 1e-07  # small")  # fmt: skip
+        "now: lr: 1e-07  # small"
+    )
     assert script_lines(_origin(), None) == []
     # a fix that sets two keys together (diagnose's stronger KL anchor): a line for each, the remark ignored
     kl = [{"key": "actor_rollout_ref.actor.use_kl_loss", "text": "False", "line": 4,
            "line_text": "  actor_rollout_ref.actor.use_kl_loss=False \\"},
           {"key": "actor_rollout_ref.actor.kl_loss_coef", "text": "0.001", "line": 5,
            "line_text": "  actor_rollout_ref.actor.kl_loss_coef=0.001 \\"}]  # fmt: skip
-    fix = ("actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 "
-           "(or algorithm.use_kl_in_reward with algorithm.kl_ctrl.kl_coef)")  # fmt: skip
+    fix = (
+        "actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 "
+        "(or algorithm.use_kl_in_reward with algorithm.kl_ctrl.kl_coef)"
+    )
     assert script_lines(_origin(*kl), fix) == [
         "run.sh, line 4: actor_rollout_ref.actor.use_kl_loss=False \\",
         "        now: actor_rollout_ref.actor.use_kl_loss=true \\",
@@ -546,15 +586,28 @@ def test_an_unknown_rollout_engine_is_unmapped(tmp_path):
 
 def test_yaml_input_and_cli_errors(job, tmp_path, capsys):
     cfg = tmp_path / "ppo_trainer.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"train_files": str(job["data"]), "train_batch_size": 2, "max_prompt_length": 64,
-                 "max_response_length": 4},
-        "actor_rollout_ref": {"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
-                              "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
-                                        "fsdp_config": {"model_dtype": "bfloat16"}}},
-        "algorithm": {"adv_estimator": "grpo"},
-        "trainer": {"n_gpus_per_node": 2, "logger": ["console"]},
-    }))  # fmt: skip
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "train_files": str(job["data"]),
+                    "train_batch_size": 2,
+                    "max_prompt_length": 64,
+                    "max_response_length": 4,
+                },
+                "actor_rollout_ref": {
+                    "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+                    "actor": {
+                        "ppo_mini_batch_size": 2,
+                        "ppo_micro_batch_size_per_gpu": 2,
+                        "fsdp_config": {"model_dtype": "bfloat16"},
+                    },
+                },
+                "algorithm": {"adv_estimator": "grpo"},
+                "trainer": {"n_gpus_per_node": 2, "logger": ["console"]},
+            }
+        )
+    )
     out = tmp_path / "from_yaml.yaml"
     assert _from_verl(cfg, out) == 0
     suite = yaml.safe_load(out.read_text())

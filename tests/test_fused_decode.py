@@ -63,10 +63,19 @@ _ACTOR = _actor()  # left padding of any width: tests/test_rollout_fast.py runs 
 def _other_layout(config_cls, tmp_path, **extra):
     """A tiny model of another family, through save_pretrained / from_pretrained (the loading path)."""
     cfg = config_cls(
-        vocab_size=len(TOK), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=TOK.pad_token_id,
-        eos_token_id=TOK.eos_token_id, bos_token_id=TOK.bos_token_id, tie_word_embeddings=False, **extra,
-    )  # fmt: skip
+        vocab_size=len(TOK),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=TOK.pad_token_id,
+        eos_token_id=TOK.eos_token_id,
+        bos_token_id=TOK.bos_token_id,
+        tie_word_embeddings=False,
+        **extra,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").save_pretrained(tmp_path)
     return AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="sdpa")

@@ -112,17 +112,29 @@ def test_readme_lists_every_fixture_and_category() -> None:
     "text, error",
     [
         ("#: source: https://github.com/a/b/issues/1\n#: framework: verl\nlog line\n", "header lacks"),
-        ("#: source: s\n#: framework: verl\n#: category: oom\n#: culprit: x\n#: phase: init\n"
-         "#: cause: c\n#: fix: unknown\nlog\n", "'category' is 'oom'"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
-         "#: cause: c\n#: fix: unknown\nlog\n#: notes: late\n", "after the log body"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit:\n#: phase: init\n"
-         "#: cause: c\n#: fix: unknown\nlog\n", "'culprit' is empty"),
-        ("#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
-         "#: cause: c\n#: fix: unknown\n", "no log lines"),
+        (
+            "#: source: s\n#: framework: verl\n#: category: oom\n#: culprit: x\n#: phase: init\n"
+            "#: cause: c\n#: fix: unknown\nlog\n",
+            "'category' is 'oom'",
+        ),
+        (
+            "#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
+            "#: cause: c\n#: fix: unknown\nlog\n#: notes: late\n",
+            "after the log body",
+        ),
+        (
+            "#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit:\n#: phase: init\n"
+            "#: cause: c\n#: fix: unknown\nlog\n",
+            "'culprit' is empty",
+        ),
+        (
+            "#: source: s\n#: framework: verl\n#: category: oom_gpu\n#: culprit: x\n#: phase: init\n"
+            "#: cause: c\n#: fix: unknown\n",
+            "no log lines",
+        ),
         ("#: sauce: s\nlog\n", "expected '#: <key>: <value>'"),
     ],
-)  # fmt: skip
+)
 def test_malformed_headers_are_refused_with_the_field(tmp_path: Path, text: str, error: str) -> None:
     p = tmp_path / "verl_bad.log"
     p.write_text(text)

@@ -104,26 +104,48 @@ def test_rule_on_its_fixture(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize(
     "raw, text, rank, source",
     [
-        ("(WorkerDict pid=7591) [rank0]:[E325 04:13:11.3 ProcessGroupNCCL.cpp:760] x", "[E325 04:13:11.3 "
-                                                                                       "Process", 0,
-         "WorkerDict"),
-        ("\x1b[36m(RayWorkerWrapper pid=2617116, ip=10.66.4.71)\x1b[0m Error: boom", "Error: boom", None,
-         "RayWorkerWrapper"),
-        ("[36m(VllmGenerationWorker pid=1, ip=10.0.0.1)[0m Error: boom", "Error: boom", None,
-         "VllmGenerationWorker"),
+        (
+            "(WorkerDict pid=7591) [rank0]:[E325 04:13:11.3 ProcessGroupNCCL.cpp:760] x",
+            "[E325 04:13:11.3 Process",
+            0,
+            "WorkerDict",
+        ),
+        (
+            "\x1b[36m(RayWorkerWrapper pid=2617116, ip=10.66.4.71)\x1b[0m Error: boom",
+            "Error: boom",
+            None,
+            "RayWorkerWrapper",
+        ),
+        (
+            "[36m(VllmGenerationWorker pid=1, ip=10.0.0.1)[0m Error: boom",
+            "Error: boom",
+            None,
+            "VllmGenerationWorker",
+        ),
         ("[rank-6]: Saving model to /ckpt", "Saving model to /ckpt", 6, None),
-        ("2024-06-28T06:11:52.685Z (LLMRayActor pid=20770) INFO 06-28 x", "INFO 06-28 x", None,
-         "LLMRayActor"),
+        (
+            "2024-06-28T06:11:52.685Z (LLMRayActor pid=20770) INFO 06-28 x",
+            "INFO 06-28 x",
+            None,
+            "LLMRayActor",
+        ),
         ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ERROR 11-18", None, None),
         ("[2024-08-21 03:38:02] [rank7]:[E ProcessGroupNCCL.cpp:563] x", "[E ProcessGroupNCCL", 7, None),
         ("> [default3]: RuntimeError: x", "RuntimeError: x", 3, None),
-        ("  2%|▏   | 13/620 [01:07<50:20,  4.98s/it][rank0]:[E1123 00:52:57.6 P.cpp:607] x", "[E1123", 0,
-         None),
-        ("(raylet) [2025-03-01 16:18:15,116 E 2687 2687] (raylet) node_manager.cc:3069: 2 Workers",
-         "node_manager", None,
-         "raylet"),
+        (
+            "  2%|▏   | 13/620 [01:07<50:20,  4.98s/it][rank0]:[E1123 00:52:57.6 P.cpp:607] x",
+            "[E1123",
+            0,
+            None,
+        ),
+        (
+            "(raylet) [2025-03-01 16:18:15,116 E 2687 2687] (raylet) node_manager.cc:3069: 2 Workers",
+            "node_manager",
+            None,
+            "raylet",
+        ),
     ],
-)  # fmt: skip
+)
 def test_prefixes_are_stripped_and_remembered(
     raw: str, text: str, rank: int | None, source: str | None
 ) -> None:
@@ -173,22 +195,29 @@ def test_frames_and_the_call_they_make() -> None:
         ("Status message: Job entrypoint command failed with exit code 1, last available logs", "exit"),
         ("subprocess.CalledProcessError: Command '['python']' returned non-zero exit status 1.", "exception"),
         ("Process finished with exit code 2", "exit"),
-        ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE)",
-         "hang"),
+        (
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE)",
+            "hang",
+        ),
         ("ERROR 11-18 18:07:28 engine.py:366] something", "error"),
         ("[E1206 18:44:16.99 ProcessGroupNCCL.cpp:621] [Rank 0] Some NCCL operations have failed", "error"),
         # not failures: warnings, INFO advice that mentions errors, a retried download, exit code 0
         ("/x/checkpoint.py:1399: FutureWarning: `torch.cpu.amp.autocast(args...)` is deprecated.", None),
         ("UserWarning: torch.utils.checkpoint: please pass in use_reentrant=True", None),
-        ("INFO 02-11 10:17:57 [model_runner.py:1513] If out-of-memory error occurs during cudagraph "
-         "capture", None),
-        ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525",
-         None),
+        (
+            "INFO 02-11 10:17:57 [model_runner.py:1513] If out-of-memory error occurs during cudagraph "
+            "capture",
+            None,
+        ),
+        (
+            "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525",
+            None,
+        ),
         ("Request to huggingface.co timed out, retrying in 1s (1/5)", None),
         ("Process finished with exit code 0", None),
         ("W1026 03:51:31.222000 2521679 api.py:908] Sending process 2521733 closing signal SIGTERM", None),
     ],
-)  # fmt: skip
+)
 def test_failure_signals(raw: str, signal: str | None) -> None:
     assert failure_signal(parse_line(1, raw)) == signal
 
@@ -207,15 +236,17 @@ def _frames(*funcs: str) -> list[Frame]:
         # log-probs inside the loss are the update's forward, with gradients
         (("training_step", "compute_loss", "_compute_loss", "_get_per_token_logps"), "update"),
         # TRL's old log-probs under _prepare_inputs (no gradients) are the log-prob pass
-        (("training_step", "_prepare_inputs", "_generate_and_score_completions", "_get_per_token_logps"),
-         "logprob"),
+        (
+            ("training_step", "_prepare_inputs", "_generate_and_score_completions", "_get_per_token_logps"),
+            "logprob",
+        ),
         (("generate_sequences", "__enter__", "update_params", "load_weights"), "weight_sync"),
         (("fit", "generate_sequences_loop"), "generate"),
         (("train", "_save_checkpoint", "save_model"), "checkpoint"),
         (("init_workers", "init_model", "from_pretrained"), "init"),
         (("fit", "_forward_micro_batch"), None),
     ],
-)  # fmt: skip
+)
 def test_phase_of_frames(funcs: tuple[str, ...], phase: str | None) -> None:
     found = phase_of_frames(_frames(*funcs))
     assert (found[0] if found else None) == phase
@@ -262,8 +293,10 @@ def test_fixes_are_spelled_in_the_log_framework_and_never_one_already_applied() 
     ds = fix("param_offload", LogContext("openrlhf", frozenset({"openrlhf", "deepspeed"})), "w")
     assert (ds.framework, ds.key) == ("deepspeed", "zero_optimization.offload_param.device=cpu")
     # already set in the log: not proposed
-    printed = {"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16",
-               "actor_rollout_ref.model.enable_gradient_checkpointing": "True"}  # fmt: skip
+    printed = {
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": "bf16",
+        "actor_rollout_ref.model.enable_gradient_checkpointing": "True",
+    }
     ctx = LogContext("verl", frozenset({"verl"}), printed)
     assert applied("bf16_instead_of_fp16", ctx) and fix("bf16_instead_of_fp16", ctx, "w") is None
     assert fix("grad_checkpointing", ctx, "w") is None
@@ -285,13 +318,15 @@ OOM_LINE = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to alloc
 
 
 def test_the_rank_that_died_first_is_the_root_and_the_timeouts_its_cascade(tmp_path: Path) -> None:
-    text = "\n".join([
-        "[rank3]: Traceback (most recent call last):",
-        '[rank3]:   File "/app/verl/workers/actor/dp_actor.py", line 380, in update_policy',
-        "[rank3]:     loss.backward()",
-        OOM_LINE,
-        *(NCCL.format(r=r, s=812) for r in (0, 1, 2)),
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "[rank3]: Traceback (most recent call last):",
+            '[rank3]:   File "/app/verl/workers/actor/dp_actor.py", line 380, in update_policy',
+            "[rank3]:     loss.backward()",
+            OOM_LINE,
+            *(NCCL.format(r=r, s=812) for r in (0, 1, 2)),
+        ]
+    )
     d = diagnose_text(tmp_path, text)
     root, cascade = d.causes[0], d.causes[1]
     assert (root.kind, root.rank, root.phase) == ("oom", 3, "update")
@@ -317,11 +352,13 @@ def test_phase_of_a_collective_from_its_place_in_the_sequence_and_its_kind(tmp_p
 def test_the_rank_a_barrier_or_the_store_waited_for(tmp_path: Path) -> None:
     barrier = "RuntimeError: [Rank 0]: Ranks 4, 5, 6, 7 failed to pass monitoredBarrier in 2000000 ms"
     assert diagnose_text(tmp_path, barrier).causes[0].where == "rank 4"
-    store = ("torch.distributed.DistBackendError: [7] is setting up NCCL communicator and retrieving "
-             "ncclUniqueId from "
-             "[0] via c10d key-value store by key '0', but store->get('0') got error: wait timeout after "
-             "600000ms, keys: "
-             "//worker/attempt_0/default_pg/0//cuda//0")  # fmt: skip
+    store = (
+        "torch.distributed.DistBackendError: [7] is setting up NCCL communicator and retrieving "
+        "ncclUniqueId from "
+        "[0] via c10d key-value store by key '0', but store->get('0') got error: wait timeout after "
+        "600000ms, keys: "
+        "//worker/attempt_0/default_pg/0//cuda//0"
+    )
     c = diagnose_text(tmp_path, store).causes[0]
     assert (c.kind, c.where, c.phase) == ("nccl_timeout", "rank 0", "init")
     gloo = (
@@ -332,17 +369,21 @@ def test_the_rank_a_barrier_or_the_store_waited_for(tmp_path: Path) -> None:
 
 
 def test_nccl_error_and_the_checkpoint_timeout_advice(tmp_path: Path) -> None:
-    err = ("torch.distributed.DistBackendError: NCCL error in: "
-           "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
-           "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3")  # fmt: skip
+    err = (
+        "torch.distributed.DistBackendError: NCCL error in: "
+        "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3"
+    )
     c = diagnose_text(tmp_path, err).causes[0]
     assert c.kind == "nccl_error" and "unhandled system error" in c.title
-    save = "\n".join([
-        "[rank0]: Traceback (most recent call last):",
-        '[rank0]:   File "/x/transformers/trainer.py", line 2511, in _save_checkpoint',
-        '[rank0]:   File "/x/transformers/trainer.py", line 3000, in save_model',
-        NCCL.format(r=0, s=98947),
-    ])  # fmt: skip
+    save = "\n".join(
+        [
+            "[rank0]: Traceback (most recent call last):",
+            '[rank0]:   File "/x/transformers/trainer.py", line 2511, in _save_checkpoint',
+            '[rank0]:   File "/x/transformers/trainer.py", line 3000, in save_model',
+            NCCL.format(r=0, s=98947),
+        ]
+    )
     c = diagnose_text(tmp_path, save).causes[0]
     assert (
         c.phase == "checkpoint" and "ddp_timeout" in c.fixes[0].key
@@ -350,16 +391,18 @@ def test_nccl_error_and_the_checkpoint_timeout_advice(tmp_path: Path) -> None:
 
 
 def test_sigkill_from_the_elastic_root_cause_table(tmp_path: Path) -> None:
-    text = "\n".join([
-        "Root Cause (first observed failure):",
-        "[0]:",
-        "  time      : 2024-08-25_17:31:27",
-        "  host      : 4b1a9e8a140f",
-        "  rank      : 5 (local_rank: 1)",
-        "  exitcode  : -9 (pid: 8158)",
-        "  error_file: <N/A>",
-        "  traceback : Signal 9 (SIGKILL) received by PID 8158",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  time      : 2024-08-25_17:31:27",
+            "  host      : 4b1a9e8a140f",
+            "  rank      : 5 (local_rank: 1)",
+            "  exitcode  : -9 (pid: 8158)",
+            "  error_file: <N/A>",
+            "  traceback : Signal 9 (SIGKILL) received by PID 8158",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert (c.kind, c.where, c.data["signal"]) == ("killed", "rank 5", "SIGKILL") and "OOM killer" in c.what
 
@@ -379,12 +422,14 @@ def test_kills_by_signal_without_a_python_error(tmp_path: Path, line: str) -> No
 
 
 def test_nccl_shared_memory_failure_points_at_dev_shm(tmp_path: Path) -> None:
-    text = "\n".join([
-        "host:97:183 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device",
-        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system "
-        "error, "
-        "NCCL version 2.7.8",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "host:97:183 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device",
+            "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system "
+            "error, "
+            "NCCL version 2.7.8",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert (c.kind, c.where) == ("nccl_error", "/dev/shm") and "--shm-size" in fix_text(c)
 
@@ -401,30 +446,34 @@ def test_ray_actor_death_names_the_dead_actor_and_yields_to_a_memory_kill(tmp_pa
     ]
     c = diagnose_text(tmp_path, "\n".join(died)).causes[0]
     assert c.kind == "ray_actor_died" and "WorkerDict_0:3" in c.where and "pid 4242" in c.where
-    monitor = ("(raylet) [2025-04-02 15:02:00,117 E 1 1] (raylet) node_manager.cc:3069: 1 Workers (tasks / "
-               "actors) "
-               "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: "
-               "ab, IP: "
-               "10.0.0.1) over the last time period.")  # fmt: skip
+    monitor = (
+        "(raylet) [2025-04-02 15:02:00,117 E 1 1] (raylet) node_manager.cc:3069: 1 Workers (tasks / "
+        "actors) "
+        "killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: "
+        "ab, IP: "
+        "10.0.0.1) over the last time period."
+    )
     d = diagnose_text(tmp_path, "\n".join([monitor, *died]))
     assert [c.kind for c in d.causes] == ["oom_host", "ray_actor_died"]
 
 
 # ---- memory
 def test_ray_memory_monitor_with_its_table_on_separate_lines(tmp_path: Path) -> None:
-    text = "\n".join([
-        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
-        "Memory on the node (IP: 10.0.62.231, ID: e5d9) where the task (task ID: 4353, "
-        "name=allocate_memory, pid=11362, "
-        "memory used=1.25GB) was running was 27.71GB / 28.80GB (0.962273), which exceeds the memory usage "
-        "threshold "
-        "of 0.95. Ray killed this worker (ID: 6f2e) because it was the most recently scheduled task; to "
-        "see more.",
-        "Top 10 memory users:",
-        "PID\tMEM(GB)\tCOMMAND",
-        "410728\t8.47\tray::WorkerDict.actor_rollout_compute_log_prob",
-        "510953\t7.19\tray::allocate_memory",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+            "Memory on the node (IP: 10.0.62.231, ID: e5d9) where the task (task ID: 4353, "
+            "name=allocate_memory, pid=11362, "
+            "memory used=1.25GB) was running was 27.71GB / 28.80GB (0.962273), which exceeds the memory usage "
+            "threshold "
+            "of 0.95. Ray killed this worker (ID: 6f2e) because it was the most recently scheduled task; to "
+            "see more.",
+            "Top 10 memory users:",
+            "PID\tMEM(GB)\tCOMMAND",
+            "410728\t8.47\tray::WorkerDict.actor_rollout_compute_log_prob",
+            "510953\t7.19\tray::allocate_memory",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom_host" and c.where == "WorkerDict.actor_rollout_compute_log_prob"
     assert "27.71 of 28.8 GB" in c.title and "allocate_memory" in c.title and c.phase == "logprob"
@@ -438,13 +487,15 @@ def test_kernel_oom_killer_is_host_memory(tmp_path: Path) -> None:
 
 
 def test_logprob_oom_fixes_are_log_prob_micro_batches_not_checkpointing(tmp_path: Path) -> None:
-    text = "\n".join([
-        "(WorkerDict pid=1) Traceback (most recent call last):",
-        '(WorkerDict pid=1)   File "/opt/verl/verl/workers/fsdp_workers.py", line 782, in compute_log_prob',
-        "(WorkerDict pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 "
-        "has a total "
-        "capacity of 79.11 GiB of which 8.85 GiB is free.",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "(WorkerDict pid=1) Traceback (most recent call last):",
+            '(WorkerDict pid=1)   File "/opt/verl/verl/workers/fsdp_workers.py", line 782, in compute_log_prob',
+            "(WorkerDict pid=1) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 "
+            "has a total "
+            "capacity of 79.11 GiB of which 8.85 GiB is free.",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.phase == "logprob" and c.fixes[0].verl.startswith(
         "actor_rollout_ref.rollout.log_prob_micro_batch_size"
@@ -456,13 +507,15 @@ def test_logprob_oom_fixes_are_log_prob_micro_batches_not_checkpointing(tmp_path
 
 
 def test_an_update_oom_in_a_trl_log_gets_training_arguments(tmp_path: Path) -> None:
-    text = "\n".join([
-        "Traceback (most recent call last):",
-        '  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1400, in compute_loss',
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
-        "capacity of 79.15 "
-        "GiB of which 1.23 GiB is free.",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3/site-packages/trl/trainer/grpo_trainer.py", line 1400, in compute_loss',
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+            "capacity of 79.15 "
+            "GiB of which 1.23 GiB is free.",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.framework == "trl" and c.phase == "update"
     assert c.fixes[0].key == "TrainingArguments.gradient_checkpointing=True"
@@ -470,11 +523,13 @@ def test_an_update_oom_in_a_trl_log_gets_training_arguments(tmp_path: Path) -> N
 
 
 def test_vllm_v1_kv_cache_message_hard_wrapped(tmp_path: Path) -> None:
-    text = ("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len "
-            "(100000), "
-            "(4.26 GiB KV cach\ne is needed, which is larger than the available KV cache memory (4.25 "
-            "GiB). Based on "
-            "the available memory, the estimated maximum model length is 99840. Try increasing")  # fmt: skip
+    text = (
+        "(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len "
+        "(100000), "
+        "(4.26 GiB KV cach\ne is needed, which is larger than the available KV cache memory (4.25 "
+        "GiB). Based on "
+        "the available memory, the estimated maximum model length is 99840. Try increasing"
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom_kv_cache" and c.where == "max_model_len"
     assert "4.26 GiB" in c.title and "<= 99840" in c.title
@@ -482,22 +537,26 @@ def test_vllm_v1_kv_cache_message_hard_wrapped(tmp_path: Path) -> None:
 
 
 def test_kv_cache_fixes_in_a_trl_log(tmp_path: Path) -> None:
-    text = "\n".join([
-        "GRPOTrainer: starting",
-        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-        "initializing the engine.",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "GRPOTrainer: starting",
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine.",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom_kv_cache" and c.fixes[0].key == "GRPOConfig.vllm_gpu_memory_utilization"
 
 
 # ---- engines
 def test_bf16_on_a_v100_never_proposes_bf16(tmp_path: Path) -> None:
-    text = ("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your "
-            "Tesla T4 GPU "
-            "has compute capability 7.5. You can use float16 instead by explicitly setting the`dtype` flag "
-            "in CLI, for "
-            "example: --dtype=half.")  # fmt: skip
+    text = (
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your "
+        "Tesla T4 GPU "
+        "has compute capability 7.5. You can use float16 instead by explicitly setting the`dtype` flag "
+        "in CLI, for "
+        "example: --dtype=half."
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "dtype_unsupported" and c.where == "compute capability 7.5" and "Tesla T4" in c.title
     assert c.fixes[0].key.startswith("dtype=half") and "bf16=true" not in fix_text(c).lower()
@@ -536,7 +595,7 @@ DS = (
         # three halvings that stay high are not a collapse
         ([2**16, 2**15, 2**14], "info", "overflow_skips"),
     ],
-)  # fmt: skip
+)
 def test_loss_scale_verdicts(tmp_path: Path, scales: list[int], severity: str, kind: str) -> None:
     text = "\n".join(DS.format(s, s // 2) for s in scales)
     c = diagnose_text(tmp_path, text).causes[0]
@@ -556,14 +615,16 @@ def test_newer_deepspeed_and_apex_wordings(tmp_path: Path) -> None:
 
 
 def test_unscale_fp16_with_deepspeed_settings_and_an_old_gpu(tmp_path: Path) -> None:
-    text = "\n".join([
-        "Tesla V100-SXM2-32GB",
-        "Traceback (most recent call last):",
-        '  File "train.py", line 10, in main',
-        "    scaler.unscale_(optimizer)",
-        '  File "/usr/lib/python3/site-packages/torch/amp/grad_scaler.py", line 338, in unscale_',
-        "ValueError: Attempting to unscale FP16 gradients.",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "Tesla V100-SXM2-32GB",
+            "Traceback (most recent call last):",
+            '  File "train.py", line 10, in main',
+            "    scaler.unscale_(optimizer)",
+            '  File "/usr/lib/python3/site-packages/torch/amp/grad_scaler.py", line 338, in unscale_',
+            "ValueError: Attempting to unscale FP16 gradients.",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "unscale_fp16" and c.where == "main: scaler.unscale_"
     assert "bf16" not in " ".join(str(f.key) for f in c.fixes)  # a V100 has no bf16
@@ -571,11 +632,13 @@ def test_unscale_fp16_with_deepspeed_settings_and_an_old_gpu(tmp_path: Path) -> 
 
 # ---- exceptions
 def test_dtype_error_under_bf16_does_not_propose_bf16(tmp_path: Path) -> None:
-    text = "\n".join([
-        "python3 -m verl.trainer.main_ppo "
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
-        "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "python3 -m verl.trainer.main_ppo "
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+            "RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert (
         c.kind == "dtype_error"
@@ -587,9 +650,11 @@ def test_dtype_error_under_bf16_does_not_propose_bf16(tmp_path: Path) -> None:
 
 
 def test_import_errors(tmp_path: Path) -> None:
-    so = ("ImportError: "
-          "/venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: "
-          "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationE")  # fmt: skip
+    so = (
+        "ImportError: "
+        "/venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: "
+        "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationE"
+    )
     c = diagnose_text(tmp_path, so).causes[0]
     assert (c.kind, c.where) == ("import_error", "flash_attn") and "torch" in c.what
     c = diagnose_text(
@@ -605,15 +670,19 @@ def test_import_errors(tmp_path: Path) -> None:
 
 
 def test_framework_configuration_checks(tmp_path: Path) -> None:
-    trl = ("ValueError: The global train batch size (3 x 1) must be evenly divisible by the number of "
-           "generations per "
-           "prompt (4). Given the current train batch size, the valid values for the number of generations "
-           "are: [3].")  # fmt: skip
+    trl = (
+        "ValueError: The global train batch size (3 x 1) must be evenly divisible by the number of "
+        "generations per "
+        "prompt (4). Given the current train batch size, the valid values for the number of generations "
+        "are: [3]."
+    )
     c = diagnose_text(tmp_path, trl).causes[0]
     assert (c.kind, c.where) == ("exception", "num_generations") and "[3]" in fix_text(c)
-    ds = ("AssertionError: Check batch related parameters. train_batch_size is not equal to "
-          "micro_batch_per_gpu * "
-          "gradient_acc_step * world_size 16 != 4 * 1 * 1")  # fmt: skip
+    ds = (
+        "AssertionError: Check batch related parameters. train_batch_size is not equal to "
+        "micro_batch_per_gpu * "
+        "gradient_acc_step * world_size 16 != 4 * 1 * 1"
+    )
     c = diagnose_text(tmp_path, ds).causes[0]
     assert c.where == "train_batch_size" and c.fixes[0].framework == "deepspeed"
 
@@ -624,13 +693,13 @@ def test_framework_configuration_checks(tmp_path: Path) -> None:
     [
         "step 10 loss 0.5\nKilled",
         "epoch 1\nStatus message: Job entrypoint command failed with exit code 1",
-        "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()",
+        'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    main()',
         "SomeLibraryError: the flux capacitor is misaligned",
         "ERROR:root:worker lost",
         "[E1206 18:44:16.9 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 0] Timeout at NCCL work: 7753, last "
         "enqueued NCCL work: 7755",
     ],
-)  # fmt: skip
+)
 def test_a_failure_is_never_clean(tmp_path: Path, text: str, capsys) -> None:
     d = diagnose_text(tmp_path, text)
     assert d.verdict == "error" and d.causes[0].severity == "error"
@@ -643,12 +712,14 @@ def test_a_failure_is_never_clean(tmp_path: Path, text: str, capsys) -> None:
 
 
 def test_unrecognised_failure_quotes_the_innermost_exception(tmp_path: Path) -> None:
-    text = "\n".join([
-        "ray.exceptions.RayTaskError(AssertionError): ray::main_task() (pid=618270, ip=10.6.67.152)",
-        '  File "tmp/ray_trainer.py", line 612, in fit',
-        "    old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)",
-        "AssertionError: Expects tensor to be on the compute device cuda:0, was on cpu",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "ray.exceptions.RayTaskError(AssertionError): ray::main_task() (pid=618270, ip=10.6.67.152)",
+            '  File "tmp/ray_trainer.py", line 612, in fit',
+            "    old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)",
+            "AssertionError: Expects tensor to be on the compute device cuda:0, was on cpu",
+        ]
+    )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "exception" and "Expects tensor to be on the compute device" in c.title
     assert c.phase == "logprob" and "compute_log_prob" in c.where
@@ -656,10 +727,25 @@ def test_unrecognised_failure_quotes_the_innermost_exception(tmp_path: Path) -> 
 
 # ---- the scan keeps bounded facts whatever the log
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.sampled_from([
-    NCCL.format(r=1, s=5), OOM_LINE, DS.format(64, 32), "Traceback (most recent call last):",
-    '  File "/a/b.py", line 3, in f', "ValueError: x", "key_{}=value", "--flag-{} 3", "plain line",
-]), min_size=0, max_size=400))  # fmt: skip
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                NCCL.format(r=1, s=5),
+                OOM_LINE,
+                DS.format(64, 32),
+                "Traceback (most recent call last):",
+                '  File "/a/b.py", line 3, in f',
+                "ValueError: x",
+                "key_{}=value",
+                "--flag-{} 3",
+                "plain line",
+            ]
+        ),
+        min_size=0,
+        max_size=400,
+    )
+)
 def test_scan_facts_are_bounded(lines: list[str]) -> None:
     scan = new_scan()
     for i, line in enumerate(lines * 20, 1):

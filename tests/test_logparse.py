@@ -137,8 +137,10 @@ def _shifted(diagnosis: dict, lines: int) -> list:
     for c in causes:
         if c.get("line") is not None:
             c["line"] += lines
-        c["evidence"] = [re.sub(r"^line (\d+)|(?<=first at )line (\d+)", lambda m: f"line {int(m[1] or m[2]) + lines}", e)
-                         for e in c["evidence"]]  # fmt: skip
+        c["evidence"] = [
+            re.sub(r"^line (\d+)|(?<=first at )line (\d+)", lambda m: f"line {int(m[1] or m[2]) + lines}", e)
+            for e in c["evidence"]
+        ]
     return causes
 
 
@@ -155,8 +157,13 @@ def test_a_48_mib_log_is_diagnosed_like_its_last_lines_in_bounded_memory(tmp_pat
         f.write(SMALL)
     one_line.write_text("x" * (48 << 20) + "\n" + SMALL)  # a progress bar that never printed a newline
     # the peak resident memory of diagnose in a fresh process, over the memory it started with
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(big), str(one_line)], capture_output=True, text=True,
-                         timeout=600, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(big), str(one_line)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.returncode == 0, out.stderr
     got_big, got_one = (json.loads(line) for line in out.stdout.splitlines())
     # reading the file whole (the previous reader) grew the process by about 4 x the file's size

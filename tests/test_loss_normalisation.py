@@ -40,11 +40,23 @@ def _ragged(rollout):
 
 
 def _first_step_grads(micro: int, mode: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    cfg = TrainConfig.from_dict({
-        "algo": {"name": "grpo", "batch_size": 2, "group_size": 2, "mini_batch_size": 4, "micro_batch_size": micro,
-                 "max_grad_norm": 0.0, "loss_agg_mode": mode, "entropy_coef": 0.01},
-        "data": {"prompt_length": 12, "response_length": 4, "num_examples": 64}, "device": "cpu", "seed": 0,
-    })  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            "algo": {
+                "name": "grpo",
+                "batch_size": 2,
+                "group_size": 2,
+                "mini_batch_size": 4,
+                "micro_batch_size": micro,
+                "max_grad_norm": 0.0,
+                "loss_agg_mode": mode,
+                "entropy_coef": 0.01,
+            },
+            "data": {"prompt_length": 12, "response_length": 4, "num_examples": 64},
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     p = prepare(cfg, NULL_OBSERVER, resolve(cfg), critic=False)
     rollout = _ragged(
         generate(p.setup, NULL_OBSERVER, p.engine, p.collator, p.source, next(p.batches), 0, num_samples=2)

@@ -148,8 +148,12 @@ def test_agg_loss_modes_hand_values():
     v, m = t(LOSS), torch.tensor(MASK)
     # token-mean (1 + 2 + 4) / 3; seq-mean-token-sum (3 + 4) / 2; seq-mean-token-mean (1.5 + 4) / 2;
     # seq-mean-token-sum-norm (3 + 4) / 2 / R with R = 3
-    expected = {"token-mean": 7 / 3, "seq-mean-token-sum": 3.5, "seq-mean-token-mean": 2.75,
-                "seq-mean-token-sum-norm": 7 / 6}  # fmt: skip
+    expected = {
+        "token-mean": 7 / 3,
+        "seq-mean-token-sum": 3.5,
+        "seq-mean-token-mean": 2.75,
+        "seq-mean-token-sum-norm": 7 / 6,
+    }
     assert set(expected) == set(L.LOSS_AGG_MODES)
     for mode, want in expected.items():
         assert L.agg_loss(v, m, mode).item() == pytest.approx(want, rel=1e-12), mode

@@ -82,7 +82,11 @@ def _check(engine=None, trainer=None):
     [
         ({}, {}, []),
         # the engine runs another dtype than the rollout role asked for (vLLM read back)
-        ({"compute_dtype": F16, "kv_cache_dtype": F16}, {}, [("error", "boundary/rollout_engine_dtype", "model_dtype")]),
+        (
+            {"compute_dtype": F16, "kv_cache_dtype": F16},
+            {},
+            [("error", "boundary/rollout_engine_dtype", "model_dtype")],
+        ),
         # an fp8 KV cache (vLLM's name); an fp32 cache under bf16 compute is no loss
         ({"kv_cache_dtype": "fp8_e4m3"}, {}, [("warning", "boundary/rollout_kv_cache", "kv_cache")]),
         ({"kv_cache_dtype": F32}, {}, []),
@@ -91,9 +95,16 @@ def _check(engine=None, trainer=None):
         ({"temperature": 0.7}, {}, [("error", "boundary/rollout_sampling", "sampling.temperature")]),
         # raw log-probs of a temperature-1, untruncated distribution are the processed ones: fine
         ({"logprobs_mode": "raw"}, {}, []),
-        ({"logprobs_mode": "raw", "top_p": 0.9},  {"top_p": 0.9},
-         [("error", "boundary/rollout_sampling", "sampling.logprobs_mode")]),
-        ({"logprobs_mode": "raw_logits"}, {}, [("error", "boundary/rollout_sampling", "sampling.logprobs_mode")]),
+        (
+            {"logprobs_mode": "raw", "top_p": 0.9},
+            {"top_p": 0.9},
+            [("error", "boundary/rollout_sampling", "sampling.logprobs_mode")],
+        ),
+        (
+            {"logprobs_mode": "raw_logits"},
+            {},
+            [("error", "boundary/rollout_sampling", "sampling.logprobs_mode")],
+        ),
         ({"top_k": 20}, {}, [("warning", "boundary/rollout_sampling", "sampling.truncation")]),
         ({"top_p": 0.95}, {}, [("warning", "boundary/rollout_sampling", "sampling.truncation")]),
         # a trainer that truncates alike recomputes the same renormalised distribution
@@ -101,7 +112,7 @@ def _check(engine=None, trainer=None):
         # ReMax's greedy baseline (top-k 1): no loss reads its log-probs
         ({"top_k": 1}, {"used": False}, []),
     ],
-)  # fmt: skip
+)
 def test_engine_facts_against_the_trainers(engine, trainer, expected):
     found = _check(engine, trainer)
     assert [(f.severity, f.kind, f.where.removeprefix("rollout:vllm.")) for f in found] == expected

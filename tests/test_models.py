@@ -227,14 +227,24 @@ def test_big_presets_are_llama_shapes():
 def test_qwen2_preset_has_qkv_biases_and_takes_qwen2_overrides():
     from verlaudit.plan.memory_model import Architecture
 
-    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+    small = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+    }
     cfg = ModelConfig(preset="qwen2-7b", overrides=small)
     model = build_causal_lm(cfg, TOK, FP32["actor"], "cpu", seed=0)
     attn = model.model.layers[0].self_attn
     # Qwen2: q/k/v projections carry a bias, o_proj none (a LlamaConfig's attention_bias would add all four)
     assert [getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "o_proj")] == [
-        True, True, True, False]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+    ]
     assert type(model).__name__ == "Qwen2ForCausalLM"
     built = preset_config(cfg, TOK)  # transformers 5 keeps rope_theta in rope_parameters, 4.x on the config
     assert (getattr(built, "rope_parameters", None) or {"rope_theta": built.rope_theta})["rope_theta"] == 1e6

@@ -113,16 +113,22 @@ def test_absolute_paths_and_modules_are_kept(suite_dir):
 def test_verl_compute_score_is_resolved_and_checked_like_the_others(suite_dir):
     (suite_dir / "rows.jsonl").write_text("")
     rows = suite_dir / "rows.jsonl"
-    p = write_suite(suite_dir, f"data: {{train_files: '{rows}', compute_score: plugins/user.py:compute_score, "
-                               "compute_score_kwargs: {scale: 2}}")  # fmt: skip
+    p = write_suite(
+        suite_dir,
+        f"data: {{train_files: '{rows}', compute_score: plugins/user.py:compute_score, "
+        "compute_score_kwargs: {scale: 2}}",
+    )
     suite = load_suite(p)
     assert suite.train.data.compute_score == f"{suite_dir / 'plugins' / 'user.py'}:compute_score"
     preflight(suite)
 
 
 def test_every_plugin_point_with_a_good_plugin_passes(suite_dir):
-    p = write_suite(suite_dir, "data: {dataset: plugins/user.py:dataset, collator: plugins/user.py:collator, "
-                               "reward_fn: plugins/user.py:flexible}, model: {reward_model: plugins/user.py:reward_model}")  # fmt: skip
+    p = write_suite(
+        suite_dir,
+        "data: {dataset: plugins/user.py:dataset, collator: plugins/user.py:collator, "
+        "reward_fn: plugins/user.py:flexible}, model: {reward_model: plugins/user.py:reward_model}",
+    )
     preflight(load_suite(p))
 
 

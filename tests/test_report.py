@@ -16,12 +16,28 @@ from verlaudit.analysis.report import collect, run_row, write_report
 from verlaudit.rundir import Finding, RunWriter, read_run
 
 
-def _run(root: Path, name: str, *, variant: str, seed: int = 0, algo: str = "ppo", metrics: list[dict],
-         status: dict | None, findings: list[Finding] = ()) -> Path:  # fmt: skip
+def _run(
+    root: Path,
+    name: str,
+    *,
+    variant: str,
+    seed: int = 0,
+    algo: str = "ppo",
+    metrics: list[dict],
+    status: dict | None,
+    findings: list[Finding] = (),
+) -> Path:
     with RunWriter(root / name) as w:
-        w.write_manifest({"variant": variant, "suite": "t", "seed": seed, "config": {"algo": {"name": algo}},
-                          "memory": {"source": "rss", "reason": "no NVML on CPU"},
-                          "environment": {"python": "3.11", "torch": "2.x", "cpu_count": 2}})  # fmt: skip
+        w.write_manifest(
+            {
+                "variant": variant,
+                "suite": "t",
+                "seed": seed,
+                "config": {"algo": {"name": algo}},
+                "memory": {"source": "rss", "reason": "no NVML on CPU"},
+                "environment": {"python": "3.11", "torch": "2.x", "cpu_count": 2},
+            }
+        )
         for i, m in enumerate(metrics):
             w.metrics(i, m)
         for f in findings:
@@ -48,12 +64,21 @@ def _metrics(**extra_per_step) -> list[dict]:
 
 
 def test_run_row_hand_worked(tmp_path):
-    p = _run(tmp_path, "fp16", variant="fp16", status={"state": "completed", "step": 4},
-             metrics=_metrics(actor__loss_scale=[65536.0, 32768.0, 32768.0, 16384.0, 16384.0],
-                              actor__skipped=[0.0, 1.0, 0.0, 0.5, 0.0]),
-             findings=[Finding(severity="warning", kind="numerics/fp16_headroom", message="m", where="lm_head"),
-                       Finding(severity="error", kind="dtype/module_input", message="m", where="model.norm"),
-                       Finding(severity="info", kind="x", message="m")])  # fmt: skip
+    p = _run(
+        tmp_path,
+        "fp16",
+        variant="fp16",
+        status={"state": "completed", "step": 4},
+        metrics=_metrics(
+            actor__loss_scale=[65536.0, 32768.0, 32768.0, 16384.0, 16384.0],
+            actor__skipped=[0.0, 1.0, 0.0, 0.5, 0.0],
+        ),
+        findings=[
+            Finding(severity="warning", kind="numerics/fp16_headroom", message="m", where="lm_head"),
+            Finding(severity="error", kind="dtype/module_input", message="m", where="model.norm"),
+            Finding(severity="info", kind="x", message="m"),
+        ],
+    )
     row = run_row(read_run(p), trailing_window=3)
     assert row["status"] == "completed" and row["steps"] == 5
     assert row["device_peak_gb"] == 1.5 and row["memory_source"] == "rss"
@@ -71,10 +96,17 @@ def test_run_row_hand_worked(tmp_path):
 
 
 def test_failed_killed_refused_and_dpo_rows(tmp_path):
-    nan_metrics = _metrics(actor__loss=[1.0, 2.0, float("nan"), float("inf"), 1.0],
-                           numerics__actor__nonfinite_grads=[0, 0, 3, 0, 0])  # fmt: skip
-    failed = _run(tmp_path, "f", variant="f", metrics=nan_metrics[:4],
-                  status={"state": "failed", "reason": "nonfinite", "step": 3, "phase": "actor_update", "error": "E"})  # fmt: skip
+    nan_metrics = _metrics(
+        actor__loss=[1.0, 2.0, float("nan"), float("inf"), 1.0],
+        numerics__actor__nonfinite_grads=[0, 0, 3, 0, 0],
+    )
+    failed = _run(
+        tmp_path,
+        "f",
+        variant="f",
+        metrics=nan_metrics[:4],
+        status={"state": "failed", "reason": "nonfinite", "step": 3, "phase": "actor_update", "error": "E"},
+    )
     row = run_row(read_run(failed), trailing_window=10)
     assert row["status"] == "failed at step 3 (actor_update): nonfinite" and row["steps"] == 4
     # two non-finite losses; the std uses the finite ones (1, 2): 0.5
@@ -94,22 +126,54 @@ def test_failed_killed_refused_and_dpo_rows(tmp_path):
     )
     row = run_row(read_run(refused), trailing_window=10)
     assert (row["status"], row["state"], row["steps"], row["error"]) == ("refused", "refused", 0, "no bf16")
-    dpo = _run(tmp_path, "d", variant="d", algo="dpo", status={"state": "completed"},
-               metrics=[{"actor/loss": 0.7, "rewards/margins": m} for m in (0.1, 0.3)])  # fmt: skip
+    dpo = _run(
+        tmp_path,
+        "d",
+        variant="d",
+        algo="dpo",
+        status={"state": "completed"},
+        metrics=[{"actor/loss": 0.7, "rewards/margins": m} for m in (0.1, 0.3)],
+    )
     row = run_row(read_run(dpo), trailing_window=10)
     assert row["reward_key"] == "rewards/margins" and row["reward_mean"] == pytest.approx(0.2)
 
 
 def test_seeds_aggregate_and_files(tmp_path):
-    (tmp_path / "suite.json").write_text(json.dumps({
-        "name": "t", "source": "suites/t.yaml", "seeds": [0, 1], "variants": {"b": {}, "a": {}},
-        "report": {"trailing_window": 2, "plots": True}}))  # fmt: skip
+    (tmp_path / "suite.json").write_text(
+        json.dumps(
+            {
+                "name": "t",
+                "source": "suites/t.yaml",
+                "seeds": [0, 1],
+                "variants": {"b": {}, "a": {}},
+                "report": {"trailing_window": 2, "plots": True},
+            }
+        )
+    )
     for seed, shift in ((0, 0.0), (1, 0.2)):
-        _run(tmp_path, f"b-s{seed}", variant="b", seed=seed, status={"state": "completed"},
-             metrics=_metrics(critic__score__mean=[r + shift for r in REWARDS]))  # fmt: skip
+        _run(
+            tmp_path,
+            f"b-s{seed}",
+            variant="b",
+            seed=seed,
+            status={"state": "completed"},
+            metrics=_metrics(critic__score__mean=[r + shift for r in REWARDS]),
+        )
     _run(tmp_path, "a-s0", variant="a", seed=0, status={"state": "completed"}, metrics=_metrics())
-    _run(tmp_path, "a-s1", variant="a", seed=1, metrics=_metrics()[:2],
-         status={"state": "failed", "reason": "oom", "step": 1, "phase": "rollout", "error": "CUDA out of memory"})  # fmt: skip
+    _run(
+        tmp_path,
+        "a-s1",
+        variant="a",
+        seed=1,
+        metrics=_metrics()[:2],
+        status={
+            "state": "failed",
+            "reason": "oom",
+            "step": 1,
+            "phase": "rollout",
+            "error": "CUDA out of memory",
+        },
+    )
     (tmp_path / "not-a-run").mkdir()
     rep = write_report(tmp_path)
     # suite order (b before a), one row per variant

@@ -180,8 +180,12 @@ def test_a_constant_reward_is_no_signal_from_the_first_step(tmp_path):
     (tmp_path / "r.py").write_text(
         "def r(prompts, responses, examples):\n    return [1.0] * len(responses)\n"
     )
-    a = audited({"algo": {"name": "grpo", "group_size": 4, "mini_batch_size": 8, "micro_batch_size": 8},
-                 "data": {"reward_fn": f"{tmp_path}/r.py:r"}})  # fmt: skip
+    a = audited(
+        {
+            "algo": {"name": "grpo", "group_size": 4, "mini_batch_size": 8, "micro_batch_size": 8},
+            "data": {"reward_fn": f"{tmp_path}/r.py:r"},
+        }
+    )
     (f,) = a.findings.find("reward/no_signal")
     assert f.step == 0 and f.observed["groups"] == 2 and f.observed["fraction"] == 1.0
 
@@ -197,7 +201,9 @@ def test_user_hooks_are_recorded_and_library_hooks_are_not():
 
     m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     m[0].register_forward_hook(_user_hook)
-    m[1].register_forward_pre_hook(functools.partial(torch.nn.modules.module.Module.__call__))  # torch's own code
+    m[1].register_forward_pre_hook(
+        functools.partial(torch.nn.modules.module.Module.__call__)
+    )  # torch's own code
     (f,) = user_hooks("actor", m)
     assert (f.kind, f.where, f.severity) == ("model/user_hook", "0", "info")
     assert f.observed == [f"{_user_hook.__module__}._user_hook"]
@@ -208,8 +214,15 @@ def test_a_module_output_cast_outside_autocast():
     f32, b16 = torch.float32, torch.bfloat16
 
     def call(ins, own, outs, ac=None):
-        c = ModuleCall(role="actor", name="m.layers.0", kind="other", param_dtypes=own, autocast=ac,
-                       inputs=tuple(("arg0", d) for d in ins), outputs=outs)  # fmt: skip
+        c = ModuleCall(
+            role="actor",
+            name="m.layers.0",
+            kind="other",
+            param_dtypes=own,
+            autocast=ac,
+            inputs=tuple(("arg0", d) for d in ins),
+            outputs=outs,
+        )
         return [f.kind for f in check_module_call(c, pol, step=0, phase="rollout", stage="post")]
 
     assert call((f32,), (), (b16,)) == ["dtype/module_output"]  # fp32 in, bf16 out, no autocast: a cast
@@ -224,8 +237,9 @@ def test_a_module_output_cast_outside_autocast():
 
 
 def _killed(tmp_path, returncode, phase):
-    run = make_run(tmp_path / "k", steps=3, metrics=[{"actor/loss": 0.5}], status=None,
-                   data={"reward_fn": "r.py:score"})  # fmt: skip
+    run = make_run(
+        tmp_path / "k", steps=3, metrics=[{"actor/loss": 0.5}], status=None, data={"reward_fn": "r.py:score"}
+    )
     with RunWriter(run) as w:
         for p in ("rollout", "reward", "ref", "critic", "actor_update", "critic_update"):
             w.event("phase_start", step=0, phase=p)
@@ -274,10 +288,24 @@ def test_an_allocator_cap_is_compared_without_the_cuda_context(tmp_path):
     # Counting it would put every fix at >= 0.5 GiB: "does NOT fit" for all of them.
     from verlaudit.plan import memory_model as mm
 
-    run = make_run(tmp_path / "cap", preset="bf16", steps=3, metrics=[],
-                   data={"prompt_length": 512, "response_length": 512}, algo={"name": "ppo", "micro_batch_size": 8},
-                   status=("failed", {"reason": "oom", "step": 0, "phase": "actor_update", "memory": {},
-                                      "traceback": 'File "trainer/ppo.py", line 9, in update_actor\n'}))  # fmt: skip
+    run = make_run(
+        tmp_path / "cap",
+        preset="bf16",
+        steps=3,
+        metrics=[],
+        data={"prompt_length": 512, "response_length": 512},
+        algo={"name": "ppo", "micro_batch_size": 8},
+        status=(
+            "failed",
+            {
+                "reason": "oom",
+                "step": 0,
+                "phase": "actor_update",
+                "memory": {},
+                "traceback": 'File "trainer/ppo.py", line 9, in update_actor\n',
+            },
+        ),
+    )
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["emulation"] = {"target": "h200", "memory_cap_gb": 0.45, "applied": True}
     (run / "manifest.json").write_text(json.dumps(manifest))
@@ -293,17 +321,36 @@ def test_an_allocator_cap_is_compared_without_the_cuda_context(tmp_path):
 def test_a_precision_fix_is_not_offered_to_a_run_that_has_it(tmp_path):
     # a float/float dtype error in a bf16 run (autocast on): switching to the bf16 preset changes nothing
     msg = "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and BFloat16"
-    run = make_run(tmp_path / "b", preset="bf16", metrics=[],
-                   status=("failed", {"reason": "dtype_error", "error": msg, "step": 0, "phase": "critic"}))  # fmt: skip
+    run = make_run(
+        tmp_path / "b",
+        preset="bf16",
+        metrics=[],
+        status=("failed", {"reason": "dtype_error", "error": msg, "step": 0, "phase": "critic"}),
+    )
     top = causes(run).causes[0]
     assert top.kind == "dtype_error" and not any(f.suite == "precision.preset: bf16" for f in top.fixes)
     # integer ids: autocast never touches them, so no precision advice at all
     ids = "RuntimeError: Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"
-    run = make_run(tmp_path / "i", preset="fp32", metrics=[],
-                   status=("failed", {"reason": "dtype_error", "error": ids, "step": 0, "phase": "rollout"}),
-                   findings=[Finding(severity="error", kind="runtime/dtype_error", step=0, phase="rollout",
-                                     role="actor", where="model.embed_tokens", observed="fp32", expected="int64",
-                                     message="x", fix="keep ids torch.long")])  # fmt: skip
+    run = make_run(
+        tmp_path / "i",
+        preset="fp32",
+        metrics=[],
+        status=("failed", {"reason": "dtype_error", "error": ids, "step": 0, "phase": "rollout"}),
+        findings=[
+            Finding(
+                severity="error",
+                kind="runtime/dtype_error",
+                step=0,
+                phase="rollout",
+                role="actor",
+                where="model.embed_tokens",
+                observed="fp32",
+                expected="int64",
+                message="x",
+                fix="keep ids torch.long",
+            )
+        ],
+    )
     top = causes(run).causes[0]
     assert [f.why for f in top.fixes] == ["keep ids torch.long"]
 

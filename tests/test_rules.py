@@ -20,11 +20,30 @@ from verlaudit.analysis.rules import RULES, Event, Moment, chains, finding_class
 from verlaudit.rundir import Finding, RunDir
 
 
-def finding(kind, *, step=0, phase="rollout", role="actor", where="model.layers.0.mlp", observed=None,
-            expected=None, severity="error", message=None):  # fmt: skip
-    return Finding(severity=severity, kind=kind, step=step, phase=phase, role=role, where=where,
-                   observed=observed, expected=expected, message=message or f"{kind} at {where}",
-                   fix=f"fix the {kind} at {where}")  # fmt: skip
+def finding(
+    kind,
+    *,
+    step=0,
+    phase="rollout",
+    role="actor",
+    where="model.layers.0.mlp",
+    observed=None,
+    expected=None,
+    severity="error",
+    message=None,
+):
+    return Finding(
+        severity=severity,
+        kind=kind,
+        step=step,
+        phase=phase,
+        role=role,
+        where=where,
+        observed=observed,
+        expected=expected,
+        message=message or f"{kind} at {where}",
+        fix=f"fix the {kind} at {where}",
+    )
 
 
 class Records:
@@ -37,8 +56,20 @@ class Records:
 def nan_loss(step=0, role="actor"):
     metrics = [{"step": s, "actor/loss": 0.5, "actor/skipped": 0.0} for s in range(step)]
     metrics.append({"step": step, "actor/loss": "nan", "actor/skipped": 1.0})
-    return Records([finding("numerics/nonfinite_loss", step=step, phase="actor_update", role=role, where="loss",
-                            observed={"loss": "nan"}, expected="finite")], metrics=metrics)  # fmt: skip
+    return Records(
+        [
+            finding(
+                "numerics/nonfinite_loss",
+                step=step,
+                phase="actor_update",
+                role=role,
+                where="loss",
+                observed={"loss": "nan"},
+                expected="finite",
+            )
+        ],
+        metrics=metrics,
+    )
 
 
 def fp16_skips(first=0, n=3, nan_at=None):
@@ -46,8 +77,14 @@ def fp16_skips(first=0, n=3, nan_at=None):
     metrics = []
     for s in range(first + n + 1):
         skipped = first <= s < first + n
-        metrics.append({"step": s, "actor/loss": 0.5, "actor/skipped": 1.0 if skipped else 0.0,
-                        "actor/loss_scale": 65536.0 / 2 ** max(0, min(s, first + n) - first)})  # fmt: skip
+        metrics.append(
+            {
+                "step": s,
+                "actor/loss": 0.5,
+                "actor/skipped": 1.0 if skipped else 0.0,
+                "actor/loss_scale": 65536.0 / 2 ** max(0, min(s, first + n) - first),
+            }
+        )
     if nan_at is not None:
         metrics[nan_at]["actor/loss"] = "inf"
     return Records(metrics=metrics, preset="fp16")
@@ -56,10 +93,26 @@ def fp16_skips(first=0, n=3, nan_at=None):
 def failed(reason, error, *, step=0, phase="rollout", role="actor", where="model.embed_tokens"):
     findings = []
     if reason == "dtype_error":
-        findings = [finding("runtime/dtype_error", step=step, phase=phase, role=role, where=where,
-                            observed="fp32", expected="bf16")]  # fmt: skip
-    status = {"state": "failed", "reason": reason, "step": step, "phase": phase, "error": error, "role": role,
-              "where": where}  # fmt: skip
+        findings = [
+            finding(
+                "runtime/dtype_error",
+                step=step,
+                phase=phase,
+                role=role,
+                where=where,
+                observed="fp32",
+                expected="bf16",
+            )
+        ]
+    status = {
+        "state": "failed",
+        "reason": reason,
+        "step": step,
+        "phase": phase,
+        "error": error,
+        "role": role,
+        "where": where,
+    }
     return Records(findings, status=status)
 
 
@@ -134,9 +187,14 @@ def run_dir(*parts: Records, algo="ppo") -> RunDir:
             metrics.setdefault(m["step"], {}).update(m)
     status = next((p.status for p in parts if p.status), {"state": "completed"})
     findings = sorted((f for p in parts for f in p.findings), key=lambda f: -1 if f.step is None else f.step)
-    return RunDir(path=Path("/nonexistent/run"), manifest={"config": config.to_dict(),
-                  "policy": resolve_policy(preset).to_dict()}, metrics=[metrics[k] for k in sorted(metrics)],
-                  findings=findings, events=[], status=status)  # fmt: skip
+    return RunDir(
+        path=Path("/nonexistent/run"),
+        manifest={"config": config.to_dict(), "policy": resolve_policy(preset).to_dict()},
+        metrics=[metrics[k] for k in sorted(metrics)],
+        findings=findings,
+        events=[],
+        status=status,
+    )
 
 
 def symptom_role(root: str, symptom: str) -> str:

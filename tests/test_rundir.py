@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 
 from verlaudit.rundir import Finding, RunWriter, dumps, iter_jsonl, read_run
 
-scalars = st.one_of(st.integers(-1000, 1000), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-                    st.booleans(), st.none())  # fmt: skip
+scalars = st.one_of(
+    st.integers(-1000, 1000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.booleans(),
+    st.none(),
+)
 records = st.lists(
     st.dictionaries(st.text(min_size=1, max_size=6), scalars, max_size=4), min_size=1, max_size=6
 )
@@ -78,20 +83,44 @@ def _run_dir(tmp_path, **files):
         ("manifest_json", '{"policy": {"roles": [1]}}', r"manifest\.json: policy\.roles: expected an object"),
         ("status_json", "[]", r"status\.json: expected a JSON object"),
         ("status_json", '{"state": 3}', r"status\.json: state: expected a string"),
-        ("status_json", '{"state": "done"}', r"status\.json: state: 'done'; expected one of completed, failed"),
+        (
+            "status_json",
+            '{"state": "done"}',
+            r"status\.json: state: 'done'; expected one of completed, failed",
+        ),
         ("status_json", '{"state": "failed", "step": 1.5}', r"status\.json: step: expected an integer"),
         # a complete last line of the wrong type is not a torn write: it is named, not skipped
-        ("metrics_jsonl", '{"step": 0}\n[1, 2]\n', r"metrics\.jsonl:2: expected a JSON object per line, got a list"),
+        (
+            "metrics_jsonl",
+            '{"step": 0}\n[1, 2]\n',
+            r"metrics\.jsonl:2: expected a JSON object per line, got a list",
+        ),
         ("metrics_jsonl", '{"step": "0"}\n', r"metrics\.jsonl:1: step: expected an integer, got a string"),
         ("metrics_jsonl", '{"loss": 1}\n', r"metrics\.jsonl:1: step: expected an integer, got null"),
-        ("metrics_jsonl", '{"step": 0, "actor/loss": [1]}\n', r"metrics\.jsonl:1: actor/loss: expected a number"),
-        ("metrics_jsonl", '{"step": 0, "actor/loss": "high"}\n', r"metrics\.jsonl:1: actor/loss: expected a number"),
+        (
+            "metrics_jsonl",
+            '{"step": 0, "actor/loss": [1]}\n',
+            r"metrics\.jsonl:1: actor/loss: expected a number",
+        ),
+        (
+            "metrics_jsonl",
+            '{"step": 0, "actor/loss": "high"}\n',
+            r"metrics\.jsonl:1: actor/loss: expected a number",
+        ),
         ("findings_jsonl", '{"kind": "x", "message": "m"}\n', r"findings\.jsonl:1: severity: missing"),
-        ("findings_jsonl", '{"severity": "bad", "kind": "x", "message": "m"}\n', r"findings\.jsonl:1: Finding\.severity"),
-        ("findings_jsonl", '{"severity": "error", "kind": 3, "message": "m"}\n', r"findings\.jsonl:1: kind: expected a string"),
+        (
+            "findings_jsonl",
+            '{"severity": "bad", "kind": "x", "message": "m"}\n',
+            r"findings\.jsonl:1: Finding\.severity",
+        ),
+        (
+            "findings_jsonl",
+            '{"severity": "error", "kind": 3, "message": "m"}\n',
+            r"findings\.jsonl:1: kind: expected a string",
+        ),
         ("events_jsonl", '{"step": 0}\n', r"events\.jsonl:1: kind: expected a string"),
     ],
-)  # fmt: skip
+)
 def test_a_file_of_the_wrong_shape_is_named_not_a_traceback(tmp_path, file, text, message):
     path = _run_dir(tmp_path, **{file: text})
     with pytest.raises(ValueError, match=message):

@@ -34,9 +34,14 @@ CPU_ONLY = PresentDevice(cuda=False, gpu_count=0)
 
 
 def _suite(target: str, gpus: int = 1, presets=("fp32", "fp16", "bf16", "bf16-pure"), **hw) -> Suite:
-    return Suite.from_dict({
-        "name": "s", "train": {"steps": 2}, "hardware": {"target": target, "gpus": gpus, **hw},
-        "variants": {p: {"precision": {"preset": p}} for p in presets}})  # fmt: skip
+    return Suite.from_dict(
+        {
+            "name": "s",
+            "train": {"steps": 2},
+            "hardware": {"target": target, "gpus": gpus, **hw},
+            "variants": {p: {"precision": {"preset": p}} for p in presets},
+        }
+    )
 
 
 def test_hardware_targets():
@@ -73,8 +78,18 @@ def test_v100_target_refuses_bf16_variants_only(tmp_path):
     assert "v100-32gb (compute capability 7.0) has no native bf16" in refused["bf16"]
     assert "precision.preset: fp16" in refused["bf16-pure"]
     # a per-role override that brings bf16 back into an fp16 variant is refused as well
-    s = Suite.from_dict({"name": "s", "train": {}, "hardware": {"target": "t4"}, "variants": {
-        "mixed": {"precision": {"preset": "fp16", "overrides": {"rollout": {"compute_dtype": "bf16"}}}}}})  # fmt: skip
+    s = Suite.from_dict(
+        {
+            "name": "s",
+            "train": {},
+            "hardware": {"target": "t4"},
+            "variants": {
+                "mixed": {
+                    "precision": {"preset": "fp16", "overrides": {"rollout": {"compute_dtype": "bf16"}}}
+                }
+            },
+        }
+    )
     (p,) = runner.plan_runs(s, tmp_path, H200).runs
     assert "roles rollout use bf16" in p.refused
 
@@ -109,9 +124,15 @@ def test_launch_command_is_the_worker_or_torchrun_for_several_gpus():
         "x/spec.json",
     ]
     assert runner.launch_command("x/spec.json", 2) == [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "verlaudit.run.worker", "x/spec.json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "verlaudit.run.worker",
+        "x/spec.json",
+    ]
 
 
 def test_spec_follows_the_worker_contract(tmp_path):
@@ -122,8 +143,13 @@ def test_spec_follows_the_worker_contract(tmp_path):
     assert (spec["variant"], spec["seed"], spec["run_dir"]) == ("fp32", 1, str(tmp_path / "fp32-s1"))
     assert spec["train"]["seed"] == 1 and spec["train"]["steps"] == 3 and spec["train"]["device"] == "cpu"
     assert spec["audit"] == {
-        "level": "full", "full_steps": 2, "every": 10, "shadow": False, "shadow_rows": 2, "opcount_steps": 1
-    }  # fmt: skip
+        "level": "full",
+        "full_steps": 2,
+        "every": 10,
+        "shadow": False,
+        "shadow_rows": 2,
+        "opcount_steps": 1,
+    }
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}
     # resolved once, here: the worker reads the device type and the policy instead of deciding them
     assert spec["device"] == "cpu" and spec["policy"]["preset"] == "fp32"
@@ -202,8 +228,18 @@ def _env() -> dict[str, str]:
 
 def test_failed_variant_is_reported_while_the_others_complete(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "verlaudit", "run", str(_broken_suite(tmp_path, 2)), "--out", str(out), "--no-progress",
-           "--audit-level", "boundary"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlaudit",
+        "run",
+        str(_broken_suite(tmp_path, 2)),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--audit-level",
+        "boundary",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a variant failed; the report was still written
     rep = write_report(out)
@@ -218,8 +254,22 @@ def test_failed_variant_is_reported_while_the_others_complete(tmp_path):
 
 def test_ctrl_c_stops_the_child_keeps_what_was_written_and_exits_130(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "verlaudit", "run", str(TINY), "--steps", "500", "--variants", "fp32,fp16",
-           "--out", str(out), "--no-progress", "--audit-level", "off"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlaudit",
+        "run",
+        str(TINY),
+        "--steps",
+        "500",
+        "--variants",
+        "fp32,fp16",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--audit-level",
+        "off",
+    ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -154,12 +154,14 @@ def test_planner_kept_layer_cost_hand_worked():
 
 
 def _dpo_7b(n="auto", preset="bf16-pure"):
-    return TrainConfig.from_dict({
-        "model": {"preset": "llama2-7b"},
-        "data": {"prompt_length": 512, "response_length": 512},
-        "algo": {"name": "dpo", "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8},
-        "precision": {"preset": preset, "grad_checkpointing": True, "checkpoint_layers": n},
-    })  # fmt: skip
+    return TrainConfig.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "data": {"prompt_length": 512, "response_length": 512},
+            "algo": {"name": "dpo", "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 8},
+            "precision": {"preset": preset, "grad_checkpointing": True, "checkpoint_layers": n},
+        }
+    )
 
 
 @pytest.mark.parametrize("preset,target", [("bf16-pure", 139.8), ("bf16", 139.8), ("bf16", 80.0)])
@@ -241,8 +243,15 @@ def _compiled_layer_bytes(preset, cfg, monkeypatch, **kw):
 def test_compiled_layer_saved_bytes_match_the_hooks(preset, monkeypatch):
     from verlaudit.plan.memory_model import ActDtypes, compiled_layer_saved_bytes
 
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, vocab_size=50, attn_implementation="sdpa")  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=50,
+        attn_implementation="sdpa",
+    )
     d = ActDtypes.of(resolve_policy(preset)["actor"])
     measured = _compiled_layer_bytes(preset, cfg, monkeypatch)
     # the measurement leaves out the layer's own input (r h), which the model counts

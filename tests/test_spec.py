@@ -87,17 +87,25 @@ def test_run_spec_round_trips_through_json(preset, seed, level, cap, inject):
         (lambda d: d.pop("policy"), "policy: missing"),
         (lambda d: d.pop("device"), "device: missing"),
         (lambda d: d.update(device="tpu"), "device: 'tpu'; expected one of cpu, cuda"),
-        (lambda d: d["train"].update(device="cuda:0"), "train.device: 'cuda:0' contradicts the run's device 'cpu'"),
-        (lambda d: d["policy"]["roles"]["actor"].update(param_dtype="fp8"),
-         "policy.roles.actor.param_dtype: unknown dtype 'fp8'"),
-        (lambda d: d["policy"]["roles"]["actor"].update(colour=1), "policy.roles.actor.colour: unknown field"),
+        (
+            lambda d: d["train"].update(device="cuda:0"),
+            "train.device: 'cuda:0' contradicts the run's device 'cpu'",
+        ),
+        (
+            lambda d: d["policy"]["roles"]["actor"].update(param_dtype="fp8"),
+            "policy.roles.actor.param_dtype: unknown dtype 'fp8'",
+        ),
+        (
+            lambda d: d["policy"]["roles"]["actor"].update(colour=1),
+            "policy.roles.actor.colour: unknown field",
+        ),
         (lambda d: d["policy"]["roles"].update(critc={}), "policy.roles.critc: expected a role"),
         (lambda d: d["policy"].update(preset="bf16"), "policy.preset: 'bf16' is not train.precision.preset"),
         (lambda d: d["emulation"].update(memory_cap_gb=0), "emulation.memory_cap_gb: expected a number > 0"),
         (lambda d: d["audit"].update(every=-1), "audit.every: expected an integer >= 0"),
         (lambda d: d.update(seed="1"), "seed: expected an integer"),
     ],
-)  # fmt: skip
+)
 def test_bad_spec_names_the_field(mutate, message):
     data = json.loads(json.dumps(_spec().to_dict()))
     mutate(data)

@@ -46,12 +46,16 @@ KL_ON = {"ppo": {"use_kl_in_reward": True}, "grpo": {"use_kl_loss": True}, "dpo"
 
 
 def config(algo: str, preset: str = "fp32", *, steps: int = 2, kl: bool = True, **algo_over) -> TrainConfig:
-    return TrainConfig.from_dict({
-        "algo": {"name": algo, **SMALL, **(KL_ON[algo] if kl else {}), **algo_over},
-        "data": {"prompt_length": 12, "response_length": 4, "num_examples": 256},
-        "precision": {"preset": preset},
-        "steps": steps, "device": "cpu", "seed": 0,
-    })  # fmt: skip
+    return TrainConfig.from_dict(
+        {
+            "algo": {"name": algo, **SMALL, **(KL_ON[algo] if kl else {}), **algo_over},
+            "data": {"prompt_length": 12, "response_length": 4, "num_examples": 256},
+            "precision": {"preset": preset},
+            "steps": steps,
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
 
 
 class Recorder(Observer):
@@ -110,8 +114,19 @@ class Recorder(Observer):
 
 def _rl_step(step: int, critic: bool) -> list[str]:
     """One PPO/GRPO step with 4 sequences, mini-batch 4, micro-batch 2, one epoch."""
-    calls = [f"start:{step}", "<rollout", "batch", "rollout", "rollout>", "<reward", "reward", "reward>",
-             "<ref", "fwd:reference:ref_logprobs", "ref>"]  # fmt: skip
+    calls = [
+        f"start:{step}",
+        "<rollout",
+        "batch",
+        "rollout",
+        "rollout>",
+        "<reward",
+        "reward",
+        "reward>",
+        "<ref",
+        "fwd:reference:ref_logprobs",
+        "ref>",
+    ]
     if critic:
         calls += ["<critic", "fwd:critic:values", "critic>"]
     calls += ["<actor_update", "fwd:actor:old_logprobs"]
@@ -127,8 +142,15 @@ def _rl_step(step: int, critic: bool) -> list[str]:
 
 
 def _dpo_step(step: int) -> list[str]:
-    calls = [f"start:{step}", "batch", "<ref", "fwd:reference:ref_chosen_logps", "fwd:reference:ref_rejected_logps",
-             "ref>", "<actor_update"]  # fmt: skip
+    calls = [
+        f"start:{step}",
+        "batch",
+        "<ref",
+        "fwd:reference:ref_chosen_logps",
+        "fwd:reference:ref_rejected_logps",
+        "ref>",
+        "<actor_update",
+    ]
     calls += ["fwd:actor:chosen_logps", "fwd:actor:rejected_logps", "loss:actor", "bwd:actor"] * 2
     return calls + ["pre_opt:actor", "opt:actor", "actor_update>", f"end:{step}"]
 
@@ -184,8 +206,15 @@ def test_each_algorithm_runs_in_each_preset(algo, preset):
 
 def _improvement(algo: str, preset: str) -> tuple[float, float]:
     algo_cfg = {"name": algo, **LEARN[algo]}
-    cfg = TrainConfig.from_dict({"algo": algo_cfg, "precision": {"preset": preset}, "steps": LEARN_STEPS[algo],
-                                 "device": "cpu", "seed": 0})  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            "algo": algo_cfg,
+            "precision": {"preset": preset},
+            "steps": LEARN_STEPS[algo],
+            "device": "cpu",
+            "seed": 0,
+        }
+    )
     key = "rewards/margins" if algo == "dpo" else "critic/score/mean"
     values = [m[key] for m in train(cfg).history]
     k = 4
@@ -238,11 +267,13 @@ def test_nonfinite_loss_aborts_after_the_configured_count(tmp_path):
     user.write_text(
         "def nan_reward(prompts, responses, examples):\n    return [float('nan')] * len(responses)\n"
     )
-    cfg = TrainConfig.from_dict({
-        **config("grpo", batch_size=2, steps=5).to_dict(),
-        "data": {"reward_fn": f"{user}:nan_reward", "prompt_length": 12, "response_length": 4},
-        "abort_on_nonfinite_loss": 2,
-    })  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            **config("grpo", batch_size=2, steps=5).to_dict(),
+            "data": {"reward_fn": f"{user}:nan_reward", "prompt_length": 12, "response_length": 4},
+            "abort_on_nonfinite_loss": 2,
+        }
+    )
     rec = Recorder()
     with pytest.raises(NonFiniteLossError) as info:
         train(cfg, rec)
@@ -258,10 +289,12 @@ def test_nonfinite_loss_aborts_after_the_configured_count(tmp_path):
 def test_reward_of_the_wrong_shape_names_the_reward_fn(tmp_path):
     user = tmp_path / "rewards.py"
     user.write_text("def short(prompts, responses, examples):\n    return [1.0]\n")
-    cfg = TrainConfig.from_dict({
-        **config("ppo").to_dict(),
-        "data": {"reward_fn": f"{user}:short", "prompt_length": 12, "response_length": 4},
-    })  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            **config("ppo").to_dict(),
+            "data": {"reward_fn": f"{user}:short", "prompt_length": 12, "response_length": 4},
+        }
+    )
     with pytest.raises(ValueError, match=r"data.reward_fn: returned shape \(1,\), expected \(4,\)"):
         train(cfg)
 
@@ -280,12 +313,21 @@ def test_cli_runs_and_refuses_bad_configs(tmp_path, capsys):
 
 def test_ppo_kl_as_loss_epochs_and_reward_model():
     rec = Recorder()
-    cfg = TrainConfig.from_dict({
-        **config("ppo", steps=1).to_dict(),
-        "algo": {"name": "ppo", **SMALL, "mini_batch_size": 2, "micro_batch_size": 1, "ppo_epochs": 2,
-                 "use_kl_loss": True, "kl_loss_type": "low_var_kl"},
-        "model": {"reward_model": "preset:tiny-llama"},
-    })  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            **config("ppo", steps=1).to_dict(),
+            "algo": {
+                "name": "ppo",
+                **SMALL,
+                "mini_batch_size": 2,
+                "micro_batch_size": 1,
+                "ppo_epochs": 2,
+                "use_kl_loss": True,
+                "kl_loss_type": "low_var_kl",
+            },
+            "model": {"reward_model": "preset:tiny-llama"},
+        }
+    )
     m = train(cfg, rec).final
     # KL is a loss term, not a reward penalty: token rewards summed per sequence equal the scores
     assert "actor/kl_loss" in m and m["actor/kl_loss"] >= 0.0 and m["rollout/kl_ref"] >= 0.0  # k3 >= 0
@@ -309,8 +351,19 @@ def test_verl_defaults_build_no_reference_and_skip_the_ref_phase():
     assert m["actor/reward_kl_penalty_coeff"] == 0.05 and math.isfinite(m["actor/reward_kl_penalty"])
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                       "remax", "gpg", "opo", "grpo_passk"])  # fmt: skip
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "gpg",
+        "opo",
+        "grpo_passk",
+    ],
+)
 def test_each_critic_free_estimator_runs(estimator):
     rec = Recorder()
     m = train(config("grpo", steps=1, kl=False, batch_size=2, adv_estimator=estimator), rec).final

@@ -219,15 +219,22 @@ def test_compute_score_called_with_verls_arguments():
     ex = _examples()
     out = _reward(compute_score, bonus=0.5)(["p0", "p1"], ["r0", "r1"], ex)
     assert out == [1.5, 1.5] and all(isinstance(v, float) for v in out)
-    assert calls[0] == ("openai/gsm8k", "r0", ex[0]["reward_model"]["ground_truth"],
-                        {**ex[0]["extra_info"], "num_turns": None})  # fmt: skip
+    assert calls[0] == (
+        "openai/gsm8k",
+        "r0",
+        ex[0]["reward_model"]["ground_truth"],
+        {**ex[0]["extra_info"], "num_turns": None},
+    )
     assert "mutated" not in ex[0]["extra_info"]
 
 
 def test_dict_scores_become_step_metrics():
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-        return {"score": sum(c.isdigit() for c in solution_str) / len(solution_str),
-                "acc": solution_str == ground_truth, "pred": solution_str}  # fmt: skip
+        return {
+            "score": sum(c.isdigit() for c in solution_str) / len(solution_str),
+            "acc": solution_str == ground_truth,
+            "pred": solution_str,
+        }
 
     ex = _examples()
     gt = ex[0]["reward_model"]["ground_truth"]

@@ -87,8 +87,10 @@ def test_unresolvable_values_say_why(launch):
 
 def test_comment_ends_the_command_as_bash_does(tmp_path):
     p = tmp_path / "r.sh"
-    p.write_text("python3 -m verl.trainer.main_ppo \\\n  data.train_batch_size=8 \\\n"
-                 "  # trainer.logger=wandb \\\n  trainer.n_gpus_per_node=2\n")  # fmt: skip
+    p.write_text(
+        "python3 -m verl.trainer.main_ppo \\\n  data.train_batch_size=8 \\\n"
+        "  # trainer.logger=wandb \\\n  trainer.n_gpus_per_node=2\n"
+    )
     launch = read_launch(p, env={})
     assert [o.key for o in launch.overrides] == ["data.train_batch_size"]
     assert any("bash ended the verl command before this line" in n for n in launch.notes)
@@ -96,8 +98,10 @@ def test_comment_ends_the_command_as_bash_does(tmp_path):
 
 def test_recipe_entry_ray_submit_and_no_command(tmp_path):
     p = tmp_path / "r.sh"
-    p.write_text("ray job submit --address=http://x:8265 -- python3 -m recipe.dapo.main_dapo \\\n"
-                 "  actor_rollout_ref.actor.clip_ratio_high=0.28\n")  # fmt: skip
+    p.write_text(
+        "ray job submit --address=http://x:8265 -- python3 -m recipe.dapo.main_dapo \\\n"
+        "  actor_rollout_ref.actor.clip_ratio_high=0.28\n"
+    )
     launch = read_launch(p, env={})
     assert launch.entry == "recipe.dapo.main_dapo" and launch.overrides[0].value == 0.28
     assert any("a recipe's own trainer" in n for n in launch.notes)
@@ -108,9 +112,11 @@ def test_recipe_entry_ray_submit_and_no_command(tmp_path):
 
 def test_yaml_config_flattened_with_lines(tmp_path):
     p = tmp_path / "ppo.yaml"
-    p.write_text("defaults:\n  - _self_\ndata:\n  train_batch_size: 16\n  train_files: [a.parquet, b.parquet]\n"
-                 "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1e-6\n    fsdp_config:\n"
-                 "      model_dtype: 'fp32'\n")  # fmt: skip
+    p.write_text(
+        "defaults:\n  - _self_\ndata:\n  train_batch_size: 16\n  train_files: [a.parquet, b.parquet]\n"
+        "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1e-6\n    fsdp_config:\n"
+        "      model_dtype: 'fp32'\n"
+    )
     launch = read_launch(p)
     by = {o.key: o for o in launch.overrides}
     assert launch.kind == "yaml" and by["data.train_batch_size"].value == 16

@@ -34,8 +34,16 @@ def resolved(train):
 
 def spec(tmp_path, **extra):
     train = extra.pop("train", TRAIN)
-    s = {"variant": "v", "suite": "t", "seed": 3, "run_dir": str(tmp_path / "run"), "train": train,
-         "audit": {"level": "full", "full_steps": 1, "every": 0}, **resolved(train), **extra}  # fmt: skip
+    s = {
+        "variant": "v",
+        "suite": "t",
+        "seed": 3,
+        "run_dir": str(tmp_path / "run"),
+        "train": train,
+        "audit": {"level": "full", "full_steps": 1, "every": 0},
+        **resolved(train),
+        **extra,
+    }
     p = tmp_path / "spec.json"
     p.write_text(json.dumps(s))
     return p
@@ -43,8 +51,14 @@ def spec(tmp_path, **extra):
 
 def worker(path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "verlaudit.run.worker", str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "verlaudit.run.worker", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_completed_run_directory(tmp_path):
@@ -62,8 +76,13 @@ def test_completed_run_directory(tmp_path):
     first, second = run.metrics
     assert first["audit/full"] == 1.0 and second["audit/full"] == 0.0  # full_steps=1, every=0
     assert "numerics/actor/act_absmax" in first and "numerics/actor/act_absmax" not in second
-    for key in ("actor/loss", "perf/device_memory_peak_gb", "memory/actor_update/device_peak_gb",
-                "numerics/actor/nonfinite_grads", "audit/findings/error"):  # fmt: skip
+    for key in (
+        "actor/loss",
+        "perf/device_memory_peak_gb",
+        "memory/actor_update/device_peak_gb",
+        "numerics/actor/nonfinite_grads",
+        "audit/findings/error",
+    ):
         assert key in second
     # verl's per-phase wall time: every phase the recipe marks, each inside the step's own time
     phases = {k for k in second if k.startswith("timing_s/")}

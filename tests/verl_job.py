@@ -28,13 +28,15 @@ def gsm8k_rows(n: int, seed: int = 0) -> list[dict]:
     rows = []
     for i in range(n):
         a, b = rng.randint(2, 60), rng.randint(2, 60)
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"Add {a} and {b}. End with #### n."}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": "train", "index": i, "answer": f"{a}+{b}={a + b} #### {a + b}"},
-        })  # fmt: skip
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"Add {a} and {b}. End with #### n."}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": "train", "index": i, "answer": f"{a}+{b}={a + b} #### {a + b}"},
+            }
+        )
     return rows
 
 
@@ -60,10 +62,18 @@ def tiny_qwen_dir(path: Path, *, chat_template: bool = True) -> Path:
     if chat_template:
         tok.chat_template = CHAT_TEMPLATE
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -87,8 +97,11 @@ def two_rank_extras(rank: int, init_file: str, out: str) -> None:
         log = common.StepLog(NULL_OBSERVER, 0, info)
         log.start(0)
         # rank 0: acc on 2 responses (1, 0); rank 1: acc on 1 response (1) and a key rank 0 never saw
-        add_step_metrics({"reward_extra/acc/mean": (1.0, 2)} if rank == 0 else
-                         {"reward_extra/acc/mean": (1.0, 1), "reward_extra/len/mean": (8.0, 2)})  # fmt: skip
+        add_step_metrics(
+            {"reward_extra/acc/mean": (1.0, 2)}
+            if rank == 0
+            else {"reward_extra/acc/mean": (1.0, 1), "reward_extra/len/mean": (8.0, 2)}
+        )
         got = log.end(0, {"actor/loss": float(rank)})
         Path(f"{out}.{rank}").write_text(json.dumps(got))
     finally:

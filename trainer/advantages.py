@@ -113,8 +113,10 @@ def grpo_passk(
     for g in torch.unique(index):
         rows = torch.nonzero(index == g).flatten()
         if len(rows) < 2:
-            raise ValueError(f"adv_estimator grpo_passk: needs at least 2 responses per prompt, group {int(g)} "
-                             f"has {len(rows)}; set algo.group_size >= 2")  # fmt: skip
+            raise ValueError(
+                f"adv_estimator grpo_passk: needs at least 2 responses per prompt, group {int(g)} "
+                f"has {len(rows)}; set algo.group_size >= 2"
+            )
         top, at = torch.topk(s[rows], 2)
         a = top[0] - top[1]
         adv[rows[at[0]]] = a / (s[rows].std() + eps) if norm_by_std else a

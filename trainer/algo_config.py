@@ -187,11 +187,26 @@ class AlgoConfig(_Section):
 
     def __post_init__(self) -> None:
         self._check_names()
-        for name in ("lr", "critic_lr", "temperature", "beta", "clip_ratio", "kl_ctrl_target_kl",
-                     "clip_cov_ratio", "kl_cov_ratio", "discopop_tau"):  # fmt: skip
+        for name in (
+            "lr",
+            "critic_lr",
+            "temperature",
+            "beta",
+            "clip_ratio",
+            "kl_ctrl_target_kl",
+            "clip_cov_ratio",
+            "kl_cov_ratio",
+            "discopop_tau",
+        ):
             _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        for name in ("batch_size", "mini_batch_size", "micro_batch_size", "ppo_epochs", "group_size",
-                     "kl_ctrl_horizon"):  # fmt: skip
+        for name in (
+            "batch_size",
+            "mini_batch_size",
+            "micro_batch_size",
+            "ppo_epochs",
+            "group_size",
+            "kl_ctrl_horizon",
+        ):
             _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         for name in (
             "kl_coef",
@@ -202,21 +217,39 @@ class AlgoConfig(_Section):
             "ppo_kl_coef",
         ):
             _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        _check(self.mini_batch_size % self.micro_batch_size == 0, "micro_batch_size",
-               f"{self.micro_batch_size} must divide mini_batch_size {self.mini_batch_size}")  # fmt: skip
+        _check(
+            self.mini_batch_size % self.micro_batch_size == 0,
+            "micro_batch_size",
+            f"{self.micro_batch_size} must divide mini_batch_size {self.mini_batch_size}",
+        )
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma", "gamma and lam must be in [0, 1]")
-        _check(self.clip_ratio_low is None or 0 <= self.clip_ratio_low < 1, "clip_ratio_low",
-               f"must be in [0, 1) (the lower clip is 1 - clip_ratio_low), got {self.clip_ratio_low}")  # fmt: skip
-        _check(self.clip_ratio_high is None or self.clip_ratio_high >= 0, "clip_ratio_high",
-               f"must be >= 0, got {self.clip_ratio_high}")  # fmt: skip
+        _check(
+            self.clip_ratio_low is None or 0 <= self.clip_ratio_low < 1,
+            "clip_ratio_low",
+            f"must be in [0, 1) (the lower clip is 1 - clip_ratio_low), got {self.clip_ratio_low}",
+        )
+        _check(
+            self.clip_ratio_high is None or self.clip_ratio_high >= 0,
+            "clip_ratio_high",
+            f"must be >= 0, got {self.clip_ratio_high}",
+        )
         _check(self.clip_ratio_c > 1, "clip_ratio_c", f"must be > 1 (as in verl), got {self.clip_ratio_c}")
         _check(self.clip_cov_lb < self.clip_cov_ub, "clip_cov_lb", "must be below clip_cov_ub")
-        _check(self.loss_scale_factor is None or self.loss_scale_factor > 0, "loss_scale_factor",
-               f"must be > 0, got {self.loss_scale_factor}")  # fmt: skip
-        _check(0 <= self.label_smoothing < 0.5, "label_smoothing",
-               f"must be in [0, 0.5) (TRL's range), got {self.label_smoothing}")  # fmt: skip
-        _check(self.dpo_loss != "exo_pair" or self.label_smoothing > 0, "label_smoothing",
-               "exo_pair needs label_smoothing > 0 (EXO's epsilon; TRL's examples use 1e-3)")  # fmt: skip
+        _check(
+            self.loss_scale_factor is None or self.loss_scale_factor > 0,
+            "loss_scale_factor",
+            f"must be > 0, got {self.loss_scale_factor}",
+        )
+        _check(
+            0 <= self.label_smoothing < 0.5,
+            "label_smoothing",
+            f"must be in [0, 0.5) (TRL's range), got {self.label_smoothing}",
+        )
+        _check(
+            self.dpo_loss != "exo_pair" or self.label_smoothing > 0,
+            "label_smoothing",
+            "exo_pair needs label_smoothing > 0 (EXO's epsilon; TRL's examples use 1e-3)",
+        )
         self._check_estimator()
         self._check_unused()
 
@@ -239,10 +272,12 @@ class AlgoConfig(_Section):
             f"unknown {est!r}; expected one of {', '.join(ADV_ESTIMATORS)}",
         )
         _check(self.name != "dpo", "adv_estimator", "DPO has no advantage estimator; remove it")
-        _check(self.name != "ppo" or est == "gae", "adv_estimator",
-               f"{est} needs no critic: use algo.name: grpo (the critic-free recipe) with it")  # fmt: skip
-        _check(self.name != "grpo" or est != "gae", "adv_estimator",
-               "gae needs a critic: use algo.name: ppo")  # fmt: skip
+        _check(
+            self.name != "ppo" or est == "gae",
+            "adv_estimator",
+            f"{est} needs no critic: use algo.name: grpo (the critic-free recipe) with it",
+        )
+        _check(self.name != "grpo" or est != "gae", "adv_estimator", "gae needs a critic: use algo.name: ppo")
         _check(
             est != "grpo_passk" or self.group_size >= 2,
             "group_size",

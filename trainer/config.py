@@ -53,15 +53,21 @@ class ModelConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.path is not None or self.preset is not None, "preset", "set model.preset or model.path")
-        _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"), "attn_implementation",
-               f"{self.attn_implementation!r}; expected sdpa, eager or flash_attention_2")  # fmt: skip
+        _check(
+            self.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
+            "attn_implementation",
+            f"{self.attn_implementation!r}; expected sdpa, eager or flash_attention_2",
+        )
         for role, spec in self.setup_plugins().items():
             path = "setup" if isinstance(self.setup, str) else f"setup.{role}"
             _check(
                 role in SETUP_ROLES, path, f"unknown role {role!r}; expected some of {', '.join(SETUP_ROLES)}"
             )
-            _check(isinstance(spec, str) and ":" in spec, path,
-                   f"{spec!r}; expected 'package.module:fn' or 'path/to/file.py:fn'")  # fmt: skip
+            _check(
+                isinstance(spec, str) and ":" in spec,
+                path,
+                f"{spec!r}; expected 'package.module:fn' or 'path/to/file.py:fn'",
+            )
 
     def setup_plugins(self) -> dict[str, str]:
         """Role -> ``model.setup`` plug-in; a single plug-in applies to every role (``*``)."""
@@ -121,24 +127,39 @@ class DataConfig(_Section):
         _check(self.prompt_length > 0, "prompt_length", f"must be > 0, got {self.prompt_length}")
         _check(self.response_length > 0, "response_length", f"must be > 0, got {self.response_length}")
         _check(self.num_examples > 0, "num_examples", f"must be > 0, got {self.num_examples}")
-        _check(self.truncation in TRUNCATIONS, "truncation",
-               f"{self.truncation!r}; expected one of {', '.join(TRUNCATIONS)} (verl data.truncation)")  # fmt: skip
+        _check(
+            self.truncation in TRUNCATIONS,
+            "truncation",
+            f"{self.truncation!r}; expected one of {', '.join(TRUNCATIONS)} (verl data.truncation)",
+        )
         _check(bool(self.prompt_key), "prompt_key", "must name a column, got an empty string")
         files = (self.train_files,) if isinstance(self.train_files, str) else self.train_files or ()
-        _check(all(isinstance(f, str) and f for f in files), "train_files",
-               f"expected a file path or a list of paths, got {self.train_files!r}")  # fmt: skip
+        _check(
+            all(isinstance(f, str) and f for f in files),
+            "train_files",
+            f"expected a file path or a list of paths, got {self.train_files!r}",
+        )
         _check(
             self.train_files is None or len(files) > 0, "train_files", "an empty list; name at least one file"
         )
         if self.train_files is not None:
-            _check(self.dataset is None, "dataset",
-                   "set either data.dataset (user code) or data.train_files (verl's data files), not both")  # fmt: skip
-            _check(self.reward_fn is None, "reward_fn",
-                   "verl rows are scored by data.compute_score (verl's signature); remove data.reward_fn")  # fmt: skip
+            _check(
+                self.dataset is None,
+                "dataset",
+                "set either data.dataset (user code) or data.train_files (verl's data files), not both",
+            )
+            _check(
+                self.reward_fn is None,
+                "reward_fn",
+                "verl rows are scored by data.compute_score (verl's signature); remove data.reward_fn",
+            )
         else:
-            _check(self.compute_score is None and not self.compute_score_kwargs, "compute_score",
-                   "verl's compute_score needs verl's rows (data_source, reward_model.ground_truth): set "
-                   "data.train_files, or use data.reward_fn for other data")  # fmt: skip
+            _check(
+                self.compute_score is None and not self.compute_score_kwargs,
+                "compute_score",
+                "verl's compute_score needs verl's rows (data_source, reward_model.ground_truth): set "
+                "data.train_files, or use data.reward_fn for other data",
+            )
 
     @property
     def train_file_list(self) -> tuple[str, ...]:
@@ -166,12 +187,20 @@ class PrecisionConfig(_Section):
             f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}",
         )
         if self.checkpoint_layers == "auto":
-            _check(self.grad_checkpointing is not False, "checkpoint_layers",
-                   "auto needs grad_checkpointing: true")  # fmt: skip
+            _check(
+                self.grad_checkpointing is not False,
+                "checkpoint_layers",
+                "auto needs grad_checkpointing: true",
+            )
             return
         # validating the fields is building the policy: built once here, read through `policy`
-        policy = resolve_policy(self.preset, self.overrides, grad_checkpointing=self.grad_checkpointing,
-                                checkpoint_layers=self.checkpoint_layers, where="")  # fmt: skip
+        policy = resolve_policy(
+            self.preset,
+            self.overrides,
+            grad_checkpointing=self.grad_checkpointing,
+            checkpoint_layers=self.checkpoint_layers,
+            where="",
+        )
         object.__setattr__(self, "_policy", policy)
 
     @property

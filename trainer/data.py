@@ -180,8 +180,10 @@ def load_examples(data_cfg: DataConfig, *, seed: int, pairs: bool, tokenizer=Non
     also has ``chosen`` and ``rejected``."""
     if data_cfg.train_files is not None:
         if pairs:
-            raise ValueError("data.train_files: verl's RL format holds prompts only; DPO needs chosen/rejected "
-                             "pairs: use data.dataset")  # fmt: skip
+            raise ValueError(
+                "data.train_files: verl's RL format holds prompts only; DPO needs chosen/rejected "
+                "pairs: use data.dataset"
+            )
         assert tokenizer is not None, "verl prompts are rendered with the model's chat template"
         from trainer import verl_data
 

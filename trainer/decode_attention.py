@@ -69,6 +69,7 @@ def triton_available() -> bool:
     return triton is not None
 
 
+# long: the two Triton kernels are defined together inside the lazy import of triton
 @functools.cache
 def _kernels(interpret: bool):
     """The two Triton kernels, built on first use (``interpret``: built for Triton's CPU interpreter,
@@ -76,9 +77,35 @@ def _kernels(interpret: bool):
     which is what the interpreter patches)."""
 
     @triton.jit
-    def partial_kernel(Q, K, V, VALID, SLOT, OUT, MS, LS, H, CHUNK, scale,
-                       sqb, sqh, skb, skh, sks, svb, svh, svs, svalb, sob, soh, sos,
-                       GROUP: tl.constexpr, D: tl.constexpr, BLK: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    def partial_kernel(
+        Q,
+        K,
+        V,
+        VALID,
+        SLOT,
+        OUT,
+        MS,
+        LS,
+        H,
+        CHUNK,
+        scale,
+        sqb,
+        sqh,
+        skb,
+        skh,
+        sks,
+        svb,
+        svh,
+        svs,
+        svalb,
+        sob,
+        soh,
+        sos,
+        GROUP: tl.constexpr,
+        D: tl.constexpr,
+        BLK: tl.constexpr,
+        SPLIT: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         part = tl.program_id(1)
         b = pid // H
@@ -114,8 +141,7 @@ def _kernels(interpret: bool):
             tl.store(OUT + b * sob + h * soh + d, (acc / den).to(OUT.dtype.element_ty))
 
     @triton.jit
-    def combine_kernel(ACC, MS, LS, OUT, H, sab, sah, sas, sob, soh,
-                       D: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
+    def combine_kernel(ACC, MS, LS, OUT, H, sab, sah, sas, sob, soh, D: tl.constexpr, PARTS: tl.constexpr):
         pid = tl.program_id(0)
         b = pid // H
         h = pid % H
@@ -180,16 +206,49 @@ def triton_decode_attention(
         ms = ls = out  # unused
         o, so = out, (out.stride(0), out.stride(1), 0)
     partial_kernel[(b * h, parts)](
-        q, k, v, valid, slot, o, ms, ls, h, chunk, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), valid.stride(0), *so,
-        GROUP=h // hkv, D=d, BLK=block, SPLIT=split, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        valid,
+        slot,
+        o,
+        ms,
+        ls,
+        h,
+        chunk,
+        float(scale),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        valid.stride(0),
+        *so,
+        GROUP=h // hkv,
+        D=d,
+        BLK=block,
+        SPLIT=split,
+        num_warps=warps,
+        num_stages=stages,
+    )
     if split:
         combine_kernel[(b * h,)](
-            acc, ms, ls, out, h, acc.stride(0), acc.stride(1), acc.stride(2), out.stride(0), out.stride(1),
-            D=d, PARTS=parts,
-        )  # fmt: skip
+            acc,
+            ms,
+            ls,
+            out,
+            h,
+            acc.stride(0),
+            acc.stride(1),
+            acc.stride(2),
+            out.stride(0),
+            out.stride(1),
+            D=d,
+            PARTS=parts,
+        )
     return out
 
 

@@ -274,8 +274,9 @@ def build_sharded(
         p.data = p.data.to(role_policy.param_dtype)
     shard_model(model, role_policy, reshard_after_forward=reshard_after_forward)
     model.to_empty(device=info.device)
-    meta_init.replay_init(record, info.device, seed, lambda name, value: meta_init.copy_shard_(
-        model.get_parameter(name), value))  # fmt: skip
+    meta_init.replay_init(
+        record, info.device, seed, lambda name, value: meta_init.copy_shard_(model.get_parameter(name), value)
+    )
     meta_init.rebuild_buffers(model, info.device)
     return model
 

@@ -114,11 +114,17 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                     observer.on_forward(role="actor", name="rejected_logps", output=rejected)
                     i = idx.to(setup.device)
                     losses, r_chosen, r_rejected = L.dpo_loss(
-                        chosen, rejected, ref_chosen[i], ref_rejected[i], algo.beta, algo.dpo_loss,
+                        chosen,
+                        rejected,
+                        ref_chosen[i],
+                        ref_rejected[i],
+                        algo.beta,
+                        algo.dpo_loss,
                         chosen_lengths=batch["chosen_response_mask"][idx].sum(-1).to(setup.device),
                         rejected_lengths=batch["rejected_response_mask"][idx].sum(-1).to(setup.device),
-                        label_smoothing=algo.label_smoothing, discopop_tau=algo.discopop_tau,
-                    )  # fmt: skip
+                        label_smoothing=algo.label_smoothing,
+                        discopop_tau=algo.discopop_tau,
+                    )
                     loss = losses.mean()
                     observer.on_loss(role="actor", loss=loss, terms={"dpo_loss": loss})
                     backward(loss, "actor", actor, scaler, observer, accum=len(mini) / n)

@@ -93,14 +93,16 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
 
-        metrics.update({
-            "critic/score/mean": float(scores.mean()),
-            "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
-            "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
-            "critic/returns/mean": float(L.masked_mean(returns, mask)),
-            "response_length/mean": float(mask.float().sum(-1).mean()),
-        })  # fmt: skip
+        metrics.update(
+            {
+                "critic/score/mean": float(scores.mean()),
+                "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+                "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
+                "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
+                "critic/returns/mean": float(L.masked_mean(returns, mask)),
+                "response_length/mean": float(mask.float().sum(-1).mean()),
+            }
+        )
         if baselines is not None:
             metrics["critic/reward_baseline/mean"] = float(baselines.mean())
         log.end(step, metrics)

@@ -304,9 +304,11 @@ def cispo_policy_loss(
     losses = -weight.detach() * adv * lp
     loss = agg_loss(losses, mask, p.loss_agg_mode, norm)
     return PolicyLoss(
-        loss, masked_mean((ratio != weight).float(), mask).detach(), masked_mean(-log_ratio, mask).detach(),
+        loss,
+        masked_mean((ratio != weight).float(), mask).detach(),
+        masked_mean(-log_ratio, mask).detach(),
         _zero(loss),
-    )  # fmt: skip
+    )
 
 
 def clip_cov_policy_loss(

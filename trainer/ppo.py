@@ -237,9 +237,14 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
                     values = critic_values(model, sub.input_ids, sub.attention_mask, r, sub.left_padded)
                 observer.on_forward(role="critic", name="values", output=values)
                 vf_loss, vf_clipfrac = L.value_loss(
-                    values, old_values[idx], returns[idx], sub.response_mask, algo.cliprange_value,
-                    algo.loss_agg_mode, norm,
-                )  # fmt: skip
+                    values,
+                    old_values[idx],
+                    returns[idx],
+                    sub.response_mask,
+                    algo.cliprange_value,
+                    algo.loss_agg_mode,
+                    norm,
+                )
                 loss = algo.vf_coef * vf_loss
                 observer.on_loss(role="critic", loss=loss, terms={"vf_loss": vf_loss})
                 backward(loss, "critic", model, scaler, observer, accum=1.0)
@@ -482,14 +487,16 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
         with observer.phase("critic_update"):
             metrics.update(update_critic(setup, observer, train, values, returns))
 
-        metrics.update({
-            "critic/score/mean": float(scores.mean()),
-            "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
-            "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
-            "critic/returns/mean": float(L.masked_mean(returns, mask)),
-            "critic/values/mean": float(L.masked_mean(values, mask)),
-            "response_length/mean": float(mask.float().sum(-1).mean()),
-        })  # fmt: skip
+        metrics.update(
+            {
+                "critic/score/mean": float(scores.mean()),
+                "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+                "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
+                "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
+                "critic/returns/mean": float(L.masked_mean(returns, mask)),
+                "critic/values/mean": float(L.masked_mean(values, mask)),
+                "response_length/mean": float(mask.float().sum(-1).mean()),
+            }
+        )
         log.end(step, metrics)
     return log.history

@@ -182,10 +182,18 @@ def _preset_role(preset: str, role: str) -> RolePolicy:
     if preset == "fp32":
         r = "fp32 preset: everything in float32"
         return RolePolicy(
-            role=role, param_dtype=f32, compute_dtype=f32, autocast=False, grad_dtype=f32, reduce_dtype=f32,
-            optim_state_dtype=f32, loss_scaling="none", fp32_islands=islands, trainable=trainable,
+            role=role,
+            param_dtype=f32,
+            compute_dtype=f32,
+            autocast=False,
+            grad_dtype=f32,
+            reduce_dtype=f32,
+            optim_state_dtype=f32,
+            loss_scaling="none",
+            fp32_islands=islands,
+            trainable=trainable,
             reasons={"param_dtype": r, "compute_dtype": r, "loss_scaling": "fp32 needs no loss scaling"},
-        )  # fmt: skip
+        )
     if preset in ("fp16", "bf16"):
         cd = f16 if preset == "fp16" else b16
         reasons = {
@@ -206,23 +214,43 @@ def _preset_role(preset: str, role: str) -> RolePolicy:
             reasons["param_dtype"] = f"frozen role: no master copy needed, stored in {preset} to halve memory"
             pd = cd
         return RolePolicy(
-            role=role, param_dtype=pd, compute_dtype=cd, autocast=pd != cd, grad_dtype=pd, reduce_dtype=f32,
-            optim_state_dtype=pd, loss_scaling="dynamic" if (preset == "fp16" and trainable) else "none",
-            fp32_islands=islands, trainable=trainable, reasons=reasons,
-        )  # fmt: skip
+            role=role,
+            param_dtype=pd,
+            compute_dtype=cd,
+            autocast=pd != cd,
+            grad_dtype=pd,
+            reduce_dtype=f32,
+            optim_state_dtype=pd,
+            loss_scaling="dynamic" if (preset == "fp16" and trainable) else "none",
+            fp32_islands=islands,
+            trainable=trainable,
+            reasons=reasons,
+        )
     if preset == "bf16-pure":
         r = "bf16-pure preset: bf16 parameters and optimizer state (verl model_dtype=bfloat16)"
         return RolePolicy(
-            role=role, param_dtype=b16, compute_dtype=b16, autocast=False, grad_dtype=b16, reduce_dtype=b16,
-            optim_state_dtype=b16, loss_scaling="none", fp32_islands=("norm", "softmax", "logprobs", "loss"),
+            role=role,
+            param_dtype=b16,
+            compute_dtype=b16,
+            autocast=False,
+            grad_dtype=b16,
+            reduce_dtype=b16,
+            optim_state_dtype=b16,
+            loss_scaling="none",
+            fp32_islands=("norm", "softmax", "logprobs", "loss"),
             trainable=trainable,
-            reasons={"param_dtype": r, "compute_dtype": r, "optim_state_dtype": r,
-                     "loss_scaling": "bf16 has fp32's exponent range: no loss scaling",
-                     "fp32_islands": "HF norms upcast internally; log-probs and losses taken in fp32"},
-        )  # fmt: skip
+            reasons={
+                "param_dtype": r,
+                "compute_dtype": r,
+                "optim_state_dtype": r,
+                "loss_scaling": "bf16 has fp32's exponent range: no loss scaling",
+                "fp32_islands": "HF norms upcast internally; log-probs and losses taken in fp32",
+            },
+        )
     raise ValueError(f"precision.preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
 
 
+# long: the preset table, then each role's overrides, one rule per branch
 def resolve_policy(
     preset: str,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,

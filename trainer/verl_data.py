@@ -41,8 +41,10 @@ GSM8K_SOURCES = ("openai/gsm8k",)
 def _read_file(path: str, where: str) -> list[dict]:
     """Rows of one parquet / JSONL / JSON file as plain Python dicts (nested structs become dicts)."""
     if not os.path.isfile(path):
-        raise ValueError(f"{where}: {path!r} not found (relative to {os.getcwd()}); verl's data files are read "
-                         "from local disk, nothing is downloaded")  # fmt: skip
+        raise ValueError(
+            f"{where}: {path!r} not found (relative to {os.getcwd()}); verl's data files are read "
+            "from local disk, nothing is downloaded"
+        )
     lower = path.lower()
     try:
         if lower.endswith(".parquet"):
@@ -100,17 +102,26 @@ def _row_where(row: Mapping[str, Any]) -> str:
 def _messages(row: Mapping[str, Any], prompt_key: str) -> list[dict]:
     if prompt_key not in row:
         have = ", ".join(k for k in row if not k.startswith("_"))
-        raise ValueError(f"data.prompt_key: {_row_where(row)} has no {prompt_key!r} column (has: {have}); "
-                         "set data.prompt_key (verl data.prompt_key) to the column of chat messages")  # fmt: skip
+        raise ValueError(
+            f"data.prompt_key: {_row_where(row)} has no {prompt_key!r} column (has: {have}); "
+            "set data.prompt_key (verl data.prompt_key) to the column of chat messages"
+        )
     msgs = row[prompt_key]
     if hasattr(msgs, "tolist"):  # numpy object arrays from pandas
         msgs = msgs.tolist()
-    ok = isinstance(msgs, (list, tuple)) and msgs and all(
-        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
-    )  # fmt: skip
+    ok = (
+        isinstance(msgs, (list, tuple))
+        and msgs
+        and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in msgs
+        )
+    )
     if not ok:
-        raise ValueError(f"data.train_files: {_row_where(row)}: {prompt_key!r} is {str(msgs)[:80]!r}; verl's RL "
-                         "format has a non-empty list of chat messages {role: str, content: str} there")  # fmt: skip
+        raise ValueError(
+            f"data.train_files: {_row_where(row)}: {prompt_key!r} is {str(msgs)[:80]!r}; verl's RL "
+            "format has a non-empty list of chat messages {role: str, content: str} there"
+        )
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
@@ -119,11 +130,15 @@ def _check_reward_columns(row: Mapping[str, Any], reward_fn_key: str) -> None:
     if (
         not isinstance(rm, Mapping) or rm.get("ground_truth") is None
     ):  # parquet fills a missing field with None
-        raise ValueError(f"data.train_files: {_row_where(row)} has no reward_model.ground_truth (got "
-                         f"{str(rm)[:60]!r}); verl's reward functions are called with it")  # fmt: skip
+        raise ValueError(
+            f"data.train_files: {_row_where(row)} has no reward_model.ground_truth (got "
+            f"{str(rm)[:60]!r}); verl's reward functions are called with it"
+        )
     if reward_fn_key not in row:
-        raise ValueError(f"data.reward_fn_key: {_row_where(row)} has no {reward_fn_key!r} column; verl passes it "
-                         "to compute_score as data_source")  # fmt: skip
+        raise ValueError(
+            f"data.reward_fn_key: {_row_where(row)} has no {reward_fn_key!r} column; verl passes it "
+            "to compute_score as data_source"
+        )
 
 
 # ---------------------------------------------------------------- prompts
@@ -155,9 +170,11 @@ def truncate(ids: list[int], max_length: int, mode: str, where: str) -> list[int
     if mode == "middle":
         head = max_length // 2
         return list(ids[:head]) + list(ids[len(ids) - (max_length - head) :])
-    raise ValueError(f"data.truncation: {where}: the prompt is {len(ids)} tokens, longer than data.prompt_length "
-                     f"{max_length} (verl max_prompt_length); raise it, set data.filter_overlong_prompts: true, "
-                     "or truncation: left / right / middle")  # fmt: skip
+    raise ValueError(
+        f"data.truncation: {where}: the prompt is {len(ids)} tokens, longer than data.prompt_length "
+        f"{max_length} (verl max_prompt_length); raise it, set data.filter_overlong_prompts: true, "
+        "or truncation: left / right / middle"
+    )
 
 
 def prepare_examples(data_cfg: DataConfig, tokenizer, *, log: Callable[[str], None] = print) -> list[dict]:
@@ -184,11 +201,15 @@ def prepare_examples(data_cfg: DataConfig, tokenizer, *, log: Callable[[str], No
     if plain:
         log(f"note: {PLAIN_TEXT_NOTE}")
     if data_cfg.filter_overlong_prompts:
-        log(f"note: data.filter_overlong_prompts: kept {len(examples)} of {len(rows)} prompts "
-            f"({dropped} longer than {max_len} tokens)")  # fmt: skip
+        log(
+            f"note: data.filter_overlong_prompts: kept {len(examples)} of {len(rows)} prompts "
+            f"({dropped} longer than {max_len} tokens)"
+        )
     if not examples:
-        raise ValueError(f"data.filter_overlong_prompts: every one of the {len(rows)} prompts is longer than "
-                         f"data.prompt_length {max_len} tokens; raise data.prompt_length")  # fmt: skip
+        raise ValueError(
+            f"data.filter_overlong_prompts: every one of the {len(rows)} prompts is longer than "
+            f"data.prompt_length {max_len} tokens; raise data.prompt_length"
+        )
     return examples
 
 
@@ -289,15 +310,24 @@ class VerlReward:
         extra = dict(ex.get("extra_info") or {})
         extra.setdefault("num_turns", None)
         try:
-            out = self.fn(data_source=ex[self.key], solution_str=response,
-                          ground_truth=ex["reward_model"]["ground_truth"], extra_info=extra, **self.kwargs)  # fmt: skip
+            out = self.fn(
+                data_source=ex[self.key],
+                solution_str=response,
+                ground_truth=ex["reward_model"]["ground_truth"],
+                extra_info=extra,
+                **self.kwargs,
+            )
         except Exception as e:  # the user's function: its error becomes a located message
-            raise ValueError(f"data.compute_score: {self.name} raised {type(e).__name__}: {e} (response {i}, "
-                             f"{_row_where(ex)})") from e  # fmt: skip
+            raise ValueError(
+                f"data.compute_score: {self.name} raised {type(e).__name__}: {e} (response {i}, "
+                f"{_row_where(ex)})"
+            ) from e
         if isinstance(out, Mapping):
             if "score" not in out:
-                raise ValueError(f"data.compute_score: {self.name} returned a dict without 'score' (keys: "
-                                 f"{', '.join(map(str, out))}); verl reads the reward from out['score']")  # fmt: skip
+                raise ValueError(
+                    f"data.compute_score: {self.name} returned a dict without 'score' (keys: "
+                    f"{', '.join(map(str, out))}); verl reads the reward from out['score']"
+                )
             for key, value in out.items():
                 if key == "score":
                     continue
@@ -305,13 +335,17 @@ class VerlReward:
                     self.metrics.setdefault(f"reward_extra/{key}/mean", []).append(number)
                 elif key not in self.skipped_keys:
                     self.skipped_keys.add(key)
-                    print(f"note: data.compute_score: {self.name}'s key {key!r} is a {type(value).__name__}, "
-                          "not a number: it is kept out of the step metrics")  # fmt: skip
+                    print(
+                        f"note: data.compute_score: {self.name}'s key {key!r} is a {type(value).__name__}, "
+                        "not a number: it is kept out of the step metrics"
+                    )
             out = out["score"]
         score = _as_float(out)
         if score is None:
-            raise ValueError(f"data.compute_score: {self.name} returned {type(out).__name__} {str(out)[:40]!r} "
-                             f"for response {i}; expected a number or a dict with 'score'")  # fmt: skip
+            raise ValueError(
+                f"data.compute_score: {self.name} returned {type(out).__name__} {str(out)[:40]!r} "
+                f"for response {i}; expected a number or a dict with 'score'"
+            )
         return score  # NaN stays NaN: the reward boundary check reports it
 
     def __call__(self, prompts: list[str], responses: list[str], examples: list[dict]) -> list[float]:
@@ -328,10 +362,12 @@ def check_builtin_scorers(examples: list[dict], reward_fn_key: str) -> None:
     sources = sorted({str(ex[reward_fn_key]) for ex in examples})
     missing = [s for s in sources if s not in BUILTIN_SCORERS]
     if missing:
-        raise ValueError(f"data.compute_score: unset, and no built-in scorer for data_source "
-                         f"{', '.join(map(repr, missing))} (built in: {', '.join(BUILTIN_SCORERS)}); set it to "
-                         "your verl reward function, path/to/file.py:compute_score (verl "
-                         "custom_reward_function.path / .name)")  # fmt: skip
+        raise ValueError(
+            f"data.compute_score: unset, and no built-in scorer for data_source "
+            f"{', '.join(map(repr, missing))} (built in: {', '.join(BUILTIN_SCORERS)}); set it to "
+            "your verl reward function, path/to/file.py:compute_score (verl "
+            "custom_reward_function.path / .name)"
+        )
 
 
 def build_reward(data_cfg: DataConfig, resolve: Callable[[str, str], Callable]) -> VerlReward:

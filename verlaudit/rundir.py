@@ -210,8 +210,9 @@ def read_json(path: str | os.PathLike) -> dict[str, Any] | None:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{p}: not valid JSON ({e}); the file is damaged — rerun or delete it") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a JSON object {{...}}, got {_kind(data)}; the file is damaged or not "
-                         "verlaudit's")  # fmt: skip
+        raise ValueError(
+            f"{p}: expected a JSON object {{...}}, got {_kind(data)}; the file is damaged or not verlaudit's"
+        )
     return data
 
 
@@ -288,8 +289,11 @@ def _has_type(v: Any, want: type) -> bool:
 def _check_manifest(m: Mapping[str, Any], p: Path) -> None:
     _check_fields(m, _MANIFEST, str(p))
     for section, v in (m.get("config") or {}).items():
-        if isinstance(v, list) or (section in ("model", "data", "algo", "precision", "rollout") and v is not None
-                                   and not isinstance(v, dict)):  # fmt: skip
+        if isinstance(v, list) or (
+            section in ("model", "data", "algo", "precision", "rollout")
+            and v is not None
+            and not isinstance(v, dict)
+        ):
             raise ValueError(f"{p}: config.{section}: expected an object, got {_kind(v)}")
     roles = (m.get("policy") or {}).get("roles")
     if roles is not None and not (

@@ -129,8 +129,9 @@ def _tolerance_map(data: Any, where: str) -> dict[str, float]:
     return out
 
 
-def load_settings(compare: Mapping[str, Any] | None, cli_tolerances: Sequence[str] = (),
-                  cli_gates: Sequence[str] = ()) -> Settings:  # fmt: skip
+def load_settings(
+    compare: Mapping[str, Any] | None, cli_tolerances: Sequence[str] = (), cli_gates: Sequence[str] = ()
+) -> Settings:
     """Validates the suite's ``compare:`` mapping and applies the command line on top."""
     compare = dict(compare or {})
     for k in compare:
@@ -183,8 +184,10 @@ def load_runs(path: str | Path, what: str) -> tuple[dict[str, RunDir], dict[str,
         return {p.name: read_run(p)}, suite
     runs = {c.name: read_run(c) for c in sorted(p.iterdir()) if is_run_dir(c)}
     if not runs:
-        raise ValueError(f"{what} {p}: contains no run directories ({MANIFEST} / {METRICS}); for a baseline, create "
-                         "it with --update-baseline")  # fmt: skip
+        raise ValueError(
+            f"{what} {p}: contains no run directories ({MANIFEST} / {METRICS}); for a baseline, create "
+            "it with --update-baseline"
+        )
     return runs, read_json(p / SUITE_COPY) or {}
 
 
@@ -227,8 +230,15 @@ def check_memory(name: str, base: RunDir, now: RunDir, tol: Mapping[str, float])
     if b is None or n is None:
         return Check(name, "memory", "skip", _g(b), _g(n), "", f"{key} not recorded by both runs")
     if sb != sn:
-        return Check(name, "memory", "skip", f"{_g(b)} ({sb})", f"{_g(n)} ({sn})", "",
-                     f"memory sources differ ({sb} vs {sn}): not comparable")  # fmt: skip
+        return Check(
+            name,
+            "memory",
+            "skip",
+            f"{_g(b)} ({sb})",
+            f"{_g(n)} ({sn})",
+            "",
+            f"memory sources differ ({sb} vs {sn}): not comparable",
+        )
     allowed = tol["memory_rel"] * b
     label = f"+{tol['memory_rel']:.0%}"
     if sb == "rss":
@@ -247,8 +257,15 @@ def check_allocator(name: str, base: RunDir, now: RunDir, tol: Mapping[str, floa
     if b is None or n is None or b <= 0:
         return None  # CPU runs have no allocator statistics: no test case rather than a skip per variant
     verdict = "fail" if n > b * (1 + tol["memory_rel"]) else "pass"
-    return Check(name, "allocator_memory", verdict, _g(b), _g(n), f"+{tol['memory_rel']:.0%}",
-                 f"allocator peak {n:.4g} GB vs {b:.4g} GB ({(n - b) / b:+.1%})")  # fmt: skip
+    return Check(
+        name,
+        "allocator_memory",
+        verdict,
+        _g(b),
+        _g(n),
+        f"+{tol['memory_rel']:.0%}",
+        f"allocator peak {n:.4g} GB vs {b:.4g} GB ({(n - b) / b:+.1%})",
+    )
 
 
 def check_step_time(name: str, base: RunDir, now: RunDir, tol: Mapping[str, float]) -> Check:
@@ -258,8 +275,15 @@ def check_step_time(name: str, base: RunDir, now: RunDir, tol: Mapping[str, floa
     mb, mn = statistics.median(b), statistics.median(n)
     ratio = mn / mb if mb > 0 else math.inf
     verdict = "fail" if ratio > tol["step_time_ratio"] else "pass"
-    return Check(name, "step_time", verdict, f"{mb:.4g} s", f"{mn:.4g} s", f"x{tol['step_time_ratio']:g}",
-                 f"median step time x{ratio:.2f} of baseline (first step excluded)")  # fmt: skip
+    return Check(
+        name,
+        "step_time",
+        verdict,
+        f"{mb:.4g} s",
+        f"{mn:.4g} s",
+        f"x{tol['step_time_ratio']:g}",
+        f"median step time x{ratio:.2f} of baseline (first step excluded)",
+    )
 
 
 def check_trajectory(
@@ -315,8 +339,15 @@ def check_trajectory(
     if worst is not None:
         s = steps[ok[worst]]
         summary += f", closest to tolerance: step {s} |d| {abs(n[s] - b[s]):.3g} ({ratios[worst]:.2f} of it)"
-    return Check(name, check, "fail" if problems else "pass", f"{len(b)} steps", f"{len(n)} steps", label,
-                 ("regression: " + "; ".join(problems)) if problems else summary)  # fmt: skip
+    return Check(
+        name,
+        check,
+        "fail" if problems else "pass",
+        f"{len(b)} steps",
+        f"{len(n)} steps",
+        label,
+        ("regression: " + "; ".join(problems)) if problems else summary,
+    )
 
 
 def _error_keys(run: RunDir) -> set[tuple[Any, ...]]:
@@ -354,8 +385,15 @@ def check_overflow(name: str, base: RunDir, now: RunDir) -> Check:
         problems.append(f"skipped optimizer steps {sb:g} -> {sn:g}")
     if new_of:
         problems.append("new overflow findings: " + "; ".join(f"{k} at {w}" for k, _, w in new_of[:3]))
-    return Check(name, "overflow", "fail" if problems else "pass", f"{sb:g} skipped", f"{sn:g} skipped",
-                 "no new skips/overflows", ("regression: " + "; ".join(problems)) if problems else "no new skips")  # fmt: skip
+    return Check(
+        name,
+        "overflow",
+        "fail" if problems else "pass",
+        f"{sb:g} skipped",
+        f"{sn:g} skipped",
+        "no new skips/overflows",
+        ("regression: " + "; ".join(problems)) if problems else "no new skips",
+    )
 
 
 def _preset(run: RunDir) -> str | None:
@@ -388,8 +426,17 @@ def compare_runs(
     out: list[Check] = []
     for name in sorted(set(base_runs) | set(now_runs)):
         if name not in now_runs:
-            out.append(Check(name, "status", "fail", base_runs[name].state, "missing", "must exist",
-                             "regression: variant is in the baseline but was not run"))  # fmt: skip
+            out.append(
+                Check(
+                    name,
+                    "status",
+                    "fail",
+                    base_runs[name].state,
+                    "missing",
+                    "must exist",
+                    "regression: variant is in the baseline but was not run",
+                )
+            )
             continue
         now = now_runs[name]
         if name not in base_runs:
@@ -417,8 +464,10 @@ def _gate_checks(name: str, now: RunDir, settings: Settings) -> list[Check]:
         return []
     keys = {k for m in now.metrics for k in m if k != "step"}
     series = {k: _values(now, k) for k in keys}
-    return [Check(name, f"gate:{r['gate']}", "pass" if r["passed"] else "fail", "", "", r["gate"], r["message"])
-            for r in check_gates(settings.gates, series)]  # fmt: skip
+    return [
+        Check(name, f"gate:{r['gate']}", "pass" if r["passed"] else "fail", "", "", r["gate"], r["message"])
+        for r in check_gates(settings.gates, series)
+    ]
 
 
 def config_differences(base_runs: Mapping[str, RunDir], now_runs: Mapping[str, RunDir]) -> list[str]:
@@ -468,9 +517,15 @@ def render_markdown(checks: Sequence[Check], run: str, baseline: str, notes: Seq
 def render_junit(checks: Sequence[Check], suite: str) -> str:
     """JUnit XML: one <testcase> per variant x check, <failure>/<skipped> children."""
     root = ET.Element("testsuites", name="verlaudit compare")
-    ts = ET.SubElement(root, "testsuite", name=f"verlaudit.analysis.compare.{suite}", tests=str(len(checks)),
-                       failures=str(sum(c.verdict == "fail" for c in checks)), errors="0",
-                       skipped=str(sum(c.verdict == "skip" for c in checks)))  # fmt: skip
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=f"verlaudit.analysis.compare.{suite}",
+        tests=str(len(checks)),
+        failures=str(sum(c.verdict == "fail" for c in checks)),
+        errors="0",
+        skipped=str(sum(c.verdict == "skip" for c in checks)),
+    )
     root.set("tests", ts.get("tests"))
     root.set("failures", ts.get("failures"))
     for c in checks:
@@ -539,12 +594,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--markdown", metavar="FILE", help="write the markdown summary (for a pull-request comment)"
     )
-    p.add_argument("--tolerances", action="append", default=[], metavar="K=V[,K=V]",
-                   help=f"override tolerances: {', '.join(f'{k} (default {v:g})' for k, v in DEFAULT_TOLERANCES.items())}")  # fmt: skip
-    p.add_argument("--gate", action="append", default=[], metavar="EXPR",
-                   help="gate expression, e.g. 'median(actor/grad_norm) < 5' (repeatable)")  # fmt: skip
-    p.add_argument("--update-baseline", action="store_true",
-                   help="copy RUN into the baseline directory and print what changed (exit 0)")  # fmt: skip
+    p.add_argument(
+        "--tolerances",
+        action="append",
+        default=[],
+        metavar="K=V[,K=V]",
+        help=f"override tolerances: {', '.join(f'{k} (default {v:g})' for k, v in DEFAULT_TOLERANCES.items())}",
+    )
+    p.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="gate expression, e.g. 'median(actor/grad_norm) < 5' (repeatable)",
+    )
+    p.add_argument(
+        "--update-baseline",
+        action="store_true",
+        help="copy RUN into the baseline directory and print what changed (exit 0)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -576,8 +644,10 @@ def main(args: argparse.Namespace) -> int:
         print(_model_note(tolmodel.load_model(base_path), now_runs, base_path))
         return 0
     if not has_baseline:
-        raise ValueError(f"baseline {base_path}: no run directories there; create one with "
-                         f"`verlaudit compare {run_path} --baseline {base_path} --update-baseline`")  # fmt: skip
+        raise ValueError(
+            f"baseline {base_path}: no run directories there; create one with "
+            f"`verlaudit compare {run_path} --baseline {base_path} --update-baseline`"
+        )
     base_runs, _ = load_runs(base_path, "BASELINE")
     checks = compare_runs(base_runs, now_runs, settings, tolmodel.load_model(base_path))
     md = render_markdown(checks, str(run_path), str(base_path), config_differences(base_runs, now_runs))

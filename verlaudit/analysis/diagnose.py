@@ -488,9 +488,14 @@ def render_text(d: Diagnosis) -> str:
         lines.append("  no problems found")
     for i, c in enumerate(d.causes, 1):
         lines.append(f"  {i}. [{c.severity}] {c.title}")
-        if d.source_kind == "log" and (c.framework or c.phase or c.rank is not None):  # where it sits in the run
-            at = [f"culprit: {c.where}" if c.where else None, f"phase: {c.phase}" if c.phase else None,
-                  f"rank: {c.rank}" if c.rank is not None else None]  # fmt: skip
+        if d.source_kind == "log" and (
+            c.framework or c.phase or c.rank is not None
+        ):  # where it sits in the run
+            at = [
+                f"culprit: {c.where}" if c.where else None,
+                f"phase: {c.phase}" if c.phase else None,
+                f"rank: {c.rank}" if c.rank is not None else None,
+            ]
             if any(at):
                 lines.append("     " + "; ".join(a for a in at if a))
         if c.chain:
@@ -501,8 +506,11 @@ def render_text(d: Diagnosis) -> str:
         for e in c.evidence:
             lines.append(f"     - {e}")
         for f in c.fixes:
-            parts = [f"suite: {f.suite}" if f.suite else None, f"verl: {f.verl}" if f.verl else None,
-                     f"{f.framework}: {f.key}" if f.key else None]  # fmt: skip
+            parts = [
+                f"suite: {f.suite}" if f.suite else None,
+                f"verl: {f.verl}" if f.verl else None,
+                f"{f.framework}: {f.key}" if f.key else None,
+            ]
             head = "; ".join(p for p in parts if p)
             lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
             lines.extend(_verl_script_lines(d, f))
@@ -537,8 +545,10 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
             f"{p}: no such file or directory; pass a run directory, a suite report directory or a log file"
         )
     if not p.is_dir():
-        raise ValueError(f"{p}: a device or a pipe, not a file: neither a log nor a run directory; pass a training "
-                         "log (text), a run directory or a suite report directory")  # fmt: skip
+        raise ValueError(
+            f"{p}: a device or a pipe, not a file: neither a log nor a run directory; pass a training "
+            "log (text), a run directory or a suite report directory"
+        )
     if is_run_dir(p):
         return [diagnose_run(read_run(p))]
     runs = find_runs(p)

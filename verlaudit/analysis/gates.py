@@ -316,13 +316,25 @@ def check_gates(
     for g in gates:
         missing = [m for m in g.metrics if m not in metrics_by_name]
         if missing:
-            out.append({"gate": g.text, "passed": False, "values": {},
-                        "message": f"metric {', '.join(missing)} was not recorded by this run"})  # fmt: skip
+            out.append(
+                {
+                    "gate": g.text,
+                    "passed": False,
+                    "values": {},
+                    "message": f"metric {', '.join(missing)} was not recorded by this run",
+                }
+            )
             continue
         passed, values = g.evaluate(metrics_by_name)
         shown = ", ".join(f"{k} = {v:.6g}" for k, v in values.items())
-        out.append({"gate": g.text, "passed": passed, "values": values,
-                    "message": f"{'passed' if passed else 'FAILED'}: {g.text} ({shown})"})  # fmt: skip
+        out.append(
+            {
+                "gate": g.text,
+                "passed": passed,
+                "values": values,
+                "message": f"{'passed' if passed else 'FAILED'}: {g.text} ({shown})",
+            }
+        )
     return out
 
 

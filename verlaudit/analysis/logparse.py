@@ -104,13 +104,24 @@ def _error_causes(
     if m and m.start() < end:
         frame = _innermost_frame(text, m.start())
         causes["device"] = Cause(
-            "error", "device_mismatch", "Tensors on different devices",
+            "error",
+            "device_mismatch",
+            "Tensors on different devices",
             "An op mixed tensors on two devices: typically a reward function or collator returned CPU tensors, or "
             "an offloaded model (param_offload) was called without being moved back.",
-            evidence=[f"line {line(m.start())}: {_line_of(text, m.start())}"] + ([f"raised from {frame}"] if frame else []),
-            fixes=[Fix("data.reward_fn: <return tensors on the batch's device or plain floats>", V.REWARD_MANAGER,
-                       "the trainer converts lists/floats itself")],
-            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0)  # fmt: skip
+            evidence=[f"line {line(m.start())}: {_line_of(text, m.start())}"]
+            + ([f"raised from {frame}"] if frame else []),
+            fixes=[
+                Fix(
+                    "data.reward_fn: <return tensors on the batch's device or plain floats>",
+                    V.REWARD_MANAGER,
+                    "the trainer converts lists/floats itself",
+                )
+            ],
+            unknown=[_LOG_UNKNOWN_MODULE],
+            step=step,
+            score=35.0,
+        )
     m = _COMPILE.search(text, start) if any(h in text for h in _COMPILE_HINTS) else None
     if m and m.start() < end:
         causes["compile"] = _compile_cause(text, m, line(m.start()), step)
@@ -128,29 +139,56 @@ def _dtype_cause(text: str, d: DtypeMessage, line: int, step: int | None) -> Cau
     if d.wording == "numpy":
         word = d.message.rsplit(" ", 1)[-1]
         return Cause(
-            "error", "dtype_error", f"{word} tensor converted to numpy",
+            "error",
+            "dtype_error",
+            f"{word} tensor converted to numpy",
             f"NumPy has no {word}: a `.numpy()` / `np.asarray` on a {d.observed} tensor fails. In RL code this is "
             "usually a reward model or a logging/metrics hook receiving bf16 outputs.",
             evidence=[f"line {line}: {_line_of(text, d.start)}"] + raised,
-            fixes=[Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
-                   Fix("precision.overrides.reward.compute_dtype: fp32", V.REWARD_MODEL_DTYPE_FP32,
-                       "or keep the role whose output is converted in fp32")],
-            unknown=[_LOG_UNKNOWN_MODULE], step=step, score=35.0, data={"observed": d.observed, "expected": d.expected})  # fmt: skip
+            fixes=[
+                Fix(None, None, "call `.float()` before `.numpy()` (or `.to(torch.float32)`)"),
+                Fix(
+                    "precision.overrides.reward.compute_dtype: fp32",
+                    V.REWARD_MODEL_DTYPE_FP32,
+                    "or keep the role whose output is converted in fp32",
+                ),
+            ],
+            unknown=[_LOG_UNKNOWN_MODULE],
+            step=step,
+            score=35.0,
+            data={"observed": d.observed, "expected": d.expected},
+        )
     if d.wording == "not_implemented":
         kernel_dtype = d.message.rsplit("'", 2)[-2]
         return Cause(
-            "error", "dtype_error", f"Op {d.op} has no {d.observed} kernel on this device",
+            "error",
+            "dtype_error",
+            f"Op {d.op} has no {d.observed} kernel on this device",
             f"'{d.op}' is not implemented for {kernel_dtype} here (typically fp16 matmuls on CPU, or an old GPU without bf16).",
             evidence=[f"line {line}: {_line_of(text, d.start)}"],
-            fixes=[Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
-                   Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU")],
-            step=step, score=35.0, data={"observed": d.observed})  # fmt: skip
+            fixes=[
+                Fix("precision.preset: fp32", None, "on CPU run fp32 or bf16"),
+                Fix("device: cuda", V.DEVICE_CUDA, "fp16 kernels exist on the GPU"),
+            ],
+            step=step,
+            score=35.0,
+            data={"observed": d.observed},
+        )
     phase = _phase_from_traceback(text)
     return Cause(
-        "error", "dtype_error", f"Dtype error: {d.observed or '?'} where {d.expected or '?'} was expected", d.what,
-        evidence=[f"line {line}: {d.message}"] + raised + ([f"phase (from traceback): {phase}"] if phase else []),
-        fixes=dtype_fixes(d.observed), unknown=[_LOG_UNKNOWN_MODULE], step=step, score=40.0,
-        data={"observed": d.observed, "expected": d.expected})  # fmt: skip
+        "error",
+        "dtype_error",
+        f"Dtype error: {d.observed or '?'} where {d.expected or '?'} was expected",
+        d.what,
+        evidence=[f"line {line}: {d.message}"]
+        + raised
+        + ([f"phase (from traceback): {phase}"] if phase else []),
+        fixes=dtype_fixes(d.observed),
+        unknown=[_LOG_UNKNOWN_MODULE],
+        step=step,
+        score=40.0,
+        data={"observed": d.observed, "expected": d.expected},
+    )
 
 
 def _compile_cause(text: str, m: re.Match, line: int, step: int | None) -> Cause:
@@ -163,14 +201,17 @@ def _compile_cause(text: str, m: re.Match, line: int, step: int | None) -> Cause
     )
     layer_fix = Fix("model.compile: false", V.TORCH_COMPILE_OFF, "the compiled training layers")
     return Cause(
-        "error", "compile_error", "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
+        "error",
+        "compile_error",
+        "torch.compile failed" + (" in the rollout's decode step" if decode else ""),
         "Dynamo could not trace the code (an unsupported call, a graph break under fullgraph) or Inductor could not "
         "compile it. Nothing is wrong with the run's numerics: the eager path runs the same model.",
         evidence=[f"line {line}: {m[0].strip()[:300]}"]
         + ([f"while tracing {user[1].strip()}"] if user else []),
         fixes=[rollout_fix, layer_fix] if decode else [layer_fix, rollout_fix],
-        step=step, score=35.0,
-    )  # fmt: skip
+        step=step,
+        score=35.0,
+    )
 
 
 def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
@@ -198,24 +239,49 @@ def _log_oom_cause(text: str, oom: dict[str, Any], step: int | None) -> Cause:
         )
     tried, total = oom.get("tried_gib"), oom.get("total_gib")
     if tried and total and tried > 0.1 * total:
-        what += (f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / log-softmax "
-                 "of a whole batch x sequence x vocab in fp32.")  # fmt: skip
+        what += (
+            f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / log-softmax "
+            "of a whole batch x sequence x vocab in fp32."
+        )
     if "No available memory for the cache blocks" in text or phase == "rollout":
-        fixes.append(Fix("data.response_length: <shorter>", f"{V.GPU_MEMORY_UTILIZATION} (lower if the "
-                         "trainer shares the GPU; higher if vLLM has no room for KV blocks)", "rollout KV cache"))  # fmt: skip
+        fixes.append(
+            Fix(
+                "data.response_length: <shorter>",
+                f"{V.GPU_MEMORY_UTILIZATION} (lower if the "
+                "trainer shares the GPU; higher if vLLM has no room for KV blocks)",
+                "rollout KV cache",
+            )
+        )
     fixes += [
-        Fix("precision.grad_checkpointing: true", V.GRAD_CKPT,
-            "activation memory"),
-        Fix("algo.micro_batch_size: <half>", f"{V.MICRO_BATCH} "
-            f"(and {V.ROLLOUT_LOG_PROB_MICRO_BATCH} / {V.REF_LOG_PROB_MICRO_BATCH})", "smaller micro-batches"),
-        Fix("precision.preset: bf16-pure", f"{V.MODEL_DTYPE_BF16} "
-            f"(or {V.PARAM_OFFLOAD} / {V.OPTIMIZER_OFFLOAD})", "model state memory"),
-    ]  # fmt: skip
-    return Cause("error", "oom", f"CUDA out of memory{f' in {phase}' if phase else ''}", what, evidence=ev,
-                 fixes=fixes, step=step, where=phase, score=40.0, data=oom,
-                 unknown=["memory classes: the message gives totals only, not how much is parameters, gradients, "
-                          "optimizer state or activations; `verlaudit plan` estimates them, a run under verlaudit "
-                          "measures per phase"])  # fmt: skip
+        Fix("precision.grad_checkpointing: true", V.GRAD_CKPT, "activation memory"),
+        Fix(
+            "algo.micro_batch_size: <half>",
+            f"{V.MICRO_BATCH} (and {V.ROLLOUT_LOG_PROB_MICRO_BATCH} / {V.REF_LOG_PROB_MICRO_BATCH})",
+            "smaller micro-batches",
+        ),
+        Fix(
+            "precision.preset: bf16-pure",
+            f"{V.MODEL_DTYPE_BF16} (or {V.PARAM_OFFLOAD} / {V.OPTIMIZER_OFFLOAD})",
+            "model state memory",
+        ),
+    ]
+    return Cause(
+        "error",
+        "oom",
+        f"CUDA out of memory{f' in {phase}' if phase else ''}",
+        what,
+        evidence=ev,
+        fixes=fixes,
+        step=step,
+        where=phase,
+        score=40.0,
+        data=oom,
+        unknown=[
+            "memory classes: the message gives totals only, not how much is parameters, gradients, "
+            "optimizer state or activations; `verlaudit plan` estimates them, a run under verlaudit "
+            "measures per phase"
+        ],
+    )
 
 
 # ---- per-step logs: verl, HF Trainer / TRL dicts, plain `loss=nan`
@@ -301,8 +367,11 @@ class _Nonfinite:
     def feed(self, records: list[dict[str, Any]]) -> None:
         if self.first_bad is None:
             for i, rec in enumerate(records, self.records):
-                bad = [k for k, v in rec.items()
-                       if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)]  # fmt: skip
+                bad = [
+                    k
+                    for k, v in rec.items()
+                    if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
+                ]
                 if bad:
                     self.first_bad = (i, rec, bad)
                     break
@@ -353,8 +422,10 @@ class _Nonfinite:
             first_line = first_line or self.anomaly[0]
             ev.append(f"line {self.anomaly[0]}: anomaly mode: backward function {where} produced NaN")
         if self.sampling:
-            ev.append(f"line {self.sampling}: sampling saw NaN/Inf probabilities: the rollout model's "
-                      "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)")  # fmt: skip
+            ev.append(
+                f"line {self.sampling}: sampling saw NaN/Inf probabilities: the rollout model's "
+                "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)"
+            )
         if not ev:
             return []
         verlish = ctx.framework in (None, "verl")

@@ -74,6 +74,7 @@ def _lowers(new: dict[str, float], cur: dict[str, float] | None) -> bool:
     return any(new[k] < 0.99 * cur[k] for k in common) and all(new[k] <= 1.01 * cur[k] for k in common)
 
 
+# long: the evidence lines of one cause, assembled in the order they print
 def oom_cause(run: RunDir) -> Cause:
     """The cause of a run whose status says ``oom``."""
     st = run.status or {}
@@ -164,6 +165,7 @@ def oom_cause(run: RunDir) -> Cause:
     )
 
 
+# long: each candidate fix planned where it is proposed, so its numbers and its text stay together
 def candidates(run: RunDir, phase: str | None, dominant: str | None, fragmented: bool) -> list[Candidate]:
     """Every fix for the dominating memory class, with the config change that checks it."""
     mb = cfg(run, "algo", "micro_batch_size")

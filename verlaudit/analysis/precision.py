@@ -139,11 +139,14 @@ def grad_rows(run: RunDir) -> dict[str, str]:
     if under:
         w = max(under, key=lambda r: r["subnormal_frac"])
         keep = "fits" if w.get("fits") else "no fp16 scale fits"
-        out["underflow"] = (f"worst {w['role']} {w['module']}: {w['subnormal_frac']:.1%} subnormal, {w['zero_frac']:.1%} zero "
-                            f"at scale {w['scale']:g}; keeps at {_fmt(w['scale_keep'], 'g')}, max {_fmt(w['scale_max'], 'g')} ({keep})")  # fmt: skip
+        out["underflow"] = (
+            f"worst {w['role']} {w['module']}: {w['subnormal_frac']:.1%} subnormal, {w['zero_frac']:.1%} zero "
+            f"at scale {w['scale']:g}; keeps at {_fmt(w['scale_keep'], 'g')}, max {_fmt(w['scale_max'], 'g')} ({keep})"
+        )
     return out
 
 
+# long: the report section's tables in the order they print
 def section(runs: Sequence[RunDir], out_dir: Path, plots: bool = True) -> tuple[list[str], list[Path]]:
     """The report's Precision section (markdown lines) and its plot; nothing when no run has records."""
     shadow = {r.path.name: read_records(r.path, SHADOW) for r in runs}
@@ -161,14 +164,40 @@ def section(runs: Sequence[RunDir], out_dir: Path, plots: bool = True) -> tuple[
     if rows:
         lines += [
             "fp32 shadow of the actor (largest over its shadowed steps; the shadow runs on sampled steps, whose "
-            "step time is shown apart):", "",
-            tabulate([[n, _fmt(s["logprob_mean"]), _fmt(s["logprob_max"]), _fmt(s["output"]), _fmt(s["grad"]),
-                       _fmt(s["ratio"]), s["culprit"], _fmt(s["shadow_s"], ".3f"), _fmt(s["shadow_step_s"], ".3f"),
-                       _fmt(s["step_s"], ".3f")] for n, s in rows],
-                     ["variant", "log-prob err mean", "log-prob err max", "output rel err", "input grad rel err",
-                      "max err / rounding", "first module over its rounding", "shadow s", "shadowed step s",
-                      "other steps s"], tablefmt="github", disable_numparse=True),
-        ]  # fmt: skip
+            "step time is shown apart):",
+            "",
+            tabulate(
+                [
+                    [
+                        n,
+                        _fmt(s["logprob_mean"]),
+                        _fmt(s["logprob_max"]),
+                        _fmt(s["output"]),
+                        _fmt(s["grad"]),
+                        _fmt(s["ratio"]),
+                        s["culprit"],
+                        _fmt(s["shadow_s"], ".3f"),
+                        _fmt(s["shadow_step_s"], ".3f"),
+                        _fmt(s["step_s"], ".3f"),
+                    ]
+                    for n, s in rows
+                ],
+                [
+                    "variant",
+                    "log-prob err mean",
+                    "log-prob err max",
+                    "output rel err",
+                    "input grad rel err",
+                    "max err / rounding",
+                    "first module over its rounding",
+                    "shadow s",
+                    "shadowed step s",
+                    "other steps s",
+                ],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+        ]
     with_ops = {n: op_totals(recs) for n, recs in ops.items() if recs}
     if with_ops:
         diff = differences(with_ops) if len(with_ops) > 1 else []
@@ -179,16 +208,33 @@ def section(runs: Sequence[RunDir], out_dir: Path, plots: bool = True) -> tuple[
         ]
         if diff:
             names = list(with_ops)
-            lines.append(tabulate([[d["pass"], d["category"], d["dtypes"], *[d[n] for n in names]] for d in diff],
-                                  ["pass", "category", "dtypes (in->out)", *names], tablefmt="github"))  # fmt: skip
+            lines.append(
+                tabulate(
+                    [[d["pass"], d["category"], d["dtypes"], *[d[n] for n in names]] for d in diff],
+                    ["pass", "category", "dtypes (in->out)", *names],
+                    tablefmt="github",
+                )
+            )
         else:
             (name, tot), *_ = with_ops.items()
-            lines.append(tabulate([[*k, v] for k, v in sorted(tot.items(), key=str)],
-                                  ["pass", "category", "dtypes (in->out)", name], tablefmt="github"))  # fmt: skip
+            lines.append(
+                tabulate(
+                    [[*k, v] for k, v in sorted(tot.items(), key=str)],
+                    ["pass", "category", "dtypes (in->out)", name],
+                    tablefmt="github",
+                )
+            )
     if any(g != {"lost": "—", "underflow": "—"} for g in grads.values()):
-        lines += ["", "Gradient health (per module, gradhealth.jsonl):", "",
-                  tabulate([[n, g["lost"], g["underflow"]] for n, g in grads.items()],
-                           ["variant", "updates lost to rounding", "fp16 gradient underflow"], tablefmt="github")]  # fmt: skip
+        lines += [
+            "",
+            "Gradient health (per module, gradhealth.jsonl):",
+            "",
+            tabulate(
+                [[n, g["lost"], g["underflow"]] for n, g in grads.items()],
+                ["variant", "updates lost to rounding", "fp16 gradient underflow"],
+                tablefmt="github",
+            ),
+        ]
     files = []
     if plots and any(depth_curve(recs) for recs in shadow.values()):
         path = Path(out_dir) / PLOT
@@ -213,8 +259,11 @@ def depth_plot(shadow: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) ->
             pts = [(d, e) for d, e, _ in depth_curve(recs, direction) if e > 0 and math.isfinite(e)]
             if pts:
                 ax.plot(*zip(*pts), marker=".", label=name, color=f"C{i}")  # one colour per variant
-        ax.set(title=f"actor {direction}: relative error vs fp32 (zeros not drawn)",
-               xlabel="block (execution order)", ylabel="relative error")  # fmt: skip
+        ax.set(
+            title=f"actor {direction}: relative error vs fp32 (zeros not drawn)",
+            xlabel="block (execution order)",
+            ylabel="relative error",
+        )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         ax.grid(alpha=0.3)

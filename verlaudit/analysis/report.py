@@ -66,15 +66,24 @@ def read_run_safe(path: Path) -> RunDir:
         lines = (
             [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
         )
-        status = {"state": "failed", "reason": f"worker exited {record.get('returncode')} before writing its run directory",
-                  "error": lines[-1].strip() if lines else "no worker.log"}  # fmt: skip
+        status = {
+            "state": "failed",
+            "reason": f"worker exited {record.get('returncode')} before writing its run directory",
+            "error": lines[-1].strip() if lines else "no worker.log",
+        }
         manifest = {k: spec[k] for k in ("variant", "seed") if k in spec}
         return RunDir(path=path, manifest=manifest, metrics=[], findings=[], events=[], status=status)
     try:
         return read_run(path)
     except ValueError as e:
-        return RunDir(path=Path(path), manifest={}, metrics=[], findings=[], events=[],
-                      status={"state": "failed", "reason": "unreadable", "error": str(e)})  # fmt: skip
+        return RunDir(
+            path=Path(path),
+            manifest={},
+            metrics=[],
+            findings=[],
+            events=[],
+            status={"state": "failed", "reason": "unreadable", "error": str(e)},
+        )
 
 
 def _values(run: RunDir, key: str) -> np.ndarray:
@@ -300,15 +309,22 @@ def markdown_table(variants: pd.DataFrame, trailing_window: int) -> str:
         )
         rows.append(
             [
-                r["variant"], r["status"], r["steps"],
-                _fmt(r["device_peak_gb"], ".3f") + (f" ({r['memory_source']})" if r["memory_source"] else "")
+                r["variant"],
+                r["status"],
+                r["steps"],
+                _fmt(r["device_peak_gb"], ".3f")
+                + (f" ({r['memory_source']})" if r["memory_source"] else "")
                 + (f" [per rank {r['rank_peaks_gb']}]" if r["rank_peaks_gb"] else ""),
-                _fmt(r["alloc_peak_gb"], ".3f"), _fmt(r["step_time_s"], ".3f"), loss,
-                _fmt(r["reward_start"], ".3f"), reward,
-                _fmt(r["reward_var"], ".2g"), f"{r['overflow_steps']} / {r['skipped_steps']}",
+                _fmt(r["alloc_peak_gb"], ".3f"),
+                _fmt(r["step_time_s"], ".3f"),
+                loss,
+                _fmt(r["reward_start"], ".3f"),
+                reward,
+                _fmt(r["reward_var"], ".2g"),
+                f"{r['overflow_steps']} / {r['skipped_steps']}",
                 f"{r['errors']} / {r['warnings']}",
             ]
-        )  # fmt: skip
+        )
     headers = [
         "variant", "status", "steps", "peak device GiB", "peak alloc GiB", "step s (median)",
         f"loss std (last {trailing_window})", f"reward (first {trailing_window})",
@@ -419,11 +435,12 @@ def write_report(out_dir: Path, trailing_window: int | None = None) -> Report:
         _LEGEND.format(rk=rk),
     ]
     notes = [
-        f"- **{r['run']}**: {r['status']}" + (f" — {r['error']}" if r["error"] else "")
+        f"- **{r['run']}**: {r['status']}"
+        + (f" — {r['error']}" if r["error"] else "")
         + (f" — top finding {r['top_finding']}" if r["top_finding"] else "")
         for r in rows.to_dict("records")
         if r["state"] != "completed" or r["top_finding"]
-    ]  # fmt: skip
+    ]
     missing = _not_run(suite, rows)
     if missing:
         notes.append(f"- not run (interrupted before they started): {', '.join(missing)}")

@@ -22,6 +22,7 @@ from verlaudit.analysis.runview import cfg, last_phase_started, last_step, runne
 from verlaudit.rundir import RunDir
 
 
+# long: one branch per way a run can end, read against status.json and runner.json
 def status_causes(run: RunDir) -> list[Cause]:
     st = run.status or {}
     reason = st.get("reason")

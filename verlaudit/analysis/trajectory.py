@@ -16,6 +16,7 @@ from verlaudit.analysis.runview import cfg, fmt, role_policy, user_hook_fix
 from verlaudit.rundir import RunDir
 
 
+# long: the three verdicts on one series (collapse, frequent skips, calibration) share their evidence
 def loss_scale_causes(run: RunDir) -> list[Cause]:
     out = []
     for role in ("actor", "critic"):
@@ -134,6 +135,7 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
     return out
 
 
+# long: the reward verdicts share one windowing of the series
 def reward_trend_causes(run: RunDir) -> list[Cause]:
     algo = cfg(run, "algo", "name", default="ppo")
     mean_key, std_key = (

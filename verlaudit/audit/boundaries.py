@@ -23,8 +23,16 @@ def _f(severity: str, kind: str, where: str, message: str, **kw: Any) -> Finding
     return Finding(severity=severity, kind=kind, where=where, message=message, **kw)
 
 
-def check_batch(batch: Mapping[str, Any], *, role: str, source: str, tokenizer_info: Mapping[str, Any],
-                step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
+# long: one independent check per finding, in the order the boundary is read
+def check_batch(
+    batch: Mapping[str, Any],
+    *,
+    role: str,
+    source: str,
+    tokenizer_info: Mapping[str, Any],
+    step: int | None = None,
+    phase: str | None = None,
+) -> list[Finding]:
     """Collator output: integer ids and masks, ids in [0, vocab), one batch size, mask shapes, padding side."""
     out: list[Finding] = []
     ctx = {"role": role, "step": step, "phase": phase}
@@ -33,53 +41,113 @@ def check_batch(batch: Mapping[str, Any], *, role: str, source: str, tokenizer_i
     tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
     for k, v in batch.items():
         if INT_KEY.search(k) and not isinstance(v, torch.Tensor):
-            out.append(_f("error", "boundary/collator", f"{where}.{k}", f"{k} is a {type(v).__name__}, not a tensor",
-                          observed=type(v).__name__, expected="torch.long tensor",
-                          fix="return torch tensors from the collator (torch.tensor(ids, dtype=torch.long))", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "error",
+                    "boundary/collator",
+                    f"{where}.{k}",
+                    f"{k} is a {type(v).__name__}, not a tensor",
+                    observed=type(v).__name__,
+                    expected="torch.long tensor",
+                    fix="return torch tensors from the collator (torch.tensor(ids, dtype=torch.long))",
+                    **ctx,
+                )
+            )
     for k, v in tensors.items():
         if not INT_KEY.search(k):
             continue
         is_mask = "mask" in k
         if v.is_floating_point():
-            out.append(_f("error", "boundary/collator", f"{where}.{k}",
-                          f"{k} from collator {source} is {dn(v.dtype)}; token ids and masks must be integers",
-                          observed=dn(v.dtype), expected="int64",
-                          fix=f"drop the cast in the collator: {k} must stay torch.long (cast only floating tensors)",
-                          **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "error",
+                    "boundary/collator",
+                    f"{where}.{k}",
+                    f"{k} from collator {source} is {dn(v.dtype)}; token ids and masks must be integers",
+                    observed=dn(v.dtype),
+                    expected="int64",
+                    fix=f"drop the cast in the collator: {k} must stay torch.long (cast only floating tensors)",
+                    **ctx,
+                )
+            )
             continue
         if not is_mask and v.dtype != torch.int64:
-            out.append(_f("warning", "boundary/collator", f"{where}.{k}", f"{k} is {dn(v.dtype)}, not int64",
-                          observed=dn(v.dtype), expected="int64", fix=f"build {k} with dtype=torch.long", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "warning",
+                    "boundary/collator",
+                    f"{where}.{k}",
+                    f"{k} is {dn(v.dtype)}, not int64",
+                    observed=dn(v.dtype),
+                    expected="int64",
+                    fix=f"build {k} with dtype=torch.long",
+                    **ctx,
+                )
+            )
         if not is_mask and vocab and v.numel():
             lo, hi = int(v.min()), int(v.max())
             if lo < 0 or hi >= int(vocab):
-                out.append(_f("error", "boundary/collator", f"{where}.{k}",
-                              f"{k} holds ids in [{lo}, {hi}], outside the vocabulary [0, {int(vocab)})",
-                              observed=[lo, hi], expected=[0, int(vocab) - 1],
-                              fix="tokenize with the run's tokenizer and pad with its pad_token_id", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "error",
+                        "boundary/collator",
+                        f"{where}.{k}",
+                        f"{k} holds ids in [{lo}, {hi}], outside the vocabulary [0, {int(vocab)})",
+                        observed=[lo, hi],
+                        expected=[0, int(vocab) - 1],
+                        fix="tokenize with the run's tokenizer and pad with its pad_token_id",
+                        **ctx,
+                    )
+                )
     sizes = {k: v.shape[0] for k, v in tensors.items() if v.dim() >= 1}
     if len(set(sizes.values())) > 1:
-        out.append(_f("error", "boundary/collator", where, f"tensors disagree on batch size: {sizes}",
-                      observed=sizes, expected="one batch size", fix="return one row per example in every field", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "boundary/collator",
+                where,
+                f"tensors disagree on batch size: {sizes}",
+                observed=sizes,
+                expected="one batch size",
+                fix="return one row per example in every field",
+                **ctx,
+            )
+        )
     for k, v in tensors.items():
         if k.endswith("input_ids"):
             mk = k[: -len("input_ids")] + "attention_mask"
             m = tensors.get(mk)
             if m is not None and m.shape != v.shape:
-                out.append(_f("error", "boundary/collator", f"{where}.{mk}",
-                              f"{mk} has shape {tuple(m.shape)} but {k} has {tuple(v.shape)}",
-                              observed=list(m.shape), expected=list(v.shape),
-                              fix="build the mask from the padded ids", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "error",
+                        "boundary/collator",
+                        f"{where}.{mk}",
+                        f"{mk} has shape {tuple(m.shape)} but {k} has {tuple(v.shape)}",
+                        observed=list(m.shape),
+                        expected=list(v.shape),
+                        fix="build the mask from the padded ids",
+                        **ctx,
+                    )
+                )
     mask = tensors.get("attention_mask")
     side = tokenizer_info.get("padding_side")
     if mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
         observed = padding_side(mask)
         if observed not in (None, side):
-            out.append(_f("error" if side == "left" else "warning", "boundary/padding_side", f"{where}.attention_mask",
-                          f"prompts are {observed}-padded but the tokenizer pads {side}"
-                          + (": generation would continue from pad tokens" if side == "left" else ""),
-                          observed=observed, expected=side,
-                          fix=f"pad prompts on the {side} (tokenizer.padding_side = '{side}')", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "error" if side == "left" else "warning",
+                    "boundary/padding_side",
+                    f"{where}.attention_mask",
+                    f"prompts are {observed}-padded but the tokenizer pads {side}"
+                    + (": generation would continue from pad tokens" if side == "left" else ""),
+                    observed=observed,
+                    expected=side,
+                    fix=f"pad prompts on the {side} (tokenizer.padding_side = '{side}')",
+                    **ctx,
+                )
+            )
     return out
 
 
@@ -97,9 +165,17 @@ def padding_side(mask: torch.Tensor) -> str | None:
     return "mixed"
 
 
-def check_reward(raw: Any, rewards: torch.Tensor | None, *, source: str, expected_shape: tuple[int, ...],
-                 train_device: torch.device | str, step: int | None = None,
-                 phase: str | None = None) -> list[Finding]:  # fmt: skip
+# long: one independent check per finding, in the order the boundary is read
+def check_reward(
+    raw: Any,
+    rewards: torch.Tensor | None,
+    *,
+    source: str,
+    expected_shape: tuple[int, ...],
+    train_device: torch.device | str,
+    step: int | None = None,
+    phase: str | None = None,
+) -> list[Finding]:
     """What a reward function / model returned: type, dtype, device, shape, finiteness."""
     out: list[Finding] = []
     ctx = {"role": "reward", "step": step, "phase": phase}
@@ -110,22 +186,58 @@ def check_reward(raw: Any, rewards: torch.Tensor | None, *, source: str, expecte
     if isinstance(raw, torch.Tensor):
         shape = tuple(raw.shape)
         if not raw.is_floating_point():
-            out.append(_f("info", "boundary/reward", where, f"reward is an integer tensor ({dn(raw.dtype)})",
-                          observed=dn(raw.dtype), expected="fp32", fix="return float rewards", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "info",
+                    "boundary/reward",
+                    where,
+                    f"reward is an integer tensor ({dn(raw.dtype)})",
+                    observed=dn(raw.dtype),
+                    expected="fp32",
+                    fix="return float rewards",
+                    **ctx,
+                )
+            )
         elif raw.dtype == torch.float64:
-            out.append(_f("warning", "boundary/reward", where,
-                          "reward is float64: anything computed from it before conversion runs in fp64",
-                          observed="fp64", expected="fp32",
-                          fix="return torch.float32 (scores.float()); numpy: np.asarray(x, dtype=np.float32)", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "warning",
+                    "boundary/reward",
+                    where,
+                    "reward is float64: anything computed from it before conversion runs in fp64",
+                    observed="fp64",
+                    expected="fp32",
+                    fix="return torch.float32 (scores.float()); numpy: np.asarray(x, dtype=np.float32)",
+                    **ctx,
+                )
+            )
         elif raw.dtype != torch.float32:
-            out.append(_f("warning", "boundary/reward", where,
-                          f"reward is {dn(raw.dtype)}: rewards lose precision before advantages are computed",
-                          observed=dn(raw.dtype), expected="fp32", fix="upcast the score head output with .float()", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "warning",
+                    "boundary/reward",
+                    where,
+                    f"reward is {dn(raw.dtype)}: rewards lose precision before advantages are computed",
+                    observed=dn(raw.dtype),
+                    expected="fp32",
+                    fix="upcast the score head output with .float()",
+                    **ctx,
+                )
+            )
         if raw.device.type != dev.type:
-            out.append(_f("warning", "boundary/reward", where,
-                          f"reward tensor is on {raw.device} while training runs on {dev}: a host/device copy "
-                          "and synchronisation every step", observed=str(raw.device), expected=str(dev),
-                          fix=f"return the reward on the training device (.to('{dev}'))", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "warning",
+                    "boundary/reward",
+                    where,
+                    f"reward tensor is on {raw.device} while training runs on {dev}: a host/device copy "
+                    "and synchronisation every step",
+                    observed=str(raw.device),
+                    expected=str(dev),
+                    fix=f"return the reward on the training device (.to('{dev}'))",
+                    **ctx,
+                )
+            )
         if raw.is_floating_point() or raw.dtype == torch.bool:
             values = raw.detach().float().flatten().cpu().tolist()
     else:
@@ -133,32 +245,77 @@ def check_reward(raw: Any, rewards: torch.Tensor | None, *, source: str, expecte
         if arr_dtype is not None and hasattr(raw, "shape"):  # numpy array
             shape = tuple(raw.shape)
             if str(arr_dtype) == "float64":
-                out.append(_f("warning", "boundary/reward", where, "reward is a float64 numpy array",
-                              observed="fp64 (numpy)", expected="fp32 tensor",
-                              fix="return torch.as_tensor(x, dtype=torch.float32)", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "warning",
+                        "boundary/reward",
+                        where,
+                        "reward is a float64 numpy array",
+                        observed="fp64 (numpy)",
+                        expected="fp32 tensor",
+                        fix="return torch.as_tensor(x, dtype=torch.float32)",
+                        **ctx,
+                    )
+                )
             values = [float(x) for x in raw.reshape(-1).tolist()]
         elif isinstance(raw, (list, tuple)):
             shape = (len(raw),)
-            out.append(_f("info", "boundary/reward", where,
-                          "reward is a Python list: converted to float32 on the host (fine for rule rewards)",
-                          observed="list", expected="fp32 tensor",
-                          fix="return a float32 tensor on the training device to skip the conversion", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "info",
+                    "boundary/reward",
+                    where,
+                    "reward is a Python list: converted to float32 on the host (fine for rule rewards)",
+                    observed="list",
+                    expected="fp32 tensor",
+                    fix="return a float32 tensor on the training device to skip the conversion",
+                    **ctx,
+                )
+            )
             try:
                 values = [float(x) for x in raw]
             except (TypeError, ValueError):
-                out.append(_f("error", "boundary/reward", where, "reward list holds non-numbers",
-                              observed=repr(raw[:3]), expected="numbers", fix="return one float per sequence", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "error",
+                        "boundary/reward",
+                        where,
+                        "reward list holds non-numbers",
+                        observed=repr(raw[:3]),
+                        expected="numbers",
+                        fix="return one float per sequence",
+                        **ctx,
+                    )
+                )
     if shape is not None and tuple(expected_shape) and shape != tuple(expected_shape):
-        out.append(_f("error", "boundary/reward", where, f"reward has shape {shape}, expected {tuple(expected_shape)}",
-                      observed=list(shape), expected=list(expected_shape),
-                      fix="return one scalar per sequence (squeeze the score head's last dim)", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "boundary/reward",
+                where,
+                f"reward has shape {shape}, expected {tuple(expected_shape)}",
+                observed=list(shape),
+                expected=list(expected_shape),
+                fix="return one scalar per sequence (squeeze the score head's last dim)",
+                **ctx,
+            )
+        )
     if values is None and rewards is not None:
         values = rewards.detach().float().flatten().cpu().tolist()
     bad = [v for v in (values or []) if not math.isfinite(v)]
     if bad:
-        out.append(_f("error", "boundary/reward", where, f"{len(bad)} of {len(values or [])} rewards are non-finite",
-                      observed=str(bad[0]), expected="finite",
-                      fix="guard the reward function against NaN/inf (e.g. division by zero, log(0))", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "boundary/reward",
+                where,
+                f"{len(bad)} of {len(values or [])} rewards are non-finite",
+                observed=str(bad[0]),
+                expected="finite",
+                fix="guard the reward function against NaN/inf (e.g. division by zero, log(0))",
+                **ctx,
+            )
+        )
     return out
 
 
@@ -169,62 +326,140 @@ def model_vocab_size(model) -> int | None:
     return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
 
 
-def check_rollout(*, engine: str, engine_dtype: torch.dtype, actor_compute_dtype: torch.dtype,
-                  prompt_ids: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
-                  logprobs: torch.Tensor, vocab_size: int | None, model_vocab_size: int | None = None,
-                  engine_facts: Mapping[str, Any] | None = None, trainer_facts: Mapping[str, Any] | None = None,
-                  step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
+# long: one independent check per finding, in the order the boundary is read
+def check_rollout(
+    *,
+    engine: str,
+    engine_dtype: torch.dtype,
+    actor_compute_dtype: torch.dtype,
+    prompt_ids: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    logprobs: torch.Tensor,
+    vocab_size: int | None,
+    model_vocab_size: int | None = None,
+    engine_facts: Mapping[str, Any] | None = None,
+    trainer_facts: Mapping[str, Any] | None = None,
+    step: int | None = None,
+    phase: str | None = None,
+) -> list[Finding]:
     """Engine dtype against the actor's compute dtype; token, mask and log-prob dtypes; the engine's
     facts against the trainer's (`verlaudit.audit.engine_checks.check_engine`)."""
-    out: list[Finding] = check_engine(engine=engine, engine_dtype=engine_dtype, engine_facts=engine_facts,
-                                      trainer_facts=trainer_facts, step=step, phase=phase)  # fmt: skip
+    out: list[Finding] = check_engine(
+        engine=engine,
+        engine_dtype=engine_dtype,
+        engine_facts=engine_facts,
+        trainer_facts=trainer_facts,
+        step=step,
+        phase=phase,
+    )
     ctx = {"role": "rollout", "step": step, "phase": phase}
     where = f"rollout:{engine}"
     if engine_dtype != actor_compute_dtype:
-        out.append(_f("warning", "boundary/rollout_dtype", where,
-                      f"rollout/train precision mismatch: {engine} samples in {dn(engine_dtype)} while the actor "
-                      f"trains in {dn(actor_compute_dtype)}; PPO ratios start away from 1 (see rollout_corr/kl)",
-                      observed=dn(engine_dtype), expected=dn(actor_compute_dtype),
-                      fix=f"set precision.overrides.rollout.compute_dtype: {dn(actor_compute_dtype)} "
-                      f"(verl: {VERL_ROLLOUT_DTYPE}={_verl(actor_compute_dtype)}), or recompute old log-probs "
-                      "with the actor (importance-sampling correction)", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "warning",
+                "boundary/rollout_dtype",
+                where,
+                f"rollout/train precision mismatch: {engine} samples in {dn(engine_dtype)} while the actor "
+                f"trains in {dn(actor_compute_dtype)}; PPO ratios start away from 1 (see rollout_corr/kl)",
+                observed=dn(engine_dtype),
+                expected=dn(actor_compute_dtype),
+                fix=f"set precision.overrides.rollout.compute_dtype: {dn(actor_compute_dtype)} "
+                f"(verl: {VERL_ROLLOUT_DTYPE}={_verl(actor_compute_dtype)}), or recompute old log-probs "
+                "with the actor (importance-sampling correction)",
+                **ctx,
+            )
+        )
     for name, t in (("prompt_ids", prompt_ids), ("response_ids", response_ids)):
         if t.is_floating_point():
-            out.append(_f("error", "dtype/int_became_float", f"{where}.{name}", f"{name} from {engine} are {dn(t.dtype)}",
-                          observed=dn(t.dtype), expected="int64", fix="keep sampled token ids torch.long", **ctx))  # fmt: skip
+            out.append(
+                _f(
+                    "error",
+                    "dtype/int_became_float",
+                    f"{where}.{name}",
+                    f"{name} from {engine} are {dn(t.dtype)}",
+                    observed=dn(t.dtype),
+                    expected="int64",
+                    fix="keep sampled token ids torch.long",
+                    **ctx,
+                )
+            )
         elif t.numel() and (vocab_size or model_vocab_size):
             lo, hi = int(t.min()), int(t.max())
             limit = model_vocab_size or vocab_size
             if lo < 0 or hi >= limit:
-                out.append(_f("error", "boundary/rollout_tokens", f"{where}.{name}",
-                              f"{name} outside the model's vocabulary [0, {limit})", observed=[lo, hi],
-                              expected=[0, limit - 1], fix="check the engine's vocabulary / tokenizer", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "error",
+                        "boundary/rollout_tokens",
+                        f"{where}.{name}",
+                        f"{name} outside the model's vocabulary [0, {limit})",
+                        observed=[lo, hi],
+                        expected=[0, limit - 1],
+                        fix="check the engine's vocabulary / tokenizer",
+                        **ctx,
+                    )
+                )
             elif vocab_size and hi >= vocab_size:
                 # the model can emit ids its tokenizer cannot decode (e.g. a 32000-row preset with a
                 # 100-token tokenizer): rewards are computed on <unk>-ridden text
-                out.append(_f("warning", "boundary/vocab_mismatch", f"{where}.{name}",
-                              f"{name} reach {hi}: the model's vocabulary ({limit}) is larger than the tokenizer's "
-                              f"({vocab_size}), so sampled ids >= {vocab_size} decode to nothing the reward can read",
-                              observed=[lo, hi], expected=[0, vocab_size - 1],
-                              fix="use the tokenizer the model was trained with, or "
-                              "model.resize_token_embeddings(len(tokenizer))", **ctx))  # fmt: skip
+                out.append(
+                    _f(
+                        "warning",
+                        "boundary/vocab_mismatch",
+                        f"{where}.{name}",
+                        f"{name} reach {hi}: the model's vocabulary ({limit}) is larger than the tokenizer's "
+                        f"({vocab_size}), so sampled ids >= {vocab_size} decode to nothing the reward can read",
+                        observed=[lo, hi],
+                        expected=[0, vocab_size - 1],
+                        fix="use the tokenizer the model was trained with, or "
+                        "model.resize_token_embeddings(len(tokenizer))",
+                        **ctx,
+                    )
+                )
     if response_mask.is_floating_point():
-        out.append(_f("error", "dtype/int_became_float", f"{where}.response_mask",
-                      f"response_mask is {dn(response_mask.dtype)}", observed=dn(response_mask.dtype),
-                      expected="int64 or bool", fix="build masks as integer/bool tensors", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "dtype/int_became_float",
+                f"{where}.response_mask",
+                f"response_mask is {dn(response_mask.dtype)}",
+                observed=dn(response_mask.dtype),
+                expected="int64 or bool",
+                fix="build masks as integer/bool tensors",
+                **ctx,
+            )
+        )
     if tuple(response_mask.shape) != tuple(response_ids.shape) or tuple(logprobs.shape) != tuple(
         response_ids.shape
     ):
-        out.append(_f("error", "boundary/rollout_tokens", where,
-                      f"shapes differ: response_ids {tuple(response_ids.shape)}, response_mask "
-                      f"{tuple(response_mask.shape)}, logprobs {tuple(logprobs.shape)}",
-                      observed=[list(response_mask.shape), list(logprobs.shape)], expected=list(response_ids.shape),
-                      fix="one log-prob and one mask value per response token", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "boundary/rollout_tokens",
+                where,
+                f"shapes differ: response_ids {tuple(response_ids.shape)}, response_mask "
+                f"{tuple(response_mask.shape)}, logprobs {tuple(logprobs.shape)}",
+                observed=[list(response_mask.shape), list(logprobs.shape)],
+                expected=list(response_ids.shape),
+                fix="one log-prob and one mask value per response token",
+                **ctx,
+            )
+        )
     if not logprobs.is_floating_point() or logprobs.dtype not in (torch.float32, torch.float64):
-        out.append(_f("error", "dtype/island", f"{where}.logprobs",
-                      f"rollout log-probs are {dn(logprobs.dtype)}; the policy keeps log-probs in fp32",
-                      observed=dn(logprobs.dtype), expected="fp32",
-                      fix="take log_softmax of the sampling logits in fp32", **ctx))  # fmt: skip
+        out.append(
+            _f(
+                "error",
+                "dtype/island",
+                f"{where}.logprobs",
+                f"rollout log-probs are {dn(logprobs.dtype)}; the policy keeps log-probs in fp32",
+                observed=dn(logprobs.dtype),
+                expected="fp32",
+                fix="take log_softmax of the sampling logits in fp32",
+                **ctx,
+            )
+        )
     return out
 
 

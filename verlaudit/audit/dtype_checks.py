@@ -60,6 +60,7 @@ class ModuleCall:
     """Dtypes of the floating outputs."""
 
 
+# long: one independent check per finding on a module's call
 def check_module_call(
     call: ModuleCall, policy: RolePolicy, *, step: int | None, phase: str | None, stage: str = "all"
 ) -> list[Finding]:
@@ -70,55 +71,101 @@ def check_module_call(
     where = call.name or "<root>"
 
     def add(severity: str, kind: str, message: str, observed, expected, fix: str) -> None:
-        out.append(Finding(severity=severity, kind=kind, role=call.role, where=where, step=step, phase=phase,
-                           observed=observed, expected=expected, message=message, fix=fix))  # fmt: skip
+        out.append(
+            Finding(
+                severity=severity,
+                kind=kind,
+                role=call.role,
+                where=where,
+                step=step,
+                phase=phase,
+                observed=observed,
+                expected=expected,
+                message=message,
+                fix=fix,
+            )
+        )
 
     if stage == "post":
         _check_outputs(call, policy, add)
         return out
     if len(call.param_dtypes) > 1:
-        add("warning", "dtype/mixed_params", f"{where} holds parameters in {_names(call.param_dtypes)}",
-            _names(call.param_dtypes), dn(policy.param_dtype),
-            f"cast the whole module: module.to({_torch(policy.param_dtype)})")  # fmt: skip
+        add(
+            "warning",
+            "dtype/mixed_params",
+            f"{where} holds parameters in {_names(call.param_dtypes)}",
+            _names(call.param_dtypes),
+            dn(policy.param_dtype),
+            f"cast the whole module: module.to({_torch(policy.param_dtype)})",
+        )
     own = call.param_dtypes[0] if len(call.param_dtypes) == 1 else None
     floats = [(k, d) for k, d in call.inputs if d.is_floating_point]
     ints = [(k, d) for k, d in call.inputs if not d.is_floating_point and d != torch.bool]
 
     if call.kind == "embedding":
         for _k, d in floats:
-            add("error", "dtype/int_became_float", f"token ids entering embedding {where} are {dn(d)}",
-                dn(d), "int64", "keep token ids integer: do not .to(dtype) or .float() the batch; cast only "
-                "floating tensors (e.g. `{k: v.to(dtype) if v.is_floating_point() else v}`)")  # fmt: skip
+            add(
+                "error",
+                "dtype/int_became_float",
+                f"token ids entering embedding {where} are {dn(d)}",
+                dn(d),
+                "int64",
+                "keep token ids integer: do not .to(dtype) or .float() the batch; cast only "
+                "floating tensors (e.g. `{k: v.to(dtype) if v.is_floating_point() else v}`)",
+            )
             break
     if not call.name:  # the model's own entry point: ids and masks must arrive as integers
         for k, d in floats:
             if INT_KEY.search(k) and k != "attention_mask":
-                add("error", "dtype/int_became_float", f"{k} reached the {call.role} model as {dn(d)}",
-                    dn(d), "int64", f"pass {k} as a torch.long tensor")  # fmt: skip
+                add(
+                    "error",
+                    "dtype/int_became_float",
+                    f"{k} reached the {call.role} model as {dn(d)}",
+                    dn(d),
+                    "int64",
+                    f"pass {k} as a torch.long tensor",
+                )
                 break
     if call.kind in ("linear", "norm") and ints:
         k, d = ints[0]
-        add("error", "dtype/float_became_int", f"{where} received an integer tensor ({dn(d)}) as {k}",
-            dn(d), dn(policy.compute_dtype), "activations must stay floating; look for .long()/.int() upstream")  # fmt: skip
+        add(
+            "error",
+            "dtype/float_became_int",
+            f"{where} received an integer tensor ({dn(d)}) as {k}",
+            dn(d),
+            dn(policy.compute_dtype),
+            "activations must stay floating; look for .long()/.int() upstream",
+        )
 
     if call.autocast is None and own in LOW:
         for _k, d in floats:
             if d != own:
-                add("error", "dtype/module_input",
+                add(
+                    "error",
+                    "dtype/module_input",
                     f"{dn(d)} activations enter {dn(own)} module {where} outside autocast",
-                    dn(d), dn(own),
+                    dn(d),
+                    dn(own),
                     f"run this forward under torch.autocast(dtype={_torch(policy.compute_dtype)}), or cast the "
-                    f"input with .to({_torch(own)}) at the role boundary")  # fmt: skip
+                    f"input with .to({_torch(own)}) at the role boundary",
+                )
                 break
     if call.kind == "linear" and policy.low_precision:
         effective = call.autocast if call.autocast is not None else own
         if effective is not None and effective != policy.compute_dtype:
             sev = "warning" if effective == torch.float32 else "error"
-            add(sev, "dtype/compute", f"{where} computed in {dn(effective)}; the {call.role} policy says "
-                f"{dn(policy.compute_dtype)}", dn(effective), dn(policy.compute_dtype),
-                f"wrap the {call.role} forward in policy['{call.role}'].autocast_ctx(device)" if policy.autocast
+            add(
+                sev,
+                "dtype/compute",
+                f"{where} computed in {dn(effective)}; the {call.role} policy says "
+                f"{dn(policy.compute_dtype)}",
+                dn(effective),
+                dn(policy.compute_dtype),
+                f"wrap the {call.role} forward in policy['{call.role}'].autocast_ctx(device)"
+                if policy.autocast
                 else f"store the {call.role} weights in {dn(policy.compute_dtype)} (cast_model) "
-                f"or enable autocast for it")  # fmt: skip
+                f"or enable autocast for it",
+            )
     if stage == "all":
         _check_outputs(call, policy, add)
     return out
@@ -126,11 +173,20 @@ def check_module_call(
 
 def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
     where = call.name or "<root>"
-    if (call.kind == "norm" and call.autocast in LOW and "norm" in policy.fp32_islands
-            and any(d in LOW for d in call.outputs)):  # fmt: skip
-        add("warning", "dtype/island", f"norm {where} produced {_names(call.outputs)} under autocast; the policy "
-            "keeps norms in fp32", _names(call.outputs), "fp32",
-            "keep norm weights in fp32 under autocast (do not cast norms to the compute dtype)")  # fmt: skip
+    if (
+        call.kind == "norm"
+        and call.autocast in LOW
+        and "norm" in policy.fp32_islands
+        and any(d in LOW for d in call.outputs)
+    ):
+        add(
+            "warning",
+            "dtype/island",
+            f"norm {where} produced {_names(call.outputs)} under autocast; the policy keeps norms in fp32",
+            _names(call.outputs),
+            "fp32",
+            "keep norm weights in fp32 under autocast (do not cast norms to the compute dtype)",
+        )
     low_out = [d for d in call.outputs if d in LOW]
     floats_in = [d for _, d in call.inputs if d.is_floating_point]
     # nothing low-precision went in (inputs, own weights) and no autocast: a low-precision output was cast
@@ -155,8 +211,9 @@ def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
         )
 
 
-def check_boundary_output(role: str, name: str, tensor: torch.Tensor, policy: RolePolicy, *,
-                          step: int | None, phase: str | None) -> list[Finding]:  # fmt: skip
+def check_boundary_output(
+    role: str, name: str, tensor: torch.Tensor, policy: RolePolicy, *, step: int | None, phase: str | None
+) -> list[Finding]:
     """Log-probs, values and losses crossing into the algorithm must be fp32 islands."""
     island = "logprobs" if "logp" in name else "loss"
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
@@ -177,8 +234,15 @@ def check_boundary_output(role: str, name: str, tensor: torch.Tensor, policy: Ro
     )]  # fmt: skip
 
 
-def check_param_storage(role: str, model: nn.Module, policy: RolePolicy, *, kind: str = "dtype/param_storage",
-                        step: int | None = None, phase: str | None = None) -> list[Finding]:  # fmt: skip
+def check_param_storage(
+    role: str,
+    model: nn.Module,
+    policy: RolePolicy,
+    *,
+    kind: str = "dtype/param_storage",
+    step: int | None = None,
+    phase: str | None = None,
+) -> list[Finding]:
     """One finding per role when parameters are not stored in ``policy.param_dtype``."""
     counts: dict[torch.dtype, int] = {}
     first: dict[torch.dtype, str] = {}
@@ -213,19 +277,32 @@ def check_buffers(role: str, model: nn.Module, policy: RolePolicy) -> list[Findi
     promised = "rotary" in policy.fp32_islands
     for module, bufs in by_module.items():
         d = bufs[0][1]
-        out.append(Finding(
-            severity="warning" if promised else "info", kind="dtype/buffer_precision", role=role,
-            where=module, observed={n: dn(x) for n, x in bufs}, expected="fp32",
-            message=f"rotary buffers {', '.join(n for n, _ in bufs)} of {module} are stored in {dn(d)}: "
-            f"positions above {_exact_int_limit(d)} collide" + ("" if promised else " (the policy accepts it)"),
-            fix="after model.to(dtype), restore the rotary buffers in fp32 (module.inv_freq = "
-            "module.inv_freq.float()); HF recomputes cos/sin from inv_freq in fp32 only if it is fp32",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                severity="warning" if promised else "info",
+                kind="dtype/buffer_precision",
+                role=role,
+                where=module,
+                observed={n: dn(x) for n, x in bufs},
+                expected="fp32",
+                message=f"rotary buffers {', '.join(n for n, _ in bufs)} of {module} are stored in {dn(d)}: "
+                f"positions above {_exact_int_limit(d)} collide"
+                + ("" if promised else " (the policy accepts it)"),
+                fix="after model.to(dtype), restore the rotary buffers in fp32 (module.inv_freq = "
+                "module.inv_freq.float()); HF recomputes cos/sin from inv_freq in fp32 only if it is fp32",
+            )
+        )
     return out
 
 
-def check_grad_dtypes(role: str, named_params: Mapping[str, torch.Tensor] | list, policy: RolePolicy, *,
-                      step: int | None, phase: str | None) -> list[Finding]:  # fmt: skip
+def check_grad_dtypes(
+    role: str,
+    named_params: Mapping[str, torch.Tensor] | list,
+    policy: RolePolicy,
+    *,
+    step: int | None,
+    phase: str | None,
+) -> list[Finding]:
     """``.grad`` dtype against ``policy.grad_dtype`` (one finding per role, first parameter named)."""
     for name, p in named_params:
         g = getattr(p, "grad", None)

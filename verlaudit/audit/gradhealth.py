@@ -94,26 +94,60 @@ def scales(hist: list[int], scale: float, keep_frac: float = KEEP_FRAC) -> tuple
     return scale * 2.0 ** (TINY_EXP - e_q + 1), scale * 2.0 ** (MAX_EXP - e_max)
 
 
-def fp16_underflow(role: str, named_grads: Iterable[tuple[str, torch.Tensor | None]], scale: float, *,
-                   step: int | None, phase: str | None) -> list[dict[str, Any]]:  # fmt: skip
+def fp16_underflow(
+    role: str,
+    named_grads: Iterable[tuple[str, torch.Tensor | None]],
+    scale: float,
+    *,
+    step: int | None,
+    phase: str | None,
+) -> list[dict[str, Any]]:
     """Per-module records of gradients held at loss scale ``scale`` (see the module docstring)."""
     out = []
     for mod, (n, zeros, hist) in exponent_histograms(named_grads).items():
         sub = sum(hist[: TINY_EXP + OFFSET + 1])  # exponents <= -14
         keep, most = scales(hist, scale)
-        out.append({
-            "measure": "fp16_underflow", "role": role, "module": mod, "step": step, "phase": phase,
-            "elements": n, "zero_frac": zeros / n, "subnormal_frac": sub / n, "scale": scale,
-            "scale_keep": keep, "scale_max": most, "fits": None if keep is None else keep <= most,
-        })  # fmt: skip
+        out.append(
+            {
+                "measure": "fp16_underflow",
+                "role": role,
+                "module": mod,
+                "step": step,
+                "phase": phase,
+                "elements": n,
+                "zero_frac": zeros / n,
+                "subnormal_frac": sub / n,
+                "scale": scale,
+                "scale_keep": keep,
+                "scale_max": most,
+                "fits": None if keep is None else keep <= most,
+            }
+        )
     return out
 
 
-def update_loss(role: str, rows: Iterable[Mapping[str, Any]], *, param_dtype: str, lr: float | None,
-                step: int | None, phase: str | None) -> list[dict[str, Any]]:  # fmt: skip
+def update_loss(
+    role: str,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    param_dtype: str,
+    lr: float | None,
+    step: int | None,
+    phase: str | None,
+) -> list[dict[str, Any]]:
     """Per-module records from `numerics.update_underflow_rows`."""
-    return [{"measure": "update_loss", "role": role, "step": step, "phase": phase, "param_dtype": param_dtype,
-             "lr": lr, **dict(r)} for r in rows]  # fmt: skip
+    return [
+        {
+            "measure": "update_loss",
+            "role": role,
+            "step": step,
+            "phase": phase,
+            "param_dtype": param_dtype,
+            "lr": lr,
+            **dict(r),
+        }
+        for r in rows
+    ]
 
 
 def findings(records: list[Mapping[str, Any]], warn: float = GRAD_UNDERFLOW_WARN) -> list[Finding]:
@@ -128,20 +162,35 @@ def findings(records: list[Mapping[str, Any]], warn: float = GRAD_UNDERFLOW_WARN
         worst = max(rows, key=lambda r: r["subnormal_frac"])
         keep, most = worst["scale_keep"], worst["scale_max"]
         if keep is not None and keep <= most:
-            fix = (f"raise the loss scale to {keep:g} (precision.overrides.{role}.init_scale; at most {most:g} "
-                   "before the largest gradient nears fp16's max), or use bf16")  # fmt: skip
+            fix = (
+                f"raise the loss scale to {keep:g} (precision.overrides.{role}.init_scale; at most {most:g} "
+                "before the largest gradient nears fp16's max), or use bf16"
+            )
         else:
-            fix = (f"no single fp16 loss scale fits: keeping the small gradients needs {keep:g}, the largest allows "
-                   f"{most:g}; use bf16 (fp32's exponent range)")  # fmt: skip
-        out.append(Finding(
-            severity="warning", kind="precision/fp16_underflow", role=role, where=worst["module"], step=worst["step"],
-            phase=worst["phase"],
-            observed={"subnormal_frac": round(worst["subnormal_frac"], 4), "zero_frac": round(worst["zero_frac"], 4),
-                      "scale": worst["scale"], "scale_keep": keep, "scale_max": most,
-                      "modules_over": len(rows)},
-            expected=f"<= {warn} of elements below fp16's smallest normal (6.1e-05)",
-            message=f"{worst['subnormal_frac']:.1%} of {worst['module']}'s gradient elements are below fp16's smallest "
-            f"normal at loss scale {worst['scale']:g} ({len(rows)} module(s) over {warn:.0%})",
-            fix=fix,
-        ))  # fmt: skip
+            fix = (
+                f"no single fp16 loss scale fits: keeping the small gradients needs {keep:g}, the largest allows "
+                f"{most:g}; use bf16 (fp32's exponent range)"
+            )
+        out.append(
+            Finding(
+                severity="warning",
+                kind="precision/fp16_underflow",
+                role=role,
+                where=worst["module"],
+                step=worst["step"],
+                phase=worst["phase"],
+                observed={
+                    "subnormal_frac": round(worst["subnormal_frac"], 4),
+                    "zero_frac": round(worst["zero_frac"], 4),
+                    "scale": worst["scale"],
+                    "scale_keep": keep,
+                    "scale_max": most,
+                    "modules_over": len(rows),
+                },
+                expected=f"<= {warn} of elements below fp16's smallest normal (6.1e-05)",
+                message=f"{worst['subnormal_frac']:.1%} of {worst['module']}'s gradient elements are below fp16's smallest "
+                f"normal at loss scale {worst['scale']:g} ({len(rows)} module(s) over {warn:.0%})",
+                fix=fix,
+            )
+        )
     return out

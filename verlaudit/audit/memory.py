@@ -64,8 +64,11 @@ class MemoryMonitor:
 
     def _init_nvml(self) -> None:
         if not self.cuda:
-            self.reason = ("no CUDA device in use: host RSS of this process instead of device memory"
-                           if torch.cuda.is_available() else "no CUDA device: host RSS of this process")  # fmt: skip
+            self.reason = (
+                "no CUDA device in use: host RSS of this process instead of device memory"
+                if torch.cuda.is_available()
+                else "no CUDA device: host RSS of this process"
+            )
             return
         try:
             import pynvml
@@ -142,8 +145,9 @@ class MemoryMonitor:
                 self.alloc_peaks[name] = max(self.alloc_peaks.get(name, 0), peak)
                 self.overall_alloc_peaks[name] = max(self.overall_alloc_peaks.get(name, 0), peak)
             with self._lock:
-                self.overall_phase_peaks[name] = max(self.overall_phase_peaks.get(name, 0),
-                                                     self.phase_peaks.get(name, 0))  # fmt: skip
+                self.overall_phase_peaks[name] = max(
+                    self.overall_phase_peaks.get(name, 0), self.phase_peaks.get(name, 0)
+                )
                 self._phase = previous
 
     def step_metrics(self) -> dict[str, float]:
@@ -151,8 +155,9 @@ class MemoryMonitor:
         self.sample()
         out: dict[str, float] = {"perf/device_memory_peak_gb": self.step_peak / GB}
         if self.cuda:
-            out["perf/max_memory_allocated_gb"] = max(
-                [torch.cuda.max_memory_allocated(self.device), *self.alloc_peaks.values()]) / GB  # fmt: skip
+            out["perf/max_memory_allocated_gb"] = (
+                max([torch.cuda.max_memory_allocated(self.device), *self.alloc_peaks.values()]) / GB
+            )
             out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / GB
         for name, v in self.phase_peaks.items():
             out[f"memory/{name}/device_peak_gb"] = v / GB
@@ -176,26 +181,33 @@ class MemoryMonitor:
 
     def allocator_view(self) -> dict[str, Any]:
         """What the allocator (or the host) looked like at a failure: for status.json."""
-        view: dict[str, Any] = {"source": self.source, "phase_peak_gb_so_far": {
-            k: v / GB for k, v in {**self.overall_phase_peaks, **self.phase_peaks}.items()}}  # fmt: skip
+        view: dict[str, Any] = {
+            "source": self.source,
+            "phase_peak_gb_so_far": {
+                k: v / GB for k, v in {**self.overall_phase_peaks, **self.phase_peaks}.items()
+            },
+        }
         if self.cuda:
             with contextlib.suppress(Exception):
                 s = torch.cuda.memory_stats(self.device)
-                view.update({
-                    "allocated_gb": s.get("allocated_bytes.all.current", 0) / GB,
-                    "reserved_gb": s.get("reserved_bytes.all.current", 0) / GB,
-                    "active_gb": s.get("active_bytes.all.current", 0) / GB,
-                    "max_allocated_gb": s.get("allocated_bytes.all.peak", 0) / GB,
-                    "num_alloc_retries": s.get("num_alloc_retries", 0),
-                    "num_ooms": s.get("num_ooms", 0),
-                })  # fmt: skip
+                view.update(
+                    {
+                        "allocated_gb": s.get("allocated_bytes.all.current", 0) / GB,
+                        "reserved_gb": s.get("reserved_bytes.all.current", 0) / GB,
+                        "active_gb": s.get("active_bytes.all.current", 0) / GB,
+                        "max_allocated_gb": s.get("allocated_bytes.all.peak", 0) / GB,
+                        "num_alloc_retries": s.get("num_alloc_retries", 0),
+                        "num_ooms": s.get("num_ooms", 0),
+                    }
+                )
             with contextlib.suppress(Exception):
                 free, total = torch.cuda.mem_get_info(self.device)
                 view["device_free_gb"], view["device_total_gb"] = free / GB, total / GB
             with contextlib.suppress(Exception):
                 view["largest_free_block_gb"] = _largest_free_block(self.device) / GB
             view["allocated_peak_gb_so_far"] = {
-                k: v / GB for k, v in {**self.overall_alloc_peaks, **self.alloc_peaks}.items()}  # fmt: skip
+                k: v / GB for k, v in {**self.overall_alloc_peaks, **self.alloc_peaks}.items()
+            }
         else:
             view["rss_gb"] = _rss_bytes() / GB
         return view

@@ -103,8 +103,11 @@ def sample_index(numel: int, sample: int = UPDATE_SAMPLE, seed: int = UPDATE_SEE
     return torch.randint(0, numel, (sample,), generator=gen).unique()
 
 
-def snapshot(named_params: Iterable[tuple[str, torch.Tensor]], sample: int = UPDATE_SAMPLE,
-             cache: dict[tuple[str, int, str], torch.Tensor] | None = None) -> dict[str, tuple]:  # fmt: skip
+def snapshot(
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    sample: int = UPDATE_SAMPLE,
+    cache: dict[tuple[str, int, str], torch.Tensor] | None = None,
+) -> dict[str, tuple]:
     """``{name: (index, values, grad != 0)}`` at a fixed sample of each parameter's elements, taken before
     an optimizer step: ``sample`` elements per tensor at most, whatever the model size (a full copy of
     a 7B bf16 model would be 13 GB). FSDP2 DTensors are sampled on this rank's shard. Pass the same
@@ -155,8 +158,11 @@ def update_underflow_rows(
         acc[0] += lost / moving * size
         acc[1] += size
         acc[2] += moving
-    return [{"module": m, "lost_frac": lost / n, "sampled": int(k), "size": int(n)}
-            for m, (lost, n, k) in per_module.items() if n]  # fmt: skip
+    return [
+        {"module": m, "lost_frac": lost / n, "sampled": int(k), "size": int(n)}
+        for m, (lost, n, k) in per_module.items()
+        if n
+    ]
 
 
 def update_underflow(
@@ -175,8 +181,16 @@ def update_underflow_summary(rows: list[Mapping[str, Any]]) -> tuple[float, dict
     return overall, {r["module"]: r["lost_frac"] for r in rows}
 
 
-def underflow_findings(role: str, frac: float, per_module: Mapping[str, float], policy: RolePolicy, lr: float | None,
-                       *, step: int, phase: str | None) -> list[Finding]:  # fmt: skip
+def underflow_findings(
+    role: str,
+    frac: float,
+    per_module: Mapping[str, float],
+    policy: RolePolicy,
+    lr: float | None,
+    *,
+    step: int,
+    phase: str | None,
+) -> list[Finding]:
     """A warning when more than `UPDATE_UNDERFLOW_WARN` of the sampled updates were lost, naming the
     modules that lost the most."""
     if frac <= UPDATE_UNDERFLOW_WARN:
@@ -205,36 +219,61 @@ _GRAD_FIX_UNSCALED = (
 )
 
 
-def grad_findings(role: str, stats: GradStats, policy: RolePolicy, *, step: int, phase: str | None,
-                  skipped: bool) -> list[Finding]:  # fmt: skip
+def grad_findings(
+    role: str, stats: GradStats, policy: RolePolicy, *, step: int, phase: str | None, skipped: bool
+) -> list[Finding]:
     out = []
     if stats.nonfinite:
         handled = skipped and policy.loss_scaling == "dynamic"
-        out.append(Finding(
-            severity="warning" if handled else "error", kind="numerics/nonfinite_grads", role=role,
-            where=stats.first_nonfinite[0].rsplit(".", 1)[0] if stats.first_nonfinite else None, step=step,
-            phase=phase, observed={"elements": stats.nonfinite, "first_params": stats.first_nonfinite},
-            expected="finite", message=f"{stats.nonfinite} non-finite {role} gradient elements (first: "
-            f"{', '.join(stats.first_nonfinite[:3])})" + ("; the loss scaler skipped the step" if handled else ""),
-            fix=_GRAD_FIX_SCALED if policy.loss_scaling == "dynamic" else _GRAD_FIX_UNSCALED,
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                severity="warning" if handled else "error",
+                kind="numerics/nonfinite_grads",
+                role=role,
+                where=stats.first_nonfinite[0].rsplit(".", 1)[0] if stats.first_nonfinite else None,
+                step=step,
+                phase=phase,
+                observed={"elements": stats.nonfinite, "first_params": stats.first_nonfinite},
+                expected="finite",
+                message=f"{stats.nonfinite} non-finite {role} gradient elements (first: "
+                f"{', '.join(stats.first_nonfinite[:3])})"
+                + ("; the loss scaler skipped the step" if handled else ""),
+                fix=_GRAD_FIX_SCALED if policy.loss_scaling == "dynamic" else _GRAD_FIX_UNSCALED,
+            )
+        )
     if (
         stats.elements
         and stats.underflow_frac > GRAD_UNDERFLOW_WARN
         and policy.compute_dtype == torch.float16
     ):
-        out.append(Finding(
-            severity="warning", kind="numerics/grad_underflow", role=role, where=None, step=step, phase=phase,
-            observed=round(stats.underflow_frac, 4), expected=f"< {GRAD_UNDERFLOW_WARN}",
-            message=f"{stats.underflow_frac:.1%} of {role} gradient elements are below fp16's smallest normal "
-            f"({torch.finfo(torch.float16).tiny:.1e}) at the current loss scale",
-            fix="use dynamic loss scaling with a larger init_scale, or bf16 (fp32's exponent range)",
-        ))  # fmt: skip
+        out.append(
+            Finding(
+                severity="warning",
+                kind="numerics/grad_underflow",
+                role=role,
+                where=None,
+                step=step,
+                phase=phase,
+                observed=round(stats.underflow_frac, 4),
+                expected=f"< {GRAD_UNDERFLOW_WARN}",
+                message=f"{stats.underflow_frac:.1%} of {role} gradient elements are below fp16's smallest normal "
+                f"({torch.finfo(torch.float16).tiny:.1e}) at the current loss scale",
+                fix="use dynamic loss scaling with a larger init_scale, or bf16 (fp32's exponent range)",
+            )
+        )
     return out
 
 
-def scaler_findings(role: str, state: Mapping[str, Any], skipped: bool, grad_norm: float, policy: RolePolicy,
-                    *, step: int, phase: str | None) -> list[Finding]:  # fmt: skip
+def scaler_findings(
+    role: str,
+    state: Mapping[str, Any],
+    skipped: bool,
+    grad_norm: float,
+    policy: RolePolicy,
+    *,
+    step: int,
+    phase: str | None,
+) -> list[Finding]:
     """Skipped steps — fp16 loss-scale backoffs AND bf16/fp32 non-finite skips, which tools that only
     watch the fp16 scaler miss."""
     if not skipped:
@@ -245,8 +284,10 @@ def scaler_findings(role: str, state: Mapping[str, Any], skipped: bool, grad_nor
         msg = f"{role} optimizer step skipped: non-finite gradients; loss scale backed off to {scale:g}"
         fix = "occasional skips are the dynamic scaler working; many in a row mean a real overflow"
     else:
-        msg = (f"{role} optimizer step skipped: non-finite gradients under {dn(policy.compute_dtype)} "
-               f"without loss scaling (grad_norm={grad_norm})")  # fmt: skip
+        msg = (
+            f"{role} optimizer step skipped: non-finite gradients under {dn(policy.compute_dtype)} "
+            f"without loss scaling (grad_norm={grad_norm})"
+        )
         fix = "a bf16/fp32 overflow is not a scaling problem: find the producer (numerics/nonfinite_*), lower lr"
     return [Finding(severity="warning", kind="numerics/skipped_step", role=role, where="optimizer", step=step,
                     phase=phase, observed={"scale": scale, "mode": mode, "skipped_steps": state.get("skipped_steps")},

@@ -31,8 +31,15 @@ from verlaudit.rundir import GRADHEALTH, OPCOUNTS, SHADOW, Finding, RunWriter
 class PrecisionWatch:
     """Shadow, op counts and gradient health of the sampled steps of one run."""
 
-    def __init__(self, models: Mapping[str, nn.Module], policy: PrecisionPolicy, settings: AuditSettings,
-                 context: StepContext, numbers: StepNumbers, writer: RunWriter | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        models: Mapping[str, nn.Module],
+        policy: PrecisionPolicy,
+        settings: AuditSettings,
+        context: StepContext,
+        numbers: StepNumbers,
+        writer: RunWriter | None,
+    ) -> None:
         self.policy, self.ctx, self.numbers, self.writer = policy, context, numbers, writer
         self.shadow: ShadowProbe | None = None
         if settings.shadow:
@@ -68,8 +75,15 @@ class PrecisionWatch:
         with opcount.suspended() if name == "rollout" else contextlib.nullcontext():
             yield
 
-    def backward(self, role: str, params: list[tuple[str, nn.Parameter]], policy: RolePolicy,
-                 loss_scale: float, *, sampled: bool) -> None:  # fmt: skip
+    def backward(
+        self,
+        role: str,
+        params: list[tuple[str, nn.Parameter]],
+        policy: RolePolicy,
+        loss_scale: float,
+        *,
+        sampled: bool,
+    ) -> None:
         """A backward finished: the ops that follow outside the models are the optimizer's (unscale,
         clip, step) until the next forward; on the first backward of an fp16 role in a sampled step,
         underflow per module at the scale the gradients still carry."""
@@ -79,8 +93,9 @@ class PrecisionWatch:
             return
         self._measured.add(role)
         with opcount.suspended():
-            rows = gradhealth.fp16_underflow(role, ((n, p.grad) for n, p in params), float(loss_scale),
-                                             **self.ctx.where())  # fmt: skip
+            rows = gradhealth.fp16_underflow(
+                role, ((n, p.grad) for n, p in params), float(loss_scale), **self.ctx.where()
+            )
         self._grad_records += rows
 
     def end_step(self, step: int) -> list[Finding]:
@@ -97,9 +112,16 @@ class PrecisionWatch:
                 self.numbers.put("audit/shadow", 1.0)
             if self.shadow.disabled and not self._reported_disabled:
                 self._reported_disabled = True
-                out.append(Finding(severity="info", kind="precision/shadow_skipped", where="shadow", step=step,
-                                   message=f"the fp32 shadow does not run: {self.shadow.disabled}",
-                                   fix="run the shadow in a one-process variant of the suite"))  # fmt: skip
+                out.append(
+                    Finding(
+                        severity="info",
+                        kind="precision/shadow_skipped",
+                        where="shadow",
+                        step=step,
+                        message=f"the fp32 shadow does not run: {self.shadow.disabled}",
+                        fix="run the shadow in a one-process variant of the suite",
+                    )
+                )
         if self.counter is not None:
             records = self.counter.take(step)
             if records:

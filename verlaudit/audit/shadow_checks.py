@@ -29,14 +29,18 @@ def _forward_local(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, An
 def culprits(records: Iterable[Mapping[str, Any]], excess: float = EXCESS) -> list[Mapping[str, Any]]:
     """Forward ``local`` records over ``excess`` times the rounding model, without an exceeding
     module inside them, in the order the modules finished (deepest first within a parent)."""
-    over = [r for r in _forward_local(records) if math.isfinite(r.get("ratio", 0.0)) and r["ratio"] > excess
-            or r.get("rel_err") == math.inf]  # fmt: skip
+    over = [
+        r
+        for r in _forward_local(records)
+        if math.isfinite(r.get("ratio", 0.0)) and r["ratio"] > excess or r.get("rel_err") == math.inf
+    ]
     out = []
     for r in over:
         inner = [
-            o for o in over
+            o
+            for o in over
             if o is not r and pass_key(o) == pass_key(r) and o["module"].startswith(r["module"] + ".")
-        ]  # fmt: skip
+        ]
         if not inner:
             out.append(r)
     return out
@@ -55,28 +59,50 @@ def findings(records: list[Mapping[str, Any]], excess: float = EXCESS) -> list[F
         seen.add(key)
         others = [o["module"] for o in found if pass_key(o) == key and o is not r]
         dtype, allowed = r.get("dtype"), r.get("allowed")
-        below = f"its output is {dtype} where its contract allows {allowed}" if dtype != allowed else (
-            f"it is handed {allowed} and returns {dtype}")  # fmt: skip
-        out.append(Finding(
-            severity="warning", kind="precision/shadow_excess", role=r["role"], where=r["module"], step=r["step"],
-            phase=r["phase"],
-            observed={"rel_err": r["rel_err"], "expected": r["expected"], "ratio": r["ratio"], "dtype": dtype,
-                      "also": others[:5]},
-            expected=f"rel err <= {excess:g} x {r['expected']:.3g} ({allowed} rounding)",
-            message=f"{r['module']} adds a {r['rel_err']:.3g} relative error against its fp32 shadow, "
-            f"{r['ratio']:.3g}x what {allowed} rounding explains ({below}); the first such module of this "
-            f"{r['role']} forward" + (f" (also: {', '.join(others[:3])})" if others else ""),
-            fix=f"find where this module casts below {allowed} (its op counts in opcounts.jsonl: casts and the "
-            f"dtype of its matmuls); keep it in {allowed}, or if it amplifies its input's error (softmax over "
-            "large scores), keep its inputs in fp32",
-        ))  # fmt: skip
+        below = (
+            f"its output is {dtype} where its contract allows {allowed}"
+            if dtype != allowed
+            else (f"it is handed {allowed} and returns {dtype}")
+        )
+        out.append(
+            Finding(
+                severity="warning",
+                kind="precision/shadow_excess",
+                role=r["role"],
+                where=r["module"],
+                step=r["step"],
+                phase=r["phase"],
+                observed={
+                    "rel_err": r["rel_err"],
+                    "expected": r["expected"],
+                    "ratio": r["ratio"],
+                    "dtype": dtype,
+                    "also": others[:5],
+                },
+                expected=f"rel err <= {excess:g} x {r['expected']:.3g} ({allowed} rounding)",
+                message=f"{r['module']} adds a {r['rel_err']:.3g} relative error against its fp32 shadow, "
+                f"{r['ratio']:.3g}x what {allowed} rounding explains ({below}); the first such module of this "
+                f"{r['role']} forward" + (f" (also: {', '.join(others[:3])})" if others else ""),
+                fix=f"find where this module casts below {allowed} (its op counts in opcounts.jsonl: casts and the "
+                f"dtype of its matmuls); keep it in {allowed}, or if it amplifies its input's error (softmax over "
+                "large scores), keep its inputs in fp32",
+            )
+        )
     skipped = {
         (r.get("role"), r["module"], r.get("reason")) for r in records if r.get("measure") == "skipped"
     }
     for role, module, reason in sorted(skipped, key=str):
-        out.append(Finding(severity="info", kind="precision/shadow_skipped", role=role, where=module,
-                           message=f"the fp32 shadow skipped {module}: {reason}", observed=reason,
-                           fix="nothing to fix in the run; the shadow's numbers for this module are missing"))  # fmt: skip
+        out.append(
+            Finding(
+                severity="info",
+                kind="precision/shadow_skipped",
+                role=role,
+                where=module,
+                message=f"the fp32 shadow skipped {module}: {reason}",
+                observed=reason,
+                fix="nothing to fix in the run; the shadow's numbers for this module are missing",
+            )
+        )
     return out
 
 

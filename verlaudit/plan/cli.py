@@ -57,8 +57,9 @@ class VariantPlan:
         }
 
 
-def plan_suite(suite: Any, *, gpus: int | None = None, memory_gb: float | None = None,
-               optimizer: str = "fused") -> list[VariantPlan]:  # fmt: skip
+def plan_suite(
+    suite: Any, *, gpus: int | None = None, memory_gb: float | None = None, optimizer: str = "fused"
+) -> list[VariantPlan]:
     """One `VariantPlan` per variant of a loaded `verlaudit.run.suite.Suite`."""
     hw = suite.hardware
     n = gpus or hw.gpus
@@ -93,13 +94,30 @@ def render(plans: list[VariantPlan]) -> str:
         return "n/a (cpu: host memory)" if v is None else ("yes" if v else "NO")
 
     rows = [
-        [p.variant, p.config.algo.name, p.config.precision.preset, _ckpt_words(p.config.precision),
-         p.estimate.peak.name, f"{p.estimate.peak_bytes / GIB:.3g}", f"{p.estimate.device_bytes() / GIB:.3g}",
-         "-" if p.target_gib is None else f"{p.target_gib:.4g}", yes(p.fits)]
+        [
+            p.variant,
+            p.config.algo.name,
+            p.config.precision.preset,
+            _ckpt_words(p.config.precision),
+            p.estimate.peak.name,
+            f"{p.estimate.peak_bytes / GIB:.3g}",
+            f"{p.estimate.device_bytes() / GIB:.3g}",
+            "-" if p.target_gib is None else f"{p.target_gib:.4g}",
+            yes(p.fits),
+        ]
         for p in plans
-    ]  # fmt: skip
-    head = ["variant", "algo", "preset", "grad ckpt", "peak phase", "peak allocated GiB",
-            "device needed GiB", f"target GiB ({plans[0].target} x{plans[0].gpus})", "fits"]  # fmt: skip
+    ]
+    head = [
+        "variant",
+        "algo",
+        "preset",
+        "grad ckpt",
+        "peak phase",
+        "peak allocated GiB",
+        "device needed GiB",
+        f"target GiB ({plans[0].target} x{plans[0].gpus})",
+        "fits",
+    ]
     parts = [tabulate(rows, head, tablefmt="github")]
     for p in plans:
         comp = sorted(p.estimate.peak.components.items(), key=lambda kv: -kv[1])
@@ -125,8 +143,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", help="comma-separated variants to plan (default: all)")
     parser.add_argument("--gpus", type=int, help="GPUs per variant (default: the suite's hardware.gpus)")
     parser.add_argument("--memory-gb", type=float, help="usable GiB per GPU (default: the suite's target)")
-    parser.add_argument("--optimizer", choices=("fused", "foreach"), default="fused",
-                        help="AdamW implementation (the trainer uses fused on CUDA)")  # fmt: skip
+    parser.add_argument(
+        "--optimizer",
+        choices=("fused", "foreach"),
+        default="fused",
+        help="AdamW implementation (the trainer uses fused on CUDA)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 

@@ -156,8 +156,11 @@ def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> Memor
         for p in phases:
             if p.name.endswith("optimizer step"):
                 stepped.add(p.name.split("_update")[0])
-            comp = {k: v for k, v in p.components.items()
-                    if not (k.endswith("optimizer moments") and k.split(" ")[0] not in stepped)}  # fmt: skip
+            comp = {
+                k: v
+                for k, v in p.components.items()
+                if not (k.endswith("optimizer moments") and k.split(" ")[0] not in stepped)
+            }
             kept.append(Phase(p.name, comp))
         phases = kept
         notes.append("first step: AdamW moments are not allocated before each role's first optimizer step")
@@ -174,5 +177,15 @@ def memory_at_failure(run: RunDir, phase: str | None, step: int | None) -> Memor
         classes[memory_class(k)] = classes.get(memory_class(k), 0.0) + v
     classes = dict(sorted(classes.items(), key=lambda kv: -kv[1]))
     device = Estimate((chosen,)).device_bytes() / GIB
-    return MemoryAtFailure(chosen.name, comp, classes, chosen.total / GIB, device, cap, tuple(notes),
-                           need=need[i], allocator_cap=allocator_cap, pass_shown=shown)  # fmt: skip
+    return MemoryAtFailure(
+        chosen.name,
+        comp,
+        classes,
+        chosen.total / GIB,
+        device,
+        cap,
+        tuple(notes),
+        need=need[i],
+        allocator_cap=allocator_cap,
+        pass_shown=shown,
+    )

@@ -109,8 +109,10 @@ def _task(name: str, where: str) -> None:
 def _data_files(files: tuple[str, ...], where: str) -> None:
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
-        raise ValueError(f"{where}: {', '.join(missing)} not found (relative to {os.getcwd()}); expected verl's "
-                         "RL data: .parquet, .jsonl or .json files")  # fmt: skip
+        raise ValueError(
+            f"{where}: {', '.join(missing)} not found (relative to {os.getcwd()}); expected verl's "
+            "RL data: .parquet, .jsonl or .json files"
+        )
 
 
 def _hf_dir(path: str, where: str, what: str) -> None:

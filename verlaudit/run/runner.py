@@ -209,8 +209,16 @@ def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
     """One process per variant; ``torchrun --nproc_per_node gpus`` when the suite asks for several
     (FSDP2: rank 0 writes the variant's run dir, rank k its ``rank<k>`` subdirectory)."""
     if gpus > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-                "-m", "verlaudit.run.worker", str(spec_path)]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            "-m",
+            "verlaudit.run.worker",
+            str(spec_path),
+        ]
     return [sys.executable, "-m", "verlaudit.run.worker", str(spec_path)]
 
 

@@ -200,10 +200,18 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     if "train" not in data:  # checked after the sections that are there: the mistakes written come first
         raise ValueError(_NO_TRAIN)
     return Suite(
-        name=name, description=description, train=base, seeds=seeds, hardware=hardware, audit=audit,
-        report=report, compare=copy.deepcopy(dict(compare)), variants=variants, overrides=overrides,
+        name=name,
+        description=description,
+        train=base,
+        seeds=seeds,
+        hardware=hardware,
+        audit=audit,
+        report=report,
+        compare=copy.deepcopy(dict(compare)),
+        variants=variants,
+        overrides=overrides,
         source=source,
-    )  # fmt: skip
+    )
 
 
 _NO_TRAIN = (

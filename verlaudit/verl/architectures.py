@@ -42,15 +42,25 @@ class Architecture:
     note: str = ""
 
 
-def _qwen2(name: str, hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int,
-           tie: bool) -> Architecture:  # fmt: skip
+def _qwen2(
+    name: str, hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, tie: bool
+) -> Architecture:
     """A Qwen2 / Qwen2.5 shape on the ``qwen2-7b`` preset (rope_theta 1e6 and rms_norm_eps 1e-6 are
     the preset's, as in every Qwen2 and Qwen2.5 release listed here)."""
-    return Architecture(name, "qwen2-7b", {
-        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-        "max_position_embeddings": 32768, "tie_word_embeddings": tie,
-    })  # fmt: skip
+    return Architecture(
+        name,
+        "qwen2-7b",
+        {
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "vocab_size": vocab,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": tie,
+        },
+    )
 
 
 _LLAMA3 = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -22,13 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-o", "--output", help="suite YAML to write (default: ./<script name>.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite the suite file if it exists")
-    p.add_argument("--target", default="h100-80gb",
-                   help="GPU the job is meant for (verl scripts name none; default h100-80gb); cpu for a CPU run")  # fmt: skip
+    p.add_argument(
+        "--target",
+        default="h100-80gb",
+        help="GPU the job is meant for (verl scripts name none; default h100-80gb); cpu for a CPU run",
+    )
     p.add_argument(
         "--model", help="a local model directory or a known model name, instead of the script's model"
     )
-    p.add_argument("--audit-level", default="boundary", choices=("off", "boundary", "full"),
-                   help="the suite's audit level (default boundary, the always-on level)")  # fmt: skip
+    p.add_argument(
+        "--audit-level",
+        default="boundary",
+        choices=("off", "boundary", "full"),
+        help="the suite's audit level (default boundary, the always-on level)",
+    )
     p.add_argument("--run", action="store_true", help="run the suite right away (verlaudit run)")
     p.add_argument("--steps", type=int, help="with --run: training steps for every variant")
     p.add_argument("--variants", help="with --run: comma-separated variants to run")
@@ -54,8 +61,10 @@ def main(args: argparse.Namespace) -> int:
     counts = {
         k: sum(r.kind == k for r in mapped.records) for k in ("mapped", "default", "consistent", "unmapped")
     }
-    print(f"verlaudit from-verl: wrote {out} ({counts['mapped']} keys mapped, {counts['default']} verl defaults "
-          f"written, {counts['consistent']} consistent, {counts['unmapped']} not mapped)")  # fmt: skip
+    print(
+        f"verlaudit from-verl: wrote {out} ({counts['mapped']} keys mapped, {counts['default']} verl defaults "
+        f"written, {counts['consistent']} consistent, {counts['unmapped']} not mapped)"
+    )
     unmapped = [r for r in mapped.records if r.kind == "unmapped"]
     if unmapped:
         print("not mapped:")
@@ -69,7 +78,14 @@ def main(args: argparse.Namespace) -> int:
     from verlaudit.run import runner
 
     run_args = argparse.Namespace(
-        suite=str(out), steps=args.steps, variants=args.variants, seeds=None, out=args.out, device=args.device,
-        audit_level=None, no_progress=True, report_only=None,
-    )  # fmt: skip
+        suite=str(out),
+        steps=args.steps,
+        variants=args.variants,
+        seeds=None,
+        out=args.out,
+        device=args.device,
+        audit_level=None,
+        no_progress=True,
+        report_only=None,
+    )
     return runner.main(run_args)

@@ -343,16 +343,20 @@ def read_script(path: str | Path, env: Mapping[str, str] | None = None) -> Launc
             head += 1
         k = _entry_index(words)
         if found is not None and k is None and all(_OVERRIDE.match(w.text) and "." in w.text for w in words):
-            notes.append(f"line {words[0].line}: {words[0].raw} ... looks like overrides, but bash ended the verl "
-                         "command before this line (a comment or a missing '\\' on the line above): they are "
-                         "not part of the job")  # fmt: skip
+            notes.append(
+                f"line {words[0].line}: {words[0].raw} ... looks like overrides, but bash ended the verl "
+                "command before this line (a comment or a missing '\\' on the line above): they are "
+                "not part of the job"
+            )
             continue
         if k is not None:
             if found is None:
                 found = (words, k)
             else:
-                notes.append(f"line {words[k].line}: a second verl command ({words[k].text}); only the first "
-                             f"(line {found[0][found[1]].line}) is read")  # fmt: skip
+                notes.append(
+                    f"line {words[k].line}: a second verl command ({words[k].text}); only the first "
+                    f"(line {found[0][found[1]].line}) is read"
+                )
             continue
         cmd = words[head].text if head < len(words) else None
         if cmd is None:  # NAME=value lines; `NAME=value cmd` sets NAME for that command only
@@ -366,8 +370,10 @@ def read_script(path: str | Path, env: Mapping[str, str] | None = None) -> Launc
             if m and found is None:
                 sc.vars[m.group(1)] = (m.group(2) if not w.problems else UNRESOLVED, w.line)
     if found is None:
-        raise ValueError(f"{p}: no verl trainer command found (python3 -m verl.trainer.main_ppo key=value ...); "
-                         "pass the launch script that runs it, or verl's Hydra YAML")  # fmt: skip
+        raise ValueError(
+            f"{p}: no verl trainer command found (python3 -m verl.trainer.main_ppo key=value ...); "
+            "pass the launch script that runs it, or verl's Hydra YAML"
+        )
     words, k = found
     return _overrides_of(p, lines, words, k, notes, sc.vars)
 
@@ -389,8 +395,10 @@ def _overrides_of(p: Path, lines: list[str], words: list[Word], k: int, notes: l
             i += 0 if "=" in w.text else 1
             if w.text.startswith(("--config-name", "-cn")):
                 config_name = value
-            notes.append(f"line {w.line}: {w.text.split('=')[0]} {value}: verl's config file is not read; keys "
-                         "the script does not set take verl's ppo_trainer.yaml defaults")  # fmt: skip
+            notes.append(
+                f"line {w.line}: {w.text.split('=')[0]} {value}: verl's config file is not read; keys "
+                "the script does not set take verl's ppo_trainer.yaml defaults"
+            )
             continue
         if _REDIRECT.match(w.text):
             i += 0 if re.search(r"&\d+$|\S[<>]\S", w.text) else 1  # `> log` names its target in the next word
@@ -407,18 +415,34 @@ def _overrides_of(p: Path, lines: list[str], words: list[Word], k: int, notes: l
         ref = _WHOLE_VAR.match(w.raw.partition("=")[2])
         var = ref.group(1) or ref.group(2) if ref else None
         var_line = vars_.get(var, (None, None))[1] if var else None
-        overrides.append(Override(
-            key=m.group(2), value=None if UNRESOLVED in value_text else parse_value(value_text),
-            text=value_text.replace(UNRESOLVED, "?"), line=w.line, line_text=lines[w.line - 1], op=op,
-            problems=w.problems, var=var, var_line=var_line,
-            var_line_text=lines[var_line - 1] if var_line else None,
-        ))  # fmt: skip
+        overrides.append(
+            Override(
+                key=m.group(2),
+                value=None if UNRESOLVED in value_text else parse_value(value_text),
+                text=value_text.replace(UNRESOLVED, "?"),
+                line=w.line,
+                line_text=lines[w.line - 1],
+                op=op,
+                problems=w.problems,
+                var=var,
+                var_line=var_line,
+                var_line_text=lines[var_line - 1] if var_line else None,
+            )
+        )
     entry = words[k].text
     if not entry.endswith("main_ppo") and not entry.endswith("main_ppo.py"):
-        notes.append(f"entry {entry}: a recipe's own trainer; its keys are read as main_ppo's, and recipe logic "
-                     "beyond them is not reproduced")  # fmt: skip
-    return Launch(source=str(p), kind="script", entry=entry, overrides=tuple(overrides), notes=tuple(notes),
-                  config_name=config_name)  # fmt: skip
+        notes.append(
+            f"entry {entry}: a recipe's own trainer; its keys are read as main_ppo's, and recipe logic "
+            "beyond them is not reproduced"
+        )
+    return Launch(
+        source=str(p),
+        kind="script",
+        entry=entry,
+        overrides=tuple(overrides),
+        notes=tuple(notes),
+        config_name=config_name,
+    )
 
 
 # ---------------------------------------------------------------- YAML
@@ -444,8 +468,10 @@ def read_yaml_config(path: str | Path) -> Launch:
         for key_node, value_node in node.value:
             key = f"{prefix}{key_node.value}"
             if key == "defaults":
-                notes.append(f"line {key_node.start_mark.line + 1}: the Hydra defaults list is not expanded; keys "
-                             "it would pull in take verl's ppo_trainer.yaml defaults")  # fmt: skip
+                notes.append(
+                    f"line {key_node.start_mark.line + 1}: the Hydra defaults list is not expanded; keys "
+                    "it would pull in take verl's ppo_trainer.yaml defaults"
+                )
                 continue
             if isinstance(value_node, yaml.MappingNode) and value_node.value:
                 walk(value_node, key + ".")
@@ -459,8 +485,9 @@ def read_yaml_config(path: str | Path) -> Launch:
                 and value_node.style is None
             ):
                 value = parse_value(value)  # PyYAML reads 1e-6 as a string; Hydra (OmegaConf) as a float
-            overrides.append(Override(key=key, value=value, text=segment.strip(), line=line,
-                                      line_text=lines[line - 1]))  # fmt: skip
+            overrides.append(
+                Override(key=key, value=value, text=segment.strip(), line=line, line_text=lines[line - 1])
+            )
 
     walk(root, "")
     return Launch(source=str(p), kind="yaml", entry="yaml", overrides=tuple(overrides), notes=tuple(notes))

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from verlaudit.verl.mapping import ROWS, canonical
+from verlaudit.verl.rows import ROWS, canonical
 
 _WORD = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)(?:=(\S+))?$")
 _LONG_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -86,8 +86,10 @@ def _sub_value(pattern: str, line: str, value: str, keep_tail: bool = False) -> 
 def _override_lines(source: str, o: Mapping[str, Any], value: str, *, yaml: bool, shared: bool) -> list[str]:
     """The before/after lines for one override the script sets (``shared``: its ``$VAR`` feeds other keys)."""
     if o.get("var") and not o.get("var_line"):
-        return [f"{source}, line {o['line']}: {o['line_text'].strip()}   <- ${o['var']} comes from the "
-                f"environment: set {o['var']}={_quote(value)}"]  # fmt: skip
+        return [
+            f"{source}, line {o['line']}: {o['line_text'].strip()}   <- ${o['var']} comes from the "
+            f"environment: set {o['var']}={_quote(value)}"
+        ]
     if o.get("var") and not shared:
         line, old = o["var_line"], o["var_line_text"]
         assign = r"(^\s*(?:export\s+)?" + re.escape(o["var"]) + r"=)(\"[^\"]*\"|'[^']*'|\S*)"
@@ -123,8 +125,11 @@ def script_lines(origin: Mapping[str, Any], verl: str | None, suite: str | None 
         elif o is None and value is None:
             out.append(f"{source}: {key} is not set in the script (verl's default applies); set it")
         elif o is None:
-            out.append(f"{source}: add {key.rsplit('.', 1)[-1]}: {value} under {key.rsplit('.', 1)[0]}" if yaml
-                       else f"{source}: add to the command:  {key}={_quote(value)} \\")  # fmt: skip
+            out.append(
+                f"{source}: add {key.rsplit('.', 1)[-1]}: {value} under {key.rsplit('.', 1)[0]}"
+                if yaml
+                else f"{source}: add to the command:  {key}={_quote(value)} \\"
+            )
         elif value is None:
             out.append(f"{source}, line {o['line']}: {o['line_text'].strip()}   <- change this value")
         else:

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from trainer.precision import PRESETS
+from verlaudit.verl.context import Record
 from verlaudit.verl.launch import Launch
-from verlaudit.verl.mapping import Mapped, Record
+from verlaudit.verl.mapping import Mapped
 
 BASELINE = "verl"
 """The variant that runs the job's own precision settings."""

@@ -86,8 +86,9 @@ def markers(text: str, skip: Iterable[str] = ()) -> list[str]:
     """The frameworks whose own messages ``text`` looks like (``skip``: those already settled)."""
     if len(text) < 4:
         return []
-    return [name for name, pat in _MARKERS.items()
-            if name not in skip and _HINTS[name](text) and pat.search(text)]  # fmt: skip
+    return [
+        name for name, pat in _MARKERS.items() if name not in skip and _HINTS[name](text) and pat.search(text)
+    ]
 
 
 # ---- the settings a log prints
