@@ -2,7 +2,7 @@
 (autocast over fp32) or stored low, with and without cancellation, at several inner dimensions.
 
 For each case, ``seeds`` random draws: measured relative error of the low-precision product against
-exact fp32 on the same values, divided by `verlaudit.audit.shadow.expected_linear`; the table gives
+exact fp32 on the same values, divided by `verlaudit.audit.rounding.expected_linear`; the table gives
 the median and the range of that ratio. Run it under each CPU kernel family the tests must pass on:
 
     PYTHONPATH=. python benchmarks/rounding_model.py

@@ -162,8 +162,16 @@ def test_counting_keeps_no_tensor_alive_and_checkpointing_effective():
     from trainer.models import enable_checkpointing
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=256, use_cache=False)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=256,
+        use_cache=False,
+    )
     model = LlamaForCausalLM(cfg)
     enable_checkpointing(model)
     model.train()

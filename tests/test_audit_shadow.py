@@ -40,8 +40,16 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 def tiny_llama(layers=3, seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=100, max_position_embeddings=64, use_cache=False)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -327,8 +335,16 @@ def test_shadow_memory_is_one_block_whatever_the_depth():
 
     def extra(layers):
         torch.manual_seed(0)
-        cfg = LlamaConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=100, max_position_embeddings=256, use_cache=False)  # fmt: skip
+        cfg = LlamaConfig(
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=100,
+            max_position_embeddings=256,
+            use_cache=False,
+        )
         model = LlamaForCausalLM(cfg)
         enable_checkpointing(model)
         model.train()

@@ -53,12 +53,28 @@ def test_llama2_7b_parameter_count_hand_worked():
     "kwargs",
     [
         LLAMA2_7B,
-        dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=8,
-             num_key_value_heads=2, vocab_size=77, tie_word_embeddings=True),
-        dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=4, vocab_size=50, head_dim=16, attention_bias=True, mlp_bias=True),
+        dict(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=77,
+            tie_word_embeddings=True,
+        ),
+        dict(
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=50,
+            head_dim=16,
+            attention_bias=True,
+            mlp_bias=True,
+        ),
     ],
-)  # fmt: skip
+)
 def test_parameter_count_equals_the_real_model(kwargs):
     cfg = LlamaConfig(**kwargs)
     with torch.device("meta"):
@@ -128,8 +144,15 @@ def test_layer_saved_bytes_match_autograd(preset):
     # Hand-worked for fp32, h=64, I=160, 4 heads: normalised tensors 2 x 4h, rsqrt 2 x 4, q/k/v input
     # 4h, q, k, v 12h, SDPA out 4h + lse 4 x 4, mid-layer residual 4h, MLP input 4h, MLP 16I
     # = 36h + 16I + 24 = 2304 + 2560 + 24 = 4888 bytes per token.
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, vocab_size=50, attn_implementation="sdpa")  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=50,
+        attn_implementation="sdpa",
+    )
     batch, seq = 2, 16
     measured, rotary = _measured_layer_bytes(preset, cfg, batch, seq)
     pol = resolve_policy(preset)["actor"]
@@ -191,8 +214,12 @@ def test_attention_kernel_rule():
     mha = Architecture.from_config(LlamaConfig(**LLAMA2_7B))
     wide = Architecture.from_config(dict(GQA.to_dict(), head_dim=288))  # over SDPA's 256: repeat_kv
     gqa = Architecture.from_config(GQA)
-    assert {attention_kernel(mha, d, padded=p, device_type=t) for d in (bf16, fp32) for p in (0, 1)
-            for t in ("cuda", "cpu")} == {"fused"}  # fmt: skip
+    assert {
+        attention_kernel(mha, d, padded=p, device_type=t)
+        for d in (bf16, fp32)
+        for p in (0, 1)
+        for t in ("cuda", "cpu")
+    } == {"fused"}
     assert (
         attention_kernel(gqa, bf16, padded=True) == attention_kernel(wide, bf16, padded=False) == "expanded"
     )

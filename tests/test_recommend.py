@@ -39,8 +39,12 @@ def test_candidates_follow_the_algorithm():
 
 def test_tolerance_parsing():
     assert Tolerance.parse("logprob=0.1, update_loss=0.5") == Tolerance(logprob=0.1, update_loss=0.5)
-    for bad, msg in [("logprob", "expected key=value"), ("colour=1", "expected key=value"),
-                     ("logprob=x", "is not a number"), ("ratio=0", "must be > 0")]:  # fmt: skip
+    for bad, msg in [
+        ("logprob", "expected key=value"),
+        ("colour=1", "expected key=value"),
+        ("logprob=x", "is not a number"),
+        ("ratio=0", "must be > 0"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             Tolerance.parse(bad)
 
@@ -57,8 +61,18 @@ def test_update_loss_is_the_worst_role_weighted_by_size():
 
 
 def _m(name, planned, step, **kw):
-    return Measured(name=name, planned_gib=planned, target_gib=80.0, state="completed", status="completed",
-                    step_s=step, logprob=0.01, ratio=1.0, update_loss=0.0, **kw)  # fmt: skip
+    return Measured(
+        name=name,
+        planned_gib=planned,
+        target_gib=80.0,
+        state="completed",
+        status="completed",
+        step_s=step,
+        logprob=0.01,
+        ratio=1.0,
+        update_loss=0.0,
+        **kw,
+    )
 
 
 def test_rank_and_the_reasons_each_loser_lost():
@@ -105,8 +119,10 @@ def test_the_shadow_that_does_not_fit_is_said_so():
         "the shadow does not fit: planned 70.0 GiB + 12.0 GiB for the fp32 shadow > target 80.0 GiB "
         "(fewer --rows shrink the shadow)"
     ]
-    assert oom.lost[0].startswith("the shadow did not fit: out of memory on step 0, the shadowed one, in "
-                                  "actor_update (planned 60.0 GiB + 5.0 GiB shadow)")  # fmt: skip
+    assert oom.lost[0].startswith(
+        "the shadow did not fit: out of memory on step 0, the shadowed one, in "
+        "actor_update (planned 60.0 GiB + 5.0 GiB shadow)"
+    )
     assert later.lost == ["run failed at step 2 (actor_update): oom"]
     text = render(ranked, {m.name: {"precision": {"preset": m.name}} for m in ranked}, Tolerance(), "time")
     assert "| 70 + 12 shadow (does not fit) |" in text.replace("  ", " ")
@@ -117,8 +133,21 @@ def test_recommend_picks_bf16_when_bf16_pure_loses_its_updates(tmp_path, capsys)
     text = DPO.read_text().replace("lr: 1.0e-3", "lr: 1.0e-6")  # bf16-pure's updates round away at this lr
     suite.write_text(text)
     out = tmp_path / "rec"
-    rc = cli.main(["recommend", str(suite), "--recipes", "fp32,bf16,bf16-pure", "--steps", "3",
-                   "--rank-by", "memory", "--out", str(out), "--no-progress"])  # fmt: skip
+    rc = cli.main(
+        [
+            "recommend",
+            str(suite),
+            "--recipes",
+            "fp32,bf16,bf16-pure",
+            "--steps",
+            "3",
+            "--rank-by",
+            "memory",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert "Recommended: bf16." in printed

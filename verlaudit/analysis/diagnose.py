@@ -99,7 +99,8 @@ _MODULE_PRODUCERS = ("numerics/nonfinite_forward", "numerics/overflow", "numeric
 (``numerics/nonfinite_boundary``: log-probs, values) or the loss is where NaN was seen, not made."""
 
 
-def _nonfinite_causes(run: RunDir) -> list[Cause]:  # one analysis: evidence, producer, title, fixes
+# long: one analysis: evidence, producer, title and fixes of the non-finite cause, decided together
+def _nonfinite_causes(run: RunDir) -> list[Cause]:
     st = run.status or {}
     bad_loss = _first_nonfinite(run, _loss_keys(run))
     sampling_nan = "probability tensor contains" in str(st.get("error") or "")

@@ -209,10 +209,21 @@ class OpCounter(TorchDispatchMode):
         """This period's counts as records, one per distinct key, and a fresh count."""
         counts, self.counts = self.counts, Counter()
         return [
-            {"step": step, "role": role, "module": name, "kind": kind, "phase": phase, "pass": pas,
-             "category": cat, "in": din, "out": dout, "op": op, "count": n}
+            {
+                "step": step,
+                "role": role,
+                "module": name,
+                "kind": kind,
+                "phase": phase,
+                "pass": pas,
+                "category": cat,
+                "in": din,
+                "out": dout,
+                "op": op,
+                "count": n,
+            }
             for (role, name, kind, phase, pas, cat, din, dout, op), n in sorted(counts.items(), key=str)
-        ]  # fmt: skip
+        ]
 
 
 # -- pure functions over records ------------------------------------------------------------------
@@ -263,15 +274,28 @@ def findings(
             low = {k: v for k, v in measured.get(island, Counter()).items() if _low(k)}
             if not low:
                 continue
-            where = next((r["module"] or "(outside modules)" for r in mine if r["pass"] == "forward"
-                          and _low(r["in"]) and _island_of(r) == island), None)  # fmt: skip
-            out.append(Finding(
-                severity="warning", kind="precision/island_ops", role=role, where=where, step=step,
-                observed={"island": island, "ops_by_input_dtype": dict(measured[island])}, expected="fp32",
-                message=f"the policy keeps {island} in fp32 for {role}, but {sum(low.values())} of its ops ran on "
-                f"{'/'.join(sorted(low))} inputs (first in {where})",
-                fix=f"upcast to fp32 before the {island} computation (x.float()), or run it outside autocast",
-            ))  # fmt: skip
+            where = next(
+                (
+                    r["module"] or "(outside modules)"
+                    for r in mine
+                    if r["pass"] == "forward" and _low(r["in"]) and _island_of(r) == island
+                ),
+                None,
+            )
+            out.append(
+                Finding(
+                    severity="warning",
+                    kind="precision/island_ops",
+                    role=role,
+                    where=where,
+                    step=step,
+                    observed={"island": island, "ops_by_input_dtype": dict(measured[island])},
+                    expected="fp32",
+                    message=f"the policy keeps {island} in fp32 for {role}, but {sum(low.values())} of its ops ran on "
+                    f"{'/'.join(sorted(low))} inputs (first in {where})",
+                    fix=f"upcast to fp32 before the {island} computation (x.float()), or run it outside autocast",
+                )
+            )
     return out
 
 

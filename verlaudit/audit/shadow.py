@@ -23,26 +23,7 @@ measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
   fp32 on the same rows and output gradient, with the fraction of elements that are zero in low
   precision but not in fp32 (gradients lost to underflow).
 
-The rounding model. Round-to-nearest in a dtype of unit roundoff u (2^-8 bf16, 2^-11 fp16, 2^-24
-fp32) perturbs each value by a relative error of mean square ``RHO2 * u^2``: the absolute error is
-uniform over +-ulp/2 (mean square ulp^2 / 12, ulp = 2u 2^e for x in [2^e, 2^(e+1))) and the
-mantissa of products and sums of random data is log-uniform over its binade (Benford), where
-E[2^(2e) / x^2] = 3 / (8 ln 2); so RHO2 = 1 / (8 ln 2) = 0.180. Independent perturbations add in
-squares. A linear layer y = W x computing in dtype c with fp32 accumulation then has
-
-    E|dy|^2 / |y|^2 = RHO2 * (u_c^2 * (r_x + r_w) * s + u_out^2) + RHO2 * u_32^2 * K * s
-    s = sum_ij W_ij^2 x_j^2 / sum_i y_i^2      (computed from the data: 1 without cancellation)
-
-with r_x, r_w = 1 when the input or the weight is held in a finer dtype than c (autocast casts it)
-and K the inner dimension (accumulation order). Other leaves (norms, activations, rotary) add
-``RHO2 * u_out^2 * (2 + r_x)`` (an upcast compute and up to two roundings of the output); a module
-with children adds the children's expected errors in squares plus two roundings of its own output:
-it assumes each module passes its input's relative error on unchanged, so a module that amplifies
-(softmax over large scores, cancellation) shows as exceeding too. Every expectation has a floor of
-`FLOOR_ULPS` fp32 ulps (vectorised vs scalar transcendental functions). A module exceeds when its
-measured error is more than `EXCESS` times the expectation. `tests/test_audit_shadow.py` checks the
-model against measured errors of bf16 and fp16 linears (within 2x), and that a planted lower
-precision is the module named.
+The rounding model that says what a dtype explains is in `verlaudit.audit.rounding`.
 Exercised by `pytest tests/test_audit_shadow.py`.
 """
 
@@ -64,15 +45,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from verlaudit.audit import opcount
 from verlaudit.audit.dtype_checks import module_kind
+from verlaudit.audit.rounding import (  # noqa: F401  (the shadow's names for them, as before)
+    EXCESS,
+    FLOOR_ULPS,
+    RHO2,
+    expected_composite,
+    expected_leaf,
+    expected_linear,
+    floor_err,
+    rel_err,
+    unit_roundoff,
+)
 from verlaudit.dtypes import dtype_name
 
-RHO2 = 1.0 / (8.0 * math.log(2.0))
-"""Mean square relative rounding error of round-to-nearest, in units of u^2 (0.180; module docstring)."""
-EXCESS = 4.0
-"""A module's measured error above this multiple of the rounding model's expectation is not
-explained by its dtype's rounding."""
-FLOOR_ULPS = 8.0
-"""Every expectation is at least this many fp32 unit roundoffs."""
 ROWS = 2
 """Rows of the micro-batch that are shadowed (per-module errors are norms over thousands of
 elements: a few rows measure them as well as the whole batch, at a fraction of the cost)."""
@@ -81,47 +66,6 @@ _HOOK_DICTS = (
     "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
     "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
 )  # fmt: skip
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half the distance from 1 to the next value: 2^-8 bf16, 2^-11 fp16, 2^-24 fp32."""
-    return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
-
-
-def rel_err(lp: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    """|lp - ref| / |ref| over all tensors together (Frobenius norms, in fp64 sums); non-finite
-    values in ``lp`` give inf, a zero reference with a zero difference gives 0."""
-    num = den = 0.0
-    for a, b in zip(lp, ref):
-        a, b = a.detach().double(), b.detach().double()
-        if not bool(torch.isfinite(a).all()):
-            return math.inf
-        num += float(((a - b) ** 2).sum())
-        den += float((b**2).sum())
-    if num == 0.0:
-        return 0.0
-    return math.sqrt(num / den) if den > 0 else math.inf
-
-
-def _floor() -> float:
-    return FLOOR_ULPS * unit_roundoff(torch.float32)
-
-
-def expected_linear(*, u_c: float, u_out: float, r_x: bool, r_w: bool, spread: float, k_inner: int) -> float:
-    """The rounding model's relative error of a linear layer (module docstring)."""
-    u32 = unit_roundoff(torch.float32)
-    sq = RHO2 * (u_c**2 * (int(r_x) + int(r_w)) * spread + u_out**2) + RHO2 * u32**2 * k_inner * spread
-    return max(math.sqrt(sq), _floor())
-
-
-def expected_leaf(*, u_out: float, r_x: bool) -> float:
-    """The rounding model's relative error of a leaf that is not a matmul (norm, activation, rotary)."""
-    return max(math.sqrt(RHO2 * u_out**2 * (2 + int(r_x))), _floor())
-
-
-def expected_composite(children: list[float], *, u_out: float) -> float:
-    """A module with children: theirs in squares, plus two roundings of its own output."""
-    return max(math.sqrt(sum(c * c for c in children) + 2 * RHO2 * u_out**2), _floor())
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -303,8 +247,15 @@ class ShadowProbe:
     """The shadow's hooks on every role's blocks. ``ctx`` has ``step``, ``phase`` and ``in_backward``
     (a forward during backward is a checkpoint recompute); `records` holds this step's records."""
 
-    def __init__(self, models: Mapping[str, nn.Module], ctx: Any, compute: Mapping[str, torch.dtype], *,
-                 rows: int = ROWS, backward: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        models: Mapping[str, nn.Module],
+        ctx: Any,
+        compute: Mapping[str, torch.dtype],
+        *,
+        rows: int = ROWS,
+        backward: bool = True,
+    ) -> None:
         self.models, self.ctx, self.rows, self.backward = dict(models), ctx, rows, backward
         self.compute = dict(compute)
         """Role -> the compute dtype its policy states (what its linears may round to)."""
@@ -417,8 +368,17 @@ class ShadowProbe:
             return
         mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
         b = ids.shape[0]
-        self._pass = _Pass(role=role, grad=grad, root=root, b=b, k=min(self.rows, b), step=self.ctx.step,
-                           phase=self.ctx.phase, input_ids=ids, mask=mask)  # fmt: skip
+        self._pass = _Pass(
+            role=role,
+            grad=grad,
+            root=root,
+            b=b,
+            k=min(self.rows, b),
+            step=self.ctx.step,
+            phase=self.ctx.phase,
+            input_ids=ids,
+            mask=mask,
+        )
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         with opcount.suspended():
@@ -504,14 +464,32 @@ class ShadowProbe:
         ins = [t.dtype for t in _float_leaves((frame.args, frame.kwargs))]
         own = [q.dtype for q in module.parameters(recurse=False) if q.is_floating_point()]
         allowed, expected = self._expected(p, module, ins, own, frame.children, args32, ref)
-        self._emit(p, name, "local", direction="forward", kind=module_kind(name, module), block=self.info[id(module)][2],
-                   depth=p.depth, dtype=_dn(_coarsest([t.dtype for t in lp])), allowed=_dn(allowed), rel_err=err,
-                   expected=expected, ratio=err / expected)  # fmt: skip
+        self._emit(
+            p,
+            name,
+            "local",
+            direction="forward",
+            kind=module_kind(name, module),
+            block=self.info[id(module)][2],
+            depth=p.depth,
+            dtype=_dn(_coarsest([t.dtype for t in lp])),
+            allowed=_dn(allowed),
+            rel_err=err,
+            expected=expected,
+            ratio=err / expected,
+        )
         return expected, allowed
 
-    def _expected(self, p: _Pass, module: nn.Module, ins: list[torch.dtype], own: list[torch.dtype],
-                  children: list[tuple[float, torch.dtype]], args32: Any, ref: list[torch.Tensor],
-                  ) -> tuple[torch.dtype, float]:  # fmt: skip
+    def _expected(
+        self,
+        p: _Pass,
+        module: nn.Module,
+        ins: list[torch.dtype],
+        own: list[torch.dtype],
+        children: list[tuple[float, torch.dtype]],
+        args32: Any,
+        ref: list[torch.Tensor],
+    ) -> tuple[torch.dtype, float]:
         """What the contract allows the module to round to, and the rounding model's expectation. A
         linear computes in the role's compute dtype; any other module may round to the coarsest dtype
         it was handed (inputs, own parameters, its children's allowance), never below."""
@@ -571,19 +549,48 @@ class ShadowProbe:
             return
         for t, s in zip(lp_out, ref):
             p.carry[id(t)] = (t, s)
-        self._emit(p, name, "chain", direction="forward", depth=p.depth, restarted=carried[0] == 0,
-                   rel_err=rel_err([t[: p.k] for t in lp_out], ref))  # fmt: skip
+        self._emit(
+            p,
+            name,
+            "chain",
+            direction="forward",
+            depth=p.depth,
+            restarted=carried[0] == 0,
+            rel_err=rel_err([t[: p.k] for t in lp_out], ref),
+        )
         if self.backward and p.grad and frame.views and any(t.requires_grad for t in lp_out):
             self._watch_backward(p, frame, name, output, expected, chain_args, chain_kwargs)
 
-    def _watch_backward(self, p: _Pass, frame: _Frame, name: str, output: Any, expected: float | None,
-                        chain_args: tuple, chain_kwargs: dict) -> None:  # fmt: skip
+    def _watch_backward(
+        self,
+        p: _Pass,
+        frame: _Frame,
+        name: str,
+        output: Any,
+        expected: float | None,
+        chain_args: tuple,
+        chain_kwargs: dict,
+    ) -> None:
         device = frame.views[0][0].device.type
         ac = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-        call = _BlockCall(name=name, module=frame.module, depth=p.depth, role=p.role, step=p.step, phase=p.phase,
-                          b=p.b, k=p.k, args=frame.originals, kwargs=frame.kwargs, chain_args=chain_args,
-                          chain_kwargs=chain_kwargs, outputs=_float_leaves(output), autocast=ac,
-                          expected=expected or _floor(), pending=len(frame.views))  # fmt: skip
+        call = _BlockCall(
+            name=name,
+            module=frame.module,
+            depth=p.depth,
+            role=p.role,
+            step=p.step,
+            phase=p.phase,
+            b=p.b,
+            k=p.k,
+            args=frame.originals,
+            kwargs=frame.kwargs,
+            chain_args=chain_args,
+            chain_kwargs=chain_kwargs,
+            outputs=_float_leaves(output),
+            autocast=ac,
+            expected=expected or floor_err(),
+            pending=len(frame.views),
+        )
         self._calls.append(call)
         for i, t in enumerate(call.outputs):
             if t.requires_grad:
@@ -618,11 +625,26 @@ class ShadowProbe:
         c32 = hookless_copy(call.module, torch.float32)
         g32, p32 = _vjp(c32, _fp32(args), _fp32(kwargs), [g.float() for g in g_out], device, None)
         err = rel_err([g_lp], [g32[0]]) if g32 else math.nan
-        self._emit(call, call.name, "local", direction="backward", kind="block", depth=call.depth,
-                   rel_err=err, expected=call.expected * math.sqrt(2), ratio=err / (call.expected * math.sqrt(2)))  # fmt: skip
+        self._emit(
+            call,
+            call.name,
+            "local",
+            direction="backward",
+            kind="block",
+            depth=call.depth,
+            rel_err=err,
+            expected=call.expected * math.sqrt(2),
+            ratio=err / (call.expected * math.sqrt(2)),
+        )
         lp_copy = hookless_copy(call.module, share=True)  # the block's own parameters, as new leaves
-        _, p_lp = _vjp(lp_copy, _detach(args), _detach(kwargs), [g.to(t.dtype) for g, t in zip(g_out, call.outputs)],
-                       device, call.autocast)  # fmt: skip
+        _, p_lp = _vjp(
+            lp_copy,
+            _detach(args),
+            _detach(kwargs),
+            [g.to(t.dtype) for g, t in zip(g_out, call.outputs)],
+            device,
+            call.autocast,
+        )
         self._param_records(call, p_lp, p32)
         del lp_copy, p32, p_lp, g32
         # the chain: the fp32 gradient carried down from the block(s) that consumed this output
@@ -631,8 +653,15 @@ class ShadowProbe:
         g_chain, _ = _vjp(c32, call.chain_args, call.chain_kwargs, carried, device, None, params=False)
         del c32
         if g_chain:
-            self._emit(call, call.name, "chain", direction="backward", depth=call.depth,
-                       seeded=all(s is None for s in seed), rel_err=rel_err([g_lp], [g_chain[0]]))  # fmt: skip
+            self._emit(
+                call,
+                call.name,
+                "chain",
+                direction="backward",
+                depth=call.depth,
+                seeded=all(s is None for s in seed),
+                rel_err=rel_err([g_lp], [g_chain[0]]),
+            )
             self._carry_grad(x, g_chain[0], b, k)
         self.seconds += self._clock() - t0
 
@@ -670,9 +699,17 @@ class ShadowProbe:
             moving = sum(int((r != 0).sum()) for r in ref)
             lost = sum(int(((a == 0) & (r != 0)).sum()) for a, r in zip(lp, ref))
             where = f"{call.name}.{mod}" if mod else call.name
-            self._emit(call, where, "param_grad", direction="backward", depth=call.depth,
-                       dtype=_dn(_coarsest([t.dtype for t in lp])), rel_err=rel_err(lp, ref),
-                       zero_lost_frac=lost / moving if moving else 0.0, elements=sum(t.numel() for t in lp))  # fmt: skip
+            self._emit(
+                call,
+                where,
+                "param_grad",
+                direction="backward",
+                depth=call.depth,
+                dtype=_dn(_coarsest([t.dtype for t in lp])),
+                rel_err=rel_err(lp, ref),
+                zero_lost_frac=lost / moving if moving else 0.0,
+                elements=sum(t.numel() for t in lp),
+            )
 
     # -- the head ---------------------------------------------------------------------------------
     def _finish(self, p: _Pass, output: Any) -> None:
@@ -689,8 +726,17 @@ class ShadowProbe:
             )
             return
         t0 = self._clock()
-        self._guard("logits", lambda: self._emit(p, "logits", "logprob", **logprob_error(
-            logits[: p.k], shadow, p.input_ids[: p.k], None if p.mask is None else p.mask[: p.k])))  # fmt: skip
+        self._guard(
+            "logits",
+            lambda: self._emit(
+                p,
+                "logits",
+                "logprob",
+                **logprob_error(
+                    logits[: p.k], shadow, p.input_ids[: p.k], None if p.mask is None else p.mask[: p.k]
+                ),
+            ),
+        )
         self.seconds += self._clock() - t0
 
 
@@ -698,13 +744,22 @@ def _detach(obj: Any) -> Any:
     return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, obj)
 
 
-def _vjp(module: nn.Module, args: tuple, kwargs: dict, grads: list[torch.Tensor], device: str,
-         autocast: tuple[bool, torch.dtype] | None, *, params: bool = True,
-         ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:  # fmt: skip
+def _vjp(
+    module: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    grads: list[torch.Tensor],
+    device: str,
+    autocast: tuple[bool, torch.dtype] | None,
+    *,
+    params: bool = True,
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Gradients of ``module``'s float outputs (weighted by ``grads``) with respect to its positional
     float inputs and (``params``) its parameters; ``autocast`` None: exact fp32."""
-    args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                 for a in args)  # fmt: skip
+    args = tuple(
+        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    )
     xs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     named = [(n, q) for n, q in module.named_parameters() if q.requires_grad] if params else []
     ctx = (
@@ -715,15 +770,17 @@ def _vjp(module: nn.Module, args: tuple, kwargs: dict, grads: list[torch.Tensor]
     with torch.enable_grad(), ctx, opcount.suspended():
         outs = _float_leaves(module(*args, **kwargs))
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-        got = torch.autograd.grad([o for o, _ in pairs], xs + [q for _, q in named], [g for _, g in pairs],
-                                  allow_unused=True)  # fmt: skip
+        got = torch.autograd.grad(
+            [o for o, _ in pairs], xs + [q for _, q in named], [g for _, g in pairs], allow_unused=True
+        )
     g_x = [g if g is not None else torch.zeros_like(x) for g, x in zip(got[: len(xs)], xs)]
     g_p = {n: g for (n, _), g in zip(named, got[len(xs) :]) if g is not None}
     return g_x, g_p
 
 
-def logprob_error(logits: torch.Tensor, shadow: torch.Tensor, input_ids: torch.Tensor,
-                  mask: torch.Tensor | None) -> dict[str, Any]:  # fmt: skip
+def logprob_error(
+    logits: torch.Tensor, shadow: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor | None
+) -> dict[str, Any]:
     """|log p(next token)| differences between low-precision and fp32 logits [k, T', V] over the last
     T' positions of ``input_ids`` [k, T]: mean, rms and max over the tokens the mask keeps."""
     t_all, t_keep = input_ids.shape[1], logits.shape[1]
@@ -743,5 +800,9 @@ def logprob_error(logits: torch.Tensor, shadow: torch.Tensor, input_ids: torch.T
         d = diff[keep]
     if not d.numel():
         return {"tokens": 0}
-    return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "rms": float(d.pow(2).mean().sqrt()),
-            "max_abs": float(d.max())}  # fmt: skip
+    return {
+        "tokens": int(d.numel()),
+        "mean_abs": float(d.mean()),
+        "rms": float(d.pow(2).mean().sqrt()),
+        "max_abs": float(d.max()),
+    }

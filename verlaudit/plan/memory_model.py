@@ -386,6 +386,7 @@ class TrainedModel:
         return math.ceil(n * nbytes(self.policy.grad_dtype) / self.world_size)
 
 
+# long: one phase after another, each phase's components listed where they are sized
 def train_phases(
     m: TrainedModel,
     shape: Shape,

@@ -89,6 +89,7 @@ def optimizer_steps_per_step(cfg: TrainConfig) -> int:
     return minis * (1 if algo.name == "dpo" else algo.ppo_epochs)
 
 
+# long: the step planned in the order it runs (resident state, then each phase), notes where they arise
 def plan_config(
     cfg: TrainConfig, *, gpus: int = 1, optimizer: str = "fused", policy: PrecisionPolicy | None = None
 ) -> tuple[Estimate, list[str]]:
@@ -141,43 +142,112 @@ def plan_config(
     if algo.name == "dpo":
         pairs = math.ceil(algo.batch_size / w)
         ref_shape = Shape(sequences=2 * pairs, seq_len=seq, logit_positions=r_len + 1)
-        phases.append(mm.frozen_forward_phase("ref", arch, "causal_lm", policy["reference"], ref_shape,
-                                              resident=resident, params_resident=True, world_size=w))  # fmt: skip
+        phases.append(
+            mm.frozen_forward_phase(
+                "ref",
+                arch,
+                "causal_lm",
+                policy["reference"],
+                ref_shape,
+                resident=resident,
+                params_resident=True,
+                world_size=w,
+            )
+        )
         micro = min(algo.micro_batch_size, pairs)
         shape = Shape(sequences=2 * micro, seq_len=seq, logit_positions=r_len + 1)
         accumulation = min(algo.mini_batch_size, pairs) > micro
-        phases += mm.train_phases(actor, shape, accumulation=accumulation, resident=_without(resident, "actor"),
-                                  logits=Logits(entropy=False))  # fmt: skip
+        phases += mm.train_phases(
+            actor,
+            shape,
+            accumulation=accumulation,
+            resident=_without(resident, "actor"),
+            logits=Logits(entropy=False),
+        )
         return Estimate(tuple(phases)), notes
 
     rows = math.ceil(algo.batch_size / w) * (algo.group_size if algo.name == "grpo" else 1)
     batch = {"rollout batch": rows * seq * 8 * 2 + rows * r_len * 4 * 6}  # ids, masks, fp32 per-token terms
     res = {**resident, **batch}
-    phases.append(mm.generate_phase(arch, rollout_policy(policy), sequences=rows, prompt_len=p_len,
-                                    new_tokens=r_len, resident=res, world_size=w,
-                                    fused=cfg.rollout.kind == "fused"))  # fmt: skip
+    phases.append(
+        mm.generate_phase(
+            arch,
+            rollout_policy(policy),
+            sequences=rows,
+            prompt_len=p_len,
+            new_tokens=r_len,
+            resident=res,
+            world_size=w,
+            fused=cfg.rollout.kind == "fused",
+        )
+    )
     full = Shape(sequences=rows, seq_len=seq, logit_positions=r_len + 1)
     if rm_arch is not None:
         rm_shape = dataclasses.replace(full, logit_positions=0)
-        phases.append(mm.frozen_forward_phase("reward", rm_arch, "seqcls", policy["reward"], rm_shape,
-                                              resident=res, params_resident=True, world_size=w))  # fmt: skip
+        phases.append(
+            mm.frozen_forward_phase(
+                "reward",
+                rm_arch,
+                "seqcls",
+                policy["reward"],
+                rm_shape,
+                resident=res,
+                params_resident=True,
+                world_size=w,
+            )
+        )
     if use_ref:
-        phases.append(mm.frozen_forward_phase("ref", arch, "causal_lm", policy["reference"], full,
-                                              resident=res, params_resident=True, world_size=w))  # fmt: skip
+        phases.append(
+            mm.frozen_forward_phase(
+                "ref",
+                arch,
+                "causal_lm",
+                policy["reference"],
+                full,
+                resident=res,
+                params_resident=True,
+                world_size=w,
+            )
+        )
     if critic is not None:
-        phases.append(mm.frozen_forward_phase("critic values", critic.arch, "value", policy["critic"],
-                                              dataclasses.replace(full, logit_positions=0), resident=res,
-                                              params_resident=True, world_size=w))  # fmt: skip
-    phases.append(mm.frozen_forward_phase("old log-probs", arch, "causal_lm", policy["actor"], full,
-                                          resident=res, params_resident=True, world_size=w))  # fmt: skip
+        phases.append(
+            mm.frozen_forward_phase(
+                "critic values",
+                critic.arch,
+                "value",
+                policy["critic"],
+                dataclasses.replace(full, logit_positions=0),
+                resident=res,
+                params_resident=True,
+                world_size=w,
+            )
+        )
+    phases.append(
+        mm.frozen_forward_phase(
+            "old log-probs",
+            arch,
+            "causal_lm",
+            policy["actor"],
+            full,
+            resident=res,
+            params_resident=True,
+            world_size=w,
+        )
+    )
     micro = min(algo.micro_batch_size, rows)
     accumulation = min(algo.mini_batch_size, rows) > micro
     shape = dataclasses.replace(full, sequences=micro)
-    phases += mm.train_phases(actor, shape, accumulation=accumulation, resident=_without(res, "actor"),
-                              logits=Logits(entropy=True))  # fmt: skip
+    phases += mm.train_phases(
+        actor, shape, accumulation=accumulation, resident=_without(res, "actor"), logits=Logits(entropy=True)
+    )
     if critic is not None:
-        phases += mm.train_phases(critic, dataclasses.replace(shape, logit_positions=0), accumulation=accumulation,
-                                  resident=_without(res, "critic"), prefix="critic")  # fmt: skip
+        phases += mm.train_phases(
+            critic,
+            dataclasses.replace(shape, logit_positions=0),
+            accumulation=accumulation,
+            resident=_without(res, "critic"),
+            prefix="critic",
+        )
     return Estimate(tuple(phases)), notes
 
 

@@ -121,8 +121,14 @@ def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, ste
     data["name"] = f"{suite.name}-recommend"
     data["train"] = {**data["train"], "steps": steps}
     data["variants"] = {k: dict(v) for k, v in cands.items()}
-    data["audit"] = {"level": "full", "full_steps": 1, "every": 0, "shadow": True, "shadow_rows": rows,
-                     "opcount_steps": 1}  # fmt: skip
+    data["audit"] = {
+        "level": "full",
+        "full_steps": 1,
+        "every": 0,
+        "shadow": True,
+        "shadow_rows": rows,
+        "opcount_steps": 1,
+    }
     return Suite.from_dict(data, source=suite.source)
 
 
@@ -212,8 +218,10 @@ def judge(m: Measured, tol: Tolerance) -> list[str]:
     why = []
     if not m.fits:
         if m.planned_gib <= m.target_gib:
-            return [f"the shadow does not fit: planned {m.planned_gib:.1f} GiB + {m.shadow_gib:.1f} GiB for the "
-                    f"fp32 shadow > target {m.target_gib:.1f} GiB (fewer --rows shrink the shadow)"]  # fmt: skip
+            return [
+                f"the shadow does not fit: planned {m.planned_gib:.1f} GiB + {m.shadow_gib:.1f} GiB for the "
+                f"fp32 shadow > target {m.target_gib:.1f} GiB (fewer --rows shrink the shadow)"
+            ]
         why.append(f"does not fit: planned {m.planned_gib:.1f} GiB > target {m.target_gib:.1f} GiB")
         return why
     if m.shadow_oom:
@@ -225,8 +233,11 @@ def judge(m: Measured, tol: Tolerance) -> list[str]:
     if m.errors:
         why.append(f"{m.errors} error finding(s) (see its findings.jsonl)")
     if not m.logprob <= tol.logprob:
-        why.append(f"log-prob error {m.logprob:.3g} nats/token > {tol.logprob:g}" if math.isfinite(m.logprob)
-                   else "no log-prob error measured (the shadow did not run on the actor)")  # fmt: skip
+        why.append(
+            f"log-prob error {m.logprob:.3g} nats/token > {tol.logprob:g}"
+            if math.isfinite(m.logprob)
+            else "no log-prob error measured (the shadow did not run on the actor)"
+        )
     if m.ratio > tol.ratio:
         why.append(f"a module's error is {m.ratio:.3g}x what its rounding explains > {tol.ratio:g}")
     if m.update_loss > tol.update_loss:
@@ -255,9 +266,20 @@ def render(
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
     best = ranked[0] if ranked and not ranked[0].lost else None
-    rows = [[m.name, _planned(m), m.status, f(m.step_s, ".3f"),
-             f(m.peak_gib, ".3g"), f(m.logprob, ".3g"), f(m.ratio, ".3g"), f(m.update_loss, ".1%"),
-             "recommended" if m is best else ("ok" if not m.lost else "out")] for m in ranked]  # fmt: skip
+    rows = [
+        [
+            m.name,
+            _planned(m),
+            m.status,
+            f(m.step_s, ".3f"),
+            f(m.peak_gib, ".3g"),
+            f(m.logprob, ".3g"),
+            f(m.ratio, ".3g"),
+            f(m.update_loss, ".1%"),
+            "recommended" if m is best else ("ok" if not m.lost else "out"),
+        ]
+        for m in ranked
+    ]
     head = [
         "candidate",
         "planned GiB",
@@ -311,10 +333,16 @@ def _costlier(m: Measured, best: Measured, by: str) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="suite YAML: its model, algorithm, data and hardware.target are used")
-    p.add_argument("--recipes", default="fp32,fp16,bf16,bf16-pure,bf16+fp32-critic,fp32+bf16-ref",
-                   help=f"comma-separated recipes (of {', '.join(RECIPES)}); ones that do not apply are left out")  # fmt: skip
-    p.add_argument("--checkpointing", default="suite",
-                   help=f"comma-separated checkpointing choices crossed with the recipes (of {', '.join(CHECKPOINTING)})")  # fmt: skip
+    p.add_argument(
+        "--recipes",
+        default="fp32,fp16,bf16,bf16-pure,bf16+fp32-critic,fp32+bf16-ref",
+        help=f"comma-separated recipes (of {', '.join(RECIPES)}); ones that do not apply are left out",
+    )
+    p.add_argument(
+        "--checkpointing",
+        default="suite",
+        help=f"comma-separated checkpointing choices crossed with the recipes (of {', '.join(CHECKPOINTING)})",
+    )
     p.add_argument(
         "--steps", type=int, default=4, help="steps per candidate (the first is shadowed; the rest timed)"
     )
@@ -392,8 +420,11 @@ def _run(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"--out {out_dir}: directory is not empty; choose a new one")
     names = [m.name for m in fitting]
-    rsuite = dataclasses.replace(rsuite, variants={k: rsuite.variants[k] for k in names},
-                                 overrides={k: rsuite.overrides[k] for k in names})  # fmt: skip
+    rsuite = dataclasses.replace(
+        rsuite,
+        variants={k: rsuite.variants[k] for k in names},
+        overrides={k: rsuite.overrides[k] for k in names},
+    )
     plan = runner.plan_runs(rsuite, out_dir, detect(), args.device)
     print(
         f"verlaudit recommend: {len(names)} candidate run(s) of {args.steps} steps on {plan.device} -> {out_dir}"

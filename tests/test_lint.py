@@ -1,0 +1,68 @@
+"""The tree is as `ruff check` and `ruff format` leave it (the rules and line length in pyproject.toml),
+so CI catches a lint error or an unformatted file like any other failure. ruff is pinned in the test
+extra: another release may lay code out differently. Run: `pytest tests/test_lint.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess:
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail("ruff is not installed: pip install -e '.[test]' (the test extra pins it)")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_ruff_check_is_clean():
+    r = _ruff("check", "--no-cache", "--output-format", "concise", ".")
+    assert r.returncode == 0, f"ruff check found problems (fix: ruff check --fix .):\n{r.stdout}{r.stderr}"
+
+
+def test_ruff_format_leaves_every_file_as_it_is():
+    r = _ruff("format", "--no-cache", "--check", ".")
+    assert r.returncode == 0, f"files ruff format would change (run: ruff format .):\n{r.stdout}{r.stderr}"
+
+
+MAX_LINES = 820
+"""The house's ~800 lines per file, with room for a docstring's growth; past it, split the module."""
+MAX_FUNCTION = 80
+"""Longer functions carry a one-line ``# long: <why>`` comment right above them (or their decorators)."""
+
+
+def _sources() -> list[Path]:
+    return sorted(
+        p for d in ("verlaudit", "trainer", "benchmarks", "tests") for p in (ROOT / d).rglob("*.py")
+    )
+
+
+def test_no_module_is_longer_than_the_house_allows():
+    long = {
+        str(p.relative_to(ROOT)): n for p in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+def test_every_long_function_says_why():
+    unexplained = []
+    for p in _sources():
+        lines = p.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if node.end_lineno - node.lineno + 1 <= MAX_FUNCTION:
+                continue
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if not lines[first - 2].strip().startswith("# long:"):
+                unexplained.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert unexplained == [], f"split these or say why above them ('# long: <why>'): {unexplained}"
