@@ -13,8 +13,9 @@ Call order, for every algorithm:
             on_weight_sync(...)         an engine with its own copy of the weights (vLLM) got the
                                         actor's current ones (none for engines sampling the actor)
             on_batch(...)               after the collator, before any model sees the batch
-            on_rollout(...)             tokens and rollout log-probs from the engine
-        with phase("reward"):  on_reward(...)
+            on_rollout(...)             tokens and rollout log-probs from the engine (ReMax: twice,
+                                        the greedy baseline second, marked as such)
+        with phase("reward"):  on_reward(...)   (ReMax: twice, the baseline's scores first)
         with phase("ref"):     on_forward(role="reference", name="ref_logprobs", ...)
         with phase("critic"):  on_forward(role="critic", name="values", ...)
         with phase("actor_update"):     (and "critic_update" for the critic)
