@@ -2,7 +2,8 @@
 
 The trainer calls these methods at named boundaries; the default `Observer` does nothing, so a
 plain training run pays nothing for them. verlaudit's auditor subclasses `Observer` (the arrow
-points from verlaudit to the trainer, never back). The call order below is checked by `pytest tests/test_train.py -k observer_receives_documented_calls`.
+points from verlaudit to the trainer, never back). The call order below is checked by
+`pytest tests/test_train.py -k observer_receives_documented_calls`.
 
 Call order, for every algorithm:
 
