@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,15 @@ def test_every_long_function_says_why():
             if not lines[first - 2].strip().startswith("# long:"):
                 unexplained.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert unexplained == [], f"split these or say why above them ('# long: <why>'): {unexplained}"
+
+
+def test_cited_test_files_exist():
+    # docstrings say which test exercises a module: a renamed or removed test file leaves them lying
+    cited = re.compile(r"(?<![\w/.])tests/(test_\w+\.py)")
+    missing = sorted(
+        f"{p.relative_to(ROOT)} cites tests/{name}"
+        for p in [*_sources(), ROOT / "README.md"]
+        for name in set(cited.findall(p.read_text()))
+        if not (ROOT / "tests" / name).exists()
+    )
+    assert missing == [], missing
