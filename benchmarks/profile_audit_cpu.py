@@ -8,7 +8,7 @@ difference to ``off`` is the auditor's) and the aten ops dispatched per step tha
 `TorchDispatchMode` counts them: on a GPU each is a kernel launch, so the difference to ``none`` is
 the audit's launches). Levels run interleaved (none, off, boundary, full, full,
 boundary, off, none) so machine drift shows as spread between passes. Run:
-``PYTHONPATH=. python benchmarks/profile_audit_cpu.py`` (hidden 512, 8 layers, fp32, 3 steps; a few minutes on
+``PYTHONPATH=. python benchmarks/profile_audit_cpu.py`` (``--grad-ckpt`` as in the 7B suites; hidden 512, 8 layers, fp32, 3 steps; a few minutes on
 2 CPU cores: fp16/bf16 autocast on CPU is ~10x slower, and the audit work measured here does not depend on it)
 """
 
@@ -71,7 +71,7 @@ class _CountOps:
         self.mode.__exit__(*exc)
 
 
-def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int):
+def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int, ckpt: bool = False):
     from trainer.config import TrainConfig
 
     return TrainConfig.from_dict(
@@ -88,7 +88,7 @@ def build_config(hidden: int, layers: int, preset: str, steps: int, seq: int):
             },
             "data": {"task": "digits", "prompt_length": seq, "response_length": seq},
             "algo": {"name": "dpo", "lr": 1e-4, "batch_size": 8, "mini_batch_size": 8, "micro_batch_size": 4},
-            "precision": {"preset": preset},
+            "precision": {"preset": preset, "grad_checkpointing": ckpt},
             "steps": steps,
             "threads": 2,
             "device": "cpu",
@@ -132,10 +132,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--levels", default="none,off,boundary,full")
+    ap.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing on")
     ap.add_argument("--ops", action="store_true", help="also count dispatched ops (slows every level alike)")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    cfg = build_config(args.hidden, args.layers, args.preset, args.steps, args.seq)
+    cfg = build_config(args.hidden, args.layers, args.preset, args.steps, args.seq, args.grad_ckpt)
     levels = args.levels.split(",")
     runs: dict[str, list[dict]] = {lv: [] for lv in levels}
     for p in range(args.passes):
@@ -144,6 +145,7 @@ def main() -> None:
     base = statistics.median(r["step_s"] for r in runs[levels[0]])
     print(
         f"hidden={args.hidden} layers={args.layers} preset={args.preset} steps={args.steps} passes={args.passes}"
+        f" grad_ckpt={args.grad_ckpt}"
     )
     print(
         f"{'level':10s} {'step_s':>8s} {'vs ' + levels[0]:>9s} {'host reads/step':>16s} {'ops/step':>9s}  "

@@ -90,7 +90,10 @@ class Auditor(Observer):
         self.watch: PrecisionWatch | None = None
         """The fp32 shadow, op counts and gradient health of sampled steps (``full`` level)."""
         self._step_hooks = contextlib.ExitStack()
-        """The probe while it is entered (a sampled step), closed at the step's end and on exit."""
+        """The fp32 shadow's and op counter's hooks of a sampled step, closed at its end and on exit."""
+        self._probe_on = False
+        """The probe's hooks are registered: from a sampled step's start to the end of the last of a run
+        of consecutive sampled ones (or that step's end when the shadow is on: its hooks go first)."""
         self.policy: PrecisionPolicy | None = None
         self.models: dict[str, nn.Module] = {}
         self.tokenizer_info: dict[str, Any] = {}
@@ -118,6 +121,7 @@ class Auditor(Observer):
                 self.failure = self._fail(exc)
         finally:
             self._step_hooks.close()
+            self._probe_hooks(on=False)
             self.memory.stop()
             self.findings.flush()
         return False  # never swallow: the worker records status from self.failure and exits 1
@@ -165,8 +169,19 @@ class Auditor(Observer):
         if self.watch is not None and self.context.sampled:
             # before the probe: the shadow's hooks then see the inputs as the model passed them
             self._step_hooks.enter_context(self.watch.sampled_step())
-        if self.probe is not None and self.context.sampled:
-            self._step_hooks.enter_context(self.probe)
+        if self.probe is not None:
+            self._probe_hooks(on=self.context.sampled)
+            if self.context.sampled:
+                self.probe.start_step()
+
+    def _probe_hooks(self, *, on: bool) -> None:
+        if self.probe is None or on == self._probe_on:
+            return
+        if on:
+            self.probe.__enter__()
+        else:
+            self.probe.__exit__(None, None, None)
+        self._probe_on = on
 
     def _model_state(self, *, step: int | None) -> None:
         """Storage dtypes, low-precision buffers and weights out of family or non-finite, for every role;
@@ -336,6 +351,10 @@ class Auditor(Observer):
             self.findings.extend([found] if found else [])
         self.opt_watch.end_step()
         self._step_hooks.close()  # the shadow's and the counter's hooks off before their records are read
+        if self.probe is not None:
+            self.probe.end_step()
+            if self.settings.shadow or not self.settings.is_full(step + 1):
+                self._probe_hooks(on=False)
         if self.watch is not None and self.context.sampled:
             self.findings.extend(self.watch.end_step(step))
         self._write_update_rows()

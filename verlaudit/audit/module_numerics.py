@@ -129,17 +129,22 @@ def producer_finding(
 
 @dataclasses.dataclass(slots=True)
 class ForwardCall:
-    """One forward call: the absolute maxima of its floating inputs and outputs, on the device."""
+    """One forward call: the absolute maxima of its floating inputs and outputs, on the device (one
+    list, the inputs' first: a probe keeps thousands of these until the step's sync point, and each
+    object that lives that long brings Python's next full garbage collection closer)."""
 
     role: str
     name: str
-    inputs: list[torch.Tensor | None]
-    outputs: list[tuple[torch.Tensor | None, torch.dtype]]
+    amaxes: list[torch.Tensor | None]
+    """The inputs' maxima (the first ``n_in``), then the outputs' (None: an empty tensor)."""
+    n_in: int
+    dtypes: tuple[torch.dtype, ...]
+    """The outputs' dtypes."""
     step: int | None
     phase: str | None
 
     def scalars(self) -> list[torch.Tensor]:
-        return [t for t in self.inputs if t is not None] + [t for t, _ in self.outputs if t is not None]
+        return [t for t in self.amaxes if t is not None]
 
 
 @dataclasses.dataclass(slots=True)
@@ -173,8 +178,8 @@ def replay(
     found: list[Finding] = []
     for call in calls:
         if isinstance(call, ForwardCall):
-            ins = [next(it) if t is not None else 0.0 for t in call.inputs]
-            outs = [(next(it) if t is not None else 0.0, dtype) for t, dtype in call.outputs]
+            vals = [next(it) if t is not None else 0.0 for t in call.amaxes]
+            ins, outs = vals[: call.n_in], list(zip(vals[call.n_in :], call.dtypes))
             found += _replay_forward(call, ins, outs, policy, provenance, absmax)
         else:
             m = next(it) if call.amax is not None else 0.0

@@ -137,19 +137,19 @@ def update_underflow_rows(
     ``sampled`` (elements with a non-zero gradient in the sample) and ``size`` (the module's parameter
     elements). With bf16 master weights at a small learning rate most updates round away. One host
     read for all parameters."""
-    names, sizes, counts = [], [], []
+    names, sizes, news, olds, nonzeros = [], [], [], [], []
     for name, p in named_params:
         if name not in before:
             continue
         idx, old, nonzero = before[name]
-        new = torch.take(_local(p.detach()), idx)
-        counts.append(torch.stack([((new == old) & nonzero).sum(), nonzero.sum()]))
+        news.append(torch.take(_local(p.detach()), idx))
+        olds.append(old)
+        nonzeros.append(nonzero)
         names.append(name)
         sizes.append(p.numel())
-    if not counts:
+    if not news:
         return []
-    dev = counts[0].device
-    pairs = torch.stack([c.to(dev) for c in counts]).tolist()  # the one read
+    pairs = _lost_and_moving(news, olds, nonzeros)
     per_module: dict[str, list[float]] = {}
     for name, size, (lost, moving) in zip(names, sizes, pairs):
         if not moving:
@@ -163,6 +163,31 @@ def update_underflow_rows(
         for m, (lost, n, k) in per_module.items()
         if n
     ]
+
+
+def _lost_and_moving(
+    news: list[torch.Tensor], olds: list[torch.Tensor], nonzeros: list[torch.Tensor]
+) -> list[list[int]]:
+    """Per parameter, [sampled elements that kept their value despite a non-zero gradient, sampled
+    elements with a non-zero gradient], with one host read. On one device the samples are compared
+    concatenated (a handful of launches for the model rather than five per parameter; promoting the
+    dtypes to a common one keeps equality exact) and counted per parameter with ``index_add_``."""
+    dev = news[0].device
+    if any(t.device != dev for t in news):
+        counts = [
+            torch.stack([((n == o) & z).sum(), z.sum()]).to(dev) for n, o, z in zip(news, olds, nonzeros)
+        ]
+        return torch.stack(counts).tolist()
+    lens = [t.numel() for t in news]
+    owner = torch.repeat_interleave(  # output_size given: no host read of the lengths' sum
+        torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev), output_size=sum(lens)
+    )
+    nonzero = torch.cat(nonzeros)
+    kept = (torch.cat(news) == torch.cat(olds)) & nonzero
+    counts = torch.zeros(len(lens), 2, dtype=torch.int64, device=dev)
+    counts[:, 0].index_add_(0, owner, kept.long())
+    counts[:, 1].index_add_(0, owner, nonzero.long())
+    return counts.tolist()  # the one read
 
 
 def update_underflow(

@@ -6,8 +6,10 @@
         probe.flush()  # at a sync point: read the recorded maxima, turn them into findings
 
 Like `torch.utils.module_tracker.ModuleTracker` it has one job, and its hooks live exactly as long
-as the ``with`` (the `Auditor` enters it for steps sampled at the ``full`` level). It reads the
-step and phase from the `StepContext` it is given and puts findings into a `FindingSink`.
+as the ``with``; they record between `start_step` and `end_step` (the ``with`` calls both). The
+`Auditor` enters it for a run of consecutive steps sampled at the ``full`` level and marks each
+step's start and end (registering the hooks anew each step would cost two handles per module).
+It reads the step and phase from the `StepContext` it is given and puts findings into a `FindingSink`.
 
 The forward hook is registered with ``always_call=True`` so the stack of pending input maxima
 stays balanced when a forward raises; the first module whose hook sees an exception in flight is
@@ -80,13 +82,17 @@ class ModuleProbe:
         self._seen: set[tuple] = set()
         self.maxima = Maxima()
         """Absolute maxima of this step's tensors, each computed once (`Maxima`)."""
+        self._cuda = torch.cuda.is_available()
+        """Whether `_capturing` can be true at all (asked once: the hooks run thousands of times)."""
         self.failed_in: tuple[str, str] | None = None
         """(role, module path) of the innermost module whose forward raised."""
+        self.active = False
+        """Whether the hooks record (between `start_step` and `end_step`)."""
         self.absmax: dict[str, float] = {}
         """Per role: largest finite activation absolute maximum flushed since the probe was entered."""
 
     def __enter__(self) -> ModuleProbe:
-        self.absmax = {}
+        self.start_step()
         if not self.handles:
             for m in self.modules.values():
                 self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -97,73 +103,112 @@ class ModuleProbe:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self.end_step()
+
+    def start_step(self) -> None:
+        """Recording on for a sampled step (the `Auditor` keeps the hooks on across consecutive ones:
+        registering them costs two handles per module and step)."""
+        self.absmax = {}
+        self.active = True
+
+    def end_step(self) -> None:
+        """Recording off (hooks still registered pass calls through) and the step's state dropped."""
+        self.active = False
         self._pending.clear()
         self.maxima.clear()
 
     # -- hooks: record, read nothing back ---------------------------------------------------------
+    # The hook bodies run a few thousand times a step: they allocate little, format no strings (the
+    # names of a call's inputs are built only for a dtype signature not seen before, `_check`) and
+    # mark their own work as not the model's (`opcount`) with a plain depth counter.
     def _role(self, role: str) -> str:
         # the rollout engine generates with the actor's modules: judge them by the rollout contract
         return "rollout" if role == "actor" and self.ctx.phase == "rollout" else role
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        with opcount.suspended():  # the probe's own reductions are not the model's ops
+        if not self.active:
+            return None
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            return None  # see `_capturing`
+        if self.ctx.in_backward:
+            self._pending.append(_NONE)
+            return None
+        state = opcount._STATE  # the probe's own reductions are not the model's ops
+        depth = getattr(state, "suspended", 0)
+        state.suspended = depth + 1
+        try:
             return self._pre_call(module, args, kwargs)
+        finally:
+            state.suspended = depth
 
     def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        if _capturing():
+        ins = _floats(args, kwargs)
+        self._check(module, args, kwargs, (), "pre")
+        self._pending.append(self.maxima.of(ins) if ins else _NONE)
+        if not ins or not torch.is_grad_enabled():
             return None
-        role, name, kind, own = self.info[id(module)]
-        if self.ctx.in_backward:
-            self._pending.append([])
-            return None
-        ins = _tensors(args) + _tensors(kwargs)
-        self._check(module, role, name, kind, own, ins, (), "pre")
-        self._pending.append(self.maxima.of([t for _, t in ins if t.is_floating_point()]))
-        if not torch.is_grad_enabled():
-            return None
-        changed = False
-        new_args = list(args)
+        new_args = None
         for i, x in enumerate(args):
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.requires_grad:
+            if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point():
+                if new_args is None:
+                    new_args = list(args)
                 v = x.view_as(x)  # a node of our own: its gradient is this module's contribution alone
+                role, name = self.info[id(module)][:2]
                 v.register_hook(self._grad_hook(role, name, received=False))
                 new_args[i] = v
-                changed = True
-        return (tuple(new_args), kwargs) if changed else None
+        return None if new_args is None else (tuple(new_args), kwargs)
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        with opcount.suspended():
-            self._post_call(module, args, kwargs, output)
-
-    def _post_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if _capturing():
+        if not self.active:
             return
-        role, name, kind, own = self.info[id(module)]
-        in_amaxes = self._pending.pop() if self._pending else []
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            return
+        in_amaxes = self._pending.pop() if self._pending else _NONE
         if output is None and sys.exc_info()[0] is not None:
             if self.failed_in is None:
-                self.failed_in = (role, name)
+                self.failed_in = self.info[id(module)][:2]
             return
         if self.ctx.in_backward:
             return
+        state = opcount._STATE
+        depth = getattr(state, "suspended", 0)
+        state.suspended = depth + 1
+        try:
+            self._post_call(module, args, kwargs, output, in_amaxes)
+        finally:
+            state.suspended = depth
+
+    def _post_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any, in_amaxes: list) -> None:
+        role, name = self.info[id(module)][:2]
         eff = self._role(role)
-        outs = [t for _, t in _tensors(output) if t.is_floating_point()]
-        ins = _tensors(args) + _tensors(kwargs)
-        self._check(module, role, name, kind, own, ins, tuple(t.dtype for t in outs), "post")
-        out_amaxes = list(zip(self.maxima.of(outs), [t.dtype for t in outs]))
-        self._record(ForwardCall(eff, name, in_amaxes, out_amaxes, self.ctx.step, self.ctx.phase))
-        if torch.is_grad_enabled():
+        outs = _floats(output)
+        out_dtypes = tuple([t.dtype for t in outs])
+        self._check(module, args, kwargs, out_dtypes, "post")
+        amaxes = in_amaxes + self.maxima.of(outs) if outs else in_amaxes
+        self._record(
+            ForwardCall(eff, name, amaxes, len(in_amaxes), out_dtypes, self.ctx.step, self.ctx.phase)
+        )
+        if outs and torch.is_grad_enabled():
+            hook = None
             for t in outs:
                 if t.requires_grad:
-                    t.register_hook(self._grad_hook(eff, name, received=True))
+                    hook = hook or self._grad_hook(eff, name, received=True)
+                    t.register_hook(hook)
 
     def _grad_hook(self, role: str, name: str, *, received: bool):
+        ctx, of = self.ctx, self.maxima.of
+
         def hook(grad: torch.Tensor) -> None:
             # a received gradient's role was judged when the output was made; a produced one's now
             eff = role if received else self._role(role)
-            with opcount.suspended():
-                (amax,) = self.maxima.of([grad])
-            self._record(GradCall(received, eff, name, amax, grad.dtype, self.ctx.step, self.ctx.phase))
+            state = opcount._STATE
+            depth = getattr(state, "suspended", 0)
+            state.suspended = depth + 1
+            try:
+                (amax,) = of([grad])
+            finally:
+                state.suspended = depth
+            self._record(GradCall(received, eff, name, amax, grad.dtype, ctx.step, ctx.phase))
 
         return hook
 
@@ -172,16 +217,24 @@ class ModuleProbe:
         if len(self._log) >= FLUSH_EVERY:
             self.flush()
 
-    def _check(self, module, role, name, kind, own, ins, outs, stage: str) -> None:
+    def _check(self, module, args: tuple, kwargs: dict, outs: tuple, stage: str) -> None:
         """dtype contract of one call; each distinct dtype signature of a module is checked once."""
+        role, name, kind, own = self.info[id(module)]
         eff = self._role(role)
-        device = ins[0][1].device.type if ins else "cpu"
+        first = _first_tensor(args, kwargs)
+        device = first.device.type if first is not None else "cpu"
         ac = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        inputs = tuple((k, t.dtype) for k, t in ins)
-        sig = (id(module), eff, ac, inputs, outs, stage)
+        # the signature holds positions and keyword names as they are; `_tensors` names them only
+        # for a signature not seen before (the same names, so the same signatures as by name)
+        arg_sig = tuple([x.dtype if isinstance(x, torch.Tensor) else None for x in args])
+        kw_sig = (
+            tuple([(k, x.dtype) for k, x in kwargs.items() if isinstance(x, torch.Tensor)]) if kwargs else ()
+        )
+        sig = (id(module), eff, ac, arg_sig, kw_sig, outs, stage)
         if sig in self._seen:
             return
         self._seen.add(sig)
+        inputs = tuple((k, t.dtype) for k, t in _tensors(args) + _tensors(kwargs))
         call = ModuleCall(
             role=eff, name=name, kind=kind, param_dtypes=own, autocast=ac, inputs=inputs, outputs=outs
         )
@@ -215,6 +268,35 @@ def _tensors(obj: Any, key: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+_NONE: list = []
+"""The input maxima of a call with no floating inputs (or not recorded): shared, never appended to."""
+
+
+def _floats(obj: Any, kwargs: Mapping | None = None) -> list[torch.Tensor]:
+    """The floating tensors `_tensors` finds in ``obj`` (and ``kwargs``), in the same order, unnamed."""
+    if isinstance(obj, torch.Tensor):
+        out = [obj] if obj.is_floating_point() else []
+    elif isinstance(obj, (tuple, list)):
+        out = [x for x in obj if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    elif isinstance(obj, Mapping):
+        out = [x for x in obj.values() if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    else:
+        out = []
+    if kwargs:
+        out += [x for x in kwargs.values() if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    return out
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            return x
+    for x in kwargs.values():
+        if isinstance(x, torch.Tensor):
+            return x
+    return None
+
+
 def _capturing() -> bool:
     """A CUDA graph is being captured (the rollout's decode step): reading a value would abort the
     capture, and hooks do not run on replay anyway, so the probes stand aside; the prefill and the
@@ -236,17 +318,20 @@ class Maxima:
     """
 
     def __init__(self) -> None:
-        self._known: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self._known: dict[int, _Known] = {}
 
     def clear(self) -> None:
         self._known.clear()
 
     def _lookup(self, t: torch.Tensor) -> torch.Tensor | None:
+        hit = self._known.get(id(t))
+        if hit is not None and hit() is t:
+            return hit.amax
         base = t._base
-        for cand in (t, base if base is not None and base.numel() == t.numel() else None):
-            hit = self._known.get(id(cand)) if cand is not None else None
-            if hit is not None and hit[0]() is cand:
-                return hit[1]
+        if base is not None and base.numel() == t.numel():
+            hit = self._known.get(id(base))
+            if hit is not None and hit() is base:
+                return hit.amax
         return None
 
     def of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -258,15 +343,27 @@ class Maxima:
                 out[i] = self._lookup(t)
                 if out[i] is None:
                     todo.append(i)
-        if todo:
-            with torch.no_grad():
-                got = torch._foreach_norm([tensors[i].detach() for i in todo], float("inf"))
+        if todo:  # detached: no autograd record, without a no_grad context per call
+            got = torch._foreach_norm([tensors[i].detach() for i in todo], float("inf"))
             if len(self._known) > FLUSH_EVERY:
                 self._known.clear()  # an eager rollout's many small tensors: keep the table small
             for i, m in zip(todo, got):
                 out[i] = m
-                self._known[id(tensors[i])] = (weakref.ref(tensors[i]), m)
+                self._known[id(tensors[i])] = _Known(tensors[i], m)
         return out
+
+
+class _Known(weakref.ref):
+    """A weak reference to a tensor that carries its absolute maximum (one object per known tensor)."""
+
+    __slots__ = ("amax",)
+
+    def __new__(cls, tensor: torch.Tensor, amax: torch.Tensor) -> _Known:
+        return super().__new__(cls, tensor)  # no callback: ``amax`` is not one
+
+    def __init__(self, tensor: torch.Tensor, amax: torch.Tensor) -> None:
+        super().__init__(tensor)
+        self.amax = amax
 
 
 def _read(scalars: list[torch.Tensor]) -> list[float]:

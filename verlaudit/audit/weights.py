@@ -60,7 +60,9 @@ def weight_rms(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     for n, t in items:
         by_device.setdefault(t.device, []).append((n, t))
     for group in by_device.values():
-        norms = torch._foreach_norm([t.float() for _, t in group])
+        # accumulated and returned in fp32 without an fp32 copy of each weight (a 7B bf16 model's
+        # copies would be 27 GB of transient allocations per role and sampled step)
+        norms = torch._foreach_norm([t for _, t in group], 2, dtype=torch.float32)
         sizes = torch.tensor([float(t.numel()) for _, t in group], device=norms[0].device)
         rms = (torch.stack(norms) / sizes.sqrt()).tolist()
         out.update({n: v for (n, _), v in zip(group, rms)})
