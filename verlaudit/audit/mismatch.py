@@ -39,16 +39,15 @@ import torch
 
 from trainer.precision import dtype_name
 from verlaudit import verl_keys as V
+from verlaudit.audit import rounding
 from verlaudit.audit.metrics import StepNumbers
 from verlaudit.rundir import Finding
 
 UNIT_ROUNDOFF = {
-    torch.float32: 2.0**-24,
-    torch.bfloat16: 2.0**-8,
-    torch.float16: 2.0**-11,
-    torch.float64: 2.0**-53,
+    d: rounding.unit_roundoff(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 }
-"""Half the spacing of each dtype's numbers at 1 (its machine epsilon / 2)."""
+"""The dtypes this model was fitted for, with their unit roundoff (`verlaudit.audit.rounding.unit_roundoff`:
+half the spacing of the dtype's numbers at 1)."""
 ALPHA = 2.0
 """Logit error in units of the unit roundoff, fitted on reports/mismatch_cpu (module docstring)."""
 MARGIN = 100.0

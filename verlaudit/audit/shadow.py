@@ -130,10 +130,6 @@ def _fp32(obj: Any) -> Any:
     )
 
 
-def _dn(dtype: torch.dtype | None) -> str | None:
-    return dtype_name(dtype)
-
-
 def _coarsest(dtypes: list[torch.dtype]) -> torch.dtype | None:
     return max(dtypes, key=unit_roundoff, default=None)
 
@@ -472,8 +468,8 @@ class ShadowProbe:
             kind=module_kind(name, module),
             block=self.info[id(module)][2],
             depth=p.depth,
-            dtype=_dn(_coarsest([t.dtype for t in lp])),
-            allowed=_dn(allowed),
+            dtype=dtype_name(_coarsest([t.dtype for t in lp])),
+            allowed=dtype_name(allowed),
             rel_err=err,
             expected=expected,
             ratio=err / expected,
@@ -705,7 +701,7 @@ class ShadowProbe:
                 "param_grad",
                 direction="backward",
                 depth=call.depth,
-                dtype=_dn(_coarsest([t.dtype for t in lp])),
+                dtype=dtype_name(_coarsest([t.dtype for t in lp])),
                 rel_err=rel_err(lp, ref),
                 zero_lost_frac=lost / moving if moving else 0.0,
                 elements=sum(t.numel() for t in lp),
