@@ -13,7 +13,7 @@ probe under the same environment records what the condition actually changed (th
 torch reports, the oneDNN bf16 matmul implementation, mkldnn on/off), so a variable that this
 torch build ignores shows up as such in BASELINE.md instead of as a silent no-op.
 
-The per-step spread across conditions becomes the model (`verlaudit.analysis.tolerance.derive`),
+The per-step spread across conditions becomes the model (`verlaudit.analysis.ci.tolerance.derive`),
 written to ``<baseline>/tolerances.json`` with BASELINE.md beside it; the raw trajectories go to a
 test fixture that `tests/test_tolerance_replay.py` replays. Each planted change (lr, loss terms,
 clipping) runs once under the reference condition and is checked against the model. Runs go one
@@ -42,8 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verlaudit.analysis import tolerance  # noqa: E402
-from verlaudit.analysis.baseline_notes import write_notes  # noqa: E402
+from verlaudit.analysis.ci import tolerance  # noqa: E402
+from verlaudit.analysis.ci.baseline_notes import write_notes  # noqa: E402
 from verlaudit.rundir import read_run  # noqa: E402
 
 MKLDNN_VAR = "VERLAUDIT_DERIVE_MKLDNN"

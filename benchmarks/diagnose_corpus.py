@@ -185,7 +185,7 @@ class Score:
 def _diagnose_fn() -> Callable[[Path], Sequence[Any]]:
     # the layout moved diagnose under verlaudit.analysis; the old home still works on older checkouts
     try:
-        from verlaudit.analysis.diagnose import diagnose_path
+        from verlaudit.analysis.diagnose.diagnosis import diagnose_path
     except ImportError:
         from verlaudit.diagnose import diagnose_path
     return diagnose_path

@@ -42,7 +42,7 @@ def measured(run_dir: Path) -> dict:
 
 
 def main() -> int:
-    from verlaudit.plan.failure import run_plan_inputs
+    from verlaudit.analysis.diagnose.failure import run_plan_inputs
     from verlaudit.plan.planner import GIB, plan_config
     from verlaudit.run.suite import load_suite
     from verlaudit.rundir import read_run

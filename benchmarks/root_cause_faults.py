@@ -11,7 +11,7 @@ Scoring, per fault: *root right* when the first cause's kind is one of the fault
 its ``where`` or title names the culprit; *fix right* when its first fix's text (suite key, verl key,
 why) contains one of the fault's fix words. A control is right when diagnose finds no error-level
 cause. The expectations name what the fault is, in words a user would look for; the diagnosis knows
-nothing of them (general rules over records: verlaudit/analysis/rules.py).
+nothing of them (general rules over records: verlaudit/analysis/diagnose/rules.py).
 
 Run: ``PYTHONPATH=$PWD python benchmarks/root_cause_faults.py --out reports/root_cause_faults.md``
 (about 6 minutes on 2 CPU cores; ``--only NAME,...`` for a subset, ``--keep DIR`` keeps the runs).
@@ -311,7 +311,7 @@ def _fix_text(fix: Any) -> str:
 
 def score(run_dir: Path, fault: Fault | None, *, algo: str, preset: str, name: str) -> Result:
     """Diagnoses one run directory and scores its first cause (a control: no error-level cause)."""
-    from verlaudit.analysis.diagnose import diagnose_path
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 
     (d,) = diagnose_path(run_dir)
     first = d.causes[0] if d.causes else None

@@ -1,6 +1,7 @@
 """The import graph: no cycles between modules (imports inside functions count too: a circle broken
 by a deferred import is still a circle), the trainer never imports verlaudit, and the packages depend
-one way (benchmarks -> verlaudit -> trainer; inside verlaudit, no package imports one that imports it).
+one way, floor by floor (`FLOORS`: commands above run above analysis / audit / verl above plan above
+the shared top-level modules above trainer; nothing imports up a floor or sideways).
 Run: `pytest tests/test_architecture.py`."""
 
 from __future__ import annotations
@@ -96,6 +97,83 @@ def test_trainer_never_imports_verlaudit():
     assert {m: d for m, d in bad.items() if m.startswith("trainer") and d} == {}
 
 
+FLOORS: tuple[tuple[str, ...], ...] = (
+    # top: `python -m verlaudit`, the table of commands (it finds each by name), the commands
+    # (parsing, printing, the glue between steps)
+    ("verlaudit.__main__",),
+    ("verlaudit.cli",),
+    ("verlaudit.commands",),
+    # running a suite, and the adapters that audit someone else's trainer
+    ("verlaudit.run", "verlaudit.integrations"),
+    # reading run directories and logs; the observer; a verl job's translation
+    ("verlaudit.analysis", "verlaudit.audit", "verlaudit.verl"),
+    # the memory model and planner: a library over configs
+    ("verlaudit.plan",),
+    # the shared vocabularies: run-directory names, dtypes, finding kinds, verl's keys
+    ("verlaudit.rundir", "verlaudit.dtypes", "verlaudit.kinds", "verlaudit.verl_keys", "verlaudit"),
+    # the trainer, which knows nothing of verlaudit
+    ("trainer",),
+)  # fmt: skip
+"""The packages from the top floor down: a module imports only from floors below its own (and from its
+own package); two packages on one floor do not know each other. Inside a package the same holds for
+its parts (`INNER`)."""
+
+INNER: dict[str, tuple[tuple[str, ...], ...]] = {
+    "verlaudit.analysis": (
+        ("verlaudit.analysis.diagnose", "verlaudit.analysis.report", "verlaudit.analysis.ci"),
+        ("verlaudit.analysis.logs",),
+        ("verlaudit.analysis.causes",),
+    ),
+}  # fmt: skip
+
+
+def floor_of(module: str, floors: tuple[tuple[str, ...], ...]) -> tuple[int, str] | None:
+    """(floor index, the package) of the longest package on ``floors`` that holds ``module``."""
+    best: tuple[int, str] | None = None
+    for i, names in enumerate(floors):
+        for pkg in names:
+            if (module == pkg or module.startswith(pkg + ".")) and (best is None or len(pkg) > len(best[1])):
+                best = (i, pkg)
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]], floors=FLOORS, inner=INNER) -> list[tuple[str, str]]:
+    """Every import that goes up a floor or sideways to another package on the same floor, at the
+    package level and inside each package of ``inner``."""
+    bad = []
+    for levels in (floors, *inner.values()):
+        for m, deps in graph.items():
+            a = floor_of(m, levels)
+            for d in deps:
+                b = floor_of(d, levels)
+                if a and b and a[1] != b[1] and b[0] <= a[0]:
+                    bad.append((m, d))
+    return sorted(set(bad))
+
+
+def test_every_module_sits_on_a_floor():
+    graph = import_graph()
+    assert [m for m in graph if floor_of(m, FLOORS) is None] == []
+    for pkg, levels in INNER.items():
+        assert [m for m in graph if m.startswith(pkg + ".") and floor_of(m, levels) is None] == []
+
+
+def test_packages_import_only_downward():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_floor_check_fails_on_a_planted_upward_import():
+    graph = {k: set(v) for k, v in import_graph().items()}
+    graph["verlaudit.plan.planner"].add("verlaudit.run.suite")  # a library reading suites
+    graph["verlaudit.audit.auditor"].add("verlaudit.analysis.causes")  # a sibling on the same floor
+    graph["verlaudit.analysis.logs.scan"].add("verlaudit.analysis.diagnose.rules")  # up inside analysis
+    assert upward_imports(graph) == [
+        ("verlaudit.analysis.logs.scan", "verlaudit.analysis.diagnose.rules"),
+        ("verlaudit.audit.auditor", "verlaudit.analysis.causes"),
+        ("verlaudit.plan.planner", "verlaudit.run.suite"),
+    ]
+
+
 MAY_NOT_IMPORT = {
     # the run directory is the interface: analysis reads it, never starts a run or attaches an audit
     "verlaudit.analysis": ("verlaudit.run", "verlaudit.audit"),
@@ -104,7 +182,7 @@ MAY_NOT_IMPORT = {
     # the planner is a library over configs; only its command reads suites
     "verlaudit.plan.memory_model": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
     "verlaudit.plan.planner": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
-    "verlaudit.plan.failure": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
+    "verlaudit.analysis.diagnose.failure": ("verlaudit.run", "verlaudit.audit", "verlaudit.analysis"),
     "verlaudit.rundir": ("verlaudit.",),
     # dtype names and PyTorch's dtype messages: shared by the live audit and the log reader
     "verlaudit.dtypes": ("verlaudit.",),

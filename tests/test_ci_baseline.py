@@ -14,7 +14,7 @@ beside it gives the numbers). The run is repeated under other kernels (ATen AVX2
 that a CI machine whose CPU differs passes, and with planted changes (a slightly larger lr, an
 entropy bonus, no gradient clipping) to show that the model still catches them. Step time is
 machine-dependent: only a gross slowdown (x20) fails here. Memory is host RSS on CPU: the default
-0.25 GB absolute slack applies (see verlaudit/analysis/compare.py).
+0.25 GB absolute slack applies (see verlaudit/analysis/ci/compare.py).
 """
 
 import json

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from verlaudit import cli
-from verlaudit.analysis import compare
+from verlaudit.analysis.ci import compare
 from verlaudit.rundir import Finding, RunWriter
 
 

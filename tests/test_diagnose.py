@@ -9,8 +9,8 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
-from verlaudit.analysis.diagnose import diagnose_path
-from verlaudit.plan.failure import memory_at_failure
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+from verlaudit.analysis.diagnose.failure import memory_at_failure
 from verlaudit.rundir import Finding, RunWriter, read_run
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 
 
 def run_cli(argv):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from verlaudit.analysis.report import write_report
+from verlaudit.analysis.report.build import write_report
 from verlaudit.rundir import read_run
 
 ROOT = Path(__file__).resolve().parent.parent

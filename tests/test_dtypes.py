@@ -20,7 +20,7 @@ from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.precision import dtype_name as trainer_dtype_name
 from trainer.train import train
-from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 from verlaudit.audit import Auditor, AuditSettings, errors
 from verlaudit.audit.inject import Fanout
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message

@@ -17,7 +17,7 @@ from tests.verl_job import gsm8k_rows, tiny_qwen_dir, write_parquet, write_rewar
 from trainer import vllm_engine
 from trainer.config import TrainConfig
 from verlaudit import cli
-from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 from verlaudit.verl.launch import read_launch
 from verlaudit.verl.mapping import map_launch
 from verlaudit.verl.roundtrip import script_lines

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verlaudit.analysis.gates import FUNCTIONS, check_gates, check_known_metrics, parse_gate
+from verlaudit.analysis.ci.gates import FUNCTIONS, check_gates, check_known_metrics, parse_gate
 
 SERIES = {
     "actor/grad_norm": [1.0, 3.0, 8.0, 2.0],  # median 2.5, max 8, mean 3.5, last 2

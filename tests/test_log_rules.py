@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.diagnose_corpus import FIXTURES, read_fixture
-from verlaudit.analysis.diagnose import diagnose_path, main, render_text
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 from verlaudit.analysis.logs import frameworks, new_scan
 from verlaudit.analysis.logs.frameworks import LogContext, applied, fix
 from verlaudit.analysis.logs.lines import Frame, failure_signal, parse_frame, parse_line
 from verlaudit.analysis.logs.phases import phase_of_frames, phase_of_name
 from verlaudit.analysis.logs.scan import KEEP, MAX_SETTINGS, MAX_TRACEBACKS
+from verlaudit.commands.diagnose import main, render_text
 
 
 def diagnose_text(tmp_path: Path, text: str):

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verlaudit.analysis.diagnose import diagnose_path
-from verlaudit.analysis.logparse import parse_metric_lines
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+from verlaudit.analysis.diagnose.logparse import parse_metric_lines
 
 _HEALTHY = "{'loss': 0.6931, 'grad_norm': 1.2, 'learning_rate': 5e-07, 'epoch': 0.01}\n"
 
@@ -115,7 +115,7 @@ FILLER = (
 )  # 1000 characters, no evidence
 _MEASURE = """\
 import json, sys
-from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 
 def status_mib(key):
     for line in open("/proc/self/status"):

@@ -26,8 +26,8 @@ from trainer.tokenizer import build_tokenizer
 from trainer.train import train
 from verlaudit import cli
 from verlaudit import verl_keys as V
-from verlaudit.analysis.diagnose import diagnose_run
-from verlaudit.analysis.mismatch_report import mismatch_section, mismatch_table
+from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+from verlaudit.analysis.report.mismatch import mismatch_section, mismatch_table
 from verlaudit.audit import Auditor, AuditSettings
 from verlaudit.audit import mismatch as M
 from verlaudit.audit.engine_checks import check_engine

@@ -370,7 +370,7 @@ def test_plan_tiny_suite_from_a_saved_model(tmp_path, capsys):
 
 def test_run_world_size_reads_the_workers_distributed_record(tmp_path):
     # torchrun workers write manifest.distributed.world_size; without it a run is one process
-    from verlaudit.plan.failure import run_world_size
+    from verlaudit.analysis.diagnose.failure import run_world_size
     from verlaudit.rundir import RunWriter, read_run
 
     for manifest, expected in (({"distributed": {"rank": 0, "world_size": 2}}, 2), ({"environment": {}}, 1)):

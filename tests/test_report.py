@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verlaudit import cli
-from verlaudit.analysis.report import collect, run_row, write_report
+from verlaudit.analysis.report.build import collect, run_row, write_report
 from verlaudit.rundir import Finding, RunWriter, read_run
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from verlaudit.analysis import precision
-from verlaudit.analysis.report import write_report
+from verlaudit.analysis.report import precision
+from verlaudit.analysis.report.build import write_report
 from verlaudit.rundir import GRADHEALTH, OPCOUNTS, SHADOW, Finding, RunWriter, read_run
 
 

@@ -19,11 +19,11 @@ from tests.test_diagnose import causes, make_run
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
 from trainer.train import train
+from verlaudit.analysis.diagnose.failure import pass_in_traceback
 from verlaudit.audit import Auditor, AuditSettings
 from verlaudit.audit.dtype_checks import ModuleCall, check_module_call
 from verlaudit.audit.reward_signal import no_signal_finding, reward_groups
 from verlaudit.audit.weights import DtypeWatch, weight_findings
-from verlaudit.plan.failure import pass_in_traceback
 from verlaudit.rundir import RUNNER, Finding, RunWriter
 
 TINY = {

@@ -1,4 +1,4 @@
-"""The root-cause rule table (verlaudit/analysis/rules.py), one test per rule: a run directory (in
+"""The root-cause rule table (verlaudit/analysis/diagnose/rules.py), one test per rule: a run directory (in
 memory, records as the auditor and the worker write them) holding the root's record and the symptom's
 is diagnosed, the root comes first and the symptom is its consequence; with the root recorded after
 the symptom, the symptom stands alone; for a rule within one role, a root in another role explains
@@ -15,8 +15,8 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
-from verlaudit.analysis.diagnose import diagnose_run
-from verlaudit.analysis.rules import RULES, Event, Moment, chains, finding_class, root_of
+from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+from verlaudit.analysis.diagnose.rules import RULES, Event, Moment, chains, finding_class, root_of
 from verlaudit.rundir import Finding, RunDir
 
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from verlaudit import cli
-from verlaudit.analysis.report import write_report
+from verlaudit.analysis.report.build import write_report
 from verlaudit.run import runner
 from verlaudit.run.hardware import TARGETS, PresentDevice, get_target
 from verlaudit.run.spec import RunSpec

@@ -314,7 +314,7 @@ def test_planner_matches_every_committed_h200_run(runs):
     from pathlib import Path
 
     from benchmarks.planner_vs_runs import measured
-    from verlaudit.plan.failure import run_plan_inputs
+    from verlaudit.analysis.diagnose.failure import run_plan_inputs
     from verlaudit.rundir import read_run
 
     root = Path(__file__).resolve().parents[1] / "reports" / "gpu" / runs

@@ -1,4 +1,4 @@
-"""The trajectory tolerance model (`verlaudit.analysis.tolerance`): its arithmetic on hand-worked
+"""The trajectory tolerance model (`verlaudit.analysis.ci.tolerance`): its arithmetic on hand-worked
 trajectories, its invariants (hypothesis), its file format, and `verlaudit compare` using it.
 Replays of the committed derivation (every kernel condition passes, planted changes fail) are in
 tests/test_tolerance_replay.py."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verlaudit import cli
-from verlaudit.analysis import baseline_notes, compare, tolerance
+from verlaudit.analysis.ci import baseline_notes, compare, tolerance
 from verlaudit.rundir import RunWriter
 
 FLOOR = 16 * 2**-23  # FLOOR_ULPS x fp32 epsilon, per unit of the reference's magnitude

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.derive_tolerances import factors
-from verlaudit.analysis import tolerance
+from verlaudit.analysis.ci import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "reports" / "baselines" / "tiny_cpu" / "cpu"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from verlaudit import verl_keys as V
-from verlaudit.analysis.diagnose import diagnose_path
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 
 _ROOT = Path(__file__).resolve().parents[1] / "verlaudit" / "analysis"
 

@@ -1,6 +1,6 @@
 """The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``recommend``, ``from-verl``.
 
-Each subcommand lives in its own module, which provides ``add_arguments(parser)`` and
+Each subcommand lives in its own module of `verlaudit.commands`, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
 one-line error with exit code 2 instead of a traceback. Exercised by `pytest tests/test_cli_input.py`.
 """
@@ -13,24 +13,24 @@ import sys
 
 COMMANDS = {
     "run": (
-        "verlaudit.run.runner",
+        "verlaudit.commands.run",
         "run a suite: every variant in its own process, then the comparison report",
     ),
     "diagnose": (
-        "verlaudit.analysis.diagnose",
+        "verlaudit.commands.diagnose",
         "explain a run directory (or a foreign training log): cause, culprit, fix",
     ),
     "compare": (
-        "verlaudit.analysis.compare",
+        "verlaudit.commands.compare",
         "compare a run with a baseline: markdown, JUnit XML, exit 1 on regression",
     ),
-    "plan": ("verlaudit.plan.cli", "predict each variant's peak device memory before running"),
+    "plan": ("verlaudit.commands.plan", "predict each variant's peak device memory before running"),
     "recommend": (
-        "verlaudit.run.recommend",
+        "verlaudit.commands.recommend",
         "rank precision recipes by measured cost among those within a tolerance of fp32",
     ),
     "from-verl": (
-        "verlaudit.verl.cli",
+        "verlaudit.commands.from_verl",
         "turn a verl launch script or Hydra YAML into a suite (and --run it)",
     ),
 }

@@ -68,7 +68,7 @@ class Cause:
     """For a foreign log: the line number of the cause's first evidence (root before cascade)."""
     role: str | None = None
     cls: str | None = None
-    """Its class in the root-cause rules (`verlaudit.analysis.rules`); None: not classified (a log)."""
+    """Its class in the root-cause rules (`verlaudit.analysis.diagnose.rules`); None: not classified (a log)."""
     seq: float = 0.0
     """Order of recording within its step and phase (the findings.jsonl line; a failure is last)."""
     chain: list[str] = dataclasses.field(default_factory=list)

@@ -14,7 +14,7 @@ own: the fp32 shadow, the probes' reductions) is not counted.
 
 Pure functions over the records: `island_ops` answers "is my softmax / norm / loss in fp32?" with
 the measured dtypes, `findings` flags a policy's fp32 island that ran in low precision (the report's
-tables and differences between variants are `verlaudit.analysis.precision`'s). It costs a Python call per op, so it runs
+tables and differences between variants are `verlaudit.analysis.report.precision`'s). It costs a Python call per op, so it runs
 only on sampled full-audit steps. Exercised by `pytest tests/test_audit_opcount.py`.
 """
 

@@ -4,8 +4,8 @@
 critic values, old log-probs, actor and critic updates) from the per-phase byte model in
 `verlaudit.plan.memory_model` (which knows tensors; this module knows the step); `plan_suite` plans
 `resolve_checkpoint_layers` turns ``checkpoint_layers: auto`` into a number.
-The ``verlaudit plan`` command (`verlaudit.plan.cli`) and failed-run reconstruction
-(`verlaudit.plan.failure`) sit on top. Exercised by `pytest tests/test_plan.py`.
+The ``verlaudit plan`` command (`verlaudit.commands.plan`) and failed-run reconstruction
+(`verlaudit.analysis.diagnose.failure`) sit on top. Exercised by `pytest tests/test_plan.py`.
 """
 
 from __future__ import annotations

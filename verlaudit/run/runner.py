@@ -1,23 +1,18 @@
-"""`verlaudit run SUITE.yaml`: every variant in its own process, then the comparison report.
+"""Running a suite: every variant in its own process (the library under `verlaudit run`).
 
 Preflight (`verlaudit.run.preflight`): import every plug-in and read every model directory the
 suite names. Plan (pure, `plan_runs`): resolve the device, check the GPU count, decide target
 emulation (memory cap, bf16 refusal) and the precision policy, once, into one
 `verlaudit.run.spec.RunSpec` per (variant, seed). Execute (`execute`): write it as spec.json and
 start ``python -m verlaudit.run.worker spec.json`` per run, so an OOM, NaN abort or crash is
-recorded in that run's directory and the next variant still runs; a tqdm bar per variant is fed by polling the
-child's metrics.jsonl. Report (`verlaudit.analysis.report`): read the run directories back and write
-report.md / report.csv / plots. Ctrl-C stops the running child (it records ``interrupted``), writes
-the report from what exists and exits 130.
-
-Exit codes: 0 every variant completed (refused variants included: refusing is the answer the suite
-asked for), 1 some variant failed or was killed, 2 bad suite or arguments, 130 interrupted.
-Exercised by `verlaudit run suites/tiny_cpu.yaml` and `pytest tests/test_runner.py`.
+recorded in that run's directory and the next variant still runs; a tqdm bar per variant is fed by
+polling the child's metrics.jsonl, and the caller hears of each run as it ends (`Progress`). Ctrl-C
+stops the running child (it records ``interrupted``) and returns what was done. The command on top
+(parsing, printing, the report) is `verlaudit.commands.run`. Exercised by `pytest tests/test_runner.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
 import json
@@ -26,21 +21,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import verlaudit
 from trainer.precision import PrecisionPolicy
-from verlaudit.analysis import report as report_mod
 from verlaudit.run import worker
 from verlaudit.run.hardware import PresentDevice, detect, get_target
-from verlaudit.run.preflight import preflight
 from verlaudit.run.spec import Emulation, RunSpec
-from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, Suite, SuiteRun, load_suite
+from verlaudit.run.suite import Suite, SuiteRun
 from verlaudit.rundir import METRICS, RUNNER, SPEC, STATUS, SUITE_COPY, WORKER_LOG, read_json, to_float
 
-DEFAULT_SUITE = "suites/tiny_cpu.yaml"
 GRACE_S = 30.0
 """How long an interrupted worker gets to write its status before SIGTERM, then SIGKILL."""
 
@@ -222,7 +214,7 @@ def launch_command(spec_path: str | os.PathLike, gpus: int) -> list[str]:
     return [sys.executable, "-m", "verlaudit.run.worker", str(spec_path)]
 
 
-def _now() -> str:
+def now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
@@ -286,7 +278,7 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     root = str(Path(verlaudit.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
-    record: dict[str, Any] = {"command": cmd, "started_at": _now()}
+    record: dict[str, Any] = {"command": cmd, "started_at": now()}
     tail = _MetricsTail(run_dir / METRICS)
     steps = planned.spec.train.steps
     # own session: a terminal Ctrl-C reaches only the runner, which forwards exactly one SIGINT
@@ -339,30 +331,31 @@ def _stop(child: subprocess.Popen) -> None:
             return
 
 
-def summary_line(run_dir: Path, record: Mapping[str, Any] | None = None) -> str:
-    """One line per variant: status, steps, loss, reward, memory, time, findings."""
-    row = report_mod.run_row(report_mod.read_run_safe(run_dir), trailing_window=10)
-    parts = [f"{row['run']}: {row['status']}", f"{row['steps']} steps"]
-    for label, key, fmt in (
-        ("loss", "loss_last", ".4g"),
-        ("reward", "reward_mean", ".3f"),
-        ("peak", "device_peak_gb", ".2f"),
-        ("step", "step_time_s", ".3f"),
-    ):
-        v = row.get(key)
-        if v is not None and v == v:
-            parts.append(
-                f"{label} {v:{fmt}}"
-                + (" GiB" if key == "device_peak_gb" else "s" if key == "step_time_s" else "")
-            )
-    parts.append(f"findings {row['errors']}E/{row['warnings']}W")
-    if record and "wall_s" in record:
-        parts.append(f"wall {record['wall_s']:.0f}s")
-    return " | ".join(parts)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What `execute` tells its caller as each run ends: the run, and how it ended."""
+
+    name: str
+    run_dir: Path
+    refused: str | None = None
+    """The reason no worker started (the run directory holds the refusal)."""
+    record: Mapping[str, Any] | None = None
+    """runner.json of a run whose worker started (command, exit code, wall time)."""
+    not_started: tuple[str, ...] | None = None
+    """Set when Ctrl-C stopped this run: the runs of the plan that were never started."""
 
 
-def execute(plan: Plan, suite: Suite, out_dir: Path, *, progress: bool = True) -> tuple[list[str], bool]:
-    """Runs the plan; returns (run names started or written, interrupted)."""
+def execute(
+    plan: Plan,
+    suite: Suite,
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    on_run: Callable[[Progress], None] | None = None,
+) -> tuple[list[str], bool]:
+    """Runs the plan; returns (run names started or written, interrupted). ``on_run`` hears of each
+    run as it ends (the command prints a summary line from it); ``progress`` draws the bars."""
+    tell = on_run or (lambda _p: None)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SUITE_COPY).write_text(
         json.dumps({**suite.to_dict(), "source": suite.source, "device": plan.device}, indent=2),
@@ -377,17 +370,17 @@ def execute(plan: Plan, suite: Suite, out_dir: Path, *, progress: bool = True) -
                 # no worker starts; its module still writes the directory (manifest and status)
                 worker.write_refused(planned.spec, planned.refused)
                 done.append(name)
-                print(f"{name}: refused: {planned.refused}", flush=True)
+                tell(Progress(name=name, run_dir=out_dir / name, refused=planned.refused))
                 continue
             try:
                 record = _run_one(planned, suite.hardware.gpus, progress)
             except KeyboardInterrupt:
                 done.append(name)
-                left = [p.run.run_name for p in plan.runs if p.run.run_name not in done]
-                print(f"interrupted during {name}; not started: {', '.join(left) or 'none'}", file=sys.stderr)
+                left = tuple(p.run.run_name for p in plan.runs if p.run.run_name not in done)
+                tell(Progress(name=name, run_dir=out_dir / name, not_started=left))
                 return done, True
             done.append(name)
-            print(summary_line(out_dir / name, record), flush=True)
+            tell(Progress(name=name, run_dir=out_dir / name, record=record))
     finally:
         signal.signal(signal.SIGTERM, previous)
     return done, False
@@ -401,87 +394,14 @@ def default_out_dir(suite: Suite) -> Path:
     return Path("reports") / suite.name / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _csv(value: str | None, cast: Any, flag: str) -> list[Any] | None:
-    if value is None:
-        return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    try:
-        return [cast(v) for v in items]
-    except ValueError:
-        raise ValueError(f"{flag}: {value!r}; expected a comma-separated list, e.g. {flag} 0,1") from None
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", nargs="?", default=DEFAULT_SUITE, help=f"suite YAML (default {DEFAULT_SUITE})")
-    p.add_argument("--steps", type=int, help="training steps for every variant (overrides the suite)")
-    p.add_argument("--variants", help="comma-separated variant names to run (default: all)")
-    p.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
-    p.add_argument("--out", help="output directory (default reports/<suite>/<YYYYmmdd-HHMMSS>)")
-    p.add_argument("--device", choices=DEVICES, help="run on cpu or cuda regardless of the suite's target")
-    p.add_argument("--audit-level", choices=AUDIT_LEVELS, help="override the suite's audit.level")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (summary lines only)")
-    p.add_argument(
-        "--report-only", metavar="DIR", help="re-render report.md/csv/png from an existing output directory"
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.report_only:
-        rep = report_mod.write_report(Path(args.report_only))
-        print(rep.markdown)
-        return 0
-    suite = load_suite(
-        args.suite,
-        steps=args.steps,
-        variants=_csv(args.variants, str, "--variants"),
-        seeds=_csv(args.seeds, int, "--seeds"),
-        device=args.device,
-        audit_level=args.audit_level,
-    )
-    preflight(suite)  # plug-ins imported, model directories read, engines installed: before any worker starts
-    out_dir = Path(args.out) if args.out else default_out_dir(suite)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise ValueError(
-            f"--out {out_dir}: directory is not empty; choose a new one (or --report-only {out_dir})"
-        )
-    plan = plan_runs(suite, out_dir, detect(), args.device)
-    runs = len(plan.runs)
-    print(f"verlaudit run: suite {suite.name} ({runs} run{'s' * (runs != 1)} on {plan.device}) -> {out_dir}")
-    for note in plan.notes:
-        print(f"  note: {note}")
-    started, started_at, load = time.monotonic(), _now(), _loadavg()
-    done, interrupted = execute(plan, suite, out_dir, progress=not args.no_progress)
-    _record_run(
-        out_dir, command=_command(args), started_at=started_at, load=load, wall_s=time.monotonic() - started
-    )
-    rep = report_mod.write_report(out_dir)
-    print()
-    print(rep.markdown)
-    print(f"\nreport: {out_dir / 'report.md'} (wall time {time.monotonic() - started:.0f} s)")
-    if interrupted:
-        return 130
-    failed = [n for n in done if _failed(out_dir / n)]
-    return 1 if failed else 0
-
-
-def _loadavg() -> str:
+def loadavg() -> str:
     try:
         return "/".join(f"{x:.1f}" for x in os.getloadavg())
     except OSError:  # not available on every platform
         return "n/a"
 
 
-def _command(args: argparse.Namespace) -> str:
-    """The command line as a user would type it again (tests call the CLI in-process: no sys.argv)."""
-    parts = ["verlaudit run", str(args.suite)]
-    for flag in ("steps", "variants", "seeds", "out", "device", "audit_level"):
-        value = getattr(args, flag)
-        if value is not None:
-            parts.append(f"--{flag.replace('_', '-')} {value}")
-    return " ".join(parts)
-
-
-def _record_run(out_dir: Path, *, command: str, started_at: str, load: str, wall_s: float) -> None:
+def record_run(out_dir: Path, *, command: str, started_at: str, load: str, wall_s: float) -> None:
     """Adds the command, its wall time and the machine to suite.json (the report header shows them)."""
     import platform
 
@@ -502,6 +422,6 @@ def _gpu_words() -> str:
     return f", {present.gpu_count} x {present.gpu_name}" if present.cuda else ", no GPU"
 
 
-def _failed(run_dir: Path) -> bool:
+def failed(run_dir: Path) -> bool:
     status = read_json(run_dir / STATUS)
     return status is None or (status.get("state") != "completed" and status.get("reason") != "refused")

@@ -184,7 +184,7 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     compare = data.get("compare") or {}
     if not isinstance(compare, Mapping):
         raise ValueError(f"compare: expected a mapping (tolerances, gates), got {compare!r}")
-    from verlaudit.analysis.compare import (
+    from verlaudit.analysis.ci.compare import (
         load_settings,  # compare owns the meaning; reject bad keys at load time
     )
 

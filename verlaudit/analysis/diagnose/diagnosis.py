@@ -1,27 +1,25 @@
-"""``verlaudit diagnose PATH``: what happened to a run, its root cause first, evidence, and the fix.
+"""Diagnosis: what happened to a run, its root cause first, evidence, and the fix (the library under
+``verlaudit diagnose PATH``; the command and the text rendering are `verlaudit.commands.diagnose`).
 
 PATH is a variant's run directory, a suite report directory (every run directory in it is
 diagnosed, summary first), or a plain log / traceback file from another framework (verl, TRL,
-DeepSpeed, plain PyTorch: see `verlaudit.analysis.logparse`). Only the run directory is read (manifest,
+DeepSpeed, plain PyTorch: see `verlaudit.analysis.diagnose.logparse`). Only the run directory is read (manifest,
 metrics, findings, events, status, the runner's record), so runs killed half-way and runs copied
 from another machine work.
 
 The analyses below each turn part of the run directory into causes, stamped with the step, phase and
 role they concern. The causes are ranked, then ordered by the root-cause rules
-(`verlaudit.analysis.rules`): the earliest cause that explains the failure comes first, with the chain
+(`verlaudit.analysis.diagnose.rules`): the earliest cause that explains the failure comes first, with the chain
 it starts ("root -> consequence"), and only the root carries fixes. A fix is offered when it addresses
 the root and the audit or the planner says it would work (no bf16 advice for integer ids or a run that
 is bf16 already, no precision change for corrupted weights or a NaN reward, OOM fixes checked against
-the planner: `verlaudit.analysis.oom`). Each fix names the suite key (or the user's plug-in) and the
-verl key where one exists. Plain text for people, ``--json`` for machines. Exit code 1 when an
-error-level cause was found, 0 otherwise, 2 on bad input. Exercised by `pytest tests/test_diagnose.py
+the planner: `verlaudit.analysis.diagnose.oom`). Each fix names the suite key (or the user's plug-in) and the
+verl key where one exists. Exercised by `pytest tests/test_diagnose.py
 tests/test_rules.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,9 +34,9 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.logparse import diagnose_log
-from verlaudit.analysis.mismatch_cause import mismatch_causes
-from verlaudit.analysis.rules import (
+from verlaudit.analysis.diagnose.logparse import diagnose_log
+from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
+from verlaudit.analysis.diagnose.rules import (
     CAUSE_CLASSES,
     LAST,
     Event,
@@ -48,7 +46,7 @@ from verlaudit.analysis.rules import (
     moment_words,
     severity_max,
 )
-from verlaudit.analysis.runview import (
+from verlaudit.analysis.diagnose.runview import (
     cfg,
     fmt,
     last_step,
@@ -57,10 +55,10 @@ from verlaudit.analysis.runview import (
     setup_plugin,
     user_hook_fix,
 )
-from verlaudit.analysis.status import status_causes
-from verlaudit.analysis.trajectory import loss_scale_causes, no_signal_causes, reward_trend_causes
+from verlaudit.analysis.diagnose.status import status_causes
+from verlaudit.analysis.diagnose.trajectory import loss_scale_causes, no_signal_causes, reward_trend_causes
 from verlaudit.dtypes import parse_dtype_message
-from verlaudit.rundir import MANIFEST, Finding, RunDir, is_run_dir, read_json, read_run
+from verlaudit.rundir import Finding, RunDir, is_run_dir, read_run
 
 # --------------------------------------------------------------------------------------------
 # small readers over a RunDir
@@ -479,58 +477,6 @@ def _label(c: Cause, m: Moment) -> str:
     return f"{kind}" + (f" in {c.where}" if c.where else "") + f" ({moment_words(m)})"
 
 
-# --------------------------------------------------------------------------------------------
-# rendering and the command
-
-
-def render_text(d: Diagnosis) -> str:
-    lines = [f"{d.source_kind} {d.source}", f"  {d.summary}", f"  verdict: {d.verdict}"]
-    if not d.causes:
-        lines.append("  no problems found")
-    for i, c in enumerate(d.causes, 1):
-        lines.append(f"  {i}. [{c.severity}] {c.title}")
-        if d.source_kind == "log" and (
-            c.framework or c.phase or c.rank is not None
-        ):  # where it sits in the run
-            at = [
-                f"culprit: {c.where}" if c.where else None,
-                f"phase: {c.phase}" if c.phase else None,
-                f"rank: {c.rank}" if c.rank is not None else None,
-            ]
-            if any(at):
-                lines.append("     " + "; ".join(a for a in at if a))
-        if c.chain:
-            lines.append(f"     root cause: {' -> '.join(c.chain)}")
-        if c.consequence_of:
-            lines.append(f"     consequence of the root cause above: {c.consequence_of}")
-        lines.append(f"     what: {c.what}")
-        for e in c.evidence:
-            lines.append(f"     - {e}")
-        for f in c.fixes:
-            parts = [
-                f"suite: {f.suite}" if f.suite else None,
-                f"verl: {f.verl}" if f.verl else None,
-                f"{f.framework}: {f.key}" if f.key else None,
-            ]
-            head = "; ".join(p for p in parts if p)
-            lines.append(f"     fix: {head}{' — ' if head and f.why else ''}{f.why}")
-            lines.extend(_verl_script_lines(d, f))
-        for u in c.unknown:
-            lines.append(f"     cannot tell: {u}")
-    return "\n".join(lines)
-
-
-def _verl_script_lines(d: Diagnosis, fix: Fix) -> list[str]:
-    """For a run made by `verlaudit from-verl`: the fix as the user's own verl script lines."""
-    manifest = read_json(Path(d.source) / MANIFEST) if d.source_kind == "run" else None
-    origin = (((manifest or {}).get("config") or {}).get("origin") or {}).get("verl")
-    if not origin:
-        return []
-    from verlaudit.verl.roundtrip import script_lines
-
-    return [f"       {line}" for line in script_lines(origin, fix.verl, fix.suite)]
-
-
 def find_runs(path: Path) -> list[Path]:
     """The run directories of a suite report directory (direct children), sorted by name."""
     return sorted(p for p in path.iterdir() if is_run_dir(p))
@@ -559,42 +505,3 @@ def diagnose_path(path: str | Path) -> list[Diagnosis]:
             "directory containing run directories, e.g. reports/<suite>/<timestamp>"
         )
     return [diagnose_run(read_run(r)) for r in runs]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "path", help="a variant's run directory, a suite report directory, or a log/traceback file"
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def main(args: argparse.Namespace) -> int:
-    diags = diagnose_path(args.path)
-    if args.json:
-        print(
-            json.dumps(
-                {"diagnoses": [d.to_dict() for d in diags], "verdict": _overall(diags)}, indent=2, default=str
-            )
-        )
-    else:
-        if len(diags) > 1:
-            print(f"summary ({len(diags)} runs):")
-            for d in diags:
-                top = _headline(d)
-                print(f"  {d.verdict:8s} {d.summary} — {top}")
-            print()
-        print("\n\n".join(render_text(d) for d in diags))
-    return 1 if _overall(diags) == "error" else 0
-
-
-def _headline(d: Diagnosis) -> str:
-    """The first cause in one line: its chain when it has one."""
-    if not d.causes or d.verdict == "clean":
-        return "no problems found"
-    first = d.causes[0]
-    return " -> ".join(first.chain) if first.chain else first.title
-
-
-def _overall(diags: Sequence[Diagnosis]) -> str:
-    v = {d.verdict for d in diags}
-    return "error" if "error" in v else "warning" if "warning" in v else "clean"

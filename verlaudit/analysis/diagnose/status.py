@@ -1,5 +1,5 @@
 """Causes from how a run ended: status.json's failure (an exception, a user error naming its suite
-field, an OOM through `verlaudit.analysis.oom`, an interrupt, a refusal) and, for a worker killed
+field, an OOM through `verlaudit.analysis.diagnose.oom`, an interrupt, a refusal) and, for a worker killed
 without a status, the runner's record (runner.json: the exit code, a negative one being the signal)
 with the last phase the worker started (events.jsonl ``phase_start``). Pure functions RunDir ->
 causes, stamped with step, phase and role for the root-cause rules.
@@ -15,10 +15,10 @@ from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.logparse import explain_error_text
-from verlaudit.analysis.oom import oom_cause
-from verlaudit.analysis.rules import LAST
-from verlaudit.analysis.runview import cfg, last_phase_started, last_step, runner_record
+from verlaudit.analysis.diagnose.logparse import explain_error_text
+from verlaudit.analysis.diagnose.oom import oom_cause
+from verlaudit.analysis.diagnose.rules import LAST
+from verlaudit.analysis.diagnose.runview import cfg, last_phase_started, last_step, runner_record
 from verlaudit.rundir import RunDir
 
 

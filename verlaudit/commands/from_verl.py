@@ -2,7 +2,7 @@
 
 Parses the script (`verlaudit.verl.launch`), maps every key (`verlaudit.verl.mapping`), writes the suite
 (`verlaudit.verl.writer`) after validating it as `verlaudit run` would, prints each key it could not map
-with the reason, and with ``--run`` runs the suite through the runner. Exercised by
+with the reason, and with ``--run`` runs the suite as `verlaudit run` does (`verlaudit.commands.run`). Exercised by
 `pytest tests/test_from_verl.py`.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from verlaudit.commands import run as run_command
+from verlaudit.run.suite import Suite
 from verlaudit.verl.launch import read_launch
 from verlaudit.verl.mapping import map_launch
 from verlaudit.verl.writer import render
@@ -50,8 +52,6 @@ def main(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise ValueError(f"-o {out}: exists; pass --force to overwrite it or choose another file")
     text, data = render(mapped, launch, out, audit_level=args.audit_level)
-    from verlaudit.run.suite import Suite
-
     try:
         Suite.from_dict(data, source=str(out))
     except ValueError as e:
@@ -75,8 +75,6 @@ def main(args: argparse.Namespace) -> int:
     if not args.run:
         print(f"run it: verlaudit run {out}")
         return 0
-    from verlaudit.run import runner
-
     run_args = argparse.Namespace(
         suite=str(out),
         steps=args.steps,
@@ -88,4 +86,4 @@ def main(args: argparse.Namespace) -> int:
         no_progress=True,
         report_only=None,
     )
-    return runner.main(run_args)
+    return run_command.main(run_args)

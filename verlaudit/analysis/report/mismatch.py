@@ -7,7 +7,7 @@ token k3 and its largest ratio to the dtype-roundoff model (``mismatch/k3_over_e
 of the token IS ratios, the mean fraction of ratios outside [1/C, C], and the largest weight-push
 probe difference (vLLM); seeds of a variant are averaged (extremes: the extreme over seeds).
 Written as mismatch.csv, a markdown table, and mismatch.png (token k3 per step per variant, log
-scale; steps with k3 exactly 0 are left out, and runs with no other step are named under the plot). `mismatch_section` is what `verlaudit.analysis.report.write_report` appends; a suite with no
+scale; steps with k3 exactly 0 are left out, and runs with no other step are named under the plot). `mismatch_section` is what `verlaudit.analysis.report.build.write_report` appends; a suite with no
 rollout (DPO) gets nothing. Exercised by `pytest tests/test_mismatch_audit.py -k report`.
 """
 

@@ -16,7 +16,7 @@ derivation could not run (AMX, AVX512-FP16, GPUs): per variant, `safety_factors`
 over the leave-one-factor-out ratios of `loo_ratios` (how far the conditions sharing one kernel
 setting land outside the envelope of the others). The file is ``tolerances.json`` in the baseline
 directory; `load_model` reads it back (field-path errors for a malformed file), `violations` and
-`step_tolerances` apply it; `verlaudit.analysis.baseline_notes` explains it in BASELINE.md.
+`step_tolerances` apply it; `verlaudit.analysis.ci.baseline_notes` explains it in BASELINE.md.
 Exercised by `pytest tests/test_tolerance.py tests/test_tolerance_replay.py tests/test_compare.py`.
 """
 

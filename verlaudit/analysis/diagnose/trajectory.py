@@ -1,7 +1,7 @@
 """Causes read from a run's metric trajectory: fp16 loss-scale collapse and overflow skips, reward
 collapse and exploding reward variance, and steps without a learning signal (GRPO groups whose
 responses all got the same reward). Pure functions RunDir -> list[Cause], each stamped with the step,
-phase and role it concerns for the root-cause rules (`verlaudit.analysis.rules`).
+phase and role it concerns for the root-cause rules (`verlaudit.analysis.diagnose.rules`).
 Exercised by `pytest tests/test_diagnose.py tests/test_rules.py`.
 """
 
@@ -11,8 +11,8 @@ import math
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.rules import LAST
-from verlaudit.analysis.runview import cfg, fmt, role_policy, user_hook_fix
+from verlaudit.analysis.diagnose.rules import LAST
+from verlaudit.analysis.diagnose.runview import cfg, fmt, role_policy, user_hook_fix
 from verlaudit.rundir import RunDir
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verlaudit.analysis.tolerance import K_MIN, LOFO_MARGIN, TOLERANCE_FILE
+from verlaudit.analysis.ci.tolerance import K_MIN, LOFO_MARGIN, TOLERANCE_FILE
 from verlaudit.rundir import SUITE_COPY, read_json
 
 

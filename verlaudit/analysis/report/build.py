@@ -8,7 +8,7 @@ suites and on directories copied from another machine. A variant run by several 
 has rank 0's run directory with ``rank<k>/`` directories inside: its memory peak is the largest
 over ranks (each rank's own peak is listed too), its findings are those of every rank, and its
 status names the rank that failed first. A run with a rollout adds the mismatch section
-(`verlaudit.analysis.mismatch_report`). Exercised by
+(`verlaudit.analysis.report.mismatch`). Exercised by
 `verlaudit run --report-only reports/tiny_cpu` and `pytest tests/test_report.py`.
 """
 
@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from verlaudit.analysis import precision
-from verlaudit.analysis.mismatch_report import mismatch_section
+from verlaudit.analysis.report import precision
+from verlaudit.analysis.report.mismatch import mismatch_section
 from verlaudit.rundir import (
     REPORT_CSV,
     REPORT_MD,

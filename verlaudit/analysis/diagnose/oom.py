@@ -2,7 +2,7 @@
 planner says would make the step fit.
 
 `oom_cause(run)` reads status.json's allocator view and re-plans the run at the failing phase
-(`verlaudit.plan.failure.memory_at_failure`, narrowed to the forward the traceback shows). Each fix
+(`verlaudit.analysis.diagnose.failure.memory_at_failure`, narrowed to the forward the traceback shows). Each fix
 that is a config change is re-planned with the change; it is offered only when the planned need fits
 what the process could use: the emulation cap, which caps the caching allocator alone (the CUDA
 context lives outside it), or the device's memory. When no single change fits, the smallest set of
@@ -18,8 +18,7 @@ from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.runview import cfg, fmt, gib, num, role_policy, uses_reference
-from verlaudit.plan.failure import (
+from verlaudit.analysis.diagnose.failure import (
     capacity,
     failing_phases,
     memory_at_failure,
@@ -27,6 +26,7 @@ from verlaudit.plan.failure import (
     run_plan_inputs,
     run_world_size,
 )
+from verlaudit.analysis.diagnose.runview import cfg, fmt, gib, num, role_policy, uses_reference
 from verlaudit.plan.memory_model import Estimate
 from verlaudit.plan.planner import plan_config
 from verlaudit.rundir import RunDir, to_float

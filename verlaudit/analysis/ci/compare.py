@@ -18,11 +18,11 @@ directory name). Checks, each a JUnit test case:
   band is still caught; NaN where the baseline was finite fails. Which tolerance applies, per step,
   in this order: ``loss_atol`` / ``loss_mean_atol`` set explicitly (``--tolerances`` over the suite's
   ``compare:`` mapping), else the baseline's ``tolerances.json`` (per variant, metric and step,
-  measured across CPU kernels: `verlaudit.analysis.tolerance`) for the steps it covers, else the
+  measured across CPU kernels: `verlaudit.analysis.ci.tolerance`) for the steps it covers, else the
   defaults below. The markdown and JUnit say which applied at each step.
 - ``findings``: no error-level finding (kind, role, where) that the baseline did not have.
 - ``overflow``: no more skipped optimizer steps (``*/skipped``) and no new overflow findings.
-- ``gate:<expr>``: gate expressions (`verlaudit.analysis.gates`) from the suite or ``--gate``.
+- ``gate:<expr>``: gate expressions (`verlaudit.analysis.ci.gates`) from the suite or ``--gate``.
 
 Tolerances come from the run's suite (``compare:`` mapping in the suite YAML, copied to the
 report's suite.json), then ``--tolerances key=value,...``. Output: a markdown summary, JUnit XML,
@@ -34,7 +34,6 @@ tolerances.json (a noise model, re-derived only by `benchmarks/derive_tolerances
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import re
@@ -45,9 +44,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verlaudit.analysis import tolerance as tolmodel
-from verlaudit.analysis.baseline_notes import write_notes
-from verlaudit.analysis.gates import Gate, check_gates, check_known_metrics, parse_gate
+from verlaudit.analysis.ci import tolerance as tolmodel
+from verlaudit.analysis.ci.baseline_notes import write_notes
+from verlaudit.analysis.ci.gates import Gate, check_gates, check_known_metrics, parse_gate
 from verlaudit.rundir import (
     FINDINGS,
     MANIFEST,
@@ -396,7 +395,7 @@ def check_overflow(name: str, base: RunDir, now: RunDir) -> Check:
     )
 
 
-def _preset(run: RunDir) -> str | None:
+def preset_of(run: RunDir) -> str | None:
     return ((run.manifest.get("config") or {}).get("precision") or {}).get("preset")
 
 
@@ -405,7 +404,7 @@ def trajectory_checks(
 ) -> list[Check]:
     """The suite's trajectories and every metric the baseline's model covers for this variant."""
     tol, explicit = settings.for_variant(name), settings.explicit_for_variant(name)
-    found = model.for_variant(name, _preset(base)) if model else None
+    found = model.for_variant(name, preset_of(base)) if model else None
     metrics = dict.fromkeys([*settings.trajectories, *(found[1].metrics if found else ())])
     out = []
     for key in metrics:
@@ -520,7 +519,7 @@ def render_junit(checks: Sequence[Check], suite: str) -> str:
     ts = ET.SubElement(
         root,
         "testsuite",
-        name=f"verlaudit.analysis.compare.{suite}",
+        name=f"verlaudit.analysis.ci.compare.{suite}",
         tests=str(len(checks)),
         failures=str(sum(c.verdict == "fail" for c in checks)),
         errors="0",
@@ -581,89 +580,11 @@ def write_baseline(now_runs: Mapping[str, RunDir], run_path: Path, dest: Path) -
     write_notes(dest)
 
 
-# --------------------------------------------------------------------------------------------
-# the command
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="run directory or suite report directory to check")
-    p.add_argument(
-        "--baseline", help="baseline run or report directory (default reports/baselines/<suite>/<device>)"
-    )
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one test case per variant x check)")
-    p.add_argument(
-        "--markdown", metavar="FILE", help="write the markdown summary (for a pull-request comment)"
-    )
-    p.add_argument(
-        "--tolerances",
-        action="append",
-        default=[],
-        metavar="K=V[,K=V]",
-        help=f"override tolerances: {', '.join(f'{k} (default {v:g})' for k, v in DEFAULT_TOLERANCES.items())}",
-    )
-    p.add_argument(
-        "--gate",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="gate expression, e.g. 'median(actor/grad_norm) < 5' (repeatable)",
-    )
-    p.add_argument(
-        "--update-baseline",
-        action="store_true",
-        help="copy RUN into the baseline directory and print what changed (exit 0)",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    run_path = Path(args.run)
-    now_runs, suite = load_runs(run_path, "RUN")
-    settings = load_settings(suite.get("compare"), args.tolerances, args.gate)
-    base_path = Path(args.baseline) if args.baseline else default_baseline(now_runs, suite)
-    suite_name = str(suite.get("name") or next(iter(now_runs.values())).manifest.get("suite") or "suite")
-    has_baseline = base_path.is_dir() and (
-        is_run_dir(base_path) or any(is_run_dir(c) for c in base_path.iterdir())
-    )
-    if args.update_baseline:
-        if has_baseline:
-            base_runs, _ = load_runs(base_path, "BASELINE")
-            checks = compare_runs(base_runs, now_runs, settings, tolmodel.load_model(base_path))
-            changed = [c for c in checks if c.verdict != "pass"]
-            print(
-                f"updating baseline {base_path}; what changed ({len(changed)} of {len(checks)} checks differ):"
-            )
-            for c in changed:
-                print(f"  {c.variant} {c.check}: {c.baseline} -> {c.now} ({c.message})")
-            for n in config_differences(base_runs, now_runs):
-                print(f"  config: {n}")
-        else:
-            print(
-                f"creating baseline {base_path} from {run_path} ({len(now_runs)} runs: {', '.join(now_runs)})"
-            )
-        write_baseline(now_runs, run_path, base_path)
-        print(_model_note(tolmodel.load_model(base_path), now_runs, base_path))
-        return 0
-    if not has_baseline:
-        raise ValueError(
-            f"baseline {base_path}: no run directories there; create one with "
-            f"`verlaudit compare {run_path} --baseline {base_path} --update-baseline`"
-        )
-    base_runs, _ = load_runs(base_path, "BASELINE")
-    checks = compare_runs(base_runs, now_runs, settings, tolmodel.load_model(base_path))
-    md = render_markdown(checks, str(run_path), str(base_path), config_differences(base_runs, now_runs))
-    print(md)
-    if args.markdown:
-        Path(args.markdown).write_text(md, encoding="utf-8")
-    if args.junit:
-        Path(args.junit).write_text(render_junit(checks, suite_name), encoding="utf-8")
-    return 1 if any(c.verdict == "fail" for c in checks) else 0
-
-
-def _model_note(model: tolmodel.ToleranceModel | None, runs: Mapping[str, RunDir], dest: Path) -> str:
+def model_note(model: tolmodel.ToleranceModel | None, runs: Mapping[str, RunDir], dest: Path) -> str:
     derive = f"python benchmarks/derive_tolerances.py --baseline {dest}"
     if model is None:
         return f"no {tolmodel.TOLERANCE_FILE} in {dest}: trajectories use loss_atol / loss_mean_atol; derive one with `{derive}`"
-    uncovered = [n for n in runs if model.for_variant(n, _preset(runs[n])) is None]
+    uncovered = [n for n in runs if model.for_variant(n, preset_of(runs[n])) is None]
     longest = max((len(r.metrics) for r in runs.values()), default=0)
     note = f"kept {model.path} (steps 0-{model.steps - 1}, variants {', '.join(model.variants)})"
     if uncovered:
