@@ -2,12 +2,13 @@
 
 Every cause a diagnosis finds gets a *class* (registered with its kind in `verlaudit.kinds`, which
 holds the class vocabulary: `class_of` a finding kind, `cause_class` a cause kind) and a *moment*
-(`Moment`: step, phase, then order of recording). A rule ``(root class, symptom class)`` in `RULES` says the first can produce the second; the root of
-a cause is the earliest cause (not later in step and phase) that a rule lets explain it, followed
-back as far as rules go: the float ids a collator returned explain the dtype error of the embedding
-that received them, a reward that returned NaN explains the NaN loss, the corrupted weights of a
-reward model explain that NaN reward. `chains` orders a diagnosis as root first, then what it
-explains ("root -> consequence"), then the independent causes. Pure: it reads causes, not runs.
+(`Moment`: step, phase, then order of recording). A rule ``(root class, symptom class)`` in `RULES`
+says the first can produce the second; the root of a cause is the earliest cause (not later in step
+and phase) that a rule lets explain it, followed back as far as rules go: the float ids a collator
+returned explain the dtype error of the embedding that received them, a reward that returned NaN
+explains the NaN loss, the corrupted weights of a reward model explain that NaN reward. `chains`
+orders a diagnosis as root first, then what it explains ("root -> consequence"), then the
+independent causes. Pure: it reads causes, not runs.
 
 What the order relies on: a finding's step and phase are exact (the auditor stamps them as it
 records); findings.jsonl keeps each finding where it was first recorded (`FindingLog` appends new
