@@ -16,10 +16,11 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
+from verlaudit import kinds as K
 from verlaudit.analysis import logs
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.diagnosis import diagnose_run, order_log
-from verlaudit.analysis.diagnose.rules import PHASE_RANK, RULES, Event, Moment, chains, finding_class, root_of
+from verlaudit.analysis.diagnose.rules import PHASE_RANK, RULES, Event, Moment, chains, root_of
 from verlaudit.rundir import Finding, RunDir
 
 
@@ -121,14 +122,14 @@ def failed(reason, error, *, step=0, phase="rollout", role="actor", where="model
 
 # the root side of each rule: (step, phase, role) -> its records
 ROOTS = {
-    "ids_float": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "ids_float": lambda st, ph, role: Records([finding(K.COLLATOR_FLOAT_IDS, step=st, phase=ph, role=role,
                                                        where="collator:c.input_ids", observed="fp32", expected="int64")]),
-    "ids_range": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "ids_range": lambda st, ph, role: Records([finding(K.COLLATOR_ID_RANGE, step=st, phase=ph, role=role,
                                                        where="collator:c.input_ids", observed=[0, 107], expected=[0, 99])]),
-    "batch_shape": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "batch_shape": lambda st, ph, role: Records([finding(K.COLLATOR_SHAPE, step=st, phase=ph, role=role,
                                                          where="collator:c.attention_mask", observed=[2, 7],
                                                          expected=[2, 8])]),
-    "reward_nonfinite": lambda st, ph, role: Records([finding("boundary/reward", step=st, phase=ph, role=role,
+    "reward_nonfinite": lambda st, ph, role: Records([finding(K.REWARD_NONFINITE, step=st, phase=ph, role=role,
                                                               where="reward:function:r", observed="nan",
                                                               expected="finite")]),
     "reward_model_dtype": lambda st, ph, role: Records([finding("boundary/reward_model", step=st, phase=ph, role=role,
@@ -159,9 +160,9 @@ SYMPTOMS = {
                                                observed="fp32", expected="int64")]),
     "nonfinite": lambda role: nan_loss(role=role),
     "overflow": lambda role: fp16_skips(first=0, n=3),
-    "reward_nonfinite": lambda role: Records([finding("boundary/reward", phase="reward", role=role,
+    "reward_nonfinite": lambda role: Records([finding(K.REWARD_NONFINITE, phase="reward", role=role,
                                                       where="reward:model:m", observed="nan", expected="finite")]),
-    "reward_dtype": lambda role: Records([finding("boundary/reward", phase="reward", role=role, where="reward:model:m",
+    "reward_dtype": lambda role: Records([finding(K.REWARD_DTYPE, phase="reward", role=role, where="reward:model:m",
                                                   observed="fp16", expected="fp32", severity="warning")]),
     "module_input_dtype": lambda role: Records([finding("dtype/module_input", phase="actor_update", role=role,
                                                         where="model.layers.1.mlp", observed="bf16",
@@ -176,6 +177,12 @@ SYMPTOMS = {
     "buffer_dtype": lambda role: Records([finding("dtype/buffer_precision", step=None, phase=None, role=role,
                                                   where="model.rotary_emb", observed={"inv_freq": "bf16"},
                                                   expected="fp32", severity="warning")]),
+    "update_underflow": lambda role: Records([finding(K.UPDATE_UNDERFLOW, phase="actor_update", role=role,
+                                                      where="model.layers.0.mlp.up_proj", severity="warning",
+                                                      observed={"fraction": 0.4}, expected="<= 0.05")]),
+    "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
+                                                      where="model.layers.1.mlp", severity="warning",
+                                                      observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),
 }  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""
@@ -335,20 +342,23 @@ def test_same_class_in_one_phase_the_earlier_record_is_the_root():
 
 
 @pytest.mark.parametrize(
-    "kind, observed, expected, cls",
+    "kind, cls",
     [
-        ("boundary/collator", "fp32", "int64", "ids_float"),
-        ("boundary/collator", [0, 107], [0, 99], "ids_range"),
-        ("boundary/collator", [2, 7], [2, 8], "batch_shape"),
-        ("boundary/collator", "list", "torch.long tensor", "batch_shape"),
-        ("boundary/collator", "int32", "int64", "ids_dtype"),
-        ("boundary/reward", "nan", "finite", "reward_nonfinite"),
-        ("boundary/reward", "fp64", "fp32", "reward_dtype"),
-        ("boundary/reward", [2, 1], [2], "reward_shape"),
-        ("numerics/nonfinite_loss", {"loss": "nan"}, "finite", "nonfinite"),
-        ("dtype/param_storage", {"bf16": 3}, "fp32", "param_dtype"),
-        ("some/new_kind", None, None, "other"),
+        (K.COLLATOR_FLOAT_IDS, "ids_float"),
+        (K.COLLATOR_ID_RANGE, "ids_range"),
+        (K.COLLATOR_SHAPE, "batch_shape"),
+        (K.COLLATOR_NOT_TENSOR, "batch_shape"),
+        (K.COLLATOR_ID_WIDTH, "ids_dtype"),
+        (K.REWARD_NONFINITE, "reward_nonfinite"),
+        (K.REWARD_DTYPE, "reward_dtype"),
+        (K.REWARD_DEVICE, "reward_device"),
+        (K.REWARD_SHAPE, "reward_shape"),
+        (K.NONFINITE_LOSS, "nonfinite"),
+        (K.PARAM_STORAGE, "param_dtype"),
+        ("some/new_kind", "other"),
     ],
 )
-def test_finding_class(kind, observed, expected, cls):
-    assert finding_class(kind, observed, expected) == cls
+def test_a_finding_takes_its_kinds_class(kind, cls):
+    # the class is the registry's, whatever the finding observed (verlaudit/kinds.py)
+    d = diagnose_run(run_dir(Records([finding(kind, observed="fp32", expected="int64")])))
+    assert [c.cls for c in d.causes] == [cls]

@@ -28,6 +28,7 @@ from torch import nn
 
 from trainer.events import Observer
 from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy
+from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
     dtype_checks,
@@ -197,7 +198,7 @@ class Auditor(Observer):
         """Storage dtypes, low-precision buffers and weights out of family or non-finite, for every role;
         at setup, then on full-audit steps (only what is not recorded yet)."""
         for role, model in self.models.items():
-            kind = "boundary/reward_model" if role == "reward" else "dtype/param_storage"
+            kind = K.REWARD_MODEL_DTYPE if role == "reward" else K.PARAM_STORAGE
             found = dtype_checks.check_param_storage(role, model, self.policy[role], kind=kind, step=step)
             found += dtype_checks.check_buffers(role, model, self.policy[role])
             found += weights.weight_findings(role, weights.weight_rms(model.named_parameters()), step=step)
@@ -263,7 +264,7 @@ class Auditor(Observer):
         if model is not None and self.policy is not None:
             self.findings.extend(
                 dtype_checks.check_param_storage(
-                    "reward", model, self.policy["reward"], kind="boundary/reward_model", **where
+                    "reward", model, self.policy["reward"], kind=K.REWARD_MODEL_DTYPE, **where
                 )
             )
         if isinstance(rewards, torch.Tensor) and rewards.numel():

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from trainer.precision import dtype_name
+from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
 OUTLIER_RATIO = 10.0
@@ -82,7 +83,7 @@ def weight_findings(
             out.append(
                 Finding(
                     severity="error",
-                    kind="numerics/weight_nonfinite",
+                    kind=K.WEIGHT_NONFINITE,
                     role=role,
                     where=module,
                     step=step,
@@ -110,7 +111,7 @@ def weight_findings(
                 out.append(
                     Finding(
                         severity="error",
-                        kind="numerics/weight_outlier",
+                        kind=K.WEIGHT_OUTLIER,
                         role=role,
                         where=module,
                         step=step,
@@ -158,16 +159,12 @@ class DtypeWatch:
                         (name.rsplit(".", 1)[-1], what, was, dtype)
                     )
             for module, items in lowered.items():
-                kind = (
-                    "dtype/buffer_precision"
-                    if all(w == "buffer" for _, w, _, _ in items)
-                    else "dtype/param_storage"
-                )
+                kind = K.BUFFER_PRECISION if all(w == "buffer" for _, w, _, _ in items) else K.PARAM_STORAGE
                 names = ", ".join(n for n, _, _, _ in items)
                 was, now = dtype_name(items[0][2]), dtype_name(items[0][3])
                 out.append(
                     Finding(
-                        severity="error" if kind == "dtype/param_storage" else "warning",
+                        severity="error" if kind == K.PARAM_STORAGE else "warning",
                         kind=kind,
                         role=role,
                         where=module,
@@ -207,7 +204,7 @@ def user_hooks(role: str, model: nn.Module) -> list[Finding]:
             out.append(
                 Finding(
                     severity="info",
-                    kind="model/user_hook",
+                    kind=K.USER_HOOK,
                     role=role,
                     where=name or "<root>",
                     observed=names,

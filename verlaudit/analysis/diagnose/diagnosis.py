@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
@@ -37,16 +38,7 @@ from verlaudit.analysis.causes import (
     rank,
 )
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
-from verlaudit.analysis.diagnose.rules import (
-    CAUSE_CLASSES,
-    LAST,
-    Event,
-    Moment,
-    chains,
-    finding_class,
-    moment_words,
-    severity_max,
-)
+from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
     cfg,
     fmt,
@@ -93,9 +85,20 @@ def _seq(run: RunDir, f: Finding | None) -> float:
 # analyses: each is a pure function RunDir -> list[Cause]
 
 
-_MODULE_PRODUCERS = ("numerics/nonfinite_forward", "numerics/overflow", "numerics/nonfinite_backward")
+_MODULE_PRODUCERS = (K.NONFINITE_FORWARD, K.OVERFLOW, K.NONFINITE_BACKWARD)
 """Findings that name the module which made a non-finite value from finite inputs. A boundary
 (``numerics/nonfinite_boundary``: log-probs, values) or the loss is where NaN was seen, not made."""
+_NONFINITE_KINDS = frozenset(
+    {
+        K.NONFINITE_FORWARD,
+        K.NONFINITE_BACKWARD,
+        K.NONFINITE_BOUNDARY,
+        K.NONFINITE_LOSS,
+        K.NONFINITE_GRADS,
+        K.OVERFLOW,
+    }
+)
+"""Findings of NaN/Inf made or seen in a step, which `_nonfinite_causes` reads together."""
 
 
 # long: one analysis: evidence, producer, title and fixes of the non-finite cause, decided together
@@ -105,7 +108,7 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
     sampling_nan = "probability tensor contains" in str(st.get("error") or "")
     failed_nonfinite = st.get("reason") == "nonfinite" or sampling_nan
     nf_findings = sorted(
-        (f for f in run.findings if f.kind.startswith("numerics/nonfinite") or f.kind == "numerics/overflow"),
+        (f for f in run.findings if f.kind in _NONFINITE_KINDS),
         key=lambda f: (f.step if f.step is not None else 1 << 30, f.rank),
     )
     if not (failed_nonfinite or bad_loss or any(f.severity == "error" for f in nf_findings)):
@@ -208,7 +211,7 @@ def _nonfinite_fixes(
     if producer is not None and producer.fix:
         fixes.append(Fix(None, None, producer.fix))
     fp16_overflow = any(
-        f.kind == "numerics/overflow" and (f.observed or {}).get("dtype") == "fp16"
+        f.kind == K.OVERFLOW and (f.observed or {}).get("dtype") == "fp16"
         for f in nf
         if isinstance(f.observed, dict)
     )
@@ -258,7 +261,7 @@ def _diverged(run: RunDir, step: int | None) -> bool:
 def _dtype_causes(run: RunDir) -> list[Cause]:
     st = run.status or {}
     failed = st.get("reason") == "dtype_error"
-    runtime = [f for f in run.findings if f.kind == "runtime/dtype_error"]
+    runtime = [f for f in run.findings if f.kind == K.RUNTIME_DTYPE_ERROR]
     if not failed and not runtime:
         return []
 
@@ -308,14 +311,15 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     ]
 
 
-_EXPLAINED_KINDS = (
-    "runtime/dtype_error",
-    "numerics/nonfinite",
-    "numerics/overflow",
-    "memory/oom",
-    "numerics/skipped_step",
-    "reward/no_signal",
-    "mismatch/",  # mismatch_causes
+_EXPLAINED_KINDS = frozenset(
+    {
+        K.RUNTIME_DTYPE_ERROR,  # _dtype_causes
+        *_NONFINITE_KINDS,  # _nonfinite_causes
+        K.OOM,  # status_causes
+        K.SKIPPED_STEP,  # loss_scale_causes
+        K.NO_SIGNAL,  # no_signal_causes
+        K.MISMATCH_BEYOND_DTYPE,  # mismatch_causes
+    }
 )
 """Finding kinds that a dedicated analysis already turns into a cause (with more evidence)."""
 
@@ -323,9 +327,9 @@ _EXPLAINED_KINDS = (
 def _finding_causes(run: RunDir) -> list[Cause]:
     groups: dict[tuple[str, str], list[Finding]] = {}
     for f in run.findings:
-        if f.severity == "info" or f.kind.startswith(_EXPLAINED_KINDS):
+        if f.severity == "info" or f.kind in _EXPLAINED_KINDS:
             continue
-        groups.setdefault((f.kind, finding_class(f.kind, f.observed, f.expected)), []).append(f)
+        groups.setdefault((f.kind, K.class_of(f.kind)), []).append(f)
     out = []
     for (kind, cls), fs in groups.items():
         fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else -1, f.rank))
@@ -370,12 +374,7 @@ def _finding_causes(run: RunDir) -> list[Cause]:
     return out
 
 
-_MODULE_DTYPE_KINDS = (
-    "dtype/param_storage",
-    "dtype/mixed_params",
-    "dtype/buffer_precision",
-    "dtype/module_output",
-)
+_MODULE_DTYPE_KINDS = (K.PARAM_STORAGE, K.MIXED_PARAMS, K.BUFFER_PRECISION, K.MODULE_OUTPUT)
 """Findings about a model's own dtypes: user setup code (model.setup) is where they are changed."""
 _WEIGHT_SOURCES = {
     "actor": "model.path",
@@ -405,7 +404,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         verl = V.REWARD_MODEL_PATH if field == "model.reward_model" else V.CUSTOM_REWARD
     elif top.kind in _MODULE_DTYPE_KINDS and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
-    elif top.kind.startswith("numerics/weight") or top.kind == "boundary/reward_model":
+    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
         field = _WEIGHT_SOURCES.get(top.role or "", "model.path")
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)
@@ -457,7 +456,7 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
     most important member. ``moments``: when each cause was first seen (default: its step, phase and
     order of recording; a log's are its lines)."""
     for c in causes:
-        c.cls = c.cls or CAUSE_CLASSES.get(c.kind, "other")
+        c.cls = c.cls or K.cause_class(c.kind)
     if moments is None:
         moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
     events = [Event(c.cls or "other", m, c.role) for c, m in zip(causes, moments, strict=True)]
