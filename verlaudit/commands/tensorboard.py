@@ -15,7 +15,8 @@ from verlaudit.integrations import tensorboard as tb
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a run directory, or a suite's output directory of run directories")
     p.add_argument(
-        "--logdir", help=f"where the event files go (default PATH/{tb.TB_DIR}, one subfolder per run for a suite)"
+        "--logdir",
+        help=f"where the event files go (default PATH/{tb.TB_DIR}, one subfolder per run for a suite)",
     )
 
 

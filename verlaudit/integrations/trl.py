@@ -302,7 +302,10 @@ class AuditCallback(TrainerCallback):
         if s is None:
             return
         acc = getattr(self.trainer, "accelerator", None)
-        skipped = bool(getattr(acc, "optimizer_step_was_skipped", False))
+        if self._tap is not None and self._tap.found_inf is not None:
+            skipped = self._tap.found_inf  # what the scaler saw, not a guess from the scale
+        else:
+            skipped = bool(getattr(acc, "optimizer_step_was_skipped", False))
         scaler_state = self._tap.state() if self._tap is not None else {"mode": "none", "scale": 1.0}
         opt = self._optimizer or getattr(self.trainer, "optimizer", None)
         s.optimizer_step("actor", opt, scaler_state=scaler_state, skipped=skipped, grad_norm=self._norm)
