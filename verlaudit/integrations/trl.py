@@ -23,6 +23,7 @@ diagnose`` how TRL spells each fix (`TRL_KEYS`). Exercised by `pytest tests/test
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -214,7 +215,8 @@ class AuditCallback(TrainerCallback):
             self._reward_funcs = list(funcs)
             names = list(getattr(t, "reward_func_names", [_name(f) for f in funcs]))
             for i, fn in enumerate(funcs):
-                if callable(fn) and not isinstance(fn, nn.Module):
+                # an async function stays as it is: TRL awaits it only if it still looks async
+                if callable(fn) and not isinstance(fn, nn.Module) and not inspect.iscoroutinefunction(fn):
                     funcs[i] = self._reward_boundary(fn, names[i] if i < len(names) else _name(fn))
 
     def _wrap(self, trainer: Any, method: str, around: Callable[..., Any]) -> None:
