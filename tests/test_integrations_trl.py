@@ -186,11 +186,15 @@ def test_trl_metric_names_map_to_ours():
         "loss": 0.5,
         "sampling/importance_sampling_ratio/max": 1.2,
         "clip_ratio/region_mean": 0.1,
+        "rewards/char_reward/mean": 0.5,
+        "frac_reward_zero_std": 0.25,
         "epoch": 1,
     }
     assert map_metrics(logs) == {
         "actor/loss": 0.5,
         "rollout_corr/token_ratio_max": 1.2,
         "actor/pg_clipfrac": 0.1,
+        "rewards/char_reward/mean": 0.5,
+        "reward/identical_group_frac": 0.25,
         "trl/epoch": 1.0,
     }

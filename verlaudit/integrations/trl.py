@@ -50,7 +50,7 @@ METRIC_NAMES = {
     "logps/rejected": "logps/rejected",
     "reward": "critic/score/mean",
     "reward_std": "critic/score/std",
-    "frac_reward_zero_std": "reward/no_signal_frac",
+    "frac_reward_zero_std": "reward/identical_group_frac",  # the audit's own name (reward_signal.METRIC)
     "completions/mean_length": "response_length/mean",
     "kl": "actor/kl_loss",
     "entropy": "actor/entropy",
@@ -61,7 +61,10 @@ METRIC_NAMES = {
     "sampling/sampling_logp_difference/mean": "rollout_corr/logp_abs_diff_mean",
     "sampling/sampling_logp_difference/max": "rollout_corr/logp_abs_diff_max",
 }
-"""TRL's log keys -> ours (verl's where verl has one: ``actor/pg_clipfrac``, ``rollout_corr/token_ratio_*``)."""
+"""TRL's log keys -> ours (verl's where verl has one: ``actor/pg_clipfrac``, ``rollout_corr/token_ratio_*``).
+Other ``rewards/*`` and ``logps/*`` keys (GRPO's ``rewards/<function>/mean``) keep their names, which are
+ours too; the rest go under ``trl/``."""
+SAME_NAMES = ("rewards/", "logps/")
 
 TRL_KEYS = {
     "precision.preset: bf16": "bf16=True, fp16=False (TrainingArguments)",
@@ -339,12 +342,13 @@ class AuditCallback(TrainerCallback):
 
 
 def map_metrics(logs: Mapping[str, Any]) -> dict[str, float]:
-    """TRL's log dict in our names (`METRIC_NAMES`); other numbers kept as ``trl/<key>``."""
+    """TRL's log dict in our names (`METRIC_NAMES`, `SAME_NAMES`); other numbers kept as ``trl/<key>``."""
     out: dict[str, float] = {}
     for k, v in logs.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        out[METRIC_NAMES.get(k, f"trl/{k}")] = float(v)
+        name = METRIC_NAMES.get(k) or (k if k.startswith(SAME_NAMES) else f"trl/{k}")
+        out[name] = float(v)
     return out
 
 
