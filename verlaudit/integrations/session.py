@@ -14,6 +14,7 @@ Exercised by `pytest tests/test_integrations_watch.py tests/test_integrations_tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import platform
 import time
@@ -27,7 +28,7 @@ from torch import nn
 from trainer.precision import PrecisionPolicy
 from verlaudit.audit import Auditor
 from verlaudit.audit.settings import AuditSettings
-from verlaudit.rundir import RunWriter
+from verlaudit.rundir import Finding, RunWriter
 
 
 def grad_norm(model: nn.Module) -> float:
@@ -172,6 +173,10 @@ class AuditSession:
                 "memory": {"source": self.auditor.memory.source, "reason": self.auditor.memory.reason},
             }
         )
+        self._intended: list[tuple[Callable[[Finding], bool], str]] = []
+        log = self.auditor.findings
+        add = log.add
+        log.add = lambda f: add(self._as_intended(f))  # type: ignore[method-assign]
         self.auditor.__enter__()
         self.auditor.on_setup(
             config=manifest.get("config") or {},
@@ -179,6 +184,18 @@ class AuditSession:
             models=self.models,
             tokenizer_info=dict(tokenizer_info or {}),
         )
+
+    def intend(self, pick: Callable[[Finding], bool], note: str) -> None:
+        """Findings ``pick`` selects are what the user asked for (TRL's ``cast_lm_head_to_fp32``): kept,
+        as info with ``note``, those already recorded and those to come."""
+        self._intended.append((pick, note))
+        self.auditor.findings.relabel(pick, "info", note)
+
+    def _as_intended(self, f: Finding) -> Finding:
+        for pick, note in self._intended:
+            if f.severity != "info" and pick(f):
+                return dataclasses.replace(f, severity="info", message=f"{f.message}; {note}")
+        return f
 
     # -- the step ------------------------------------------------------------------------------
     def begin_step(self) -> int:

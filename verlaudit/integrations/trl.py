@@ -206,6 +206,12 @@ class AuditCallback(TrainerCallback):
             },
             tokenizer_info=_tokenizer_info(tok),
         )
+        if getattr(args, "cast_lm_head_to_fp32", False):
+            # asked for: the LM head's fp32 weights are the contract, not a stray dtype
+            self.session.intend(
+                lambda f: f.kind in ("dtype/param_storage", "dtype/grad") and f.where == "lm_head",
+                "intended: cast_lm_head_to_fp32=True keeps the LM head in fp32",
+            )
         scaler = getattr(getattr(t, "accelerator", None), "scaler", None)
         if scaler is not None:
             self._tap = ScalerTap(scaler, before_unscale=self._before_unscale)
