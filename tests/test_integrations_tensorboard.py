@@ -4,6 +4,8 @@ errors. Run: `pytest tests/test_integrations_tensorboard.py`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("tensorboard")
@@ -74,3 +76,17 @@ def test_not_a_run_directory_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["tensorboard", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "neither a run directory" in err and err.count("\n") == 1
+
+
+def test_run_with_tensorboard_checks_the_package_before_any_run(tmp_path, monkeypatch, capsys):
+    from verlaudit.integrations import tensorboard as tb
+
+    def missing():
+        raise ValueError("TensorBoard export needs the tensorboard package (No module named 'tensorboard')")
+
+    monkeypatch.setattr(tb, "require", missing)
+    out = tmp_path / "out"
+    suite = str(Path(__file__).resolve().parents[1] / "suites" / "tiny_cpu.yaml")
+    assert cli.main(["run", suite, "--steps", "1", "--tensorboard", "--out", str(out)]) == 2
+    assert "needs the tensorboard package" in capsys.readouterr().err
+    assert not out.exists()  # refused before the suite ran
