@@ -17,7 +17,8 @@ callable in GRPO's ``reward_funcs`` (the reward boundary, named by the function'
 Gradient health runs at ``on_pre_optimizer_step``, the update and the scaler at
 ``on_optimizer_step``, and TRL's logged metrics are mapped to our names at ``on_log`` (`METRIC_NAMES`;
 the others are kept under ``trl/``). The manifest's ``integration`` section tells ``verlaudit
-diagnose`` how TRL spells each fix (`TRL_KEYS`). Exercised by `pytest tests/test_integrations_trl.py`.
+diagnose`` how TRL spells each fix (`TRL_KEYS`). Under accelerate's several processes, process k writes
+``out_dir/rank<k>`` (untested: CPU tests run one process). Exercised by `pytest tests/test_integrations_trl.py`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from verlaudit.audit.settings import AuditSettings
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.integrations import contract
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
+from verlaudit.rundir import RANK_DIR
 
 METRIC_NAMES = {
     "loss": "actor/loss",
@@ -178,8 +180,10 @@ class AuditCallback(TrainerCallback):
             trainer_name, trainer_name
         )
         self._optimizer = optimizer
+        rank = int(getattr(args, "process_index", 0) or 0)  # one run directory per process under accelerate
         self.session = AuditSession(
-            self.out_dir,
+            self.out_dir if rank == 0 else self.out_dir / RANK_DIR.format(rank=rank),
+            rank=rank,
             models=models,
             policy=policy,
             settings=self.settings,
