@@ -144,7 +144,7 @@ def test_a_run_that_raises_gets_a_failed_status(tok, tmp_path):
 def test_bad_arguments_say_what_to_pass(tok, tmp_path):
     model = tiny(tok)
     with pytest.raises(ValueError, match=r"precision='bf61'\): unknown preset"):
-        verlaudit.watch(model, out_dir=tmp_path / "a", precision="bf61").__enter__()
+        verlaudit.watch(model, out_dir=tmp_path / "a", precision="bf61")  # at the call, not at entry
     with pytest.raises(ValueError, match="unknown role 'policy'"):
         verlaudit.watch({"policy": model}, out_dir=tmp_path / "b")
     with (

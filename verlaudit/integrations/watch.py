@@ -98,17 +98,13 @@ class Watch:
                 )
         self.out_dir = Path(out_dir)
         self.scaler = scaler
+        if precision is not None:  # a wrong preset is an error here, before the loop starts
+            contract.resolve(precision, self.models, device="cpu", autocast=None, scaler=False)
         self.precision = precision
         self.settings = settings or AuditSettings(level=level)
-        first = next(iter(self.models.values()))
-        param = next(first.parameters(), None)
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else param.device
-            if param is not None
-            else torch.device("cpu")
-        )
+        param = next(next(iter(self.models.values())).parameters(), None)
+        where = device if device is not None else param.device if param is not None else "cpu"
+        self.device = torch.device(where)
         self.tokenizer = tokenizer
         self.name = name or self.out_dir.name
         self.config = dict(config or {})
