@@ -11,9 +11,10 @@ import copy
 import pytest
 
 from trainer.config import TrainConfig
+from trainer.events import Fanout
 from trainer.train import train
 from verlaudit.audit import Auditor, AuditSettings
-from verlaudit.audit.inject import Fanout, FaultInjector
+from verlaudit.audit.inject import FaultInjector
 
 BASE = {
     "steps": 2, "device": "cpu",

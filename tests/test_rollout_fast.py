@@ -188,7 +188,7 @@ def test_cuda_graph_decode_replays_the_eager_loop(preset):
     assert graphs.name == "static-decode+cuda-graphs" and graphs.last_stats["capture_s"] > 0
 
 
-# verlaudit's log parser and diagnose recognise sampling failures by this message (verlaudit/analysis/diagnose/logparse.py)
+# verlaudit's log parser and diagnose recognise sampling failures by this message (verlaudit/analysis/logs/records.py)
 MULTINOMIAL_NAN = r"probability tensor contains either `inf`, `nan` or element < 0"
 
 

@@ -23,7 +23,7 @@ def _f(severity: str, kind: str, where: str, message: str, **kw: Any) -> Finding
     return Finding(severity=severity, kind=kind, where=where, message=message, **kw)
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a batch's checks (dtypes, id ranges, shapes, masks, padding side) share the tensors they read
 def check_batch(
     batch: Mapping[str, Any],
     *,
@@ -165,7 +165,7 @@ def padding_side(mask: torch.Tensor) -> str | None:
     return "mixed"
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a reward's checks read its raw value once: type, shape, dtype, device, finiteness, spread
 def check_reward(
     raw: Any,
     rewards: torch.Tensor | None,
@@ -326,7 +326,7 @@ def model_vocab_size(model) -> int | None:
     return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a rollout's checks (tokens, log-probs, engine facts vs the trainer's) share one reading of the engine
 def check_rollout(
     *,
     engine: str,

@@ -62,7 +62,9 @@ def weight_rms(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     for group in by_device.values():
         # accumulated and returned in fp32 without an fp32 copy of each weight (a 7B bf16 model's
         # copies would be 27 GB of transient allocations per role and sampled step)
-        norms = torch._foreach_norm([t for _, t in group], 2, dtype=torch.float32)
+        # one reduction per tensor: foreach_norm reached about 1 TB/s on the H200 on a 7B model's fp32
+        # masters, per-tensor norms near the bandwidth (benchmarks/maxima_bench.py)
+        norms = [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for _, t in group]
         sizes = torch.tensor([float(t.numel()) for _, t in group], device=norms[0].device)
         rms = (torch.stack(norms) / sizes.sqrt()).tolist()
         out.update({n: v for (n, _), v in zip(group, rms)})

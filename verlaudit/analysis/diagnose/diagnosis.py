@@ -3,14 +3,15 @@
 
 PATH is a variant's run directory, a suite report directory (every run directory in it is
 diagnosed, summary first), or a plain log / traceback file from another framework (verl, TRL,
-DeepSpeed, plain PyTorch: see `verlaudit.analysis.diagnose.logparse`). Only the run directory is read (manifest,
-metrics, findings, events, status, the runner's record), so runs killed half-way and runs copied
-from another machine work.
+DeepSpeed, plain PyTorch: `diagnose_log`, with the rule families of `verlaudit.analysis.logs`). Only
+the run directory is read (manifest, metrics, findings, events, status, the runner's record), so runs
+killed half-way and runs copied from another machine work.
 
 The analyses below each turn part of the run directory into causes, stamped with the step, phase and
 role they concern. The causes are ranked, then ordered by the root-cause rules
 (`verlaudit.analysis.diagnose.rules`): the earliest cause that explains the failure comes first, with the chain
-it starts ("root -> consequence"), and only the root carries fixes. A fix is offered when it addresses
+it starts ("root -> consequence"), and only the root carries fixes. A log's causes are ordered by the
+same rules (`order_by_root` with the log's lines for moments). A fix is offered when it addresses
 the root and the audit or the planner says it would work (no bf16 advice for integer ids or a run that
 is bf16 already, no precision change for corrupted weights or a NaN reward, OOM fixes checked against
 the planner: `verlaudit.analysis.diagnose.oom`). Each fix names the suite key (or the user's plug-in) and the
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
     BACKWARD_NAN_WHAT,
     Cause,
@@ -35,7 +37,6 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.diagnose.logparse import diagnose_log
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
 from verlaudit.analysis.diagnose.rules import (
     CAUSE_CLASSES,
@@ -471,14 +472,17 @@ def _in_users_terms(run: RunDir, causes: list[Cause]) -> list[Cause]:
     return causes
 
 
-def order_by_root(causes: list[Cause]) -> list[Cause]:
+def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) -> list[Cause]:
     """``causes`` (ranked) regrouped by the root-cause rules: each group is its root, then what it
     explains in time order; the root gets the chain and the group's highest severity, the
     consequences lose their fixes (the root's fix is theirs). Groups keep the rank order of their
-    most important member."""
+    most important member. ``moments``: when each cause was first seen (default: its step, phase and
+    order of recording; a log's are its lines)."""
     for c in causes:
         c.cls = c.cls or CAUSE_CLASSES.get(c.kind, "other")
-    events = [Event(c.cls or "other", Moment.of(c.step, c.phase, c.seq), c.role) for c in causes]
+    if moments is None:
+        moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
+    events = [Event(c.cls or "other", m, c.role) for c, m in zip(causes, moments, strict=True)]
     out: list[Cause] = []
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
@@ -496,7 +500,53 @@ def order_by_root(causes: list[Cause]) -> list[Cause]:
 
 def _label(c: Cause, m: Moment) -> str:
     kind = c.kind.removeprefix("finding:")
-    return f"{kind}" + (f" in {c.where}" if c.where else "") + f" ({moment_words(m)})"
+    when = f"line {c.line}" if c.line is not None else moment_words(m)
+    return f"{kind}" + (f" in {c.where}" if c.where else "") + f" ({when})"
+
+
+def order_log(causes: Sequence[Cause]) -> list[Cause]:
+    """A foreign log's causes in the root-cause order (`order_by_root`), starting from the log's own
+    ranking (`verlaudit.analysis.logs.ranked`): classes from `verlaudit.analysis.logs.classify`, a
+    cause's line for its moment (a cause without a line has no moment: no rule relates it). A
+    consequence names its root and the root's line in its evidence."""
+    ranked = logs.ranked(causes)
+    for c in ranked:
+        c.cls = logs.classify(c) if c.line is not None else "other"
+    moments = [Moment(float(c.line if c.line is not None else LAST), 0) for c in ranked]
+    out = order_by_root(ranked, moments)
+    root: Cause | None = None
+    for c in out:
+        if c.consequence_of is None:
+            root = c
+        elif root is not None:
+            on = f", rank {root.rank}" if root.rank is not None else ""
+            c.evidence.append(f"likely a consequence of: {root.title} (line {root.line}{on})")
+    return out
+
+
+def diagnose_log(path: str | Path) -> Diagnosis:
+    """Diagnosis of a foreign training log or traceback file, read in one pass (`logs.read`) whatever
+    its size: each line to the metric records and their NaN evidence, and to the rule families of
+    `verlaudit.analysis.logs`; ordered by the root-cause rules (`order_log`). ValueError for a file
+    that is empty or not text: neither a log nor a run directory."""
+    p = Path(path)
+    read = logs.read(p)
+    causes, ctx = logs.explain(read.facts)
+    found = read.nonfinite.causes(ctx)
+    for c in found:
+        c.framework = ctx.framework
+    if found:  # a recognised NaN explains the log: no "unrecognised failure" beside it
+        causes = [
+            c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
+        ]
+    causes = order_log(causes + found)
+    state = "failed" if any(c.severity == "error" for c in causes) else "log"
+    last = f", last logged step {read.last_record['step']}" if read.last_record else ""
+    summary = (
+        f"{p.name}: {ctx.framework or 'PyTorch'} log, {read.lines} lines{last}; "
+        f"{len(causes)} recognised cause(s)"
+    )
+    return Diagnosis(str(p), "log", p.name, state, summary, causes)
 
 
 def find_runs(path: Path) -> list[Path]:

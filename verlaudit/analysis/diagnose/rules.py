@@ -14,7 +14,11 @@ records); findings.jsonl keeps each finding where it was first recorded (`Findin
 findings and rewrites the file in first-seen order), which orders findings of one phase only
 approximately (non-finite checks are read at the next optimizer step), so within one step and
 phase a rule decides, not the line order. A run's failure (status.json) is its last moment.
-Exercised by `pytest tests/test_rules.py`.
+
+A foreign log is ordered by the same rules (the one root-cause ordering of diagnose): a log cannot
+tell the classes above, only which failure came first and which kinds usually follow another
+failure (`verlaudit.analysis.logs.classify`: ``log_failure``, ``log_cascade``), and its moments are
+its lines, which are exact. Exercised by `pytest tests/test_rules.py`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.events import PHASES
+from verlaudit.analysis.logs import CASCADE_CLASS, FAILURE
+from verlaudit.analysis.logs.phases import RANK as PHASE_RANK
 
-PHASE_RANK = {None: 0, **{p: i + 1 for i, p in enumerate(PHASES)}}
-"""Setup and the collation of a DPO batch happen before a step's first phase (rank 0)."""
+# PHASE_RANK ranks a phase of either vocabulary (the trainer's, a log's: the one table in
+# verlaudit.analysis.logs.phases). Setup and the collation of a DPO batch come before a step's first
+# phase (rank 0).
 LAST = math.inf
 
 
@@ -213,6 +219,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("module_input_dtype", "dtype_error"): Rule("the op receives operands of two dtypes", same_role=True),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
+    # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
+    (FAILURE, CASCADE_CLASS): Rule(
+        "a rank that failed first makes the others time out; a dead worker makes its callers fail"
+    ),
 }
 """(root class, symptom class) -> why the root produces the symptom. One rule per line, each tested
 in tests/test_rules.py."""
