@@ -21,6 +21,7 @@ tests/test_rules.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -430,7 +431,7 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     causes: list[Cause] = []
     for analysis in ANALYSES:
         causes.extend(analysis(run))
-    causes = order_by_root(rank(causes))
+    causes = _in_users_terms(run, order_by_root(rank(causes)))
     st = run.status or {}
     if run.state == "completed":
         state = "completed" + (" with warnings" if any(c.severity == "warning" for c in causes) else "")
@@ -447,6 +448,27 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     algo, steps = cfg(run, "algo", "name"), cfg(run, "steps")
     summary = f"{run.name}: {state}; {algo or '?'} {preset(run) or '?'}, {len(run.metrics)} of {steps or '?'} steps recorded"
     return Diagnosis(str(run.path), "run", run.name, state, summary, causes)
+
+
+def _in_users_terms(run: RunDir, causes: list[Cause]) -> list[Cause]:
+    """A run audited inside another framework (`verlaudit.integrations`) names each fix in that
+    framework's terms too: manifest ``integration.keys`` maps a suite key (a prefix of the fix's) to the
+    framework's setting, ``integration.roles`` a role to the argument that supplied its model."""
+    integ = run.manifest.get("integration") or {}
+    fw, keys, roles = integ.get("framework"), integ.get("keys") or {}, integ.get("roles") or {}
+    if not isinstance(fw, str) or not isinstance(keys, dict) or not isinstance(roles, dict):
+        return causes
+    for c in causes:
+        fixes = []
+        for f in c.fixes:
+            hit = max((k for k in keys if f.suite and f.suite.startswith(k)), key=len, default=None)
+            if hit is not None and f.key is None:
+                f = dataclasses.replace(f, key=str(keys[hit]) + f.suite[len(hit) :], framework=fw, verl=None)
+            fixes.append(f)
+        if fixes and c.role in roles and not any(f.framework for f in fixes):
+            fixes[0] = dataclasses.replace(fixes[0], key=str(roles[c.role]), framework=fw)
+        c.fixes = fixes
+    return causes
 
 
 def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) -> list[Cause]:
