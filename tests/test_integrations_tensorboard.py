@@ -32,7 +32,7 @@ def fake_run(path):
         w.finding(
             Finding(
                 severity="warning",
-                kind="boundary/reward",
+                kind="boundary/reward_dtype",
                 message="reward is bf16",
                 where="reward:function:f",
                 step=1,
@@ -60,7 +60,7 @@ def test_a_run_directory_becomes_event_files(tmp_path, capsys):
     assert [v for _, v in values(ea, "loss_scale/actor/per_optimizer_step")] == [8.0, 4.0, 4.0]
     assert [v for _, v in values(ea, "loss_scale/actor/skipped")] == [1.0, 0.0, 0.0]
     (step, text) = values(ea, "findings")[0]
-    assert step == 1 and b"boundary/reward" in text and b"reward:function:f" in text
+    assert step == 1 and b"boundary/reward_dtype" in text and b"reward:function:f" in text
     assert b"completed" in values(ea, "status")[0][1]
 
 

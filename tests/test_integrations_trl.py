@@ -150,7 +150,7 @@ def test_reward_functions_returning_bf16_and_float64_are_named(tok, tmp_path):
     trainer.train()
     assert trainer.reward_funcs[0] is bf16_reward  # unwrapped when training ends
     (d,) = diagnose_path(tmp_path / "run")
-    (reward,) = [c for c in d.causes if c.kind == "finding:boundary/reward"]
+    (reward,) = [c for c in d.causes if c.kind == "finding:boundary/reward_dtype"]
     wheres = {e.split(" ")[1] for e in reward.evidence}
     assert wheres == {"reward:function:bf16_reward", "reward:function:fp64_reward"}
     assert reward.fixes[0].framework == "trl" and reward.fixes[0].key.startswith("reward_funcs (")
@@ -172,7 +172,7 @@ def test_collator_casting_ids_to_float_is_the_root_cause(tok, tmp_path):
     assert run.state == "failed"
     (d,) = diagnose_path(tmp_path / "run")
     root = d.causes[0]
-    assert root.kind == "finding:boundary/collator" and root.where == "collator:float_ids.input_ids"
+    assert root.kind == "finding:boundary/collator_float_ids" and root.where == "collator:float_ids.input_ids"
     assert any(f.framework == "trl" and f.key.startswith("data_collator") for f in root.fixes)
 
 

@@ -170,8 +170,8 @@ def test_reward_manager_score_function_is_the_reward_boundary(env, tmp_path):
     NaiveRewardManager(tokenizer=tok, num_examine=0, compute_score=my_score)(data)
     env["adapter"].close_all()
     run = read_run(tmp_path / "reward")
-    (f,) = [f for f in run.findings if f.kind == "boundary/reward"]
+    (f,) = [f for f in run.findings if f.kind == "boundary/reward_dtype"]
     assert f.where == "reward:function:verl:my_score" and f.observed == "fp64 (numpy)"
     (d,) = diagnose_path(tmp_path / "reward")
-    cause = next(c for c in d.causes if c.kind == "finding:boundary/reward")
+    cause = next(c for c in d.causes if c.kind == "finding:boundary/reward_dtype")
     assert cause.fixes[0].suite == "data.compute_score (my_score)"

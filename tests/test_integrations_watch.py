@@ -92,7 +92,7 @@ def test_float_ids_from_the_collator_are_named(tok, tmp_path):
     with verlaudit.watch(model, opt, out_dir=tmp_path / "run", precision="bf16") as w:
         w.batch(next(batches(tok, 1, cast_ids=True)), source="my_collate")
     run = read_run(tmp_path / "run")
-    (f,) = [f for f in run.findings if f.kind == "boundary/collator"]
+    (f,) = [f for f in run.findings if f.kind == "boundary/collator_float_ids"]
     assert f.severity == "error" and f.where == "collator:my_collate.input_ids"
 
 
@@ -126,7 +126,7 @@ def test_bf16_reward_and_fp16_loss_scale_collapse_are_diagnosed(tok, tmp_path):
     (d,) = diagnose_path(tmp_path / "run")
     kinds = [c.kind for c in d.causes]
     assert "loss_scale_collapse" in kinds
-    reward = next(c for c in d.causes if c.kind == "finding:boundary/reward")
+    reward = next(c for c in d.causes if c.kind == "finding:boundary/reward_dtype")
     assert reward.where == "reward:function:my_reward"  # the user's function, by its name
 
 
