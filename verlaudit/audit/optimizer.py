@@ -121,7 +121,7 @@ def judge_overflow(
     it caused become warnings. Overflows elsewhere (reference, rollout) stay errors: no scaler
     stands between them and the run."""
     at = (ctx.step, role, ctx.phase)
-    found = findings.find("numerics/overflow", role=role)
+    found = findings.find(K.OVERFLOW, role=role)
     if not any((f.step, f.role, f.phase) == at and f.severity == "error" for f in found):
         return
     if not weights_finite(model):
