@@ -54,7 +54,7 @@ def test_llama7b_suite_is_the_seed_experiment():
     # per rollout), the only way CUDA graphs and compile are allowed under FSDP2
     assert algo.batch_size % 2 == 0 and algo.mini_batch_size % 2 == 0
     r = s.train.rollout
-    assert (r.cache, r.fused, r.cuda_graphs, r.compile) == ("static", True, True, True)
+    assert (r.engine, r.cuda_graphs, r.compile) == ("fused", True, True)
 
 
 def _write(tmp_path: Path, text: str) -> Path:

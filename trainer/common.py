@@ -102,7 +102,7 @@ def resolve(config: TrainConfig) -> Resolved:
     """The trainer's own decision when nothing was handed over: joins torchrun's process group if
     there is one, picks the device (``auto``: cuda when visible), and checks the policy against it."""
     info = dist_mod.init_distributed(config.device)  # torchrun env -> nccl (cuda:LOCAL_RANK) or gloo
-    return Resolved(dist=info, policy=config.precision.resolve(info.device))
+    return Resolved(dist=info, policy=config.precision.build_policy(info.device))
 
 
 def build_setup(
