@@ -4,9 +4,11 @@ A suite names the model, data, algorithm, steps and seeds (``train:``, the keys 
 `trainer.config.TrainConfig`; required: ``train: {}`` takes every default), the hardware the numbers
 are meant for, the audit level, report and compare settings, and ``variants``: name -> partial
 TrainConfig deep-merged onto ``train`` (a variant's ``key: unset`` drops an inherited key, which then
-takes its default). Command-line overrides apply after the file validates. A plug-in given as
-``path/to/file.py:attr`` is relative to the suite file's directory: the configs (and so each worker's
-spec) hold its absolute path (`resolve_paths`); ``module:attr`` and absolute paths are kept.
+takes its default). Command-line overrides apply after the file validates. Every path the suite
+names (`SUITE_PATHS`: plug-ins given as ``path/to/file.py:attr``, ``model.path``, ``model.setup``,
+tokenizers, ``data.train_files``, reward models, ``model.critic_path``; ``compare.baseline``) is relative
+to the suite file's directory, resolved once, here (`resolve_paths`): the configs, and so each worker's
+spec, hold absolute paths, whatever the current directory; ``module:attr`` and absolute paths are kept.
 `verlaudit.run.preflight` then imports and checks what the suite names. The top level is a `Section`
 (`SuiteFile`) like every config section, so every mistake is a ValueError naming the file, the field
 path and what is accepted; unknown keys are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
@@ -19,7 +21,7 @@ import copy
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,9 @@ class Suite:
     """Variant name -> the partial config as written (for the report and manifests)."""
     source: str | None = None
     """The YAML file the suite came from."""
+    lines: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False)
+    """Dotted key path (``variants.a.model.setup``) -> its line in ``source`` (`key_lines`), so a check
+    made after loading (`verlaudit.run.preflight`) can name the line."""
 
     def expand(self) -> list[SuiteRun]:
         """One `SuiteRun` per (variant, seed), variants in suite order, seeds inner."""
@@ -207,7 +212,7 @@ def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     if top.train is None:  # checked after the sections that are there: the mistakes written come first
         raise ValueError(_NO_TRAIN)
     compare = top.compare
-    if compare.baseline is not None:
+    if compare.baseline is not None:  # relative to the suite file, like every path it names
         compare = dataclasses.replace(compare, baseline=resolve_path(compare.baseline, suite_dir))
     return Suite(
         name=name,
@@ -240,10 +245,7 @@ def _variants(
     overrides: dict[str, dict[str, Any]] = {}
     for vname, over in variants_raw.items():
         where = f"variants.{vname}"
-        if not isinstance(vname, str) or not _NAME.match(vname):
-            raise ValueError(
-                f"{where}: bad variant name; use letters, digits, '_', '-', '.' (it names a directory)"
-            )
+        check_variant_name(vname, where)
         over = {} if over is None else over
         if not isinstance(over, Mapping):
             raise ValueError(f"{where}: expected a mapping of TrainConfig overrides, got {over!r}")
@@ -259,42 +261,102 @@ def _variants(
     return variants, overrides
 
 
+def check_variant_name(name: Any, where: str) -> None:
+    """The variant-name rule (a variant names its run directory): ValueError naming ``where``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"{where}: bad variant name; use letters, digits, '_', '-', '.' (it names a directory)"
+        )
+
+
 def _inherited_hint(msg: str, where: str, over: Mapping[str, Any]) -> str:
     """``msg``, plus how to drop the key from this variant when the key it names comes from ``train:``
-    and nothing reads it under the variant's other values (a variant cannot remove an inherited key)."""
+    and nothing reads it under the variant's other values (a variant cannot delete an inherited key)."""
     field, _, rest = msg.partition(": ")
     if not field.startswith(where + ".") or "nothing reads it" not in rest:
         return msg
-    path = field[len(where) + 1 :].split(".")
+    *section, key = field[len(where) + 1 :].split(".")
     node: Any = over
-    for part in path:
+    for part in (*section, key):
         if not isinstance(node, Mapping) or part not in node:
-            return (
-                f"{msg}; the key is inherited from train: (write {path[-1]}: {UNSET} in {where} to drop it)"
-            )
+            under = ".".join((where, *section))
+            return f"{msg}; it is inherited from train: write {key}: {UNSET} under {under} to drop it"
         node = node[part]
     return msg
 
 
-def resolve_path(spec: Any, base: Path) -> Any:
-    """``file.py:attr`` relative to ``base`` -> its absolute path; anything else unchanged."""
+def _abs(path: str, base: Path) -> str:
+    """``path`` against ``base`` (``~`` expanded); an absolute path is kept as written."""
+    p = os.path.expanduser(path)
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(os.path.abspath(base), p))
+
+
+def resolve_plugin(spec: Any, base: Path) -> Any:
+    """A ``path/to/file.py:attr`` plug-in against ``base``; ``module:attr`` and absolute paths kept."""
     if not isinstance(spec, str) or ":" not in spec:
         return spec
     target, _, attr = spec.rpartition(":")
-    if not target.endswith(".py") or os.path.isabs(target):
+    return f"{_abs(target, base)}:{attr}" if target.endswith(".py") else spec
+
+
+def resolve_path(path: Any, base: Path) -> Any:
+    """A file or directory path against ``base``; None kept."""
+    return _abs(path, base) if isinstance(path, str) and path else path
+
+
+def _reward_model(spec: Any, base: Path) -> Any:
+    """``model.reward_model``: ``preset:<name>`` and ``module:attr`` kept, a ``file.py:attr`` loader or a
+    directory resolved."""
+    if not isinstance(spec, str) or spec.startswith("preset:"):
         return spec
-    return f"{os.path.abspath(base / target)}:{attr}"
+    if ":" in spec:  # a loader: file.py:attr resolved, module:attr kept
+        return resolve_plugin(spec, base)
+    return resolve_path(spec, base)
+
+
+def _setup(spec: Any, base: Path) -> Any:
+    if isinstance(spec, Mapping):
+        return {role: resolve_plugin(s, base) for role, s in spec.items()}
+    return resolve_plugin(spec, base)
+
+
+def _files(files: Any, base: Path) -> Any:
+    if isinstance(files, (list, tuple)):
+        return tuple(resolve_path(f, base) for f in files)
+    return resolve_path(files, base)
+
+
+SUITE_PATHS: dict[str, Callable[[Any, Path], Any]] = {
+    "model.path": resolve_path,
+    "model.tokenizer": resolve_path,
+    "model.critic_path": resolve_path,
+    "model.reward_model": _reward_model,
+    "model.setup": _setup,
+    "data.train_files": _files,
+    "data.dataset": resolve_plugin,
+    "data.collator": resolve_plugin,
+    "data.reward_fn": resolve_plugin,
+    "data.compute_score": resolve_plugin,
+}
+"""Every ``train:`` key that names a file or directory -> how it is resolved against the suite file's
+directory (`resolve_paths`); ``compare.baseline`` is resolved with `resolve_path` too."""
 
 
 def resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
-    """``cfg`` with its relative ``file.py:attr`` plug-in paths made absolute against ``base``."""
-    keys = ("dataset", "collator", "reward_fn", "compute_score")
-    data = {k: resolve_path(getattr(cfg.data, k), base) for k in keys}
-    rm = resolve_path(cfg.model.reward_model, base)
-    if rm == cfg.model.reward_model and all(v == getattr(cfg.data, k) for k, v in data.items()):
+    """``cfg`` with every path it names (`SUITE_PATHS`) made absolute against ``base``, the suite file's
+    directory: the one place a suite's paths are resolved, so the preflight, the planner and each
+    worker (which may run anywhere) read the same files."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key, resolve in SUITE_PATHS.items():
+        section, field = key.split(".")
+        value = getattr(getattr(cfg, section), field)
+        new = resolve(value, base)
+        if new != value:
+            sections.setdefault(section, {})[field] = new
+    if not sections:
         return cfg
     return dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, **data), model=dataclasses.replace(cfg.model, reward_model=rm)
+        cfg, **{s: dataclasses.replace(getattr(cfg, s), **kw) for s, kw in sections.items()}
     )
 
 
@@ -326,6 +388,27 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Dotted key path (``variants.a.model.setup``) -> the line it is written on, for every mapping key
+    of a suite file's YAML (the preflight names the line of a key it refuses)."""
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                path = f"{prefix}.{key.value}" if prefix else str(key.value)
+                out[path] = key.start_mark.line + 1
+                walk(value, path)
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        pass  # read_yaml has reported it already
+    return out
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -373,6 +456,7 @@ def load_suite(
             suite = Suite.from_dict(changed, source=str(p), default_name=p.stem)
         except ValueError as e:
             raise ValueError(f"{e} (with {flags} from the command line)") from None
+    suite = dataclasses.replace(suite, lines=key_lines(p.read_text(encoding="utf-8")))
     return _keep_variants(suite, variants, p)
 
 
