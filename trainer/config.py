@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 # AlgoConfig lives in trainer/algo_config.py; a config is still read from here, whole
-from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys, upgrade_recorded_config  # noqa: F401
+from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa: F401
+from trainer.algo_config import upgrade_recorded_config as _upgrade_recorded_algo
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
 from trainer.precision import PRESETS, PrecisionPolicy, check_policy, resolve_policy
@@ -241,6 +242,22 @@ def resolve_engine(
                 f"{at}{key}: needs rollout.engine: static or fused, not rollout.engine: {engine}"
             )
     return engine
+
+
+def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A TrainConfig dict recorded by an earlier version (a run directory's ``manifest.json``: committed
+    baselines and reports keep reading) in today's keys with the same behaviour: the algo keys
+    (`trainer.algo_config.upgrade_recorded_config`), and ``rollout.cache`` / ``rollout.fused`` as the
+    ``rollout.engine`` they selected. Only recorded configs come through here: a suite that writes the
+    old keys is refused with the key that replaced them (`RolloutConfig`)."""
+    out = _upgrade_recorded_algo(data)
+    rollout = dict(out.get("rollout") or {})
+    if "cache" in rollout or "fused" in rollout:
+        cache, fused = rollout.pop("cache", None), rollout.pop("fused", None)
+        if rollout.get("engine") is None:
+            rollout["engine"] = "fused" if fused else ("static" if cache == "static" else "hf")
+        out["rollout"] = rollout
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
