@@ -80,7 +80,7 @@ def main() -> None:
         {"device": args.device, "model": model, "precision": {"preset": args.precision}}
     )
     info = D.init_distributed(args.device)
-    policy = cfg.precision.resolve(info.device)
+    policy = cfg.precision.build_policy(info.device)
     rec = {"build": args.build, "preset": args.preset, "layers": args.layers, "precision": args.precision}
     rec["dist"] = info.to_dict()
     if info.device.type == "cuda":

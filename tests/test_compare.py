@@ -287,3 +287,12 @@ def test_device_slug():
 
     assert compare.device_slug(mk({"device": "cpu"})) == "cpu"
     assert compare.device_slug(mk({"device": "cuda:0", "gpu_name": "NVIDIA H200"})) == "nvidia-h200"
+
+
+def test_the_suite_names_the_baseline(tmp_path, monkeypatch):
+    # compare.baseline, relative to the suite file when the suite loaded, is the default for --baseline
+    base = report(tmp_path / "base")
+    now = report(tmp_path / "now", compare_cfg={"baseline": str(base)})
+    monkeypatch.chdir(tmp_path)  # reports/baselines/... (the default without it) does not exist here
+    assert run_cli([str(now)]) == 0
+    assert run_cli([str(now), "--baseline", str(tmp_path / "none")]) == 2  # the command line wins

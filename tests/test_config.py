@@ -242,3 +242,20 @@ def test_configs_recorded_before_the_verl_keys_are_upgraded():
     assert TrainConfig.from_dict(upgrade_recorded_config(recorded)).algo.name == "dpo"
     now = TrainConfig().to_dict()
     assert upgrade_recorded_config(now) == now
+
+
+def test_a_recorded_config_with_the_older_engine_keys_reads_as_the_engine_it_ran():
+    # run directories written before rollout.engine (committed baselines and reports) keep reading
+    from trainer.config import upgrade_recorded_config
+
+    for rollout, engine in (
+        ({"cache": "dynamic", "fused": False}, "hf"),
+        ({"cache": "static", "fused": None}, "static"),
+        ({"engine": None, "cache": "static", "fused": True}, "fused"),
+        ({"engine": "vllm", "cache": None, "fused": None}, "vllm"),
+    ):
+        cfg = TrainConfig.from_dict(upgrade_recorded_config({"rollout": rollout}))
+        assert cfg.rollout.engine == engine
+    # a suite writing them is refused, naming the key that replaced them
+    with pytest.raises(ValueError, match=r"^rollout\.cache: replaced by rollout\.engine"):
+        TrainConfig.from_dict({"rollout": {"cache": "static"}})

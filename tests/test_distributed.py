@@ -201,10 +201,14 @@ def _build_setup_scenario(info, preset: str) -> dict:
     M.build_causal_lm, meta_init.replay_init = build_spy, replay_spy
     try:
         roles = dict(critic=True, reference=True, reward_model=False)
-        sharded = build_setup(cfg, NULL_OBSERVER, Resolved(dist=info, policy=cfg.precision.policy), **roles)
+        sharded = build_setup(
+            cfg, NULL_OBSERVER, Resolved(dist=info, policy=cfg.precision.build_policy()), **roles
+        )
         rng_sharded, sharded_built_on = torch.get_rng_state(), list(built_on)
         one_info = D.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
-        one = build_setup(cfg, NULL_OBSERVER, Resolved(dist=one_info, policy=cfg.precision.policy), **roles)
+        one = build_setup(
+            cfg, NULL_OBSERVER, Resolved(dist=one_info, policy=cfg.precision.build_policy()), **roles
+        )
         rng_one = torch.get_rng_state()
     finally:
         M.build_causal_lm, meta_init.replay_init = real_build, real_replay

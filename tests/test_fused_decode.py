@@ -1,6 +1,6 @@
 """The fused decode forward and its attention kernel: `pytest tests/test_fused_decode.py` (GPU: `-m gpu`).
 
-`rollout.fused` swaps the HF forward of the static engine for our own (weights snapshotted in the
+`rollout.engine: fused` swaps the HF forward of the static engine for our own (weights snapshotted in the
 rollout dtype, q/k/v and gate/up fused, attention over the written slots only). It must compute what
 the HF model computes in that dtype: in fp32 the same tokens as HF generate for the same seed, for
 Llama (GQA), Mistral and Qwen2 (biased q/k/v) layouts; in bf16 the logits of the HF model loaded in
@@ -31,7 +31,6 @@ from tests.test_rollout_fast import (
 from trainer import decode_attention as DA
 from trainer import fused_decode
 from trainer.config import TrainConfig
-from trainer.engines import build_engine
 from trainer.logprobs import causal_mask_with_self
 from trainer.rollout import HFGenerateEngine, StaticDecodeEngine
 
@@ -104,16 +103,20 @@ def test_unsupported_models_are_refused_with_the_reason(tmp_path):
     model = _other_layout(Qwen3Config, tmp_path, head_dim=16)
     _, policy = _ACTOR
     with pytest.raises(
-        ValueError, match=r"rollout.fused: model_type 'qwen3' \(fused decode covers .*fused: false"
+        ValueError,
+        match=r"rollout.engine: fused: model_type 'qwen3' \(fused decode covers .*use rollout.engine: static",
     ):
         StaticDecodeEngine(model, TOK, policy, device=CPU, max_new_tokens=4, fused=True)
     model.config.model_type = "llama"  # a Llama-typed config over Qwen3 layers (q/k norms): still refused
     assert fused_decode.unsupported(model) == "Qwen3DecoderLayer is not a Llama-style decoder layer"
-    with pytest.raises(ValueError, match="rollout.fused: needs rollout.cache: static"):
-        build_engine(_ACTOR[0], TOK, policy, device=CPU, max_new_tokens=4, fused=True)
-    with pytest.raises(ValueError, match="rollout.fused: needs rollout.cache: static"):
+    # the older spelling (rollout.fused + rollout.cache) is one line naming the key that replaced it
+    with pytest.raises(ValueError, match=r"^rollout.fused: replaced by rollout.engine: fused"):
         TrainConfig.from_dict({"rollout": {"fused": True}})
-    cfg = TrainConfig.from_dict({"rollout": {"fused": True, "cache": "static"}})
+    with pytest.raises(
+        ValueError, match=r"^v.rollout.cache: replaced by rollout.engine .*remove rollout.cache$"
+    ):
+        TrainConfig.from_dict({"rollout": {"cache": "static"}}, where="v")
+    cfg = TrainConfig.from_dict({"rollout": {"engine": "fused"}})
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 

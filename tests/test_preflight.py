@@ -159,14 +159,25 @@ BAD = [
     ("", "{model: {path: /no/such/model}}", r"variants\.a\.model\.path: '/no/such/model' does not exist"),
     ("model: {path: '{empty}'}", "{}", r"train\.model\.path: '.*empty' has no config\.json"),
     ("model: {path: '{bad_config}'}", "{}", r"train\.model\.path: '.*bad_config': its config\.json does not load"),
-    ("model: {critic_path: missing_critic}", "{}", r"train\.model\.critic_path: 'missing_critic' does not exist"),
+    ("model: {critic_path: missing_critic}", "{}",
+     r"train\.model\.critic_path: '.*/suites/missing_critic' does not exist \(a relative path is relative to the suite"),
+    # the critic's vocabulary against the tokenizer's ids, as the actor's (nothing but the config is loaded)
+    ("algo: {name: ppo}, model: {critic_path: '{small_vocab}'}", "{}",
+     r"train\.model\.critic_path: '.*small_vocab' embeds 10 ids but the tokenizer has \d+"),
+    ("model: {path: '{small_vocab}'}", "{}", r"train\.model\.path: '.*small_vocab' embeds 10 ids"),
+    # the user's model code: imported and its signature checked like every plug-in
+    ("model: {setup: plugins/nope.py:setup}", "{}", r"train\.model\.setup: .*plugins/nope\.py not found"),
+    ("model: {setup: plugins/user.py:reward_two}", "{}",
+     r"train\.model\.setup: .*the trainer calls it as reward_two\(model, role, tokenizer\)"),
+    ("algo: {name: ppo}", "{model: {setup: {critic: plugins/user.py:missing}}}",
+     r"variants\.a\.model\.setup\.critic: .*has no attribute 'missing'"),
     ("model: {tokenizer: '{empty}'}", "{}", r"train\.model\.tokenizer: could not load a tokenizer from"),
     ("model: {tokenizer: /no/tok}", "{}", r"train\.model\.tokenizer: '/no/tok' is not a directory"),
     ("model: {reward_model: 'preset:huge'}", "{}", r"train\.model\.reward_model: unknown preset 'preset:huge'"),
-    ("model: {reward_model: rm_dir_typo}", "{}", r"train\.model\.reward_model: 'rm_dir_typo' is neither an existing directory"),
+    ("model: {reward_model: rm_dir_typo}", "{}", r"train\.model\.reward_model: '.*/suites/rm_dir_typo' is neither an existing directory"),
     ("data: {task: digitz}", "{}", r"train\.data\.task: unknown task 'digitz'; expected one of digits"),
     # verl's data and reward function (data.train_files, data.compute_score, called by keyword)
-    ("data: {train_files: [rows.parquet]}", "{}", r"train\.data\.train_files: rows\.parquet not found"),
+    ("data: {train_files: [rows.parquet]}", "{}", r"train\.data\.train_files: .*/suites/rows\.parquet not found"),
     ("data: {train_files: '{rows}', compute_score: plugins/user.py:score_no_truth}", "{}",
      r"train\.data\.compute_score: .*the trainer calls it as score_no_truth\(data_source=data_source, "
      r"solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info\)"),
@@ -182,11 +193,22 @@ def _fill(text: str, tmp_path: Path) -> str:
     bad.mkdir(exist_ok=True)
     (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
     (tmp_path / "rows.jsonl").write_text("")
+    if "{small_vocab}" in text:
+        _small_vocab_model(tmp_path / "small_vocab")
     text = text.replace("{empty}", str(tmp_path / "empty")).replace("{rows}", str(tmp_path / "rows.jsonl"))
-    return text.replace("{bad_config}", str(bad))
+    return text.replace("{bad_config}", str(bad)).replace("{small_vocab}", str(tmp_path / "small_vocab"))
 
 
-@pytest.mark.parametrize("command", ["run", "plan"])
+def _small_vocab_model(path: Path) -> None:
+    """A 1-layer Qwen2 directory embedding 10 ids, fewer than the project's tokenizer has."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "recommend"])
 @pytest.mark.parametrize("train, variant, message", BAD, ids=[f"{i}" for i in range(len(BAD))])
 def test_a_bad_plugin_or_model_path_stops_run_and_plan_before_any_worker(
     suite_dir, tmp_path, capsys, monkeypatch, command, train, variant, message
@@ -194,11 +216,27 @@ def test_a_bad_plugin_or_model_path_stops_run_and_plan_before_any_worker(
     def no_worker(*a, **k):
         raise AssertionError("a worker was started")
 
+    if command == "recommend" and not message.startswith("train"):
+        pytest.skip("recommend runs candidates made from train:, not the suite's variants")
     monkeypatch.setattr(runner, "_run_one", no_worker)
     p = write_suite(suite_dir, _fill(train, tmp_path), _fill(variant, tmp_path))
-    argv = [command, str(p)] + (["--out", str(tmp_path / "out")] if command == "run" else [])
+    capsys.readouterr()  # what writing the test's model directories printed
+    argv = [command, str(p)] + (["--out", str(tmp_path / "out")] if command != "plan" else [])
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"verlaudit {command}: error: {p}: ") and err.count("\n") == 1, err
+    # the suite file and the line of the key (the suite's lines: 1 name, 2 train, 3 variants, 4 the variant)
+    line = 2 if message.startswith("train") else 4
+    assert err.startswith(f"verlaudit {command}: error: {p}:{line}: ") and err.count("\n") == 1, err
     assert re.search(message, err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_error_names_the_line_of_the_key_with_flags_too(suite_dir):
+    p = suite_dir / "s.yaml"
+    p.write_text(
+        "name: s\ntrain:\n  steps: 1\n  model:\n    preset: tiny-llama\n    setup: plugins/nope.py:setup\n"
+        "variants:\n  a: {}\n"
+    )
+    for flags in ({}, {"steps": 1, "device": "cpu"}):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}:6: train\.model\.setup: "):
+            preflight(load_suite(p, **flags))

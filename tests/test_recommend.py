@@ -25,14 +25,14 @@ PPO = ROOT / "suites" / "tiny_cpu.yaml"
 
 
 def test_candidates_follow_the_algorithm():
-    recipes = ["fp32", "bf16", "bf16+fp32-critic", "fp32+bf16-ref"]
+    recipes = ["fp32", "bf16", "bf16.fp32-critic", "fp32.bf16-ref"]
     dpo = candidates(load_suite(DPO), recipes, ["suite"])
-    assert list(dpo) == ["fp32", "bf16", "fp32+bf16-ref"]  # DPO has a reference, no critic
-    assert dpo["fp32+bf16-ref"]["precision"]["overrides"] == {
+    assert list(dpo) == ["fp32", "bf16", "fp32.bf16-ref"]  # DPO has a reference, no critic
+    assert dpo["fp32.bf16-ref"]["precision"]["overrides"] == {
         "reference": {"param_dtype": "bf16", "compute_dtype": "bf16"}
     }
     ppo = candidates(load_suite(PPO), recipes, ["no-ckpt", "ckpt"])
-    assert "bf16+fp32-critic-ckpt" in ppo and ppo["bf16-no-ckpt"]["precision"]["grad_checkpointing"] is False
+    assert "bf16.fp32-critic-ckpt" in ppo and ppo["bf16-no-ckpt"]["precision"]["grad_checkpointing"] is False
     with pytest.raises(ValueError, match="--recipes: unknown recipe 'bf61'"):
         candidates(load_suite(DPO), ["bf61"], ["suite"])
 
@@ -160,5 +160,5 @@ def test_recommend_picks_bf16_when_bf16_pure_loses_its_updates(tmp_path, capsys)
 def test_recommend_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["recommend", str(DPO), "--steps", "1"]) == 2
     assert "--steps: 1; at least 2" in capsys.readouterr().err
-    assert cli.main(["recommend", str(DPO), "--recipes", "bf16+fp32-critic"]) == 2
-    assert "none of bf16+fp32-critic applies to dpo" in capsys.readouterr().err
+    assert cli.main(["recommend", str(DPO), "--recipes", "bf16.fp32-critic"]) == 2
+    assert "none of bf16.fp32-critic applies to dpo" in capsys.readouterr().err

@@ -149,13 +149,13 @@ def test_build_engine_and_option_errors():
     actor, policy = _actor()
     kw = dict(device=CPU, max_new_tokens=4)
     assert type(build_engine(actor, TOK, policy, **kw)) is HFGenerateEngine
-    assert type(build_engine(actor, TOK, policy, cache="static", **kw)) is StaticDecodeEngine
-    with pytest.raises(ValueError, match="rollout.cache: 'paged'"):
-        build_engine(actor, TOK, policy, cache="paged", **kw)
-    with pytest.raises(ValueError, match="rollout.cuda_graphs: needs rollout.cache: static"):
+    assert type(build_engine(actor, TOK, policy, engine="static", **kw)) is StaticDecodeEngine
+    with pytest.raises(ValueError, match="rollout.engine: 'paged'"):
+        build_engine(actor, TOK, policy, engine="paged", **kw)
+    with pytest.raises(ValueError, match="rollout.cuda_graphs: needs rollout.engine: static or fused"):
         build_engine(actor, TOK, policy, cuda_graphs=True, **kw)
     with pytest.raises(ValueError, match="rollout.cuda_graphs: CUDA graphs need a CUDA device"):
-        build_engine(actor, TOK, policy, cache="static", cuda_graphs=True, **kw)
+        build_engine(actor, TOK, policy, engine="static", cuda_graphs=True, **kw)
     with pytest.raises(ValueError, match="algo.temperature: must be > 0"):
         StaticDecodeEngine(actor, TOK, policy, temperature=0.0, **kw)
 
@@ -263,13 +263,13 @@ def test_decode_hook_sees_every_buffer_the_step_advances():
 
 def test_compile_option_errors():
     actor, policy = _ACTOR
-    with pytest.raises(ValueError, match="rollout.compile: needs rollout.cache: static"):
+    with pytest.raises(ValueError, match="rollout.compile: needs rollout.engine: static or fused"):
         build_engine(actor, TOK, policy, device=CPU, max_new_tokens=4, compile=True)
-    with pytest.raises(ValueError, match="rollout.compile: needs rollout.cache: static"):
+    with pytest.raises(ValueError, match="rollout.compile: needs rollout.engine: static or fused"):
         TrainConfig.from_dict({"rollout": {"compile": True}})
-    cfg = TrainConfig.from_dict({"rollout": {"compile": True, "cache": "static"}})
+    cfg = TrainConfig.from_dict({"rollout": {"compile": True, "engine": "static"}})
     assert cfg.rollout.compile and TrainConfig.from_dict(cfg.to_dict()) == cfg
-    engine = build_engine(actor, TOK, policy, device=CPU, max_new_tokens=4, cache="static", compile=True)
+    engine = build_engine(actor, TOK, policy, device=CPU, max_new_tokens=4, engine="static", compile=True)
     assert engine.compile and engine.name == "static-decode+compile"
 
 

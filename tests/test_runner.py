@@ -291,3 +291,11 @@ def test_ctrl_c_stops_the_child_keeps_what_was_written_and_exits_130(tmp_path):
         and "not run (interrupted before they started): fp16" in report
     )
     assert "not started: fp16" in stderr
+
+
+def test_the_worker_inherits_the_callers_environment_and_sets_no_machine_settings():
+    # NCCL / NVSHMEM settings are the host's business: exported by the caller, passed through as they are
+    env = runner.worker_env({"PATH": "/bin"})
+    assert not [k for k in env if k.startswith(("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_"))]
+    assert env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert runner.worker_env({"NCCL_NVLS_ENABLE": "0"})["NCCL_NVLS_ENABLE"] == "0"

@@ -104,7 +104,7 @@ def test_bad_checkpoint_layers_name_the_field(kwargs, match):
 def test_auto_is_for_the_harness_the_trainer_needs_a_number():
     pc = PrecisionConfig(preset="bf16", grad_checkpointing=True, checkpoint_layers="auto")
     with pytest.raises(ValueError, match="auto is chosen by `verlaudit run`"):
-        pc.resolve("cpu")
+        pc.build_policy("cpu")
     # the config itself is valid (suites carry auto) and keeps it through a round trip
     cfg = TrainConfig.from_dict(
         {"precision": {"preset": "bf16", "grad_checkpointing": True, "checkpoint_layers": "auto"}}

@@ -6,6 +6,7 @@ Run: `pytest -q tests/test_spec.py` (a few seconds; one 1-step training run on t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -39,7 +40,7 @@ TINY_TRAIN = {
 def _spec(preset: str = "fp32", **kw) -> RunSpec:
     train = TrainConfig.from_dict({**TINY_TRAIN, "seed": kw.get("seed", 0), "precision": {"preset": preset}})
     base = {"variant": "v", "seed": 0, "run_dir": Path("/tmp/x"), "train": train, "device": "cpu"}
-    return RunSpec(**{**base, "policy": train.precision.policy, **kw})
+    return RunSpec(**{**base, "policy": train.precision.build_policy(), **kw})
 
 
 OVERRIDES = st.dictionaries(
@@ -121,7 +122,7 @@ def test_the_planned_spec_is_what_the_worker_reads(tmp_path):
         path.write_text(json.dumps(planned.spec.to_dict()))
         assert worker.load_spec(path) == planned.spec
         # the policy the runner took from the variant's config, once
-        assert planned.spec.policy == planned.run.config.precision.policy
+        assert planned.spec.policy == planned.run.config.precision.build_policy()
         assert planned.spec.policy.preset == planned.run.variant
 
 
@@ -144,7 +145,7 @@ def test_train_uses_the_handed_policy_instead_of_deciding_its_own():
     assert {p.dtype for p in seen.models["reference"].parameters()} == {torch.bfloat16}
     own = _Setup()
     train(cfg, own)  # the trainer alone decides from its config
-    assert own.policy == cfg.precision.policy
+    assert own.policy == cfg.precision.build_policy()
     assert {p.dtype for p in own.models["reference"].parameters()} == {torch.float32}
 
 
@@ -173,3 +174,18 @@ def test_refused_run_directory_is_written_by_the_worker_module(tmp_path):
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert (status["state"], status["reason"]) == ("failed", "refused")
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["policy"] == spec.policy.to_dict()
+
+
+def test_the_policy_is_built_once_per_run_by_the_runner(tmp_path, monkeypatch):
+    # a config checks its precision fields when it is built; only the runner's spec builds the policy
+    import trainer.config
+
+    built = []
+    real = trainer.config.resolve_policy
+    monkeypatch.setattr(trainer.config, "resolve_policy", lambda *a, **k: built.append(a) or real(*a, **k))
+    suite = load_suite(ROOT / "suites" / "tiny_cpu.yaml", steps=1)
+    for run in suite.expand():
+        dataclasses.replace(run.config, seed=run.seed + 1)  # every construction re-checks, none builds
+    assert built == []
+    plan = runner.plan_runs(suite, tmp_path, PresentDevice(cuda=False, gpu_count=0))
+    assert len(built) == len(plan.runs) == len(suite.expand())

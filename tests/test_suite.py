@@ -54,7 +54,7 @@ def test_llama7b_suite_is_the_seed_experiment():
     # per rollout), the only way CUDA graphs and compile are allowed under FSDP2
     assert algo.batch_size % 2 == 0 and algo.mini_batch_size % 2 == 0
     r = s.train.rollout
-    assert (r.cache, r.fused, r.cuda_graphs, r.compile) == ("static", True, True, True)
+    assert (r.engine, r.cuda_graphs, r.compile) == ("fused", True, True)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -267,3 +267,37 @@ def test_compare_section_is_validated_when_the_suite_loads(tmp_path):
     bad.write_text("name: x\ntrain: {steps: 1}\ncompare: {gates: ['max(a/b) <']}\nvariants: {a: {}}\n")
     with pytest.raises(ValueError, match=r"compare\.gates\[0\]"):
         load_suite(bad)
+
+
+GRPO_KL = """\
+name: t
+train:
+  algo: {name: grpo, use_kl_loss: true, kl_loss_coef: 0.01, kl_loss_type: low_var_kl}
+variants:
+  grpo: {}
+  dpo: {algo: {name: dpo, use_kl_loss: unset, kl_loss_coef: unset, kl_loss_type: unset}}
+"""
+
+
+def test_a_variant_resets_an_inherited_key_with_unset(tmp_path):
+    s = load_suite(_write(tmp_path, GRPO_KL))
+    grpo, dpo = s.variants["grpo"].algo, s.variants["dpo"].algo
+    assert (grpo.use_kl_loss, grpo.kl_loss_coef) == (True, 0.01)
+    defaults = type(dpo)()
+    assert (dpo.name, dpo.use_kl_loss, dpo.kl_loss_coef) == ("dpo", False, defaults.kl_loss_coef)
+    assert s.overrides["dpo"]["algo"]["use_kl_loss"] == "unset"  # kept as written, for the report
+    assert Suite.from_dict(s.to_dict(), source=s.source).variants == s.variants
+
+
+def test_an_inherited_key_nothing_reads_says_how_to_unset_it(tmp_path):
+    text = GRPO_KL.replace(", use_kl_loss: unset, kl_loss_coef: unset, kl_loss_type: unset", "")
+    with pytest.raises(ValueError) as e:
+        load_suite(_write(tmp_path, text))
+    assert "variants.dpo.algo.use_kl_loss: set to True but nothing reads it" in str(e.value)
+    assert str(e.value).endswith(
+        "it is inherited from train: write use_kl_loss: unset under variants.dpo.algo to drop it"
+    )
+    # a key the variant sets itself gets the message as it is: removing it is up to the variant
+    with pytest.raises(ValueError) as e:
+        load_suite(_write(tmp_path, text.replace("{name: dpo}", "{name: dpo, use_kl_loss: true}")))
+    assert "inherited from train" not in str(e.value) and str(e.value).endswith("remove it")

@@ -102,7 +102,7 @@ def resolve(config: TrainConfig) -> Resolved:
     """The trainer's own decision when nothing was handed over: joins torchrun's process group if
     there is one, picks the device (``auto``: cuda when visible), and checks the policy against it."""
     info = dist_mod.init_distributed(config.device)  # torchrun env -> nccl (cuda:LOCAL_RANK) or gloo
-    return Resolved(dist=info, policy=config.precision.resolve(info.device))
+    return Resolved(dist=info, policy=config.precision.build_policy(info.device))
 
 
 def build_setup(
@@ -135,6 +135,11 @@ def build_setup(
         rm = M.build_reward_model(config.model, tokenizer, policy["reward"], device)
         if rm is not None:
             models["reward"] = rm
+    # what of the user's checkpoint and tokenizer the trainer replaced, both values (the manifest's
+    # ``overridden``), read before model.setup may replace a module
+    overridden = {s["setting"]: s for s in getattr(tokenizer, "overridden_settings", [])}
+    for m in models.values():
+        overridden.update({s["setting"]: s for s in getattr(m, "overridden_settings", [])})
     # the user's model code (model.setup) sees every built model before the optimizers and the
     # observer do: a head it adds is trained, and the audit checks the models as modified
     models = M.apply_setup(models, config.model, tokenizer)
@@ -153,6 +158,7 @@ def build_setup(
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "padding_side": tokenizer.padding_side,
+            "overridden": list(overridden.values()),
         },
     )
     return Setup(config, device, policy, tokenizer, models, optimizers, scalers, info)

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 # AlgoConfig lives in trainer/algo_config.py; a config is still read from here, whole
-from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys, upgrade_recorded_config  # noqa: F401
+from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa: F401
+from trainer.algo_config import upgrade_recorded_config as _upgrade_recorded_algo
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
-from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, resolve_policy
+from trainer.precision import PRESETS, PrecisionPolicy, check_policy, resolve_policy
 
 SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
 """Keys of a ``model.setup`` mapping: a role, or ``*`` for every role the run builds."""
@@ -186,98 +187,93 @@ class PrecisionConfig(_Section):
             "preset",
             f"unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)}",
         )
-        if self.checkpoint_layers == "auto":
+        auto = self.checkpoint_layers == "auto"
+        if auto:
             _check(
                 self.grad_checkpointing is not False,
                 "checkpoint_layers",
                 "auto needs grad_checkpointing: true",
             )
-            return
-        # validating the fields is building the policy: built once here, read through `policy`
-        policy = resolve_policy(
+        # the fields are checked here; the policy is built once, by whoever runs it (`build_policy`)
+        check_policy(
             self.preset,
             self.overrides,
             grad_checkpointing=self.grad_checkpointing,
-            checkpoint_layers=self.checkpoint_layers,
+            checkpoint_layers=None if auto else self.checkpoint_layers,  # type: ignore[arg-type]
             where="",
         )
-        object.__setattr__(self, "_policy", policy)
 
-    @property
-    def policy(self) -> PrecisionPolicy:
-        """The `trainer.precision.PrecisionPolicy` these fields describe (built when the config was)."""
+    def build_policy(self, device: Any = "cpu", *, where: str = "precision") -> PrecisionPolicy:
+        """The `trainer.precision.PrecisionPolicy` these fields describe, refused (ValueError naming
+        ``where``) when ``device`` cannot run it (bf16 on a GPU without bf16). Built once per run:
+        by `verlaudit.run.runner.run_spec` (which checks the target's bf16 itself), or by
+        `trainer.common.resolve` when the trainer runs alone."""
         if self.checkpoint_layers == "auto":
             raise ValueError(
                 "precision.checkpoint_layers: auto is chosen by `verlaudit run` from the memory planner "
                 "before the trainer starts; run the trainer directly with a number of layers"
             )
-        return self._policy  # type: ignore[attr-defined]
-
-    def resolve(self, device: Any, *, where: str = "precision") -> PrecisionPolicy:
-        """`policy`, refused (ValueError naming ``where``) when ``device`` cannot run it: bf16 on a GPU
-        without bf16. For the trainer run alone; `verlaudit run` decides this from the target instead."""
-        policy = self.policy
-        check_hardware(policy, device, where=where)
-        return policy
+        return resolve_policy(
+            self.preset,
+            self.overrides,
+            grad_checkpointing=self.grad_checkpointing,
+            checkpoint_layers=self.checkpoint_layers,  # type: ignore[arg-type]
+            device=device,
+            where=where,
+        )
 
 
 ENGINES = ("hf", "static", "fused", "vllm")
 """Rollout engines: ``hf`` (HF ``generate``), ``static`` (our decode loop over a preallocated cache),
 ``fused`` (that loop over our own fused forward), ``vllm`` (vLLM in-process, weights pushed per step)."""
-_ENGINE_CACHE = {"hf": "dynamic", "static": "static", "fused": "static", "vllm": None}
-"""The ``rollout.cache`` each engine implies (vLLM keeps its own paged cache)."""
 
 
 def resolve_engine(
-    engine: str | None,
-    cache: str | None,
-    fused: bool | None,
-    *,
-    cuda_graphs: bool = False,
-    compile: bool = False,
-    where: str = "rollout",
+    engine: str, *, cuda_graphs: bool = False, compile: bool = False, where: str = "rollout"
 ) -> str:
-    """The engine ``rollout.engine`` names or, unset, the one the older ``rollout.cache`` /
-    ``rollout.fused`` keys select; ValueError (naming ``where``) when the keys contradict each other."""
+    """``engine``, checked (`ENGINES`) with the options that need our static-cache decode loop;
+    ValueError naming ``where``."""
     at = f"{where}." if where else ""
-    if cache is not None and cache not in ("dynamic", "static"):
-        raise ValueError(f"{at}cache: {cache!r}; expected dynamic or static")
-    if engine is None:
-        if fused and cache != "static":
-            raise ValueError(f"{at}fused: needs rollout.cache: static (or rollout.engine: fused)")
-        engine = "fused" if fused else ("static" if cache == "static" else "hf")
-    elif engine not in ENGINES:
+    if engine not in ENGINES:
         raise ValueError(f"{at}engine: {engine!r}; expected one of {', '.join(ENGINES)}")
-    else:
-        implied = _ENGINE_CACHE[engine]
-        if cache is not None and cache != implied:
-            raise ValueError(
-                f"{at}cache: {cache!r} contradicts rollout.engine: {engine} (which "
-                + (f"uses a {implied} cache" if implied else "keeps its own paged KV cache")
-                + "); remove rollout.cache"
-            )
-        if fused is not None and fused != (engine == "fused"):
-            raise ValueError(
-                f"{at}fused: {str(fused).lower()} contradicts rollout.engine: {engine}; remove rollout.fused"
-            )
     for key, on in (("cuda_graphs", cuda_graphs), ("compile", compile)):
         if on and engine not in ("static", "fused"):
             raise ValueError(
-                f"{at}{key}: needs rollout.cache: static (rollout.engine: static or fused), "
-                f"not rollout.engine: {engine}"
+                f"{at}{key}: needs rollout.engine: static or fused, not rollout.engine: {engine}"
             )
     return engine
 
 
+def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A TrainConfig dict recorded by an earlier version (a run directory's ``manifest.json``: committed
+    baselines and reports keep reading) in today's keys with the same behaviour: the algo keys
+    (`trainer.algo_config.upgrade_recorded_config`), and ``rollout.cache`` / ``rollout.fused`` as the
+    ``rollout.engine`` they selected. Only recorded configs come through here: a suite that writes the
+    old keys is refused with the key that replaced them (`RolloutConfig`)."""
+    out = _upgrade_recorded_algo(data)
+    rollout = dict(out.get("rollout") or {})
+    if "cache" in rollout or "fused" in rollout:
+        cache, fused = rollout.pop("cache", None), rollout.pop("fused", None)
+        if rollout.get("engine") is None:
+            rollout["engine"] = "fused" if fused else ("static" if cache == "static" else "hf")
+        out["rollout"] = rollout
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig(_Section):
-    engine: str | None = None
-    """``hf``, ``static``, ``fused`` or ``vllm`` (`ENGINES`). Unset: chosen by ``cache`` and ``fused``
-    as before this key existed (``hf`` unless ``cache: static``); `kind` is the engine either way. The
-    keys stay as written (a suite variant may set ``engine`` over a base that set none)."""
-    cache: str | None = None
-    """Older spelling of the engine: ``dynamic`` (``engine: hf``) or ``static`` (``engine: static``,
-    or ``fused`` with ``fused: true``). Unset: follows ``engine``."""
+    _renamed = {
+        "cache": "replaced by rollout.engine (cache: dynamic is engine: hf, cache: static is engine: static); "
+        "remove rollout.cache",
+        "fused": "replaced by rollout.engine: fused (it was fused: true with cache: static); remove rollout.fused",
+    }
+
+    engine: str = "hf"
+    """``hf`` (HF ``generate``), ``static`` (our decode loop over a preallocated KV cache), ``fused``
+    (that loop over our own forward, `trainer.fused_decode`, Llama / Mistral / Qwen2 layouts: a snapshot
+    of the actor's weights cast to the rollout dtype once per rollout, q/k/v and gate/up fused into one
+    GEMM each, attention reading only the written cache slots: what an inference engine loaded with the
+    synced weights computes) or ``vllm`` (vLLM in-process, weights pushed per step). `ENGINES`."""
     cuda_graphs: bool = False
     """Capture the single-token decode step as a CUDA graph (needs ``engine: static`` or ``fused`` and
     CUDA; not with several ranks, where each decode step contains FSDP2 all-gathers that cannot be
@@ -287,12 +283,6 @@ class RolloutConfig(_Section):
     ``engine: static`` / ``fused``, so norms, rotary, SiLU-mul and residual adds fuse between the GEMMs;
     with ``cuda_graphs`` the compiled step is captured too. Compiles once per process and batch shape
     (tens of seconds for a 7B model; the prefill stays eager)."""
-    fused: bool | None = None
-    """Older spelling of ``engine: fused`` (with ``cache: static``): our decode loop with our own
-    forward (`trainer.fused_decode`, Llama / Mistral / Qwen2 layouts) over a snapshot of the actor's
-    weights cast to the rollout dtype once per rollout, q/k/v and gate/up fused into one GEMM each,
-    attention reading only the written cache slots: what an inference engine loaded with the synced
-    weights computes. Holds the snapshot during the rollout."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p`` (after
     ``algo.temperature`` and ``algo.top_k``), every engine; 1 disables. The recorded rollout log-probs
@@ -305,13 +295,11 @@ class RolloutConfig(_Section):
 
     @property
     def kind(self) -> str:
-        """The engine these keys select (`ENGINES`)."""
-        return resolve_engine(
-            self.engine, self.cache, self.fused, cuda_graphs=self.cuda_graphs, compile=self.compile, where=""
-        )
+        """The engine (`ENGINES`): ``engine``, under the name the recipes read."""
+        return self.engine
 
     def __post_init__(self) -> None:
-        self.kind  # noqa: B018 - validates the engine keys together (ValueError naming the field)
+        resolve_engine(self.engine, cuda_graphs=self.cuda_graphs, compile=self.compile, where="")
         _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(
             self.vllm_kv_cache_gib >= 1, "vllm_kv_cache_gib", f"must be >= 1, got {self.vllm_kv_cache_gib}"

@@ -9,7 +9,12 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+UNSET = "unset"
+"""A variant's value for an inherited key that puts the key back to its default (``null`` does the
+same for a key whose type has no null of its own); `without_unset` applies it before parsing."""
 
 
 class Section:
@@ -31,6 +36,11 @@ class Section:
                     raise ValueError(f"{path}: {renamed[key]}")
                 raise ValueError(f"{path}: unknown key; expected one of {', '.join(sorted(fields))}")
             kwargs[key] = _coerce(value, hints[key], path)
+        missing = [n for n, f in fields.items() if n not in kwargs and _required(f)]
+        if missing:
+            path = f"{where}.{missing[0]}" if where else missing[0]
+            need = ", ".join(n for n, f in fields.items() if _required(f))
+            raise ValueError(f"{path}: missing; {getattr(cls, '_noun', cls.__name__)} needs {need}")
         try:
             return cls(**kwargs)
         except ValueError as e:
@@ -41,10 +51,26 @@ class Section:
         out = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
-            out[f.name] = (
-                v.to_dict() if isinstance(v, Section) else (dict(v) if isinstance(v, Mapping) else v)
-            )
+            if isinstance(v, Mapping):
+                v = dict(v)
+            elif isinstance(v, Path):
+                v = str(v)
+            elif hasattr(v, "to_dict"):  # a Section, or a value class with from_dict/to_dict
+                v = v.to_dict()
+            out[f.name] = v
         return out
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def without_unset(data: Any) -> Any:
+    """``data`` with every key whose value is `UNSET` dropped (at any depth): after a variant is
+    merged onto its base, the key then takes its default."""
+    if isinstance(data, Mapping):
+        return {k: without_unset(v) for k, v in data.items() if not (isinstance(v, str) and v == UNSET)}
+    return data
 
 
 def _coerce(value: Any, hint: Any, path: str) -> Any:
@@ -64,6 +90,12 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
         raise ValueError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {hint}")
     if isinstance(hint, type) and issubclass(hint, Section):
         return hint.from_dict(value, path)
+    if isinstance(hint, type) and callable(getattr(hint, "from_dict", None)):
+        return hint.from_dict(value, path)  # a value class that reads its own plain data
+    if hint is Path:
+        if not isinstance(value, (str, Path)):
+            raise ValueError(f"{path}: expected a path, got {value!r}")
+        return Path(value)
     if origin in (dict, Mapping, typing.Mapping):
         if not isinstance(value, Mapping):
             raise ValueError(f"{path}: expected a mapping, got {value!r}")

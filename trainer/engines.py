@@ -22,17 +22,15 @@ def build_engine(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    engine: str | None = None,
-    cache: str | None = None,
+    engine: str = "hf",
     cuda_graphs: bool = False,
     compile: bool = False,
-    fused: bool | None = None,
     vllm: dict | None = None,
 ):
-    """The rollout engine the ``rollout`` options ask for: ``rollout.engine`` (or the older
-    ``rollout.cache`` / ``rollout.fused``), ``rollout.cuda_graphs``, ``rollout.compile``; ``vllm`` holds
+    """The rollout engine the ``rollout`` options ask for: ``rollout.engine``, ``rollout.cuda_graphs``,
+    ``rollout.compile``; ``vllm`` holds
     `trainer.vllm_engine.VLLMEngine`'s own keyword arguments (KV-cache size, model length, probe)."""
-    name = resolve_engine(engine, cache, fused, cuda_graphs=cuda_graphs, compile=compile)
+    name = resolve_engine(engine, cuda_graphs=cuda_graphs, compile=compile)
     kwargs = dict(
         device=device, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p
     )

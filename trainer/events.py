@@ -59,7 +59,9 @@ class Observer:
     ) -> None:
         """Models of every role exist (``actor``, ``critic``, ``reference``, ``reward``; absent
         roles are missing from ``models``). ``config`` is the resolved TrainConfig as plain data;
-        ``tokenizer_info`` has ``vocab_size``, ``pad_token_id``, ``eos_token_id``, ``padding_side``."""
+        ``tokenizer_info`` has ``vocab_size``, ``pad_token_id``, ``eos_token_id``, ``padding_side``,
+        and ``overridden``: the settings of the user's checkpoint and tokenizer the trainer replaced
+        (`trainer.models.overridden`: ``setting``, ``yours``, ``used``, ``differs``)."""
 
     def on_step_start(self, step: int) -> None:
         """A training step begins (0-based)."""

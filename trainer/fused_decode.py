@@ -11,7 +11,7 @@ had been loaded in that dtype (RMSNorm in fp32 scaled in the dtype, rotary from 
 `trainer.decode_attention.decode_attention`, which reads only the written, valid cache slots.
 
 Supported: Llama, Mistral (no sliding window) and Qwen2 layouts. For another model `unsupported` says
-why, and `require_supported` refuses ``rollout.fused`` with that reason (there is no silent fallback
+why, and `require_supported` refuses ``rollout.engine: fused`` with that reason (there is no silent fallback
 to the HF forward: the user asked for this engine). Exercised by
 ``pytest tests/test_fused_decode.py`` (logits against the HF forward of the same model in the same
 dtype) and, on a GPU, ``benchmarks/rollout_bench.py``.
@@ -79,7 +79,7 @@ def require_supported(model: torch.nn.Module) -> None:
     """Raises the ValueError that names why `FusedWeights` cannot take ``model``."""
     why = unsupported(model)
     if why is not None:
-        raise ValueError(f"rollout.fused: {why}; set rollout.fused: false")
+        raise ValueError(f"rollout.engine: fused: {why}; use rollout.engine: static")
 
 
 @dataclasses.dataclass(frozen=True)

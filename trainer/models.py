@@ -202,9 +202,12 @@ def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """``model.tokenizer`` dir, else ``model.path`` when it holds a tokenizer, else the project's own.
 
     Padding side is forced to left whatever the files say: decoder-only generation continues from the
-    last position, so prompts must end flush right. ``tokenizer.load_notes`` lists what was decided.
+    last position, so prompts must end flush right. ``tokenizer.load_notes`` lists what was decided;
+    ``tokenizer.overridden_settings`` what of a user's tokenizer was replaced (`overridden`: the padding
+    side, a pad token taken from eos), with both values.
     """
     notes: list[str] = []
+    user = model_cfg.tokenizer is not None or model_cfg.path is not None  # else the project's own
     if model_cfg.tokenizer is not None:
         _require_dir(model_cfg.tokenizer, "model.tokenizer", "a tokenizer directory (save_pretrained layout)")
         tok = _auto_tokenizer(model_cfg.tokenizer, "model.tokenizer")
@@ -215,10 +218,15 @@ def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
         tok = _auto_tokenizer(model_cfg.path, "model.path")
         notes.append(f"tokenizer from model.path={model_cfg.path}")
     else:
+        user = False
         tok = build_tokenizer()
         notes.append(
             "project character tokenizer (trainer.tokenizer.build_tokenizer): no tokenizer directory given"
         )
+    key = "model.tokenizer" if model_cfg.tokenizer is not None else "model.path"
+    recorded = [overridden(f"{key} tokenizer padding_side", tok.padding_side, "left")] if user else []
+    if user and tok.pad_token_id is None and tok.eos_token_id is not None:
+        recorded.append(overridden(f"{key} tokenizer pad_token", None, tok.eos_token))
     if tok.padding_side != "left":
         notes.append(
             f"padding_side forced left (was {tok.padding_side}): prompts must end flush right for generation"
@@ -234,6 +242,7 @@ def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     for n in notes:
         log.info(n)
     tok.load_notes = notes
+    tok.overridden_settings = recorded
     return tok
 
 
@@ -297,17 +306,35 @@ def preset_config(
 
 
 def _finish(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, policy: RolePolicy
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, policy: RolePolicy, *, source: str | None
 ) -> PreTrainedModel:
+    """The model as the trainer uses it. Its generation config takes the tokenizer's special ids (the
+    rollout stops at the tokenizer's eos); for a checkpoint (``source``: the key that named it) the
+    values it had are recorded in ``model.overridden_settings`` (`overridden`), never replaced silently."""
     # Training forwards never need the KV cache; rollout passes use_cache=True to generate itself.
     model.config.use_cache = False
     gen = getattr(model, "generation_config", None)
+    recorded = []
     if gen is not None:
-        gen.pad_token_id = tokenizer.pad_token_id
-        gen.eos_token_id = tokenizer.eos_token_id
-        gen.bos_token_id = tokenizer.bos_token_id
+        for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            used = getattr(tokenizer, key)
+            if source is not None:
+                recorded.append(
+                    overridden(f"{source} generation_config.{key}", getattr(gen, key, None), used)
+                )
+            setattr(gen, key, used)
+    model.overridden_settings = recorded
     apply_checkpointing(model, policy)
     return model
+
+
+def overridden(setting: str, yours: Any, used: Any) -> dict[str, Any]:
+    """One setting of the user's (a checkpoint's, a tokenizer's) that the trainer replaces: both values,
+    for the run's manifest (``overridden``); a warning in the log when they differ."""
+    differs = yours != used and not (isinstance(yours, (list, tuple)) and list(yours) == [used])
+    if differs:
+        log.warning("%s: yours is %r, the trainer uses %r", setting, yours, used)
+    return {"setting": setting, "yours": yours, "used": used, "differs": differs}
 
 
 def build_causal_lm(
@@ -352,7 +379,7 @@ def build_causal_lm(
         dtype_name(policy.param_dtype),
         device,
     )
-    return _finish(model, tokenizer, policy)
+    return _finish(model, tokenizer, policy, source="model.path" if model_cfg.path is not None else None)
 
 
 CRITIC_HEAD_SEED = 1
@@ -448,6 +475,12 @@ def build_critic(
             raise ValueError(
                 f"model.critic_path: {model_cfg.critic_path!r} is not a loadable model: {e}"
             ) from e
+        vocab = backbone.get_input_embeddings().num_embeddings
+        if vocab < len(tokenizer):
+            raise ValueError(
+                f"model.critic_path: {model_cfg.critic_path!r} embeds {vocab} ids but the tokenizer has "
+                f"{len(tokenizer)}; use a critic checkpoint with the tokenizer's vocabulary"
+            )
     else:
         if actor is None:
             actor = build_causal_lm(

@@ -250,22 +250,30 @@ def _preset_role(preset: str, role: str) -> RolePolicy:
     raise ValueError(f"precision.preset: unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
 
 
-# long: the preset table, then each role's overrides, one rule per branch
-def resolve_policy(
+def check_policy(
     preset: str,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     grad_checkpointing: bool | Mapping[str, bool] = False,
     checkpoint_layers: int | None = None,
-    device: str | torch.device = "cpu",
     where: str = "precision",
-) -> PrecisionPolicy:
-    """Builds the policy of a run from a preset, per-role overrides and the device.
+) -> None:
+    """Every rule `resolve_policy` enforces on the fields, without building the policy: what a config
+    checks when it is constructed (`trainer.config.PrecisionConfig`); the policy itself is built once,
+    by whoever runs it (`verlaudit.run.runner.run_spec`, or `trainer.common.resolve` alone)."""
+    _checked_fields(preset, overrides, grad_checkpointing, checkpoint_layers, where)
 
-    ``overrides`` maps a role to field values, e.g. ``{"critic": {"compute_dtype": "bf16"}}``.
-    Raises ValueError naming the field path (``where``) on unknown presets, roles, fields or dtypes,
-    and when the device cannot run the policy (bf16 on a GPU without bf16 support).
-    """
+
+# long: the preset, the roles, checkpointing, then each role's overrides, one rule per branch
+def _checked_fields(
+    preset: str,
+    overrides: Mapping[str, Mapping[str, Any]] | None,
+    grad_checkpointing: bool | Mapping[str, bool],
+    checkpoint_layers: int | None,
+    where: str,
+) -> tuple[dict[str, bool], dict[str, dict[str, Any]]]:
+    """(role -> grad checkpointing, role -> override field -> parsed value); ValueError naming the
+    field path (``where``) on unknown presets, roles, fields or dtypes."""
 
     def at(key: str) -> str:
         return f"{where}.{key}" if where else key
@@ -300,19 +308,9 @@ def resolve_policy(
                 f"{at('checkpoint_layers')}: set, but grad_checkpointing is off for every role; "
                 "set grad_checkpointing: true or remove checkpoint_layers"
             )
-
-    roles: dict[str, RolePolicy] = {}
+    parsed: dict[str, dict[str, Any]] = {}
     for role in ROLES:
-        base = _preset_role(preset, role)
-        changes: dict[str, Any] = {"grad_checkpointing": gc[role]}
-        reasons = dict(base.reasons)
-        if gc[role]:
-            reasons["grad_checkpointing"] = "requested: trade recompute for activation memory"
-            if checkpoint_layers is not None:
-                changes["checkpoint_layers"] = checkpoint_layers
-                reasons["checkpoint_layers"] = (
-                    f"selective: the first {checkpoint_layers} decoder layers recompute, the rest keep activations"
-                )
+        parsed[role] = {}
         for key, value in dict(overrides.get(role, {})).items():
             path = at(f"overrides.{role}.{key}")
             if key not in _OVERRIDABLE:
@@ -334,19 +332,58 @@ def resolve_policy(
                 raise ValueError(
                     f"{path}: expected a number of layers >= 0 for a trainable role, got {value!r}"
                 )
-            changes[key] = value
-            reasons[key] = (
-                f"per-role override {path}={value if not isinstance(value, torch.dtype) else dtype_name(value)}"
+            parsed[role][key] = value
+        changes, base = parsed[role], _preset_role(preset, role)
+        pd = changes.get("param_dtype", base.param_dtype)
+        cd = changes.get("compute_dtype", base.compute_dtype)
+        dtypes_changed = "param_dtype" in changes or "compute_dtype" in changes
+        autocast = changes.get("autocast", pd != cd if dtypes_changed else base.autocast)
+        if not autocast and pd != cd:
+            raise ValueError(
+                f"{at('overrides.' + role)}: compute_dtype {dtype_name(cd)} differs from "
+                f"param_dtype {dtype_name(pd)} with autocast false; set autocast: true"
             )
+    return gc, parsed
+
+
+def resolve_policy(
+    preset: str,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    grad_checkpointing: bool | Mapping[str, bool] = False,
+    checkpoint_layers: int | None = None,
+    device: str | torch.device = "cpu",
+    where: str = "precision",
+) -> PrecisionPolicy:
+    """Builds the policy of a run from a preset, per-role overrides and the device.
+
+    ``overrides`` maps a role to field values, e.g. ``{"critic": {"compute_dtype": "bf16"}}``.
+    Raises ValueError naming the field path (``where``) on unknown presets, roles, fields or dtypes
+    (`check_policy`'s rules), and when the device cannot run the policy (bf16 on a GPU without bf16).
+    """
+    gc, parsed = _checked_fields(preset, overrides, grad_checkpointing, checkpoint_layers, where)
+    roles: dict[str, RolePolicy] = {}
+    for role in ROLES:
+        base = _preset_role(preset, role)
+        changes: dict[str, Any] = {"grad_checkpointing": gc[role]}
+        reasons = dict(base.reasons)
+        if gc[role]:
+            reasons["grad_checkpointing"] = "requested: trade recompute for activation memory"
+            if checkpoint_layers is not None:
+                changes["checkpoint_layers"] = checkpoint_layers
+                reasons["checkpoint_layers"] = (
+                    f"selective: the first {checkpoint_layers} decoder layers recompute, the rest keep activations"
+                )
+        for key, value in parsed[role].items():
+            changes[key] = value
+            shown = value if not isinstance(value, torch.dtype) else dtype_name(value)
+            reasons[key] = f"per-role override {where + '.' if where else ''}overrides.{role}.{key}={shown}"
         if "param_dtype" in changes or "compute_dtype" in changes:
             pd = changes.get("param_dtype", base.param_dtype)
             cd = changes.get("compute_dtype", base.compute_dtype)
-            if "autocast" not in changes:
-                changes["autocast"] = pd != cd
-            if "grad_dtype" not in changes:
-                changes["grad_dtype"] = pd
-            if "optim_state_dtype" not in changes:
-                changes["optim_state_dtype"] = pd
+            changes.setdefault("autocast", pd != cd)
+            changes.setdefault("grad_dtype", pd)
+            changes.setdefault("optim_state_dtype", pd)
         fp16_compute = changes.get("compute_dtype", base.compute_dtype) == torch.float16
         if role in TRAINABLE_ROLES and "loss_scaling" not in changes:
             if fp16_compute and base.loss_scaling == "none":
@@ -358,11 +395,6 @@ def resolve_policy(
                 changes["loss_scaling"] = "none"
                 reasons["loss_scaling"] = "compute overridden away from fp16: no loss scaling needed"
         roles[role] = dataclasses.replace(base, reasons=reasons, **changes)
-        if not roles[role].autocast and roles[role].param_dtype != roles[role].compute_dtype:
-            raise ValueError(
-                f"{at('overrides.' + role)}: compute_dtype {dtype_name(roles[role].compute_dtype)} differs from "
-                f"param_dtype {dtype_name(roles[role].param_dtype)} with autocast false; set autocast: true"
-            )
     policy = PrecisionPolicy(preset=preset, roles=roles)
     check_hardware(policy, device, where=where)
     return policy

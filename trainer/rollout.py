@@ -14,7 +14,7 @@ captured once as a CUDA graph and replayed, and the single-token forward compile
 (vLLM's, `trainer.vllm_engine.VLLMEngine`, included).
 Under several ranks (torchrun + FSDP2) both engines keep decoding until every rank's rows have
 ended, since each forward all-gathers parameter shards with the other ranks -- except with
-``rollout.fused``, whose snapshot is gathered once per rollout, so its decode steps have no
+``rollout.engine: fused``, whose snapshot is gathered once per rollout, so its decode steps have no
 collectives (and may be compiled and captured as CUDA graphs under FSDP2 too).
 Exercised by `pytest tests/test_rollout.py tests/test_rollout_fast.py` and, on a GPU,
 `python benchmarks/rollout_bench.py`.
@@ -432,8 +432,8 @@ class StaticDecodeEngine(HFGenerateEngine):
             fused_decode.require_supported(model)  # at construction, not at the first rollout
         if attn not in ("sdpa", "eager") and not fused:
             raise ValueError(
-                f"rollout.cache: static passes an explicit 4D attention mask, which {attn!r} attention does "
-                "not take; set model.attn_implementation: sdpa (or rollout.cache: dynamic)"
+                f"rollout.engine: static passes an explicit 4D attention mask, which {attn!r} attention does "
+                "not take; set model.attn_implementation: sdpa (or rollout.engine: hf)"
             )
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError(

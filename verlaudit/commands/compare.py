@@ -30,7 +30,9 @@ from verlaudit.rundir import is_run_dir
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run directory or suite report directory to check")
     p.add_argument(
-        "--baseline", help="baseline run or report directory (default reports/baselines/<suite>/<device>)"
+        "--baseline",
+        help="baseline run or report directory (default: the suite's compare.baseline, else "
+        "reports/baselines/<suite>/<device>)",
     )
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (one test case per variant x check)")
     p.add_argument(
@@ -61,7 +63,9 @@ def main(args: argparse.Namespace) -> int:
     run_path = Path(args.run)
     now_runs, suite = load_runs(run_path, "RUN")
     settings = load_settings(suite.get("compare"), args.tolerances, args.gate)
-    base_path = Path(args.baseline) if args.baseline else default_baseline(now_runs, suite)
+    # --baseline, else the suite's compare.baseline (resolved against the suite file when it loaded)
+    named = args.baseline or (suite.get("compare") or {}).get("baseline")
+    base_path = Path(named) if named else default_baseline(now_runs, suite)
     suite_name = str(suite.get("name") or next(iter(now_runs.values())).manifest.get("suite") or "suite")
     has_baseline = base_path.is_dir() and (
         is_run_dir(base_path) or any(is_run_dir(c) for c in base_path.iterdir())

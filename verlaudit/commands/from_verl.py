@@ -15,7 +15,7 @@ from verlaudit.commands import run as run_command
 from verlaudit.run.suite import Suite
 from verlaudit.verl.launch import read_launch
 from verlaudit.verl.mapping import map_launch
-from verlaudit.verl.writer import render
+from verlaudit.verl.writer import render, suite_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         print("not mapped:")
         for r in unmapped:
             print(f"  {'line ' + str(r.line) if r.line else 'default'}: {r.verl}={r.text}: {r.reason}")
-    for note in mapped.notes:
+    for note in mapped.notes + suite_paths(mapped.train, out)[1]:  # the paths it could not make relative
         print(f"note: {note}")
     if not args.run:
         print(f"run it: verlaudit run {out}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from verlaudit.analysis.report import build as report_mod
 from verlaudit.run import runner
 from verlaudit.run.hardware import detect
+from verlaudit.run.preflight import preflight
 from verlaudit.run.recommend import (
     CHECKPOINTING,
     RECIPES,
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="suite YAML: its model, algorithm, data and hardware.target are used")
     p.add_argument(
         "--recipes",
-        default="fp32,fp16,bf16,bf16-pure,bf16+fp32-critic,fp32+bf16-ref",
+        default=",".join(RECIPES),
         help=f"comma-separated recipes (of {', '.join(RECIPES)}); ones that do not apply are left out",
     )
     p.add_argument(
@@ -73,6 +74,9 @@ def main(args: argparse.Namespace) -> int:
             f"--recipes: none of {args.recipes} applies to {suite.train.algo.name} (no critic / reference)"
         )
     rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows)
+    # what the candidates name (the suite's train: section; not the suite's own variants, which do not
+    # run here): plug-ins imported, paths and signatures checked, before any candidate is planned or run
+    preflight(dataclasses.replace(rsuite, lines=suite.lines))
     measured = planned(rsuite)
     out_dir, interrupted = _run(rsuite, suite, [m for m in measured if m.fits], args)
     ranked = rank(measured, tol, args.rank_by)

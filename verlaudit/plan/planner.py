@@ -100,7 +100,7 @@ def plan_config(
     pc = cfg.precision
     if policy is None:
         # planning needs no run: the policy the config describes (a run's is in its spec and manifest)
-        policy = pc.policy
+        policy = pc.build_policy()
     arch = architecture_of(cfg.model)
     algo, data = cfg.algo, cfg.data
     w = gpus
@@ -259,7 +259,7 @@ def shadow_gib(cfg: TrainConfig, *, rows: int) -> float:
     arch = architecture_of(cfg.model)
     seq = cfg.data.prompt_length + cfg.data.response_length
     parts = mm.shadow_bytes(
-        arch, seq_len=seq, rows=rows, param_bytes=mm.nbytes(cfg.precision.policy["actor"].param_dtype)
+        arch, seq_len=seq, rows=rows, param_bytes=mm.nbytes(cfg.precision.build_policy()["actor"].param_dtype)
     )
     return sum(parts.values()) / GIB
 

@@ -1,13 +1,15 @@
 """What a suite names outside its own file, checked before any worker starts.
 
-`preflight(suite)`: for every variant, every plug-in (`PLUGINS`) is imported and its signature
-checked against how the trainer calls it, every model directory (``model.path``,
+`preflight(suite)`: for every variant, every plug-in (`PLUGINS`, ``model.setup`` included) is imported
+and its signature checked against how the trainer calls it, every model directory (``model.path``,
 ``model.tokenizer``, ``model.critic_path``, a ``model.reward_model`` directory) is a local Hugging
-Face directory whose config or tokenizer loads, verl's ``data.train_files`` exist,
+Face directory whose config or tokenizer loads (the actor's and the critic's vocabulary covering the
+tokenizer's ids), verl's ``data.train_files`` exist,
 ``model.preset`` / ``data.task`` exist, and ``rollout.engine: vllm`` finds vLLM installed (else the
 install command). A
-mistake is a ValueError naming the suite file and the field (``variants.bf16.data.collator``).
-`verlaudit run` and `verlaudit plan` both call it. Exercised by `pytest tests/test_preflight.py`.
+mistake is a ValueError naming the suite file, the line and the field (``s.yaml:12:
+variants.bf16.data.collator: ...``). `verlaudit run`, `verlaudit plan` and `verlaudit recommend` all call
+it. Every path has been made absolute against the suite file already (`verlaudit.run.suite.resolve_paths`). Exercised by `pytest tests/test_preflight.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from trainer.config import TrainConfig
@@ -29,6 +31,7 @@ PLUGINS: dict[str, tuple[str, ...]] = {
     "data.reward_fn": ("prompts", "responses", "examples"),
     "model.reward_model": ("tokenizer", "device"),
     "data.compute_score": ("data_source=", "solution_str=", "ground_truth=", "extra_info="),
+    "model.setup": ("model", "role", "tokenizer"),
 }
 """Plug-in field -> the arguments the trainer calls it with (trainer/data.py, trainer/models.py,
 trainer/verl_data.py); ``name=`` is passed by keyword (verl's compute_score, plus
@@ -37,7 +40,7 @@ trainer/verl_data.py); ``name=`` is passed by keyword (verl's compute_score, plu
 
 def preflight(suite: Suite) -> None:
     """Imports and checks everything the suite's variants name outside the file; ValueError naming
-    the suite file and the field at the first problem."""
+    the suite file, the line and the field at the first problem (``s.yaml:7: train.model.setup: ...``)."""
     checked: set[tuple[str, Any]] = set()
     for vname, cfg in suite.variants.items():
         for field, value, check in _checks(cfg):
@@ -47,8 +50,21 @@ def preflight(suite: Suite) -> None:
             try:
                 check(value, where)
             except ValueError as e:
-                raise ValueError(f"{suite.source}: {e}" if suite.source else str(e)) from None
+                raise ValueError(f"{_located(suite, where)}{e}") from None
             checked.add((field, value))
+
+
+def _located(suite: Suite, where: str) -> str:
+    """``file:line: `` of the key ``where`` names (or of the nearest enclosing key written), ``file: ``
+    when the suite came from no file."""
+    if not suite.source:
+        return ""
+    parts = where.split(".")
+    for n in range(len(parts), 0, -1):
+        line = suite.lines.get(".".join(parts[:n]))
+        if line is not None:
+            return f"{suite.source}:{line}: "
+    return f"{suite.source}: "
 
 
 def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]]]:
@@ -60,9 +76,9 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
     # a table, one field per line (a value of None: nothing named, nothing to check)
     return [
         ("model.preset", m.preset if m.path is None else None, _preset),
-        ("model.path", m.path, lambda v, w: _hf_dir(v, w, "a causal LM")),
+        ("model.path", m.path, lambda v, w: _vocab(m, v, w, "a causal LM")),
         ("model.tokenizer", (m.tokenizer, m.path) if m.tokenizer or m.path else None, lambda v, w: _tokenizer(m, w)),
-        ("model.critic_path", m.critic_path, lambda v, w: _hf_dir(v, w, "a model")),
+        ("model.critic_path", m.critic_path, lambda v, w: _vocab(m, v, w, "a model")),
         ("model.reward_model", m.reward_model, _reward_model),
         ("data.task", d.task if uses_task else None, _task),
         ("data.train_files", d.train_file_list or None, _data_files),
@@ -70,6 +86,8 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
           for field in ("data.dataset", "data.collator", "data.reward_fn")),
         ("data.compute_score", (d.compute_score, tuple(d.compute_score_kwargs)) if d.compute_score else None,
          lambda v, w: _plugin(v[0], w, field="data.compute_score", kwargs=v[1])),
+        *((f"model.setup.{role}" if isinstance(m.setup, Mapping) else "model.setup", spec,
+           lambda v, w: _plugin(v, w, field="model.setup")) for role, spec in m.setup_plugins().items()),
         ("rollout.engine", cfg.rollout.kind if cfg.rollout.kind == "vllm" else None, _engine),
     ]  # fmt: skip
 
@@ -110,8 +128,8 @@ def _data_files(files: tuple[str, ...], where: str) -> None:
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise ValueError(
-            f"{where}: {', '.join(missing)} not found (relative to {os.getcwd()}); expected verl's "
-            "RL data: .parquet, .jsonl or .json files"
+            f"{where}: {', '.join(missing)} not found (a relative path is relative to the suite file); "
+            "expected verl's RL data: .parquet, .jsonl or .json files"
         )
 
 
@@ -121,13 +139,35 @@ def _hf_dir(path: str, where: str, what: str) -> None:
 
     want = f"a local Hugging Face directory of {what} (save_pretrained layout; nothing is downloaded)"
     if not os.path.exists(path):
-        raise ValueError(f"{where}: {path!r} does not exist (relative to {os.getcwd()}); expected {want}")
+        raise ValueError(
+            f"{where}: {path!r} does not exist (a relative path is relative to the suite file); expected {want}"
+        )
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"{where}: {path!r} has no config.json; expected {want}")
     try:
         AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # any failure to read the config becomes a located message
         raise ValueError(f"{where}: {path!r}: its config.json does not load: {_one_line(e)}") from None
+
+
+def _vocab(model_cfg: Any, path: str, where: str, what: str) -> None:
+    """A model directory (`_hf_dir`) whose embedding covers every id of the tokenizer the run uses (the
+    worker refuses it after loading the weights otherwise; here nothing is loaded but the config)."""
+    from transformers import AutoConfig
+
+    from trainer.models import load_tokenizer
+
+    _hf_dir(path, where, what)
+    vocab = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "vocab_size", None)
+    try:
+        ids = len(load_tokenizer(model_cfg))
+    except ValueError:
+        return  # the tokenizer's own check (model.tokenizer) names that problem
+    if isinstance(vocab, int) and vocab < ids:
+        raise ValueError(
+            f"{where}: {path!r} embeds {vocab} ids but the tokenizer has {ids}; use the tokenizer the model "
+            "was trained with (model.tokenizer), or a checkpoint with that vocabulary"
+        )
 
 
 def _tokenizer(model_cfg: Any, where: str) -> None:

@@ -27,7 +27,7 @@ import yaml
 
 from verlaudit.analysis.report import build as report_mod
 from verlaudit.audit.shadow import EXCESS
-from verlaudit.run.suite import Suite
+from verlaudit.run.suite import Suite, check_variant_name
 from verlaudit.rundir import GRADHEALTH, RunDir, read_records, to_float
 
 RECIPES: dict[str, dict[str, Any]] = {
@@ -35,10 +35,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     "fp16": {"preset": "fp16"},
     "bf16": {"preset": "bf16"},
     "bf16-pure": {"preset": "bf16-pure"},
-    "bf16+fp32-critic": {"preset": "bf16", "overrides": {"critic": {"param_dtype": "fp32", "compute_dtype": "fp32"}}},
-    "fp32+bf16-ref": {"preset": "fp32", "overrides": {"reference": {"param_dtype": "bf16", "compute_dtype": "bf16"}}},
+    "bf16.fp32-critic": {"preset": "bf16", "overrides": {"critic": {"param_dtype": "fp32", "compute_dtype": "fp32"}}},
+    "fp32.bf16-ref": {"preset": "fp32", "overrides": {"reference": {"param_dtype": "bf16", "compute_dtype": "bf16"}}},
 }  # fmt: skip
-"""Recipe name -> the ``precision:`` section it sets (on top of the suite's other precision keys)."""
+"""Recipe name -> the ``precision:`` section it sets (on top of the suite's other precision keys). A
+recipe's name, with ``-<checkpointing>`` after it, names its candidate variant, so each follows the
+variant-name rule (`verlaudit.run.suite.check_variant_name`): ``bf16.fp32-critic`` is bf16 with an fp32
+critic."""
 CHECKPOINTING: dict[str, dict[str, Any]] = {
     "suite": {},
     "no-ckpt": {"grad_checkpointing": False, "checkpoint_layers": None},
@@ -103,7 +106,9 @@ def candidates(
                     f"--checkpointing: unknown choice {ck!r}; expected some of {', '.join(CHECKPOINTING)}"
                 )
             precision = {**base, "overrides": {}, **RECIPES[recipe], **CHECKPOINTING[ck]}
-            out[recipe if ck == "suite" else f"{recipe}-{ck}"] = {"precision": precision}
+            name = recipe if ck == "suite" else f"{recipe}-{ck}"
+            check_variant_name(name, f"candidate {name}")
+            out[name] = {"precision": precision}
     return out
 
 

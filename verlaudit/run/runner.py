@@ -193,7 +193,7 @@ def run_spec(run: SuiteRun, suite: Suite, out_dir: Path, *, device: str, emulati
         audit=suite.audit,
         emulation=emulation,
         device=device,
-        policy=run.config.precision.policy,
+        policy=run.config.precision.build_policy(),
     )
 
 
@@ -257,6 +257,17 @@ def _postfix(m: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: the caller's as it is (a host that needs NCCL or NVSHMEM settings,
+    NVLink multicast off on some shared hosts, exports them before `verlaudit run`: README "The
+    commands"), unbuffered output, and this checkout first on the path."""
+    env = dict(environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    root = str(Path(verlaudit.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     """Starts the worker, follows its metrics, waits for it; returns what runner.json records.
     KeyboardInterrupt is re-raised after the child has been stopped."""
@@ -267,16 +278,7 @@ def _run_one(planned: PlannedRun, gpus: int, progress: bool) -> dict[str, Any]:
     spec_path = run_dir / SPEC
     spec_path.write_text(json.dumps(planned.spec.to_dict(), indent=2), encoding="utf-8")
     cmd = launch_command(spec_path, gpus)
-    # NVLink multicast off: the shared multi-GPU hosts require it (harmless on one GPU or CPU)
-    env = {
-        "NCCL_NVLS_ENABLE": "0",
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1",
-        **os.environ,
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    root = str(Path(verlaudit.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env = worker_env(os.environ)
     started = time.monotonic()
     record: dict[str, Any] = {"command": cmd, "started_at": now()}
     tail = _MetricsTail(run_dir / METRICS)

@@ -4,8 +4,8 @@
 the device, the memory cap, ``checkpoint_layers: auto``, the precision policy), and writes the result
 as the run directory's spec.json (`RunSpec.to_dict`). The worker (``python -m verlaudit.run.worker
 spec.json``) reads it back (`RunSpec.from_dict`) and hands the device and the policy to
-`trainer.train.train`, so nothing downstream decides them again. Every mistake in a spec is a
-ValueError naming the field path (``train.algo.lr: must be > 0``, ``policy.roles.actor.param_dtype:
+`trainer.train.train`, so nothing downstream decides them again. A spec is a `Section` like every
+config (`trainer.config_base`); every mistake in one is a ValueError naming the field path (``train.algo.lr: must be > 0``, ``policy.roles.actor.param_dtype:
 ...``). Exercised by `pytest tests/test_spec.py` and `pytest tests/test_worker.py`.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainConfig
+from trainer.config_base import Section
 from trainer.precision import PrecisionPolicy
 from verlaudit.audit import AuditSettings
 
@@ -24,7 +25,7 @@ DEVICE_TYPES = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Emulation:
+class Emulation(Section):
     """How the run stands in for the suite's target GPU."""
 
     target: str | None = None
@@ -37,23 +38,18 @@ class Emulation:
     def __post_init__(self) -> None:
         cap = self.memory_cap_gb
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
-            raise ValueError(f"emulation.memory_cap_gb: expected a number > 0 or null, got {cap!r}")
+            raise ValueError(f"memory_cap_gb: expected a number > 0 or null, got {cap!r}")
         for name in ("target", "reason"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"emulation.{name}: expected a string or null, got {value!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Emulation:
-        return cls(**_fields_of(cls, data, "emulation"))
+                raise ValueError(f"{name}: expected a string or null, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunSpec:
+class RunSpec(Section):
     """One run, fully decided: the worker's only input."""
+
+    _noun = "a spec"
 
     variant: str
     """The suite's variant name."""
@@ -75,8 +71,9 @@ class RunSpec:
     single process takes ``cuda:0``, rank k under torchrun ``cuda:LOCAL_RANK``
     (`trainer.distributed.init_distributed`)."""
     policy: PrecisionPolicy
-    """The precision policy the runner resolved from ``train.precision`` (checked against the target
-    there: bf16 on a GPU without bf16 is refused before any worker starts)."""
+    """The precision policy the runner built from ``train.precision`` (`verlaudit.run.runner.run_spec`,
+    once per run; checked against the target there: bf16 on a GPU without bf16 is refused before any
+    worker starts)."""
 
     def __post_init__(self) -> None:
         for name in ("variant", "suite"):
@@ -100,59 +97,17 @@ class RunSpec:
                 f"policy.preset: {self.policy.preset!r} is not train.precision.preset "
                 f"{self.train.precision.preset!r}"
             )
-        if self.inject is not None and not isinstance(self.inject, Mapping):
-            raise ValueError(f"inject: expected a mapping, got {self.inject!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data (what spec.json holds); `from_dict` reads it back unchanged."""
-        return {
-            "variant": self.variant,
-            "suite": self.suite,
-            "seed": self.seed,
-            "run_dir": str(self.run_dir),
-            "train": self.train.to_dict(),
-            "audit": self.audit.to_dict(),
-            "emulation": self.emulation.to_dict(),
-            "inject": None if self.inject is None else dict(self.inject),
-            "device": self.device,
-            "policy": self.policy.to_dict(),
-        }
 
     @classmethod
-    def from_dict(cls, data: Any) -> RunSpec:
-        """Validates spec data; ValueError names the field (``train.algo.lr: must be > 0``)."""
-        kw = _fields_of(cls, data, "", required=("variant", "run_dir", "train", "device", "policy"))
-        train = kw["train"]
-        if not isinstance(train, Mapping):
-            raise ValueError(f"train: expected a mapping, got {train!r}")
-        seed = kw.setdefault("seed", train.get("seed", 0))
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed: expected an integer, got {seed!r}")
-        # the spec's seed is the run's: it replaces whatever the config carried
-        kw["train"] = TrainConfig.from_dict({**train, "seed": seed}, where="train")
-        kw["audit"] = AuditSettings.from_dict(kw.get("audit"), where="audit")
-        kw["emulation"] = Emulation.from_dict(kw.get("emulation"))
-        kw["policy"] = PrecisionPolicy.from_dict(kw["policy"], where="policy")
-        if not isinstance(kw["run_dir"], str):
-            raise ValueError(f"run_dir: expected a directory path, got {kw['run_dir']!r}")
-        kw["run_dir"] = Path(kw["run_dir"])
-        return cls(**kw)
-
-
-def _fields_of(cls: Any, data: Any, where: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``data`` as keyword arguments of the dataclass ``cls``: unknown and missing keys are errors."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    data = {} if data is None else data
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where or 'spec'}: expected a mapping with keys {', '.join(names)}, got {data!r}")
-    for key in data:
-        if key not in names:
-            raise ValueError(
-                f"{where + '.' if where else ''}{key}: unknown key; expected one of {', '.join(names)}"
-            )
-    for key in required:
-        if key not in data:
-            raise ValueError(
-                f"{where + '.' if where else ''}{key}: missing; a spec needs {', '.join(required)}"
-            )
-    return dict(data)
+    def from_dict(cls, data: Any, where: str = "") -> RunSpec:
+        """Validates spec data (`Section.from_dict`); ValueError names the field (``train.algo.lr: must
+        be > 0``). The spec's ``seed`` (default: the config's) replaces whatever ``train`` carried."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"spec: expected a mapping, got {data!r}")
+        train = data.get("train")
+        if isinstance(train, Mapping):
+            seed = data.get("seed", train.get("seed", 0))
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seed: expected an integer, got {seed!r}")
+            data = {**data, "seed": seed, "train": {**train, "seed": seed}}
+        return super().from_dict(data, where)

@@ -3,12 +3,15 @@
 A suite names the model, data, algorithm, steps and seeds (``train:``, the keys of
 `trainer.config.TrainConfig`; required: ``train: {}`` takes every default), the hardware the numbers
 are meant for, the audit level, report and compare settings, and ``variants``: name -> partial
-TrainConfig deep-merged onto ``train``. Command-line overrides apply after the file validates. A
-plug-in given as ``path/to/file.py:attr`` is relative to the suite file's directory: the configs
-(and so each worker's spec) hold its absolute path (`resolve_plugin_paths`); ``module:attr`` and
-absolute paths are kept. `verlaudit.run.preflight` then imports and checks what the suite names.
-Every mistake is a ValueError naming the file, the field path and what is accepted; unknown keys
-are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
+TrainConfig deep-merged onto ``train`` (a variant's ``key: unset`` drops an inherited key, which then
+takes its default). Command-line overrides apply after the file validates. Every path the suite
+names (`SUITE_PATHS`: plug-ins given as ``path/to/file.py:attr``, ``model.path``, ``model.setup``,
+tokenizers, ``data.train_files``, reward models, ``model.critic_path``; ``compare.baseline``) is relative
+to the suite file's directory, resolved once, here (`resolve_paths`): the configs, and so each worker's
+spec, hold absolute paths, whatever the current directory; ``module:attr`` and absolute paths are kept.
+`verlaudit.run.preflight` then imports and checks what the suite names. The top level is a `Section`
+(`SuiteFile`) like every config section, so every mistake is a ValueError naming the file, the field
+path and what is accepted; unknown keys are errors; YAML syntax errors name file:line. ``suite.expand()`` gives one `SuiteRun` per
 (variant, seed). Exercised by `pytest tests/test_suite.py` and `verlaudit run suites/tiny_cpu.yaml`.
 """
 
@@ -18,7 +21,7 @@ import copy
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,9 @@ import yaml
 # _Section is the config package's recursive from_dict/to_dict with field-path errors; reusing it
 # keeps suite errors worded exactly like TrainConfig's.
 from trainer.config import TrainConfig
+from trainer.config_base import UNSET, without_unset
 from trainer.config_base import Section as _Section
+from verlaudit.analysis.ci.compare import CompareConfig
 from verlaudit.audit.settings import LEVELS, AuditSettings
 from verlaudit.run.hardware import get_target
 
@@ -94,14 +99,17 @@ class Suite:
     hardware: HardwareConfig
     audit: AuditSettings
     report: ReportSettings
-    compare: Mapping[str, Any]
-    """Tolerances and gates for `verlaudit compare` (which owns their meaning); checked only as a mapping."""
+    compare: CompareConfig
+    """Tolerances, gates and the baseline for `verlaudit compare` (which owns their meaning)."""
     variants: Mapping[str, TrainConfig]
     """Variant name -> the base with that variant's overrides merged in, in file order."""
     overrides: Mapping[str, Mapping[str, Any]]
     """Variant name -> the partial config as written (for the report and manifests)."""
     source: str | None = None
     """The YAML file the suite came from."""
+    lines: Mapping[str, int] = dataclasses.field(default_factory=dict, compare=False)
+    """Dotted key path (``variants.a.model.setup``) -> its line in ``source`` (`key_lines`), so a check
+    made after loading (`verlaudit.run.preflight`) can name the line."""
 
     def expand(self) -> list[SuiteRun]:
         """One `SuiteRun` per (variant, seed), variants in suite order, seeds inner."""
@@ -126,7 +134,7 @@ class Suite:
             "hardware": self.hardware.to_dict(),
             "audit": self.audit.to_dict(),
             "report": self.report.to_dict(),
-            "compare": copy.deepcopy(dict(self.compare)),
+            "compare": self.compare.to_dict(),
             "variants": {k: copy.deepcopy(dict(v)) for k, v in self.overrides.items()},
         }
 
@@ -140,74 +148,81 @@ class Suite:
             raise ValueError(f"{prefix}{e}") from None
 
 
-_TOP_KEYS = ("name", "description", "train", "seeds", "hardware", "audit", "report", "compare", "variants")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SuiteFile(_Section):
+    """A suite file's top level as written (`Section`: an unknown key or a wrong type names the field).
+    ``train`` and ``variants`` stay plain data here: each variant is merged onto ``train`` before either
+    is read as a `TrainConfig` (`_build`)."""
+
+    name: str | None = None
+    """Report directory name; default: the file's stem."""
+    description: str | None = None
+    train: Any = None
+    """The base `TrainConfig` (required; ``train: {}`` takes every default)."""
+    seeds: Any = None
+    """Seeds each variant runs with; default: ``train.seed``."""
+    hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
+    audit: AuditSettings = dataclasses.field(default_factory=AuditSettings)
+    report: ReportSettings = dataclasses.field(default_factory=ReportSettings)
+    compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
+    variants: Any = None
+    """Variant name -> partial `TrainConfig`, merged onto ``train``."""
+
+    def __post_init__(self) -> None:
+        if self.name is not None and not _NAME.match(self.name):
+            raise ValueError(
+                f"name: {self.name!r}; expected a name of letters, digits, '_', '-', '.' (it names a directory)"
+            )
+        if self.train is not None and not isinstance(self.train, Mapping):
+            raise ValueError(f"train: expected a mapping of TrainConfig keys, got {self.train!r}")
+        seeds = self.seeds
+        if seeds is not None:
+            if not isinstance(seeds, Sequence) or isinstance(seeds, str) or not seeds:
+                raise ValueError(f"seeds: expected a non-empty list of integers, got {seeds!r}")
+            for i, s in enumerate(seeds):
+                if isinstance(s, bool) or not isinstance(s, int):
+                    raise ValueError(f"seeds[{i}]: expected an integer, got {s!r}")
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"seeds: repeated seed in {list(seeds)}; each seed names one run directory")
+        if not isinstance(self.variants, Mapping) or not self.variants:
+            raise ValueError(
+                "variants: expected a non-empty mapping of variant name -> TrainConfig overrides, "
+                "e.g. {fp32: {precision: {preset: fp32}}}"
+            )
 
 
 def _build(data: Any, *, source: str | None, default_name: str | None) -> Suite:
     if not isinstance(data, Mapping):
-        raise ValueError(f"a suite is a mapping with keys {', '.join(_TOP_KEYS)}; got {type(data).__name__}")
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise ValueError(f"{key}: unknown key; expected one of {', '.join(_TOP_KEYS)}")
-    name = data.get("name", default_name)
-    if not isinstance(name, str) or not _NAME.match(name):
+        keys = ", ".join(f.name for f in dataclasses.fields(SuiteFile))
+        raise ValueError(f"a suite is a mapping with keys {keys}; got {type(data).__name__}")
+    if "compare" in data and not isinstance(data["compare"], Mapping):
+        raise ValueError(f"compare: expected a mapping (tolerances, gates), got {data['compare']!r}")
+    top = SuiteFile.from_dict(data)
+    name = top.name if top.name is not None else default_name
+    if name is None or not _NAME.match(name):
         raise ValueError(
             f"name: {name!r}; expected a name of letters, digits, '_', '-', '.' (it names a directory)"
         )
-    description = data.get("description") or ""
-    if not isinstance(description, str):
-        raise ValueError(f"description: expected a string, got {description!r}")
-
-    base_raw = data.get("train") or {}
-    if not isinstance(base_raw, Mapping):
-        raise ValueError(f"train: expected a mapping of TrainConfig keys, got {base_raw!r}")
-    # plug-in files (file.py:attr) are relative to the suite file; the configs hold absolute paths
-    plugin_base = Path(source).parent if source else Path.cwd()
-    base = resolve_plugin_paths(TrainConfig.from_dict(base_raw, where="train"), plugin_base)
-
-    seeds_raw = data.get("seeds")
-    if seeds_raw is None:
-        seeds: tuple[int, ...] = (base.seed,)
-    else:
-        if not isinstance(seeds_raw, Sequence) or isinstance(seeds_raw, str) or not seeds_raw:
-            raise ValueError(f"seeds: expected a non-empty list of integers, got {seeds_raw!r}")
-        for i, s in enumerate(seeds_raw):
-            if isinstance(s, bool) or not isinstance(s, int):
-                raise ValueError(f"seeds[{i}]: expected an integer, got {s!r}")
-        if len(set(seeds_raw)) != len(seeds_raw):
-            raise ValueError(f"seeds: repeated seed in {list(seeds_raw)}; each seed names one run directory")
-        seeds = tuple(seeds_raw)
-
-    hardware = HardwareConfig.from_dict(data.get("hardware"), where="hardware")
-    audit = AuditSettings.from_dict(data.get("audit"), where="audit")
-    report = ReportSettings.from_dict(data.get("report"), where="report")
-    compare = data.get("compare") or {}
-    if not isinstance(compare, Mapping):
-        raise ValueError(f"compare: expected a mapping (tolerances, gates), got {compare!r}")
-    from verlaudit.analysis.ci.compare import (
-        load_settings,  # compare owns the meaning; reject bad keys at load time
-    )
-
-    load_settings(compare)
-
-    variants_raw = data.get("variants")
-    if not isinstance(variants_raw, Mapping) or not variants_raw:
-        raise ValueError(
-            "variants: expected a non-empty mapping of variant name -> TrainConfig overrides, "
-            "e.g. {fp32: {precision: {preset: fp32}}}"
-        )
-    variants, overrides = _variants(variants_raw, base, plugin_base)
-    if "train" not in data:  # checked after the sections that are there: the mistakes written come first
+    if top.train is None and "train" in data:
+        raise ValueError("train: expected a mapping of TrainConfig keys, got None; write train: {}")
+    # every path the suite names is relative to the suite file; the configs hold absolute paths
+    suite_dir = Path(source).parent if source else Path.cwd()
+    base = resolve_paths(TrainConfig.from_dict(top.train or {}, where="train"), suite_dir)
+    variants, overrides = _variants(top.variants, top.train or {}, suite_dir)
+    if top.train is None:  # checked after the sections that are there: the mistakes written come first
         raise ValueError(_NO_TRAIN)
+    compare = top.compare
+    if compare.baseline is not None:  # relative to the suite file, like every path it names
+        compare = dataclasses.replace(compare, baseline=resolve_path(compare.baseline, suite_dir))
     return Suite(
         name=name,
-        description=description,
+        description=top.description or "",
         train=base,
-        seeds=seeds,
-        hardware=hardware,
-        audit=audit,
-        report=report,
-        compare=copy.deepcopy(dict(compare)),
+        seeds=tuple(top.seeds) if top.seeds is not None else (base.seed,),
+        hardware=top.hardware,
+        audit=top.audit,
+        report=top.report,
+        compare=compare,
         variants=variants,
         overrides=overrides,
         source=source,
@@ -222,47 +237,126 @@ _NO_TRAIN = (
 
 
 def _variants(
-    variants_raw: Mapping[Any, Any], base: TrainConfig, plugin_base: Path
+    variants_raw: Mapping[Any, Any], base_raw: Mapping[str, Any], suite_dir: Path
 ) -> tuple[dict[str, TrainConfig], dict[str, dict[str, Any]]]:
-    """Each variant's config (its overrides deep-merged onto ``base``) and its overrides as written."""
+    """Each variant's config (its overrides deep-merged onto the base as written, then read) and its
+    overrides as written. A variant's ``key: unset`` drops the inherited key (it takes its default)."""
     variants: dict[str, TrainConfig] = {}
     overrides: dict[str, dict[str, Any]] = {}
     for vname, over in variants_raw.items():
         where = f"variants.{vname}"
-        if not isinstance(vname, str) or not _NAME.match(vname):
-            raise ValueError(
-                f"{where}: bad variant name; use letters, digits, '_', '-', '.' (it names a directory)"
-            )
+        check_variant_name(vname, where)
         over = {} if over is None else over
         if not isinstance(over, Mapping):
             raise ValueError(f"{where}: expected a mapping of TrainConfig overrides, got {over!r}")
         if "seed" in over:
             raise ValueError(f"{where}.seed: set seeds for the whole suite with the top-level 'seeds' list")
-        merged = deep_merge(base.to_dict(), over)
-        variants[vname] = resolve_plugin_paths(TrainConfig.from_dict(merged, where=where), plugin_base)
+        merged = without_unset(deep_merge(base_raw, over))
+        try:
+            cfg = TrainConfig.from_dict(merged, where=where)
+        except ValueError as e:
+            raise ValueError(_inherited_hint(str(e), where, over)) from None
+        variants[vname] = resolve_paths(cfg, suite_dir)
         overrides[vname] = copy.deepcopy(dict(over))
     return variants, overrides
 
 
-def resolve_plugin_path(spec: Any, base: Path) -> Any:
-    """``file.py:attr`` relative to ``base`` -> its absolute path; anything else unchanged."""
+def check_variant_name(name: Any, where: str) -> None:
+    """The variant-name rule (a variant names its run directory): ValueError naming ``where``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"{where}: bad variant name; use letters, digits, '_', '-', '.' (it names a directory)"
+        )
+
+
+def _inherited_hint(msg: str, where: str, over: Mapping[str, Any]) -> str:
+    """``msg``, plus how to drop the key from this variant when the key it names comes from ``train:``
+    and nothing reads it under the variant's other values (a variant cannot delete an inherited key)."""
+    field, _, rest = msg.partition(": ")
+    if not field.startswith(where + ".") or "nothing reads it" not in rest:
+        return msg
+    *section, key = field[len(where) + 1 :].split(".")
+    node: Any = over
+    for part in (*section, key):
+        if not isinstance(node, Mapping) or part not in node:
+            under = ".".join((where, *section))
+            return f"{msg}; it is inherited from train: write {key}: {UNSET} under {under} to drop it"
+        node = node[part]
+    return msg
+
+
+def _abs(path: str, base: Path) -> str:
+    """``path`` against ``base`` (``~`` expanded); an absolute path is kept as written."""
+    p = os.path.expanduser(path)
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(os.path.abspath(base), p))
+
+
+def resolve_plugin(spec: Any, base: Path) -> Any:
+    """A ``path/to/file.py:attr`` plug-in against ``base``; ``module:attr`` and absolute paths kept."""
     if not isinstance(spec, str) or ":" not in spec:
         return spec
     target, _, attr = spec.rpartition(":")
-    if not target.endswith(".py") or os.path.isabs(target):
+    return f"{_abs(target, base)}:{attr}" if target.endswith(".py") else spec
+
+
+def resolve_path(path: Any, base: Path) -> Any:
+    """A file or directory path against ``base``; None kept."""
+    return _abs(path, base) if isinstance(path, str) and path else path
+
+
+def _reward_model(spec: Any, base: Path) -> Any:
+    """``model.reward_model``: ``preset:<name>`` and ``module:attr`` kept, a ``file.py:attr`` loader or a
+    directory resolved."""
+    if not isinstance(spec, str) or spec.startswith("preset:"):
         return spec
-    return f"{os.path.abspath(base / target)}:{attr}"
+    if ":" in spec:  # a loader: file.py:attr resolved, module:attr kept
+        return resolve_plugin(spec, base)
+    return resolve_path(spec, base)
 
 
-def resolve_plugin_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
-    """``cfg`` with its relative ``file.py:attr`` plug-in paths made absolute against ``base``."""
-    keys = ("dataset", "collator", "reward_fn", "compute_score")
-    data = {k: resolve_plugin_path(getattr(cfg.data, k), base) for k in keys}
-    rm = resolve_plugin_path(cfg.model.reward_model, base)
-    if rm == cfg.model.reward_model and all(v == getattr(cfg.data, k) for k, v in data.items()):
+def _setup(spec: Any, base: Path) -> Any:
+    if isinstance(spec, Mapping):
+        return {role: resolve_plugin(s, base) for role, s in spec.items()}
+    return resolve_plugin(spec, base)
+
+
+def _files(files: Any, base: Path) -> Any:
+    if isinstance(files, (list, tuple)):
+        return tuple(resolve_path(f, base) for f in files)
+    return resolve_path(files, base)
+
+
+SUITE_PATHS: dict[str, Callable[[Any, Path], Any]] = {
+    "model.path": resolve_path,
+    "model.tokenizer": resolve_path,
+    "model.critic_path": resolve_path,
+    "model.reward_model": _reward_model,
+    "model.setup": _setup,
+    "data.train_files": _files,
+    "data.dataset": resolve_plugin,
+    "data.collator": resolve_plugin,
+    "data.reward_fn": resolve_plugin,
+    "data.compute_score": resolve_plugin,
+}
+"""Every ``train:`` key that names a file or directory -> how it is resolved against the suite file's
+directory (`resolve_paths`); ``compare.baseline`` is resolved with `resolve_path` too."""
+
+
+def resolve_paths(cfg: TrainConfig, base: Path) -> TrainConfig:
+    """``cfg`` with every path it names (`SUITE_PATHS`) made absolute against ``base``, the suite file's
+    directory: the one place a suite's paths are resolved, so the preflight, the planner and each
+    worker (which may run anywhere) read the same files."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key, resolve in SUITE_PATHS.items():
+        section, field = key.split(".")
+        value = getattr(getattr(cfg, section), field)
+        new = resolve(value, base)
+        if new != value:
+            sections.setdefault(section, {})[field] = new
+    if not sections:
         return cfg
     return dataclasses.replace(
-        cfg, data=dataclasses.replace(cfg.data, **data), model=dataclasses.replace(cfg.model, reward_model=rm)
+        cfg, **{s: dataclasses.replace(getattr(cfg, s), **kw) for s, kw in sections.items()}
     )
 
 
@@ -294,6 +388,27 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Dotted key path (``variants.a.model.setup``) -> the line it is written on, for every mapping key
+    of a suite file's YAML (the preflight names the line of a key it refuses)."""
+    out: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                path = f"{prefix}.{key.value}" if prefix else str(key.value)
+                out[path] = key.start_mark.line + 1
+                walk(value, path)
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        pass  # read_yaml has reported it already
+    return out
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -341,6 +456,7 @@ def load_suite(
             suite = Suite.from_dict(changed, source=str(p), default_name=p.stem)
         except ValueError as e:
             raise ValueError(f"{e} (with {flags} from the command line)") from None
+    suite = dataclasses.replace(suite, lines=key_lines(p.read_text(encoding="utf-8")))
     return _keep_variants(suite, variants, p)
 
 

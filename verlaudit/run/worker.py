@@ -214,14 +214,17 @@ def run(spec: RunSpec) -> int:
 
 
 def _train(spec: RunSpec, resolved: Any, auditor: Any, observer: Any, writer: RunWriter) -> None:
-    """Trains under the auditor; whatever happens, the manifest then gets what the auditor measured."""
+    """Trains under the auditor; whatever happens, the manifest then gets what the auditor measured and
+    what of the user's settings the trainer replaced (``overridden``: both values of each)."""
     from trainer.train import train
 
     try:
         with auditor:
             train(spec.train, observer, resolved=resolved)
     finally:
-        writer.update_manifest(memory_summary=auditor.memory.summary())
+        # the settings of the user's checkpoint and tokenizer the trainer replaced, with both values
+        overridden = auditor.tokenizer_info.get("overridden", [])
+        writer.update_manifest(memory_summary=auditor.memory.summary(), overridden=overridden)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -475,8 +475,8 @@ def _map_data(ctx: Context) -> None:
     path, given = ctx.value("custom_reward_function.path", None, lambda v: v)
     if given and path:
         name, _ = ctx.value("custom_reward_function.name", "compute_score", as_str)
-        # absolute: the script's path is relative to where verl ran, a suite's to the suite file
-        spec = f"{os.path.abspath(os.path.expanduser(str(path)))}:{name}"
+        # as verl reads it, from where it runs; the writer makes it relative to the suite file
+        spec = f"{os.path.expanduser(str(path))}:{name}"
         ctx.record("mapped", "custom_reward_function.path", suite="data.compute_score", value=spec)
         if ctx.has("custom_reward_function.name"):
             ctx.record(

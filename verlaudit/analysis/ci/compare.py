@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.config_base import Section
 from verlaudit.analysis.ci import tolerance as tolmodel
 from verlaudit.analysis.ci.baseline_notes import write_notes
 from verlaudit.analysis.ci.gates import Gate, check_gates, check_known_metrics, parse_gate
@@ -68,7 +69,6 @@ DEFAULT_TOLERANCES: dict[str, float] = {
 }
 """Defaults for runs that are not bitwise reproducible (GPU kernels, other CPUs); a suite whose runs
 are (CPU, fixed seed, one thread) should tighten the loss tolerances in its ``compare:`` mapping."""
-COMPARE_KEYS = ("tolerances", "trajectories", "variant_tolerances", "gates")
 BASELINE_FILES = (MANIFEST, METRICS, FINDINGS, STATUS)
 """What a committed baseline keeps of each run (events.jsonl is left out: large, and not compared)."""
 
@@ -128,15 +128,49 @@ def _tolerance_map(data: Any, where: str) -> dict[str, float]:
     return out
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareConfig(Section):
+    """A suite's ``compare:`` mapping, as written (`Section`: unknown keys and wrong types name the
+    field). `load_settings` turns it into `Settings`, with the command line on top."""
+
+    tolerances: Any = None
+    """Tolerance -> value (`DEFAULT_TOLERANCES` names them); over the defaults for every variant."""
+    trajectories: Any = ("actor/loss",)
+    """Metrics whose per-step trajectories are compared with the baseline's."""
+    variant_tolerances: Any = None
+    """Variant -> tolerances, over ``tolerances`` for that variant (and its ``-s<seed>`` runs)."""
+    gates: Any = None
+    """Gate expressions (`verlaudit.analysis.ci.gates`), each a check of every variant."""
+    baseline: str | None = None
+    """The baseline directory ``verlaudit compare`` uses without ``--baseline``; relative to the suite
+    file (`verlaudit.run.suite` resolves it). Unset: ``reports/baselines/<suite>/<device>/``."""
+
+    def __post_init__(self) -> None:
+        _tolerance_map(self.tolerances or {}, "tolerances")
+        traj = self.trajectories
+        if not isinstance(traj, (list, tuple)) or not all(isinstance(t, str) for t in traj):
+            raise ValueError(f"trajectories: expected a list of metric names, got {traj!r}")
+        vt = self.variant_tolerances or {}
+        if not isinstance(vt, Mapping):
+            raise ValueError(f"variant_tolerances: expected variant -> tolerances, got {vt!r}")
+        for k, v in vt.items():
+            _tolerance_map(v, f"variant_tolerances.{k}")
+        gates = self.gates or []
+        if not isinstance(gates, (list, tuple)):
+            raise ValueError(f"gates: expected a list of gate expressions, got {gates!r}")
+        for i, g in enumerate(gates):
+            try:
+                parse_gate(g)
+            except ValueError as e:
+                raise ValueError(f"gates[{i}]: {e}") from None
+
+
 def load_settings(
     compare: Mapping[str, Any] | None, cli_tolerances: Sequence[str] = (), cli_gates: Sequence[str] = ()
 ) -> Settings:
-    """Validates the suite's ``compare:`` mapping and applies the command line on top."""
-    compare = dict(compare or {})
-    for k in compare:
-        if k not in COMPARE_KEYS:
-            raise ValueError(f"compare.{k}: unknown key; expected one of {', '.join(COMPARE_KEYS)}")
-    suite_tol = _tolerance_map(compare.get("tolerances") or {}, "compare.tolerances")
+    """Validates the suite's ``compare:`` mapping (`CompareConfig`) and applies the command line on top."""
+    cfg = CompareConfig.from_dict(compare, "compare")
+    suite_tol = _tolerance_map(cfg.tolerances or {}, "compare.tolerances")
     tol = {**DEFAULT_TOLERANCES, **suite_tol}
     sources = dict.fromkeys(suite_tol, "suite compare.tolerances")
     for item in cli_tolerances:
@@ -149,24 +183,14 @@ def load_settings(
             except ValueError as e:
                 raise ValueError(str(e) if "unknown" in str(e) else f"--tolerances {part!r}: {e}") from None
             sources[k.strip()] = "--tolerances"
-    traj = compare.get("trajectories", ["actor/loss"])
-    if not isinstance(traj, (list, tuple)) or not all(isinstance(t, str) for t in traj):
-        raise ValueError(f"compare.trajectories: expected a list of metric names, got {traj!r}")
-    vt = compare.get("variant_tolerances") or {}
-    if not isinstance(vt, Mapping):
-        raise ValueError(f"compare.variant_tolerances: expected variant -> tolerances, got {vt!r}")
-    vt = {str(k): _tolerance_map(v, f"compare.variant_tolerances.{k}") for k, v in vt.items()}
-    gates_src = compare.get("gates") or []
-    if not isinstance(gates_src, (list, tuple)):
-        raise ValueError(f"compare.gates: expected a list of gate expressions, got {gates_src!r}")
-    gates = []
-    for i, g in enumerate([*gates_src, *cli_gates]):
+    vt = {str(k): _tolerance_map(v, "") for k, v in (cfg.variant_tolerances or {}).items()}
+    gates = [parse_gate(g) for g in cfg.gates or []]
+    for g in cli_gates:
         try:
             gates.append(parse_gate(g))
         except ValueError as e:
-            where = f"compare.gates[{i}]" if i < len(gates_src) else "--gate"
-            raise ValueError(f"{where}: {e}") from None
-    return Settings(tol, tuple(traj), vt, tuple(gates), sources)
+            raise ValueError(f"--gate: {e}") from None
+    return Settings(tol, tuple(cfg.trajectories), vt, tuple(gates), sources)
 
 
 # --------------------------------------------------------------------------------------------
