@@ -10,14 +10,17 @@ exactly what verl's ``compute_advantage`` hands the actor. Outcome estimators gr
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 
 from trainer.losses import _up, compute_gae, masked_mean, masked_whiten
+from trainer.registry import Registry
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
-                  "gpg", "opo", "grpo_passk")  # fmt: skip
-"""verl's ``algorithm.adv_estimator`` values we implement; ``gae`` is the only one that needs a critic."""
+ADV_ESTIMATOR: Registry = Registry("adv_estimator")
+"""verl's ``algorithm.adv_estimator`` values we implement -> the estimator. Metadata: ``critic`` (needs the
+critic's values: the ppo recipe), ``std`` (reads ``norm_adv_by_std_in_grpo``), ``min_group`` (responses a
+prompt needs, ``why_group`` says why). What else an estimator takes is its signature (`compute_advantages` passes it by name)."""
 KL_CTRL_TYPES = ("fixed", "adaptive")
 """verl's ``algorithm.kl_ctrl.type``."""
 
@@ -51,6 +54,7 @@ def _outcome(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
     return adv, adv
 
 
+@ADV_ESTIMATOR.register("grpo", std=True)
 def grpo(
     token_rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -65,6 +69,7 @@ def grpo(
     return _outcome((s - mean) / (std + eps) if norm_by_std else s - mean, mask)
 
 
+@ADV_ESTIMATOR.register("rloo")
 def rloo(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +80,7 @@ def rloo(
     return _outcome(torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), s), mask)
 
 
+@ADV_ESTIMATOR.register("opo")
 def opo(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +97,7 @@ def opo(
     return _outcome(s - baseline, mask)
 
 
+@ADV_ESTIMATOR.register("gpg")
 def gpg(token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, f_norm: float = 1.0):
     """GPG: alpha (s - group mean) / f_norm with alpha = B / (number of non-zero scores in the batch)."""
     s = _up(token_rewards).sum(-1)
@@ -99,6 +106,9 @@ def gpg(token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, f_
     return _outcome(alpha * (s - mean) / f_norm, mask)
 
 
+@ADV_ESTIMATOR.register(
+    "grpo_passk", std=True, min_group=2, why_group="compares the best two responses of each prompt"
+)
 def grpo_passk(
     token_rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -123,6 +133,7 @@ def grpo_passk(
     return _outcome(adv, mask)
 
 
+@ADV_ESTIMATOR.register("reinforce_plus_plus")
 def reinforce_plus_plus(
     token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +149,7 @@ def reinforce_plus_plus(
     return masked_whiten(returns, m) * m, returns
 
 
+@ADV_ESTIMATOR.register("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,6 +161,7 @@ def reinforce_plus_plus_baseline(
     return adv, adv
 
 
+@ADV_ESTIMATOR.register("remax")
 def remax(
     token_rewards: torch.Tensor, mask: torch.Tensor, reward_baselines: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,6 +172,7 @@ def remax(
     return returns - _up(reward_baselines).unsqueeze(-1) * m, returns
 
 
+@ADV_ESTIMATOR.register("gae", critic=True)
 def gae(
     token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,29 +195,32 @@ def compute_advantages(
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns) of verl's ``adv_estimator``; ``index`` groups rows (outcome estimators),
-    ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax)."""
-    needs = {"gae": values, "remax": reward_baselines}
-    if estimator in needs and needs[estimator] is None:
-        raise ValueError(
-            f"adv_estimator {estimator}: missing {'values' if estimator == 'gae' else 'reward_baselines'}"
-        )
-    if estimator == "gae":
-        return gae(token_rewards, values, mask, gamma, lam)
-    if estimator == "reinforce_plus_plus":
-        return reinforce_plus_plus(token_rewards, mask, gamma)
-    if estimator == "remax":
-        return remax(token_rewards, mask, reward_baselines)
-    if estimator not in ADV_ESTIMATORS:
-        raise ValueError(f"adv_estimator {estimator!r}: expected one of {', '.join(ADV_ESTIMATORS)}")
-    if index is None:
-        raise ValueError(f"adv_estimator {estimator}: needs the group index of each row")
-    if estimator == "grpo":
-        return grpo(token_rewards, mask, index, eps, norm_adv_by_std_in_grpo)
-    if estimator == "grpo_passk":
-        return grpo_passk(token_rewards, mask, index, eps, norm_adv_by_std_in_grpo)
-    fn = {"rloo": rloo, "opo": opo, "gpg": gpg, "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline}
-    return fn[estimator](token_rewards, mask, index)
+    """(advantages, returns) of verl's ``adv_estimator`` (`ADV_ESTIMATOR`); ``index`` groups rows (outcome
+    estimators), ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax). Each
+    estimator is given the inputs its signature names."""
+    fn = ADV_ESTIMATOR.get(estimator)
+    given = {
+        "index": index,
+        "values": values,
+        "reward_baselines": reward_baselines,
+        "gamma": gamma,
+        "lam": lam,
+        "norm_by_std": norm_adv_by_std_in_grpo,
+        "eps": eps,
+    }
+    params = inspect.signature(fn).parameters
+    for name, missing in _REQUIRED.items():
+        if name in params and given[name] is None:
+            raise ValueError(f"adv_estimator {estimator}: {missing}")
+    return fn(token_rewards, mask=mask, **{k: v for k, v in given.items() if k in params})
+
+
+_REQUIRED = {
+    "values": "missing values",
+    "reward_baselines": "missing reward_baselines",
+    "index": "needs the group index of each row",
+}
+"""The inputs an estimator cannot go without, and what a call without them is told."""
 
 
 @dataclasses.dataclass
@@ -226,3 +243,7 @@ class KLController:
 def reward_kl(kl: torch.Tensor, mask: torch.Tensor) -> float:
     """verl's ``actor/reward_kl_penalty``: each sequence's token-mean KL, averaged over the batch."""
     return float(masked_mean(kl, mask, dim=-1).mean())
+
+
+ADV_ESTIMATORS = ADV_ESTIMATOR.names()
+"""verl's ``algorithm.adv_estimator`` values we implement; ``gae`` is the only one that needs a critic."""

@@ -17,15 +17,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-"""verl's ``kl_penalty`` / ``kl_loss_type`` names (k1 = kl, k2 = mse, k3 = low_var_kl)."""
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-"""verl's ``loss_agg_mode`` values."""
-POLICY_LOSSES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo")
-"""verl's ``policy_loss.loss_mode`` values we implement."""
-DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "bco_pair", "sppo_hard", "nca_pair",
-              "apo_zero", "apo_down", "discopop")  # fmt: skip
-"""TRL's ``DPOConfig.loss_type`` values we implement."""
+from trainer.registry import Registry
+
+KL_ESTIMATOR: Registry = Registry("kl estimator")
+"""verl's ``kl_penalty`` / ``kl_loss_type`` names -> per-token estimate from d = logp - ref."""
+LOSS_AGG: Registry = Registry("loss_agg_mode")
+"""verl's ``loss_agg_mode`` values -> (loss_mat, mask, norm) -> scalar."""
+POLICY_LOSS: Registry = Registry("loss_mode")
+"""verl's ``policy_loss.loss_mode`` values we implement -> the loss function. Metadata ``reads``: the groups
+of `PolicyLossParams` knobs it reads (``clip``, ``dual_clip``, ``clip_cov``, ``kl_cov``), so a knob set for
+another loss is refused (`trainer.algo_config.unread_algo_keys`)."""
+DPO_LOSS: Registry = Registry("dpo_loss", unknown="{key}: unknown loss {name!r}; expected one of {names}")
+"""TRL's ``DPOConfig.loss_type`` values we implement -> per-pair loss of (c, r, h, beta, `DPOTerms`)."""
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
@@ -74,6 +77,28 @@ def masked_whiten(
 # ---------------------------------------------------------------- KL estimators
 
 
+@KL_ESTIMATOR.register("kl", aliases=("k1",))
+def _kl_k1(diff: torch.Tensor) -> torch.Tensor:
+    return diff
+
+
+@KL_ESTIMATOR.register("abs")
+def _kl_abs(diff: torch.Tensor) -> torch.Tensor:
+    return diff.abs()
+
+
+@KL_ESTIMATOR.register("mse", aliases=("k2",))
+def _kl_k2(diff: torch.Tensor) -> torch.Tensor:
+    return 0.5 * diff.square()
+
+
+@KL_ESTIMATOR.register("low_var_kl", aliases=("k3",))
+def _kl_k3(diff: torch.Tensor) -> torch.Tensor:
+    x = (-diff).clamp(-20.0, 20.0)
+    # expm1 keeps precision near 0 (e^x - 1 - x is the same value in exact arithmetic)
+    return (torch.expm1(x) - x).clamp(0.0, 10.0)
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "kl") -> torch.Tensor:
     """Per-token estimate of KL(actor || reference) from sampled-token log-probs, verl's ``kl_penalty``.
 
@@ -82,18 +107,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     e^x - x - 1 clamped to [0, 10]: where a value is clamped its gradient is zero (verl clamps to
     [-10, 10]; the value is never negative, so the lower bound only removes rounding below 0).
     """
-    diff = _up(logprobs) - _up(ref_logprobs)
-    if estimator in ("kl", "k1"):
-        return diff
-    if estimator == "abs":
-        return diff.abs()
-    if estimator in ("mse", "k2"):
-        return 0.5 * diff.square()
-    if estimator in ("low_var_kl", "k3"):
-        x = (-diff).clamp(-20.0, 20.0)
-        # expm1 keeps precision near 0 (e^x - 1 - x is the same value in exact arithmetic)
-        return (torch.expm1(x) - x).clamp(0.0, 10.0)
-    raise ValueError(f"kl estimator {estimator!r}: expected one of {', '.join(KL_ESTIMATORS)}")
+    fn = KL_ESTIMATOR.get(estimator)
+    return fn(_up(logprobs) - _up(ref_logprobs))
 
 
 def token_level_rewards(
@@ -166,6 +181,28 @@ class AggNorm:
         return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon)
 
 
+@LOSS_AGG.register("token-mean")
+def _agg_token_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-sum")
+def _agg_seq_sum(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-mean")
+def _agg_seq_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    # an empty sequence contributes 0 (verl divides by count + 1e-8: the same value in fp32)
+    return ((v * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / max(norm.sequences, 1.0) * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-sum-norm")
+def _agg_seq_sum_norm(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
+    return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world / horizon
+
+
 def agg_loss(
     loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm: AggNorm | None = None
 ) -> torch.Tensor:
@@ -176,20 +213,9 @@ def agg_loss(
     mean, averaged over sequences. ``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum`` divided
     by ``norm.horizon`` (default: R). ``norm`` None means this batch is the whole mini-batch.
     """
+    fn = LOSS_AGG.get(mode)
     v, m = _up(loss_mat), _up(mask)
-    norm = norm or AggNorm.of(m)
-    if mode == "token-mean":
-        return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
-    seq_sum = (v * m).sum(-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world
-    if mode == "seq-mean-token-mean":
-        # an empty sequence contributes 0 (verl divides by count + 1e-8: the same value in fp32)
-        return (seq_sum / m.sum(-1).clamp(min=1.0)).sum() / max(norm.sequences, 1.0) * norm.world
-    if mode == "seq-mean-token-sum-norm":
-        horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
-        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world / horizon
-    raise ValueError(f"loss_agg_mode {mode!r}: expected one of {', '.join(LOSS_AGG_MODES)}")
+    return fn(v, m, norm or AggNorm.of(m))
 
 
 # ---------------------------------------------------------------- policy losses
@@ -226,6 +252,7 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
+@POLICY_LOSS.register("vanilla", reads=("clip", "dual_clip"))
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -259,6 +286,7 @@ def ppo_policy_loss(
     )
 
 
+@POLICY_LOSS.register("gspo", reads=("clip",))
 def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
     """verl's ``gspo``: one importance ratio per sequence, the geometric mean of its token ratios.
 
@@ -283,6 +311,7 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParam
     )
 
 
+@POLICY_LOSS.register("gpg", reads=())
 def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
     """verl's ``gpg``: plain policy gradient -logp * A (no ratio, no clipping); metrics are 0 as in verl."""
     losses = -_up(logprobs) * _up(advantages)
@@ -290,6 +319,7 @@ def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams
     return PolicyLoss(loss, _zero(loss), _zero(loss), _zero(loss))
 
 
+@POLICY_LOSS.register("cispo", reads=("clip",))
 def cispo_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -311,6 +341,7 @@ def cispo_policy_loss(
     )
 
 
+@POLICY_LOSS.register("clip_cov", reads=("clip", "clip_cov"))
 def clip_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -342,6 +373,7 @@ def clip_cov_policy_loss(
     )
 
 
+@POLICY_LOSS.register("kl_cov", reads=("kl_cov",))
 def kl_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -368,16 +400,6 @@ def kl_cov_policy_loss(
     return PolicyLoss(loss, _zero(loss), masked_mean(neg_kl.abs(), m).detach(), _zero(loss))
 
 
-_POLICY_LOSS_FNS = {
-    "vanilla": ppo_policy_loss,
-    "gspo": gspo_policy_loss,
-    "gpg": gpg_policy_loss,
-    "cispo": cispo_policy_loss,
-    "clip_cov": clip_cov_policy_loss,
-    "kl_cov": kl_cov_policy_loss,
-}
-
-
 def policy_loss(
     mode: str,
     logprobs: torch.Tensor,
@@ -387,10 +409,8 @@ def policy_loss(
     p: PolicyLossParams = PolicyLossParams(),
     norm: AggNorm | None = None,
 ) -> PolicyLoss:
-    """The policy loss verl's ``policy_loss.loss_mode`` names."""
-    if mode not in _POLICY_LOSS_FNS:
-        raise ValueError(f"loss_mode {mode!r}: expected one of {', '.join(POLICY_LOSSES)}")
-    return _POLICY_LOSS_FNS[mode](logprobs, old_logprobs, advantages, mask, p, norm)
+    """The policy loss verl's ``policy_loss.loss_mode`` names (`POLICY_LOSS`)."""
+    return POLICY_LOSS.get(mode)(logprobs, old_logprobs, advantages, mask, p, norm)
 
 
 def value_loss(
@@ -414,6 +434,84 @@ def value_loss(
 
 
 # ---------------------------------------------------------------- DPO
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOTerms:
+    """What a DPO loss reads besides the log-ratios and beta."""
+
+    label_smoothing: float = 0.0
+    discopop_tau: float = 0.05
+    chosen_lengths: torch.Tensor | None = None
+    rejected_lengths: torch.Tensor | None = None
+
+
+@DPO_LOSS.register("sigmoid")
+def _dpo_sigmoid(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    return -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
+
+
+@DPO_LOSS.register("hinge")
+def _dpo_hinge(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return torch.relu(1 - beta * h)
+
+
+@DPO_LOSS.register("ipo")
+def _dpo_ipo(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    if t.chosen_lengths is None or t.rejected_lengths is None:
+        raise ValueError("dpo_loss: ipo needs chosen_lengths and rejected_lengths (TRL's per-token average)")
+    avg = c / _up(t.chosen_lengths).clamp(min=1.0) - r / _up(t.rejected_lengths).clamp(min=1.0)
+    return (avg - 1 / (2 * beta)) ** 2
+
+
+@DPO_LOSS.register("robust")
+def _dpo_robust(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    return (-(1 - ls) * F.logsigmoid(beta * h) + ls * F.logsigmoid(-beta * h)) / (1 - 2 * ls)
+
+
+@DPO_LOSS.register("exo_pair")
+def _dpo_exo_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    if not 0 < ls < 1:
+        raise ValueError(f"dpo_loss: exo_pair needs 0 < label_smoothing < 1 (EXO's epsilon), got {ls}")
+    x = beta * h
+    return torch.sigmoid(x) * (F.logsigmoid(x) - math.log1p(-ls)) + torch.sigmoid(-x) * (
+        F.logsigmoid(-x) - math.log(ls)
+    )
+
+
+@DPO_LOSS.register("bco_pair")
+def _dpo_bco_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
+
+
+@DPO_LOSS.register("sppo_hard")
+def _dpo_sppo_hard(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
+
+
+@DPO_LOSS.register("nca_pair")
+def _dpo_nca_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
+
+
+@DPO_LOSS.register("apo_zero")
+def _dpo_apo_zero(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return (1 - torch.sigmoid(beta * c)) + torch.sigmoid(beta * r)
+
+
+@DPO_LOSS.register("apo_down")
+def _dpo_apo_down(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * h))
+
+
+@DPO_LOSS.register("discopop")
+def _dpo_discopop(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    x = beta * h
+    w = torch.sigmoid(x / t.discopop_tau)
+    return -F.logsigmoid(x) * (1 - w) + torch.exp(-x) * w
 
 
 def dpo_loss(
@@ -443,44 +541,19 @@ def dpo_loss(
     ``apo_down``: s(beta c) + 1 - s(beta h); ``discopop``: with x = beta h, w = s(x / tau):
     (1 - w)(-log s(x)) + w e^-x. Rewards: beta c and beta r, detached (metrics).
     """
+    fn = DPO_LOSS.get(loss_type)
     pc, pr, rc, rr = (_up(t) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
     c, r = pc - rc, pr - rr
     h = c - r
-    ls = label_smoothing
-    if loss_type == "sigmoid":
-        losses = -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    elif loss_type == "ipo":
-        if chosen_lengths is None or rejected_lengths is None:
-            raise ValueError(
-                "dpo_loss: ipo needs chosen_lengths and rejected_lengths (TRL's per-token average)"
-            )
-        avg = c / _up(chosen_lengths).clamp(min=1.0) - r / _up(rejected_lengths).clamp(min=1.0)
-        losses = (avg - 1 / (2 * beta)) ** 2
-    elif loss_type == "robust":
-        losses = (-(1 - ls) * F.logsigmoid(beta * h) + ls * F.logsigmoid(-beta * h)) / (1 - 2 * ls)
-    elif loss_type == "exo_pair":
-        if not 0 < ls < 1:
-            raise ValueError(f"dpo_loss: exo_pair needs 0 < label_smoothing < 1 (EXO's epsilon), got {ls}")
-        x = beta * h
-        losses = torch.sigmoid(x) * (F.logsigmoid(x) - math.log1p(-ls)) + torch.sigmoid(-x) * (
-            F.logsigmoid(-x) - math.log(ls)
-        )
-    elif loss_type == "bco_pair":
-        losses = -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
-    elif loss_type == "sppo_hard":
-        losses = (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
-    elif loss_type == "nca_pair":
-        losses = -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
-    elif loss_type == "apo_zero":
-        losses = (1 - torch.sigmoid(beta * c)) + torch.sigmoid(beta * r)
-    elif loss_type == "apo_down":
-        losses = torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * h))
-    elif loss_type == "discopop":
-        x = beta * h
-        w = torch.sigmoid(x / discopop_tau)
-        losses = -F.logsigmoid(x) * (1 - w) + torch.exp(-x) * w
-    else:
-        raise ValueError(f"dpo_loss: unknown loss {loss_type!r}; expected one of {', '.join(DPO_LOSSES)}")
+    losses = fn(c, r, h, beta, DPOTerms(label_smoothing, discopop_tau, chosen_lengths, rejected_lengths))
     return losses, (beta * c).detach(), (beta * r).detach()
+
+
+KL_ESTIMATORS = KL_ESTIMATOR.names()
+"""verl's ``kl_penalty`` / ``kl_loss_type`` names (k1 = kl, k2 = mse, k3 = low_var_kl)."""
+LOSS_AGG_MODES = LOSS_AGG.names()
+"""verl's ``loss_agg_mode`` values."""
+POLICY_LOSSES = POLICY_LOSS.names()
+"""verl's ``policy_loss.loss_mode`` values we implement."""
+DPO_LOSSES = DPO_LOSS.names()
+"""TRL's ``DPOConfig.loss_type`` values we implement."""
