@@ -208,10 +208,10 @@ OLD_ALGO = {"name": "ppo", "value_clip": 0.2, "vf_coef": 0.5, "kl_coef": 0.05, "
             "kl_in_reward": True, "lam": 0.95, "normalize_advantages": True}  # fmt: skip
 
 
-def test_configs_recorded_before_the_verl_keys_are_upgraded():
+def test_run_directories_recorded_before_the_verl_keys_still_read():
     from pathlib import Path
 
-    from trainer.config import upgrade_recorded_config
+    from verlaudit.analysis.diagnose.failure import recorded_config as upgrade_recorded_config
 
     # PPO with its KL in the reward: the same run in today's keys
     algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": OLD_ALGO})).algo

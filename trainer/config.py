@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # AlgoConfig lives in trainer/algo_config.py; a config is still read from here, whole
-from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys, upgrade_recorded_config  # noqa: F401
+from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa: F401
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
 from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, resolve_policy

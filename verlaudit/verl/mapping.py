@@ -102,7 +102,7 @@ def _peek(ctx: Context, row: Row) -> Any:
 def _unread(ctx: Context) -> dict[str, str]:
     """The algo options nothing reads in this job (`trainer.config.unread_algo_keys` over the script's
     values, verl's defaults for the rest: ours equal verl's for every option the rule looks at)."""
-    values: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
+    values: dict[str, Any] = AlgoConfig.defaults()
     values.update(name=ctx.algo, adv_estimator=ctx.estimator)
     for row in ROWS:
         if (
