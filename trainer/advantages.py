@@ -30,17 +30,20 @@ def group_index(rows: int, group_size: int, device: torch.device | str = "cpu") 
     return torch.arange(rows, device=device) // group_size
 
 
-def _groups(index: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: its group's size, mean and Bessel-corrected std of ``scores``. A group of one has mean 0
-    and std 1, as in verl (so GRPO gives it score / (1 + eps))."""
+def group_stats(index: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: its group's size, mean and Bessel-corrected std of ``scores``, in float64. A group of one
+    has mean 0 and std 1, as in verl (so GRPO gives it score / (1 + eps)).
+
+    Accumulated in float64 (sums of fp32 values are exact there for groups up to 2**29), two passes (the
+    mean, then the squared deviations from it): a group of equal scores has exactly its score as mean
+    and exactly 0 as std, and every group's mean and std are correct to fp32 precision at any size."""
+    s = scores.double()
     _, inverse = torch.unique(index, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, inverse, torch.ones_like(scores)
-    )
-    total = torch.zeros_like(count).index_add_(0, inverse, scores)
+    count = torch.zeros(n_groups, dtype=s.dtype, device=s.device).index_add_(0, inverse, torch.ones_like(s))
+    total = torch.zeros_like(count).index_add_(0, inverse, s)
     mean = total / count
-    sq = torch.zeros_like(count).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    sq = torch.zeros_like(count).index_add_(0, inverse, (s - mean[inverse]) ** 2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1.0))
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
@@ -48,9 +51,18 @@ def _groups(index: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, to
     return count[inverse], mean[inverse], std[inverse]
 
 
-def _outcome(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A per-sequence advantage [B] broadcast over its valid tokens; returns = advantages (verl's)."""
-    adv = advantages.unsqueeze(-1) * _up(mask)
+def _scores(token_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+    """Each sequence's summed reward in float64, and the dtype the advantages are rounded to once."""
+    r = _up(token_rewards)
+    return r.double().sum(-1), r.dtype
+
+
+def _outcome(
+    advantages: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A per-sequence advantage [B] (float64) rounded to ``dtype`` and broadcast over its valid tokens;
+    returns = advantages (verl's)."""
+    adv = advantages.to(dtype).unsqueeze(-1) * _up(mask)
     return adv, adv
 
 
@@ -64,9 +76,9 @@ def grpo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: (s - group mean) / (group std + eps), s the sequence's summed reward; without the std
     (``norm_adv_by_std_in_grpo: false``) it is Dr.GRPO's s - group mean."""
-    s = _up(token_rewards).sum(-1)
-    _, mean, std = _groups(index, s)
-    return _outcome((s - mean) / (std + eps) if norm_by_std else s - mean, mask)
+    s, dtype = _scores(token_rewards)
+    _, mean, std = group_stats(index, s)
+    return _outcome((s - mean) / (std + eps) if norm_by_std else s - mean, mask, dtype)
 
 
 @ADV_ESTIMATOR.register("rloo")
@@ -75,9 +87,9 @@ def rloo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: s minus the mean of the other n - 1 scores of its group, i.e. n/(n-1) (s - group mean);
     a group of one keeps its score."""
-    s = _up(token_rewards).sum(-1)
-    n, mean, _ = _groups(index, s)
-    return _outcome(torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), s), mask)
+    s, dtype = _scores(token_rewards)
+    n, mean, _ = group_stats(index, s)
+    return _outcome(torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), s), mask, dtype)
 
 
 @ADV_ESTIMATOR.register("opo")
@@ -85,25 +97,25 @@ def opo(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: s minus its group's length-weighted mean score sum(len s) / sum(len); a group of one keeps s."""
-    s = _up(token_rewards).sum(-1)
+    s, dtype = _scores(token_rewards)
     length = _up(mask).sum(-1).to(s.dtype)
-    n, _, _ = _groups(index, s)
+    n, _, _ = group_stats(index, s)
     _, inverse = torch.unique(index, return_inverse=True)
     num = torch.zeros(int(inverse.max()) + 1, dtype=s.dtype, device=s.device).index_add_(
         0, inverse, length * s
     )
     den = torch.zeros_like(num).index_add_(0, inverse, length)
     baseline = torch.where(n > 1, num[inverse] / den[inverse].clamp(min=1e-30), torch.zeros_like(s))
-    return _outcome(s - baseline, mask)
+    return _outcome(s - baseline, mask, dtype)
 
 
 @ADV_ESTIMATOR.register("gpg")
 def gpg(token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, f_norm: float = 1.0):
     """GPG: alpha (s - group mean) / f_norm with alpha = B / (number of non-zero scores in the batch)."""
-    s = _up(token_rewards).sum(-1)
-    _, mean, _ = _groups(index, s)
+    s, dtype = _scores(token_rewards)
+    _, mean, _ = group_stats(index, s)
     alpha = s.numel() / max(int(torch.count_nonzero(s)), 1)
-    return _outcome(alpha * (s - mean) / f_norm, mask)
+    return _outcome(alpha * (s - mean) / f_norm, mask, dtype)
 
 
 @ADV_ESTIMATOR.register(
@@ -118,7 +130,7 @@ def grpo_passk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k (Chen et al. 2025): only the best response of each group gets an advantage, the best score
     minus the second best (divided by the group's std + eps with ``norm_adv_by_std_in_grpo``)."""
-    s = _up(token_rewards).sum(-1)
+    s, dtype = _scores(token_rewards)
     adv = torch.zeros_like(s)
     for g in torch.unique(index):
         rows = torch.nonzero(index == g).flatten()
@@ -130,7 +142,7 @@ def grpo_passk(
         top, at = torch.topk(s[rows], 2)
         a = top[0] - top[1]
         adv[rows[at[0]]] = a / (s[rows].std() + eps) if norm_by_std else a
-    return _outcome(adv, mask)
+    return _outcome(adv, mask, dtype)
 
 
 @ADV_ESTIMATOR.register("reinforce_plus_plus")
@@ -154,10 +166,10 @@ def reinforce_plus_plus_baseline(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with baseline: s - group mean on every valid token, whitened over the batch."""
-    s = _up(token_rewards).sum(-1)
-    _, mean, _ = _groups(index, s)
-    m = _up(mask)
-    adv = masked_whiten((s - mean).unsqueeze(-1) * m, m) * m
+    s, dtype = _scores(token_rewards)
+    _, mean, _ = group_stats(index, s)
+    m = _up(mask).double()
+    adv = (masked_whiten((s - mean).unsqueeze(-1) * m, m) * m).to(dtype)
     return adv, adv
 
 

@@ -44,34 +44,51 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
     return (v * m).sum() if dim is None else (v * m).sum(dim)
 
 
+def _acc(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    """``values`` and ``mask`` as float64 (the accumulation dtype of the statistics below) and the dtype
+    the result is rounded to once: what ``values * mask`` would have been."""
+    v, m = _up(values), _up(mask)
+    return v.double(), m.double(), torch.promote_types(v.dtype, m.dtype)
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` over the set positions of ``mask``; 0 where the mask is empty."""
-    m = _up(mask)
+    """Mean of ``values`` over the set positions of ``mask``; 0 where the mask is empty. Accumulated in
+    float64 and rounded once, so it is the correctly rounded mean for any count up to 2**29 fp32 values
+    (a constant input gives exactly its value)."""
+    v, m, out = _acc(values, mask)
     count = m.sum() if dim is None else m.sum(dim)
-    return masked_sum(values, m, dim) / count.clamp(min=1.0)
+    total = (v * m).sum() if dim is None else (v * m).sum(dim)
+    return (total / count.clamp(min=1.0)).to(out)
+
+
+def _moments(v: torch.Tensor, m: torch.Tensor, unbiased: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 mean and variance (two passes: the deviations from the mean, then their mean)."""
+    n = m.sum()
+    mean = (v * m).sum() / n.clamp(min=1.0)
+    var = ((v - mean) ** 2 * m).sum() / n.clamp(min=1.0)
+    if unbiased:
+        var = var * n / (n - 1).clamp(min=1.0)
+    return mean, var
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over the set positions of ``mask`` (Bessel-corrected unless ``unbiased=False``)."""
-    m = _up(mask)
-    mean = masked_mean(values, m)
-    var = masked_mean((_up(values) - mean) ** 2, m)
-    if unbiased:
-        n = m.sum()
-        var = var * n / (n - 1).clamp(min=1.0)
-    return var
+    """Variance over the set positions of ``mask`` (Bessel-corrected unless ``unbiased=False``), accumulated
+    in float64 and rounded once."""
+    v, m, out = _acc(values, mask)
+    return _moments(v, m, unbiased)[1].to(out)
 
 
 def masked_whiten(
     values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """(values - mean) / std over the masked positions; masked-out positions come back as 0."""
-    m = _up(mask)
-    mean, var = masked_mean(values, m), masked_var(values, m)
-    white = (_up(values) - mean) * torch.rsqrt(var + eps)
+    """(values - mean) / std over the masked positions; masked-out positions come back as 0. Computed in
+    float64 and rounded once: a constant input whitens to exactly 0."""
+    v, m, out = _acc(values, mask)
+    mean, var = _moments(v, m, unbiased=True)
+    white = (v - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         white = white + mean
-    return white * m
+    return (white * m).to(out)
 
 
 # ---------------------------------------------------------------- KL estimators
