@@ -147,14 +147,24 @@ def grpo_passk(
 
 @ADV_ESTIMATOR.register("reinforce_plus_plus")
 def reinforce_plus_plus(
-    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, carry_holes: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted reward-to-go per token (reset after the last valid token), whitened over
-    the batch's valid tokens -> (advantages, returns)."""
+    """REINFORCE++: discounted reward-to-go per token, whitened over the batch's valid tokens ->
+    (advantages, returns).
+
+    A masked token inside a response (a tool observation, a token rejected by ``rollout_rs``): with
+    ``carry_holes`` (verl 0.10 on) it gets return 0 and passes the later return on unchanged, neither
+    adding its reward nor discounting, so every valid token before it still sees the outcome; without
+    (verl before 0.10) the return restarts from 0 there (trailing padding is the same either way: the
+    scan starts at 0 after the last token)."""
     r, m = _up(token_rewards), _up(mask)
     returns = torch.zeros_like(r)
     running = torch.zeros_like(r[:, 0])
     for t in reversed(range(r.shape[1])):
+        if carry_holes:
+            running = torch.where(m[:, t] > 0, r[:, t] + gamma * running, running)
+            returns[:, t] = running * m[:, t]
+            continue
         running = r[:, t] + gamma * running
         returns[:, t] = running
         running = running * m[:, t]
@@ -206,6 +216,7 @@ def compute_advantages(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
+    carry_holes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) of verl's ``adv_estimator`` (`ADV_ESTIMATOR`); ``index`` groups rows (outcome
     estimators), ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax). Each
@@ -219,6 +230,7 @@ def compute_advantages(
         "lam": lam,
         "norm_by_std": norm_adv_by_std_in_grpo,
         "eps": eps,
+        "carry_holes": carry_holes,
     }
     params = inspect.signature(fn).parameters
     for name, missing in _REQUIRED.items():

@@ -18,6 +18,9 @@ from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
 from trainer.losses import DPO_LOSS, KL_ESTIMATOR, LOSS_AGG, POLICY_LOSS
 from trainer.recipes import ALGORITHMS, RECIPE
+from trainer.verl_versions import LATEST_RELEASE
+from trainer.verl_versions import check as _check_verl_version
+from trainer.verl_versions import follows as _follows
 
 __all__ = ["ALGORITHMS", "AlgoConfig", "unread_algo_keys"]
 
@@ -306,6 +309,23 @@ class DPOConfig(_Section):
         )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompatConfig(_Section):
+    """Which verl the job reproduces (`trainer.verl_versions`)."""
+
+    verl_version: str = LATEST_RELEASE
+    """The verl release line the job targets (``0.7`` ... ``0.10``; default the latest release line, 0.9):
+    every key whose semantics changed between verl's lines follows it (`trainer.verl_versions.CHANGES`:
+    ``seq-mean-token-sum-norm``'s divisor, the IS metrics, REINFORCE++ through masked tokens).
+    ``verlaudit from-verl --verl-version`` writes it."""
+
+    def __post_init__(self) -> None:
+        try:
+            _check_verl_version(self.verl_version)
+        except ValueError as e:
+            raise ValueError(f"verl_version: {e}") from None
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class AlgoConfig(_FlatSections):
     """The algorithm: verl's math, defaults and key names (the verl key is in each field's docstring;
@@ -322,6 +342,11 @@ class AlgoConfig(_FlatSections):
     critic: CriticConfig
     sampling: SamplingConfig
     dpo: DPOConfig
+    compat: CompatConfig
+
+    def follows(self, change: str) -> bool:
+        """Whether the targeted verl line has the newer semantics of ``change`` (`trainer.verl_versions`)."""
+        return _follows(self.verl_version, change)
 
     @property
     def estimator(self) -> str | None:

@@ -87,6 +87,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 reward_baselines=baselines,
                 gamma=algo.gamma,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                carry_holes=algo.follows("reinforce_carries_holes"),
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)

@@ -190,12 +190,17 @@ class AggNorm:
     horizon: float | None = None
     """``seq-mean-token-sum-norm``'s constant divisor (verl's ``loss_scale_factor``); None: the
     padded response length (``mask.shape[-1]``)."""
+    per_sequence: bool = True
+    """``seq-mean-token-sum-norm`` averages over ``sequences`` before dividing by ``horizon`` (verl 0.9 on);
+    False: verl before 0.9, the token sums summed over sequences (`trainer.verl_versions`)."""
 
     @classmethod
-    def of(cls, mask: torch.Tensor, *, world: int = 1, horizon: float | None = None) -> AggNorm:
+    def of(
+        cls, mask: torch.Tensor, *, world: int = 1, horizon: float | None = None, per_sequence: bool = True
+    ) -> AggNorm:
         """The denominators when ``mask`` is the whole mini-batch (one process, no accumulation)."""
         m = _up(mask)
-        return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon)
+        return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon, per_sequence)
 
 
 @LOSS_AGG.register("token-mean")
@@ -217,6 +222,8 @@ def _agg_seq_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tens
 @LOSS_AGG.register("seq-mean-token-sum-norm")
 def _agg_seq_sum_norm(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
+    if not norm.per_sequence:
+        return (v * m).sum(-1).sum() * norm.world / horizon
     return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world / horizon
 
 

@@ -68,7 +68,10 @@ def update_critic(setup: Setup, observer: Observer, rollout, old_values, returns
         for mini in split_indices(b, mini_size):
             mini = perm[mini]
             norm = mini_batch_norm(
-                rollout.response_mask[mini.to(setup.device)], setup, algo.loss_scale_factor
+                rollout.response_mask[mini.to(setup.device)],
+                setup,
+                algo.loss_scale_factor,
+                per_sequence=algo.follows("sum_norm_per_sequence"),
             )
             sums: dict[str, float] = {}
             for micro in split_indices(len(mini), algo.micro_batch_size):

@@ -81,13 +81,18 @@ def rollout_metrics(rollout, old_logprobs: torch.Tensor, entropy=None, ratio_bou
 def correct_rollout(setup: Setup, rollout, old_logprobs: torch.Tensor):
     """verl's rollout correction (``rollout_correction``), between the KL reward and the advantages as
     in verl: the rollout with rejected tokens out of its response mask (what GAE and both updates see),
-    the truncated importance weights (or None) and their ``rollout_corr/`` metrics."""
+    the truncated importance weights (or None) and their ``rollout_corr/`` metrics (of the raw or the
+    truncated weights, as the targeted verl line logs them)."""
     import dataclasses
 
     from trainer.mismatch import rollout_correction
 
     c = rollout_correction(
-        rollout.logprobs, old_logprobs, rollout.response_mask, setup.config.rollout_correction
+        rollout.logprobs,
+        old_logprobs,
+        rollout.response_mask,
+        setup.config.rollout_correction,
+        truncated_metrics=setup.config.algo.follows("is_metrics_truncated"),
     )
     return dataclasses.replace(rollout, response_mask=c.mask), c.weights, c.metrics
 
@@ -167,7 +172,10 @@ def update_actor(
         for mini in split_indices(b, mini_size):
             mini = perm[mini]
             norm = mini_batch_norm(
-                rollout.response_mask[mini.to(setup.device)], setup, algo.loss_scale_factor
+                rollout.response_mask[mini.to(setup.device)],
+                setup,
+                algo.loss_scale_factor,
+                per_sequence=algo.follows("sum_norm_per_sequence"),
             )
             sums: dict[str, float] = {}
             for micro in split_indices(len(mini), algo.micro_batch_size):
