@@ -145,7 +145,7 @@ def test_defaults_are_valid_and_documented():
         ({"algo": {"loss_scale_factor": 512.0}}, "", "algo.loss_scale_factor: set to 512.0 but nothing"),
         # values out of verl's / TRL's domain
         ({"algo": {"clip_ratio_c": 1.0}}, "", "algo.clip_ratio_c: must be > 1"),
-        ({"algo": {"loss_agg_mode": "token-sum"}}, "", "algo.loss_agg_mode: unknown value 'token-sum'"),
+        ({"algo": {"loss_agg_mode": "token-max"}}, "", "algo.loss_agg_mode: unknown value 'token-max'"),
         ({"algo": {"name": "grpo", "adv_estimator": "gae"}}, "", "algo.adv_estimator: gae needs a critic"),
         (
             {"algo": {"adv_estimator": "rloo"}},

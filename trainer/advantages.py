@@ -81,6 +81,23 @@ def grpo(
     return _outcome((s - mean) / (std + eps) if norm_by_std else s - mean, mask, dtype)
 
 
+@ADV_ESTIMATOR.register("grpo_vectorized", std=True)
+def grpo_vectorized(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``grpo_vectorized``: GRPO with the group variance floored at ``eps`` before its square root
+    (verl's ``group_mean_std``), so a group of (nearly) equal scores is divided by sqrt(eps) + eps, not
+    by eps alone; otherwise `grpo`'s numbers (a group of one: mean 0, std 1)."""
+    s, dtype = _scores(token_rewards)
+    n, mean, std = group_stats(index, s)
+    floored = torch.where(n > 1, torch.sqrt(torch.clamp(std**2, min=eps)), std)
+    return _outcome((s - mean) / (floored + eps) if norm_by_std else s - mean, mask, dtype)
+
+
 @ADV_ESTIMATOR.register("rloo")
 def rloo(
     token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
@@ -90,6 +107,19 @@ def rloo(
     s, dtype = _scores(token_rewards)
     n, mean, _ = group_stats(index, s)
     return _outcome(torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), s), mask, dtype)
+
+
+@ADV_ESTIMATOR.register("rloo_vectorized")
+def rloo_vectorized(
+    token_rewards: torch.Tensor, mask: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``rloo_vectorized``: (n s - group sum) / (n - 1), i.e. `rloo`'s n/(n-1) (s - group mean), but
+    a group of one gets 0 (`rloo` keeps its score)."""
+    s, dtype = _scores(token_rewards)
+    n, mean, _ = group_stats(index, s)
+    return _outcome(
+        torch.where(n > 1, (s - mean) * n / (n - 1).clamp(min=1.0), torch.zeros_like(s)), mask, dtype
+    )
 
 
 @ADV_ESTIMATOR.register("opo")

@@ -146,10 +146,11 @@ class PolicyLossConfig(_Section):
 
     loss_mode: str = "vanilla"
     """verl ``actor.policy_loss.loss_mode``: ``vanilla`` (PPO clip + dual-clip), ``gspo`` (sequence-level
-    ratio), ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``."""
+    ratio), ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``, ``sapo`` (smooth gate), ``geo_mean`` (GMPO)
+    (`trainer.losses.POLICY_LOSS`)."""
     loss_agg_mode: str = "token-mean"
-    """verl ``actor.loss_agg_mode`` (the critic uses it too): ``token-mean``, ``seq-mean-token-sum``,
-    ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``. Denominators are the whole mini-batch's (verl's
+    """verl ``actor.loss_agg_mode`` (the critic uses it too): ``token-mean``, ``token-sum``,
+    ``seq-mean-token-sum``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``. Denominators are the whole mini-batch's (verl's
     global-batch normalisation), not each micro-batch's."""
     loss_scale_factor: float | None = None
     """verl ``actor.loss_scale_factor``: ``seq-mean-token-sum-norm``'s divisor; unset: the padded response
@@ -173,13 +174,17 @@ class PolicyLossConfig(_Section):
     """verl ``actor.policy_loss.kl_cov_ratio``: fraction of tokens ``kl_cov`` penalises."""
     ppo_kl_coef: float = 0.1
     """verl ``actor.policy_loss.ppo_kl_coef``: ``kl_cov``'s coefficient of |logp - old logp|."""
+    tau_pos: float = 1.0
+    """verl ``actor.tau_pos``: ``sapo``'s gate temperature for tokens with a positive advantage."""
+    tau_neg: float = 1.05
+    """verl ``actor.tau_neg``: ``sapo``'s gate temperature for the others."""
     entropy_coef: float = 0.0
     """verl ``actor.entropy_coeff``: the loss subtracts this times the aggregated token entropy."""
 
     def __post_init__(self) -> None:
         _choice(POLICY_LOSS, "loss_mode", self.loss_mode)
         _choice(LOSS_AGG, "loss_agg_mode", self.loss_agg_mode)
-        _positive(self, "clip_ratio", "clip_cov_ratio", "kl_cov_ratio")
+        _positive(self, "clip_ratio", "clip_cov_ratio", "kl_cov_ratio", "tau_pos", "tau_neg")
         _non_negative(self, "entropy_coef", "ppo_kl_coef")
         _check(
             self.clip_ratio_low is None or 0 <= self.clip_ratio_low < 1,
@@ -210,7 +215,7 @@ class KLRewardConfig(_Section):
     token's reward (needs the reference model)."""
     kl_penalty: str = "kl"
     """verl ``algorithm.kl_penalty``: estimator of the KL in the reward: ``kl``/``k1``, ``abs``,
-    ``mse``/``k2``, ``low_var_kl``/``k3``."""
+    ``mse``/``k2``, ``low_var_kl``/``k3``, and ``k1+`` / ``k3+`` (the value of k1 / k3, k2's gradient)."""
     kl_coef: float = 0.001
     """verl ``algorithm.kl_ctrl.kl_coef``: (initial) coefficient of the KL in the reward."""
     kl_ctrl_type: str = "fixed"
@@ -379,6 +384,7 @@ _LOSS_KNOBS = {
     "dual_clip": ("clip_ratio_c",),
     "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
     "kl_cov": ("kl_cov_ratio", "ppo_kl_coef"),
+    "sapo": ("tau_pos", "tau_neg"),
 }
 """Groups of policy-loss keys; each loss registers the groups it reads (``reads=`` in `trainer.losses`)."""
 
@@ -429,7 +435,7 @@ def unread_algo_keys(algo: Mapping[str, Any]) -> dict[str, str]:
         "loss_agg_mode": (rl, "DPO averages its per-pair losses, as TRL does"),
         "loss_scale_factor": (rl and algo["loss_agg_mode"] == "seq-mean-token-sum-norm",
                               "needs loss_agg_mode: seq-mean-token-sum-norm"),
-        "norm_adv_by_std_in_grpo": (est in std, f"needs adv_estimator {' or '.join(std)}"),
+        "norm_adv_by_std_in_grpo": (est in std, f"needs adv_estimator {', '.join(std[:-1])} or {std[-1]}"),
         "cliprange_value": (critic, "only the PPO critic's loss reads it"),
         "vf_coef": (critic, "only the PPO critic's loss reads it"),
         "dpo_loss": (not rl, "needs algo.name: dpo"),

@@ -15,6 +15,7 @@ from typing import Any
 from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa: F401
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
+from trainer.losses import POLICY_LOSS
 from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, resolve_policy
 
 SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
@@ -481,13 +482,13 @@ class TrainConfig(_Section):
                 "rollout_correction",
                 "DPO has no rollout to correct; remove rollout_correction",
             )
-        # the IS weights scale each token's advantage (trainer.mismatch.weighted_advantages); these two
-        # losses pick tokens by the advantages' covariance, so the scaled ones would pick others
+        # the IS weights scale each token's advantage (trainer.mismatch.weighted_advantages): not for a loss
+        # that is not per token in the advantage (registered with token_weights=False)
         _check(
-            rc.rollout_is is None or self.algo.loss_mode not in ("clip_cov", "kl_cov"),
+            rc.rollout_is is None or POLICY_LOSS.entry(self.algo.loss_mode).info.get("token_weights", True),
             "rollout_correction.rollout_is",
-            f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages, which "
-            "the weights would change); use rollout_rs alone, or another loss_mode",
+            f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages or averages "
+            "them per sequence, which the weights would change); use rollout_rs alone, or another loss_mode",
         )
         built = self.roles()
         for role in self.model.setup_plugins():

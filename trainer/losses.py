@@ -25,8 +25,10 @@ LOSS_AGG: Registry = Registry("loss_agg_mode")
 """verl's ``loss_agg_mode`` values -> (loss_mat, mask, norm) -> scalar."""
 POLICY_LOSS: Registry = Registry("loss_mode")
 """verl's ``policy_loss.loss_mode`` values we implement -> the loss function. Metadata ``reads``: the groups
-of `PolicyLossParams` knobs it reads (``clip``, ``dual_clip``, ``clip_cov``, ``kl_cov``), so a knob set for
-another loss is refused (`trainer.algo_config.unread_algo_keys`)."""
+of `PolicyLossParams` knobs it reads (``clip``, ``dual_clip``, ``clip_cov``, ``kl_cov``, ``sapo``), so a knob
+set for another loss is refused (`trainer.algo_config.unread_algo_keys`); ``token_weights=False``: the loss is
+not per token in the advantage, so IS weights cannot enter as scaled advantages
+(`trainer.mismatch.weighted_advantages`)."""
 DPO_LOSS: Registry = Registry("dpo_loss", unknown="{key}: unknown loss {name!r}; expected one of {names}")
 """TRL's ``DPOConfig.loss_type`` values we implement -> per-pair loss of (c, r, h, beta, `DPOTerms`)."""
 
@@ -116,6 +118,21 @@ def _kl_k3(diff: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(x) - x).clamp(0.0, 10.0)
 
 
+def _straight_through_k2(base):
+    """verl's ``+`` estimators: the value of ``base``, the gradient of k2 (0.5 d^2), whose expected gradient
+    is the KL's (k1's and k3's are not)."""
+
+    def estimator(diff: torch.Tensor) -> torch.Tensor:
+        k2 = 0.5 * diff.square()
+        return k2 - k2.detach() + base(diff).detach()
+
+    return estimator
+
+
+KL_ESTIMATOR.add("k1+", _straight_through_k2(_kl_k1))
+KL_ESTIMATOR.add("k3+", _straight_through_k2(_kl_k3))
+
+
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "kl") -> torch.Tensor:
     """Per-token estimate of KL(actor || reference) from sampled-token log-probs, verl's ``kl_penalty``.
 
@@ -123,6 +140,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     0.5 (logp - ref)^2. ``low_var_kl``/``k3``: with x = ref - logp clamped to [-20, 20],
     e^x - x - 1 clamped to [0, 10]: where a value is clamped its gradient is zero (verl clamps to
     [-10, 10]; the value is never negative, so the lower bound only removes rounding below 0).
+    ``k1+`` / ``k3+``: the value of k1 / k3 with the gradient of k2 (straight-through), as verl.
     """
     fn = KL_ESTIMATOR.get(estimator)
     return fn(_up(logprobs) - _up(ref_logprobs))
@@ -208,6 +226,12 @@ def _agg_token_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Te
     return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
 
 
+@LOSS_AGG.register("token-sum")
+def _agg_token_sum(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    # no normaliser: the mini-batch's loss is the sum over its valid tokens (times the ranks FSDP averages over)
+    return (v * m).sum() * norm.world
+
+
 @LOSS_AGG.register("seq-mean-token-sum")
 def _agg_seq_sum(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
     return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world
@@ -232,7 +256,8 @@ def agg_loss(
 ) -> torch.Tensor:
     """A [B, R] per-token loss as a scalar, verl's ``agg_loss`` in its global-batch form.
 
-    ``token-mean``: sum over valid tokens / mini-batch tokens. ``seq-mean-token-sum``: each sequence's
+    ``token-mean``: sum over valid tokens / mini-batch tokens. ``token-sum``: the sum over valid tokens,
+    not normalised. ``seq-mean-token-sum``: each sequence's
     token sum, averaged over the mini-batch's sequences. ``seq-mean-token-mean``: each sequence's token
     mean, averaged over sequences. ``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum`` divided
     by ``norm.horizon`` (default: R). ``norm`` None means this batch is the whole mini-batch.
@@ -259,6 +284,8 @@ class PolicyLossParams:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,7 +392,7 @@ def cispo_policy_loss(
     )
 
 
-@POLICY_LOSS.register("clip_cov", reads=("clip", "clip_cov"))
+@POLICY_LOSS.register("clip_cov", reads=("clip", "clip_cov"), token_weights=False)
 def clip_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -397,7 +424,7 @@ def clip_cov_policy_loss(
     )
 
 
-@POLICY_LOSS.register("kl_cov", reads=("kl_cov",))
+@POLICY_LOSS.register("kl_cov", reads=("kl_cov",), token_weights=False)
 def kl_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -422,6 +449,53 @@ def kl_cov_policy_loss(
     losses = torch.where(penalised, losses + p.ppo_kl_coef * neg_kl.abs(), losses)
     loss = agg_loss(losses, m, p.loss_agg_mode, norm)
     return PolicyLoss(loss, _zero(loss), masked_mean(neg_kl.abs(), m).detach(), _zero(loss))
+
+
+@POLICY_LOSS.register("sapo", reads=("sapo",))
+def sapo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
+    """verl's ``sapo`` (soft adaptive policy optimisation): a smooth gate instead of the clip.
+
+    Per token, r = exp(clamp(logp - old, -20, 20)) and tau = ``tau_pos`` where A > 0, else ``tau_neg``; the
+    loss is -A g(r) with g(r) = (4 / tau) sigmoid(tau (r - 1)) (g(1) = 2 / tau, g'(1) = 1: the PPO
+    gradient on-policy, fading smoothly off it). Always aggregated ``seq-mean-token-mean``, as verl; no
+    clipping, so the clip fractions are 0."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    log_ratio = (lp - old).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(adv > 0, torch.full_like(adv, p.tau_pos), torch.full_like(adv, p.tau_neg))
+    gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = agg_loss(-gates * adv, m, "seq-mean-token-mean", norm)
+    return PolicyLoss(loss, _zero(loss), masked_mean(-log_ratio, m).detach(), _zero(loss))
+
+
+@POLICY_LOSS.register("geo_mean", reads=("clip",), token_weights=False)
+def geo_mean_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``geo_mean`` (GMPO): the clipped surrogate of each sequence's geometric-mean ratio.
+
+    Per token d = logp - old (no clamp, as verl), clipped in log space towards the side that lowers the
+    objective: d' = sgn(A) min(sgn(A) d, sgn(A) clamp(d, -low, high)); per sequence the ratio is
+    exp(mean of d') and the advantage the token mean of A; the loss is -A_seq ratio_seq, averaged over the
+    mini-batch's sequences (verl: over the micro-batch's rows; ours is its global-batch form).
+    ``clipfrac`` / ``clipfrac_lower``: tokens whose d was clamped with A > 0 / A < 0."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    neg_kl = lp - old
+    sgn = torch.sign(adv)
+    clamped = neg_kl.clamp(-p.clip_ratio_low, p.clip_ratio_high)
+    chosen = sgn * torch.minimum(sgn * neg_kl, sgn * clamped)
+    length = m.sum(-1)
+    ratio = torch.exp((chosen * m).sum(-1) / (length + 1e-8))
+    seq_adv = (adv * m).sum(-1) / (length + 1e-8)
+    norm = norm or AggNorm.of(m)
+    loss = (-seq_adv * ratio).sum() / max(norm.sequences, 1.0) * norm.world
+    was = neg_kl != clamped
+    return PolicyLoss(
+        loss,
+        masked_mean((was & (adv > 0)).float(), m).detach(),
+        masked_mean(-neg_kl, m).detach(),
+        masked_mean((was & (adv < 0)).float(), m).detach(),
+    )
 
 
 def policy_loss(

@@ -144,6 +144,8 @@ def policy_loss_params(algo: AlgoConfig) -> L.PolicyLossParams:
         clip_cov_ub=algo.clip_cov_ub,
         kl_cov_ratio=algo.kl_cov_ratio,
         ppo_kl_coef=algo.ppo_kl_coef,
+        tau_pos=algo.tau_pos,
+        tau_neg=algo.tau_neg,
     )
 
 
