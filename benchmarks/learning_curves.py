@@ -7,7 +7,7 @@ tiny-llama (random init) on the built-in ``digits`` task, seed 0, one torch thre
 "end" are the means of the first and last 5 steps. The settings (`trainer.data.TINY_LEARNING_SETTINGS`)
 are the ones the suites (`suites/tiny_cpu.yaml`, `grpo_tiny_cpu.yaml`, `dpo_tiny_cpu.yaml`) and
 tests/test_train.py use to show learning on a ~100k-parameter model; the config defaults (lr 1e-4) are
-sized for real models. Every critic-free run (``RUNS``) is the GRPO settings with one verl option changed.
+sized for real models. Every critic-free run (``RUNS``) is the GRPO settings with one verl option changed (and its switch).
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ RUNS: dict[str, tuple[str, dict]] = {
     "drgrpo": ("grpo", {"norm_adv_by_std_in_grpo": False, "loss_agg_mode": "seq-mean-token-sum-norm"}),
     "gspo": ("grpo", {"loss_mode": "gspo"}),
     "cispo": ("grpo", {"loss_mode": "cispo"}),
+    "sapo": ("grpo", {"loss_mode": "sapo"}),
+    "geo_mean": ("grpo", {"loss_mode": "geo_mean"}),
+    "grpo_vectorized": ("grpo", {"adv_estimator": "grpo_vectorized"}),
+    "rloo_vectorized": ("grpo", {"adv_estimator": "rloo_vectorized"}),
+    "token_sum": ("grpo", {"loss_agg_mode": "token-sum"}),
+    "kl_loss_k3plus": ("grpo", {"use_kl_loss": True, "kl_loss_type": "k3+"}),
 }
 """Run name -> (recipe, ``algo`` options on top of its tiny learning settings)."""
 NEW_ESTIMATORS = ",".join(n for n in RUNS if n not in ("ppo", "grpo", "dpo"))

@@ -145,7 +145,7 @@ def test_defaults_are_valid_and_documented():
         ({"algo": {"loss_scale_factor": 512.0}}, "", "algo.loss_scale_factor: set to 512.0 but nothing"),
         # values out of verl's / TRL's domain
         ({"algo": {"clip_ratio_c": 1.0}}, "", "algo.clip_ratio_c: must be > 1"),
-        ({"algo": {"loss_agg_mode": "token-sum"}}, "", "algo.loss_agg_mode: unknown value 'token-sum'"),
+        ({"algo": {"loss_agg_mode": "token-max"}}, "", "algo.loss_agg_mode: unknown value 'token-max'"),
         ({"algo": {"name": "grpo", "adv_estimator": "gae"}}, "", "algo.adv_estimator: gae needs a critic"),
         (
             {"algo": {"adv_estimator": "rloo"}},
@@ -208,10 +208,10 @@ OLD_ALGO = {"name": "ppo", "value_clip": 0.2, "vf_coef": 0.5, "kl_coef": 0.05, "
             "kl_in_reward": True, "lam": 0.95, "normalize_advantages": True}  # fmt: skip
 
 
-def test_configs_recorded_before_the_verl_keys_are_upgraded():
+def test_run_directories_recorded_before_the_verl_keys_still_read():
     from pathlib import Path
 
-    from trainer.config import upgrade_recorded_config
+    from verlaudit.analysis.diagnose.failure import recorded_config as upgrade_recorded_config
 
     # PPO with its KL in the reward: the same run in today's keys
     algo = TrainConfig.from_dict(upgrade_recorded_config({"algo": OLD_ALGO})).algo
@@ -246,7 +246,7 @@ def test_configs_recorded_before_the_verl_keys_are_upgraded():
 
 def test_a_recorded_config_with_the_older_engine_keys_reads_as_the_engine_it_ran():
     # run directories written before rollout.engine (committed baselines and reports) keep reading
-    from trainer.config import upgrade_recorded_config
+    from verlaudit.analysis.diagnose.failure import recorded_config as upgrade_recorded_config
 
     for rollout, engine in (
         ({"cache": "dynamic", "fused": False}, "hf"),

@@ -501,7 +501,7 @@ if __name__ == "__main__":
 
 
 def test_each_rank_samples_with_its_own_seed():
-    from trainer.ppo import rollout_seed
+    from trainer.rl_steps import rollout_seed
 
     # rank 0 keeps the one-process formula (seed * 100003 + step): CI baselines stay valid
     assert rollout_seed(3, 7) == 3 * 100_003 + 7 == rollout_seed(3, 7, rank=0)

@@ -60,6 +60,7 @@ def test_kl_estimators_hand_values():
     expected = {
         "kl": [1.0, -1.0], "k1": [1.0, -1.0], "abs": [1.0, 1.0], "mse": [0.5, 0.5], "k2": [0.5, 0.5],
         "low_var_kl": [math.exp(-1), math.e - 2], "k3": [math.exp(-1), math.e - 2],
+        "k1+": [1.0, -1.0], "k3+": [math.exp(-1), math.e - 2],  # the values of k1 / k3 (k2's gradient)
     }  # fmt: skip
     assert set(expected) == set(L.KL_ESTIMATORS)
     for name, want in expected.items():
@@ -147,9 +148,10 @@ MASK = [[1, 1, 0], [1, 0, 0]]
 def test_agg_loss_modes_hand_values():
     v, m = t(LOSS), torch.tensor(MASK)
     # token-mean (1 + 2 + 4) / 3; seq-mean-token-sum (3 + 4) / 2; seq-mean-token-mean (1.5 + 4) / 2;
-    # seq-mean-token-sum-norm (3 + 4) / 2 / R with R = 3
+    # seq-mean-token-sum-norm (3 + 4) / 2 / R with R = 3; token-sum 1 + 2 + 4
     expected = {
         "token-mean": 7 / 3,
+        "token-sum": 7.0,
         "seq-mean-token-sum": 3.5,
         "seq-mean-token-mean": 2.75,
         "seq-mean-token-sum-norm": 7 / 6,
@@ -161,8 +163,8 @@ def test_agg_loss_modes_hand_values():
     assert L.agg_loss(v, m, "seq-mean-token-sum-norm", L.AggNorm.of(m, horizon=10.0)).item() == pytest.approx(
         0.35
     )
-    with pytest.raises(ValueError, match="loss_agg_mode 'token-sum'"):
-        L.agg_loss(v, m, "token-sum")
+    with pytest.raises(ValueError, match="loss_agg_mode 'token-max'"):
+        L.agg_loss(v, m, "token-max")
 
 
 def test_token_mean_is_normalised_over_the_mini_batch_not_each_micro_batch():
@@ -189,7 +191,9 @@ def test_micro_batch_shares_sum_to_the_mini_batch_loss_and_seq_modes_match_a_loo
     assert shares == pytest.approx(full, abs=1e-9)
     # plain per-sequence loop over the non-empty sequences
     seqs = [(sum(vals[b, :n].tolist()), n) for b, n in enumerate(lengths) if n > 0]
-    if mode != "token-mean" and seqs:
+    if mode == "token-sum":
+        assert full == pytest.approx(sum(s for s, _ in seqs), abs=1e-9)
+    elif mode != "token-mean" and seqs:
         per = [s / n if mode == "seq-mean-token-mean" else s for s, n in seqs]
         want = sum(per) / len(per) / (width if mode == "seq-mean-token-sum-norm" else 1)
         assert full == pytest.approx(want, abs=1e-9)

@@ -118,10 +118,11 @@ def test_kl_cov_penalises_the_high_covariance_token():
 
 
 def test_policy_loss_dispatch():
-    # logp = old = -1, A = 1: the ratio losses give -A r = -1; gpg and cispo give -A logp = 1
+    # logp = old = -1, A = 1: the ratio losses give -A r = -1; gpg and cispo give -A logp = 1; sapo's gate
+    # at r = 1 is 2 / tau_pos = 2
     args = (t([[-1.0]]), t([[-1.0]]), t([[1.0]]), torch.ones(1, 1))
     for mode in L.POLICY_LOSSES:
-        want = 1.0 if mode in ("gpg", "cispo") else -1.0
+        want = {"gpg": 1.0, "cispo": 1.0, "sapo": -2.0}.get(mode, -1.0)
         assert L.policy_loss(mode, *args).loss.item() == pytest.approx(want), mode
-    with pytest.raises(ValueError, match="loss_mode 'geo_mean'"):
-        L.policy_loss("geo_mean", *args)
+    with pytest.raises(ValueError, match="loss_mode 'dppo_tv'"):
+        L.policy_loss("dppo_tv", *args)

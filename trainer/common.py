@@ -296,16 +296,22 @@ def optimizer_step(
     return norm, skipped
 
 
-def mini_batch_norm(mask: torch.Tensor, setup: Setup, horizon: float | None = None) -> L.AggNorm:
+def mini_batch_norm(
+    mask: torch.Tensor, setup: Setup, horizon: float | None = None, *, per_sequence: bool = True
+) -> L.AggNorm:
     """The loss denominators of one mini-batch (``mask``: this rank's rows of it): valid tokens and
     non-empty sequences summed over ranks, and the world size (verl's ``batch_num_tokens``,
-    ``global_batch_size``, ``dp_size``)."""
+    ``global_batch_size``, ``dp_size``). Rows whose every token was rejected (``rollout_rs``) are not
+    counted: the seq-mean modes average over the rows that still train, where verl divides by every row
+    of the mini-batch, so with rejected rows ours is larger by the fraction rejected (a documented choice:
+    a rejected row contributes no gradient, and the loss keeps the scale of the rows that do).
+    ``per_sequence``: `trainer.losses.AggNorm`."""
     m = mask.float()
     counts = torch.stack([m.sum(), (m.sum(-1) > 0).float().sum()])
     if setup.dist.distributed:
         torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
     tokens, sequences = counts.tolist()
-    return L.AggNorm(tokens, sequences, setup.dist.world_size, horizon)
+    return L.AggNorm(tokens, sequences, setup.dist.world_size, horizon, per_sequence)
 
 
 def mean_over_ranks(value: float, setup: Setup) -> float:

@@ -13,10 +13,10 @@ from typing import Any
 
 # AlgoConfig lives in trainer/algo_config.py; a config is still read from here, whole
 from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa: F401
-from trainer.algo_config import upgrade_recorded_config as _upgrade_recorded_algo
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
-from trainer.precision import PRESETS, PrecisionPolicy, check_policy, resolve_policy
+from trainer.losses import POLICY_LOSS
+from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, check_policy, resolve_policy
 
 SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
 """Keys of a ``model.setup`` mapping: a role, or ``*`` for every role the run builds."""
@@ -244,22 +244,6 @@ def resolve_engine(
     return engine
 
 
-def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A TrainConfig dict recorded by an earlier version (a run directory's ``manifest.json``: committed
-    baselines and reports keep reading) in today's keys with the same behaviour: the algo keys
-    (`trainer.algo_config.upgrade_recorded_config`), and ``rollout.cache`` / ``rollout.fused`` as the
-    ``rollout.engine`` they selected. Only recorded configs come through here: a suite that writes the
-    old keys is refused with the key that replaced them (`RolloutConfig`)."""
-    out = _upgrade_recorded_algo(data)
-    rollout = dict(out.get("rollout") or {})
-    if "cache" in rollout or "fused" in rollout:
-        cache, fused = rollout.pop("cache", None), rollout.pop("fused", None)
-        if rollout.get("engine") is None:
-            rollout["engine"] = "fused" if fused else ("static" if cache == "static" else "hf")
-        out["rollout"] = rollout
-    return out
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig(_Section):
     _renamed = {
@@ -469,13 +453,13 @@ class TrainConfig(_Section):
                 "rollout_correction",
                 "DPO has no rollout to correct; remove rollout_correction",
             )
-        # the IS weights scale each token's advantage (trainer.mismatch.weighted_advantages); these two
-        # losses pick tokens by the advantages' covariance, so the scaled ones would pick others
+        # the IS weights scale each token's advantage (trainer.mismatch.weighted_advantages): not for a loss
+        # that is not per token in the advantage (registered with token_weights=False)
         _check(
-            rc.rollout_is is None or self.algo.loss_mode not in ("clip_cov", "kl_cov"),
+            rc.rollout_is is None or POLICY_LOSS.entry(self.algo.loss_mode).info.get("token_weights", True),
             "rollout_correction.rollout_is",
-            f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages, which "
-            "the weights would change); use rollout_rs alone, or another loss_mode",
+            f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages or averages "
+            "them per sequence, which the weights would change); use rollout_rs alone, or another loss_mode",
         )
         built = self.roles()
         for role in self.model.setup_plugins():

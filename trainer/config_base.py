@@ -73,6 +73,94 @@ def without_unset(data: Any) -> Any:
     return data
 
 
+class FlatSections(Section):
+    """Mixin: a config built of sections (each field a `Section`) that users read and write as ONE flat
+    mapping: every key names a field of exactly one section, so ``{clip_ratio: 0.1}`` sets
+    ``policy_loss.clip_ratio``. The sections are the code's structure; the keys stay flat in suites,
+    specs and ``to_dict``. ``cfg.clip_ratio`` reads through to its section, the constructor takes flat
+    keywords, and ``__post_init__`` (when the class has one) runs after the sections are built, for the
+    checks that span sections. Declare it ``@dataclasses.dataclass(frozen=True, init=False)``."""
+
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        """Section field -> its Section class, in declaration order."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def section_of(cls) -> dict[str, str]:
+        """Flat key -> the section field holding it (built once per class)."""
+        cached = cls.__dict__.get("_section_of_cache")
+        if cached is None:
+            cached = {}
+            for name, sec in cls.sections().items():
+                for f in dataclasses.fields(sec):
+                    assert f.name not in cached, f"{cls.__name__}: key {f.name} in two sections"
+                    cached[f.name] = name
+            cls._section_of_cache = cached  # type: ignore[attr-defined]
+        return cached
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every flat key, section by section."""
+        return tuple(cls.section_of())
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Flat key -> its default."""
+        out: dict[str, Any] = {}
+        for sec in cls.sections().values():
+            for f in dataclasses.fields(sec):
+                out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        return out
+
+    def __init__(self, **flat: Any) -> None:
+        where = type(self).section_of()
+        unknown = [k for k in flat if k not in where]
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unexpected keyword argument {unknown[0]!r}")
+        for name, sec in type(self).sections().items():
+            object.__setattr__(self, name, sec(**{k: v for k, v in flat.items() if where[k] == name}))
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when ordinary lookup fails: a flat key reads through to its section
+        section = type(self).section_of().get(name) if not name.startswith("_") else None
+        if section is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, section), name)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, where: str = "") -> Any:
+        data = {} if data is None else data
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        at = cls.section_of()
+        hints = {name: typing.get_type_hints(sec) for name, sec in cls.sections().items()}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key not in at:
+                renamed = getattr(cls, "_renamed", {})
+                if key in renamed:
+                    raise ValueError(f"{path}: {renamed[key]}")
+                raise ValueError(f"{path}: unknown key; expected one of {', '.join(sorted(at))}")
+            kwargs[key] = _coerce(value, hints[at[key]][key], path)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(f"{where}.{msg}" if where and not msg.startswith(where) else msg) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in type(self).sections():
+            out.update(getattr(self, name).to_dict())
+        return out
+
+
 def _coerce(value: Any, hint: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):

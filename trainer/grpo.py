@@ -5,7 +5,8 @@ rewards (minus the KL penalty with ``use_kl_in_reward``); advantages from ``adv_
 rows grouped by prompt (``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
 ``remax``, ``gpg``, ``opo``, ``grpo_passk``; ReMax also decodes one greedy response per prompt and
 scores it as the baseline); then PPO's actor update, with the KL loss term when ``use_kl_loss``.
-The rollout, scoring and actor update are PPO's functions (`trainer.ppo`), called in this order. Run
+The rollout, scoring and actor update are the steps PPO uses too (`trainer.rl_steps`), called in this
+order. Run
 it: ``python -m trainer.train --config cfg.yaml`` with ``algo.name: grpo`` (or `pytest tests/test_train.py`).
 """
 
@@ -19,7 +20,7 @@ from trainer.common import Resolved, StepLog, local_batch
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.mismatch import weighted_advantages
-from trainer.ppo import (
+from trainer.rl_steps import (
     actor_logprobs,
     correct_rollout,
     generate,
@@ -75,7 +76,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
             )
             metrics.update(kl_metrics)
-            # verl's rollout correction, between the KL reward and the advantages (see trainer.ppo.run)
+            # verl's rollout correction, between the KL reward and the advantages (as in trainer.ppo.run)
             train, is_weights, corr_metrics = correct_rollout(setup, rollout, old_logprobs)
             metrics.update(corr_metrics)
             advantages, returns = A.compute_advantages(
@@ -86,6 +87,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 reward_baselines=baselines,
                 gamma=algo.gamma,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                carry_holes=algo.follows("reinforce_carries_holes"),
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)

@@ -17,15 +17,20 @@ import math
 import torch
 import torch.nn.functional as F
 
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-"""verl's ``kl_penalty`` / ``kl_loss_type`` names (k1 = kl, k2 = mse, k3 = low_var_kl)."""
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-"""verl's ``loss_agg_mode`` values."""
-POLICY_LOSSES = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo")
-"""verl's ``policy_loss.loss_mode`` values we implement."""
-DPO_LOSSES = ("sigmoid", "hinge", "ipo", "robust", "exo_pair", "bco_pair", "sppo_hard", "nca_pair",
-              "apo_zero", "apo_down", "discopop")  # fmt: skip
-"""TRL's ``DPOConfig.loss_type`` values we implement."""
+from trainer.registry import Registry
+
+KL_ESTIMATOR: Registry = Registry("kl estimator")
+"""verl's ``kl_penalty`` / ``kl_loss_type`` names -> per-token estimate from d = logp - ref."""
+LOSS_AGG: Registry = Registry("loss_agg_mode")
+"""verl's ``loss_agg_mode`` values -> (loss_mat, mask, norm) -> scalar."""
+POLICY_LOSS: Registry = Registry("loss_mode")
+"""verl's ``policy_loss.loss_mode`` values we implement -> the loss function. Metadata ``reads``: the groups
+of `PolicyLossParams` knobs it reads (``clip``, ``dual_clip``, ``clip_cov``, ``kl_cov``, ``sapo``), so a knob
+set for another loss is refused (`trainer.algo_config.unread_algo_keys`); ``token_weights=False``: the loss is
+not per token in the advantage, so IS weights cannot enter as scaled advantages
+(`trainer.mismatch.weighted_advantages`)."""
+DPO_LOSS: Registry = Registry("dpo_loss", unknown="{key}: unknown loss {name!r}; expected one of {names}")
+"""TRL's ``DPOConfig.loss_type`` values we implement -> per-pair loss of (c, r, h, beta, `DPOTerms`)."""
 
 
 def _up(x: torch.Tensor) -> torch.Tensor:
@@ -41,37 +46,91 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
     return (v * m).sum() if dim is None else (v * m).sum(dim)
 
 
+def _acc(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    """``values`` and ``mask`` as float64 (the accumulation dtype of the statistics below) and the dtype
+    the result is rounded to once: what ``values * mask`` would have been."""
+    v, m = _up(values), _up(mask)
+    return v.double(), m.double(), torch.promote_types(v.dtype, m.dtype)
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Mean of ``values`` over the set positions of ``mask``; 0 where the mask is empty."""
-    m = _up(mask)
+    """Mean of ``values`` over the set positions of ``mask``; 0 where the mask is empty. Accumulated in
+    float64 and rounded once, so it is the correctly rounded mean for any count up to 2**29 fp32 values
+    (a constant input gives exactly its value)."""
+    v, m, out = _acc(values, mask)
     count = m.sum() if dim is None else m.sum(dim)
-    return masked_sum(values, m, dim) / count.clamp(min=1.0)
+    total = (v * m).sum() if dim is None else (v * m).sum(dim)
+    return (total / count.clamp(min=1.0)).to(out)
+
+
+def _moments(v: torch.Tensor, m: torch.Tensor, unbiased: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 mean and variance (two passes: the deviations from the mean, then their mean)."""
+    n = m.sum()
+    mean = (v * m).sum() / n.clamp(min=1.0)
+    var = ((v - mean) ** 2 * m).sum() / n.clamp(min=1.0)
+    if unbiased:
+        var = var * n / (n - 1).clamp(min=1.0)
+    return mean, var
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over the set positions of ``mask`` (Bessel-corrected unless ``unbiased=False``)."""
-    m = _up(mask)
-    mean = masked_mean(values, m)
-    var = masked_mean((_up(values) - mean) ** 2, m)
-    if unbiased:
-        n = m.sum()
-        var = var * n / (n - 1).clamp(min=1.0)
-    return var
+    """Variance over the set positions of ``mask`` (Bessel-corrected unless ``unbiased=False``), accumulated
+    in float64 and rounded once."""
+    v, m, out = _acc(values, mask)
+    return _moments(v, m, unbiased)[1].to(out)
 
 
 def masked_whiten(
     values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """(values - mean) / std over the masked positions; masked-out positions come back as 0."""
-    m = _up(mask)
-    mean, var = masked_mean(values, m), masked_var(values, m)
-    white = (_up(values) - mean) * torch.rsqrt(var + eps)
+    """(values - mean) / std over the masked positions; masked-out positions come back as 0. Computed in
+    float64 and rounded once: a constant input whitens to exactly 0."""
+    v, m, out = _acc(values, mask)
+    mean, var = _moments(v, m, unbiased=True)
+    white = (v - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         white = white + mean
-    return white * m
+    return (white * m).to(out)
 
 
 # ---------------------------------------------------------------- KL estimators
+
+
+@KL_ESTIMATOR.register("kl", aliases=("k1",))
+def _kl_k1(diff: torch.Tensor) -> torch.Tensor:
+    return diff
+
+
+@KL_ESTIMATOR.register("abs")
+def _kl_abs(diff: torch.Tensor) -> torch.Tensor:
+    return diff.abs()
+
+
+@KL_ESTIMATOR.register("mse", aliases=("k2",))
+def _kl_k2(diff: torch.Tensor) -> torch.Tensor:
+    return 0.5 * diff.square()
+
+
+@KL_ESTIMATOR.register("low_var_kl", aliases=("k3",))
+def _kl_k3(diff: torch.Tensor) -> torch.Tensor:
+    x = (-diff).clamp(-20.0, 20.0)
+    # expm1 keeps precision near 0 (e^x - 1 - x is the same value in exact arithmetic)
+    return (torch.expm1(x) - x).clamp(0.0, 10.0)
+
+
+def _straight_through_k2(base):
+    """verl's ``+`` estimators: the value of ``base``, the gradient of k2 (0.5 d^2), whose expected gradient
+    is the KL's (k1's and k3's are not)."""
+
+    def estimator(diff: torch.Tensor) -> torch.Tensor:
+        k2 = 0.5 * diff.square()
+        return k2 - k2.detach() + base(diff).detach()
+
+    return estimator
+
+
+KL_ESTIMATOR.add("k1+", _straight_through_k2(_kl_k1))
+KL_ESTIMATOR.add("k3+", _straight_through_k2(_kl_k3))
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "kl") -> torch.Tensor:
@@ -81,19 +140,10 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     0.5 (logp - ref)^2. ``low_var_kl``/``k3``: with x = ref - logp clamped to [-20, 20],
     e^x - x - 1 clamped to [0, 10]: where a value is clamped its gradient is zero (verl clamps to
     [-10, 10]; the value is never negative, so the lower bound only removes rounding below 0).
+    ``k1+`` / ``k3+``: the value of k1 / k3 with the gradient of k2 (straight-through), as verl.
     """
-    diff = _up(logprobs) - _up(ref_logprobs)
-    if estimator in ("kl", "k1"):
-        return diff
-    if estimator == "abs":
-        return diff.abs()
-    if estimator in ("mse", "k2"):
-        return 0.5 * diff.square()
-    if estimator in ("low_var_kl", "k3"):
-        x = (-diff).clamp(-20.0, 20.0)
-        # expm1 keeps precision near 0 (e^x - 1 - x is the same value in exact arithmetic)
-        return (torch.expm1(x) - x).clamp(0.0, 10.0)
-    raise ValueError(f"kl estimator {estimator!r}: expected one of {', '.join(KL_ESTIMATORS)}")
+    fn = KL_ESTIMATOR.get(estimator)
+    return fn(_up(logprobs) - _up(ref_logprobs))
 
 
 def token_level_rewards(
@@ -158,12 +208,47 @@ class AggNorm:
     horizon: float | None = None
     """``seq-mean-token-sum-norm``'s constant divisor (verl's ``loss_scale_factor``); None: the
     padded response length (``mask.shape[-1]``)."""
+    per_sequence: bool = True
+    """``seq-mean-token-sum-norm`` averages over ``sequences`` before dividing by ``horizon`` (verl 0.9 on);
+    False: verl before 0.9, the token sums summed over sequences (`trainer.verl_versions`)."""
 
     @classmethod
-    def of(cls, mask: torch.Tensor, *, world: int = 1, horizon: float | None = None) -> AggNorm:
+    def of(
+        cls, mask: torch.Tensor, *, world: int = 1, horizon: float | None = None, per_sequence: bool = True
+    ) -> AggNorm:
         """The denominators when ``mask`` is the whole mini-batch (one process, no accumulation)."""
         m = _up(mask)
-        return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon)
+        return cls(float(m.sum()), float((m.sum(-1) > 0).sum()), world, horizon, per_sequence)
+
+
+@LOSS_AGG.register("token-mean")
+def _agg_token_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
+
+
+@LOSS_AGG.register("token-sum")
+def _agg_token_sum(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    # no normaliser: the mini-batch's loss is the sum over its valid tokens (times the ranks FSDP averages over)
+    return (v * m).sum() * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-sum")
+def _agg_seq_sum(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-mean")
+def _agg_seq_mean(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    # an empty sequence contributes 0 (verl divides by count + 1e-8: the same value in fp32)
+    return ((v * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / max(norm.sequences, 1.0) * norm.world
+
+
+@LOSS_AGG.register("seq-mean-token-sum-norm")
+def _agg_seq_sum_norm(v: torch.Tensor, m: torch.Tensor, norm: AggNorm) -> torch.Tensor:
+    horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
+    if not norm.per_sequence:
+        return (v * m).sum(-1).sum() * norm.world / horizon
+    return (v * m).sum(-1).sum() / max(norm.sequences, 1.0) * norm.world / horizon
 
 
 def agg_loss(
@@ -171,25 +256,15 @@ def agg_loss(
 ) -> torch.Tensor:
     """A [B, R] per-token loss as a scalar, verl's ``agg_loss`` in its global-batch form.
 
-    ``token-mean``: sum over valid tokens / mini-batch tokens. ``seq-mean-token-sum``: each sequence's
+    ``token-mean``: sum over valid tokens / mini-batch tokens. ``token-sum``: the sum over valid tokens,
+    not normalised. ``seq-mean-token-sum``: each sequence's
     token sum, averaged over the mini-batch's sequences. ``seq-mean-token-mean``: each sequence's token
     mean, averaged over sequences. ``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum`` divided
     by ``norm.horizon`` (default: R). ``norm`` None means this batch is the whole mini-batch.
     """
+    fn = LOSS_AGG.get(mode)
     v, m = _up(loss_mat), _up(mask)
-    norm = norm or AggNorm.of(m)
-    if mode == "token-mean":
-        return (v * m).sum() / max(norm.tokens, 1.0) * norm.world
-    seq_sum = (v * m).sum(-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world
-    if mode == "seq-mean-token-mean":
-        # an empty sequence contributes 0 (verl divides by count + 1e-8: the same value in fp32)
-        return (seq_sum / m.sum(-1).clamp(min=1.0)).sum() / max(norm.sequences, 1.0) * norm.world
-    if mode == "seq-mean-token-sum-norm":
-        horizon = norm.horizon if norm.horizon is not None else m.shape[-1]
-        return seq_sum.sum() / max(norm.sequences, 1.0) * norm.world / horizon
-    raise ValueError(f"loss_agg_mode {mode!r}: expected one of {', '.join(LOSS_AGG_MODES)}")
+    return fn(v, m, norm or AggNorm.of(m))
 
 
 # ---------------------------------------------------------------- policy losses
@@ -209,6 +284,8 @@ class PolicyLossParams:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +303,7 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
+@POLICY_LOSS.register("vanilla", reads=("clip", "dual_clip"))
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -259,6 +337,7 @@ def ppo_policy_loss(
     )
 
 
+@POLICY_LOSS.register("gspo", reads=("clip",))
 def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
     """verl's ``gspo``: one importance ratio per sequence, the geometric mean of its token ratios.
 
@@ -283,6 +362,7 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParam
     )
 
 
+@POLICY_LOSS.register("gpg", reads=())
 def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
     """verl's ``gpg``: plain policy gradient -logp * A (no ratio, no clipping); metrics are 0 as in verl."""
     losses = -_up(logprobs) * _up(advantages)
@@ -290,6 +370,7 @@ def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams
     return PolicyLoss(loss, _zero(loss), _zero(loss), _zero(loss))
 
 
+@POLICY_LOSS.register("cispo", reads=("clip",))
 def cispo_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -311,6 +392,7 @@ def cispo_policy_loss(
     )
 
 
+@POLICY_LOSS.register("clip_cov", reads=("clip", "clip_cov"), token_weights=False)
 def clip_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -342,6 +424,7 @@ def clip_cov_policy_loss(
     )
 
 
+@POLICY_LOSS.register("kl_cov", reads=("kl_cov",), token_weights=False)
 def kl_cov_policy_loss(
     logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
 ) -> PolicyLoss:
@@ -368,14 +451,51 @@ def kl_cov_policy_loss(
     return PolicyLoss(loss, _zero(loss), masked_mean(neg_kl.abs(), m).detach(), _zero(loss))
 
 
-_POLICY_LOSS_FNS = {
-    "vanilla": ppo_policy_loss,
-    "gspo": gspo_policy_loss,
-    "gpg": gpg_policy_loss,
-    "cispo": cispo_policy_loss,
-    "clip_cov": clip_cov_policy_loss,
-    "kl_cov": kl_cov_policy_loss,
-}
+@POLICY_LOSS.register("sapo", reads=("sapo",))
+def sapo_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
+    """verl's ``sapo`` (soft adaptive policy optimisation): a smooth gate instead of the clip.
+
+    Per token, r = exp(clamp(logp - old, -20, 20)) and tau = ``tau_pos`` where A > 0, else ``tau_neg``; the
+    loss is -A g(r) with g(r) = (4 / tau) sigmoid(tau (r - 1)) (g(1) = 2 / tau, g'(1) = 1: the PPO
+    gradient on-policy, fading smoothly off it). Always aggregated ``seq-mean-token-mean``, as verl; no
+    clipping, so the clip fractions are 0."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    log_ratio = (lp - old).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(adv > 0, torch.full_like(adv, p.tau_pos), torch.full_like(adv, p.tau_neg))
+    gates = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = agg_loss(-gates * adv, m, "seq-mean-token-mean", norm)
+    return PolicyLoss(loss, _zero(loss), masked_mean(-log_ratio, m).detach(), _zero(loss))
+
+
+@POLICY_LOSS.register("geo_mean", reads=("clip",), token_weights=False)
+def geo_mean_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``geo_mean`` (GMPO): the clipped surrogate of each sequence's geometric-mean ratio.
+
+    Per token d = logp - old (no clamp, as verl), clipped in log space towards the side that lowers the
+    objective: d' = sgn(A) min(sgn(A) d, sgn(A) clamp(d, -low, high)); per sequence the ratio is
+    exp(mean of d') and the advantage the token mean of A; the loss is -A_seq ratio_seq, averaged over the
+    mini-batch's sequences (verl: over the micro-batch's rows; ours is its global-batch form).
+    ``clipfrac`` / ``clipfrac_lower``: tokens whose d was clamped with A > 0 / A < 0."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    neg_kl = lp - old
+    sgn = torch.sign(adv)
+    clamped = neg_kl.clamp(-p.clip_ratio_low, p.clip_ratio_high)
+    chosen = sgn * torch.minimum(sgn * neg_kl, sgn * clamped)
+    length = m.sum(-1)
+    ratio = torch.exp((chosen * m).sum(-1) / (length + 1e-8))
+    seq_adv = (adv * m).sum(-1) / (length + 1e-8)
+    norm = norm or AggNorm.of(m)
+    loss = (-seq_adv * ratio).sum() / max(norm.sequences, 1.0) * norm.world
+    was = neg_kl != clamped
+    return PolicyLoss(
+        loss,
+        masked_mean((was & (adv > 0)).float(), m).detach(),
+        masked_mean(-neg_kl, m).detach(),
+        masked_mean((was & (adv < 0)).float(), m).detach(),
+    )
 
 
 def policy_loss(
@@ -387,10 +507,8 @@ def policy_loss(
     p: PolicyLossParams = PolicyLossParams(),
     norm: AggNorm | None = None,
 ) -> PolicyLoss:
-    """The policy loss verl's ``policy_loss.loss_mode`` names."""
-    if mode not in _POLICY_LOSS_FNS:
-        raise ValueError(f"loss_mode {mode!r}: expected one of {', '.join(POLICY_LOSSES)}")
-    return _POLICY_LOSS_FNS[mode](logprobs, old_logprobs, advantages, mask, p, norm)
+    """The policy loss verl's ``policy_loss.loss_mode`` names (`POLICY_LOSS`)."""
+    return POLICY_LOSS.get(mode)(logprobs, old_logprobs, advantages, mask, p, norm)
 
 
 def value_loss(
@@ -414,6 +532,84 @@ def value_loss(
 
 
 # ---------------------------------------------------------------- DPO
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOTerms:
+    """What a DPO loss reads besides the log-ratios and beta."""
+
+    label_smoothing: float = 0.0
+    discopop_tau: float = 0.05
+    chosen_lengths: torch.Tensor | None = None
+    rejected_lengths: torch.Tensor | None = None
+
+
+@DPO_LOSS.register("sigmoid")
+def _dpo_sigmoid(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    return -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
+
+
+@DPO_LOSS.register("hinge")
+def _dpo_hinge(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return torch.relu(1 - beta * h)
+
+
+@DPO_LOSS.register("ipo")
+def _dpo_ipo(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    if t.chosen_lengths is None or t.rejected_lengths is None:
+        raise ValueError("dpo_loss: ipo needs chosen_lengths and rejected_lengths (TRL's per-token average)")
+    avg = c / _up(t.chosen_lengths).clamp(min=1.0) - r / _up(t.rejected_lengths).clamp(min=1.0)
+    return (avg - 1 / (2 * beta)) ** 2
+
+
+@DPO_LOSS.register("robust")
+def _dpo_robust(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    return (-(1 - ls) * F.logsigmoid(beta * h) + ls * F.logsigmoid(-beta * h)) / (1 - 2 * ls)
+
+
+@DPO_LOSS.register("exo_pair")
+def _dpo_exo_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    ls = t.label_smoothing
+    if not 0 < ls < 1:
+        raise ValueError(f"dpo_loss: exo_pair needs 0 < label_smoothing < 1 (EXO's epsilon), got {ls}")
+    x = beta * h
+    return torch.sigmoid(x) * (F.logsigmoid(x) - math.log1p(-ls)) + torch.sigmoid(-x) * (
+        F.logsigmoid(-x) - math.log(ls)
+    )
+
+
+@DPO_LOSS.register("bco_pair")
+def _dpo_bco_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
+
+
+@DPO_LOSS.register("sppo_hard")
+def _dpo_sppo_hard(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
+
+
+@DPO_LOSS.register("nca_pair")
+def _dpo_nca_pair(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
+
+
+@DPO_LOSS.register("apo_zero")
+def _dpo_apo_zero(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return (1 - torch.sigmoid(beta * c)) + torch.sigmoid(beta * r)
+
+
+@DPO_LOSS.register("apo_down")
+def _dpo_apo_down(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    return torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * h))
+
+
+@DPO_LOSS.register("discopop")
+def _dpo_discopop(c, r, h, beta: float, t: DPOTerms) -> torch.Tensor:
+    x = beta * h
+    w = torch.sigmoid(x / t.discopop_tau)
+    return -F.logsigmoid(x) * (1 - w) + torch.exp(-x) * w
 
 
 def dpo_loss(
@@ -443,44 +639,19 @@ def dpo_loss(
     ``apo_down``: s(beta c) + 1 - s(beta h); ``discopop``: with x = beta h, w = s(x / tau):
     (1 - w)(-log s(x)) + w e^-x. Rewards: beta c and beta r, detached (metrics).
     """
+    fn = DPO_LOSS.get(loss_type)
     pc, pr, rc, rr = (_up(t) for t in (policy_chosen, policy_rejected, ref_chosen, ref_rejected))
     c, r = pc - rc, pr - rr
     h = c - r
-    ls = label_smoothing
-    if loss_type == "sigmoid":
-        losses = -(1 - ls) * F.logsigmoid(beta * h) - ls * F.logsigmoid(-beta * h)
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    elif loss_type == "ipo":
-        if chosen_lengths is None or rejected_lengths is None:
-            raise ValueError(
-                "dpo_loss: ipo needs chosen_lengths and rejected_lengths (TRL's per-token average)"
-            )
-        avg = c / _up(chosen_lengths).clamp(min=1.0) - r / _up(rejected_lengths).clamp(min=1.0)
-        losses = (avg - 1 / (2 * beta)) ** 2
-    elif loss_type == "robust":
-        losses = (-(1 - ls) * F.logsigmoid(beta * h) + ls * F.logsigmoid(-beta * h)) / (1 - 2 * ls)
-    elif loss_type == "exo_pair":
-        if not 0 < ls < 1:
-            raise ValueError(f"dpo_loss: exo_pair needs 0 < label_smoothing < 1 (EXO's epsilon), got {ls}")
-        x = beta * h
-        losses = torch.sigmoid(x) * (F.logsigmoid(x) - math.log1p(-ls)) + torch.sigmoid(-x) * (
-            F.logsigmoid(-x) - math.log(ls)
-        )
-    elif loss_type == "bco_pair":
-        losses = -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)
-    elif loss_type == "sppo_hard":
-        losses = (c - 0.5 / beta) ** 2 + (r + 0.5 / beta) ** 2
-    elif loss_type == "nca_pair":
-        losses = -F.logsigmoid(beta * c) - 0.5 * F.logsigmoid(-beta * c) - 0.5 * F.logsigmoid(-beta * r)
-    elif loss_type == "apo_zero":
-        losses = (1 - torch.sigmoid(beta * c)) + torch.sigmoid(beta * r)
-    elif loss_type == "apo_down":
-        losses = torch.sigmoid(beta * c) + (1 - torch.sigmoid(beta * h))
-    elif loss_type == "discopop":
-        x = beta * h
-        w = torch.sigmoid(x / discopop_tau)
-        losses = -F.logsigmoid(x) * (1 - w) + torch.exp(-x) * w
-    else:
-        raise ValueError(f"dpo_loss: unknown loss {loss_type!r}; expected one of {', '.join(DPO_LOSSES)}")
+    losses = fn(c, r, h, beta, DPOTerms(label_smoothing, discopop_tau, chosen_lengths, rejected_lengths))
     return losses, (beta * c).detach(), (beta * r).detach()
+
+
+KL_ESTIMATORS = KL_ESTIMATOR.names()
+"""verl's ``kl_penalty`` / ``kl_loss_type`` names (k1 = kl, k2 = mse, k3 = low_var_kl)."""
+LOSS_AGG_MODES = LOSS_AGG.names()
+"""verl's ``loss_agg_mode`` values."""
+POLICY_LOSSES = POLICY_LOSS.names()
+"""verl's ``policy_loss.loss_mode`` values we implement."""
+DPO_LOSSES = DPO_LOSS.names()
+"""TRL's ``DPOConfig.loss_type`` values we implement."""

@@ -205,12 +205,19 @@ class Correction:
 
 
 def is_weights(
-    log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: float, batch_normalize: bool = False
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    level: str,
+    threshold: float,
+    batch_normalize: bool = False,
+    *,
+    truncated_metrics: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's truncated importance weights: per token exp(r_t), or per sequence exp(sum_t r_t) on each of
     its tokens (r clamped to +-20 first), zero on padding, then truncated at ``threshold``; optionally
-    divided by their batch mean (over tokens, or over sequences). Metrics come from the weights
-    before truncation, as verl's do."""
+    divided by their batch mean (over tokens, or over sequences). Metrics come from the weights before
+    truncation (verl before 0.9), or with ``truncated_metrics`` (verl 0.9 on) from the truncated ones,
+    but for the fractions above / below the threshold, which stay of the raw weights."""
     m = mask.float()
     if level == "token":
         log_w = log_ratio.float()
@@ -221,6 +228,10 @@ def is_weights(
     else:
         raise ValueError(f"rollout_correction.rollout_is: {level!r}; expected token or sequence")
     metrics = _is_metrics(w, log_w, mask, level, threshold)
+    if truncated_metrics:
+        raw = {k: v for k, v in metrics.items() if "fraction" in k}
+        metrics = {**_is_metrics(w.clamp(max=threshold), log_w.clamp(max=math.log(threshold)), mask, level,
+                                 threshold), **raw}  # fmt: skip
     w = w.clamp(max=threshold).detach()
     if batch_normalize:
         if level == "token":
@@ -310,11 +321,13 @@ def rejection_mask(
     return new_mask, metrics
 
 
-def rollout_correction(rollout_logprobs, old_logprobs, mask, config) -> Correction:
+def rollout_correction(
+    rollout_logprobs, old_logprobs, mask, config, *, truncated_metrics: bool = False
+) -> Correction:
     """verl's ``compute_rollout_correction_and_rejection_mask`` under ``config``
     (`trainer.config.RolloutCorrectionConfig`): IS weights over the whole response mask, rejection on
-    it, metrics prefixed ``rollout_corr/``. With neither ``rollout_is`` nor ``rollout_rs`` the mask
-    comes back unchanged, no weights, no metrics."""
+    it, metrics prefixed ``rollout_corr/`` (``truncated_metrics``: `is_weights`). With neither
+    ``rollout_is`` nor ``rollout_rs`` the mask comes back unchanged, no weights, no metrics."""
     if (config.rollout_is is None and config.rollout_rs is None) or not bool(mask.bool().any()):
         return Correction(mask=mask, weights=None, metrics={})
     log_ratio = old_logprobs.float() - rollout_logprobs.float()
@@ -322,7 +335,12 @@ def rollout_correction(rollout_logprobs, old_logprobs, mask, config) -> Correcti
     weights = None
     if config.rollout_is is not None:
         weights, is_m = is_weights(
-            log_ratio, mask, config.rollout_is, config.rollout_is_threshold, config.rollout_is_batch_normalize
+            log_ratio,
+            mask,
+            config.rollout_is,
+            config.rollout_is_threshold,
+            config.rollout_is_batch_normalize,
+            truncated_metrics=truncated_metrics,
         )
         metrics.update(is_m)
     new_mask = mask

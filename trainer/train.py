@@ -1,4 +1,5 @@
-"""The trainer's entry point: `train(config, observer)` dispatches to the PPO, GRPO or DPO recipe.
+"""The trainer's entry point: `train(config, observer)` dispatches to the recipe ``algo.name`` names
+(`trainer.recipes`: PPO, GRPO, DPO).
 
 A plain run without verlaudit, one line per step:
     python -m trainer.train --config cfg.yaml [--steps N]
@@ -17,6 +18,7 @@ from pathlib import Path
 from trainer.common import NonFiniteLossError, Resolved, resolve
 from trainer.config import TrainConfig
 from trainer.events import NULL_OBSERVER, Observer
+from trainer.recipes import recipe_run
 
 __all__ = ["NonFiniteLossError", "Resolved", "TrainResult", "load_config", "main", "train"]
 
@@ -39,16 +41,8 @@ def train(
     ``resolved``: the device, process group and precision policy decided before the call (what
     ``verlaudit run`` hands over); None: the trainer decides them from ``config`` (`resolve`)."""
     observer = observer or NULL_OBSERVER
-    name = config.algo.name
-    if name == "ppo":
-        from trainer import ppo as recipe
-    elif name == "grpo":
-        from trainer import grpo as recipe
-    elif name == "dpo":
-        from trainer import dpo as recipe
-    else:  # TrainConfig already refuses other names; this guards direct construction bypasses
-        raise ValueError(f"algo.name: unknown algorithm {name!r}; expected ppo, grpo or dpo")
-    history = recipe.run(config, observer, resolved or resolve(config))
+    run = recipe_run(config.algo.name)  # TrainConfig refuses unknown names already
+    history = run(config, observer, resolved or resolve(config))
     return TrainResult(history=history, final=dict(history[-1]) if history else {})
 
 

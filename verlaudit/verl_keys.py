@@ -124,6 +124,8 @@ ALGO_KEYS: dict[str, str] = {
     "clip_cov_ub": f"{POLICY_LOSS}.clip_cov_ub",
     "kl_cov_ratio": f"{POLICY_LOSS}.kl_cov_ratio",
     "ppo_kl_coef": f"{POLICY_LOSS}.ppo_kl_coef",
+    "tau_pos": f"{ACTOR}.tau_pos",
+    "tau_neg": f"{ACTOR}.tau_neg",
     "loss_agg_mode": f"{ACTOR}.loss_agg_mode",
     "loss_scale_factor": f"{ACTOR}.loss_scale_factor",
     "clip_ratio": f"{ACTOR}.clip_ratio",

@@ -38,6 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("off", "boundary", "full"),
         help="the suite's audit level (default boundary, the always-on level)",
     )
+    p.add_argument(
+        "--verl-version",
+        help="the verl release line the script was written for (0.7 ... 0.10; default: the latest release "
+        "line); keys whose semantics changed between verl versions follow it (algo.verl_version)",
+    )
     p.add_argument("--run", action="store_true", help="run the suite right away (verlaudit run)")
     p.add_argument("--steps", type=int, help="with --run: training steps for every variant")
     p.add_argument("--variants", help="with --run: comma-separated variants to run")
@@ -47,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     launch = read_launch(args.file)
-    mapped = map_launch(launch, target=args.target, model=args.model)
+    mapped = map_launch(launch, target=args.target, model=args.model, verl_version=args.verl_version)
     out = Path(args.output) if args.output else Path(Path(args.file).stem + ".yaml")
     if out.exists() and not args.force:
         raise ValueError(f"-o {out}: exists; pass --force to overwrite it or choose another file")

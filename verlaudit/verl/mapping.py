@@ -26,6 +26,7 @@ from trainer.config import (
     AlgoConfig,
     unread_algo_keys,
 )
+from trainer.verl_versions import check as check_verl_version
 from verlaudit import verl_keys as V
 from verlaudit.verl.architectures import KNOWN, lookup
 from verlaudit.verl.context import Context, Record
@@ -102,7 +103,7 @@ def _peek(ctx: Context, row: Row) -> Any:
 def _unread(ctx: Context) -> dict[str, str]:
     """The algo options nothing reads in this job (`trainer.config.unread_algo_keys` over the script's
     values, verl's defaults for the rest: ours equal verl's for every option the rule looks at)."""
-    values: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(AlgoConfig)}
+    values: dict[str, Any] = AlgoConfig.defaults()
     values.update(name=ctx.algo, adv_estimator=ctx.estimator)
     for row in ROWS:
         if (
@@ -529,9 +530,18 @@ def _map_leftovers(ctx: Context) -> None:
         )
 
 
-def map_launch(launch: Launch, *, target: str, model: str | None = None) -> Mapped:
-    """The suite pieces of ``launch`` and what became of each key."""
+def map_launch(
+    launch: Launch, *, target: str, model: str | None = None, verl_version: str | None = None
+) -> Mapped:
+    """The suite pieces of ``launch`` and what became of each key; ``verl_version`` (``--verl-version``)
+    becomes ``algo.verl_version`` (unset: the suite's default, the latest verl release line)."""
     ctx = Context(launch)
+    if verl_version is not None:
+        try:
+            check_verl_version(verl_version)
+        except ValueError as e:
+            raise ValueError(f"--verl-version: {e}") from None
+        ctx.set("algo.verl_version", verl_version)
     _map_algorithm(ctx)
     hardware, gpus = _map_hardware(ctx, target)
     ctx.unread = _unread(ctx)

@@ -227,6 +227,8 @@ ROWS: tuple[Row, ...] = (
     _algo("clip_cov_ub", as_float, 5.0),
     _algo("kl_cov_ratio", as_float, 0.0002),
     _algo("ppo_kl_coef", as_float, 0.1),
+    _algo("tau_pos", as_float, 1.0),
+    _algo("tau_neg", as_float, 1.05),
     _algo("cliprange_value", as_float, 0.5),
     _algo("temperature", as_float, 1.0),
     _algo("top_k", _top_k, -1, invertible=False),

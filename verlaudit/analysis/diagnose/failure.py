@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.config import TrainConfig, upgrade_recorded_config
+from trainer.config import TrainConfig
 from trainer.precision import PrecisionPolicy
 from verlaudit.plan.memory_model import GIB, Estimate, Phase
 from verlaudit.plan.planner import optimizer_steps_per_step, phases_in, plan_config
@@ -59,13 +59,59 @@ class MemoryAtFailure:
         return max(self.classes, key=self.classes.get)  # type: ignore[arg-type]
 
 
+_BEFORE_VERL_KEYS = ("value_clip", "kl_estimator", "kl_in_reward", "normalize_advantages")
+"""Algo keys of run directories recorded before the verl keys (the suite refuses them, naming the new key)."""
+
+
+def recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's TrainConfig dict in today's keys, so run directories recorded before the verl keys
+    keep reading (the one place that maps them; a suite or spec with these keys is refused): ``value_clip``
+    -> ``cliprange_value`` (its 0, no clipping, becomes 1e9), a positive ``kl_coef`` -> the KL term the run
+    had (in the reward for PPO with ``kl_in_reward``, else a loss term), ``kl_estimator`` k1/k3 ->
+    kl/low_var_kl, and the options that recipe did not read dropped; ``rollout.cache`` / ``rollout.fused``
+    -> the ``rollout.engine`` they selected. A current config comes back unchanged."""
+    out = _recorded_rollout(dict(data))
+    algo = dict(out.get("algo") or {})
+    if not any(k in algo for k in _BEFORE_VERL_KEYS):
+        return out
+    value_clip = algo.pop("value_clip", 0.2)
+    estimator = {"k1": "kl", "k3": "low_var_kl"}.get(algo.pop("kl_estimator", "k1"), "kl")
+    in_reward = algo.pop("kl_in_reward", True)
+    algo.pop("normalize_advantages", None)
+    kl_coef = algo.pop("kl_coef", 0.05)
+    name = algo.get("name", "ppo")
+    if name == "ppo":
+        algo["cliprange_value"] = value_clip if value_clip > 0 else 1e9
+    else:
+        algo.pop("vf_coef", None)
+    if name != "dpo" and kl_coef > 0:
+        if name == "ppo" and in_reward:
+            algo.update(use_kl_in_reward=True, kl_coef=kl_coef, kl_penalty=estimator)
+        else:
+            algo.update(use_kl_loss=True, kl_loss_coef=kl_coef, kl_loss_type=estimator)
+    out["algo"] = algo
+    return out
+
+
+def _recorded_rollout(out: dict[str, Any]) -> dict[str, Any]:
+    """``rollout.cache`` / ``rollout.fused`` of a run recorded before ``rollout.engine``, as the engine they
+    selected (a suite that writes them is refused with the key that replaced them)."""
+    rollout = dict(out.get("rollout") or {})
+    if "cache" in rollout or "fused" in rollout:
+        cache, fused = rollout.pop("cache", None), rollout.pop("fused", None)
+        if rollout.get("engine") is None:
+            rollout["engine"] = "fused" if fused else ("static" if cache == "static" else "hf")
+        out["rollout"] = rollout
+    return out
+
+
 def run_plan_inputs(run: RunDir, changes: Mapping[str, Any] | None = None) -> tuple[Any, Any, int, str]:
     """(TrainConfig, policy, GPUs, AdamW kind) of a run, from its manifest; ``changes`` (a nested
     config mapping) is merged into the config first, and then the policy is re-resolved from it."""
     data = json.loads(json.dumps(run.manifest.get("config") or {}))
     for section, values in (changes or {}).items():
         data[section] = {**(data.get(section) or {}), **values} if isinstance(values, Mapping) else values
-    cfg = TrainConfig.from_dict(upgrade_recorded_config(data), where="manifest.json: config")
+    cfg = TrainConfig.from_dict(recorded_config(data), where="manifest.json: config")
     recorded = run.manifest.get("policy")
     policy = None if changes or not recorded else PrecisionPolicy.from_dict(recorded, "manifest.json: policy")
     env = run.manifest.get("environment") or {}
