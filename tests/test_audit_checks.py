@@ -105,6 +105,10 @@ def test_logprobs_island():
         "actor", "logprobs", torch.zeros(2, 3, dtype=BF16), BF16_POLICY["actor"], step=0, phase=None
     )
     assert kinds(f) == [("error", "dtype/island")] and f[0].observed == "bf16"
+    f = D.check_boundary_output(
+        "actor", "logprobs", torch.zeros(2, 3, dtype=I64), BF16_POLICY["actor"], step=0, phase=None
+    )
+    assert kinds(f) == [("error", "dtype/island_not_float")]
 
 
 def tiny_llama():
@@ -164,17 +168,18 @@ def test_batch_boundary():
     assert B.check_batch(good, role="actor", source="builtin:prompt", tokenizer_info=TOK) == []
     fl = {k: v.float() for k, v in good.items()}
     f = B.check_batch(fl, role="actor", source="x", tokenizer_info=TOK)
-    assert kinds(f) == [("error", "boundary/collator")] * 2 and {x.where for x in f} == {
+    assert kinds(f) == [("error", "boundary/collator_float_ids")] * 2 and {x.where for x in f} == {
         "collator:x.input_ids",
         "collator:x.attention_mask",
     }
     oov = batch([[0, 3, 12]], [[0, 1, 1]])  # 12 >= vocab 10
-    assert [x.observed for x in B.check_batch(oov, role="actor", source="x", tokenizer_info=TOK)] == [[0, 12]]
+    f = B.check_batch(oov, role="actor", source="x", tokenizer_info=TOK)
+    assert kinds(f) == [("error", "boundary/collator_id_range")] and f[0].observed == [0, 12]
     right = batch([[3, 4, 0]], [[1, 1, 0]])
     f = B.check_batch(right, role="actor", source="x", tokenizer_info=TOK)
     assert kinds(f) == [("error", "boundary/padding_side")] and f[0].observed == "right"
     ragged = {"input_ids": torch.zeros(2, 3, dtype=I64), "attention_mask": torch.ones(3, 3, dtype=I64)}
-    assert ("error", "boundary/collator") in kinds(
+    assert ("error", "boundary/collator_shape") in kinds(
         B.check_batch(ragged, role="actor", source="x", tokenizer_info=TOK)
     )
 
@@ -183,17 +188,24 @@ def test_reward_boundary():
     kw = {"source": "function:r", "expected_shape": (2,), "train_device": "cpu"}
     assert B.check_reward(torch.tensor([0.5, 1.0]), None, **kw) == []
     assert kinds(B.check_reward(torch.tensor([0.5, 1.0], dtype=torch.float64), None, **kw)) == [
-        ("warning", "boundary/reward")
+        ("warning", "boundary/reward_dtype")
     ]
-    assert kinds(B.check_reward(np.array([0.5, 1.0]), None, **kw)) == [("warning", "boundary/reward")]
-    assert kinds(B.check_reward([0.5, 1.0], None, **kw)) == [("info", "boundary/reward")]
+    assert kinds(B.check_reward(np.array([0.5, 1.0]), None, **kw)) == [("warning", "boundary/reward_dtype")]
+    assert kinds(B.check_reward([0.5, 1.0], None, **kw)) == [("info", "boundary/reward_list")]
+    assert kinds(B.check_reward(torch.tensor([1, 0]), None, **kw)) == [("info", "boundary/reward_dtype")]
+    assert ("error", "boundary/reward_not_numbers") in kinds(B.check_reward(["a", "b"], None, **kw))
     # a CPU tensor while training on a GPU: the device check with a fake training device
     f = B.check_reward(torch.tensor([0.5, 1.0]), None, **{**kw, "train_device": "cuda:0"})
-    assert kinds(f) == [("warning", "boundary/reward")] and f[0].observed == "cpu"
+    assert kinds(f) == [("warning", "boundary/reward_device")] and f[0].observed == "cpu"
+    # fp64 on the CPU: two problems, two kinds (one kind would fold the second into the first)
+    f = B.check_reward(
+        torch.tensor([0.5, 1.0], dtype=torch.float64), None, **{**kw, "train_device": "cuda:0"}
+    )
+    assert kinds(f) == [("warning", "boundary/reward_device"), ("warning", "boundary/reward_dtype")]
     f = B.check_reward(torch.tensor([[0.5], [1.0]]), None, **kw)
-    assert kinds(f) == [("error", "boundary/reward")] and f[0].observed == [2, 1]
+    assert kinds(f) == [("error", "boundary/reward_shape")] and f[0].observed == [2, 1]
     f = B.check_reward(torch.tensor([float("nan"), 1.0]), None, **kw)
-    assert kinds(f) == [("error", "boundary/reward")] and "1 of 2" in f[0].message
+    assert kinds(f) == [("error", "boundary/reward_nonfinite")] and "1 of 2" in f[0].message
 
 
 def test_rollout_boundary():
@@ -217,6 +229,8 @@ def test_rollout_boundary():
         engine_dtype=BF16, actor_compute_dtype=BF16, logprobs=torch.zeros(2, 3, dtype=BF16), **kw
     )
     assert kinds(f) == [("error", "dtype/island")]
+    f = B.check_rollout(engine_dtype=BF16, actor_compute_dtype=BF16, logprobs=torch.zeros(2, 2), **kw)
+    assert kinds(f) == [("error", "boundary/rollout_shape")]
 
 
 @pytest.mark.parametrize(
@@ -323,10 +337,10 @@ def test_rollout_ids_against_model_and_tokenizer_vocabularies():
         model_vocab_size=32000,
         **base,
     )
-    assert kinds(f) == [("error", "boundary/rollout_tokens")]
+    assert kinds(f) == [("error", "boundary/rollout_token_range")]
     # without a model size, the tokenizer's vocabulary is the limit (the old behaviour)
     f = B.check_rollout(prompt_ids=prompt, response_ids=torch.tensor([[3, 150]]), vocab_size=100, **base)
-    assert kinds(f) == [("error", "boundary/rollout_tokens")]
+    assert kinds(f) == [("error", "boundary/rollout_token_range")]
 
 
 def test_an_error_is_not_folded_into_an_earlier_info_of_the_same_place():

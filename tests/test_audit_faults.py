@@ -11,9 +11,10 @@ import copy
 import pytest
 
 from trainer.config import TrainConfig
+from trainer.events import Fanout
 from trainer.train import train
 from verlaudit.audit import Auditor, AuditSettings
-from verlaudit.audit.inject import Fanout, FaultInjector
+from verlaudit.audit.inject import FaultInjector
 
 BASE = {
     "steps": 2, "device": "cpu",
@@ -58,7 +59,7 @@ def test_clean_runs_have_no_error_findings(algo, preset):
 
 def test_collator_casting_ids_to_float():
     a = run({"data": {"collator": "tests.faults:float_ids_collator"}})
-    f = a.findings.find("boundary/collator")
+    f = a.findings.find("boundary/collator_float_ids")
     assert {x.where for x in f} == {
         "collator:tests.faults:float_ids_collator.input_ids",
         "collator:tests.faults:float_ids_collator.attention_mask",
@@ -76,14 +77,14 @@ def test_right_padded_prompts():
 
 @pytest.mark.parametrize("fn", ["float64_reward", "numpy_float64_reward"])
 def test_reward_fn_returning_float64(fn):
-    f = only(run({"steps": 1, "data": {"reward_fn": f"tests.faults:{fn}"}}), "boundary/reward")
+    f = only(run({"steps": 1, "data": {"reward_fn": f"tests.faults:{fn}"}}), "boundary/reward_dtype")
     assert (
         f.severity == "warning" and f.where == f"reward:function:tests.faults:{fn}" and "fp64" in f.observed
     )
 
 
 def test_reward_fn_returning_nan():
-    f = only(run({"steps": 1, "data": {"reward_fn": "tests.faults:nan_reward"}}), "boundary/reward")
+    f = only(run({"steps": 1, "data": {"reward_fn": "tests.faults:nan_reward"}}), "boundary/reward_nonfinite")
     assert f.severity == "error" and f.observed == "nan"
 
 

@@ -32,7 +32,7 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_maxima_once_per_tensor_and_one_launch_per_call():
+def test_maxima_once_per_tensor_one_reduction_each():
     m = Maxima()
     a, b = torch.tensor([1.0, -3.0]), torch.tensor([[2.0, float("nan")]], dtype=torch.bfloat16)
     empty = torch.empty(0)
@@ -40,7 +40,7 @@ def test_maxima_once_per_tensor_and_one_launch_per_call():
         first = m.of([a, b, empty])
         again = m.of([a, a.view_as(a), a.view(2, 1), b])  # the same tensors and whole views of them
         part = m.of([a[:1]])  # a view of part of a: its own maximum
-    assert ops.count == Counter({"_foreach_norm": 2})
+    assert ops.count == Counter({"linalg_vector_norm": 3})  # a, b and the part of a: once each
     assert first[2] is None and all(x is first[0] for x in again[:3]) and again[3] is first[1]
     three, nan, one = _read([first[0], first[1], part[0]])
     assert (three, one) == (3.0, 1.0) and math.isnan(nan)  # NaN propagates, like amax
@@ -67,9 +67,10 @@ def test_read_mixes_dtypes_in_order():
 
 
 def test_probe_ops_per_step_on_a_tiny_llama():
-    """The probe's own ops for one forward and backward of a 2-layer Llama: _foreach_norm launches
-    only, at most one per module call and gradient hook; before it took abs + amax + a cast per
-    input, output and gradient: 242 ops here in fp32, 363 in bf16 with the cast; now 76)."""
+    """The probe's own ops for one forward and backward of a 2-layer Llama: one absolute-maximum
+    reduction per distinct tensor it sees (an input that is another module's output is not reduced
+    again); before the maxima were shared it took abs + amax + a cast per input, output and gradient:
+    242 ops here in fp32, 363 in bf16 with the cast."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=16,
@@ -102,6 +103,6 @@ def test_probe_ops_per_step_on_a_tiny_llama():
     hooked, probe = step(True)
     extra = hooked - plain
     calls = len(list(model.modules()))
-    assert set(extra) == {"_foreach_norm"}
-    assert extra["_foreach_norm"] <= 3 * calls  # forward call + received and produced gradient, at most
-    assert extra["_foreach_norm"] < 100
+    assert set(extra) == {"linalg_vector_norm"}
+    assert extra["linalg_vector_norm"] <= 3 * calls  # forward output + received and produced gradient
+    assert extra["linalg_vector_norm"] < 150

@@ -650,6 +650,64 @@ def test_torch_compile_failure_names_the_compiled_path(tmp_path):
     assert any(f.verl == "actor_rollout_ref.actor.use_torch_compile=False" for f in top.fixes)
 
 
+DEVICE_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/app/trainer/ppo.py", line 452, in run\n    scores = score_responses(setup, rollout)\n'
+    '  File "/app/my_reward.py", line 9, in reward\n    return torch.stack(scores) * mask\n'
+    "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+)
+
+
+def _failed_with(tmp_path, name, error, traceback, phase="reward"):
+    status = {"reason": "exception", "step": 1, "phase": phase, "error": error, "traceback": traceback}
+    return make_run(tmp_path / name, steps=3, metrics=[], status=("failed", status))
+
+
+def test_a_runs_traceback_goes_through_the_log_rules_families(tmp_path):
+    # one implementation of each cause: the run's recorded traceback and the same text as a log give
+    # the same cause (kind, title, what, fixes); the run's step, phase and role are the run's own
+    run = _failed_with(tmp_path, "dev", DEVICE_TB.splitlines()[-1], DEVICE_TB)
+    top = causes(run).causes[0]
+    (log,) = diagnose_path(_write(tmp_path / "dev.log", DEVICE_TB))
+    same = log.causes[0]
+    assert (
+        (top.kind, top.title, top.what)
+        == (same.kind, same.title, same.what)
+        == ("device_mismatch", same.title, same.what)
+    )
+    assert top.fixes == same.fixes and top.fixes[0].verl is not None  # our trainer: suite and verl keys
+    assert (top.step, top.phase, top.line, top.cls) == (1, "reward", None, "exception")
+    assert any("my_reward.py:9 in reward" in e for e in top.evidence)
+    # a rule the log families have is the run's too: a missing module, a native extension's symbol
+    imp = "ModuleNotFoundError: No module named 'flash_attn'"
+    tb = f'Traceback (most recent call last):\n  File "/app/trainer/models.py", line 40, in load\n{imp}'
+    top = causes(_failed_with(tmp_path, "imp", imp, tb, phase=None)).causes[0]
+    assert (
+        top.kind == "import_error"
+        and top.where == "flash_attn"
+        and "pip install flash-attn" in top.fixes[0].why
+    )
+
+
+def test_a_runs_traceback_without_a_recorded_phase_takes_the_trainer_phase_its_frames_show(tmp_path):
+    oom = "torch.OutOfMemoryError: CUDA error: out of memory"
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/trainer/ppo.py", line 470, in run\n    stats = update_critic(setup, observer, rollout)\n'
+        '  File "/app/trainer/ppo.py", line 230, in update_critic\n    backward(loss)\n'
+        f"{oom}"
+    )
+    status = {"reason": "exception", "step": 2, "phase": None, "error": oom, "traceback": tb}
+    run = make_run(tmp_path / "oom", steps=3, metrics=[], status=("failed", status))
+    top = causes(run).causes[0]
+    assert top.kind == "oom" and top.phase == "critic_update" and top.step == 2
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
 def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backward(tmp_path):
     # The pattern of the first 7B GRPO run on the H200 (2026-11-29): finite losses, every parameter's
     # gradient NaN from step 0, every step skipped, bf16 without loss scaling. The grads finding names

@@ -97,6 +97,17 @@ def test_log_device_mismatch(tmp_path):
     assert diagnose_path(p)[0].causes[0].kind == "device_mismatch"
 
 
+def test_log_compile_error_names_the_code_dynamo_was_tracing(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text(
+        "torch._dynamo.exc.Unsupported: Unsupported Tensor.requires_grad_() call\n\nfrom user code:\n"
+        '   File "/app/model.py", line 381, in forward\n    inputs_embeds = self.embed_tokens(input_ids)\n'
+    )
+    c = diagnose_path(p)[0].causes[0]
+    assert c.kind == "compile_error"
+    assert 'while tracing File "/app/model.py", line 381, in forward' in c.evidence
+
+
 def test_log_verl_nan_metrics_first_step(tmp_path):
     p = tmp_path / "verl.log"
     p.write_text(

@@ -17,12 +17,11 @@ import torch
 from torch import nn
 
 from trainer.config import TrainConfig
-from trainer.events import Observer
+from trainer.events import Fanout, Observer
 from trainer.precision import dtype_name as trainer_dtype_name
 from trainer.train import train
 from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 from verlaudit.audit import Auditor, AuditSettings, errors
-from verlaudit.audit.inject import Fanout
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
 # (message as PyTorch prints it, wording, observed, expected). The source of each wording is the

@@ -310,7 +310,9 @@ def test_fp16_actor_script_and_the_diagnosis_round_trip(job, tmp_path, capsys):
     # and the skipped steps are its consequences, and no precision change is offered to hide it
     (d,) = diagnose_path(tmp_path / "rep" / "verl")
     root = d.causes[0]
-    assert root.kind == "finding:boundary/reward" and root.fixes[0].suite.startswith("data.compute_score (")
+    assert root.kind == "finding:boundary/reward_nonfinite" and root.fixes[0].suite.startswith(
+        "data.compute_score ("
+    )
     assert any(c.kind == "nonfinite" and c.consequence_of == root.title for c in d.causes)
     assert f"{script}, line 23: custom_reward_function.path=" in text
     assert "bfloat16" not in text and "precision.preset" not in text

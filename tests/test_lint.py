@@ -69,6 +69,25 @@ def test_every_long_function_says_why():
     assert unexplained == [], f"split these or say why above them ('# long: <why>'): {unexplained}"
 
 
+def long_reasons_repeated(files: dict[str, str]) -> dict[str, list[str]]:
+    """Each ``# long:`` reason given above more than one function (``files``: name -> text): a copied
+    reason says nothing about the function under it."""
+    seen: dict[str, list[str]] = {}
+    for name, text in files.items():
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip().startswith("# long:"):
+                reason = " ".join(line.strip().removeprefix("# long:").split()).lower()
+                seen.setdefault(reason, []).append(f"{name}:{n}")
+    return {r: where for r, where in seen.items() if len(where) > 1}
+
+
+def test_long_reasons_are_not_copies():
+    tree = {str(p.relative_to(ROOT)): p.read_text() for p in _sources()}
+    assert long_reasons_repeated(tree) == {}
+    planted = {"a.py": "# long: the same words\ndef f(): pass\n", "b.py": "# long: The  same words\n"}
+    assert long_reasons_repeated(planted) == {"the same words": ["a.py:1", "b.py:1"]}
+
+
 def test_cited_test_files_exist():
     # docstrings say which test exercises a module: a renamed or removed test file leaves them lying
     cited = re.compile(r"(?<![\w/.])tests/(test_\w+\.py)")

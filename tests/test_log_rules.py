@@ -14,11 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.diagnose_corpus import FIXTURES, read_fixture
+from trainer.events import PHASES as TRAINER_PHASES
 from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 from verlaudit.analysis.logs import frameworks, new_scan
 from verlaudit.analysis.logs.frameworks import LogContext, applied, fix
 from verlaudit.analysis.logs.lines import Frame, failure_signal, parse_frame, parse_line
-from verlaudit.analysis.logs.phases import phase_of_frames, phase_of_name
+from verlaudit.analysis.logs.phases import (
+    PHASES,
+    TABLE,
+    log_phase,
+    phase_of_frames,
+    phase_of_name,
+    trainer_phase,
+)
 from verlaudit.analysis.logs.scan import KEEP, MAX_SETTINGS, MAX_TRACEBACKS
 from verlaudit.commands.diagnose import main, render_text
 
@@ -251,6 +259,27 @@ def _frames(*funcs: str) -> list[Frame]:
 def test_phase_of_frames(funcs: tuple[str, ...], phase: str | None) -> None:
     found = phase_of_frames(_frames(*funcs))
     assert (found[0] if found else None) == phase
+
+
+def test_one_table_maps_the_trainers_phases_and_the_logs_onto_each_other() -> None:
+    # every phase of both vocabularies is in the table, and each trainer phase a log can show comes back
+    assert {t for t, _ in TABLE} - {None} == set(TRAINER_PHASES)
+    assert {lp for _, lp in TABLE} - {None} == set(PHASES)
+    for t in TRAINER_PHASES:
+        assert (
+            log_phase(t) is None
+            or trainer_phase(log_phase(t), ["run", "update_critic"] if "critic" in t else ()) == t
+        )
+    assert (trainer_phase("logprob"), trainer_phase("generate"), trainer_phase("init")) == (
+        "actor_update",
+        "rollout",
+        None,
+    )
+    # our own trainer's frames (trainer/ppo.py) name the same phases as verl's
+    assert phase_of_frames(_frames("run", "update_actor", "actor_logprobs")) == ("update", "update_actor")
+    assert phase_of_frames(_frames("run", "actor_logprobs"))[0] == "logprob"
+    assert phase_of_frames(_frames("run", "reference_logprobs", "actor_logprobs"))[0] == "reference"
+    assert phase_of_frames(_frames("run", "critic_values"))[0] == "values"
 
 
 def test_phase_of_name_reads_suffixed_and_dotted_names() -> None:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from verlaudit.analysis.diagnose.diagnosis import diagnose_path
-from verlaudit.analysis.diagnose.logparse import parse_metric_lines
+from verlaudit.analysis.logs.records import parse_metric_lines
 
 _HEALTHY = "{'loss': 0.6931, 'grad_norm': 1.2, 'learning_rate': 5e-07, 'epoch': 0.01}\n"
 

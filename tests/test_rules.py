@@ -2,7 +2,8 @@
 memory, records as the auditor and the worker write them) holding the root's record and the symptom's
 is diagnosed, the root comes first and the symptom is its consequence; with the root recorded after
 the symptom, the symptom stands alone; for a rule within one role, a root in another role explains
-nothing. Plus the ordering itself (`Moment`, `root_of`, `chains`) on hand-built events.
+nothing. The rule between a foreign log's classes (`verlaudit.analysis.logs.classify`) on log causes.
+Plus the ordering itself (`Moment`, `root_of`, `chains`) on hand-built events.
 
 Run: `pytest tests/test_rules.py`.
 """
@@ -15,8 +16,11 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
-from verlaudit.analysis.diagnose.diagnosis import diagnose_run
-from verlaudit.analysis.diagnose.rules import RULES, Event, Moment, chains, finding_class, root_of
+from verlaudit import kinds as K
+from verlaudit.analysis import logs
+from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.diagnose.diagnosis import diagnose_run, order_log
+from verlaudit.analysis.diagnose.rules import PHASE_RANK, RULES, Event, Moment, chains, root_of
 from verlaudit.rundir import Finding, RunDir
 
 
@@ -118,14 +122,14 @@ def failed(reason, error, *, step=0, phase="rollout", role="actor", where="model
 
 # the root side of each rule: (step, phase, role) -> its records
 ROOTS = {
-    "ids_float": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "ids_float": lambda st, ph, role: Records([finding(K.COLLATOR_FLOAT_IDS, step=st, phase=ph, role=role,
                                                        where="collator:c.input_ids", observed="fp32", expected="int64")]),
-    "ids_range": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "ids_range": lambda st, ph, role: Records([finding(K.COLLATOR_ID_RANGE, step=st, phase=ph, role=role,
                                                        where="collator:c.input_ids", observed=[0, 107], expected=[0, 99])]),
-    "batch_shape": lambda st, ph, role: Records([finding("boundary/collator", step=st, phase=ph, role=role,
+    "batch_shape": lambda st, ph, role: Records([finding(K.COLLATOR_SHAPE, step=st, phase=ph, role=role,
                                                          where="collator:c.attention_mask", observed=[2, 7],
                                                          expected=[2, 8])]),
-    "reward_nonfinite": lambda st, ph, role: Records([finding("boundary/reward", step=st, phase=ph, role=role,
+    "reward_nonfinite": lambda st, ph, role: Records([finding(K.REWARD_NONFINITE, step=st, phase=ph, role=role,
                                                               where="reward:function:r", observed="nan",
                                                               expected="finite")]),
     "reward_model_dtype": lambda st, ph, role: Records([finding("boundary/reward_model", step=st, phase=ph, role=role,
@@ -156,9 +160,9 @@ SYMPTOMS = {
                                                observed="fp32", expected="int64")]),
     "nonfinite": lambda role: nan_loss(role=role),
     "overflow": lambda role: fp16_skips(first=0, n=3),
-    "reward_nonfinite": lambda role: Records([finding("boundary/reward", phase="reward", role=role,
+    "reward_nonfinite": lambda role: Records([finding(K.REWARD_NONFINITE, phase="reward", role=role,
                                                       where="reward:model:m", observed="nan", expected="finite")]),
-    "reward_dtype": lambda role: Records([finding("boundary/reward", phase="reward", role=role, where="reward:model:m",
+    "reward_dtype": lambda role: Records([finding(K.REWARD_DTYPE, phase="reward", role=role, where="reward:model:m",
                                                   observed="fp16", expected="fp32", severity="warning")]),
     "module_input_dtype": lambda role: Records([finding("dtype/module_input", phase="actor_update", role=role,
                                                         where="model.layers.1.mlp", observed="bf16",
@@ -173,6 +177,12 @@ SYMPTOMS = {
     "buffer_dtype": lambda role: Records([finding("dtype/buffer_precision", step=None, phase=None, role=role,
                                                   where="model.rotary_emb", observed={"inv_freq": "bf16"},
                                                   expected="fp32", severity="warning")]),
+    "update_underflow": lambda role: Records([finding(K.UPDATE_UNDERFLOW, phase="actor_update", role=role,
+                                                      where="model.layers.0.mlp.up_proj", severity="warning",
+                                                      observed={"fraction": 0.4}, expected="<= 0.05")]),
+    "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
+                                                      where="model.layers.1.mlp", severity="warning",
+                                                      observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),
 }  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""
@@ -203,11 +213,15 @@ def symptom_role(root: str, symptom: str) -> str:
     return ROOT_ROLE.get(root, "actor")
 
 
+RUN_RULES = sorted(r for r in RULES if r != (logs.FAILURE, logs.CASCADE_CLASS))
+"""The rules between the classes of a run's records (the log rule is tested on log causes below)."""
+
+
 def _is_setup_root(root: str) -> bool:
     return root in ("weights_nonfinite", "weights_outlier", "param_dtype", "reward_model_dtype")
 
 
-@pytest.mark.parametrize("rule", sorted(RULES), ids=lambda r: f"{r[0]}->{r[1]}")
+@pytest.mark.parametrize("rule", RUN_RULES, ids=lambda r: f"{r[0]}->{r[1]}")
 def test_each_rule_puts_the_root_first(rule):
     root_cls, sym_cls = rule
     role = symptom_role(root_cls, sym_cls)
@@ -226,7 +240,7 @@ def test_each_rule_puts_the_root_first(rule):
 
 
 @pytest.mark.parametrize(
-    "rule", sorted(r for r in RULES if r[0] != "overflow"), ids=lambda r: f"{r[0]}->{r[1]}"
+    "rule", sorted(r for r in RUN_RULES if r[0] != "overflow"), ids=lambda r: f"{r[0]}->{r[1]}"
 )
 def test_a_root_recorded_after_the_symptom_explains_nothing(rule):
     root_cls, sym_cls = rule
@@ -253,7 +267,47 @@ def test_a_rule_within_one_role_does_not_cross_roles(rule):
 
 def test_every_class_in_the_table_is_built_by_these_tests():
     # a rule whose side nobody can record would be dead: each class has a record that produces it
-    assert {r for r, _ in RULES} <= set(ROOTS) and {s for _, s in RULES} <= set(SYMPTOMS)
+    assert {r for r, _ in RUN_RULES} <= set(ROOTS) and {s for _, s in RUN_RULES} <= set(SYMPTOMS)
+
+
+def _log_cause(kind: str, line: int | None, severity: str = "error") -> Cause:
+    return Cause(
+        severity, kind, f"{kind} at line {line}", "", fixes=[Fix(None, None, f"fix {kind}")], line=line
+    )
+
+
+def test_the_log_rule_a_failure_explains_the_cascade_after_it():
+    # a log's classes: an error of a CASCADE kind after another error is its consequence, by line
+    oom, timeout, import_error = (
+        _log_cause("oom", 4),
+        _log_cause("nccl_timeout", 9),
+        _log_cause("import_error", 20),
+    )
+    out = order_log([timeout, import_error, oom])
+    assert [c.kind for c in out] == ["oom", "nccl_timeout", "import_error"]
+    assert (timeout.cls, oom.cls) == (logs.CASCADE_CLASS, logs.FAILURE)
+    assert timeout.consequence_of == oom.title and not timeout.fixes and oom.fixes and not import_error.chain
+    assert oom.chain == ["oom (line 4)", "nccl_timeout (line 9)"]
+    assert "likely a consequence of: oom at line 4 (line 4)" in timeout.evidence
+
+
+def test_a_log_cascade_before_every_failure_or_beside_a_warning_stands_alone():
+    early, late = _log_cause("nccl_timeout", 2), _log_cause("dtype_error", 10)
+    warned, cut = _log_cause("weight_sync", 1, "warning"), _log_cause("killed", None)
+    out = order_log([early, warned, late, cut])
+    # errors first, the cascades last; a failure at line 10 explains neither the line-2 timeout nor
+    # a kill with no line; a warning (class other) explains nothing
+    assert [c.kind for c in out] == ["dtype_error", "nccl_timeout", "killed", "weight_sync"]
+    assert all(c.consequence_of is None and c.fixes for c in out) and not late.chain
+
+
+def test_one_phase_table_ranks_both_vocabularies():
+    # a log phase ranks with the trainer phase it is; setup and init first, a checkpoint last
+    assert PHASE_RANK["generate"] == PHASE_RANK["rollout"] < PHASE_RANK["reward"] < PHASE_RANK["reference"]
+    assert PHASE_RANK["reference"] == PHASE_RANK["ref"] and PHASE_RANK["values"] == PHASE_RANK["critic"]
+    assert PHASE_RANK["update"] == PHASE_RANK["logprob"] == PHASE_RANK["actor_update"]
+    assert PHASE_RANK["init"] == PHASE_RANK[None] == 0
+    assert PHASE_RANK["checkpoint"] > max(v for k, v in PHASE_RANK.items() if k != "checkpoint")
 
 
 # ---------------------------------------------------------------- the ordering itself
@@ -288,20 +342,23 @@ def test_same_class_in_one_phase_the_earlier_record_is_the_root():
 
 
 @pytest.mark.parametrize(
-    "kind, observed, expected, cls",
+    "kind, cls",
     [
-        ("boundary/collator", "fp32", "int64", "ids_float"),
-        ("boundary/collator", [0, 107], [0, 99], "ids_range"),
-        ("boundary/collator", [2, 7], [2, 8], "batch_shape"),
-        ("boundary/collator", "list", "torch.long tensor", "batch_shape"),
-        ("boundary/collator", "int32", "int64", "ids_dtype"),
-        ("boundary/reward", "nan", "finite", "reward_nonfinite"),
-        ("boundary/reward", "fp64", "fp32", "reward_dtype"),
-        ("boundary/reward", [2, 1], [2], "reward_shape"),
-        ("numerics/nonfinite_loss", {"loss": "nan"}, "finite", "nonfinite"),
-        ("dtype/param_storage", {"bf16": 3}, "fp32", "param_dtype"),
-        ("some/new_kind", None, None, "other"),
+        (K.COLLATOR_FLOAT_IDS, "ids_float"),
+        (K.COLLATOR_ID_RANGE, "ids_range"),
+        (K.COLLATOR_SHAPE, "batch_shape"),
+        (K.COLLATOR_NOT_TENSOR, "batch_shape"),
+        (K.COLLATOR_ID_WIDTH, "ids_dtype"),
+        (K.REWARD_NONFINITE, "reward_nonfinite"),
+        (K.REWARD_DTYPE, "reward_dtype"),
+        (K.REWARD_DEVICE, "reward_device"),
+        (K.REWARD_SHAPE, "reward_shape"),
+        (K.NONFINITE_LOSS, "nonfinite"),
+        (K.PARAM_STORAGE, "param_dtype"),
+        ("some/new_kind", "other"),
     ],
 )
-def test_finding_class(kind, observed, expected, cls):
-    assert finding_class(kind, observed, expected) == cls
+def test_a_finding_takes_its_kinds_class(kind, cls):
+    # the class is the registry's, whatever the finding observed (verlaudit/kinds.py)
+    d = diagnose_run(run_dir(Records([finding(kind, observed="fp32", expected="int64")])))
+    assert [c.cls for c in d.causes] == [cls]

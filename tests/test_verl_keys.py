@@ -13,7 +13,7 @@ from verlaudit.analysis.diagnose.diagnosis import diagnose_path
 _ROOT = Path(__file__).resolve().parents[1] / "verlaudit" / "analysis"
 
 
-_MODULES = ["diagnose.py", "logparse.py", *sorted(f"logs/{p.name}" for p in (_ROOT / "logs").glob("*.py"))]
+_MODULES = sorted(f"{d}/{p.name}" for d in ("diagnose", "logs") for p in (_ROOT / d).glob("*.py"))
 
 
 @pytest.mark.parametrize("module", _MODULES)

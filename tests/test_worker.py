@@ -180,3 +180,46 @@ def test_a_checkpoint_setting_the_trainer_replaces_is_recorded_with_both_values(
     # the tokenizer's own settings: recorded too, a warning only where they differ
     side = recorded["model.path tokenizer padding_side"]
     assert side["used"] == "left" and side["differs"] == (side["yours"] != "left")
+
+
+def test_fanout_passes_every_event_to_every_observer_in_order():
+    import contextlib
+    import inspect
+
+    from trainer.events import Fanout, Observer
+
+    events = [n for n, _ in inspect.getmembers(Observer, inspect.isfunction) if n.startswith("on_")]
+    assert events and all(n in vars(Fanout) for n in events)  # an event Fanout would not pass on
+
+    class Log(Observer):
+        def __init__(self, name: str, heard: list) -> None:
+            self.name, self.heard = name, heard
+
+        def on_step_start(self, step):
+            self.heard.append((self.name, "start", step))
+
+        def on_loss(self, *, role, loss, terms):
+            self.heard.append((self.name, "loss", role))
+
+        @contextlib.contextmanager
+        def phase(self, name):
+            self.heard.append((self.name, "enter", name))
+            yield
+            self.heard.append((self.name, "exit", name))
+
+    heard: list = []
+    fan = Fanout([Log("a", heard), Log("b", heard)])
+    fan.on_step_start(3)
+    with fan.phase("actor_update"):
+        fan.on_loss(role="actor", loss=None, terms={})
+    fan.on_step_end(3, {})  # the base class's no-op on both
+    assert heard == [
+        ("a", "start", 3),
+        ("b", "start", 3),
+        ("b", "enter", "actor_update"),  # the last observer outermost
+        ("a", "enter", "actor_update"),
+        ("a", "loss", "actor"),
+        ("b", "loss", "actor"),
+        ("a", "exit", "actor_update"),
+        ("b", "exit", "actor_update"),
+    ]

@@ -33,7 +33,7 @@ Payload tensors are the trainer's own tensors: observers must not modify them in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,3 +167,68 @@ class Observer:
 
 
 NULL_OBSERVER = Observer()
+
+
+class Fanout(Observer):
+    """Several observers as one, called in list order (the worker's fault injector beside the
+    auditor). Every event is spelled out, so an event added to `Observer` without a line here is
+    caught by its test (`pytest tests/test_worker.py -k fanout`); phases nest with the LAST observer
+    outermost, so an exception raised inside the first one's phase still passes through the others'."""
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = list(observers)
+
+    def on_setup(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_setup(**kw)
+
+    def on_step_start(self, step: int) -> None:
+        for o in self.observers:
+            o.on_step_start(step)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for o in reversed(self.observers):
+                stack.enter_context(o.phase(name))
+            yield
+
+    def on_batch(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_batch(**kw)
+
+    def on_rollout(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_rollout(**kw)
+
+    def on_weight_sync(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_weight_sync(**kw)
+
+    def on_reward(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_reward(**kw)
+
+    def on_forward(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_forward(**kw)
+
+    def on_loss(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_loss(**kw)
+
+    def on_backward(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_backward(**kw)
+
+    def on_before_optimizer_step(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_before_optimizer_step(**kw)
+
+    def on_optimizer_step(self, **kw: Any) -> None:
+        for o in self.observers:
+            o.on_optimizer_step(**kw)
+
+    def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
+        for o in self.observers:
+            o.on_step_end(step, metrics)

@@ -370,7 +370,7 @@ class Prepared:
     reward_name: str
     reward_fn: Callable[..., Any]
     engine: Any
-    """The rollout engine (`trainer.rollout.build_engine`)."""
+    """The rollout engine (`trainer.engines.build_engine`)."""
     batches: Iterator[list[dict]]
     greedy_engine: Any = None
     """ReMax's baseline engine: the same engine with top-k 1 (greedy decoding); None otherwise."""

@@ -1,4 +1,5 @@
-"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``recommend``, ``from-verl``.
+"""The ``verlaudit`` command: ``run``, ``diagnose``, ``compare``, ``plan``, ``recommend``, ``tensorboard``,
+``from-verl``.
 
 Each subcommand lives in its own module of `verlaudit.commands`, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only dispatches and turns user mistakes (ValueError) into a
@@ -28,6 +29,10 @@ COMMANDS = {
     "recommend": (
         "verlaudit.commands.recommend",
         "rank precision recipes by measured cost among those within a tolerance of fp32",
+    ),
+    "tensorboard": (
+        "verlaudit.commands.tensorboard",
+        "export a run directory (or a suite's runs) as TensorBoard event files",
     ),
     "from-verl": (
         "verlaudit.commands.from_verl",

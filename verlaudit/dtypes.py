@@ -7,8 +7,8 @@ for a torch.dtype it agrees with `trainer.precision.dtype_name`. `parse_dtype_me
 first dtype error PyTorch raises in ``text`` (one wording table, `WORDINGS`, each entry naming the
 PyTorch source that emits it) and says which operand's dtype was observed and which was expected.
 The Auditor classifies a failed run with it (`verlaudit.audit.errors`) and `verlaudit diagnose`
-reads logs with it (`verlaudit.analysis.diagnose.logparse`). This module imports nothing from verlaudit (and
-not torch). Exercised by `pytest tests/test_dtypes.py`.
+reads logs and a run's recorded traceback with it (`verlaudit.analysis.logs.exceptions`). This module
+imports nothing from verlaudit (and not torch). Exercised by `pytest tests/test_dtypes.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One place for the spelling (they change between verl releases; ours follow verl 0.5's
 ``ppo_trainer.yaml``), so a run diagnosis and a diagnosis of a plain verl log name a fix the same
 way, and every algorithm option of our suite maps to its verl key (`ALGO_KEYS`). Neither
-verlaudit/analysis/diagnose/diagnosis.py, verlaudit/analysis/diagnose/logparse.py nor the log rules in verlaudit/analysis/logs/
+the modules of verlaudit/analysis/diagnose/ nor the log rules in verlaudit/analysis/logs/
 spell a verl key themselves (`pytest tests/test_verl_keys.py` checks it). Exercised by
 `pytest tests/test_diagnose.py tests/test_logparse.py tests/test_log_rules.py tests/test_verl_keys.py
 tests/test_algo_keys.py`.

@@ -58,7 +58,8 @@ class Cause:
     """The phase it was first seen in. For a run directory: a trainer phase (`trainer.events.PHASES`);
     None: setup or unknown. For a foreign log: the phase the failure happened in, from the traceback's
     frames or the log's last activity line (``generate``, ``logprob``, ``reference``, ``values``,
-    ``update``, ``weight_sync``, ``checkpoint``, ``init``); None when the log does not show it."""
+    ``update``, ``weight_sync``, ``checkpoint``, ``init``); None when the log does not show it. One
+    table maps the two onto each other (`verlaudit.analysis.logs.phases.TABLE`)."""
     framework: str | None = None
     """For a foreign log: the framework whose messages it shows (``verl``, ``trl``, ``openrlhf``, ...)."""
     rank: int | None = None
@@ -68,7 +69,8 @@ class Cause:
     """For a foreign log: the line number of the cause's first evidence (root before cascade)."""
     role: str | None = None
     cls: str | None = None
-    """Its class in the root-cause rules (`verlaudit.analysis.diagnose.rules`); None: not classified (a log)."""
+    """Its class in the root-cause rules (`verlaudit.analysis.diagnose.rules`; a log's from
+    `verlaudit.analysis.logs.classify`); None: not classified yet."""
     seq: float = 0.0
     """Order of recording within its step and phase (the findings.jsonl line; a failure is last)."""
     chain: list[str] = dataclasses.field(default_factory=list)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from verlaudit import kinds as K
 from verlaudit.audit.dtype_checks import INT_KEY, VERL_ROLLOUT_DTYPE
 from verlaudit.audit.engine_checks import check_engine
 from verlaudit.dtypes import dtype_name as dn
@@ -23,7 +24,7 @@ def _f(severity: str, kind: str, where: str, message: str, **kw: Any) -> Finding
     return Finding(severity=severity, kind=kind, where=where, message=message, **kw)
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a batch's checks (dtypes, id ranges, shapes, masks, padding side) share the tensors they read
 def check_batch(
     batch: Mapping[str, Any],
     *,
@@ -44,7 +45,7 @@ def check_batch(
             out.append(
                 _f(
                     "error",
-                    "boundary/collator",
+                    K.COLLATOR_NOT_TENSOR,
                     f"{where}.{k}",
                     f"{k} is a {type(v).__name__}, not a tensor",
                     observed=type(v).__name__,
@@ -61,7 +62,7 @@ def check_batch(
             out.append(
                 _f(
                     "error",
-                    "boundary/collator",
+                    K.COLLATOR_FLOAT_IDS,
                     f"{where}.{k}",
                     f"{k} from collator {source} is {dn(v.dtype)}; token ids and masks must be integers",
                     observed=dn(v.dtype),
@@ -75,7 +76,7 @@ def check_batch(
             out.append(
                 _f(
                     "warning",
-                    "boundary/collator",
+                    K.COLLATOR_ID_WIDTH,
                     f"{where}.{k}",
                     f"{k} is {dn(v.dtype)}, not int64",
                     observed=dn(v.dtype),
@@ -90,7 +91,7 @@ def check_batch(
                 out.append(
                     _f(
                         "error",
-                        "boundary/collator",
+                        K.COLLATOR_ID_RANGE,
                         f"{where}.{k}",
                         f"{k} holds ids in [{lo}, {hi}], outside the vocabulary [0, {int(vocab)})",
                         observed=[lo, hi],
@@ -104,7 +105,7 @@ def check_batch(
         out.append(
             _f(
                 "error",
-                "boundary/collator",
+                K.COLLATOR_SHAPE,
                 where,
                 f"tensors disagree on batch size: {sizes}",
                 observed=sizes,
@@ -121,7 +122,7 @@ def check_batch(
                 out.append(
                     _f(
                         "error",
-                        "boundary/collator",
+                        K.COLLATOR_SHAPE,
                         f"{where}.{mk}",
                         f"{mk} has shape {tuple(m.shape)} but {k} has {tuple(v.shape)}",
                         observed=list(m.shape),
@@ -138,7 +139,7 @@ def check_batch(
             out.append(
                 _f(
                     "error" if side == "left" else "warning",
-                    "boundary/padding_side",
+                    K.PADDING_SIDE,
                     f"{where}.attention_mask",
                     f"prompts are {observed}-padded but the tokenizer pads {side}"
                     + (": generation would continue from pad tokens" if side == "left" else ""),
@@ -165,7 +166,7 @@ def padding_side(mask: torch.Tensor) -> str | None:
     return "mixed"
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a reward's checks read its raw value once: type, shape, dtype, device, finiteness, spread
 def check_reward(
     raw: Any,
     rewards: torch.Tensor | None,
@@ -189,7 +190,7 @@ def check_reward(
             out.append(
                 _f(
                     "info",
-                    "boundary/reward",
+                    K.REWARD_DTYPE,
                     where,
                     f"reward is an integer tensor ({dn(raw.dtype)})",
                     observed=dn(raw.dtype),
@@ -202,7 +203,7 @@ def check_reward(
             out.append(
                 _f(
                     "warning",
-                    "boundary/reward",
+                    K.REWARD_DTYPE,
                     where,
                     "reward is float64: anything computed from it before conversion runs in fp64",
                     observed="fp64",
@@ -215,7 +216,7 @@ def check_reward(
             out.append(
                 _f(
                     "warning",
-                    "boundary/reward",
+                    K.REWARD_DTYPE,
                     where,
                     f"reward is {dn(raw.dtype)}: rewards lose precision before advantages are computed",
                     observed=dn(raw.dtype),
@@ -228,7 +229,7 @@ def check_reward(
             out.append(
                 _f(
                     "warning",
-                    "boundary/reward",
+                    K.REWARD_DEVICE,
                     where,
                     f"reward tensor is on {raw.device} while training runs on {dev}: a host/device copy "
                     "and synchronisation every step",
@@ -248,7 +249,7 @@ def check_reward(
                 out.append(
                     _f(
                         "warning",
-                        "boundary/reward",
+                        K.REWARD_DTYPE,
                         where,
                         "reward is a float64 numpy array",
                         observed="fp64 (numpy)",
@@ -263,7 +264,7 @@ def check_reward(
             out.append(
                 _f(
                     "info",
-                    "boundary/reward",
+                    K.REWARD_LIST,
                     where,
                     "reward is a Python list: converted to float32 on the host (fine for rule rewards)",
                     observed="list",
@@ -278,7 +279,7 @@ def check_reward(
                 out.append(
                     _f(
                         "error",
-                        "boundary/reward",
+                        K.REWARD_NOT_NUMBERS,
                         where,
                         "reward list holds non-numbers",
                         observed=repr(raw[:3]),
@@ -291,7 +292,7 @@ def check_reward(
         out.append(
             _f(
                 "error",
-                "boundary/reward",
+                K.REWARD_SHAPE,
                 where,
                 f"reward has shape {shape}, expected {tuple(expected_shape)}",
                 observed=list(shape),
@@ -307,7 +308,7 @@ def check_reward(
         out.append(
             _f(
                 "error",
-                "boundary/reward",
+                K.REWARD_NONFINITE,
                 where,
                 f"{len(bad)} of {len(values or [])} rewards are non-finite",
                 observed=str(bad[0]),
@@ -326,7 +327,7 @@ def model_vocab_size(model) -> int | None:
     return int(emb.num_embeddings) if emb is not None and hasattr(emb, "num_embeddings") else None
 
 
-# long: one independent check per finding, in the order the boundary is read
+# long: a rollout's checks (tokens, log-probs, engine facts vs the trainer's) share one reading of the engine
 def check_rollout(
     *,
     engine: str,
@@ -359,7 +360,7 @@ def check_rollout(
         out.append(
             _f(
                 "warning",
-                "boundary/rollout_dtype",
+                K.ROLLOUT_DTYPE,
                 where,
                 f"rollout/train precision mismatch: {engine} samples in {dn(engine_dtype)} while the actor "
                 f"trains in {dn(actor_compute_dtype)}; PPO ratios start away from 1 (see rollout_corr/kl)",
@@ -376,7 +377,7 @@ def check_rollout(
             out.append(
                 _f(
                     "error",
-                    "dtype/int_became_float",
+                    K.INT_BECAME_FLOAT,
                     f"{where}.{name}",
                     f"{name} from {engine} are {dn(t.dtype)}",
                     observed=dn(t.dtype),
@@ -392,7 +393,7 @@ def check_rollout(
                 out.append(
                     _f(
                         "error",
-                        "boundary/rollout_tokens",
+                        K.ROLLOUT_TOKEN_RANGE,
                         f"{where}.{name}",
                         f"{name} outside the model's vocabulary [0, {limit})",
                         observed=[lo, hi],
@@ -407,7 +408,7 @@ def check_rollout(
                 out.append(
                     _f(
                         "warning",
-                        "boundary/vocab_mismatch",
+                        K.VOCAB_MISMATCH,
                         f"{where}.{name}",
                         f"{name} reach {hi}: the model's vocabulary ({limit}) is larger than the tokenizer's "
                         f"({vocab_size}), so sampled ids >= {vocab_size} decode to nothing the reward can read",
@@ -422,7 +423,7 @@ def check_rollout(
         out.append(
             _f(
                 "error",
-                "dtype/int_became_float",
+                K.INT_BECAME_FLOAT,
                 f"{where}.response_mask",
                 f"response_mask is {dn(response_mask.dtype)}",
                 observed=dn(response_mask.dtype),
@@ -437,7 +438,7 @@ def check_rollout(
         out.append(
             _f(
                 "error",
-                "boundary/rollout_tokens",
+                K.ROLLOUT_SHAPE,
                 where,
                 f"shapes differ: response_ids {tuple(response_ids.shape)}, response_mask "
                 f"{tuple(response_mask.shape)}, logprobs {tuple(logprobs.shape)}",
@@ -451,7 +452,7 @@ def check_rollout(
         out.append(
             _f(
                 "error",
-                "dtype/island",
+                K.ISLAND,
                 f"{where}.logprobs",
                 f"rollout log-probs are {dn(logprobs.dtype)}; the policy keeps log-probs in fp32",
                 observed=dn(logprobs.dtype),

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainer.precision import RolePolicy
+from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
@@ -92,7 +93,7 @@ def check_module_call(
     if len(call.param_dtypes) > 1:
         add(
             "warning",
-            "dtype/mixed_params",
+            K.MIXED_PARAMS,
             f"{where} holds parameters in {_names(call.param_dtypes)}",
             _names(call.param_dtypes),
             dn(policy.param_dtype),
@@ -106,7 +107,7 @@ def check_module_call(
         for _k, d in floats:
             add(
                 "error",
-                "dtype/int_became_float",
+                K.INT_BECAME_FLOAT,
                 f"token ids entering embedding {where} are {dn(d)}",
                 dn(d),
                 "int64",
@@ -119,7 +120,7 @@ def check_module_call(
             if INT_KEY.search(k) and k != "attention_mask":
                 add(
                     "error",
-                    "dtype/int_became_float",
+                    K.INT_BECAME_FLOAT,
                     f"{k} reached the {call.role} model as {dn(d)}",
                     dn(d),
                     "int64",
@@ -130,7 +131,7 @@ def check_module_call(
         k, d = ints[0]
         add(
             "error",
-            "dtype/float_became_int",
+            K.FLOAT_BECAME_INT,
             f"{where} received an integer tensor ({dn(d)}) as {k}",
             dn(d),
             dn(policy.compute_dtype),
@@ -142,7 +143,7 @@ def check_module_call(
             if d != own:
                 add(
                     "error",
-                    "dtype/module_input",
+                    K.MODULE_INPUT,
                     f"{dn(d)} activations enter {dn(own)} module {where} outside autocast",
                     dn(d),
                     dn(own),
@@ -156,7 +157,7 @@ def check_module_call(
             sev = "warning" if effective == torch.float32 else "error"
             add(
                 sev,
-                "dtype/compute",
+                K.COMPUTE,
                 f"{where} computed in {dn(effective)}; the {call.role} policy says "
                 f"{dn(policy.compute_dtype)}",
                 dn(effective),
@@ -181,7 +182,7 @@ def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
     ):
         add(
             "warning",
-            "dtype/island",
+            K.ISLAND,
             f"norm {where} produced {_names(call.outputs)} under autocast; the policy keeps norms in fp32",
             _names(call.outputs),
             "fp32",
@@ -200,7 +201,7 @@ def _check_outputs(call: ModuleCall, policy: RolePolicy, add) -> None:
         sev = "warning" if policy.compute_dtype in LOW else "error"
         add(
             sev,
-            "dtype/module_output",
+            K.MODULE_OUTPUT,
             f"{where} returned {dn(low_out[0])} from {came} inputs and weights outside "
             f"autocast: a cast in its forward or in a forward hook (the {call.role} policy computes in "
             f"{dn(policy.compute_dtype)})",
@@ -218,14 +219,14 @@ def check_boundary_output(
     island = "logprobs" if "logp" in name else "loss"
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         dt = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-        return [Finding(severity="error", kind="dtype/float_became_int", role=role, where=name, step=step,
+        return [Finding(severity="error", kind=K.ISLAND_NOT_FLOAT, role=role, where=name, step=step,
                         phase=phase, observed=str(dt), expected="fp32",
                         message=f"{name} of {role} is not a floating tensor ({dt})",
                         fix="compute it from the logits with trainer.logprobs (fp32)")]  # fmt: skip
     if tensor.dtype == torch.float32 or tensor.dtype == torch.float64:
         return []
     return [Finding(
-        severity="error", kind="dtype/island", role=role, where=name, step=step, phase=phase,
+        severity="error", kind=K.ISLAND, role=role, where=name, step=step, phase=phase,
         observed=dn(tensor.dtype), expected="fp32",
         message=f"{name} of {role} arrived in {dn(tensor.dtype)}; the policy keeps {island} in fp32 "
         f"(low-precision log-probs make PPO ratios and KL noisy)",
@@ -239,7 +240,7 @@ def check_param_storage(
     model: nn.Module,
     policy: RolePolicy,
     *,
-    kind: str = "dtype/param_storage",
+    kind: str = K.PARAM_STORAGE,
     step: int | None = None,
     phase: str | None = None,
 ) -> list[Finding]:
@@ -280,7 +281,7 @@ def check_buffers(role: str, model: nn.Module, policy: RolePolicy) -> list[Findi
         out.append(
             Finding(
                 severity="warning" if promised else "info",
-                kind="dtype/buffer_precision",
+                kind=K.BUFFER_PRECISION,
                 role=role,
                 where=module,
                 observed={n: dn(x) for n, x in bufs},
@@ -308,7 +309,7 @@ def check_grad_dtypes(
         g = getattr(p, "grad", None)
         if g is not None and g.dtype != policy.grad_dtype:
             return [Finding(
-                severity="error", kind="dtype/grad", role=role, where=name.rsplit(".", 1)[0], step=step,
+                severity="error", kind=K.GRAD, role=role, where=name.rsplit(".", 1)[0], step=step,
                 phase=phase, observed=dn(g.dtype), expected=dn(policy.grad_dtype),
                 message=f"gradient of {name} is {dn(g.dtype)}; the policy accumulates {role} gradients "
                 f"in {dn(policy.grad_dtype)}",

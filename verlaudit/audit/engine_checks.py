@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from trainer.precision import dtype_name
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.rundir import Finding
 
@@ -82,7 +83,7 @@ def check_engine(
         want = _verl_dtype(engine_dtype)
         add(
             "error",
-            "boundary/rollout_engine_dtype",
+            K.ROLLOUT_ENGINE_DTYPE,
             "model_dtype",
             f"{engine} computes in {_name(compute)}, not the {_name(engine_dtype)} the rollout role "
             "asked for",
@@ -95,7 +96,7 @@ def check_engine(
     if kv != compute and kv not in FULL:
         add(
             "warning",
-            "boundary/rollout_kv_cache",
+            K.ROLLOUT_KV_CACHE,
             "kv_cache",
             f"{engine} caches keys and values in {_name(kv)} while it computes in {_name(compute)}: "
             "attention reads rounded K/V, which the trainer's forward does not",
@@ -108,7 +109,7 @@ def check_engine(
         if lp is not None and lp not in FULL:
             add(
                 "warning",
-                "boundary/rollout_logprobs",
+                K.ROLLOUT_LOGPROBS,
                 f"logprobs.{side}",
                 f"the {side}'s log-softmax runs in {_name(lp)}: log-probs near 0 lose their last digits, and "
                 "every ratio with them",
@@ -118,7 +119,7 @@ def check_engine(
             )
     if trainer_facts is not None and trainer_facts.get("used", True):
         for severity, at, message, observed, expected, fix in _sampling(engine, engine_facts, trainer_facts):
-            add(severity, "boundary/rollout_sampling", at, message, observed, expected, fix)
+            add(severity, K.ROLLOUT_SAMPLING, at, message, observed, expected, fix)
     return out
 
 

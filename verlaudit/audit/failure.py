@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.precision import PrecisionPolicy
+from verlaudit import kinds as K
 from verlaudit.audit import errors
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
@@ -56,7 +57,7 @@ def failure_findings(
         return [
             Finding(
                 severity="error",
-                kind="runtime/dtype_error",
+                kind=K.RUNTIME_DTYPE_ERROR,
                 role=role,
                 where=where or "unknown",
                 step=step,
@@ -71,7 +72,7 @@ def failure_findings(
         return [
             Finding(
                 severity="error",
-                kind="memory/oom",
+                kind=K.OOM,
                 role=role,
                 where=phase or where,
                 step=step,

@@ -15,9 +15,10 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Protocol
 
+from verlaudit import kinds as K
 from verlaudit.rundir import Finding, RunWriter
 
-ROLE_WIDE = frozenset({"dtype/compute", "dtype/island", "numerics/headroom"})
+ROLE_WIDE = frozenset({K.COMPUTE, K.ISLAND, K.HEADROOM})
 """Kinds that describe a whole role (every Linear computing in the wrong dtype is one problem)."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from verlaudit import kinds as K
 from verlaudit.audit.module_numerics import HEADROOM
 from verlaudit.audit.numerics import GRAD_UNDERFLOW_WARN
 from verlaudit.rundir import Finding
@@ -174,7 +175,7 @@ def findings(records: list[Mapping[str, Any]], warn: float = GRAD_UNDERFLOW_WARN
         out.append(
             Finding(
                 severity="warning",
-                kind="precision/fp16_underflow",
+                kind=K.FP16_UNDERFLOW,
                 role=role,
                 where=worst["module"],
                 step=worst["step"],

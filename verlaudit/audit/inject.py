@@ -6,14 +6,14 @@
     {"raise_in_phase": {"phase": "actor_update", "at_step": 1, "error": "oom"}}  # a simulated OOM
 
 Collator and reward faults need no injector: point ``data.collator`` / ``data.reward_fn`` at the
-functions in ``tests/faults.py``. `Fanout` lets the injector ride along with the auditor as one
-observer. Exercised by `pytest tests/test_worker.py`.
+functions in ``tests/faults.py``. The worker runs the injector beside the auditor through
+`trainer.events.Fanout`. Exercised by `pytest tests/test_worker.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -32,32 +32,6 @@ INJECT_KEYS = (
     "raise_in_phase",
 )
 ERRORS = ("oom", "dtype", "runtime", "interrupt")
-
-
-class Fanout(Observer):
-    """Calls several observers in list order; phases nest with the LAST observer outermost, so an
-    exception raised inside the first one's phase still passes through the others' phases."""
-
-    def __init__(self, observers: Sequence[Observer]) -> None:
-        self.observers = list(observers)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("on_"):
-            observers = object.__getattribute__(self, "observers")
-
-            def call(*args: Any, **kwargs: Any) -> None:
-                for o in observers:
-                    getattr(o, name)(*args, **kwargs)
-
-            return call
-        return object.__getattribute__(self, name)
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for o in reversed(self.observers):
-                stack.enter_context(o.phase(name))
-            yield
 
 
 def _module(models: Mapping[str, nn.Module], role: str, path: str, where: str) -> nn.Module:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from trainer.precision import dtype_name
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.audit import rounding
 from verlaudit.audit.metrics import StepNumbers
@@ -101,7 +102,7 @@ def weight_sync_findings(
         out.append(
             Finding(
                 severity="error",
-                kind="rollout/weight_sync",
+                kind=K.WEIGHT_SYNC,
                 message=f"{len(bad)} parameter(s) did not match {engine}'s model "
                 f"by name, shape or dtype: {shown}" + (" ..." if len(bad) > 3 else ""),
                 where=f"{where}.params",
@@ -119,7 +120,7 @@ def weight_sync_findings(
             out.append(
                 Finding(
                     severity="error",
-                    kind="rollout/weight_sync",
+                    kind=K.WEIGHT_SYNC,
                     message=f"after the push {engine}'s log-probs of {n} fixed "
                     f"tokens differ from the actor's by up to {float(diff):.3g}, beyond the {tol:.3g} "
                     f"that {_dn(dtype)} rounding explains: the engine does not compute with the "
@@ -152,7 +153,7 @@ def excess_finding(
     pair = f"{_dn(rollout)} rollout vs {_dn(trainer)} trainer"
     return Finding(
         severity="warning",
-        kind="mismatch/beyond_dtype",
+        kind=K.MISMATCH_BEYOND_DTYPE,
         message=f"rollout-vs-trainer mismatch beyond dtype rounding: token k3 {k3:.3g} is "
         f"{k3 / expected:.3g}x what "
         f"{pair} rounding explains ({expected:.3g}; reported above {limit:.3g})",

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import torch
 
 from trainer.precision import PrecisionPolicy, RolePolicy
+from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
@@ -36,7 +37,7 @@ def headroom_finding(
         return None
     return Finding(
         severity="warning",
-        kind="numerics/headroom",
+        kind=K.HEADROOM,
         role=role,
         where=where,
         step=step,
@@ -97,7 +98,7 @@ def producer_finding(
     """The producer of a non-finite value; ``direction`` is ``forward`` or ``backward``."""
     overflow = what == "inf" and dtype == torch.float16
     if direction == "forward":
-        kind = "numerics/overflow" if overflow else "numerics/nonfinite_forward"
+        kind = K.OVERFLOW if overflow else K.NONFINITE_FORWARD
         msg = f"{where} produced {what} in its forward output from finite inputs" + (
             f" (fp16 max is {torch.finfo(torch.float16).max:g})" if overflow else ""
         )
@@ -109,7 +110,7 @@ def producer_finding(
         )
         sev = "error"
     else:
-        kind = "numerics/nonfinite_backward"
+        kind = K.NONFINITE_BACKWARD
         msg = f"backward of {where} produced {what} gradients from a finite incoming gradient"
         fix = "dynamic loss scaling skips these steps; if persistent, lower init_scale or use bf16"
         sev = "warning" if policy.loss_scaling == "dynamic" else "error"

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
 
@@ -136,7 +137,7 @@ def _boundary(r: NonFiniteBoundary) -> Finding:
     observed = "nan+inf" if r.has_nan and r.has_inf else ("nan" if r.has_nan else "inf")
     return Finding(
         severity="error",
-        kind="numerics/nonfinite_boundary",
+        kind=K.NONFINITE_BOUNDARY,
         role=r.role,
         where=r.name,
         step=r.step,
@@ -153,7 +154,7 @@ def _loss(r: NonFiniteLoss) -> Finding:
     bad = list(r.bad_terms)
     return Finding(
         severity="error",
-        kind="numerics/nonfinite_loss",
+        kind=K.NONFINITE_LOSS,
         role=r.role,
         where="loss",
         step=r.step,

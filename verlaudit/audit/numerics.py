@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trainer.precision import RolePolicy
+from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
 
@@ -223,7 +224,7 @@ def underflow_findings(
     top = sorted(per_module.items(), key=lambda kv: -kv[1])[:5]
     worst = ", ".join(f"{m} {v:.0%}" for m, v in top[:3])
     return [Finding(
-        severity="warning", kind="numerics/update_underflow", role=role, where=top[0][0] if top else None,
+        severity="warning", kind=K.UPDATE_UNDERFLOW, role=role, where=top[0][0] if top else None,
         step=step, phase=phase, observed={"fraction": round(frac, 4), "top_modules": {m: round(v, 4) for m, v in top}},
         expected=f"<= {UPDATE_UNDERFLOW_WARN}",
         message=f"{frac:.0%} of {role} weight updates were lost to {dn(policy.param_dtype)} rounding "
@@ -253,7 +254,7 @@ def grad_findings(
         out.append(
             Finding(
                 severity="warning" if handled else "error",
-                kind="numerics/nonfinite_grads",
+                kind=K.NONFINITE_GRADS,
                 role=role,
                 where=stats.first_nonfinite[0].rsplit(".", 1)[0] if stats.first_nonfinite else None,
                 step=step,
@@ -274,7 +275,7 @@ def grad_findings(
         out.append(
             Finding(
                 severity="warning",
-                kind="numerics/grad_underflow",
+                kind=K.GRAD_UNDERFLOW,
                 role=role,
                 where=None,
                 step=step,
@@ -314,6 +315,6 @@ def scaler_findings(
             f"without loss scaling (grad_norm={grad_norm})"
         )
         fix = "a bf16/fp32 overflow is not a scaling problem: find the producer (numerics/nonfinite_*), lower lr"
-    return [Finding(severity="warning", kind="numerics/skipped_step", role=role, where="optimizer", step=step,
+    return [Finding(severity="warning", kind=K.SKIPPED_STEP, role=role, where="optimizer", step=step,
                     phase=phase, observed={"scale": scale, "mode": mode, "skipped_steps": state.get("skipped_steps")},
                     expected="finite gradients", message=msg, fix=fix)]  # fmt: skip

@@ -33,6 +33,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name
 
 _STATE = threading.local()
@@ -285,7 +286,7 @@ def findings(
             out.append(
                 Finding(
                     severity="warning",
-                    kind="precision/island_ops",
+                    kind=K.ISLAND_OPS,
                     role=role,
                     where=where,
                     step=step,

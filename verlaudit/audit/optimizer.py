@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainer.precision import TRAINABLE_ROLES, RolePolicy
+from verlaudit import kinds as K
 from verlaudit.audit import numerics
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.findings import FindingLog
@@ -108,7 +109,7 @@ class OptimizerWatch:
         return out
 
 
-OVERFLOW_KINDS = ("numerics/overflow", "numerics/nonfinite_loss", "numerics/nonfinite_boundary")
+OVERFLOW_KINDS = (K.OVERFLOW, K.NONFINITE_LOSS, K.NONFINITE_BOUNDARY)
 """Findings a handled fp16 overflow is allowed to turn from errors into warnings."""
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainer.precision import PrecisionPolicy, RolePolicy
+from verlaudit import kinds as K
 from verlaudit.audit import gradhealth, opcount, shadow_checks
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import module_kind
@@ -115,7 +116,7 @@ class PrecisionWatch:
                 out.append(
                     Finding(
                         severity="info",
-                        kind="precision/shadow_skipped",
+                        kind=K.SHADOW_SKIPPED,
                         where="shadow",
                         step=step,
                         message=f"the fp32 shadow does not run: {self.shadow.disabled}",

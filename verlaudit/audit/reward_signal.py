@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
 METRIC = "reward/identical_group_frac"
@@ -43,7 +44,7 @@ def no_signal_finding(
     zero = pg_loss is not None and pg_loss == 0.0
     return Finding(
         severity="warning",
-        kind="reward/no_signal",
+        kind=K.NO_SIGNAL,
         role="reward",
         where=f"reward:{source}",
         step=step,

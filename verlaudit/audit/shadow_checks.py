@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from verlaudit import kinds as K
 from verlaudit.audit.shadow import EXCESS
 from verlaudit.rundir import Finding
 
@@ -67,7 +68,7 @@ def findings(records: list[Mapping[str, Any]], excess: float = EXCESS) -> list[F
         out.append(
             Finding(
                 severity="warning",
-                kind="precision/shadow_excess",
+                kind=K.SHADOW_EXCESS,
                 role=r["role"],
                 where=r["module"],
                 step=r["step"],
@@ -95,7 +96,7 @@ def findings(records: list[Mapping[str, Any]], excess: float = EXCESS) -> list[F
         out.append(
             Finding(
                 severity="info",
-                kind="precision/shadow_skipped",
+                kind=K.SHADOW_SKIPPED,
                 role=role,
                 where=module,
                 message=f"the fp32 shadow skipped {module}: {reason}",

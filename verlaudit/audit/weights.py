@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from trainer.precision import dtype_name
+from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
 OUTLIER_RATIO = 10.0
@@ -62,7 +63,9 @@ def weight_rms(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
     for group in by_device.values():
         # accumulated and returned in fp32 without an fp32 copy of each weight (a 7B bf16 model's
         # copies would be 27 GB of transient allocations per role and sampled step)
-        norms = torch._foreach_norm([t for _, t in group], 2, dtype=torch.float32)
+        # one reduction per tensor: foreach_norm reached about 1 TB/s on the H200 on a 7B model's fp32
+        # masters, per-tensor norms near the bandwidth (benchmarks/maxima_bench.py)
+        norms = [torch.linalg.vector_norm(t, 2, dtype=torch.float32) for _, t in group]
         sizes = torch.tensor([float(t.numel()) for _, t in group], device=norms[0].device)
         rms = (torch.stack(norms) / sizes.sqrt()).tolist()
         out.update({n: v for (n, _), v in zip(group, rms)})
@@ -80,7 +83,7 @@ def weight_findings(
             out.append(
                 Finding(
                     severity="error",
-                    kind="numerics/weight_nonfinite",
+                    kind=K.WEIGHT_NONFINITE,
                     role=role,
                     where=module,
                     step=step,
@@ -108,7 +111,7 @@ def weight_findings(
                 out.append(
                     Finding(
                         severity="error",
-                        kind="numerics/weight_outlier",
+                        kind=K.WEIGHT_OUTLIER,
                         role=role,
                         where=module,
                         step=step,
@@ -156,16 +159,12 @@ class DtypeWatch:
                         (name.rsplit(".", 1)[-1], what, was, dtype)
                     )
             for module, items in lowered.items():
-                kind = (
-                    "dtype/buffer_precision"
-                    if all(w == "buffer" for _, w, _, _ in items)
-                    else "dtype/param_storage"
-                )
+                kind = K.BUFFER_PRECISION if all(w == "buffer" for _, w, _, _ in items) else K.PARAM_STORAGE
                 names = ", ".join(n for n, _, _, _ in items)
                 was, now = dtype_name(items[0][2]), dtype_name(items[0][3])
                 out.append(
                     Finding(
-                        severity="error" if kind == "dtype/param_storage" else "warning",
+                        severity="error" if kind == K.PARAM_STORAGE else "warning",
                         kind=kind,
                         role=role,
                         where=module,
@@ -205,7 +204,7 @@ def user_hooks(role: str, model: nn.Module) -> list[Finding]:
             out.append(
                 Finding(
                     severity="info",
-                    kind="model/user_hook",
+                    kind=K.USER_HOOK,
                     role=role,
                     where=name or "<root>",
                     observed=names,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit.analysis.report import build as report_mod
+from verlaudit.integrations import tensorboard as tb
 from verlaudit.run import runner
 from verlaudit.run.hardware import detect
 from verlaudit.run.preflight import preflight
@@ -68,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--audit-level", choices=AUDIT_LEVELS, help="override the suite's audit.level")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (summary lines only)")
     p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files of every run (OUT/tensorboard/<run>; needs tensorboard)",
+    )
+    p.add_argument(
         "--report-only", metavar="DIR", help="re-render report.md/csv/png from an existing output directory"
     )
 
@@ -85,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         audit_level=args.audit_level,
     )
+    if getattr(args, "tensorboard", False):
+        tb.require()  # before any run, not after them
     preflight(suite)  # plug-ins imported, model directories read, engines installed: before any worker starts
     out_dir = Path(args.out) if args.out else runner.default_out_dir(suite)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -106,6 +114,9 @@ def main(args: argparse.Namespace) -> int:
     rep = report_mod.write_report(out_dir)
     print()
     print(rep.markdown)
+    if getattr(args, "tensorboard", False):
+        exported = tb.export_tree(out_dir)
+        print(f"\ntensorboard: {len(exported)} run(s) -> tensorboard --logdir {out_dir / tb.TB_DIR}")
     print(f"\nreport: {out_dir / 'report.md'} (wall time {time.monotonic() - started:.0f} s)")
     if interrupted:
         return 130

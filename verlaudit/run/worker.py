@@ -153,8 +153,9 @@ def run(spec: RunSpec) -> int:
     2 the spec's device is not here)."""
     from trainer import distributed as dist_mod
     from trainer.common import Resolved
+    from trainer.events import Fanout
     from verlaudit.audit import Auditor
-    from verlaudit.audit.inject import Fanout, FaultInjector
+    from verlaudit.audit.inject import FaultInjector
 
     try:
         # the process group and the device, once: under torchrun each rank takes cuda:LOCAL_RANK

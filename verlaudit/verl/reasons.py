@@ -18,8 +18,8 @@ REASONS: tuple[tuple[str, str], ...] = (
     (r"\.(use_remove_padding|use_dynamic_bsz|ppo_max_token_len_per_gpu|forward_max_token_len_per_gpu|log_prob_micro_batch_size|log_prob_micro_batch_size_per_gpu|log_prob_use_dynamic_bsz|log_prob_max_token_len_per_gpu|ulysses_sequence_parallel_size|use_torch_compile|use_fused_kernels|use_liger|entropy_from_logits_with_chunking|entropy_checkpointing|forward_micro_batch_size|forward_micro_batch_size_per_gpu|calculate_entropy)$|\.fused_kernel_options\.",
      "performance (packing, fusion, sequence parallelism, no-grad batch splits): does not change what is computed"),
     (r"^actor_rollout_ref\.rollout\.(mode|gpu_memory_utilization|tensor_model_parallel_size|data_parallel_size|expert_parallel_size|pipeline_model_parallel_size|enforce_eager|free_cache_engine|max_num_batched_tokens|max_num_seqs|max_model_len|enable_chunked_prefill|enable_prefix_caching|load_format|layered_summon|disable_log_stats|cudagraph_capture_sizes|calculate_log_probs|skip_tokenizer_init|ignore_eos|do_sample|prompt_length|response_length|over_sample_rate|scheduling_policy|logprobs_mode|seed|nnodes|n_gpus_per_node)$|^actor_rollout_ref\.rollout\.(engine_kwargs|agent|trace|prometheus|checkpoint_engine)\.",
-     "rollout engine setting (vLLM / SGLang): our rollout is HF generate or our static-cache decode; the engine's "
-     "precision is rollout.dtype, which is mapped"),
+     "rollout engine setting (vLLM / SGLang scheduling, parallelism, memory): our engines (rollout.engine: hf, "
+     "static, fused, vllm) take their own; what sets the engine's probabilities (rollout.dtype, sampling) is mapped"),
     (r"^reward_model\.overlong_buffer\.|^reward\.overlong_buffer\.",
      "DAPO's overlong reward shaping: not supported; the reward is compute_score's"),
     (r"^algorithm\.filter_groups\.", "dynamic sampling (filter_groups): not supported here"),

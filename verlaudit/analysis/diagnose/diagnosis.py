@@ -3,14 +3,15 @@
 
 PATH is a variant's run directory, a suite report directory (every run directory in it is
 diagnosed, summary first), or a plain log / traceback file from another framework (verl, TRL,
-DeepSpeed, plain PyTorch: see `verlaudit.analysis.diagnose.logparse`). Only the run directory is read (manifest,
-metrics, findings, events, status, the runner's record), so runs killed half-way and runs copied
-from another machine work.
+DeepSpeed, plain PyTorch: `diagnose_log`, with the rule families of `verlaudit.analysis.logs`). Only
+the run directory is read (manifest, metrics, findings, events, status, the runner's record), so runs
+killed half-way and runs copied from another machine work.
 
 The analyses below each turn part of the run directory into causes, stamped with the step, phase and
 role they concern. The causes are ranked, then ordered by the root-cause rules
 (`verlaudit.analysis.diagnose.rules`): the earliest cause that explains the failure comes first, with the chain
-it starts ("root -> consequence"), and only the root carries fixes. A fix is offered when it addresses
+it starts ("root -> consequence"), and only the root carries fixes. A log's causes are ordered by the
+same rules (`order_by_root` with the log's lines for moments). A fix is offered when it addresses
 the root and the audit or the planner says it would work (no bf16 advice for integer ids or a run that
 is bf16 already, no precision change for corrupted weights or a NaN reward, OOM fixes checked against
 the planner: `verlaudit.analysis.diagnose.oom`). Each fix names the suite key (or the user's plug-in) and the
@@ -20,11 +21,14 @@ tests/test_rules.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import (
     BACKWARD_NAN_WHAT,
     Cause,
@@ -34,18 +38,8 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.diagnose.logparse import diagnose_log
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
-from verlaudit.analysis.diagnose.rules import (
-    CAUSE_CLASSES,
-    LAST,
-    Event,
-    Moment,
-    chains,
-    finding_class,
-    moment_words,
-    severity_max,
-)
+from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
     cfg,
     fmt,
@@ -92,9 +86,20 @@ def _seq(run: RunDir, f: Finding | None) -> float:
 # analyses: each is a pure function RunDir -> list[Cause]
 
 
-_MODULE_PRODUCERS = ("numerics/nonfinite_forward", "numerics/overflow", "numerics/nonfinite_backward")
+_MODULE_PRODUCERS = (K.NONFINITE_FORWARD, K.OVERFLOW, K.NONFINITE_BACKWARD)
 """Findings that name the module which made a non-finite value from finite inputs. A boundary
 (``numerics/nonfinite_boundary``: log-probs, values) or the loss is where NaN was seen, not made."""
+_NONFINITE_KINDS = frozenset(
+    {
+        K.NONFINITE_FORWARD,
+        K.NONFINITE_BACKWARD,
+        K.NONFINITE_BOUNDARY,
+        K.NONFINITE_LOSS,
+        K.NONFINITE_GRADS,
+        K.OVERFLOW,
+    }
+)
+"""Findings of NaN/Inf made or seen in a step, which `_nonfinite_causes` reads together."""
 
 
 # long: one analysis: evidence, producer, title and fixes of the non-finite cause, decided together
@@ -104,7 +109,7 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
     sampling_nan = "probability tensor contains" in str(st.get("error") or "")
     failed_nonfinite = st.get("reason") == "nonfinite" or sampling_nan
     nf_findings = sorted(
-        (f for f in run.findings if f.kind.startswith("numerics/nonfinite") or f.kind == "numerics/overflow"),
+        (f for f in run.findings if f.kind in _NONFINITE_KINDS),
         key=lambda f: (f.step if f.step is not None else 1 << 30, f.rank),
     )
     if not (failed_nonfinite or bad_loss or any(f.severity == "error" for f in nf_findings)):
@@ -207,7 +212,7 @@ def _nonfinite_fixes(
     if producer is not None and producer.fix:
         fixes.append(Fix(None, None, producer.fix))
     fp16_overflow = any(
-        f.kind == "numerics/overflow" and (f.observed or {}).get("dtype") == "fp16"
+        f.kind == K.OVERFLOW and (f.observed or {}).get("dtype") == "fp16"
         for f in nf
         if isinstance(f.observed, dict)
     )
@@ -257,7 +262,7 @@ def _diverged(run: RunDir, step: int | None) -> bool:
 def _dtype_causes(run: RunDir) -> list[Cause]:
     st = run.status or {}
     failed = st.get("reason") == "dtype_error"
-    runtime = [f for f in run.findings if f.kind == "runtime/dtype_error"]
+    runtime = [f for f in run.findings if f.kind == K.RUNTIME_DTYPE_ERROR]
     if not failed and not runtime:
         return []
 
@@ -307,14 +312,15 @@ def _dtype_causes(run: RunDir) -> list[Cause]:
     ]
 
 
-_EXPLAINED_KINDS = (
-    "runtime/dtype_error",
-    "numerics/nonfinite",
-    "numerics/overflow",
-    "memory/oom",
-    "numerics/skipped_step",
-    "reward/no_signal",
-    "mismatch/",  # mismatch_causes
+_EXPLAINED_KINDS = frozenset(
+    {
+        K.RUNTIME_DTYPE_ERROR,  # _dtype_causes
+        *_NONFINITE_KINDS,  # _nonfinite_causes
+        K.OOM,  # status_causes
+        K.SKIPPED_STEP,  # loss_scale_causes
+        K.NO_SIGNAL,  # no_signal_causes
+        K.MISMATCH_BEYOND_DTYPE,  # mismatch_causes
+    }
 )
 """Finding kinds that a dedicated analysis already turns into a cause (with more evidence)."""
 
@@ -322,9 +328,9 @@ _EXPLAINED_KINDS = (
 def _finding_causes(run: RunDir) -> list[Cause]:
     groups: dict[tuple[str, str], list[Finding]] = {}
     for f in run.findings:
-        if f.severity == "info" or f.kind.startswith(_EXPLAINED_KINDS):
+        if f.severity == "info" or f.kind in _EXPLAINED_KINDS:
             continue
-        groups.setdefault((f.kind, finding_class(f.kind, f.observed, f.expected)), []).append(f)
+        groups.setdefault((f.kind, K.class_of(f.kind)), []).append(f)
     out = []
     for (kind, cls), fs in groups.items():
         fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else -1, f.rank))
@@ -369,12 +375,7 @@ def _finding_causes(run: RunDir) -> list[Cause]:
     return out
 
 
-_MODULE_DTYPE_KINDS = (
-    "dtype/param_storage",
-    "dtype/mixed_params",
-    "dtype/buffer_precision",
-    "dtype/module_output",
-)
+_MODULE_DTYPE_KINDS = (K.PARAM_STORAGE, K.MIXED_PARAMS, K.BUFFER_PRECISION, K.MODULE_OUTPUT)
 """Findings about a model's own dtypes: user setup code (model.setup) is where they are changed."""
 _WEIGHT_SOURCES = {
     "actor": "model.path",
@@ -404,7 +405,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         verl = V.REWARD_MODEL_PATH if field == "model.reward_model" else V.CUSTOM_REWARD
     elif top.kind in _MODULE_DTYPE_KINDS and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
-    elif top.kind.startswith("numerics/weight") or top.kind == "boundary/reward_model":
+    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
         field = _WEIGHT_SOURCES.get(top.role or "", "model.path")
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)
@@ -430,7 +431,7 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     causes: list[Cause] = []
     for analysis in ANALYSES:
         causes.extend(analysis(run))
-    causes = order_by_root(rank(causes))
+    causes = _in_users_terms(run, order_by_root(rank(causes)))
     st = run.status or {}
     if run.state == "completed":
         state = "completed" + (" with warnings" if any(c.severity == "warning" for c in causes) else "")
@@ -449,14 +450,38 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     return Diagnosis(str(run.path), "run", run.name, state, summary, causes)
 
 
-def order_by_root(causes: list[Cause]) -> list[Cause]:
+def _in_users_terms(run: RunDir, causes: list[Cause]) -> list[Cause]:
+    """A run audited inside another framework (`verlaudit.integrations`) names each fix in that
+    framework's terms too: manifest ``integration.keys`` maps a suite key (a prefix of the fix's) to the
+    framework's setting, ``integration.roles`` a role to the argument that supplied its model."""
+    integ = run.manifest.get("integration") or {}
+    fw, keys, roles = integ.get("framework"), integ.get("keys") or {}, integ.get("roles") or {}
+    if not isinstance(fw, str) or not isinstance(keys, dict) or not isinstance(roles, dict):
+        return causes
+    for c in causes:
+        fixes = []
+        for f in c.fixes:
+            hit = max((k for k in keys if f.suite and f.suite.startswith(k)), key=len, default=None)
+            if hit is not None and f.key is None:
+                f = dataclasses.replace(f, key=str(keys[hit]) + f.suite[len(hit) :], framework=fw, verl=None)
+            fixes.append(f)
+        if fixes and c.role in roles and not any(f.framework for f in fixes):
+            fixes[0] = dataclasses.replace(fixes[0], key=str(roles[c.role]), framework=fw)
+        c.fixes = fixes
+    return causes
+
+
+def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) -> list[Cause]:
     """``causes`` (ranked) regrouped by the root-cause rules: each group is its root, then what it
     explains in time order; the root gets the chain and the group's highest severity, the
     consequences lose their fixes (the root's fix is theirs). Groups keep the rank order of their
-    most important member."""
+    most important member. ``moments``: when each cause was first seen (default: its step, phase and
+    order of recording; a log's are its lines)."""
     for c in causes:
-        c.cls = c.cls or CAUSE_CLASSES.get(c.kind, "other")
-    events = [Event(c.cls or "other", Moment.of(c.step, c.phase, c.seq), c.role) for c in causes]
+        c.cls = c.cls or K.cause_class(c.kind)
+    if moments is None:
+        moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
+    events = [Event(c.cls or "other", m, c.role) for c, m in zip(causes, moments, strict=True)]
     out: list[Cause] = []
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
@@ -474,7 +499,53 @@ def order_by_root(causes: list[Cause]) -> list[Cause]:
 
 def _label(c: Cause, m: Moment) -> str:
     kind = c.kind.removeprefix("finding:")
-    return f"{kind}" + (f" in {c.where}" if c.where else "") + f" ({moment_words(m)})"
+    when = f"line {c.line}" if c.line is not None else moment_words(m)
+    return f"{kind}" + (f" in {c.where}" if c.where else "") + f" ({when})"
+
+
+def order_log(causes: Sequence[Cause]) -> list[Cause]:
+    """A foreign log's causes in the root-cause order (`order_by_root`), starting from the log's own
+    ranking (`verlaudit.analysis.logs.ranked`): classes from `verlaudit.analysis.logs.classify`, a
+    cause's line for its moment (a cause without a line has no moment: no rule relates it). A
+    consequence names its root and the root's line in its evidence."""
+    ranked = logs.ranked(causes)
+    for c in ranked:
+        c.cls = logs.classify(c) if c.line is not None else "other"
+    moments = [Moment(float(c.line if c.line is not None else LAST), 0) for c in ranked]
+    out = order_by_root(ranked, moments)
+    root: Cause | None = None
+    for c in out:
+        if c.consequence_of is None:
+            root = c
+        elif root is not None:
+            on = f", rank {root.rank}" if root.rank is not None else ""
+            c.evidence.append(f"likely a consequence of: {root.title} (line {root.line}{on})")
+    return out
+
+
+def diagnose_log(path: str | Path) -> Diagnosis:
+    """Diagnosis of a foreign training log or traceback file, read in one pass (`logs.read`) whatever
+    its size: each line to the metric records and their NaN evidence, and to the rule families of
+    `verlaudit.analysis.logs`; ordered by the root-cause rules (`order_log`). ValueError for a file
+    that is empty or not text: neither a log nor a run directory."""
+    p = Path(path)
+    read = logs.read(p)
+    causes, ctx = logs.explain(read.facts)
+    found = read.nonfinite.causes(ctx)
+    for c in found:
+        c.framework = ctx.framework
+    if found:  # a recognised NaN explains the log: no "unrecognised failure" beside it
+        causes = [
+            c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
+        ]
+    causes = order_log(causes + found)
+    state = "failed" if any(c.severity == "error" for c in causes) else "log"
+    last = f", last logged step {read.last_record['step']}" if read.last_record else ""
+    summary = (
+        f"{p.name}: {ctx.framework or 'PyTorch'} log, {read.lines} lines{last}; "
+        f"{len(causes)} recognised cause(s)"
+    )
+    return Diagnosis(str(p), "log", p.name, state, summary, causes)
 
 
 def find_runs(path: Path) -> list[Path]:

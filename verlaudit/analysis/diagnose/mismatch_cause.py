@@ -17,18 +17,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.rundir import Finding, RunDir
 
-KIND = "mismatch/beyond_dtype"
-RELATED = (
-    "boundary/rollout_sampling",
-    "rollout/weight_sync",
-    "boundary/rollout_kv_cache",
-    "boundary/rollout_engine_dtype",
-    "boundary/rollout_logprobs",
-)
+KIND = K.MISMATCH_BEYOND_DTYPE
+RELATED = (K.ROLLOUT_SAMPLING, K.WEIGHT_SYNC, K.ROLLOUT_KV_CACHE, K.ROLLOUT_ENGINE_DTYPE, K.ROLLOUT_LOGPROBS)
 """Finding kinds that say what, besides rounding, differs between the engine and the trainer."""
 _VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from verlaudit import kinds as K
 from verlaudit.analysis.causes import Fix
 from verlaudit.rundir import RUNNER, RunDir, read_json, to_float
 
@@ -98,7 +99,7 @@ def user_hook_fix(run: RunDir, role: str | None, module: str | None) -> Fix | No
     when there is one: the hook's code is what changed that module's output."""
     model = "actor" if role == "rollout" else role
     for f in run.findings:
-        if f.kind == "model/user_hook" and f.role == model and module and f.where == module:
+        if f.kind == K.USER_HOOK and f.role == model and module and f.where == module:
             hooks = ", ".join(f.observed) if isinstance(f.observed, list) else str(f.observed)
             plugin = setup_plugin(run, model)
             key = f"model.setup ({plugin})" if plugin else None

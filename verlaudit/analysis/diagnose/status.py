@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from verlaudit import verl_keys as V
+from verlaudit.analysis import logs
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.diagnose.logparse import explain_error_text
 from verlaudit.analysis.diagnose.oom import oom_cause
 from verlaudit.analysis.diagnose.rules import LAST
 from verlaudit.analysis.diagnose.runview import cfg, last_phase_started, last_step, runner_record
+from verlaudit.analysis.logs.lines import parse_frame
 from verlaudit.rundir import RunDir
 
 
@@ -79,9 +80,7 @@ def status_causes(run: RunDir) -> list[Cause]:
     if reason in ("nonfinite", "dtype_error") or "probability tensor contains" in error:
         return []  # explained by _nonfinite_causes / _dtype_causes, which read the same status
 
-    known = explain_error_text(error + "\n" + str(st.get("traceback") or ""), step=step)
-    for c in known:
-        c.phase, c.role, c.seq = phase, st.get("role"), LAST
+    known = error_text_causes(st)
     if known:
         return known
     field = _field_in(error)
@@ -115,6 +114,20 @@ def status_causes(run: RunDir) -> list[Cause]:
     ]
 
 
+def error_text_causes(st: dict[str, Any]) -> list[Cause]:
+    """The causes the log rules' families (`verlaudit.analysis.logs.explain_text`: dtype, device,
+    compile, OOM, import, ... messages) recognise in a run's recorded error and traceback (status.json),
+    stamped with the run's step, phase and role. The phase is the one the run recorded; where it
+    recorded none, the trainer phase the frames show."""
+    text = str(st.get("error") or "") + "\n" + str(st.get("traceback") or "")
+    causes = logs.explain_text(text)
+    for c in causes:
+        c.step, c.role, c.seq = st.get("step"), st.get("role"), LAST
+        c.phase = st.get("phase") or c.phase
+        c.line = c.rank = None  # a line of status.json's text is no moment of the run
+    return causes
+
+
 _FIELD = re.compile(r"^(?:\w+(?:Error|Exception): )?((?:model|data|algo|precision|rollout)\.[\w.]+): ")
 
 
@@ -130,19 +143,16 @@ def _last_frame(tb: Any) -> str:
 
 
 def _user_frame(tb: Any) -> str | None:
-    """The innermost traceback frame outside torch, transformers, the trainer and the standard
-    library: where user code (a plug-in) raised, as ``file.py:line in fn``."""
-    for ln in reversed(str(tb or "").splitlines()):
-        ln = ln.strip()
-        if not ln.startswith("File "):
+    """The innermost traceback frame (`verlaudit.analysis.logs.lines.parse_frame`) outside torch,
+    transformers, the trainer and the standard library: where user code (a plug-in) raised, as
+    ``file.py:line in fn``."""
+    frames = [f for f in map(parse_frame, str(tb or "").splitlines()) if f]
+    for f in reversed(frames):
+        if any(part in f.path for part in ("site-packages", "/trainer/", "/verlaudit/", "/lib/python")):
             continue
-        path = ln.split('"')[1] if '"' in ln else ""
-        if any(part in path for part in ("site-packages", "/trainer/", "/verlaudit/", "/lib/python")):
-            continue
-        rest = ln.split('"')[-1]  # , line N, in fn
-        if rest.endswith(("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")):
+        if f.func in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
             continue  # a comprehension's own frame: the function it is in is the next one out
-        return f"{Path(path).name}{rest.replace(', line ', ':').replace(', in ', ' in ')}"
+        return f"{Path(f.path).name}:{f.lineno} in {f.func}"
     return None
 
 

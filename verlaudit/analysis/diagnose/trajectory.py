@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.rules import LAST
@@ -39,7 +40,7 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         ]
         if scale:
             ev.append("loss scale: " + ", ".join(f"{s}:{fmt(v)}" for s, v in scale[-8:]))
-        overflow = [f for f in run.findings if "overflow" in f.kind or "headroom" in f.kind]
+        overflow = [f for f in run.findings if K.class_of(f.kind) == "overflow"]
         where = overflow[0].where if overflow else None
         for f in overflow[:3]:
             ev.append(f"{f.kind} at {f.where} (step {f.step}): {f.message}")
@@ -229,7 +230,7 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
     """Steps without a learning signal: every group's responses scored alike, so group-relative
     advantages are zero and only the KL and entropy terms move the policy. An error when no step
     of the run had a signal (it learned nothing), a warning when at least a quarter of them had none."""
-    findings = [f for f in run.findings if f.kind == "reward/no_signal"]
+    findings = [f for f in run.findings if f.kind == K.NO_SIGNAL]
     series = run.series(NO_SIGNAL_METRIC)
     silent = [s for s, v in series if v >= 1.0]
     if not findings and not silent:

@@ -10,18 +10,23 @@ pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming
         scan.feed(no, line)
     causes, ctx = explain(scan.facts())
 
-``logparse.diagnose_log`` is the entry point; ``order`` puts the root cause before its cascade and
-``explain`` never lets a log with an error line, a non-zero exit, a kill or a hang come back clean.
+``records`` reads the metric records (verl step lines, HF Trainer / TRL dicts) and their non-finite
+evidence, ``read`` a log file in one bounded pass. ``explain`` never lets a log with an error line, a
+non-zero exit, a kill or a hang come back clean; ``explain_text`` runs the same families over a run's
+recorded traceback. The order (root before cascade) is the run's: ``classify`` gives a log cause its
+class in the root-cause rules, `verlaudit.analysis.diagnose.diagnosis.diagnose_log` orders with them.
 Exercised by ``pytest tests/test_log_rules.py tests/test_log_corpus.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from verlaudit.analysis.causes import Cause
-from verlaudit.analysis.logs import distributed, engines, exceptions, frameworks, memory, scaling
+from verlaudit.analysis.logs import distributed, engines, exceptions, frameworks, memory, phases, scaling
 from verlaudit.analysis.logs.frameworks import LogContext
+from verlaudit.analysis.logs.read import LogRead, log_lines, read_log
 from verlaudit.analysis.logs.scan import LogFacts, LogScan, place, quote
 
 DETECTORS = (distributed.detect, memory.detect, engines.detect, scaling.detect, exceptions.detect)
@@ -30,7 +35,11 @@ CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
 the others time out; a dead worker makes its callers fail): an earlier failure of another kind is
 listed before them as the root."""
-_SEVERITY = {"error": 0, "warning": 1, "info": 2}
+FAILURE = "log_failure"
+"""The class of a log's error that is not a cascade: a root for the cascades after it."""
+CASCADE_CLASS = "log_cascade"
+"""The class of a log's error of a kind in ``CASCADE``."""
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def new_scan() -> LogScan:
@@ -38,9 +47,16 @@ def new_scan() -> LogScan:
     return LogScan(DETECTORS)
 
 
+def read(path: Path) -> LogRead:
+    """One bounded pass over a log file: the families' facts and the metric records' NaN evidence
+    (ValueError for a file that is not a log)."""
+    return read_log(path, new_scan())
+
+
 def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     """Every family's causes for the facts of one log (with the unrecognised-failure fallback), and the
-    log's context (framework, settings). Not yet ordered: see ``order``."""
+    log's context (framework, settings). Not yet ordered: the root-cause rules order them
+    (`verlaudit.analysis.diagnose.diagnosis.order_by_root`, with ``classify``)."""
     ctx = frameworks.context(facts.markers, facts.settings)
     causes = [c for family in FAMILIES for c in family(facts, ctx)]
     causes += unrecognised(facts, causes)
@@ -49,28 +65,44 @@ def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     return causes, ctx
 
 
-def order(causes: Sequence[Cause]) -> list[Cause]:
-    """Errors before warnings before info; among errors the root before the cascade (a failure of a
-    kind in ``CASCADE`` follows any other failure), then log order, then score. A cascade that comes
-    after a root says so in its evidence."""
-    roots = [c for c in causes if c.severity == "error" and c.kind not in CASCADE]
+def explain_text(text: str) -> list[Cause]:
+    """Every family's causes for one piece of error text from verlaudit's own trainer (a run's recorded
+    error and traceback, status.json): the same rules as a foreign log, with the fix vocabulary of our
+    trainer (suite keys, verl keys: no framework), its phases (`trainer.events.PHASES`, through the
+    one table `phases.TABLE`), and no unrecognised-failure fallback (the run directory explains an
+    exception it does not recognise itself)."""
+    scan = new_scan()
+    for no, line in enumerate(text.splitlines(), 1):
+        scan.feed(no, line)
+    facts, ctx = scan.facts(), LogContext(None)
+    causes = [c for family in FAMILIES for c in family(facts, ctx)]
     for c in causes:
-        if c.severity == "error" and c.kind in CASCADE:
-            before = [r for r in roots if r.line is not None and c.line is not None and r.line <= c.line]
-            if before:
-                r = before[0]
-                c.evidence.append(f"likely a consequence of: {r.title} (line {r.line}{_on(r)})")
+        tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
+        c.phase = phases.trainer_phase(c.phase, [f.func for f in tb.frames] if tb else ())
+    return causes
+
+
+def ranked(causes: Sequence[Cause]) -> list[Cause]:
+    """A log's causes in the order the root-cause rules start from (a run's is
+    `verlaudit.analysis.causes.rank`): errors before warnings before notes; among errors a cascade
+    (a kind in ``CASCADE``) after the others, then log order, then score."""
     big = 1 << 40
 
     def key(c: Cause) -> tuple:
         cascade = c.severity == "error" and c.kind in CASCADE
-        return (_SEVERITY.get(c.severity, 3), cascade, c.line if c.line is not None else big, -c.score)
+        return (SEVERITY_ORDER.get(c.severity, 3), cascade, c.line if c.line is not None else big, -c.score)
 
     return sorted(causes, key=key)
 
 
-def _on(c: Cause) -> str:
-    return f", rank {c.rank}" if c.rank is not None else ""
+def classify(cause: Cause) -> str:
+    """A log cause's class in the root-cause rules (`verlaudit.analysis.diagnose.rules`): a log cannot
+    tell the classes a run's records tell (which collator, which module), only which failure came
+    first and which kinds follow another failure: ``FAILURE`` or ``CASCADE_CLASS`` for an error,
+    ``other`` (in no rule) for a warning or a note."""
+    if cause.severity != "error":
+        return "other"
+    return CASCADE_CLASS if cause.kind in CASCADE else FAILURE
 
 
 def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
@@ -131,13 +163,20 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
 
 __all__ = [
     "CASCADE",
+    "CASCADE_CLASS",
     "DETECTORS",
+    "FAILURE",
     "FAMILIES",
     "LogContext",
     "LogFacts",
+    "LogRead",
     "LogScan",
+    "classify",
     "explain",
+    "explain_text",
+    "log_lines",
     "new_scan",
-    "order",
+    "ranked",
+    "read",
     "unrecognised",
 ]

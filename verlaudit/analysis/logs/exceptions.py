@@ -77,6 +77,8 @@ def detect(line: LogLine) -> list[Hit]:
                 "what": d.what,
             }
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
+    if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
+        out.append(Hit("compile_user_code", line, want=1))
     if not _HAS(text):
         return out
     for rule, pat in (
@@ -287,6 +289,8 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "drop torch.compile on the failing module (or mark the data-dependent code with "
         "torch.compiler.disable / allow graph breaks) and run it eagerly"
     )
+    user = facts.first("compile_user_code")
+    traced = [f"while tracing {user.follow[0].strip()[:300]}"] if user and user.follow else []
     return Cause(
         "error",
         "compile_error",
@@ -296,7 +300,7 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "Dynamo could not trace the code (an unsupported call, data-dependent control flow, a graph break "
         "under fullgraph) or Inductor could not compile it. Nothing is wrong with the run's numerics: the "
         "eager path runs the same model.",
-        evidence=[quote(h.line)] + pl.evidence(),
+        evidence=[quote(h.line)] + pl.evidence() + traced,
         fixes=[rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace]),
         where=op[0] if op else pl.culprit(),
         phase=pl.phase,

@@ -18,7 +18,7 @@ from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.phases import phase_of_name
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
-# ---- CUDA OOM messages (one parser, shared with logparse.explain_error_text)
+# ---- CUDA OOM messages
 _UNIT = {"b": 1 / 1024**3, "bytes": 1 / 1024**3, "kib": 1 / 1024**2, "mib": 1 / 1024, "gib": 1.0}
 _N = r"([\d.]+) ?(GiB|MiB|KiB|bytes|B)"
 OOM_NEW = re.compile(
@@ -46,17 +46,10 @@ def _gib(num: str | None, unit: str | None) -> float | None:
 
 
 def parse_oom(text: str) -> dict[str, Any] | None:
-    """Numbers of the first CUDA OOM message in ``text``, in GiB (keys absent when it lacks them)."""
-    found = find_oom(text)
-    return found[1] if found else None
-
-
-def find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dict[str, Any]] | None:
-    """(where, numbers) of the first OOM message starting in ``text[pos:end]``; a detailed message
-    (either PyTorch wording) wins over a bare "out of memory" line."""
-    end = len(text) if end is None else end
-    m = OOM_NEW.search(text, pos)
-    if m and m.start() < end:
+    """Numbers of the first CUDA OOM message in ``text``, in GiB (keys absent when it lacks them); a
+    detailed message (either PyTorch wording) wins over a bare "out of memory" line."""
+    m = OOM_NEW.search(text)
+    if m:
         g = m.groups()
         vals = {
             "tried_gib": _gib(g[0], g[1]),
@@ -68,12 +61,12 @@ def find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dict
             "reserved_unallocated_gib": _gib(g[13], g[14]),
             "message": m[0][:400],
         }
-        return m.start(), {k: v for k, v in vals.items() if v is not None}
-    m = OOM_OLD.search(text, pos)
-    if m and m.start() < end:
+        return {k: v for k, v in vals.items() if v is not None}
+    m = OOM_OLD.search(text)
+    if m:
         g = m.groups()
         alloc, reserved = _gib(g[5], g[6]), _gib(g[9], g[10])
-        return m.start(), {
+        return {
             "tried_gib": _gib(g[0], g[1]),
             "gpu": int(g[2]),
             "total_gib": _gib(g[3], g[4]),
@@ -82,11 +75,11 @@ def find_oom(text: str, pos: int = 0, end: int | None = None) -> tuple[int, dict
             "reserved_unallocated_gib": (reserved or 0.0) - (alloc or 0.0),
             "message": m[0],
         }
-    m = OOM_ANY.search(text, pos)
-    if not m or m.start() >= end:
+    m = OOM_ANY.search(text)
+    if not m:
         return None
     start, stop = text.rfind("\n", 0, m.start()) + 1, text.find("\n", m.start())
-    return m.start(), {"message": text[start : stop if stop >= 0 else len(text)].strip()[:400]}
+    return {"message": text[start : stop if stop >= 0 else len(text)].strip()[:400]}
 
 
 # ---- per-line detection

@@ -1,8 +1,11 @@
-"""The phase of an RL step a failure happened in, from a traceback's frames or from the log's last
-activity line: ``generate``, ``logprob`` (the no-grad old-log-prob pass), ``reference``, ``values``,
-``update`` (forward and backward with gradients), ``weight_sync`` (trainer -> rollout engine, sleep
-mode wake-up included), ``checkpoint``, ``init``. Names are the functions verl, TRL / HF Trainer,
-OpenRLHF, NeMo-RL and the engines use. Exercised by ``pytest tests/test_log_rules.py -k phase``.
+"""The one phase vocabulary of diagnose. A foreign log's failure is placed in a phase of an RL step from
+a traceback's frames or from the log's last activity line: ``generate``, ``logprob`` (the no-grad
+old-log-prob pass), ``reference``, ``values``, ``update`` (forward and backward with gradients),
+``weight_sync`` (trainer -> rollout engine, sleep mode wake-up included), ``checkpoint``, ``init``.
+Names are the functions verl, TRL / HF Trainer, OpenRLHF, NeMo-RL, the engines and our own trainer
+use. `TABLE` maps these onto the phases our trainer marks (`trainer.events.PHASES`, what a run
+directory records) and back: `trainer_phase`, `log_phase`; the root-cause rules rank both
+vocabularies from it. Exercised by ``pytest tests/test_log_rules.py -k phase``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,51 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from trainer.events import PHASES as TRAINER_PHASES
 from verlaudit.analysis.logs.lines import Frame, hints
 
 PHASES = ("generate", "logprob", "reference", "values", "update", "weight_sync", "checkpoint", "init")
+
+TABLE: tuple[tuple[str | None, str | None], ...] = (
+    (None, "init"),  # setup: before the trainer's first step
+    ("rollout", "generate"),
+    ("rollout", "weight_sync"),  # on_weight_sync runs inside the rollout phase
+    ("reward", None),  # a log names no reward phase: a reward failure shows as its caller's
+    ("ref", "reference"),
+    ("critic", "values"),
+    ("actor_update", "update"),
+    ("actor_update", "logprob"),  # the old log-probs are the first forward of actor_update
+    ("critic_update", "update"),  # update_critic's frames: `trainer_phase` tells it from the actor's
+    (None, "checkpoint"),  # our trainer marks no checkpoint phase
+)
+"""(trainer phase, log phase) in the order a step runs them, a trainer phase's main log phase first (the
+one `log_phase` names): every name of `trainer.events.PHASES` and of `PHASES` appears
+(tests/test_log_rules.py checks it)."""
+RANK: dict[str | None, int] = {None: 0, **{t: i + 1 for i, t in enumerate(TRAINER_PHASES)}}
+for _t, _lp in TABLE:
+    if _lp is not None and _lp not in RANK:
+        RANK[_lp] = RANK[_t] if _t else (0 if _lp == "init" else len(TRAINER_PHASES) + 1)
+"""The moment of a phase within a step, for either vocabulary: setup (and ``init``) first, then the
+trainer's phases in the order it runs them, each log phase at its trainer phase, a checkpoint last."""
+
+
+def trainer_phase(phase: str | None, funcs: Iterable[str] = ()) -> str | None:
+    """The trainer phase a log phase is (``update`` with ``update_critic`` among the frames' functions
+    ``funcs`` is ``critic_update``); a trainer phase is itself; None for setup, a checkpoint or an
+    unknown name."""
+    if phase in TRAINER_PHASES:
+        return phase
+    if phase == "update" and any("critic" in f and phase_of_name(f) == "update" for f in funcs):
+        return "critic_update"
+    return next((t for t, lp in TABLE if lp == phase and phase is not None), None)
+
+
+def log_phase(phase: str | None) -> str | None:
+    """The log phase a trainer phase is (``actor_update`` -> ``update``); a log phase is itself."""
+    if phase in PHASES:
+        return phase
+    return next((lp for t, lp in TABLE if t == phase and phase is not None), None)
+
 
 # function names (or the call a frame makes) -> phase; a name matches itself and its `_suffixed` forms
 _NAMES = {
@@ -60,6 +105,7 @@ _NAMES = {
         "compute_ref_logprobs",
         "get_reference_policy_logprobs",
         "ref_forward",
+        "reference_logprobs",  # our trainer (trainer/ppo.py)
     ),
     "logprob": (
         "compute_log_prob",
@@ -68,8 +114,9 @@ _NAMES = {
         "compute_action_log_probs",
         "compute_old_log_prob",
         "make_experience",
+        "actor_logprobs",  # our trainer (trainer/ppo.py)
     ),
-    "values": ("compute_values",),
+    "values": ("compute_values", "critic_values"),
     "generate": (
         "generate_sequences",
         "generate",

@@ -1,0 +1,80 @@
+"""Reading a foreign log: one pass, memory bounded whatever its size. Each line goes to the rule
+families' streaming scan (`verlaudit.analysis.logs.scan`) and to the metric records and their
+non-finite evidence (`verlaudit.analysis.logs.records`); an empty or binary file is refused as neither
+a log nor a run directory. Exercised by ``pytest tests/test_logparse.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from verlaudit.analysis.logs import records
+from verlaudit.analysis.logs.scan import LogFacts, LogScan
+
+MAX_LINE = 16 * 1024
+"""Characters kept of one line (the rest of a longer line is skipped: no message is that long)."""
+_NOT_A_LOG = "neither a log nor a run directory; pass a training log or traceback (text), or a run directory"
+
+
+def _binary(head: bytes) -> bool:
+    """Whether the first bytes of a file look like anything but text: a NUL byte, or more than a
+    tenth of them control characters or invalid UTF-8."""
+    if b"\0" in head:
+        return True
+    control = sum(b < 32 and b not in b"\t\n\r\f\b\x0b\x1b" for b in head)
+    invalid = head.decode("utf-8", errors="replace").count("\ufffd")
+    return control + invalid > len(head) / 10
+
+
+def log_lines(path: Path) -> Iterator[str]:
+    """The lines of a log file, without their newlines and cut at `MAX_LINE` characters; ValueError
+    for a file that cannot be read or is not text (binary)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+        if _binary(head):
+            raise ValueError(f"{path}: a binary file: {_NOT_A_LOG}")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            while line := f.readline(MAX_LINE):
+                rest = line
+                while not rest.endswith("\n") and rest:  # a cut line: skip the rest of it
+                    rest = f.readline(MAX_LINE)
+                yield line.rstrip("\n")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the log ({e})") from None
+
+
+@dataclasses.dataclass
+class LogRead:
+    """What one pass over a log file kept."""
+
+    facts: LogFacts
+    nonfinite: records.Nonfinite
+    lines: int
+    last_record: dict[str, Any] | None
+
+
+def read_log(path: Path, scan: LogScan) -> LogRead:
+    """One pass over the log at ``path`` (`log_lines`): each line to ``scan`` (the rule families'
+    detectors) and to the metric records and their NaN evidence. ValueError for a file that cannot be
+    read, is not text, or is empty: neither a log nor a run directory."""
+    nonfinite = records.Nonfinite()
+    lines = hf = 0
+    last_record: dict[str, Any] | None = None
+    blank = True
+    for line in log_lines(path):
+        lines += 1
+        blank = blank and not line.strip()
+        recs = records.line_records(line, lines, hf)
+        if recs:
+            hf += sum(r["_source"] == "hf" for r in recs)
+            last_record = recs[-1]
+        nonfinite.feed(recs)
+        nonfinite.scan_line(line, lines, bool(recs))
+        scan.feed(lines, line)
+    if blank:
+        raise ValueError(f"{path}: empty file: {_NOT_A_LOG}")
+    return LogRead(scan.facts(), nonfinite, lines, last_record)

@@ -1,0 +1,213 @@
+"""Per-step metric records in a foreign log (verl ``step:N - key:value`` console lines, HF Trainer / TRL
+log dicts and JSON records) and the non-finite evidence drawn from them and from the lines around
+them (a plain ``loss=nan``, anomaly mode's backward function, NaN probabilities in sampling): fed
+line by line, bounded whatever the log's size. Exercised by ``pytest tests/test_logparse.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import BACKWARD_NAN_WHAT, Cause, Fix, backward_nan_fixes
+from verlaudit.analysis.logs.frameworks import LogContext, applied, fixes
+
+
+def _line_of(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)].strip()[:400]
+
+
+def _lineno(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+# ---- per-step logs: verl, HF Trainer / TRL dicts, plain `loss=nan`
+_VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
+_VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
+_PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
+_NAN_VALUE = re.compile(r"[=:][^\S\n]*-?(?:nan|inf)\b")
+"""What every `_PLAIN_NAN` match contains: a fast test before the slow one."""
+_ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|st|nd|rd) output")
+_SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
+
+
+def _f(x: str) -> float:
+    try:
+        return float(x)
+    except ValueError:
+        return math.nan
+
+
+# An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
+# tail), or cut off at the line's end when the process died mid-print.
+_HF_RECORD = re.compile(r"\{(['\"])(?:loss|train_loss)\1:[^{}]*(?:\}|$)")
+_HF_KV = re.compile(r"(['\"])([\w/.@()-]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
+
+
+def _hf_value(text: str) -> float | None:
+    """A dict value as a float; None for what is not a number (not evidence of a NaN)."""
+    v = text.strip()
+    if v.startswith("tensor("):  # older Trainers logged tensors: `tensor(nan, device='cuda:0')`
+        v = v[len("tensor(") :]
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def parse_metric_lines(text: str) -> list[dict[str, Any]]:
+    """Metric records (like metrics.jsonl) from verl ``step:N - key:value - ...`` console lines and
+    from HF Trainer / TRL log dicts (``{'loss': '0.69', 'grad_norm': 'nan', ...}``, values quoted or
+    not; anywhere in a line, or cut off at its end). HF dicts carry no step: their step is the record's
+    ordinal, and ``_source`` says which. A value that is not a number is left out."""
+    out: list[dict[str, Any]] = []
+    hf = 0
+    for ln, line in enumerate(text.splitlines(), 1):
+        recs = line_records(line, ln, hf)
+        hf += sum(r["_source"] == "hf" for r in recs)
+        out += recs
+    return out
+
+
+def line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
+    """The metric records of log line ``ln``; ``hf`` HF dicts came before it (their steps count on)."""
+    if "step:" not in line and "{'" not in line and '{"' not in line:  # most lines: skip the regexes
+        return []
+    m = _VERL_STEP.search(line)
+    if m:
+        rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
+        rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
+        return [rec]
+    out = []
+    for d in _HF_RECORD.finditer(line):
+        hf += 1
+        rec = {"step": hf, "_line": ln, "_source": "hf"}
+        values = ((k, _hf_value(v)) for _, k, v in _HF_KV.findall(d[0]))
+        rec.update({k: v for k, v in values if v is not None})
+        out.append(rec)
+    return out
+
+
+class Nonfinite:
+    """Non-finite evidence: the first record with a non-finite metric (fed record by record), and
+    from blocks of lines the first ``loss=nan`` no record covers, anomaly mode's backward function
+    and NaN probabilities in sampling."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.first_bad: tuple[int, dict[str, Any], list[str]] | None = None
+        """(ordinal of the record, the record, its non-finite keys)."""
+        self.plain: str | None = None
+        self.anomaly: tuple[int, str] | None = None
+        self.sampling: int | None = None
+
+    def feed(self, records: list[dict[str, Any]]) -> None:
+        if self.first_bad is None:
+            for i, rec in enumerate(records, self.records):
+                bad = [
+                    k
+                    for k, v in rec.items()
+                    if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
+                ]
+                if bad:
+                    self.first_bad = (i, rec, bad)
+                    break
+        self.records += len(records)
+
+    def scan(self, text: str, low: str, first_line: int, covered: set[int]) -> None:
+        """Lines ``first_line``... as one ``text`` (``low``: lower-cased); ``covered``: their lines
+        that held records (a verl line's `pg_loss:nan` is already its record's evidence)."""
+        if self.plain is None and ("loss" in low or "grad_norm" in low):
+            for m in _NAN_VALUE.finditer(low):  # a cheap necessary condition, then the whole pattern
+                line = _line_of(text, m.start())
+                if _lineno(text, m.start()) + first_line - 1 not in covered and _PLAIN_NAN.search(line):
+                    self.plain = f"line {_lineno(text, m.start()) + first_line - 1}: log: {line[:160]}"
+                    break
+        if self.anomaly is None and "returned nan values" in text:
+            m = _ANOMALY.search(text)
+            if m:
+                self.anomaly = (_lineno(text, m.start()) + first_line - 1, m[1])
+        if self.sampling is None and "probability tensor contains" in text:
+            m = _SAMPLING_NAN.search(text)
+            if m:
+                self.sampling = _lineno(text, m.start()) + first_line - 1
+
+    def scan_line(self, line: str, ln: int, covered: bool) -> None:
+        """One log line (``covered``: it held a metric record)."""
+        if "nan" in line or "NaN" in line or "inf" in line or "Inf" in line:
+            self.scan(line, line.lower(), ln, {ln} if covered else set())
+
+    def causes(self, ctx: LogContext | None = None) -> list[Cause]:
+        ctx = ctx or LogContext(None)
+        ev, step, backward_only, where, role, first_line = [], None, False, None, None, None
+        if self.first_bad is not None:
+            i, rec, bad = self.first_bad
+            step, first_line = rec["step"], rec["_line"]
+            roles = {k.split("/", 1)[0] for k in bad if "/" in k}
+            role = roles.pop() if len(roles) == 1 and all("/" in k for k in bad) else None
+            where = role
+            ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
+            # only the gradient norm, on the first logged step, with a finite loss: made in the backward
+            losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
+            backward_only = i == 0 and all("grad_norm" in k for k in bad) and bool(losses)
+        if self.plain:
+            ev.append(self.plain)
+        if self.plain and first_line is None:
+            first_line = int(self.plain.split(":", 1)[0].removeprefix("line "))
+        if self.anomaly:
+            where = self.anomaly[1]
+            first_line = first_line or self.anomaly[0]
+            ev.append(f"line {self.anomaly[0]}: anomaly mode: backward function {where} produced NaN")
+        if self.sampling:
+            ev.append(
+                f"line {self.sampling}: sampling saw NaN/Inf probabilities: the rollout model's "
+                "logits were already non-finite (weights corrupted by an earlier bad update, or fp16 overflow)"
+            )
+        if not ev:
+            return []
+        verlish = ctx.framework in (None, "verl")
+        if backward_only:
+            fx = (
+                backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
+            )
+            return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
+                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                          phase="update", line=first_line,
+                          unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
+                                   "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
+        title = "Non-finite loss / metrics" + (f" from step {step}" if step is not None else "")
+        title += f" in the {role}" if role and not self.anomaly else ""
+        return [
+            Cause("error", "nonfinite", title, "Training values became NaN/Inf.", evidence=ev, step=step,
+                  where=where, score=30.0, fixes=_nonfinite_fixes(ctx, role), phase="update", line=first_line,
+                  unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
+                           "`verlaudit run` with audit level full for the producer module",
+                           "the loss-scale history, unless the framework logged it"])
+        ]  # fmt: skip
+
+
+def _nonfinite_fixes(ctx: LogContext, role: str | None) -> list[Fix]:
+    """What to try for NaN/Inf metrics, in the log's framework (the critic's own keys for a verl critic)."""
+    if role == "critic" and ctx.framework == "verl":  # the critic has its own optimiser and clipping
+        return fixes(
+            ctx,
+            None
+            if applied("bf16_instead_of_fp16", ctx)
+            else Fix(
+                "precision.preset: bf16",
+                V.param_dtype("critic", "bf16"),
+                "if the run is fp16: bf16 does not overflow",
+            ),
+            Fix("algo.lr: <lower>", V.lr("critic"), "if the value loss diverged first"),
+            Fix("algo.max_grad_norm: 1.0", V.grad_clip("critic"), "clip the critic's gradients"),
+        )
+    return fixes(
+        ctx,
+        ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+        ("lr", "if the loss diverged first", "algo.lr: <lower>"),
+        ("grad_clip", "clip gradients", "algo.max_grad_norm: 1.0"),
+    )

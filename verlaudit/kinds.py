@@ -1,0 +1,330 @@
+"""Every finding kind, named once: what it means and which root-cause class it belongs to.
+
+The audit writes a finding's kind with one of the constants below (``K.REWARD_NONFINITE``, never the
+string), and ``verlaudit diagnose`` reads a finding's class from here (`class_of`) instead of guessing
+it from the values the finding observed. A kind is one problem: a reward's dtype, device, shape and
+non-finite values are four kinds, so that a reward on the wrong device is not ordered as a dtype
+problem. The classes (`ROOT_CLASSES`, `SYMPTOM_CLASSES`) are the vocabulary of the rule table in
+`verlaudit.analysis.diagnose.rules`, which says which class can produce which. The run analyses' own
+cause kinds (`CAUSES`: ``dtype_error``, ``oom``, ``killed`` ...) are registered here in the same way.
+
+Run directories written before the kinds were split carry the old catch-alls (``boundary/collator``,
+``boundary/reward``, ...); `verlaudit.rundir` maps them to these kinds when it reads findings.jsonl.
+This module imports nothing from verlaudit. `pytest tests/test_kinds.py` fails on a kind the audit
+writes that is not registered here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
+    {
+        "weights_nonfinite": "NaN/Inf stored in the weights (a corrupted checkpoint or a broken setup)",
+        "weights_outlier": "one module's weights far out of its siblings' range",
+        "param_dtype": "parameters stored in a dtype the policy does not say (a cast submodule, a head)",
+        "buffer_dtype": "a buffer in a dtype that loses precision (rotary inv_freq)",
+        "ids_float": "token ids or masks that became floating point",
+        "ids_range": "token ids outside the vocabulary",
+        "ids_dtype": "integer ids of another width (int32)",
+        "batch_shape": "batch fields that disagree in batch size or shape, or are not tensors",
+        "padding": "prompts padded on the wrong side",
+        "reward_model_dtype": "a reward model stored in another dtype than the policy's",
+        "reward_nonfinite": "a reward function or model that returned NaN/Inf",
+        "reward_shape": "a reward of the wrong shape or type (a list, non-numbers)",
+        "reward_dtype": "a reward in another dtype than fp32 (fp64, fp16, integers)",
+        "reward_device": "a reward on another device than the training's",
+        "no_signal": "rewards identical within every group: no advantage, no gradient",
+        "module_output_dtype": "a module returned another dtype than it computes in (a casting hook)",
+        "module_input_dtype": "activations entering a module in another dtype outside autocast",
+        "compute_dtype": "a module computing in another dtype than the policy's",
+        "island_dtype": "an fp32 island (log-probs, values, losses, norms, softmax) computed below fp32",
+        "grad_dtype": "gradients in another dtype than the policy's",
+        "rollout_dtype": "rollout engine dtype differs from the actor's compute dtype",
+        "rollout_engine": "the engine computes or samples otherwise than the trainer recomputes",
+        "weight_sync": "the rollout engine does not compute with the actor's current weights",
+        "vocab": "the model emits ids its tokenizer cannot decode",
+        "user_hook": "user code hooked into a module's forward",
+    }
+)
+"""Classes of problems that can start a chain: the root of a diagnosis is one of these."""
+
+SYMPTOM_CLASSES: Mapping[str, str] = MappingProxyType(
+    {
+        "dtype_error": "a runtime dtype error (the run died)",
+        "exception": "another exception (IndexError, ValueError in the trainer, ...)",
+        "nonfinite": "NaN/Inf in the loss, gradients or a forward",
+        "overflow": "fp16 overflow: skipped steps, loss-scale collapse, values near fp16's maximum",
+        "grad_underflow": "gradients below fp16's smallest normal",
+        "update_underflow": "weight updates lost to the rounding of the stored weights",
+        "precision_excess": "a module adds more error than its dtype's rounding explains",
+        "mismatch": "rollout and trainer log-probs differ beyond what the dtypes explain",
+        "oom": "out of memory",
+        "killed": "the process was killed",
+        "audit_gap": "part of the audit did not run (not a problem of the run)",
+        "log_failure": "a foreign log's own failure: the first error that is not the echo of another",
+        "log_cascade": "a foreign log's error that follows from another (a rank's exit, a raised-again error)",
+        "other": "none of the above (a kind nobody classed)",
+    }
+)
+"""Classes of what a problem produces."""
+
+CLASSES: Mapping[str, str] = MappingProxyType({**ROOT_CLASSES, **SYMPTOM_CLASSES})
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One registered kind: its name as written, its root-cause class, and what it means."""
+
+    name: str
+    cls: str
+    meaning: str
+
+
+_FINDINGS: dict[str, Kind] = {}
+_CAUSES: dict[str, Kind] = {}
+
+
+def _register(table: dict[str, Kind], name: str, cls: str, meaning: str) -> str:
+    if name in table:
+        raise ValueError(f"verlaudit.kinds: {name!r} registered twice")
+    if cls not in CLASSES:
+        raise ValueError(
+            f"verlaudit.kinds: {name!r}: unknown class {cls!r}; expected one of {', '.join(CLASSES)}"
+        )
+    table[name] = Kind(name, cls, meaning)
+    return name
+
+
+def _f(name: str, cls: str, meaning: str) -> str:
+    return _register(_FINDINGS, name, cls, meaning)
+
+
+# ---------------------------------------------------------------- the collator's batch
+COLLATOR_NOT_TENSOR = _f(
+    "boundary/collator_not_tensor", "batch_shape", "a collator field of token ids or masks is not a tensor"
+)
+COLLATOR_FLOAT_IDS = _f(
+    "boundary/collator_float_ids", "ids_float", "token ids or masks from the collator are floating point"
+)
+COLLATOR_ID_WIDTH = _f(
+    "boundary/collator_id_width",
+    "ids_dtype",
+    "token ids from the collator are an integer type other than int64",
+)
+COLLATOR_ID_RANGE = _f(
+    "boundary/collator_id_range", "ids_range", "token ids from the collator lie outside [0, vocabulary size)"
+)
+COLLATOR_SHAPE = _f(
+    "boundary/collator_shape",
+    "batch_shape",
+    "collator tensors disagree on the batch size, or a mask's shape is not its ids'",
+)
+PADDING_SIDE = _f(
+    "boundary/padding_side", "padding", "prompts are padded on the other side than the tokenizer's"
+)
+
+# ---------------------------------------------------------------- the reward
+REWARD_DTYPE = _f(
+    "boundary/reward_dtype",
+    "reward_dtype",
+    "a reward tensor or array in another dtype than fp32 (fp64, fp16, int)",
+)
+REWARD_DEVICE = _f(
+    "boundary/reward_device",
+    "reward_device",
+    "a reward tensor on another device than training's: a copy per step",
+)
+REWARD_LIST = _f(
+    "boundary/reward_list",
+    "reward_shape",
+    "a reward returned as a Python list, converted to fp32 on the host",
+)
+REWARD_NOT_NUMBERS = _f("boundary/reward_not_numbers", "reward_shape", "a reward list that holds non-numbers")
+REWARD_SHAPE = _f(
+    "boundary/reward_shape", "reward_shape", "a reward of another shape than one scalar per sequence"
+)
+REWARD_NONFINITE = _f("boundary/reward_nonfinite", "reward_nonfinite", "rewards that are NaN or Inf")
+REWARD_MODEL_DTYPE = _f(
+    "boundary/reward_model", "reward_model_dtype", "a reward model's parameters are stored in another dtype"
+)
+NO_SIGNAL = _f("reward/no_signal", "no_signal", "rewards identical within every group: no learning signal")
+
+# ---------------------------------------------------------------- the rollout
+ROLLOUT_DTYPE = _f(
+    "boundary/rollout_dtype", "rollout_dtype", "the rollout samples in another dtype than the actor trains in"
+)
+ROLLOUT_ENGINE_DTYPE = _f(
+    "boundary/rollout_engine_dtype",
+    "rollout_engine",
+    "the engine computes in another dtype than it was asked for",
+)
+ROLLOUT_KV_CACHE = _f(
+    "boundary/rollout_kv_cache", "rollout_engine", "the engine caches keys and values below its compute dtype"
+)
+ROLLOUT_LOGPROBS = _f(
+    "boundary/rollout_logprobs",
+    "rollout_engine",
+    "a log-softmax below fp32 on the engine's or the trainer's side",
+)
+ROLLOUT_SAMPLING = _f(
+    "boundary/rollout_sampling",
+    "rollout_engine",
+    "the engine's sampling settings or log-probs mode differ from the trainer's recomputation",
+)
+ROLLOUT_TOKEN_RANGE = _f(
+    "boundary/rollout_token_range", "ids_range", "sampled token ids outside the model's vocabulary"
+)
+ROLLOUT_SHAPE = _f(
+    "boundary/rollout_shape", "batch_shape", "rollout response ids, mask and log-probs of different shapes"
+)
+VOCAB_MISMATCH = _f("boundary/vocab_mismatch", "vocab", "the model samples ids its tokenizer cannot decode")
+WEIGHT_SYNC = _f(
+    "rollout/weight_sync",
+    "weight_sync",
+    "the weight push left parameters unmatched, or the engine's log-probs disagree after it",
+)
+MISMATCH_BEYOND_DTYPE = _f(
+    "mismatch/beyond_dtype",
+    "mismatch",
+    "rollout-vs-trainer token k3 above what the two dtypes' rounding explains",
+)
+
+# ---------------------------------------------------------------- dtypes of modules and tensors
+INT_BECAME_FLOAT = _f(
+    "dtype/int_became_float", "ids_float", "token ids or masks reached a model as floating point"
+)
+FLOAT_BECAME_INT = _f(
+    "dtype/float_became_int",
+    "module_input_dtype",
+    "a linear or norm received an integer tensor as activations",
+)
+ISLAND_NOT_FLOAT = _f(
+    "dtype/island_not_float",
+    "island_dtype",
+    "a log-prob, value or loss handed to the algorithm is not a float tensor",
+)
+ISLAND = _f(
+    "dtype/island",
+    "island_dtype",
+    "log-probs, values, losses or norms below the fp32 the policy keeps them in",
+)
+MIXED_PARAMS = _f("dtype/mixed_params", "param_dtype", "one module holds parameters of several dtypes")
+PARAM_STORAGE = _f(
+    "dtype/param_storage", "param_dtype", "parameters stored in another dtype than the policy's"
+)
+BUFFER_PRECISION = _f(
+    "dtype/buffer_precision", "buffer_dtype", "rotary buffers stored in a dtype that loses positions"
+)
+MODULE_INPUT = _f(
+    "dtype/module_input", "module_input_dtype", "activations of another dtype enter a module outside autocast"
+)
+MODULE_OUTPUT = _f(
+    "dtype/module_output",
+    "module_output_dtype",
+    "a module returns a lower precision than went in, outside autocast",
+)
+COMPUTE = _f("dtype/compute", "compute_dtype", "a linear computes in another dtype than the policy's")
+GRAD = _f("dtype/grad", "grad_dtype", "gradients in another dtype than the policy's grad dtype")
+USER_HOOK = _f("model/user_hook", "user_hook", "a module carries a forward hook from user code")
+
+# ---------------------------------------------------------------- numerics
+NONFINITE_FORWARD = _f(
+    "numerics/nonfinite_forward", "nonfinite", "the first module whose forward made NaN/Inf"
+)
+NONFINITE_BACKWARD = _f(
+    "numerics/nonfinite_backward", "nonfinite", "the first module whose backward made NaN/Inf gradients"
+)
+NONFINITE_BOUNDARY = _f("numerics/nonfinite_boundary", "nonfinite", "log-probs or values that hold NaN/Inf")
+NONFINITE_LOSS = _f("numerics/nonfinite_loss", "nonfinite", "a non-finite loss")
+NONFINITE_GRADS = _f(
+    "numerics/nonfinite_grads", "nonfinite", "non-finite gradient elements at the optimizer step"
+)
+SKIPPED_STEP = _f("numerics/skipped_step", "nonfinite", "an optimizer step skipped for non-finite gradients")
+OVERFLOW = _f("numerics/overflow", "overflow", "an fp16 forward output overflowed to Inf from finite inputs")
+HEADROOM = _f("numerics/headroom", "overflow", "fp16 activations or gradients close to fp16's largest value")
+GRAD_UNDERFLOW = _f(
+    "numerics/grad_underflow", "grad_underflow", "fp16 gradient elements below the smallest normal"
+)
+UPDATE_UNDERFLOW = _f(
+    "numerics/update_underflow",
+    "update_underflow",
+    "weight updates lost to the rounding of the stored weights",
+)
+WEIGHT_NONFINITE = _f("numerics/weight_nonfinite", "weights_nonfinite", "NaN/Inf stored in the weights")
+WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
+
+# ---------------------------------------------------------------- where precision is lost (audit level full)
+FP16_UNDERFLOW = _f(
+    "precision/fp16_underflow",
+    "grad_underflow",
+    "a module's fp16 gradients below the smallest normal at its scale",
+)
+ISLAND_OPS = _f("precision/island_ops", "island_dtype", "ops of an fp32 island ran on low-precision inputs")
+SHADOW_EXCESS = _f(
+    "precision/shadow_excess",
+    "precision_excess",
+    "a module's error against its fp32 shadow beyond its rounding",
+)
+SHADOW_SKIPPED = _f(
+    "precision/shadow_skipped", "audit_gap", "the fp32 shadow skipped a module or did not run"
+)
+
+# ---------------------------------------------------------------- failures
+RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
+OOM = _f("memory/oom", "oom", "the run ran out of memory")
+
+FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)
+"""Every finding kind the audit writes, by name."""
+
+
+def _c(name: str, cls: str, meaning: str) -> str:
+    return _register(_CAUSES, name, cls, meaning)
+
+
+# the run analyses' causes (`verlaudit.analysis.causes.Cause.kind`); a cause made from a finding is
+# ``finding:<kind>`` and takes the finding's class
+_c("dtype_error", "dtype_error", "the run died of a dtype error")
+_c("device_mismatch", "exception", "tensors of one op on different devices")
+_c("exception", "exception", "the run died of another exception")
+_c("compile_error", "exception", "torch.compile failed")
+_c("nonfinite", "nonfinite", "the loss or gradients became NaN/Inf")
+_c("nonfinite_skips", "nonfinite", "optimizer steps skipped for non-finite gradients without loss scaling")
+_c("loss_scale_collapse", "overflow", "the fp16 loss scale collapsed")
+_c("overflow_skips", "overflow", "fp16 overflows made the loss scaler skip steps")
+_c("oom", "oom", "out of memory")
+_c("killed", "killed", "the process was killed (no status)")
+_c("no_signal", "no_signal", "no group's rewards vary")
+_c("weights", "weights_outlier", "weights far out of family")
+_c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond dtype rounding")
+
+CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
+"""The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""
+
+FINDING_PREFIX = "finding:"
+
+
+def finding(name: str) -> Kind:
+    """The registered finding kind ``name``; ValueError naming the known kinds when it is not one."""
+    try:
+        return FINDINGS[name]
+    except KeyError:
+        raise ValueError(
+            f"finding kind {name!r} is not registered in verlaudit/kinds.py; known: {', '.join(sorted(FINDINGS))}"
+        ) from None
+
+
+def class_of(name: str) -> str:
+    """The class of a finding kind; ``other`` for a name nobody registered (a newer writer's kind)."""
+    k = FINDINGS.get(name)
+    return k.cls if k is not None else "other"
+
+
+def cause_class(kind: str) -> str:
+    """The class of a cause kind: ``finding:<kind>`` takes the finding's, else `CAUSES`', else ``other``."""
+    if kind.startswith(FINDING_PREFIX):
+        return class_of(kind.removeprefix(FINDING_PREFIX))
+    k = CAUSES.get(kind)
+    return k.cls if k is not None else "other"
