@@ -236,7 +236,7 @@ def _build_setup_scenario(info, preset: str) -> dict:
 
 
 def _fused_rollout_scenario(info, preset: str) -> dict:
-    """`rollout.fused` on an FSDP2-sharded actor: the snapshot gathers every shard, so each rank
+    """`rollout.engine: fused` on an FSDP2-sharded actor: the snapshot gathers every shard, so each rank
     samples exactly what one process with the whole model samples (same prompts, same seed)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -154,7 +154,7 @@ def test_bf16_snapshot_computes_what_the_bf16_loaded_model_computes(preset):
     others = n * (h * h + inter * h + 2 * h) + h + actor.lm_head.weight.numel()
     expected = 2 * (fused_elems + others) if preset == "bf16" else 2 * fused_elems
     assert weights.nbytes() == expected
-    # and the planner's term for it (verlaudit plan's rollout phase with rollout.fused)
+    # and the planner's term for it (verlaudit plan's rollout phase with rollout.engine: fused)
     from trainer.precision import resolve_policy
     from verlaudit.plan import memory_model as mm
     from verlaudit.plan.planner import rollout_policy

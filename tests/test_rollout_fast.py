@@ -109,7 +109,7 @@ def test_rows_that_end_are_padded_and_all_ended_stops_early():
     seed=st.integers(min_value=0, max_value=2**16),
 )
 def test_any_left_padding_gives_hf_tokens(fused, pads, seed):
-    """Our decode loop, over the HF forward or `rollout.fused`'s own (tests/test_fused_decode.py)."""
+    """Our decode loop, over the HF forward or `rollout.engine: fused`'s own (tests/test_fused_decode.py)."""
     actor, policy = _ACTOR
     hf = HFGenerateEngine(actor, TOK, policy, device=CPU, max_new_tokens=R)
     fast = StaticDecodeEngine(actor, TOK, policy, device=CPU, max_new_tokens=R, fused=fused)

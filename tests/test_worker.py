@@ -162,6 +162,26 @@ def test_spec_for_a_gpu_on_a_machine_without_one_exits_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
+def test_a_checkpoint_setting_the_trainer_replaces_is_recorded_with_both_values(tmp_path):
+    # a checkpoint trained to end turns with another token than the tokenizer's eos: the rollout stops at
+    # the tokenizer's, and the manifest and the log say so, with both values
+    from tests.verl_job import tiny_qwen_dir
+
+    model = tiny_qwen_dir(tmp_path / "model")
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": 7}))
+    train = {**TRAIN, "steps": 1, "model": {"path": str(model)}, "precision": {"preset": "fp32"}}
+    r = worker(spec(tmp_path, train=train, audit={"level": "off"}))
+    assert r.returncode == 0, r.stderr
+    recorded = {s["setting"]: s for s in read_run(tmp_path / "run").manifest["overridden"]}
+    eos = recorded["model.path generation_config.eos_token_id"]
+    assert eos["yours"] == 7 and eos["used"] != 7 and eos["differs"] is True
+    assert "model.path generation_config.eos_token_id: yours is 7, the trainer uses" in r.stderr
+    # the tokenizer's own settings: recorded too, a warning only where they differ
+    side = recorded["model.path tokenizer padding_side"]
+    assert side["used"] == "left" and side["differs"] == (side["yours"] != "left")
+
+
 def test_fanout_passes_every_event_to_every_observer_in_order():
     import contextlib
     import inspect
@@ -203,23 +223,3 @@ def test_fanout_passes_every_event_to_every_observer_in_order():
         ("a", "exit", "actor_update"),
         ("b", "exit", "actor_update"),
     ]
-
-
-def test_a_checkpoint_setting_the_trainer_replaces_is_recorded_with_both_values(tmp_path):
-    # a checkpoint trained to end turns with another token than the tokenizer's eos: the rollout stops at
-    # the tokenizer's, and the manifest and the log say so, with both values
-    from tests.verl_job import tiny_qwen_dir
-
-    model = tiny_qwen_dir(tmp_path / "model")
-    gen = json.loads((model / "generation_config.json").read_text())
-    (model / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": 7}))
-    train = {**TRAIN, "steps": 1, "model": {"path": str(model)}, "precision": {"preset": "fp32"}}
-    r = worker(spec(tmp_path, train=train, audit={"level": "off"}))
-    assert r.returncode == 0, r.stderr
-    recorded = {s["setting"]: s for s in read_run(tmp_path / "run").manifest["overridden"]}
-    eos = recorded["model.path generation_config.eos_token_id"]
-    assert eos["yours"] == 7 and eos["used"] != 7 and eos["differs"] is True
-    assert "model.path generation_config.eos_token_id: yours is 7, the trainer uses" in r.stderr
-    # the tokenizer's own settings: recorded too, a warning only where they differ
-    side = recorded["model.path tokenizer padding_side"]
-    assert side["used"] == "left" and side["differs"] == (side["yours"] != "left")

@@ -16,7 +16,7 @@ from trainer.algo_config import ALGORITHMS, AlgoConfig, unread_algo_keys  # noqa
 from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
 from trainer.losses import POLICY_LOSS
-from trainer.precision import PRESETS, PrecisionPolicy, check_hardware, check_policy, resolve_policy
+from trainer.precision import PRESETS, PrecisionPolicy, check_policy, resolve_policy
 
 SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
 """Keys of a ``model.setup`` mapping: a role, or ``*`` for every role the run builds."""

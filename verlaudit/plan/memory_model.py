@@ -544,7 +544,7 @@ def generate_phase(
     fused: bool = False,
 ) -> Phase:
     """HF ``generate`` with a dynamic KV cache, the actor's parameters already in ``resident``; with
-    ``fused`` (``rollout.fused``) our decode forward over a snapshot of the weights in the rollout
+    ``fused`` (``rollout.engine: fused``) our decode forward over a snapshot of the weights in the rollout
     dtype instead of autocast's per-forward weight copies (`fused_snapshot_bytes`)."""
     d = ActDtypes.of(policy, sharded=world_size > 1)
     parts = dict(resident)

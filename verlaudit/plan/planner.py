@@ -111,7 +111,7 @@ def plan_config(
         notes.append(
             "sharding: shard_grad_op keeps gathered parameters between forward and backward, which is not "
             "modelled: +3.6 GiB per GPU measured for the 7B update at 16 x 1024 with checkpointing "
-            "(reports/gpu/fsdp_2xh200.md); without rollout.fused the HF decode keeps every layer gathered"
+            "(reports/gpu/fsdp_2xh200.md); without rollout.engine: fused the HF decode keeps every layer gathered"
         )
     trained = dict(world_size=w, optimizer=optimizer, compiled=cfg.model.compile, device_type=device_type)
     actor = TrainedModel(arch=arch, kind="causal_lm", policy=policy["actor"], **trained)
