@@ -38,6 +38,11 @@ class AuditSettings(_Section):
     and one block's fp32 weights of memory."""
     shadow_rows: int = 2
     """Rows of each shadowed micro-batch that run through the fp32 copies."""
+    shadow_param_grads: bool = True
+    """With the shadow, also compare each module's weight gradients with fp32's (``param_grad``
+    records in shadow.jsonl: the error and the fraction of gradients lost to underflow). Costs one
+    backward of each block in its own precision and the fp32 backward's weight gradients, about a
+    third of the shadow's backward; off, the blocks' input-gradient errors are still measured."""
     opcount_steps: int = 1
     """On this many sampled steps (the first ones; 0: never), count the ops each module runs per dtype
     (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
@@ -57,6 +62,10 @@ class AuditSettings(_Section):
             raise ValueError(f"audit.opcount_steps: expected an integer >= 0, got {self.opcount_steps!r}")
         if not isinstance(self.shadow, bool):
             raise ValueError(f"audit.shadow: expected true or false, got {self.shadow!r}")
+        if not isinstance(self.shadow_param_grads, bool):
+            raise ValueError(
+                f"audit.shadow_param_grads: expected true or false, got {self.shadow_param_grads!r}"
+            )
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` is audited at the full level (module hooks on)."""
