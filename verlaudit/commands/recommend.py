@@ -2,7 +2,8 @@
 tolerance of fp32.
 
 The command: the candidates and their suite (`verlaudit.run.recommend`), the planner's memory for
-each, a short run of those that fit (`verlaudit.run.runner`), each measured from its run directory,
+each, a short run of those that fit (`verlaudit.run.batch`: one worker process for them all, a fresh
+one after a failure; ``--isolate``: one process each, `verlaudit.run.runner`), each measured from its run directory,
 then the ranking printed and written as recommend.md. Exit 0 when the best candidate is within
 tolerance, 1 when none is, 130 interrupted. Exercised by `pytest tests/test_recommend.py`.
 """
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 from verlaudit.analysis.report import build as report_mod
-from verlaudit.run import runner
+from verlaudit.run import batch, runner
 from verlaudit.run.hardware import detect
 from verlaudit.run.recommend import (
     CHECKPOINTING,
@@ -56,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", help="directory for the candidates' runs (default reports/<suite>/recommend-<time>)"
     )
     p.add_argument("--json", action="store_true", help="print the ranking as JSON after the table")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="one process per candidate (as verlaudit run); default: the candidates share one, a failure "
+        "ends it and the rest go on in a fresh one",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -110,7 +117,8 @@ def _run(
     print(
         f"verlaudit recommend: {len(names)} candidate run(s) of {args.steps} steps on {plan.device} -> {out_dir}"
     )
-    done, interrupted = runner.execute(plan, rsuite, out_dir, progress=not args.no_progress)
+    execute = runner.execute if args.isolate else batch.execute
+    done, interrupted = execute(plan, rsuite, out_dir, progress=not args.no_progress)
     report_mod.write_report(out_dir)
     for m in fitting:
         if m.name in done:
