@@ -5,7 +5,8 @@ step's extra time against the plain steps of the same run (the median of the unp
 after step 0 minus the median of the odd steps), the shadow's own time (``timing_s/shadow``, CUDA
 events) and the top functions by cumulative and by own time. Run on the GPU machine: ``python
 benchmarks/profile_shadow.py --out $OUT/shadow.txt`` (``--suite suites/dpo_tiny_cpu.yaml --device
-cpu`` as a smoke test; ``--rows 1``, ``--no-param-grads``, ``--profile-step -1`` to vary it).
+cpu`` as a smoke test; ``--rows 1``, ``--no-param-grads``, ``--matmul tf32x3``, ``--profile-step -1``
+to vary it).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--no-param-grads", action="store_true", help="audit.shadow_param_grads: false")
+    ap.add_argument("--matmul", default="fp32", help="audit.shadow_matmul: fp32 or tf32x3")
     ap.add_argument("--profile-step", type=int, default=4, help="the shadowed step under cProfile (-1: none)")
     ap.add_argument("--top", type=int, default=45)
     args = ap.parse_args()
@@ -88,13 +90,14 @@ def main() -> None:
         shadow=True,
         shadow_rows=args.rows,
         shadow_param_grads=not args.no_param_grads,
+        shadow_matmul=args.matmul,
     )
     prof = cProfile.Profile()
     with Auditor(None, settings, device=cfg.device) as auditor:
         result = train(cfg, ProfileStep(auditor, prof, step=args.profile_step))
     head = (
         f"suite {args.suite} variant {args.variant} device {args.device} rows {args.rows} "
-        f"param grads {not args.no_param_grads}"
+        f"param grads {not args.no_param_grads} matmul {args.matmul}"
     )
     lines = [head, *summary(result.history, args.profile_step)]
     text = "\n".join(lines) + "\n"

@@ -8,7 +8,10 @@ with three host reads as it was measured, the linear's spread from a second fp32
 through float8_e4m3 (16x bf16's unit roundoff), 4 x 24 tokens, 2 rows shadowed, loss scale 1024, in
 bf16 and fp16 autocast. The new shadow computes the same sums on the device (the spread's numerator
 from two reductions instead of a matmul: the same number up to rounding); 10% is the issue's
-accuracy bound, far above the rounding between kernels, far below a planted excess (16x).
+accuracy bound, far above the rounding between kernels, far below a planted excess (16x). The same
+holds with the fp32 products as split TF32 ones (``matmul="tf32x3"``): on a CPU the products of the
+TF32-rounded halves are computed exactly as a GPU's tensor cores compute them (fp32 products of
+11-bit mantissas are exact, the sums fp32), so their accuracy is checked here.
 
 Run: `pytest tests/test_audit_shadow_accuracy.py`.
 """
@@ -21,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_audit_shadow import BF16, FP16, Planted, shadowed, tiny_llama
-from verlaudit.audit import shadow_checks
+from tests.test_audit_shadow import BF16, FP16, FP32, Planted, shadowed, tiny_llama
+from verlaudit.audit import shadow_checks, shadow_ops
+from verlaudit.audit.settings import SHADOW_MATMULS
 
 BEFORE = json.loads((Path(__file__).parent / "fixtures" / "shadow_before.json").read_text())
 FLOOR = 1e-5
@@ -46,10 +50,11 @@ def errors(recs: list[dict]) -> dict[str, float]:
     }
 
 
+@pytest.mark.parametrize("matmul", ["fp32", "tf32x3"])
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
-def test_the_same_records_and_culprit_as_before_within_ten_percent(name):
+def test_the_same_records_and_culprit_as_before_within_ten_percent(name, matmul):
     before = BEFORE[name]
-    recs = records(DTYPES[name])
+    recs = records(DTYPES[name], matmul=matmul)
     found = shadow_checks.culprits(recs)
     assert [r["module"] for r in found] == before["culprits"]
     assert found[0]["module"] == before["first"] == "model.layers.1.self_attn.o_proj"
@@ -90,3 +95,39 @@ def test_one_host_read_per_shadowed_step(monkeypatch):
     recs = records(BF16)
     assert len(recs) > 80
     assert len(reads) <= 2, reads  # the records' values, read in `take` (CPU: a tolist per device)
+
+
+def test_tf32x3_products_are_as_close_to_exact_as_fp32s(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 4096, generator=g), torch.randn(4096, 96, generator=g)
+    bias = torch.randn(96, generator=g)
+    exact = a.double() @ b.double() + bias.double()
+
+    def err(x):
+        return float((x.double() - exact).norm() / exact.norm())
+
+    split = []
+    inner = shadow_ops._split_product
+    monkeypatch.setattr(shadow_ops, "_split_product", lambda *args: split.append(1) or inner(*args))
+    with shadow_ops.exact_fp32("cpu"):
+        fp32 = torch.nn.functional.linear(a, b.t(), bias)
+    assert not split
+    with shadow_ops.exact_fp32("cpu", "tf32x3"):
+        tf32x3 = torch.nn.functional.linear(a, b.t(), bias)
+        batched = torch.bmm(a[None], b[None])[0] + bias
+    assert len(split) == 2  # the linear's product and the bmm
+    hi = shadow_ops.tf32_split(a)[0].double() @ shadow_ops.tf32_split(b)[0].double() + bias.double()
+    # fp32 over K = 4096: ~2.6e-7; one TF32 product: ~2e-4; three of the split halves: as fp32
+    assert err(tf32x3) < 2 * err(fp32) and err(batched) < 2 * err(fp32)
+    assert err(hi) > 100 * err(fp32)
+
+
+def test_a_role_that_computes_in_fp32_is_shadowed_with_exact_products(monkeypatch):
+    split = []
+    inner = shadow_ops._split_product
+    monkeypatch.setattr(shadow_ops, "_split_product", lambda *args: split.append(1) or inner(*args))
+    shadowed(tiny_llama(layers=1), FP32, backward=False, matmul="tf32x3")
+    assert not split
+    shadowed(tiny_llama(layers=1), BF16, autocast=BF16, backward=False, matmul="tf32x3")
+    assert split
+    assert SHADOW_MATMULS == shadow_ops.MATMULS

@@ -45,7 +45,12 @@ class PrecisionWatch:
         if settings.shadow:
             compute = {role: policy[role].compute_dtype for role in models}
             self.shadow = ShadowProbe(
-                models, context, compute, rows=settings.shadow_rows, param_grads=settings.shadow_param_grads
+                models,
+                context,
+                compute,
+                rows=settings.shadow_rows,
+                param_grads=settings.shadow_param_grads,
+                matmul=settings.shadow_matmul,
             )
         self.counter: opcount.OpCounter | None = None
         self._count_left = settings.opcount_steps

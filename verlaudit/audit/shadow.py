@@ -63,6 +63,7 @@ from verlaudit.audit.rounding import (  # noqa: F401  (the shadow's names for th
 )
 from verlaudit.audit.shadow_ops import (  # noqa: F401  (blocks, exact_fp32, ...: the shadow's names, as before)
     DROP,
+    MATMULS,
     Fp32Everywhere,
     Stopwatch,
     blocks,
@@ -170,9 +171,15 @@ class ShadowProbe:
         rows: int = ROWS,
         backward: bool = True,
         param_grads: bool = True,
+        matmul: str = "fp32",
     ) -> None:
         self.models, self.ctx, self.rows, self.backward = dict(models), ctx, rows, backward
         self.param_grads = param_grads
+        if matmul not in MATMULS:
+            raise ValueError(f"audit.shadow_matmul: {matmul!r}; expected one of {', '.join(MATMULS)}")
+        self.matmul = matmul
+        """How the fp32 copies' matrix products run (`shadow_ops.MATMULS`); a role whose policy computes
+        in fp32 is always shadowed with exact fp32 products."""
         """Also compare each module's weight gradients (``param_grad`` records): one more backward in
         the role's precision and the fp32 backward's weight gradients, per block."""
         self.compute = dict(compute)
@@ -377,7 +384,7 @@ class ShadowProbe:
         if c32 is None or not lp:
             return None
         args32, kwargs32 = fp32_copy(first_rows((frame.args, frame.kwargs), p.b, p.k))
-        with torch.no_grad(), exact_fp32(lp[0].device.type):
+        with torch.no_grad(), exact_fp32(lp[0].device.type, self._matmul(p.role)):
             ref = float_leaves(c32(*args32, **kwargs32))
         if [t.shape for t in ref] != [t.shape for t in lp]:
             raise ValueError(
@@ -475,7 +482,7 @@ class ShadowProbe:
 
         chain_args, chain_kwargs = pytree.tree_map(shadow_of, (frame.originals, frame.kwargs))
         lp_out = float_leaves(output)
-        with torch.no_grad(), exact_fp32(lp_out[0].device.type if lp_out else "cpu"):
+        with torch.no_grad(), exact_fp32(lp_out[0].device.type if lp_out else "cpu", self._matmul(p.role)):
             ref = float_leaves(c32(*chain_args, **chain_kwargs))
         if len(ref) != len(lp_out):
             return
@@ -567,6 +574,7 @@ class ShadowProbe:
             device,
             None,
             params=self.param_grads,
+            matmul=self._matmul(call.role),
         )
         err = self._err([g_lp], [g32[0]]) if g32 else Later.known(math.nan)
         expected = call.expected
@@ -597,7 +605,16 @@ class ShadowProbe:
         # the chain: the fp32 gradient carried down from the block(s) that consumed this output
         seed = [self._grad_carry.pop(id(t), (None, None))[1] for t in call.outputs]
         carried = [s if s is not None else g.float() for s, g in zip(seed, g_out)]
-        g_chain, _ = vjp(c32, call.chain_args, call.chain_kwargs, carried, device, None, params=False)
+        g_chain, _ = vjp(
+            c32,
+            call.chain_args,
+            call.chain_kwargs,
+            carried,
+            device,
+            None,
+            params=False,
+            matmul=self._matmul(call.role),
+        )
         del c32
         if g_chain:
             self._emit(
@@ -610,6 +627,9 @@ class ShadowProbe:
                 rel_err=self._err([g_lp], [g_chain[0]]),
             )
             self._carry_grad(x, g_chain[0], b, k)
+
+    def _matmul(self, role: str) -> str:
+        return "fp32" if self.compute.get(role, torch.float32) == torch.float32 else self.matmul
 
     def _err(self, lp: list[torch.Tensor], ref: list[torch.Tensor]) -> Later:
         """`rel_err`, kept on the device until `take`."""

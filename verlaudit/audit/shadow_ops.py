@@ -94,32 +94,89 @@ def coarsest(dtypes: list[torch.dtype]) -> torch.dtype | None:
     return max(dtypes, key=unit_roundoff, default=None)
 
 
+MATMULS = ("fp32", "tf32x3")
+"""How the shadow's fp32 matrix products run (`exact_fp32`): ``fp32`` on the CUDA cores (an H200's
+fp32 is 1/8 of its TF32 tensor cores), ``tf32x3`` as three TF32 tensor-core products of each operand
+split into a high and a low TF32 part, hi*hi + hi*lo + lo*hi with fp32 accumulation (CUTLASS's 3xTF32):
+each operand is kept to 2^-22 of its value and the dropped lo*lo term is below 2^-22 too, so the
+product is within a few 2^-22 of fp32's (`tests/test_audit_shadow_accuracy.py`), at about a third of
+fp32's time on a GPU; on a CPU, which has no TF32, it is the same numbers at three times the cost."""
+
+
+def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo): hi is ``x`` rounded to TF32 (10 mantissa bits, to nearest), lo the rest rounded to
+    TF32; hi + lo is within 2^-22 of x. Non-finite values stay in hi."""
+    hi = _round_tf32(x)
+    return hi, _round_tf32(torch.where(torch.isfinite(x), x - hi, torch.zeros_like(x)))
+
+
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    bits = x.contiguous().view(torch.int32)
+    rounded = ((bits + 0x1000) & -0x2000).view(torch.float32)  # half of the 13 dropped bits, then drop
+    return torch.where(torch.isfinite(x), rounded, x)
+
+
+def _split_product(mul: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``mul(a, b)`` (mm or bmm) as hi*hi + (hi*lo + lo*hi), each a TF32 tensor-core product."""
+    a_hi, a_lo = tf32_split(a)
+    b_hi, b_lo = tf32_split(b)
+    prec = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32: exact on the operands rounded above
+    try:
+        small = mul(a_hi, b_lo) + mul(a_lo, b_hi)
+        return mul(a_hi, b_hi) + small
+    finally:
+        torch.set_float32_matmul_precision(prec)
+
+
 class Fp32Everywhere(TorchDispatchMode):
     """Every op that would make a float tensor coarser than fp32 (a cast, a factory, autocast's own
     casts, a reduction's ``dtype=``) makes an fp32 one instead: the shadow computes the module's code
-    in fp32 even where the code itself casts down (``x.to(torch.bfloat16)``, an inner autocast)."""
+    in fp32 even where the code itself casts down (``x.to(torch.bfloat16)``, an inner autocast).
+    ``matmul="tf32x3"``: fp32 matrix products as split TF32 ones (`MATMULS`)."""
+
+    def __init__(self, matmul: str = "fp32") -> None:
+        super().__init__()
+        if matmul not in MATMULS:
+            raise ValueError(f"shadow matmul: {matmul!r}; expected one of {', '.join(MATMULS)}")
+        self.split = matmul == "tf32x3"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         dt = kwargs.get("dtype")
         if isinstance(dt, torch.dtype) and dt.is_floating_point and torch.finfo(dt).eps > _EPS32:
             kwargs = {**kwargs, "dtype": torch.float32}
+        if self.split and func in _PRODUCTS and all(a.dtype == torch.float32 for a in args[:3]):
+            return _PRODUCTS[func](args, kwargs)
         return func(*args, **kwargs)
 
 
 _EPS32 = torch.finfo(torch.float32).eps
+_aten = torch.ops.aten
+_PRODUCTS = {
+    _aten.mm.default: lambda a, k: _split_product(torch.mm, a[0], a[1]),
+    _aten.bmm.default: lambda a, k: _split_product(torch.bmm, a[0], a[1]),
+    _aten.addmm.default: lambda a, k: torch.add(
+        a[0] * k.get("beta", 1), _split_product(torch.mm, a[1], a[2]), alpha=k.get("alpha", 1)
+    ),
+    _aten.baddbmm.default: lambda a, k: torch.add(
+        a[0] * k.get("beta", 1), _split_product(torch.bmm, a[1], a[2]), alpha=k.get("alpha", 1)
+    ),
+}
+"""The fp32 products `Fp32Everywhere` splits (a linear is an mm or addmm below autograd, attention's
+math path a bmm), by what they compute."""
 
 
 @contextlib.contextmanager
-def exact_fp32(device_type: str) -> Iterator[None]:
+def exact_fp32(device_type: str, matmul: str = "fp32") -> Iterator[None]:
     """fp32 as fp32: autocast off, TF32 off, no cast below fp32 (`Fp32Everywhere`), and not counted
-    by `opcount` (the shadow's own work)."""
+    by `opcount` (the shadow's own work); ``matmul`` as in `MATMULS`."""
     prec = torch.get_float32_matmul_precision()
     cudnn = torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision("highest")
     torch.backends.cudnn.allow_tf32 = False
     try:
-        with torch.autocast(device_type, enabled=False), opcount.suspended(), Fp32Everywhere():
+        with torch.autocast(device_type, enabled=False), opcount.suspended(), Fp32Everywhere(matmul):
             yield
     finally:
         torch.set_float32_matmul_precision(prec)
@@ -184,9 +241,11 @@ def vjp(
     autocast: tuple[bool, torch.dtype] | None,
     *,
     params: bool = True,
+    matmul: str = "fp32",
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Gradients of ``module``'s float outputs (weighted by ``grads``) with respect to its positional
-    float inputs and (``params``) its parameters; ``autocast`` None: exact fp32."""
+    float inputs and (``params``) its parameters; ``autocast`` None: exact fp32 (``matmul``:
+    `MATMULS`)."""
     args = tuple(
         a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
         for a in args
@@ -194,7 +253,7 @@ def vjp(
     xs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     named = [(n, q) for n, q in module.named_parameters() if q.requires_grad] if params else []
     ctx = (
-        exact_fp32(device)
+        exact_fp32(device, matmul)
         if autocast is None
         else torch.autocast(device, dtype=autocast[1], enabled=autocast[0])
     )
