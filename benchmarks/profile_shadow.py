@@ -15,8 +15,11 @@ import argparse
 import cProfile
 import dataclasses
 import io
+import json
 import pstats
 import statistics
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -44,11 +47,15 @@ class ProfileStep:
 
 
 def summary(history: list[dict[str, float]], profiled: int) -> list[str]:
-    """The per-step lines and the shadowed step's extra time against the plain (odd) steps."""
+    """The per-step lines (with the shadow's own time and its actor numbers, to compare settings) and
+    the shadowed step's extra time against the plain (odd) steps."""
     lines = []
     for i, m in enumerate(history):
         kind = "full + shadow" if i % 2 == 0 else "boundary"
         extra = f", shadow {m['timing_s/shadow']:.3f} s" if "timing_s/shadow" in m else ""
+        for key, label in (("logprob_err/mean", "log-prob err"), ("max_ratio", "max ratio")):
+            if f"shadow/actor/{key}" in m:
+                extra += f", {label} {m[f'shadow/actor/{key}']:.4g}"
         mark = " (cProfile)" if i == profiled else ""
         lines.append(f"step {i} ({kind}{mark}): {m['perf/step_time_s']:.3f} s{extra}")
     plain = [m["perf/step_time_s"] for i, m in enumerate(history) if i % 2 == 1]
@@ -80,6 +87,7 @@ def main() -> None:
     from trainer.train import train
     from verlaudit.audit import Auditor, AuditSettings
     from verlaudit.run.suite import load_suite
+    from verlaudit.rundir import METRICS, RunWriter
 
     suite = load_suite(args.suite, variants=[args.variant], device=args.device)
     cfg = dataclasses.replace(suite.variants[args.variant], steps=args.steps)
@@ -93,13 +101,15 @@ def main() -> None:
         shadow_matmul=args.matmul,
     )
     prof = cProfile.Profile()
-    with Auditor(None, settings, device=cfg.device) as auditor:
-        result = train(cfg, ProfileStep(auditor, prof, step=args.profile_step))
+    with tempfile.TemporaryDirectory() as tmp:  # the auditor's metrics lines carry timing_s/shadow
+        with RunWriter(tmp) as writer, Auditor(writer, settings, device=cfg.device) as auditor:
+            train(cfg, ProfileStep(auditor, prof, step=args.profile_step))
+        history = [json.loads(line) for line in (Path(tmp) / METRICS).read_text().splitlines() if line]
     head = (
         f"suite {args.suite} variant {args.variant} device {args.device} rows {args.rows} "
         f"param grads {not args.no_param_grads} matmul {args.matmul}"
     )
-    lines = [head, *summary(result.history, args.profile_step)]
+    lines = [head, *summary(history, args.profile_step)]
     text = "\n".join(lines) + "\n"
     if 0 <= args.profile_step < args.steps:
         s, t = io.StringIO(), io.StringIO()

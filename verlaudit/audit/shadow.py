@@ -433,8 +433,8 @@ class ShadowProbe:
             # the spread's numerator sum_tij W_ij^2 x_tj^2 is sum_j (sum_t x_tj^2)(sum_i W_ij^2):
             # two reductions, not a second matmul of the layer's size
             with torch.no_grad():
-                x2 = x.detach().double().pow(2).reshape(-1, x.shape[-1]).sum(0)
-                (num,) = self._reads.add(x2 @ w.detach().double().pow(2).sum(0))
+                x2 = x.detach().pow(2).reshape(-1, x.shape[-1]).sum(0, dtype=torch.float64)
+                (num,) = self._reads.add(x2 @ w.detach().pow(2).sum(0, dtype=torch.float64))
             r_x = any(unit_roundoff(d) < u_c for d in ins)
             r_w = unit_roundoff(module.weight.dtype) < u_c
             k_inner = module.in_features
