@@ -131,3 +131,21 @@ def test_a_role_that_computes_in_fp32_is_shadowed_with_exact_products(monkeypatc
     shadowed(tiny_llama(layers=1), BF16, autocast=BF16, backward=False, matmul="tf32x3")
     assert split
     assert SHADOW_MATMULS == shadow_ops.MATMULS
+
+
+def test_a_weight_is_split_once_for_all_its_products_and_again_when_it_changes(monkeypatch):
+    splits = []
+    inner = shadow_ops.tf32_split
+    monkeypatch.setattr(shadow_ops, "tf32_split", lambda x: splits.append(tuple(x.shape)) or inner(x))
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(4, 32)
+    with shadow_ops.exact_fp32("cpu", "tf32x3"):
+        first = lin(x)
+        again = lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(2.0)  # a new version: its split is stale
+        doubled = lin(x)
+    assert splits.count((16, 32)) == 2 and splits.count((4, 32)) == 3  # the weight twice, the input each time
+    assert torch.equal(first, again)
+    assert torch.allclose(doubled - lin.bias, 2 * (first - lin.bias), rtol=1e-6, atol=1e-6)
+    shadow_ops.forget_splits()

@@ -7,7 +7,7 @@ extra memory is one block's fp32 weights (0.8 GB for a 7B decoder layer) and a f
 activations (the backward's parameter gradients add up to two more block-sized tensors for a moment);
 a block's tensors are let go of at its backward, so the model's own checkpoint boundaries are freed
 as without the shadow (checked by test_shadow_memory_is_one_block_whatever_the_depth). Four
-measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
+measures, each a record (`ShadowProbe.take`, written to shadow.jsonl):
 
 - ``local`` (every module inside a block, and the block): the module's fp32 copy runs on the fp32
   cast of the input the module actually received, so the error is the one the module itself adds.
@@ -72,6 +72,7 @@ from verlaudit.audit.shadow_ops import (  # noqa: F401  (blocks, exact_fp32, ...
     exact_fp32,
     first_rows,
     float_leaves,
+    forget_splits,
     fp32_copy,
     hookless_copy,
     logprob_error,
@@ -237,6 +238,7 @@ class ShadowProbe:
         for call in self._calls:
             call.release()
         self._pass, self._calls, self._grad_carry = None, [], {}
+        forget_splits()
 
     def take(self) -> tuple[list[dict[str, Any]], float]:
         """This step's records and shadow seconds, handed over once: the errors kept on the device

@@ -105,21 +105,54 @@ fp32's time on a GPU; on a CPU, which has no TF32, it is the same numbers at thr
 
 def tf32_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(hi, lo): hi is ``x`` rounded to TF32 (10 mantissa bits, to nearest), lo the rest rounded to
-    TF32; hi + lo is within 2^-22 of x. Non-finite values stay in hi."""
+    TF32; hi + lo is within 2^-22 of x. Infinities and NaNs stay non-finite (a NaN may become an
+    infinity)."""
     hi = _round_tf32(x)
-    return hi, _round_tf32(torch.where(torch.isfinite(x), x - hi, torch.zeros_like(x)))
+    return hi, _round_tf32(x - hi)
 
 
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:
-    bits = x.contiguous().view(torch.int32)
-    rounded = ((bits + 0x1000) & -0x2000).view(torch.float32)  # half of the 13 dropped bits, then drop
-    return torch.where(torch.isfinite(x), rounded, x)
+    # half of the 13 dropped bits added, then dropped: round to nearest on the bit pattern (a carry
+    # into the exponent is the right rounding; fp32's infinities keep their pattern)
+    return (x.view(torch.int32) + 0x1000).bitwise_and_(-0x2000).view(torch.float32)
+
+
+_SPLITS: Any = None
+"""Parameter -> (its version, hi, lo): a weight is split once for all its products (each linear runs
+in the module's local measure, its parents', the block's and the chain's, and the backward's),
+dropped with the parameter (the block's fp32 copy)."""
+
+
+def _split_of(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tf32_split` of ``t``; of a parameter, or a view of one (``weight.t()``), from `_SPLITS`."""
+    global _SPLITS
+    base = t if isinstance(t, nn.Parameter) else t._base
+    if not isinstance(base, nn.Parameter) or not base.is_contiguous():
+        return tf32_split(t)
+    if _SPLITS is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        _SPLITS = WeakIdKeyDictionary()
+    hit = _SPLITS.get(base)
+    if hit is None or hit[0] != base._version:
+        hit = (base._version, *tf32_split(base.detach()))
+        _SPLITS[base] = hit
+    if t is base:
+        return hit[1], hit[2]
+    offset = t.storage_offset() - base.storage_offset()
+    return tuple(h.as_strided(t.shape, t.stride(), h.storage_offset() + offset) for h in hit[1:])  # type: ignore[return-value]
+
+
+def forget_splits() -> None:
+    """Drops every cached split (they go with their parameters anyway; this is for the end of a step)."""
+    if _SPLITS is not None:
+        _SPLITS.clear()
 
 
 def _split_product(mul: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``mul(a, b)`` (mm or bmm) as hi*hi + (hi*lo + lo*hi), each a TF32 tensor-core product."""
-    a_hi, a_lo = tf32_split(a)
-    b_hi, b_lo = tf32_split(b)
+    a_hi, a_lo = _split_of(a)
+    b_hi, b_lo = _split_of(b)
     prec = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # TF32: exact on the operands rounded above
     try:
