@@ -112,3 +112,43 @@ def test_recommend_leaves_out_the_weight_gradient_comparison():
     suite = load_suite(DPO, device="cpu")
     rsuite = recommend_suite(suite, candidates(suite, ["bf16"], ["suite"]), steps=2, rows=2)
     assert rsuite.audit.shadow and not rsuite.audit.shadow_param_grads  # measure() reads none of it
+
+
+SLEEPY_WORKER = """
+import json, sys, time
+from pathlib import Path
+run_dir = Path(sys.argv[1]).parent
+(run_dir / "worker.log").write_text("started")
+try:
+    time.sleep(60)
+except KeyboardInterrupt:  # the runner's SIGINT: the worker records it, as worker.run does
+    (run_dir / "status.json").write_text(json.dumps({"state": "failed", "reason": "interrupted"}))
+    sys.exit(1)
+"""
+
+
+def test_ctrl_c_stops_the_shared_process_and_returns_what_was_done(tmp_path, monkeypatch):
+    import signal
+
+    suite = _suite(("fp32", "bf16", "bf16-pure"))
+    plan = runner.plan_runs(suite, tmp_path, CPU_ONLY)
+    monkeypatch.setattr(
+        batch, "worker_command", lambda paths: [sys.executable, "-c", SLEEPY_WORKER, *map(str, paths)]
+    )
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    heard = []
+    try:
+        signal.alarm(3)
+        done, interrupted = batch.execute(plan, suite, tmp_path, progress=False, on_run=heard.append)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert (done, interrupted) == (["fp32"], True)
+    assert heard[-1].not_started == ("bf16", "bf16-pure")
+    assert read_json(tmp_path / "fp32" / "status.json")["reason"] == "interrupted"
+    assert read_json(tmp_path / "fp32" / "runner.json")["interrupted"] is True
+    assert not (tmp_path / "bf16" / "runner.json").exists()

@@ -49,8 +49,9 @@ class AuditSettings(_Section):
     shadow_matmul: str = "fp32"
     """How the shadow's fp32 matrix products run: ``fp32`` (exact), or ``tf32x3``, three TF32
     tensor-core products of split operands, within a few 2^-22 of fp32 at about a third of its time on
-    a GPU (`verlaudit.audit.shadow_ops.MATMULS`; no gain on a CPU). A role whose policy computes in
-    fp32 is shadowed with exact products either way."""
+    a GPU (`verlaudit.audit.shadow_ops.MATMULS`; no gain on a CPU), for two more copies of one block's
+    fp32 weights of memory (each weight's halves). A role whose policy computes in fp32 is shadowed with
+    exact products either way."""
     opcount_steps: int = 1
     """On this many sampled steps (the first ones; 0: never), count the ops each module runs per dtype
     (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
