@@ -56,6 +56,8 @@ def summary(history: list[dict[str, float]], profiled: int) -> list[str]:
         for key, label in (("logprob_err/mean", "log-prob err"), ("max_ratio", "max ratio")):
             if f"shadow/actor/{key}" in m:
                 extra += f", {label} {m[f'shadow/actor/{key}']:.4g}"
+        if "perf/max_memory_allocated_gb" in m:
+            extra += f", max allocated {m['perf/max_memory_allocated_gb']:.1f} GiB"
         mark = " (cProfile)" if i == profiled else ""
         lines.append(f"step {i} ({kind}{mark}): {m['perf/step_time_s']:.3f} s{extra}")
     plain = [m["perf/step_time_s"] for i, m in enumerate(history) if i % 2 == 1]

@@ -251,9 +251,9 @@ class Stopwatch:
             self.host += time.perf_counter() - self._t0
 
     def total(self) -> float:
-        """Seconds; waits once for the last event."""
+        """Seconds; waits once for the device (the backward's pieces may be on another stream)."""
         if self.events:
-            self.events[-1][1].synchronize()
+            torch.cuda.synchronize()
         return self.host + sum(a.elapsed_time(b) for a, b in self.events) / 1000.0
 
 

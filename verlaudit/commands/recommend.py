@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from verlaudit.analysis.report import build as report_mod
+from verlaudit.audit.settings import SHADOW_MATMULS
 from verlaudit.run import batch, runner
 from verlaudit.run.hardware import detect
 from verlaudit.run.recommend import (
@@ -52,6 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", help="e.g. logprob=0.05,update_loss=0.25,ratio=4 (the defaults)")
     p.add_argument("--rank-by", choices=("time", "memory"), default="time", help="cost to rank by")
     p.add_argument("--rows", type=int, default=2, help="rows of each shadowed micro-batch run in fp32")
+    p.add_argument(
+        "--shadow-matmul",
+        choices=SHADOW_MATMULS,
+        default="fp32",
+        help="the shadow's fp32 products: exact, or three TF32 products of split operands (tf32x3: as "
+        "accurate, about a third of the time on a GPU, two more block copies of memory)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), help="run on cpu or cuda regardless of the target")
     p.add_argument(
         "--out", help="directory for the candidates' runs (default reports/<suite>/recommend-<time>)"
@@ -79,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--recipes: none of {args.recipes} applies to {suite.train.algo.name} (no critic / reference)"
         )
-    rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows)
+    rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows, matmul=args.shadow_matmul)
     measured = planned(rsuite)
     out_dir, interrupted = _run(rsuite, suite, [m for m in measured if m.fits], args)
     ranked = rank(measured, tol, args.rank_by)

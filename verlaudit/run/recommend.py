@@ -111,10 +111,13 @@ SHADOWED_STEP = 0
 """The step `recommend_suite` runs the full audit with the fp32 shadow on (``full_steps: 1``)."""
 
 
-def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, steps: int, rows: int) -> Suite:
+def recommend_suite(
+    suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, steps: int, rows: int, matmul: str = "fp32"
+) -> Suite:
     """The suite the runner runs: the candidates as variants, ``steps`` steps, the full audit with the
     fp32 shadow on the first step only (so the later steps time the recipe alone), without the
-    shadow's weight-gradient comparison (`measure` reads none of it: it would only cost time)."""
+    shadow's weight-gradient comparison (`measure` reads none of it: it would only cost time), its
+    products as ``matmul`` (`verlaudit.audit.settings.AuditSettings.shadow_matmul`)."""
     data = suite.to_dict()
     data["name"] = f"{suite.name}-recommend"
     data["train"] = {**data["train"], "steps": steps}
@@ -126,6 +129,7 @@ def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, ste
         "shadow": True,
         "shadow_rows": rows,
         "shadow_param_grads": False,
+        "shadow_matmul": matmul,
         "opcount_steps": 1,
     }
     return Suite.from_dict(data, source=suite.source)
