@@ -57,11 +57,11 @@ def hook_count(model):
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-def shadowed(model, compute, *, autocast=None, backward=True, loss_scale=1.0, rows=2):
+def shadowed(model, compute, *, autocast=None, backward=True, loss_scale=1.0, rows=2, **probe_kw):
     """One forward (and backward) of ``model`` with the shadow on; returns the step's records."""
     ctx = StepContext(step=0, phase="actor_update")
     ids = torch.randint(0, 100, (4, 24), generator=torch.Generator().manual_seed(1))
-    with ShadowProbe({"actor": model}, ctx, {"actor": compute}, rows=rows) as probe:
+    with ShadowProbe({"actor": model}, ctx, {"actor": compute}, rows=rows, **probe_kw) as probe:
         with torch.autocast("cpu", dtype=autocast or BF16, enabled=autocast is not None):
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
         if backward:

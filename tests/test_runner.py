@@ -148,6 +148,8 @@ def test_spec_follows_the_worker_contract(tmp_path):
         "every": 10,
         "shadow": False,
         "shadow_rows": 2,
+        "shadow_param_grads": True,
+        "shadow_matmul": "fp32",
         "opcount_steps": 1,
     }
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}

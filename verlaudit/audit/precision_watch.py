@@ -45,7 +45,14 @@ class PrecisionWatch:
         self.shadow: ShadowProbe | None = None
         if settings.shadow:
             compute = {role: policy[role].compute_dtype for role in models}
-            self.shadow = ShadowProbe(models, context, compute, rows=settings.shadow_rows)
+            self.shadow = ShadowProbe(
+                models,
+                context,
+                compute,
+                rows=settings.shadow_rows,
+                param_grads=settings.shadow_param_grads,
+                matmul=settings.shadow_matmul,
+            )
         self.counter: opcount.OpCounter | None = None
         self._count_left = settings.opcount_steps
         if settings.opcount_steps:

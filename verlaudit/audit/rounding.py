@@ -27,6 +27,8 @@ precision is the module named.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -46,17 +48,83 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 def rel_err(lp: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     """|lp - ref| / |ref| over all tensors together (Frobenius norms, in fp64 sums); non-finite
-    values in ``lp`` give inf, a zero reference with a zero difference gives 0."""
-    num = den = 0.0
+    values in ``lp`` give inf, a zero reference with a zero difference gives 0. One host read; the
+    shadow keeps `rel_err_terms` on the device instead and reads them all at its step's end."""
+    return rel_err_of(*rel_err_terms(lp, ref).tolist())
+
+
+def rel_err_terms(lp: list[torch.Tensor], ref: list[torch.Tensor]) -> torch.Tensor:
+    """`rel_err`'s sums on the device, no host read: fp64 [|lp - ref|^2, |ref|^2, non-finite
+    elements of lp] (`rel_err_of` turns them into the error)."""
+    dev = (lp or ref or [torch.zeros(())])[0].device
+    terms = [torch.zeros(3, dtype=torch.float64, device=dev)]
     for a, b in zip(lp, ref):
         a, b = a.detach().double(), b.detach().double()
-        if not bool(torch.isfinite(a).all()):
-            return math.inf
-        num += float(((a - b) ** 2).sum())
-        den += float((b**2).sum())
+        terms.append(torch.stack([((a - b) ** 2).sum(), (b**2).sum(), (~torch.isfinite(a)).sum().double()]))
+    return torch.stack(terms).sum(0) if len(terms) > 1 else terms[0]
+
+
+def rel_err_of(num: float, den: float, bad: float) -> float:
+    """The relative error from `rel_err_terms`' three sums, read to the host."""
+    if bad:
+        return math.inf
     if num == 0.0:
         return 0.0
     return math.sqrt(num / den) if den > 0 else math.inf
+
+
+class DeviceReads:
+    """Device numbers kept until one host read: `add` queues a tensor of numbers (any shape, any
+    float dtype; kept as fp64) and returns the `Later` of each, `read` copies everything queued to
+    the host with one transfer per device; a `Later` called with what `read` returned is its value.
+    The shadow's errors are read this way, once a step, so its device work never waits on the host."""
+
+    def __init__(self) -> None:
+        self._parts: list[torch.Tensor] = []
+        self._n = 0
+
+    def add(self, t: torch.Tensor) -> list[Later]:
+        flat = t.detach().reshape(-1).to(torch.float64)
+        first, self._n = self._n, self._n + flat.numel()
+        self._parts.append(flat)
+        return [Later(lambda v, i=i: v[i]) for i in range(first, self._n)]
+
+    def read(self) -> list[float]:
+        """Everything queued, in order (and the queue emptied)."""
+        parts, self._parts, self._n = self._parts, [], 0
+        out: list[float] = []
+        by_device: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(parts):
+            by_device.setdefault(t.device, []).append(i)
+        values: dict[int, list[float]] = {}
+        for idx in by_device.values():
+            flat = torch.cat([parts[i] for i in idx]).tolist()
+            at = 0
+            for i in idx:
+                n = parts[i].numel()
+                values[i], at = flat[at : at + n], at + n
+        for i in range(len(parts)):
+            out += values[i]
+        return out
+
+
+class Later:
+    """A number known once the step's device numbers are read (`DeviceReads.read`): ``fn(values)``,
+    computed once and kept (a parent's expectation asks for its children's)."""
+
+    __slots__ = ("_done", "_fn", "_value")
+
+    def __init__(self, fn: Callable[[list[float]], Any]) -> None:
+        self._fn, self._done, self._value = fn, False, None
+
+    @classmethod
+    def known(cls, value: Any) -> Later:
+        return cls(lambda _v: value)
+
+    def __call__(self, values: list[float]) -> Any:
+        if not self._done:
+            self._value, self._done = self._fn(values), True
+        return self._value
 
 
 def floor_err() -> float:

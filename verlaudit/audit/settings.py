@@ -16,6 +16,9 @@ import dataclasses
 from trainer.config_base import Section as _Section
 
 LEVELS = ("off", "boundary", "full")
+SHADOW_MATMULS = ("fp32", "tf32x3")
+"""`verlaudit.audit.shadow_ops.MATMULS`, restated so that reading settings imports no torch (checked
+equal by tests/test_audit_shadow_accuracy.py)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +41,17 @@ class AuditSettings(_Section):
     and one block's fp32 weights of memory."""
     shadow_rows: int = 2
     """Rows of each shadowed micro-batch that run through the fp32 copies."""
+    shadow_param_grads: bool = True
+    """With the shadow, also compare each module's weight gradients with fp32's (``param_grad``
+    records in shadow.jsonl: the error and the fraction of gradients lost to underflow). Costs one
+    backward of each block in its own precision and the fp32 backward's weight gradients, about a
+    third of the shadow's backward; off, the blocks' input-gradient errors are still measured."""
+    shadow_matmul: str = "fp32"
+    """How the shadow's fp32 matrix products run: ``fp32`` (exact), or ``tf32x3``, three TF32
+    tensor-core products of split operands, within a few 2^-22 of fp32 at about a third of its time on
+    a GPU (`verlaudit.audit.shadow_ops.MATMULS`; no gain on a CPU), for two more copies of one block's
+    fp32 weights of memory (each weight's halves). A role whose policy computes in fp32 is shadowed with
+    exact products either way."""
     opcount_steps: int = 1
     """On this many sampled steps (the first ones; 0: never), count the ops each module runs per dtype
     (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
@@ -57,6 +71,14 @@ class AuditSettings(_Section):
             raise ValueError(f"audit.opcount_steps: expected an integer >= 0, got {self.opcount_steps!r}")
         if not isinstance(self.shadow, bool):
             raise ValueError(f"audit.shadow: expected true or false, got {self.shadow!r}")
+        if self.shadow_matmul not in SHADOW_MATMULS:
+            raise ValueError(
+                f"audit.shadow_matmul: {self.shadow_matmul!r}; expected one of {', '.join(SHADOW_MATMULS)}"
+            )
+        if not isinstance(self.shadow_param_grads, bool):
+            raise ValueError(
+                f"audit.shadow_param_grads: expected true or false, got {self.shadow_param_grads!r}"
+            )
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` is audited at the full level (module hooks on)."""

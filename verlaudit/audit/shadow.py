@@ -7,7 +7,7 @@ extra memory is one block's fp32 weights (0.8 GB for a 7B decoder layer) and a f
 activations (the backward's parameter gradients add up to two more block-sized tensors for a moment);
 a block's tensors are let go of at its backward, so the model's own checkpoint boundaries are freed
 as without the shadow (checked by test_shadow_memory_is_one_block_whatever_the_depth). Four
-measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
+measures, each a record (`ShadowProbe.take`, written to shadow.jsonl):
 
 - ``local`` (every module inside a block, and the block): the module's fp32 copy runs on the fp32
   cast of the input the module actually received, so the error is the one the module itself adds.
@@ -23,25 +23,26 @@ measures, each a record (`ShadowProbe.records`, written to shadow.jsonl):
   fp32 on the same rows and output gradient, with the fraction of elements that are zero in low
   precision but not in fp32 (gradients lost to underflow).
 
-The rounding model that says what a dtype explains is in `verlaudit.audit.rounding`.
-Exercised by `pytest tests/test_audit_shadow.py`.
+The rounding model that says what a dtype explains is in `verlaudit.audit.rounding`. Nothing waits
+on the device while the model runs: each error is kept as device sums (`rounding.rel_err_terms`) and
+the records' numbers are filled in by `ShadowProbe.take` with one host read per device a step
+(`rounding.DeviceReads`, `Later`); the shadow's time comes from CUDA events read at the same moment
+(`shadow_ops.Stopwatch`). The copies, exact fp32 and the vector-Jacobian products are in
+`verlaudit.audit.shadow_ops`. Exercised by `pytest tests/test_audit_shadow.py
+tests/test_audit_shadow_accuracy.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import math
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from verlaudit.audit import opcount
 from verlaudit.audit.dtype_checks import module_kind
@@ -49,121 +50,40 @@ from verlaudit.audit.rounding import (  # noqa: F401  (the shadow's names for th
     EXCESS,
     FLOOR_ULPS,
     RHO2,
+    DeviceReads,
+    Later,
     expected_composite,
     expected_leaf,
     expected_linear,
     floor_err,
     rel_err,
+    rel_err_of,
+    rel_err_terms,
     unit_roundoff,
+)
+from verlaudit.audit.shadow_ops import (  # noqa: F401  (blocks, exact_fp32, ...: the shadow's names, as before)
+    DROP,
+    MATMULS,
+    Fp32Everywhere,
+    Stopwatch,
+    blocks,
+    coarsest,
+    detached,
+    exact_fp32,
+    first_rows,
+    float_leaves,
+    forget_splits,
+    fp32_copy,
+    hookless_copy,
+    logprob_error,
+    logprob_terms,
+    vjp,
 )
 from verlaudit.dtypes import dtype_name
 
 ROWS = 2
 """Rows of the micro-batch that are shadowed (per-module errors are norms over thousands of
 elements: a few rows measure them as well as the whole batch, at a fraction of the cost)."""
-_HOOK_DICTS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-    "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
-)  # fmt: skip
-
-
-def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's blocks in definition order: the items of its module lists (decoder layers) and the
-    leaves outside them (embedding, final norm, rotary, head). Everything shadowed lives in a block."""
-    out: list[tuple[str, nn.Module]] = []
-
-    def walk(prefix: str, m: nn.Module) -> None:
-        for name, child in m.named_children():
-            path = f"{prefix}{name}"
-            if isinstance(m, (nn.ModuleList, nn.ModuleDict)) or not any(True for _ in child.children()):
-                out.append((path, child))
-            else:
-                walk(path + ".", child)
-
-    walk("", model)
-    return out
-
-
-def hookless_copy(module: nn.Module, dtype: torch.dtype | None = None, *, share: bool = False) -> nn.Module:
-    """A deep copy without any hook (a deep copy would otherwise copy the hooks' owners) and without
-    activation checkpointing; parameters and floating buffers in ``dtype`` (None: as they are).
-    ``share`` (no ``dtype``): the parameters are new leaves on the module's own storage, no copy
-    (gradients taken with respect to them leave the module's ``.grad`` alone)."""
-    if share and dtype is not None:
-        raise ValueError("hookless_copy: share=True keeps the parameters' storage, so no dtype can be given")
-    memo: dict[int, Any] = {}
-    for m in module.modules():
-        for attr in _HOOK_DICTS:
-            d = m.__dict__.get(attr)
-            if d is not None:
-                memo[id(d)] = type(d)()
-    for p in module.parameters():
-        data = p.detach() if share else p.detach().to(dtype=dtype or p.dtype, copy=True)
-        memo[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
-    for b in module.buffers():
-        to = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
-        memo[id(b)] = b.detach().to(dtype=to, copy=True)
-    out = copy.deepcopy(module, memo)
-    for m in out.modules():
-        if getattr(m, "gradient_checkpointing", False):
-            m.gradient_checkpointing = False
-    return out
-
-
-def _float_leaves(obj: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _rows(obj: Any, b: int, k: int) -> Any:
-    """The first ``k`` rows of every tensor whose first dimension is the batch (``b``)."""
-    if k >= b:
-        return obj
-    return pytree.tree_map(
-        lambda t: t[:k] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == b else t, obj
-    )
-
-
-def _fp32(obj: Any) -> Any:
-    return pytree.tree_map(
-        lambda t: t.detach().float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, obj
-    )
-
-
-def _coarsest(dtypes: list[torch.dtype]) -> torch.dtype | None:
-    return max(dtypes, key=unit_roundoff, default=None)
-
-
-class Fp32Everywhere(TorchDispatchMode):
-    """Every op that would make a float tensor coarser than fp32 (a cast, a factory, autocast's own
-    casts, a reduction's ``dtype=``) makes an fp32 one instead: the shadow computes the module's code
-    in fp32 even where the code itself casts down (``x.to(torch.bfloat16)``, an inner autocast)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        kwargs = kwargs or {}
-        dt = kwargs.get("dtype")
-        if isinstance(dt, torch.dtype) and dt.is_floating_point and torch.finfo(dt).eps > _EPS32:
-            kwargs = {**kwargs, "dtype": torch.float32}
-        return func(*args, **kwargs)
-
-
-_EPS32 = torch.finfo(torch.float32).eps
-
-
-@contextlib.contextmanager
-def exact_fp32(device_type: str) -> Iterator[None]:
-    """fp32 as fp32: autocast off, TF32 off, no cast below fp32 (`Fp32Everywhere`), and not counted
-    by `opcount` (the shadow's own work)."""
-    prec = torch.get_float32_matmul_precision()
-    cudnn = torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        with torch.autocast(device_type, enabled=False), opcount.suspended(), Fp32Everywhere():
-            yield
-    finally:
-        torch.set_float32_matmul_precision(prec)
-        torch.backends.cudnn.allow_tf32 = cudnn
 
 
 @dataclasses.dataclass
@@ -173,7 +93,7 @@ class _Frame:
     module: nn.Module
     args: tuple
     kwargs: dict
-    children: list[tuple[float, torch.dtype]] = dataclasses.field(default_factory=list)
+    children: list[tuple[Later, torch.dtype]] = dataclasses.field(default_factory=list)
     """(expected error, allowed dtype) of the module's children, as they finish."""
     originals: tuple = ()
     """Block calls: the positional arguments as received, before `_pre` put views on them."""
@@ -220,7 +140,7 @@ class _BlockCall:
     chain_kwargs: dict | None
     outputs: list[torch.Tensor]
     autocast: tuple[bool, torch.dtype]
-    expected: float
+    expected: Later
     grad_out: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     """Output index -> the first ``k`` rows of the gradient that output received (a copy: the
     whole batch's gradient is not kept)."""
@@ -251,8 +171,18 @@ class ShadowProbe:
         *,
         rows: int = ROWS,
         backward: bool = True,
+        param_grads: bool = True,
+        matmul: str = "fp32",
     ) -> None:
         self.models, self.ctx, self.rows, self.backward = dict(models), ctx, rows, backward
+        self.param_grads = param_grads
+        if matmul not in MATMULS:
+            raise ValueError(f"audit.shadow_matmul: {matmul!r}; expected one of {', '.join(MATMULS)}")
+        self.matmul = matmul
+        """How the fp32 copies' matrix products run (`shadow_ops.MATMULS`); a role whose policy computes
+        in fp32 is always shadowed with exact fp32 products."""
+        """Also compare each module's weight gradients (``param_grad`` records): one more backward in
+        the role's precision and the fp32 backward's weight gradients, per block."""
         self.compute = dict(compute)
         """Role -> the compute dtype its policy states (what its linears may round to)."""
         self.info: dict[int, tuple[str, str, str | None, str]] = {}
@@ -267,8 +197,10 @@ class ShadowProbe:
                         self.block_of[id(m)] = block
         self.handles: list[Any] = []
         self.records: list[dict[str, Any]] = []
-        self.seconds = 0.0
-        """Time spent in the shadow this step (device work included: it synchronises)."""
+        self._reads = DeviceReads()
+        """The step's errors, on the device until `take` reads them at once."""
+        self._watch = Stopwatch()
+        """The step's shadow time (device work included), summed at `take`."""
         self.disabled: str | None = None
         """Why the shadow does not run (sharded parameters; it ran out of memory), else None."""
         if any(hasattr(q, "to_local") for model in self.models.values() for q in model.parameters()):
@@ -291,7 +223,8 @@ class ShadowProbe:
     def attach(self) -> None:
         if self.handles or self.disabled:
             return
-        self._done, self.records, self.seconds = set(), [], 0.0
+        self._done, self.records = set(), []
+        self._reads, self._watch = DeviceReads(), Stopwatch()
         mods = {id(m): m for model in self.models.values() for m in model.modules()}
         for i, m in mods.items():
             if i in self.info or i in self.roots:
@@ -305,12 +238,21 @@ class ShadowProbe:
         for call in self._calls:
             call.release()
         self._pass, self._calls, self._grad_carry = None, [], {}
+        forget_splits()
 
     def take(self) -> tuple[list[dict[str, Any]], float]:
-        """This step's records and shadow seconds, handed over once."""
-        out, secs = self.records, self.seconds
-        self.records, self.seconds = [], 0.0
-        return out, secs
+        """This step's records and shadow seconds, handed over once: the errors kept on the device
+        are read here (one host read per device), and the shadow's time summed (one wait)."""
+        out, reads, watch = self.records, self._reads, self._watch
+        self.records, self._reads, self._watch = [], DeviceReads(), Stopwatch()
+        values = reads.read()
+        for r in out:
+            for key, v in list(r.items()):
+                if isinstance(v, Later):
+                    r[key] = v(values)
+                    if r[key] is DROP:
+                        del r[key]
+        return out, watch.total()
 
     # -- forward hooks ----------------------------------------------------------------------------
     def _skip(self) -> bool:
@@ -394,20 +336,14 @@ class ShadowProbe:
             return
         frame = p.stack.pop()
         role, name, bname, sub = self.info[id(module)]
-        t0 = self._clock()
-        got = self._guard(name, lambda: self._local(p, frame, name, sub, output))
-        if got is not None and p.stack:
-            p.stack[-1].children.append(got)
-        if sub == "":
-            self._guard(name, lambda: self._block_done(p, frame, name, output, got[0] if got else None))
-            p.copies.pop(id(module), None)
-            p.depth += 1
-        self.seconds += self._clock() - t0
-
-    def _clock(self) -> float:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        with self._watch:
+            got = self._guard(name, lambda: self._local(p, frame, name, sub, output))
+            if got is not None and p.stack:
+                p.stack[-1].children.append(got)
+            if sub == "":
+                self._guard(name, lambda: self._block_done(p, frame, name, output, got[0] if got else None))
+                p.copies.pop(id(module), None)
+                p.depth += 1
 
     def _guard(self, where: str, fn: Callable[[], Any]) -> Any:
         """Runs one piece of shadow work; a failure becomes a ``skipped`` record (a finding later),
@@ -440,26 +376,28 @@ class ShadowProbe:
 
     def _local(
         self, p: _Pass, frame: _Frame, name: str, sub: str, output: Any
-    ) -> tuple[float, torch.dtype] | None:
+    ) -> tuple[Later, torch.dtype] | None:
         """The module's fp32 copy on the fp32 cast of its own input; records the error and returns
         the rounding model's expectation with the dtype the module may round to (its parent adds
-        both to its own)."""
+        both to its own). Both stay on the device until the step's end (`take`)."""
         module = frame.module
         c32 = self._copy_of(p, module, sub)
-        lp = _float_leaves(_rows(output, p.b, p.k))
+        lp = float_leaves(first_rows(output, p.b, p.k))
         if c32 is None or not lp:
             return None
-        args32, kwargs32 = _fp32(_rows((frame.args, frame.kwargs), p.b, p.k))
-        with torch.no_grad(), exact_fp32(lp[0].device.type):
-            ref = _float_leaves(c32(*args32, **kwargs32))
+        args32, kwargs32 = fp32_copy(first_rows((frame.args, frame.kwargs), p.b, p.k))
+        with torch.no_grad(), exact_fp32(lp[0].device.type, self._matmul(p.role)):
+            ref = float_leaves(c32(*args32, **kwargs32))
         if [t.shape for t in ref] != [t.shape for t in lp]:
             raise ValueError(
                 f"fp32 copy gave shapes {[tuple(t.shape) for t in ref]}, the module {[tuple(t.shape) for t in lp]}"
             )
-        err = rel_err(lp, ref)
-        ins = [t.dtype for t in _float_leaves((frame.args, frame.kwargs))]
+        with torch.no_grad():
+            num, den, bad = self._reads.add(rel_err_terms(lp, ref))
+        err = Later(lambda v: rel_err_of(num(v), den(v), bad(v)))
+        ins = [t.dtype for t in float_leaves((frame.args, frame.kwargs))]
         own = [q.dtype for q in module.parameters(recurse=False) if q.is_floating_point()]
-        allowed, expected = self._expected(p, module, ins, own, frame.children, args32, ref)
+        allowed, expected = self._expected(p, module, ins, own, frame.children, args32, den)
         self._emit(
             p,
             name,
@@ -468,11 +406,11 @@ class ShadowProbe:
             kind=module_kind(name, module),
             block=self.info[id(module)][2],
             depth=p.depth,
-            dtype=dtype_name(_coarsest([t.dtype for t in lp])),
+            dtype=dtype_name(coarsest([t.dtype for t in lp])),
             allowed=dtype_name(allowed),
             rel_err=err,
             expected=expected,
-            ratio=err / expected,
+            ratio=Later(lambda v: err(v) / expected(v)),
         )
         return expected, allowed
 
@@ -482,31 +420,38 @@ class ShadowProbe:
         module: nn.Module,
         ins: list[torch.dtype],
         own: list[torch.dtype],
-        children: list[tuple[float, torch.dtype]],
+        children: list[tuple[Later, torch.dtype]],
         args32: Any,
-        ref: list[torch.Tensor],
-    ) -> tuple[torch.dtype, float]:
-        """What the contract allows the module to round to, and the rounding model's expectation. A
-        linear computes in the role's compute dtype; any other module may round to the coarsest dtype
-        it was handed (inputs, own parameters, its children's allowance), never below."""
+        ref_sq: Later,
+    ) -> tuple[torch.dtype, Later]:
+        """What the contract allows the module to round to, and the rounding model's expectation
+        (``ref_sq``: |fp32 output|^2, read with the errors). A linear computes in the role's compute
+        dtype; any other module may round to the coarsest dtype it was handed (inputs, own
+        parameters, its children's allowance), never below."""
         if isinstance(module, nn.Linear):
             c = self.compute.get(p.role, torch.float32)
             u_c = unit_roundoff(c)
-            x, w = _float_leaves(args32)[0], self._copy_of(p, module, self.info[id(module)][3]).weight
-            with torch.no_grad(), exact_fp32(x.device.type):
-                num = float(((x * x) @ (w * w).t()).double().sum())
-                den = float(sum((t.double() ** 2).sum() for t in ref))
-            spread = num / den if den > 0 else 1.0
+            x, w = float_leaves(args32)[0], self._copy_of(p, module, self.info[id(module)][3]).weight
+            # the spread's numerator sum_tij W_ij^2 x_tj^2 is sum_j (sum_t x_tj^2)(sum_i W_ij^2):
+            # two reductions, not a second matmul of the layer's size
+            with torch.no_grad():
+                x2 = x.detach().pow(2).reshape(-1, x.shape[-1]).sum(0, dtype=torch.float64)
+                (num,) = self._reads.add(x2 @ w.detach().pow(2).sum(0, dtype=torch.float64))
             r_x = any(unit_roundoff(d) < u_c for d in ins)
             r_w = unit_roundoff(module.weight.dtype) < u_c
-            return c, expected_linear(
-                u_c=u_c, u_out=u_c, r_x=r_x, r_w=r_w, spread=spread, k_inner=module.in_features
-            )
-        allowed = _coarsest(ins + own + [d for _, d in children]) or torch.float32
+            k_inner = module.in_features
+
+            def linear(v: list[float]) -> float:
+                spread = num(v) / ref_sq(v) if ref_sq(v) > 0 else 1.0
+                return expected_linear(u_c=u_c, u_out=u_c, r_x=r_x, r_w=r_w, spread=spread, k_inner=k_inner)
+
+            return c, Later(linear)
+        allowed = coarsest(ins + own + [d for _, d in children]) or torch.float32
         u = unit_roundoff(allowed)
         if not children and not any(True for _ in module.children()):
-            return allowed, expected_leaf(u_out=u, r_x=any(unit_roundoff(d) < u for d in ins))
-        return allowed, expected_composite([e for e, _ in children], u_out=u)
+            return allowed, Later.known(expected_leaf(u_out=u, r_x=any(unit_roundoff(d) < u for d in ins)))
+        kids = [e for e, _ in children]
+        return allowed, Later(lambda v: expected_composite([e(v) for e in kids], u_out=u))
 
     # -- the chain measure and the backward ---------------------------------------------------------
     def _carried(self, p: _Pass, t: torch.Tensor) -> torch.Tensor | None:
@@ -521,7 +466,7 @@ class ShadowProbe:
             return None  # a view that picks rows: not the same rows as the shadow's
         return hit[1].as_strided((p.k, *t.shape[1:]), t.stride(), t.storage_offset() - base.storage_offset())
 
-    def _block_done(self, p: _Pass, frame: _Frame, name: str, output: Any, expected: float | None) -> None:
+    def _block_done(self, p: _Pass, frame: _Frame, name: str, output: Any, expected: Later | None) -> None:
         """The chain: the block's fp32 copy on the carried shadow of its inputs."""
         c32 = p.copies.get(id(frame.module))
         if c32 is None:
@@ -535,12 +480,12 @@ class ShadowProbe:
             if s is not None:
                 carried[0] += 1
                 return s
-            return _fp32(_rows(t, p.b, p.k))
+            return fp32_copy(first_rows(t, p.b, p.k))
 
         chain_args, chain_kwargs = pytree.tree_map(shadow_of, (frame.originals, frame.kwargs))
-        lp_out = _float_leaves(output)
-        with torch.no_grad(), exact_fp32(lp_out[0].device.type if lp_out else "cpu"):
-            ref = _float_leaves(c32(*chain_args, **chain_kwargs))
+        lp_out = float_leaves(output)
+        with torch.no_grad(), exact_fp32(lp_out[0].device.type if lp_out else "cpu", self._matmul(p.role)):
+            ref = float_leaves(c32(*chain_args, **chain_kwargs))
         if len(ref) != len(lp_out):
             return
         for t, s in zip(lp_out, ref):
@@ -552,7 +497,7 @@ class ShadowProbe:
             direction="forward",
             depth=p.depth,
             restarted=carried[0] == 0,
-            rel_err=rel_err([t[: p.k] for t in lp_out], ref),
+            rel_err=self._err([t[: p.k] for t in lp_out], ref),
         )
         if self.backward and p.grad and frame.views and any(t.requires_grad for t in lp_out):
             self._watch_backward(p, frame, name, output, expected, chain_args, chain_kwargs)
@@ -563,7 +508,7 @@ class ShadowProbe:
         frame: _Frame,
         name: str,
         output: Any,
-        expected: float | None,
+        expected: Later | None,
         chain_args: tuple,
         chain_kwargs: dict,
     ) -> None:
@@ -582,9 +527,9 @@ class ShadowProbe:
             kwargs=frame.kwargs,
             chain_args=chain_args,
             chain_kwargs=chain_kwargs,
-            outputs=_float_leaves(output),
+            outputs=float_leaves(output),
             autocast=ac,
-            expected=expected or floor_err(),
+            expected=expected if expected is not None else Later.known(floor_err()),
             pending=len(frame.views),
         )
         self._calls.append(call)
@@ -610,17 +555,31 @@ class ShadowProbe:
 
     def _backward(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
         """The block's gradient: local (fp32 copy, same output gradient), chain (carried fp32
-        gradient), and per-module parameter gradients (unhooked copy in its own precision vs fp32)."""
-        t0 = self._clock()
+        gradient), and per-module parameter gradients (unhooked copy in its own precision vs fp32,
+        when `param_grads`)."""
+        with self._watch, torch.no_grad():
+            self._backward_measures(call, x, g_in)
+
+    def _backward_measures(self, call: _BlockCall, x: torch.Tensor, g_in: torch.Tensor) -> None:
         b, k = call.b, call.k
         g_out = [call.grad_out.get(i, torch.zeros_like(t[:k])) for i, t in enumerate(call.outputs)]
         g_lp = g_in.detach()[:k]
         device = g_lp.device.type
-        args = _rows(call.args, b, k)
-        kwargs = _rows(call.kwargs, b, k)
+        args = first_rows(call.args, b, k)
+        kwargs = first_rows(call.kwargs, b, k)
         c32 = hookless_copy(call.module, torch.float32)
-        g32, p32 = _vjp(c32, _fp32(args), _fp32(kwargs), [g.float() for g in g_out], device, None)
-        err = rel_err([g_lp], [g32[0]]) if g32 else math.nan
+        g32, p32 = vjp(
+            c32,
+            fp32_copy(args),
+            fp32_copy(kwargs),
+            [g.float() for g in g_out],
+            device,
+            None,
+            params=self.param_grads,
+            matmul=self._matmul(call.role),
+        )
+        err = self._err([g_lp], [g32[0]]) if g32 else Later.known(math.nan)
+        expected = call.expected
         self._emit(
             call,
             call.name,
@@ -629,24 +588,35 @@ class ShadowProbe:
             kind="block",
             depth=call.depth,
             rel_err=err,
-            expected=call.expected * math.sqrt(2),
-            ratio=err / (call.expected * math.sqrt(2)),
+            expected=Later(lambda v: expected(v) * math.sqrt(2)),
+            ratio=Later(lambda v: err(v) / (expected(v) * math.sqrt(2))),
         )
-        lp_copy = hookless_copy(call.module, share=True)  # the block's own parameters, as new leaves
-        _, p_lp = _vjp(
-            lp_copy,
-            _detach(args),
-            _detach(kwargs),
-            [g.to(t.dtype) for g, t in zip(g_out, call.outputs)],
-            device,
-            call.autocast,
-        )
-        self._param_records(call, p_lp, p32)
-        del lp_copy, p32, p_lp, g32
+        if self.param_grads:
+            lp_copy = hookless_copy(call.module, share=True)  # the block's own parameters, as new leaves
+            _, p_lp = vjp(
+                lp_copy,
+                detached(args),
+                detached(kwargs),
+                [g.to(t.dtype) for g, t in zip(g_out, call.outputs)],
+                device,
+                call.autocast,
+            )
+            self._param_records(call, p_lp, p32)
+            del lp_copy, p_lp
+        del p32, g32
         # the chain: the fp32 gradient carried down from the block(s) that consumed this output
         seed = [self._grad_carry.pop(id(t), (None, None))[1] for t in call.outputs]
         carried = [s if s is not None else g.float() for s, g in zip(seed, g_out)]
-        g_chain, _ = _vjp(c32, call.chain_args, call.chain_kwargs, carried, device, None, params=False)
+        g_chain, _ = vjp(
+            c32,
+            call.chain_args,
+            call.chain_kwargs,
+            carried,
+            device,
+            None,
+            params=False,
+            matmul=self._matmul(call.role),
+        )
         del c32
         if g_chain:
             self._emit(
@@ -656,10 +626,18 @@ class ShadowProbe:
                 direction="backward",
                 depth=call.depth,
                 seeded=all(s is None for s in seed),
-                rel_err=rel_err([g_lp], [g_chain[0]]),
+                rel_err=self._err([g_lp], [g_chain[0]]),
             )
             self._carry_grad(x, g_chain[0], b, k)
-        self.seconds += self._clock() - t0
+
+    def _matmul(self, role: str) -> str:
+        return "fp32" if self.compute.get(role, torch.float32) == torch.float32 else self.matmul
+
+    def _err(self, lp: list[torch.Tensor], ref: list[torch.Tensor]) -> Later:
+        """`rel_err`, kept on the device until `take`."""
+        with torch.no_grad():
+            num, den, bad = self._reads.add(rel_err_terms(lp, ref))
+        return Later(lambda v: rel_err_of(num(v), den(v), bad(v)))
 
     def _carry_grad(self, x: torch.Tensor, g: torch.Tensor, b: int, k: int) -> None:
         """Adds the fp32 gradient ``g`` of input ``x`` (k rows) to what its producer will be seeded
@@ -692,8 +670,10 @@ class ShadowProbe:
             ref = [p32[n] for n in names if n in p_lp]
             if not lp:
                 continue
-            moving = sum(int((r != 0).sum()) for r in ref)
-            lost = sum(int(((a == 0) & (r != 0)).sum()) for a, r in zip(lp, ref))
+            counts = torch.stack(
+                [torch.stack([(r != 0).sum(), ((a == 0) & (r != 0)).sum()]) for a, r in zip(lp, ref)]
+            ).sum(0)
+            moving, lost = self._reads.add(counts)
             where = f"{call.name}.{mod}" if mod else call.name
             self._emit(
                 call,
@@ -701,9 +681,11 @@ class ShadowProbe:
                 "param_grad",
                 direction="backward",
                 depth=call.depth,
-                dtype=dtype_name(_coarsest([t.dtype for t in lp])),
-                rel_err=rel_err(lp, ref),
-                zero_lost_frac=lost / moving if moving else 0.0,
+                dtype=dtype_name(coarsest([t.dtype for t in lp])),
+                rel_err=self._err(lp, ref),
+                zero_lost_frac=Later(
+                    lambda v, lost=lost, moving=moving: lost(v) / moving(v) if moving(v) else 0.0
+                ),
                 elements=sum(t.numel() for t in lp),
             )
 
@@ -721,84 +703,25 @@ class ShadowProbe:
                 p, "logits", "skipped", reason="the head's output is not a block's output: no fp32 logits"
             )
             return
-        t0 = self._clock()
-        self._guard(
-            "logits",
-            lambda: self._emit(
-                p,
+        with self._watch:
+            self._guard(
                 "logits",
-                "logprob",
-                **logprob_error(
-                    logits[: p.k], shadow, p.input_ids[: p.k], None if p.mask is None else p.mask[: p.k]
+                lambda: self._emit(
+                    p,
+                    "logits",
+                    "logprob",
+                    **self._logprob(
+                        logits[: p.k], shadow, p.input_ids[: p.k], None if p.mask is None else p.mask[: p.k]
+                    ),
                 ),
-            ),
-        )
-        self.seconds += self._clock() - t0
+            )
 
-
-def _detach(obj: Any) -> Any:
-    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, obj)
-
-
-def _vjp(
-    module: nn.Module,
-    args: tuple,
-    kwargs: dict,
-    grads: list[torch.Tensor],
-    device: str,
-    autocast: tuple[bool, torch.dtype] | None,
-    *,
-    params: bool = True,
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Gradients of ``module``'s float outputs (weighted by ``grads``) with respect to its positional
-    float inputs and (``params``) its parameters; ``autocast`` None: exact fp32."""
-    args = tuple(
-        a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-        for a in args
-    )
-    xs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    named = [(n, q) for n, q in module.named_parameters() if q.requires_grad] if params else []
-    ctx = (
-        exact_fp32(device)
-        if autocast is None
-        else torch.autocast(device, dtype=autocast[1], enabled=autocast[0])
-    )
-    with torch.enable_grad(), ctx, opcount.suspended():
-        outs = _float_leaves(module(*args, **kwargs))
-        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-        got = torch.autograd.grad(
-            [o for o, _ in pairs], xs + [q for _, q in named], [g for _, g in pairs], allow_unused=True
-        )
-    g_x = [g if g is not None else torch.zeros_like(x) for g, x in zip(got[: len(xs)], xs)]
-    g_p = {n: g for (n, _), g in zip(named, got[len(xs) :]) if g is not None}
-    return g_x, g_p
-
-
-def logprob_error(
-    logits: torch.Tensor, shadow: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor | None
-) -> dict[str, Any]:
-    """|log p(next token)| differences between low-precision and fp32 logits [k, T', V] over the last
-    T' positions of ``input_ids`` [k, T]: mean, rms and max over the tokens the mask keeps."""
-    t_all, t_keep = input_ids.shape[1], logits.shape[1]
-    first = t_all - t_keep + 1  # logit j predicts the token at position t_all - t_keep + j + 1
-    labels = input_ids[:, first:]
-    n = labels.shape[1]
-    with torch.no_grad(), exact_fp32(logits.device.type):
-        lp = logits[:, :n].float().log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)
-        ref = shadow[:, :n].float().log_softmax(-1).gather(-1, labels[..., None]).squeeze(-1)
-        diff = (lp - ref).abs().double()
-        keep = torch.ones_like(diff, dtype=torch.bool)
-        if mask is not None and mask.dim() == 2:
-            keep = mask[:, first:].bool()
-        elif mask is not None and mask.dim() == 4:
-            last = mask[:, 0, -1, first:]
-            keep = last.bool() if last.dtype == torch.bool else last == 0
-        d = diff[keep]
-    if not d.numel():
-        return {"tokens": 0}
-    return {
-        "tokens": int(d.numel()),
-        "mean_abs": float(d.mean()),
-        "rms": float(d.pow(2).mean().sqrt()),
-        "max_abs": float(d.max()),
-    }
+    def _logprob(self, *args: torch.Tensor | None) -> dict[str, Any]:
+        """`logprob_error`'s numbers, kept on the device until `take`."""
+        tokens, total, sq, top = self._reads.add(logprob_terms(*args))
+        return {
+            "tokens": Later(lambda v: int(tokens(v))),
+            "mean_abs": Later(lambda v: total(v) / tokens(v) if tokens(v) else DROP),
+            "rms": Later(lambda v: math.sqrt(sq(v) / tokens(v)) if tokens(v) else DROP),
+            "max_abs": Later(lambda v: top(v) if tokens(v) else DROP),
+        }

@@ -2,7 +2,8 @@
 tolerance of fp32.
 
 The command: the candidates and their suite (`verlaudit.run.recommend`), the planner's memory for
-each, a short run of those that fit (`verlaudit.run.runner`), each measured from its run directory,
+each, a short run of those that fit (`verlaudit.run.batch`: one worker process for them all, a fresh
+one after a failure; ``--isolate``: one process each, `verlaudit.run.runner`), each measured from its run directory,
 then the ranking printed and written as recommend.md. Exit 0 when the best candidate is within
 tolerance, 1 when none is, 130 interrupted. Exercised by `pytest tests/test_recommend.py`.
 """
@@ -15,7 +16,8 @@ import json
 from pathlib import Path
 
 from verlaudit.analysis.report import build as report_mod
-from verlaudit.run import runner
+from verlaudit.audit.settings import SHADOW_MATMULS
+from verlaudit.run import batch, runner
 from verlaudit.run.hardware import detect
 from verlaudit.run.preflight import preflight
 from verlaudit.run.recommend import (
@@ -52,11 +54,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", help="e.g. logprob=0.05,update_loss=0.25,ratio=4 (the defaults)")
     p.add_argument("--rank-by", choices=("time", "memory"), default="time", help="cost to rank by")
     p.add_argument("--rows", type=int, default=2, help="rows of each shadowed micro-batch run in fp32")
+    p.add_argument(
+        "--shadow-matmul",
+        choices=SHADOW_MATMULS,
+        default="fp32",
+        help="the shadow's fp32 products: exact, or three TF32 products of split operands (tf32x3: as "
+        "accurate, about a third of the time on a GPU, two more block copies of memory)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), help="run on cpu or cuda regardless of the target")
     p.add_argument(
         "--out", help="directory for the candidates' runs (default reports/<suite>/recommend-<time>)"
     )
     p.add_argument("--json", action="store_true", help="print the ranking as JSON after the table")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="one process per candidate (as verlaudit run); default: the candidates share one, a failure "
+        "ends it and the rest go on in a fresh one",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -73,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--recipes: none of {args.recipes} applies to {suite.train.algo.name} (no critic / reference)"
         )
-    rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows)
+    rsuite = recommend_suite(suite, cands, steps=args.steps, rows=args.rows, matmul=args.shadow_matmul)
     # what the candidates name (the suite's train: section; not the suite's own variants, which do not
     # run here): plug-ins imported, paths and signatures checked, before any candidate is planned or run
     preflight(dataclasses.replace(rsuite, lines=suite.lines))
@@ -114,7 +129,8 @@ def _run(
     print(
         f"verlaudit recommend: {len(names)} candidate run(s) of {args.steps} steps on {plan.device} -> {out_dir}"
     )
-    done, interrupted = runner.execute(plan, rsuite, out_dir, progress=not args.no_progress)
+    execute = runner.execute if args.isolate else batch.execute
+    done, interrupted = execute(plan, rsuite, out_dir, progress=not args.no_progress)
     report_mod.write_report(out_dir)
     for m in fitting:
         if m.name in done:

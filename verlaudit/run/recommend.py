@@ -5,8 +5,8 @@ Candidates (`RECIPES`, and `CHECKPOINTING` choices crossed with them): fp32, fp1
 scaling, bf16 autocast over fp32 masters, bf16-pure, and per-role mixes (an fp32 critic under bf16
 for PPO, a bf16 reference under fp32 when there is a reference). Each is planned first
 (`verlaudit.plan.planner.plan_config`: one that does not fit the target loses without running),
-then run for a few steps through the runner with the fp32 shadow on the first step (`verlaudit.run.runner`:
-one process per candidate, a run directory each). From the run directories alone (the interface)
+then run for a few steps with the fp32 shadow on the first step (`verlaudit.run.batch`: the candidates
+share a worker process, a failure ends it and the rest go on in a fresh one; a run directory each). From the run directories alone (the interface)
 come its cost -- the median step time of the steps after the shadowed one and the planned and
 measured memory -- and its error against fp32: the actor's log-prob error per token and the largest
 module error over its rounding from the shadow, the largest fraction of updates lost to rounding.
@@ -116,9 +116,13 @@ SHADOWED_STEP = 0
 """The step `recommend_suite` runs the full audit with the fp32 shadow on (``full_steps: 1``)."""
 
 
-def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, steps: int, rows: int) -> Suite:
+def recommend_suite(
+    suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, steps: int, rows: int, matmul: str = "fp32"
+) -> Suite:
     """The suite the runner runs: the candidates as variants, ``steps`` steps, the full audit with the
-    fp32 shadow on the first step only (so the later steps time the recipe alone)."""
+    fp32 shadow on the first step only (so the later steps time the recipe alone), without the
+    shadow's weight-gradient comparison (`measure` reads none of it: it would only cost time), its
+    products as ``matmul`` (`verlaudit.audit.settings.AuditSettings.shadow_matmul`)."""
     data = suite.to_dict()
     data["name"] = f"{suite.name}-recommend"
     data["train"] = {**data["train"], "steps": steps}
@@ -129,6 +133,8 @@ def recommend_suite(suite: Suite, cands: Mapping[str, Mapping[str, Any]], *, ste
         "every": 0,
         "shadow": True,
         "shadow_rows": rows,
+        "shadow_param_grads": False,
+        "shadow_matmul": matmul,
         "opcount_steps": 1,
     }
     return Suite.from_dict(data, source=suite.source)

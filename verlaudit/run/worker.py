@@ -19,23 +19,34 @@ what the runner starts for ``hardware.gpus: N``) every rank audits itself: rank 
 rank k writes ``run_dir/rank<k>`` (its own manifest, metrics, findings stamped with its rank, and
 status), each rank measures its own GPU. A failing rank leaves at once (``os._exit(1)`` after its
 status), so torchrun stops the peers instead of leaving them blocked in a collective.
-Exercised by `pytest tests/test_worker.py tests/test_distributed_e2e.py`.
+Several specs (``python -m verlaudit.run.worker A.json B.json ...``, what `verlaudit.run.batch` starts
+for `verlaudit recommend`'s single-GPU candidates) run one after the other in this process (`run_many`):
+each writes its own run directory and worker.log as if alone, the process state the trainer may change
+is put back between them, and the first that fails ends the process (its successors start in a fresh
+one), as does one that leaves device memory behind.
+Exercised by `pytest tests/test_worker.py tests/test_distributed_e2e.py tests/test_recommend_batch.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import platform
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from verlaudit.run.spec import RunSpec
-from verlaudit.rundir import RANK_DIR, RunWriter
+from verlaudit.rundir import RANK_DIR, STATUS, WORKER_LOG, RunWriter
+
+LEFTOVER_GIB = 1.0
+"""`run_many` ends its process when a finished run leaves more device memory allocated than this (a
+reference kept past its run): the runs after it start in a fresh process instead of beside it."""
 
 
 def load_spec(path: str | os.PathLike) -> RunSpec:
@@ -79,6 +90,7 @@ def environment(device: Any, memory: Any) -> dict[str, Any]:
         "driver": memory.driver,
         "total_memory_gb": memory.total_bytes / 1024**3 if memory.total_bytes else None,
         "cpu_count": os.cpu_count(),
+        "pid": os.getpid(),
     }
     if device.type == "cuda" and env["gpu_name"] is None:
         env["gpu_name"] = torch.cuda.get_device_name(device)
@@ -227,17 +239,102 @@ def _train(spec: RunSpec, resolved: Any, auditor: Any, observer: Any, writer: Ru
         writer.update_manifest(memory_summary=auditor.memory.summary(), overridden=overridden)
 
 
+def run_many(specs: list[RunSpec]) -> int:
+    """Runs ``specs`` in order in this process, skipping those whose run directory has a status
+    already (an earlier process ran them); returns 0 when the process may have run them all, else
+    the exit code of the run that ended it. Each run's output goes to its own worker.log."""
+    for spec in specs:
+        if (spec.run_dir / STATUS).exists():
+            continue
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        with _output_to(spec.run_dir / WORKER_LOG), _process_state_kept():
+            code = run(spec)
+        if code != 0:
+            return code
+        left = _device_bytes_allocated() / 1024**3
+        if left > LEFTOVER_GIB:
+            print(
+                f"verlaudit.run.worker: {spec.variant} left {left:.1f} GiB allocated; the next runs start "
+                "in a fresh process",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 0
+    return 0
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (the file descriptors: native code's output too) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """The process-wide torch settings a run may change (threads, matmul and reduction precision,
+    default dtype, grad mode), put back after it, with its garbage collected, the allocator's cache
+    emptied and compiled graphs dropped: the next run starts as a fresh process would."""
+    import torch
+
+    cuda = torch.backends.cuda.matmul
+    saved = (
+        torch.get_num_threads(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+        cuda.allow_fp16_reduced_precision_reduction,
+        cuda.allow_bf16_reduced_precision_reduction,
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+    )
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.set_float32_matmul_precision(saved[1])
+        torch.backends.cudnn.allow_tf32 = saved[2]
+        cuda.allow_fp16_reduced_precision_reduction = saved[3]
+        cuda.allow_bf16_reduced_precision_reduction = saved[4]
+        torch.set_default_dtype(saved[5])
+        torch.set_grad_enabled(saved[6])
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+def _device_bytes_allocated() -> int:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.memory_allocated())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m verlaudit.run.worker SPEC.json", file=sys.stderr)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m verlaudit.run.worker SPEC.json [SPEC.json ...]", file=sys.stderr)
         return 2
     try:
-        spec = load_spec(argv[0])
+        specs = [load_spec(a) for a in argv]
     except ValueError as e:
         print(f"verlaudit.run.worker: bad spec: {e}", file=sys.stderr)
         return 2
-    return run(spec)
+    return run(specs[0]) if len(specs) == 1 else run_many(specs)
 
 
 if __name__ == "__main__":
