@@ -1,7 +1,8 @@
 """Reading a foreign log: one pass, memory bounded whatever its size. Each line goes to the rule
-families' streaming scan (`verlaudit.analysis.logs.scan`) and to the metric records and their
-non-finite evidence (`verlaudit.analysis.logs.records`); an empty or binary file is refused as neither
-a log nor a run directory. Exercised by ``pytest tests/test_logparse.py``.
+families' streaming scan (`verlaudit.analysis.logs.scan`) and to the per-step metric table
+(`verlaudit.analysis.logs.table`) and its non-finite evidence (`verlaudit.analysis.logs.records`); a
+metrics file that is not a text log (`verlaudit.analysis.logs.files`) goes to the table alone; an empty
+or binary file is refused as neither a log nor a run directory. Exercised by ``pytest tests/test_logparse.py``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from verlaudit.analysis.logs import records
+from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.logs import files, records, trends
+from verlaudit.analysis.logs.frameworks import LogContext
 from verlaudit.analysis.logs.scan import LogFacts, LogScan
+from verlaudit.analysis.logs.table import MetricTable
 
 MAX_LINE = 16 * 1024
 """Characters kept of one line (the rest of a longer line is skipped: no message is that long)."""
@@ -55,26 +59,51 @@ class LogRead:
     nonfinite: records.Nonfinite
     lines: int
     last_record: dict[str, Any] | None
+    table: MetricTable = dataclasses.field(default_factory=MetricTable)
+    """The per-step metric table every format fed (`verlaudit.analysis.logs.table`)."""
+
+    def causes(self, ctx: LogContext) -> list[Cause]:
+        """The metric causes: non-finite values, a collapse, a mismatch (`trends`)."""
+        return self.nonfinite.causes(ctx) + trends.causes(self.table, ctx)
+
+
+def _file_records(path: Path, kind: str) -> Iterator[dict[str, Any]]:
+    if kind == "tensorboard":
+        return files.tensorboard_records(path)
+    if kind == "trainer_state":
+        return files.trainer_state_records(path)
+    raise files.wandb_binary(path)
 
 
 def read_log(path: Path, scan: LogScan) -> LogRead:
     """One pass over the log at ``path`` (`log_lines`): each line to ``scan`` (the rule families'
-    detectors) and to the metric records and their NaN evidence. ValueError for a file that cannot be
-    read, is not text, or is empty: neither a log nor a run directory."""
+    detectors) and to the metric table and its NaN evidence; a metrics file that is not text
+    (`files.kind`: trainer_state.json, a TensorBoard event file) straight to the table. ValueError
+    for a file that cannot be read, is not text (nor such a file), or is empty: neither a log nor a
+    run directory."""
     nonfinite = records.Nonfinite()
-    lines = hf = 0
-    last_record: dict[str, Any] | None = None
+    metrics = MetricTable()
+    kind = files.kind(path)
+    if kind is not None:
+        n = 0
+        for rec in _file_records(path, kind):
+            n += 1
+            nonfinite.feed(metrics.add(rec))
+        if n == 0:
+            raise ValueError(
+                f"{path}: a {kind.replace('_', ' ')} file with no training metrics: {_NOT_A_LOG}"
+            )
+        return LogRead(scan.facts(), nonfinite, n, metrics.last, metrics)
+    lines = 0
     blank = True
     for line in log_lines(path):
         lines += 1
         blank = blank and not line.strip()
-        recs = records.line_records(line, lines, hf)
-        if recs:
-            hf += sum(r["_source"] == "hf" for r in recs)
-            last_record = recs[-1]
+        recs = metrics.feed(lines, line)
         nonfinite.feed(recs)
-        nonfinite.scan_line(line, lines, bool(recs))
+        nonfinite.scan_line(line, lines, bool(recs) and any(r["_line"] == lines for r in recs))
         scan.feed(lines, line)
+    nonfinite.feed(metrics.finish())
     if blank:
         raise ValueError(f"{path}: empty file: {_NOT_A_LOG}")
-    return LogRead(scan.facts(), nonfinite, lines, last_record)
+    return LogRead(scan.facts(), nonfinite, lines, metrics.last, metrics)
