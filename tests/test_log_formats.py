@@ -310,6 +310,8 @@ MISMATCH_LOGS = {
         0.31,
         0.99,
     ),
+    "verl_kl": ("step:{i} - rollout_corr/kl:{v} - actor/pg_loss:0.1\n", 0.35, 0.002),
+    "openrlhf": ("Train epoch [1/1]: {i}it, policy_loss={v}e-3, vllm_kl={v}, reward=0.5\n", 0.4, 0.001),
     "nemo": ('{{"step": {i}, "train/token_mult_prob_error": {v}, "train/loss": 0.1}}\n', 1.31, 1.011),
     "skyrl": (
         "step {i}: policy/rollout_train_logprobs_abs_diff_mean={v} policy/policy_loss=0.1\n",
@@ -495,3 +497,12 @@ HEALTHY = {
 @pytest.mark.parametrize("text", HEALTHY.values(), ids=HEALTHY.keys())
 def test_healthy_logs_get_no_warning(tmp_path, text):
     assert_healthy(tmp_path, text)
+
+
+def test_readme_mismatch_table_is_the_vocabulary():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**One mismatch vocabulary.**", 1)[1].split("\n\n", 2)[1]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| framework")]
+    assert len(rows) == len(vocab.MISMATCH)
+    for row, m in zip(rows, vocab.MISMATCH):
+        assert f"`{m.name}`" in row and f"`{m.ours.replace('{}', '*')}`" in row, row

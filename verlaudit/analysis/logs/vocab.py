@@ -106,8 +106,11 @@ MISMATCH: tuple[Mismatch, ...] = (
              "rollout_corr/token_ratio_eff_sample_size", "ESS (sum w)^2 / (n sum w^2) of the IS weights",
              "token or sequence (rollout_is setting)", "response mask", 0.3, None, VERL_GUIDE),
     Mismatch("verl", "rollout_corr/kl", re.compile(r"^rollout_corr/kl$"), "rollout_corr/kl",
-             "KL(rollout || train), k1 estimate from log-probs", "token", "response mask",
-             source="none published"),
+             "KL(rollout || train), k1 estimate: mean(logp_rollout - logp_train), can be negative", "token",
+             "response mask", -0.1, 0.1, VERL_GUIDE + " (|kl| > 0.1: a significant off-policy gap)"),
+    Mismatch("verl", "rollout_corr/chi2_token", re.compile(r"^rollout_corr/chi2_token$"), "rollout_corr/chi2_token",
+             "chi^2 divergence of the token IS ratio: mean(ratio^2) - 1", "token", "response mask", None, 1.0,
+             VERL_GUIDE),
     Mismatch("trl", "sampling/sampling_logp_difference/{mean,max}",
              re.compile(r"^(?:train/|eval/)?sampling/sampling_logp_difference/(mean|max)$"),
              "training/rollout_log_probs_abs_diff_{}", "log-probability: |logp_vllm - logp_train|",
@@ -121,7 +124,8 @@ MISMATCH: tuple[Mismatch, ...] = (
              "rollout_corr/token_mult_prob_error", "mean exp(|logp_generation - logp_train|) (1 = equal)",
              "token", "token mask x sample mask", None, 1.05, NEMO_GUIDE),
     Mismatch("openrlhf", "vllm_kl", re.compile(r"^(?:train/|policy/)?vllm_kl$"), "rollout_corr/kl",
-             "KL(vllm || actor) estimate from log-probs", "token", "action mask", source="none published"),
+             "KL(vllm || actor) estimate from the two log-probs", "token", "action mask", -0.1, 0.1,
+             f"verl's |kl| <= 0.1 for the same estimate ({VERL_GUIDE})"),
     Mismatch("skyrl", "policy/rollout_train_logprobs_abs_diff_{mean,max,std}",
              re.compile(r"^policy/rollout_train_logprobs_abs_diff_(mean|max|std)$"),
              "training/rollout_log_probs_abs_diff_{}", "log-probability: |logp_rollout - logp_train|",
@@ -137,7 +141,14 @@ MISMATCH: tuple[Mismatch, ...] = (
 def mismatch_entry(key: str) -> Mismatch | None:
     """The vocabulary entry for one of a log's metric names, or None."""
     k = norm(key)
-    if "diff" not in k and "_is_" not in k and "ratio" not in k and "kl" not in k and "error" not in k:
+    if (
+        "diff" not in k
+        and "_is_" not in k
+        and "ratio" not in k
+        and "kl" not in k
+        and "error" not in k
+        and "chi2" not in k
+    ):
         return None
     for m in MISMATCH:
         mm = m.pattern.match(k)
