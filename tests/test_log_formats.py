@@ -506,3 +506,25 @@ def test_readme_mismatch_table_is_the_vocabulary():
     assert len(rows) == len(vocab.MISMATCH)
     for row, m in zip(rows, vocab.MISMATCH):
         assert f"`{m.name}`" in row and f"`{m.ours.replace('{}', '*')}`" in row, row
+
+
+def test_fp16_skipped_step_grad_norm_inf_is_healthy(tmp_path):
+    # DeepSpeed fp16: the overflow step's grad norm is inf, the step is skipped, the scale backs off
+    log = (
+        "{'loss': 1.31, 'grad_norm': 2.1, 'learning_rate': 1e-05, 'epoch': 0.1}\n"
+        "[INFO] [logging.py:96:log_dist] [Rank 0] Overflow detected. Skipping step. Attempted loss scale: 65536, "
+        "reducing to 32768\n"
+        "{'loss': 1.29, 'grad_norm': inf, 'learning_rate': 1e-05, 'epoch': 0.2}\n"
+        "{'loss': 1.25, 'grad_norm': 1.9, 'learning_rate': 1e-05, 'epoch': 0.3}\n"
+    )
+    assert_healthy(tmp_path, log)
+
+
+def test_grad_norm_nan_that_stays_is_still_a_finding_under_fp16(tmp_path):
+    log = (
+        "[INFO] [stage_1_and_2.py:1800:step] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, "
+        "reducing to 32768\n"
+        "{'loss': 1.31, 'grad_norm': 2.1, 'epoch': 0.1}\n{'loss': 1.29, 'grad_norm': nan, 'epoch': 0.2}\n"
+        "{'loss': 1.27, 'grad_norm': nan, 'epoch': 0.3}\n"
+    )
+    assert first(tmp_path, log).kind == "nonfinite"

@@ -8,12 +8,13 @@ or binary file is refused as neither a log nor a run directory. Exercised by ``p
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from verlaudit.analysis.causes import Cause
-from verlaudit.analysis.logs import files, records, trends
+from verlaudit.analysis.logs import files, records, trends, vocab
 from verlaudit.analysis.logs.frameworks import LogContext
 from verlaudit.analysis.logs.scan import LogFacts, LogScan
 from verlaudit.analysis.logs.table import MetricTable
@@ -63,8 +64,30 @@ class LogRead:
     """The per-step metric table every format fed (`verlaudit.analysis.logs.table`)."""
 
     def causes(self, ctx: LogContext) -> list[Cause]:
-        """The metric causes: non-finite values, a collapse, a mismatch (`trends`)."""
-        return self.nonfinite.causes(ctx) + trends.causes(self.table, ctx)
+        """The metric causes: non-finite values (but not fp16's skipped steps: `benign_skip`), a
+        collapse, a mismatch (`trends`)."""
+        found = [] if self.benign_skip(ctx) else self.nonfinite.causes(ctx)
+        return found + trends.causes(self.table, ctx)
+
+    def benign_skip(self, ctx: LogContext) -> bool:
+        """Whether the only non-finite values are gradient norms of steps fp16 loss scaling skipped:
+        the log shows overflow skips (or fp16 on), every loss is finite, and the gradient norm is
+        finite again by the last logged step. A dynamic loss scale backs off exactly so; nothing
+        diverged."""
+        nf = self.nonfinite
+        if nf.first_bad is None or nf.plain or nf.anomaly or nf.sampling:
+            return False
+        if not all(vocab.canonical(k) == "grad_norm" for k in nf.first_bad[2]):
+            return False
+        skips = self.facts.count("overflow", "overflow_apex", "overflow_reducing") > 0
+        if not (skips or ctx.is_true("fp16")):
+            return False
+        loss = self.table.series.get("loss")
+        grad = self.table.series.get("grad_norm")
+        if loss is None or grad is None or not all(math.isfinite(v) for _, _, v in loss.points()):
+            return False
+        points = grad.points()
+        return bool(points) and math.isfinite(points[-1][2])
 
 
 def _file_records(path: Path, kind: str) -> Iterator[dict[str, Any]]:
