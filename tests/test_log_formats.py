@@ -232,7 +232,7 @@ def test_vocab_canonical(key, ours):
 def test_vocab_probabilities_are_not_log_probs():
     e = vocab.mismatch_entry("training/rollout_probs_diff_mean")
     assert e.quantity.startswith("probability") and "not log-probs" in e.quantity
-    assert vocab.mismatch_with_bound("training/rollout_probs_diff_mean") is None  # no published bound
+    assert vocab.mismatch_with_bound("training/rollout_probs_diff_max") is None  # a batch's max
     assert vocab.mismatch_with_bound("sampling/importance_sampling_ratio/max") is None  # a batch's max
     every = {m.framework for m in vocab.MISMATCH}
     assert every == {"verl", "trl", "nemo-rl", "openrlhf", "skyrl", "slime"}
@@ -343,11 +343,14 @@ def test_one_step_over_the_bound_among_many_is_healthy(tmp_path):
     assert_healthy(tmp_path, log)
 
 
-def test_probability_difference_has_no_bound_applied(tmp_path):
-    # 0.2 would be far over ln 1.05 as a log-prob difference; as a difference of probabilities verl gives none
-    assert_healthy(
-        tmp_path, "".join(f"step:{i} - training/rollout_probs_diff_mean:0.2\n" for i in range(1, 5))
-    )
+def test_probability_difference_is_read_as_probabilities(tmp_path):
+    # |dp| <= |d logp|: the bound carries over from log-probs as an implication, and the reading says so
+    c = first(tmp_path, "".join(f"step:{i} - training/rollout_probs_diff_mean:0.2\n" for i in range(1, 5)))
+    assert c.kind == "mismatch" and "probability: |p_rollout - p_train| (not log-probs)" in c.evidence[0]
+    assert "1-Lipschitz" in c.evidence[0]
+    # a batch's max difference of probabilities is large in healthy runs: no bound on it
+    row = "training/rollout_probs_diff_mean:0.004 - training/rollout_probs_diff_max:0.93"
+    assert_healthy(tmp_path, "".join(f"step:{i} - {row}\n" for i in range(1, 5)))
 
 
 # ---- libraries: versions, engine features, engine limits, FSDP ------------------------------------

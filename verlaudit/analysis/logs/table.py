@@ -39,6 +39,7 @@ _HF_KV = re.compile(r"(['\"])([\w/.@() -]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
 _KV = re.compile(rf"(?<![\w./-])([A-Za-z_][\w./@-]*)\s*[=:]\s*(?:np\.float\d*\()?({_NUMBER})(?![\w.])", re.I)
 _STEP_HEADER = re.compile(r"\b(?:step|iteration|iter)\s*[:#]?\s*(\d+)(?:\s*/\s*\d+)?\b", re.I)
 _BULLET = re.compile(rf"^[\s•*·>-]*([A-Za-z][\w ./@()-]{{0,60}}?)\s*[:=]\s*({_NUMBER})\s*[%\w/]*\s*$", re.I)
+_STEP_HINT = re.compile(r"[Ss]tep|STEP|[Ii]ter").search
 _CELL_SPLIT = re.compile(r"\s*[|│┃]\s*")
 _STEP_KEYS = (
     "step",
@@ -276,13 +277,24 @@ class MetricTable:
             if found:
                 return out
         # a table row
-        if ("|" in text or "│" in text or "┃" in text) and self._table(ln, text, out):
+        if ("|" in text or "│" in text or "┃" in text) and "%|" not in text and self._table(ln, text, out):
             return out
         self._header = None
         # key=value / key: value pairs, one line of several or a block of one-pair lines
-        h = _STEP_HEADER.search(text)
-        pairs = {k: v for k, v in ((k, number(v)) for k, v in _KV.findall(text)) if v is not None}
-        bullet = _BULLET.match(text)
+        metric = vocab.metric_hint(text)
+        short = len(text) < 120
+        h = _STEP_HEADER.search(text) if (metric or short) and _STEP_HINT(text) else None
+        bullet = _BULLET.match(text) if short and ("=" in text or ":" in text) else None
+        if not metric and bullet is None:  # most lines: no pairs worth reading
+            self._flush_block(out)
+            if h:
+                self._step_header = int(h[1])
+            return out
+        pairs = (
+            {k: v for k, v in ((k, number(v)) for k, v in _KV.findall(text)) if v is not None}
+            if metric
+            else {}
+        )
         if bullet and len(pairs) <= 1:
             key, value = bullet[1].strip(), number(bullet[2])
             if value is not None and not text.lower().startswith(("step", "iteration")):

@@ -10,6 +10,7 @@ mismatch-vocabulary table is this table. Exercised by ``pytest tests/test_log_fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ def norm(key: str) -> str:
     return re.sub(r"\s+", "_", key.strip().lower())
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical(key: str) -> str | None:
     """Our name for a training series or a mismatch metric (None: a metric no rule reads)."""
     k = norm(key)
@@ -44,9 +46,21 @@ def canonical(key: str) -> str | None:
     return m.ours if m else None
 
 
+@functools.lru_cache(maxsize=4096)
 def is_finding_key(key: str) -> bool:
     """A loss, gradient-norm, reward or log-prob metric: its non-finite value is a finding."""
     return bool(_FINDING.search(key)) and not _NOT_METRIC.search(key)
+
+
+_HINT_WORDS = ("loss", "grad", "reward", "entropy", "logp", "log_prob", "logprob", "kl", "prob_error",
+               "probs_diff", "abs_diff", "rollout_is", "importance_sampling", "learning_rate")  # fmt: skip
+
+
+def metric_hint(text: str) -> bool:
+    """Whether a line may name a training metric at all: a cheap test (substrings of its lower-cased
+    text) before its pairs are read; `has_metric` decides."""
+    low = text.lower()
+    return any(w in low for w in _HINT_WORDS)
 
 
 def has_metric(values: Mapping[str, object]) -> bool:
@@ -94,11 +108,17 @@ LN_105 = math.log(1.05)
 so a mean |d logp| above ln 1.05 ~ 0.0488 nats puts token_mult_prob_error above 1.05 too."""
 _DERIVED = f"derived from NeMo-RL's 1.05 ({NEMO_GUIDE}): mean |d logp| > ln 1.05 implies token_mult_prob_error > 1.05"
 
+_PROB_DERIVED = (
+    f"derived from NeMo-RL's 1.05 ({NEMO_GUIDE}): |p - q| <= |log p - log q| for probabilities (exp is "
+    "1-Lipschitz below 0), so a mean |d p| above ln 1.05 puts the mean |d logp|, and token_mult_prob_error, "
+    "above the bound too"
+)
+
 MISMATCH: tuple[Mismatch, ...] = (
     Mismatch("verl", "training/rollout_probs_diff_{mean,max,std}",
              re.compile(r"^(?:\w+/)?training/rollout_probs_diff_(mean|max|std)$|^training/rollout_probs_diff_(mean|max|std)$"),
              "training/rollout_probs_diff_{}", "probability: |p_rollout - p_train| (not log-probs)",
-             "token", "response mask", source="none published (a difference of probabilities has no log-ratio bound)"),
+             "token", "response mask", None, LN_105, _PROB_DERIVED),
     Mismatch("verl", "rollout_corr/rollout_is_mean", re.compile(r"^rollout_corr/rollout_is_mean$"),
              "rollout_corr/token_ratio_mean", "IS ratio pi_train / pi_rollout (before truncation)",
              "token or sequence (rollout_is setting)", "response mask", 0.5, 2.0, VERL_GUIDE),
@@ -138,6 +158,7 @@ MISMATCH: tuple[Mismatch, ...] = (
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def mismatch_entry(key: str) -> Mismatch | None:
     """The vocabulary entry for one of a log's metric names, or None."""
     k = norm(key)
