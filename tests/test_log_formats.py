@@ -531,3 +531,32 @@ def test_grad_norm_nan_that_stays_is_still_a_finding_under_fp16(tmp_path):
         "{'loss': 1.27, 'grad_norm': nan, 'epoch': 0.3}\n"
     )
     assert first(tmp_path, log).kind == "nonfinite"
+
+
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        ("ImportError: tokenizers>=0.11.1,!=0.11.3,<0.14 is required for a normal functioning of this module, but "
+         "found tokenizers==0.14.0.", "tokenizers"),
+        ("vllm 0.6.3 requires torch==2.4.0, but you have torch 2.5.1 which is incompatible.\n"
+         "RuntimeError: operator torchvision::nms does not exist", "vllm -> torch"),
+    ],
+)  # fmt: skip
+def test_version_checks_name_the_pair(tmp_path, line, where):
+    c = first(tmp_path, line + "\n")
+    assert c.kind == "version_mismatch" and c.where == where and c.fixes
+
+
+def test_flash_attention_fp32_is_a_dtype_error(tmp_path):
+    c = first(tmp_path, "RuntimeError: FlashAttention only support fp16 and bf16 data type\n")
+    assert c.kind == "dtype_error" and "fp32" in c.title
+
+
+def test_pip_conflict_in_a_healthy_install_is_only_a_note(tmp_path):
+    log = (
+        "ERROR: pip's dependency resolver does not currently take into account all the packages that are installed.\n"
+        "vllm 0.6.3 requires torch==2.4.0, but you have torch 2.5.1 which is incompatible.\n"
+        "{'loss': 0.9, 'grad_norm': 1.0, 'epoch': 0.1}\n"
+    )
+    d = diagnose(tmp_path, log)
+    assert [c.severity for c in d.causes if c.kind == "version_mismatch"] == ["info"]

@@ -2,9 +2,10 @@
 
 - ``version_mismatch``: one library calling another with an API the installed version does not have
   (``TypeError: f() got an unexpected keyword argument 'x'`` / ``missing 1 required positional
-  argument``, ``AttributeError: module 'torch' has no attribute 'x'``): the culprit is the pair, the
-  caller (the innermost frame's package) and the callee (the package the message names, or the one
-  that defines the class it names); the fix pins the pair;
+  argument``, ``AttributeError: module 'torch' has no attribute 'x'``), or a version check that names
+  both (transformers' ``X>=a is required for ..., but found X==b``, pip's ``A requires X>=a, but you
+  have X b``): the culprit is the pair, the caller (the innermost frame's package) and the callee (the
+  package the message names, or the one that defines the class it names); the fix pins the pair;
 - ``engine_feature``: the trainer calls an inference engine's method the engine (its version, its
   backend) does not have (``'SGLangWorker' object has no attribute 'update_weights_from_tensor'``);
 - ``engine_limit``: a request over an engine's configured limits (vLLM's prompt longer than
@@ -12,7 +13,8 @@
   dropped; ``max_num_batched_tokens`` smaller than ``max_model_len``; SGLang's input length check);
 - FSDP / FSDP2 flattening parameters of mixed dtypes (``Must flatten tensors with uniform dtype but got
   torch.float32 and torch.bfloat16``, ``FSDP expects uniform original parameter dtype``): a
-  ``dtype_error``; mixed ``requires_grad`` in one FSDP unit: an ``exception`` with FSDP's remedy.
+  ``dtype_error``, as is flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``);
+  mixed ``requires_grad`` in one FSDP unit: an ``exception`` with FSDP's remedy.
 
 Exercised by ``pytest tests/test_log_formats.py -k libraries``.
 """
@@ -34,11 +36,17 @@ _API = [
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
     ("object_attr", re.compile(r"AttributeError: '(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
+    # transformers' require_version / dependency_versions_check, and pip's resolver
+    ("required_version", re.compile(r"(?P<arg>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^ ]*) is required for [^,]*, but found "
+                                    r"(?P<mod>[A-Za-z][\w.-]*)==(?P<found>[\w.+-]+)")),
+    ("pip_conflict", re.compile(r"(?P<callee>[A-Za-z][\w.-]*) [\w.+-]+ requires (?P<mod>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^,]*), "
+                                r"but you have (?P=mod) (?P<found>[\w.+-]+)")),
 ]  # fmt: skip
 _FLATTEN = re.compile(
     r"Must flatten tensors with uniform dtype but got (?P<a>[\w.]+) and (?P<b>[\w.]+)"
     r"|FSDP expects uniform original parameter dtype but got \{(?P<set>[^}]*)\}"
 )
+_FLASH = re.compile(r"FlashAttention only supports? fp16 and bf16 data type")
 _FLATTEN_GRAD = re.compile(r"Must flatten tensors with uniform ``?requires_grad``?")
 _LIMITS = [
     ("max_model_len", re.compile(r"prompt \(length (?P<n>\d+)\) is longer than the maximum model length of (?P<m>\d+)", re.I)),
@@ -58,7 +66,7 @@ _LIMITS = [
 _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
-    "max_num_batched_tokens", "maximum allowed length",
+    "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
     r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
@@ -99,6 +107,8 @@ def detect(line: LogLine) -> list[Hit]:
     if m:
         found = [m["a"], m["b"]] if m["a"] else re.findall(r"[\w.]+", m["set"] or "")
         out.append(Hit("fsdp_flatten", line, {"dtypes": [dtype_name(d) or d for d in found]}))
+    elif _FLASH.search(text):
+        out.append(Hit("fsdp_flatten", line, {"dtypes": [], "flash": True}))
     elif _FLATTEN_GRAD.search(text):
         out.append(Hit("fsdp_requires_grad", line))
     if "KV cache" not in text:
@@ -137,6 +147,9 @@ def owner(name: str, libs: list[str]) -> str | None:
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    req = facts.first("required_version", "pip_conflict")
+    if req is not None:
+        return _required(facts, ctx, req)
     h = facts.first("unexpected_kwarg", "missing_arg", "module_attr", "object_attr")
     while h is not None and h.rule == "object_attr":
         cls, attr = h.fields["cls"], h.fields["arg"]
@@ -181,6 +194,35 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         line=h.no,
         score=44.0,
         data={"caller": caller, "callee": callee, "name": name, "argument": arg},
+    )  # fmt: skip
+
+
+def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    """A version check that names both sides: transformers' ``X>=a is required ..., but found X==b``,
+    pip's ``A 1.0 requires X>=a, but you have X b``."""
+    f = h.fields
+    pkg, spec, found = f["mod"], f["spec"].rstrip("."), f["found"].rstrip(".")
+    who = f.get("callee")
+    pl = place(facts, h.line)
+    caller = who or next((p for p in _libraries(pl.tb) if p != pkg), None)
+    # pip's resolver warns in many healthy installs: a finding only where the log also failed
+    failed = h.rule == "required_version" or any(
+        sig in ("exception", "kill", "exit") for sig, _ in facts.signals
+    )
+    return Cause(
+        "error" if failed else "info",
+        "version_mismatch",
+        f"Version mismatch: {pkg} {found} installed, {pkg}{spec} required" + (f" by {caller}" if caller else ""),
+        f"{caller or 'A package'} checks the version of {pkg} it needs and the installed one is outside it.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx, advice(f"pip install '{pkg}{spec}' (the range {caller or 'the framework'} asks for), or a "
+                                f"{caller or 'framework'} release written for {pkg} {found}")),
+        where=f"{caller} -> {pkg}" if caller else pkg,
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=46.0,
+        data={"caller": caller, "callee": pkg, "required": spec, "found": found},
     )  # fmt: skip
 
 
@@ -284,6 +326,18 @@ def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
             fixes=[advice("FullyShardedDataParallel(use_orig_params=True) (accelerate: fsdp_use_orig_params: true), "
                           "or wrap the frozen modules in their own FSDP units")],
             where="use_orig_params", phase=pl.phase or "init", rank=pl.rank, line=h.no, score=40.0,
+        )  # fmt: skip
+    if h.fields.get("flash"):
+        return Cause(
+            "error", "dtype_error", "Dtype error: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
+            "flash-attn has kernels for fp16 and bf16 only: the model (or the attention's inputs) is in fp32, "
+            "typically a model loaded without a torch_dtype, or run outside autocast.",
+            evidence=[quote(h.line)] + pl.evidence(),
+            fixes=fixes(ctx, ("bf16_instead_of_fp16", "run the model in bf16 mixed precision"),
+                        advice("load the model with torch_dtype=torch.bfloat16, or attn_implementation='sdpa' "
+                               "for an fp32 model")),
+            unknown=[], where="flash_attn (fp32 inputs)", phase=pl.phase, rank=pl.rank, line=h.no, score=40.0,
+            data={"observed": "fp32", "expected": "bf16"},
         )  # fmt: skip
     dts = [d for d in h.fields["dtypes"] if d]
     shown = " and ".join(dts) or "mixed"
