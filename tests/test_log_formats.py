@@ -560,3 +560,17 @@ def test_pip_conflict_in_a_healthy_install_is_only_a_note(tmp_path):
     )
     d = diagnose(tmp_path, log)
     assert [c.severity for c in d.causes if c.kind == "version_mismatch"] == ["info"]
+
+
+def test_a_mismatch_before_a_collapse_is_named_in_its_evidence(tmp_path):
+    rows = [(0.05, 1.0 + i / 10, 0.4, 0.9) for i in range(6)] + [(0.0, "nan", 0.0, 0.0)] * 3
+    log = "".join(
+        f"step:{i} - actor/pg_loss:{lo} - actor/grad_norm:{g} - critic/score/mean:{r} - actor/entropy:{e} - "
+        f"rollout_corr/rollout_is_mean:2.7\n"
+        for i, (lo, g, r, e) in enumerate(rows, 1)
+    )
+    causes = diagnose(tmp_path, log).causes
+    assert causes[0].kind == "collapse" and causes[0].evidence[-1].startswith(
+        "preceded by: Rollout-vs-trainer"
+    )
+    assert any(c.kind == "mismatch" and c.severity == "warning" for c in causes)

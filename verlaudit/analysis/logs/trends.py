@@ -232,5 +232,9 @@ def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
 
 
 def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
-    """The table's causes: a collapse, a mismatch."""
-    return [c for c in (collapse(t, ctx), mismatch(t, ctx)) if c]
+    """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
+    the usual precursor)."""
+    fell, off = collapse(t, ctx), mismatch(t, ctx)
+    if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
+        fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
+    return [c for c in (fell, off) if c]
