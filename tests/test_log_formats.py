@@ -574,3 +574,12 @@ def test_a_mismatch_before_a_collapse_is_named_in_its_evidence(tmp_path):
         "preceded by: Rollout-vs-trainer"
     )
     assert any(c.kind == "mismatch" and c.severity == "warning" for c in causes)
+
+
+def test_sparse_reward_at_zero_for_two_steps_after_a_spike_is_healthy(tmp_path):
+    rows = [(0.05, 1.0, 0.1, 1.0)] * 5 + [
+        (0.05, 40.0, 0.1, 1.0),
+        (0.05, 1.0, 0.0, 1.0),
+        (0.05, 1.0, 0.0, 1.0),
+    ]
+    assert_healthy(tmp_path, _verl_steps(rows))

@@ -3,7 +3,8 @@
 - ``collapse``: the signature users report most, a gradient norm that turns NaN or spikes (above
   `SPIKE` times the median of the steps before it), then a change that lasts to the last logged step:
   the reward falls to 0, the loss becomes exactly 0, or the entropy falls below `ENTROPY_FALL` of its
-  early level (with no gradient trigger, a reward at 0 together with one of the other two). A spike
+  early level, for three logged steps at least (one after a NaN step, itself broken; with no gradient
+  trigger, a reward at 0 together with one of the other two). A spike
   the run recovers from is no finding, nor is a loss that was 0 from the start (TRL's GRPO loss is
   0 on its first steps by construction).
 - ``mismatch``: a rollout-vs-trainer mismatch or importance-sampling metric of any framework
@@ -90,7 +91,7 @@ def collapse(t: MetricTable, ctx: LogContext) -> Cause | None:
         trig = None  # (the non-finite rule's backward-only cause says what it is)
     t_step = grad[trig[0]][0] if trig else None
     nan_trigger = trig is not None and not math.isfinite(grad[trig[0]][2])
-    need = 1 if nan_trigger else 2
+    need = 1 if nan_trigger else 3  # a NaN step is itself broken; a spike or no trigger needs a run
     found: list[tuple[str, str, Point]] = []
 
     def zero(v: float) -> bool:
