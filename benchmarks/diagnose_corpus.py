@@ -61,7 +61,10 @@ NO_FIX = ("unknown", "none needed")
 # verlaudit.analysis.causes; the log rules in verlaudit.analysis.logs). A plain `oom` is deliberately not
 # accepted for the KV-cache and host-RAM categories: issue 17 names those two mislabels. `cuda_error` (a
 # kernel fault the NCCL watchdog or an engine reports) fits an engine's error and another exception alike;
-# `nccl_error` (NCCL itself failed, not its timeout) fits the collective-failure category.
+# `nccl_error` (NCCL itself failed, not its timeout) fits the collective-failure category. A collapse
+# whose trigger is a NaN gradient norm is a non-finite failure too, and the other way round (one
+# signature, two names); a name a package no longer exports (`cannot import name`) is an import error and
+# a version mismatch alike; an engine lacking the weight-update call the trainer makes fails the weight sync.
 ACCEPTED_KINDS: dict[str, frozenset[str]] = {
     "oom_gpu": frozenset({"oom"}),
     "oom_host": frozenset({"oom_host"}),
@@ -71,14 +74,19 @@ ACCEPTED_KINDS: dict[str, frozenset[str]] = {
     "ray_actor_died": frozenset({"ray_actor_died", "killed"}),
     "dtype_error": frozenset({"dtype_error"}),
     "dtype_unsupported": frozenset({"dtype_unsupported", "refused"}),
-    "nonfinite": frozenset({"nonfinite"}),
+    "nonfinite": frozenset({"nonfinite", "collapse"}),
     "loss_scale": frozenset({"loss_scale_collapse", "overflow_skips"}),
     "unscale_fp16": frozenset({"unscale_fp16"}),
-    "import_error": frozenset({"import_error"}),
-    "weight_sync": frozenset({"weight_sync"}),
+    "import_error": frozenset({"import_error", "version_mismatch"}),
+    "weight_sync": frozenset({"weight_sync", "engine_feature"}),
     "compile_error": frozenset({"compile_error"}),
     "exception": frozenset({"exception", "device_mismatch", "cuda_error"}),
     "engine_error": frozenset({"engine_error", "cuda_error"}),
+    "version_mismatch": frozenset({"version_mismatch", "import_error"}),
+    "engine_feature": frozenset({"engine_feature", "weight_sync"}),
+    "engine_limit": frozenset({"engine_limit"}),
+    "collapse": frozenset({"collapse", "nonfinite"}),
+    "mismatch": frozenset({"mismatch"}),
     "clean": frozenset(),  # scored on the verdict, not on a kind
 }
 CATEGORIES = tuple(ACCEPTED_KINDS)

@@ -77,12 +77,21 @@ def test_verl_line_nan_is_one_piece_of_evidence(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("line", ["epoch 3 iter 40 loss=nan lr=1e-5", "iter 40 | grad_norm: inf"])
-def test_plain_nan_outside_records_is_still_evidence(tmp_path, line):
+def test_plain_nan_outside_records_is_still_evidence(tmp_path):
+    line = "iter 40 | grad_norm: inf"  # one pair: no record, the plain scan's evidence
     log = tmp_path / "plain.log"
     log.write_text(f"epoch 1 done\n{line}\n")
     top = diagnose_path(log)[0].causes[0]
     assert top.kind == "nonfinite" and top.evidence == [f"line 2: log: {line}"]
+
+
+def test_key_value_line_is_a_record_with_its_step(tmp_path):
+    # two pairs, one a training metric: a key=value record (its step from `iter 40`), one piece of evidence
+    log = tmp_path / "plain.log"
+    log.write_text("epoch 1 done\nepoch 3 iter 40 loss=nan lr=1e-5\n")
+    top = diagnose_path(log)[0].causes[0]
+    assert top.kind == "nonfinite" and top.step == 40
+    assert top.evidence == ["line 2: step 40: first non-finite metrics loss"]
 
 
 @given(

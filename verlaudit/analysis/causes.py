@@ -41,7 +41,11 @@ class Cause:
     ``reward_collapse``, ``reward_variance``, ``killed``, ``exception``, ``interrupted``, ``refused``,
     ``device_mismatch``, ``finding:<kind>``; from foreign logs also ``oom_host``, ``oom_kv_cache``,
     ``nccl_timeout``, ``nccl_error``, ``ray_actor_died``, ``cuda_error``, ``dtype_unsupported``,
-    ``unscale_fp16``, ``import_error``, ``weight_sync``, ``engine_error``, ``compile_error``."""
+    ``unscale_fp16``, ``import_error``, ``weight_sync``, ``engine_error``, ``compile_error``,
+    ``version_mismatch`` (two libraries' versions do not fit), ``engine_feature`` (the engine lacks a
+    call the trainer makes), ``engine_limit`` (a request over the engine's configured limits),
+    ``collapse`` (NaN / spiking gradient norm, then reward 0, loss exactly 0 or entropy collapsing) and
+    ``mismatch`` (a rollout-vs-trainer metric outside its published bound)."""
     title: str
     what: str
     evidence: list[str] = dataclasses.field(default_factory=list)

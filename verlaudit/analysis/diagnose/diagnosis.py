@@ -531,10 +531,10 @@ def diagnose_log(path: str | Path) -> Diagnosis:
     p = Path(path)
     read = logs.read(p)
     causes, ctx = logs.explain(read.facts)
-    found = read.nonfinite.causes(ctx)
+    found = read.causes(ctx)
     for c in found:
         c.framework = ctx.framework
-    if found:  # a recognised NaN explains the log: no "unrecognised failure" beside it
+    if any(c.severity == "error" for c in found):  # a recognised NaN / collapse explains the log
         causes = [
             c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
         ]

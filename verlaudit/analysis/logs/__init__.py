@@ -1,7 +1,8 @@
 """Rules that explain a foreign training log, one module per family: ``distributed`` (NCCL / Gloo
 timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``engines`` (vLLM /
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
-(dtype, import, configuration errors), with ``frameworks`` (which framework, the settings it printed,
+(dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
+features and limits, FSDP's dtype flattening), with ``frameworks`` (which framework, the settings it printed,
 the fix vocabulary) and ``phases`` (the phase from frames). Each family has a per-line ``detect`` and a
 pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
@@ -10,8 +11,12 @@ pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming
         scan.feed(no, line)
     causes, ctx = explain(scan.facts())
 
-``records`` reads the metric records (verl step lines, HF Trainer / TRL dicts) and their non-finite
-evidence, ``read`` a log file in one bounded pass. ``explain`` never lets a log with an error line, a
+``table`` reads every metric format into one per-step table before any rule runs (verl step lines and
+file-logger JSON lines, HF Trainer / TRL dicts over one line or several, JSON lines, key=value and
+key: value lines, printed tables; ``files``: trainer_state.json, TensorBoard event files, W&B files),
+``records`` draws the non-finite evidence from it, ``trends`` the collapse signature and the
+rollout-vs-trainer mismatch (one vocabulary across frameworks: ``vocab``); ``read`` reads a log file in
+one bounded pass. ``explain`` never lets a log with an error line, a
 non-zero exit, a kill or a hang come back clean; ``explain_text`` runs the same families over a run's
 recorded traceback. The order (root before cascade) is the run's: ``classify`` gives a log cause its
 class in the root-cause rules, `verlaudit.analysis.diagnose.diagnosis.diagnose_log` orders with them.
@@ -24,13 +29,37 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verlaudit.analysis.causes import Cause
-from verlaudit.analysis.logs import distributed, engines, exceptions, frameworks, memory, phases, scaling
+from verlaudit.analysis.logs import (
+    distributed,
+    engines,
+    exceptions,
+    frameworks,
+    libraries,
+    memory,
+    phases,
+    scaling,
+)
 from verlaudit.analysis.logs.frameworks import LogContext
+from verlaudit.analysis.logs.lines import package_of
 from verlaudit.analysis.logs.read import LogRead, log_lines, read_log
-from verlaudit.analysis.logs.scan import LogFacts, LogScan, place, quote
+from verlaudit.analysis.logs.scan import LogFacts, LogScan, Traceback, place, quote
 
-DETECTORS = (distributed.detect, memory.detect, engines.detect, scaling.detect, exceptions.detect)
-FAMILIES = (distributed.explain, memory.explain, engines.explain, scaling.explain, exceptions.explain)
+DETECTORS = (
+    distributed.detect,
+    memory.detect,
+    engines.detect,
+    scaling.detect,
+    exceptions.detect,
+    libraries.detect,
+)
+FAMILIES = (
+    distributed.explain,
+    memory.explain,
+    engines.explain,
+    scaling.explain,
+    exceptions.explain,
+    libraries.explain,
+)
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
 the others time out; a dead worker makes its callers fail): an earlier failure of another kind is
@@ -132,10 +161,10 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     else:
         pl = place(facts, line)
         title = f"Unrecognised failure: {line.text.strip()[:200]}"
-        ev = [quote(line)] + pl.evidence()
+        ev = [quote(line)] + pl.evidence() + _library_evidence(pl.tb)
         others = [quote(s[1], 160) for s in signals[1:3] if s[1].no != line.no]
         ev += [f"also: {o}" for o in others]
-        pl_where, phase, rank, no = pl.culprit(), pl.phase, pl.rank, line.no
+        pl_where, phase, rank, no = pl.culprit(_library(pl.tb)), pl.phase, pl.rank, line.no
     what = {
         "exception": "An exception ended the run with a message verlaudit does not recognise.",
         "kill": "A process was killed or crashed.",
@@ -158,6 +187,30 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
             score=10.0,
             unknown=["the cause: this message is not one of the failure patterns verlaudit explains"],
         )
+    ]
+
+
+def _library(tb: Traceback | None) -> str | None:
+    """The package of the innermost library frame (where an unknown exception was raised)."""
+    for f in reversed(tb.frames if tb else []):
+        if f.library and (pkg := package_of(f.path)):
+            return pkg
+    return None
+
+
+def _library_evidence(tb: Traceback | None) -> list[str]:
+    """Where inside a library an unknown exception came from, and the libraries it went through."""
+    lib = _library(tb)
+    if tb is None or lib is None:
+        return []
+    f = next(f for f in reversed(tb.frames) if f.library and package_of(f.path) == lib)
+    libs: list[str] = []
+    for g in reversed(tb.frames):
+        p = package_of(g.path)
+        if p and p not in libs:
+            libs.append(p)
+    return [
+        f"raised inside {lib} ({f.path}:{f.lineno} in {f.func}); libraries, innermost first: {', '.join(libs)}"
     ]
 
 

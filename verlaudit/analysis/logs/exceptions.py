@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
-from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints
+from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
@@ -112,6 +112,28 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     ]
 
 
+_OPERAND = re.compile(r"\b(\w+)\.dtype:?\s*((?:c10::)?[\w:.]+)")
+_PAIR = re.compile(r"\b(mat1|self|m1|input|query|vectors)\b and (\w+) (?:must|to) have the same dtype")
+
+
+def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
+    """A dtype error's title from every operand the message names (``query fp32, key fp32, value
+    bf16``), the observed / expected pair when that is all it says, or the operands alone when it
+    names no dtype (``self and mat2 must have the same dtype``)."""
+    ops = [(n, dtype_name(t.rstrip(",.")) or t) for n, t in _OPERAND.findall(text)]
+    if len(ops) >= 3 or (len(ops) == 2 and observed == expected):
+        return "Dtype error: " + ", ".join(f"{n} {t}" for n, t in ops) + " (one op needs one dtype)"
+    if observed is None and expected is None:
+        m = _PAIR.search(text)
+        if m:
+            return f"Dtype error: {m[1]} and {m[2]} of different dtypes (the message names neither dtype)"
+        return "Dtype error: operands of different dtypes (the message names neither dtype)"
+    m = _PAIR.search(text)
+    if m and observed and expected and m[1] != "vectors":
+        return f"Dtype error: {m[1]} {observed}, {m[2]} {expected}"
+    return f"Dtype error: {observed or '?'} where {expected or '?'} was expected"
+
+
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("dtype_error")
     if h is None:
@@ -163,7 +185,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
     return Cause(
         "error",
         "dtype_error",
-        f"Dtype error: {obs or '?'} where {exp or '?'} was expected",
+        dtype_title(h.line.text, obs, exp),
         what,
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
@@ -391,14 +413,26 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     wrapped = {t.fields["groups"][0] for t in facts.of("ray_task")}
     in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
     pl = place(facts, h.line)
+    kind, where = "import_error", pkg
+    if h.rule == "cannot_import":  # a name the installed package does not export: a version pair
+        importer = next(
+            (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
+            None,
+        )
+        kind, where = "version_mismatch", f"{importer} -> {pkg}" if importer else pkg
+        if importer:
+            fix_text = (
+                f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
+                f"release written for the installed {pkg}"
+            )
     return Cause(
         "error",
-        "import_error",
+        kind,
         title,
         what,
         evidence=[quote(x.line) for x in hits[:3]] + pl.evidence(),
         fixes=fixes(ctx, advice(fix_text), advice(_RAY_ENV) if in_ray else None),
-        where=pkg,
+        where=where,
         phase="init",
         rank=pl.rank,
         line=h.no,

@@ -114,6 +114,20 @@ class Frame:
         return f"{self.func}: {call}" if call and call.split(".")[-1] != self.func else self.func
 
 
+_PACKAGE = re.compile(r"(?:site|dist)-packages/(?:\.?[\w-]+\.(?:egg|dist-info)/)?([A-Za-z_]\w*)")
+_CHECKOUT = re.compile(
+    r"/(verl|trl|openrlhf|nemo_rl|skyrl\w*|slime|vllm|sglang|deepspeed|transformers|accelerate|torch|"
+    r"megatron|ray|peft|flash_attn|apex|datasets|realhf|areal|ROLL|roll)/"
+)
+
+
+def package_of(path: str) -> str | None:
+    """The top-level package a frame's file belongs to (an installed one, or a checkout of a known
+    framework: ``/opt/verl/verl/...`` is verl); None for the user's own code."""
+    m = _PACKAGE.search(path) or _CHECKOUT.search(path)
+    return m[1] if m and m[1] not in ("__pycache__",) else None
+
+
 _FRAME = re.compile(
     r'^\s*(?:File\s+)?"?(?P<path>[^"\s][^"]*?\.pyx?|<[^>]+>)"?, line (?P<ln>\d+), in (?P<func>[\w.<>]+)'
 )

@@ -1,7 +1,8 @@
-"""Per-step metric records in a foreign log (verl ``step:N - key:value`` console lines, HF Trainer / TRL
-log dicts and JSON records) and the non-finite evidence drawn from them and from the lines around
-them (a plain ``loss=nan``, anomaly mode's backward function, NaN probabilities in sampling): fed
-line by line, bounded whatever the log's size. Exercised by ``pytest tests/test_logparse.py``.
+"""The non-finite evidence of a foreign log: the first metric record (`verlaudit.analysis.logs.table`,
+every format) with a non-finite loss, gradient-norm, reward or log-prob metric (`vocab.is_finding_key`),
+and from the lines around them a plain ``loss=nan``, anomaly mode's backward function, NaN
+probabilities in sampling: fed line by line, bounded whatever the log's size. Exercised by
+``pytest tests/test_logparse.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import BACKWARD_NAN_WHAT, Cause, Fix, backward_nan_fixes
+from verlaudit.analysis.logs import table, vocab
 from verlaudit.analysis.logs.frameworks import LogContext, applied, fixes
 
 
@@ -25,9 +27,7 @@ def _lineno(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-# ---- per-step logs: verl, HF Trainer / TRL dicts, plain `loss=nan`
-_VERL_STEP = re.compile(r"step:(\d+)\s+-\s+(.*)")
-_VERL_KV = re.compile(r"([\w./@-]+):\s*([-+]?(?:nan|inf|[\d.]+(?:e[-+]?\d+)?))", re.I)
+# ---- non-finite evidence outside the records: a plain `loss=nan`, anomaly mode, sampling
 _PLAIN_NAN = re.compile(r"\b(\w*loss\w*|grad_norm)\s*[=:]\s*(nan|-?inf)\b", re.I)
 _NAN_VALUE = re.compile(r"[=:][^\S\n]*-?(?:nan|inf)\b")
 """What every `_PLAIN_NAN` match contains: a fast test before the slow one."""
@@ -35,61 +35,16 @@ _ANOMALY = re.compile(r"Function '(\w+)' returned nan values in its (\d+)(?:th|s
 _SAMPLING_NAN = re.compile(r"probability tensor contains either `inf`, `nan` or element < 0")
 
 
-def _f(x: str) -> float:
-    try:
-        return float(x)
-    except ValueError:
-        return math.nan
-
-
-# An HF Trainer / TRL log dict anywhere in a line (after a tqdm bar or a logger prefix, before a bar's
-# tail), or cut off at the line's end when the process died mid-print.
-_HF_RECORD = re.compile(r"\{(['\"])(?:loss|train_loss)\1:[^{}]*(?:\}|$)")
-_HF_KV = re.compile(r"(['\"])([\w/.@()-]+)\1:\s*['\"]?([^'\",}]+)['\"]?")
-
-
-def _hf_value(text: str) -> float | None:
-    """A dict value as a float; None for what is not a number (not evidence of a NaN)."""
-    v = text.strip()
-    if v.startswith("tensor("):  # older Trainers logged tensors: `tensor(nan, device='cuda:0')`
-        v = v[len("tensor(") :]
-    try:
-        return float(v)
-    except ValueError:
-        return None
-
-
 def parse_metric_lines(text: str) -> list[dict[str, Any]]:
-    """Metric records (like metrics.jsonl) from verl ``step:N - key:value - ...`` console lines and
-    from HF Trainer / TRL log dicts (``{'loss': '0.69', 'grad_norm': 'nan', ...}``, values quoted or
-    not; anywhere in a line, or cut off at its end). HF dicts carry no step: their step is the record's
-    ordinal, and ``_source`` says which. A value that is not a number is left out."""
+    """The metric records of a log's text, in every line format `verlaudit.analysis.logs.table`
+    reads (verl step lines, HF Trainer / TRL dicts, JSON lines, key=value pairs, tables). A record
+    without a step of its own (an HF dict) gets its ordinal among those; ``_source`` says which
+    format it came from. A value that is not a number is left out."""
+    t = table.MetricTable()
     out: list[dict[str, Any]] = []
-    hf = 0
     for ln, line in enumerate(text.splitlines(), 1):
-        recs = line_records(line, ln, hf)
-        hf += sum(r["_source"] == "hf" for r in recs)
-        out += recs
-    return out
-
-
-def line_records(line: str, ln: int, hf: int) -> list[dict[str, Any]]:
-    """The metric records of log line ``ln``; ``hf`` HF dicts came before it (their steps count on)."""
-    if "step:" not in line and "{'" not in line and '{"' not in line:  # most lines: skip the regexes
-        return []
-    m = _VERL_STEP.search(line)
-    if m:
-        rec = {"step": int(m[1]), "_line": ln, "_source": "verl"}
-        rec.update({k: _f(v) for k, v in _VERL_KV.findall(m[2])})
-        return [rec]
-    out = []
-    for d in _HF_RECORD.finditer(line):
-        hf += 1
-        rec = {"step": hf, "_line": ln, "_source": "hf"}
-        values = ((k, _hf_value(v)) for _, k, v in _HF_KV.findall(d[0]))
-        rec.update({k: v for k, v in values if v is not None})
-        out.append(rec)
-    return out
+        out += t.feed(ln, line)
+    return out + t.finish()
 
 
 class Nonfinite:
@@ -111,7 +66,10 @@ class Nonfinite:
                 bad = [
                     k
                     for k, v in rec.items()
-                    if not k.startswith("_") and isinstance(v, float) and not math.isfinite(v)
+                    if not k.startswith("_")
+                    and isinstance(v, float)
+                    and not math.isfinite(v)
+                    and vocab.is_finding_key(k)
                 ]
                 if bad:
                     self.first_bad = (i, rec, bad)

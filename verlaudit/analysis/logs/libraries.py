@@ -1,0 +1,366 @@
+"""Failures that name the libraries they come from, read from the message and its frames:
+
+- ``version_mismatch``: one library calling another with an API the installed version does not have
+  (``TypeError: f() got an unexpected keyword argument 'x'`` / ``missing 1 required positional
+  argument``, ``AttributeError: module 'torch' has no attribute 'x'``), or a version check that names
+  both (transformers' ``X>=a is required for ..., but found X==b``, pip's ``A requires X>=a, but you
+  have X b``): the culprit is the pair, the caller (the innermost frame's package) and the callee (the
+  package the message names, or the one that defines the class it names); the fix pins the pair;
+- ``engine_feature``: the trainer calls an inference engine's method the engine (its version, its
+  backend) does not have (``'SGLangWorker' object has no attribute 'update_weights_from_tensor'``);
+- ``engine_limit``: a request over an engine's configured limits (vLLM's prompt longer than
+  ``max_model_len``, ``Input prompt (N tokens) is too long and exceeds limit of M``: the request is
+  dropped; ``max_num_batched_tokens`` smaller than ``max_model_len``; SGLang's input length check);
+- FSDP / FSDP2 flattening parameters of mixed dtypes (``Must flatten tensors with uniform dtype but got
+  torch.float32 and torch.bfloat16``, ``FSDP expects uniform original parameter dtype``): a
+  ``dtype_error``, as is flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``);
+  mixed ``requires_grad`` in one FSDP unit: an ``exception`` with FSDP's remedy.
+
+Exercised by ``pytest tests/test_log_formats.py -k libraries``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.lines import LogLine, hints, package_of
+from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
+from verlaudit.dtypes import dtype_name
+
+_API = [
+    ("unexpected_kwarg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) got an unexpected keyword argument '(?P<arg>\w+)'")),
+    ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
+                               r"arguments?: '(?P<arg>\w+)'")),
+    ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
+    ("object_attr", re.compile(r"AttributeError: '(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
+    # transformers' require_version / dependency_versions_check, and pip's resolver
+    ("required_version", re.compile(r"(?P<arg>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^ ]*) is required for [^,]*, but found "
+                                    r"(?P<mod>[A-Za-z][\w.-]*)==(?P<found>[\w.+-]+)")),
+    ("pip_conflict", re.compile(r"(?P<callee>[A-Za-z][\w.-]*) [\w.+-]+ requires (?P<mod>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^,]*), "
+                                r"but you have (?P=mod) (?P<found>[\w.+-]+)")),
+]  # fmt: skip
+_FLATTEN = re.compile(
+    r"Must flatten tensors with uniform dtype but got (?P<a>[\w.]+) and (?P<b>[\w.]+)"
+    r"|FSDP expects uniform original parameter dtype but got \{(?P<set>[^}]*)\}"
+)
+_FLASH = re.compile(r"FlashAttention only supports? fp16 and bf16 data type")
+_FLATTEN_GRAD = re.compile(r"Must flatten tensors with uniform ``?requires_grad``?")
+_LIMITS = [
+    ("max_model_len", re.compile(r"prompt \(length (?P<n>\d+)\) is longer than the maximum model length of (?P<m>\d+)", re.I)),
+    ("max_model_len", re.compile(r"prompt length of (?P<n>\d+) is longer than the maximum model length of (?P<m>\d+)", re.I)),
+    ("max_model_len", re.compile(r"prompt \(total length (?P<n>\d+)\) is too long to fit into the model \(context length (?P<m>\d+)\)")),
+    ("max_model_len", re.compile(r"maximum context length is (?P<m>\d+) tokens\. However, you requested (?P<n>\d+) tokens")),
+    ("max_model_len", re.compile(r"User-specified max_model_len \((?P<n>\d+)\) is greater than the derived max_model_len")),
+    ("prompt_limit", re.compile(r"Input prompt \((?P<n>\d+) tokens\) is too long and exceeds limit of (?P<m>\d+)")),
+    ("block_manager", re.compile(r"Input prompt \((?P<n>\d+) tokens\) \+ lookahead slots \(\d+\) is too long and "
+                                 r"exceeds the capacity of block_manager")),
+    ("max_num_batched_tokens", re.compile(r"max_num_batched_tokens \((?P<m>\d+)\) is smaller than max_model_len \((?P<n>\d+)\)")),
+    ("max_num_batched_tokens", re.compile(r"(?P<n>\d+) tokens?\)?[^\n]{0,40}exceeds?[^\n]{0,30}max_num_batched_tokens"
+                                          r"(?:[^\d\n]{0,20}(?P<m>\d+))?")),
+    ("context_length", re.compile(r"Input length \((?P<n>\d+) tokens\) exceeds the maximum allowed length \((?P<m>\d+) tokens\)")),
+    ("context_length", re.compile(r"input \((?P<n>\d+) tokens\) is longer than the model's context length \((?P<m>\d+) tokens\)", re.I)),
+]  # fmt: skip
+_HAS = hints(
+    "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
+    "uniform original", "maximum model length", "too long", "context length", "max_model_len",
+    "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
+)  # fmt: skip
+_ENGINE_CLASS = re.compile(
+    r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
+)
+_ENGINE_METHODS = re.compile(
+    r"^(?:update_weights\w*|init_weights_update_group|update_named_param\w*|load_weights|collective_rpc|"
+    r"sleep|wake_up|reset_prefix_cache|release_memory_occupation|resume_memory_occupation|"
+    r"flush_cache|get_weights_by_name|init_weight_update_group|add_lora|generate\w*)$"
+)
+_BUILTIN = frozenset({"NoneType", "str", "list", "dict", "int", "float", "tuple", "bool", "bytes", "set"})
+# the package that defines a class or function a message names (the callee of a version mismatch)
+_OWNER = [
+    (re.compile(r"^(?:LLM|SamplingParams|EngineArgs|AsyncEngineArgs|LLMEngine|AsyncLLMEngine|AsyncLLM|"
+                r"GuidedDecodingParams|LoRARequest)\b"), "vllm"),
+    (re.compile(r"^(?:GRPOConfig|GRPOTrainer|SFTTrainer|SFTConfig|DPOTrainer|DPOConfig|PPOTrainer|"
+                r"RewardTrainer|AutoModelForCausalLMWithValueHead)\b"), "trl"),
+    (re.compile(r"^(?:TrainingArguments|Trainer|PreTrainedModel|PretrainedConfig|AutoModel\w*|AutoTokenizer|"
+                r"\w+ForCausalLM|\w+Config|GenerationConfig|\w+Tokenizer\w*)\b"), "transformers"),
+    (re.compile(r"^(?:LoraConfig|PeftModel\w*|get_peft_model)\b"), "peft"),
+    (re.compile(r"^(?:Accelerator|AcceleratorState)\b"), "accelerate"),
+    (re.compile(r"^(?:DeepSpeedEngine|DeepSpeedZeroOptimizer\w*)\b"), "deepspeed"),
+    (re.compile(r"^(?:FullyShardedDataParallel|FSDP|fully_shard|MixedPrecision\w*|DTensor|DeviceMesh)\b"), "torch"),
+    (re.compile(r"^(?:Dataset|DatasetDict|load_dataset)\b"), "datasets"),
+]  # fmt: skip
+
+
+def detect(line: LogLine) -> list[Hit]:
+    """API, engine-feature, engine-limit and FSDP flattening messages in one line."""
+    text = line.text
+    if not _HAS(text):
+        return []
+    out = []
+    for rule, pat in _API:
+        m = pat.search(text)
+        if m:
+            out.append(Hit(rule, line, m.groupdict()))
+    m = _FLATTEN.search(text)
+    if m:
+        found = [m["a"], m["b"]] if m["a"] else re.findall(r"[\w.]+", m["set"] or "")
+        out.append(Hit("fsdp_flatten", line, {"dtypes": [dtype_name(d) or d for d in found]}))
+    elif _FLASH.search(text):
+        out.append(Hit("fsdp_flatten", line, {"dtypes": [], "flash": True}))
+    elif _FLATTEN_GRAD.search(text):
+        out.append(Hit("fsdp_requires_grad", line))
+    if "KV cache" not in text:
+        for setting, pat in _LIMITS:
+            m = pat.search(text)
+            if m:
+                out.append(Hit("engine_limit", line, {"setting": setting, **m.groupdict()}))
+                break
+    return out
+
+
+def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
+    """Version mismatches, missing engine features, engine limits, FSDP flattening."""
+    return [c for c in (_api(facts, ctx), _limit(facts, ctx), _flatten(facts, ctx)) if c]
+
+
+def _libraries(tb: Traceback | None) -> list[str]:
+    """The packages of a traceback's frames, innermost first, each once."""
+    out: list[str] = []
+    for f in reversed(tb.frames if tb else []):
+        pkg = package_of(f.path)
+        if pkg and pkg not in out:
+            out.append(pkg)
+    return out
+
+
+def owner(name: str, libs: list[str]) -> str | None:
+    """The package that defines ``name`` (a class, ``Class.method`` or a module path)."""
+    head = name.split(".", 1)[0]
+    for pat, pkg in _OWNER:
+        if pat.match(head):
+            return pkg
+    return None
+
+
+# (they share the frames' reading and differ in what they name and fix)
+# long: three families of API message: a keyword, a module attribute, an engine method
+def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    req = facts.first("required_version", "pip_conflict")
+    if req is not None:
+        return _required(facts, ctx, req)
+    h = facts.first("unexpected_kwarg", "missing_arg", "module_attr", "object_attr")
+    while h is not None and h.rule == "object_attr":
+        cls, attr = h.fields["cls"], h.fields["arg"]
+        if _ENGINE_CLASS.search(cls) and (_ENGINE_METHODS.match(attr) or "weight" in attr):
+            return _engine_feature(facts, ctx, h)
+        rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
+        h = rest[0] if rest else None
+    if h is None:
+        return None
+    pl = place(facts, h.line)
+    libs = _libraries(pl.tb)
+    arg = h.fields["arg"]
+    if h.rule == "module_attr":
+        callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
+        what = f"module {h.fields['mod']} has no {arg}"
+    else:
+        name = h.fields["callee"]
+        callee = owner(name, libs) or next((p for p in libs[1:2]), None)
+        what = f"{name}() " + ("does not take" if h.rule == "unexpected_kwarg" else "requires") + f" '{arg}'"
+    caller = next((p for p in libs if p != callee), None)
+    pair = [p for p in (caller, callee) if p]
+    where = " -> ".join(pair) if pair else name
+    pins = " and ".join(pair) if pair else "the two libraries"
+    return Cause(
+        "error",
+        "version_mismatch",
+        f"Version mismatch{f' between {caller} and {callee}' if caller and callee else ''}: {what}",
+        f"{caller or 'The calling code'} was written against another version of {callee or 'the library it calls'}: "
+        "the installed one renamed, removed or added that argument or attribute. Nothing is wrong with "
+        "the run's settings; the environment holds a pair of versions that were never released together.",
+        evidence=[quote(h.line)] + pl.evidence() + ([f"libraries in the traceback: {', '.join(libs)}"] if libs else []),
+        fixes=fixes(
+            ctx,
+            advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
+                   f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
+                   f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),
+        ),
+        unknown=["which versions are installed: run `pip list | grep -i -E '" + "|".join(pair or ["torch"]) + "'`"],
+        where=f"{where} ({name}{'' if h.rule == 'module_attr' else f': {arg}'})",
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+        data={"caller": caller, "callee": callee, "name": name, "argument": arg},
+    )  # fmt: skip
+
+
+def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    """A version check that names both sides: transformers' ``X>=a is required ..., but found X==b``,
+    pip's ``A 1.0 requires X>=a, but you have X b``."""
+    f = h.fields
+    pkg, spec, found = f["mod"], f["spec"].rstrip("."), f["found"].rstrip(".")
+    who = f.get("callee")
+    pl = place(facts, h.line)
+    caller = who or next((p for p in _libraries(pl.tb) if p != pkg), None)
+    # pip's resolver warns in many healthy installs: a finding only where the log also failed
+    failed = h.rule == "required_version" or any(
+        sig in ("exception", "kill", "exit") for sig, _ in facts.signals
+    )
+    return Cause(
+        "error" if failed else "info",
+        "version_mismatch",
+        f"Version mismatch: {pkg} {found} installed, {pkg}{spec} required" + (f" by {caller}" if caller else ""),
+        f"{caller or 'A package'} checks the version of {pkg} it needs and the installed one is outside it.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx, advice(f"pip install '{pkg}{spec}' (the range {caller or 'the framework'} asks for), or a "
+                                f"{caller or 'framework'} release written for {pkg} {found}")),
+        where=f"{caller} -> {pkg}" if caller else pkg,
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=46.0,
+        data={"caller": caller, "callee": pkg, "required": spec, "found": found},
+    )  # fmt: skip
+
+
+def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    cls, attr = h.fields["cls"], h.fields["arg"]
+    pl = place(facts, h.line)
+    libs = _libraries(pl.tb)
+    low = (cls + " " + " ".join(libs)).lower()
+    engine = "sglang" if "sglang" in low else "vllm" if "vllm" in low else None
+    weight = "weight" in attr or attr in ("load_weights", "init_weights_update_group", "update_named_param")
+    verl = ctx.framework in (None, "verl")
+    return Cause(
+        "error",
+        "engine_feature",
+        f"The rollout engine has no {attr}: {cls} lacks the {'weight-update' if weight else 'engine'} call the trainer makes",
+        f"The trainer called {cls}.{attr}, which this engine{f' ({engine})' if engine else ''} does not provide in "
+        "its installed version or with the backend / mode the configuration chose. "
+        + ("The weights cannot reach the engine, so no rollout after the first would see the update. " if weight else "")
+        + "It is a pairing of trainer, engine version and engine mode, not a numerical problem.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[
+            Fix(None, V.ROLLOUT_NAME if verl else None,
+                f"use the engine (and engine version) the framework supports for {attr}: its pinned "
+                f"{engine or 'engine'} version, or the rollout engine / mode its docs pair with this trainer"),
+            advice(f"upgrade or pin {engine or 'the engine'} to the release that provides {cls}.{attr} (the "
+                   "framework's requirements name it)"),
+        ],
+        where=f"{cls}.{attr}",
+        phase="weight_sync" if weight else pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=45.0,
+        data={"class": cls, "method": attr, "engine": engine},
+    )  # fmt: skip
+
+
+_LIMIT_WHAT = {
+    "max_model_len": "a prompt (with its response budget) longer than the engine's max_model_len",
+    "prompt_limit": "a prompt over the scheduler's limit (min of max_model_len and max_num_batched_tokens): "
+                    "vLLM ignores the request and returns nothing for it",
+    "block_manager": "a prompt the KV-cache block manager cannot hold at all: the request is ignored",
+    "max_num_batched_tokens": "max_num_batched_tokens below the sequence length: longer prompts are refused",
+    "context_length": "an input longer than the engine's context length",
+}  # fmt: skip
+
+
+def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("engine_limit")
+    if h is None:
+        return None
+    f = h.fields
+    pl = place(facts, h.line)
+    setting = f["setting"]
+    key = (
+        "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
+    )
+    failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(
+        "Error"
+    )
+    n, m = f.get("n"), f.get("m")
+    verl = ctx.framework in (None, "verl")
+    return Cause(
+        "error" if failed else "warning",
+        "engine_limit",
+        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {key}"
+        + (f" ({m})" if m else "") + ("" if failed else ": the request is dropped"),
+        f"The inference engine refused {_LIMIT_WHAT[setting]}. The engine's limits come from its configuration "
+        "(max_model_len, max_num_batched_tokens, the model's context length), not from memory.",
+        evidence=[quote(h.line)] + pl.evidence() + [f"also: {quote(x.line, 160)}" for x in facts.of("engine_limit")[1:3]],
+        fixes=fixes(
+            ctx,
+            Fix(None, V.ROLLOUT_MAX_NUM_BATCHED_TOKENS if verl else None,
+                "raise max_num_batched_tokens to at least max_model_len (chunked prefill lifts the limit too)",
+                key=None if verl else "max_num_batched_tokens (--max-num-batched-tokens)",
+                framework=None if verl else "vllm") if key == "max_num_batched_tokens" else None,
+            ("max_model_len", "raise the engine's max_model_len to prompt + response length"),
+            Fix(None, "data.filter_overlong_prompts=True" if verl else None,
+                "or drop prompts over the limit before they reach the engine (data.max_prompt_length)"),
+        ),
+        where=key,
+        phase="generate",
+        rank=pl.rank,
+        line=h.no,
+        score=42.0,
+        data={"setting": key, "length": n, "limit": m},
+    )  # fmt: skip
+
+
+def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("fsdp_flatten", "fsdp_requires_grad")
+    if h is None:
+        return None
+    pl = place(facts, h.line)
+    verl = ctx.framework in (None, "verl")
+    if h.rule == "fsdp_requires_grad":
+        return Cause(
+            "error", "exception", "FSDP cannot flatten frozen and trainable parameters into one unit",
+            "FSDP1 flattens each wrapped unit's parameters into one flat parameter, which has one "
+            "requires_grad: a unit mixing frozen and trainable parameters (LoRA, a frozen tower) fails.",
+            evidence=[quote(h.line)] + pl.evidence(),
+            fixes=[advice("FullyShardedDataParallel(use_orig_params=True) (accelerate: fsdp_use_orig_params: true), "
+                          "or wrap the frozen modules in their own FSDP units")],
+            where="use_orig_params", phase=pl.phase or "init", rank=pl.rank, line=h.no, score=40.0,
+        )  # fmt: skip
+    if h.fields.get("flash"):
+        return Cause(
+            "error", "dtype_error", "Dtype error: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
+            "flash-attn has kernels for fp16 and bf16 only: the model (or the attention's inputs) is in fp32, "
+            "typically a model loaded without a torch_dtype, or run outside autocast.",
+            evidence=[quote(h.line)] + pl.evidence(),
+            fixes=fixes(ctx, ("bf16_instead_of_fp16", "run the model in bf16 mixed precision"),
+                        advice("load the model with torch_dtype=torch.bfloat16, or attn_implementation='sdpa' "
+                               "for an fp32 model")),
+            unknown=[], where="flash_attn (fp32 inputs)", phase=pl.phase, rank=pl.rank, line=h.no, score=40.0,
+            data={"observed": "fp32", "expected": "bf16"},
+        )  # fmt: skip
+    dts = [d for d in h.fields["dtypes"] if d]
+    shown = " and ".join(dts) or "mixed"
+    return Cause(
+        "error",
+        "dtype_error",
+        f"Dtype error: FSDP flattens one dtype per unit, got {shown} parameters",
+        "FSDP (FSDP1's flat parameter; FSDP2's fully_shard) needs every parameter of a wrapped unit in one "
+        "original dtype; MixedPrecision casts at compute time only. A module loaded or cast into another dtype "
+        "(a value head or an lm_head kept in fp32, LoRA weights in fp32 over a bf16 base, a model loaded in "
+        "bf16 next to fp32 buffers made trainable) breaks the unit.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=[
+            Fix("precision.overrides.<role>.param_dtype: fp32", V.MODEL_DTYPE_FP32 if verl else None,
+                "load every parameter in one dtype (fp32 master weights; FSDP's mixed precision then computes in bf16)"),
+            advice("or cast the odd module (the head, the adapters) to the model's dtype before wrapping, or wrap "
+                   "it in its own FSDP unit"),
+        ],
+        unknown=["which module holds the odd dtype: print {p.dtype for p in module.parameters()} per unit"],
+        where="FSDP flat parameter (mixed parameter dtypes)",
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=41.0,
+        data={"observed": dts[1] if len(dts) > 1 else None, "expected": dts[0] if dts else None},
+    )  # fmt: skip

@@ -1,0 +1,241 @@
+"""Rules over a log's per-step metric table (`verlaudit.analysis.logs.table`), whatever format fed it:
+
+- ``collapse``: the signature users report most, a gradient norm that turns NaN or spikes (above
+  `SPIKE` times the median of the steps before it), then a change that lasts to the last logged step:
+  the reward falls to 0, the loss becomes exactly 0, or the entropy falls below `ENTROPY_FALL` of its
+  early level, for three logged steps at least (one after a NaN step, itself broken; with no gradient
+  trigger, a reward at 0 together with one of the other two). A spike
+  the run recovers from is no finding, nor is a loss that was 0 from the start (TRL's GRPO loss is
+  0 on its first steps by construction).
+- ``mismatch``: a rollout-vs-trainer mismatch or importance-sampling metric of any framework
+  (`vocab.MISMATCH`) outside its published bound at two logged steps or more (at the only one, for a
+  log of one step): a warning, with the fix spelled for the log's framework.
+
+Pure functions of the table and the log's context. Exercised by
+``pytest tests/test_log_formats.py -k "collapse or mismatch"``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from verlaudit import verl_keys as V
+from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs import vocab
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.table import MetricTable
+
+SPIKE = 10.0
+"""A gradient norm this many times the median of the steps before it is a spike."""
+ENTROPY_FALL = 0.1
+"""An entropy below this share of its early median has collapsed."""
+ZERO = 1e-9
+
+Point = tuple[int, int, float]
+
+
+def _by_step(points: Sequence[Point]) -> list[Point]:
+    """The last value of each step, in log order (a framework may log a step twice)."""
+    seen: dict[int, Point] = {}
+    for p in points:
+        seen.pop(p[0], None)
+        seen[p[0]] = p
+    return list(seen.values())
+
+
+def _series(t: MetricTable, name: str) -> list[Point]:
+    s = t.series.get(name)
+    return _by_step(s.points()) if s else []
+
+
+def _trigger(grad: list[Point]) -> tuple[int, str] | None:
+    """(index, evidence) of the first non-finite or spiking gradient norm."""
+    for i, (step, line, v) in enumerate(grad):
+        if not math.isfinite(v):
+            return i, f"line {line}: step {step}: gradient norm {v}"
+        before = [x for _, _, x in grad[max(0, i - 50) : i] if math.isfinite(x)]
+        if len(before) >= 3:
+            med = statistics.median(before)
+            if med > 0 and v > SPIKE * med:
+                return (
+                    i,
+                    f"line {line}: step {step}: gradient norm {v:.4g}, {v / med:.0f}x the median {med:.3g} before it",
+                )
+    return None
+
+
+def _tail(points: list[Point], pred, after_step: int | None) -> list[Point]:
+    """The run of points at the end of ``points`` for which ``pred`` holds (from ``after_step`` on)."""
+    run: list[Point] = []
+    for p in reversed(points):
+        if not pred(p[2]) or (after_step is not None and p[0] < after_step):
+            break
+        run.append(p)
+    return run[::-1]
+
+
+def _changed(points: list[Point], run: list[Point], pred) -> bool:
+    """Whether the values before the run were not already in the run's state."""
+    before = [v for s, _, v in points if s < run[0][0] and math.isfinite(v)]
+    return bool(before) and not all(pred(v) for v in before)
+
+
+# long: the four signals of the signature each read their series the same way but say different things
+def collapse(t: MetricTable, ctx: LogContext) -> Cause | None:
+    grad, reward = _series(t, "grad_norm"), _series(t, "reward")
+    loss, ent = _series(t, "loss"), _series(t, "entropy")
+    trig = _trigger(grad)
+    if trig is not None and trig[0] == 0:  # NaN from the first logged step: a broken setup, not a collapse
+        trig = None  # (the non-finite rule's backward-only cause says what it is)
+    t_step = grad[trig[0]][0] if trig else None
+    nan_trigger = trig is not None and not math.isfinite(grad[trig[0]][2])
+    need = 1 if nan_trigger else 3  # a NaN step is itself broken; a spike or no trigger needs a run
+    found: list[tuple[str, str, Point]] = []
+
+    def zero(v: float) -> bool:
+        return math.isfinite(v) and abs(v) <= ZERO
+
+    run = _tail(reward, zero, t_step)
+    if len(run) >= need and _changed(reward, run, zero):
+        early = [v for s, _, v in reward if s < run[0][0] and math.isfinite(v)]
+        mean = sum(early) / len(early)
+        found.append(("reward", f"reward 0 from step {run[0][0]} to step {run[-1][0]} ({len(run)} logged "
+                                f"step(s); {mean:.3g} on average before)", run[0]))  # fmt: skip
+    run = _tail(loss, lambda v: v == 0.0, t_step)
+    if len(run) >= need and _changed(loss, run, lambda v: v == 0.0):
+        found.append(("loss", f"loss exactly 0 from step {run[0][0]} to step {run[-1][0]} ({len(run)} logged "
+                              "step(s))", run[0]))  # fmt: skip
+    early_e = [v for _, _, v in ent[: max(3, len(ent) // 5)] if math.isfinite(v)]
+    if early_e and statistics.median(early_e) > 0:
+        e0 = statistics.median(early_e)
+        run = _tail(ent, lambda v: math.isfinite(v) and v < ENTROPY_FALL * e0, t_step)
+        if len(run) >= max(need, 2) and _changed(ent, run, lambda v: v < ENTROPY_FALL * e0):
+            found.append(("entropy", f"entropy {run[-1][2]:.3g} at step {run[-1][0]}, below "
+                                     f"{ENTROPY_FALL:g}x its early {e0:.3g} from step {run[0][0]}", run[0]))  # fmt: skip
+    kinds = {k for k, _, _ in found}
+    if not (trig and found) and not ("reward" in kinds and len(kinds) >= 2):
+        return None
+    start = grad[trig[0]] if trig else min((p for _, _, p in found), key=lambda p: p[1])
+    ev = ([trig[1]] if trig else []) + [f"line {p[1]}: step {p[0]}: {text}" for _, text, p in found]
+    what = "gradient norm " + ("NaN" if nan_trigger else "spike") if trig else "no gradient trigger logged"
+    keys = [t.keys.get(k, k) for k in ("grad_norm", *sorted(kinds))]
+    role = {k.split("/", 1)[0] for k in keys if "/" in k}
+    return Cause(
+        "error",
+        "collapse",
+        f"Training collapsed from step {start[0]}: {what}, then " + vocab_names(sorted(kinds)),
+        "The run diverged and did not recover: the update blew up (a NaN or spiking gradient norm) and "
+        "what it trains on stopped carrying signal (no reward, a loss of exactly 0: no advantage left, "
+        "or an entropy at 0: the policy emits one answer). In RL post-training this often follows a "
+        "rollout-vs-trainer mismatch that grew (check the mismatch metrics), a learning rate too high "
+        "for the batch, or fp16 overflow.",
+        evidence=ev,
+        step=start[0],
+        where=role.pop() if len(role) == 1 else None,
+        phase="update",
+        line=start[1],
+        score=32.0,
+        fixes=fixes(
+            ctx,
+            ("lr", "lower the learning rate (the update diverged)", "algo.lr: <lower>"),
+            ("grad_clip", "clip gradients so one bad batch cannot blow up the weights", "algo.max_grad_norm: 1.0"),
+            ("bf16_instead_of_fp16", "if the run is fp16: bf16 does not overflow", "precision.preset: bf16"),
+            _correction_fix(ctx, "correct for the rollout-vs-trainer mismatch that often precedes a collapse"),
+        ),
+        unknown=["which step's batch or module started it: a log has the metrics, not the tensors; rerun "
+                 "under `verlaudit run` with audit level full around that step"],
+        data={"signals": sorted(kinds), "trigger_step": t_step},
+    )  # fmt: skip
+
+
+def vocab_names(kinds: list[str]) -> str:
+    words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
+    items = [words[k] for k in kinds]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+_CORRECTION = {
+    "trl": ("GRPOConfig.vllm_importance_sampling_correction=True", "trl"),
+    "nemo-rl": ("loss_fn.use_importance_sampling_correction=true", "nemo-rl"),
+    "openrlhf": ("--enable_vllm_is_correction", "openrlhf"),
+    "skyrl": ("trainer.algorithm.use_tis=true", "skyrl"),
+    "slime": ("--use-tis", "slime"),
+}
+
+
+def _correction_fix(ctx: LogContext, why: str) -> Fix:
+    """Truncated importance sampling on the rollout's log-probs, in the log's framework."""
+    suite = "rollout_correction.rollout_is: token"
+    if ctx.framework in (None, "verl"):
+        return Fix(suite, f"{V.correction_key('rollout_is')}=token", why)
+    if ctx.framework in _CORRECTION:
+        key, fw = _CORRECTION[ctx.framework]
+        return Fix(suite, None, why, key=key, framework=fw)
+    return Fix(suite, None, why)
+
+
+def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
+    crossed = []
+    for ours in t.series:
+        key = t.keys.get(ours, ours)
+        entry = vocab.mismatch_with_bound(key)
+        if entry is None:
+            continue
+        pts = [p for p in _series(t, ours) if math.isfinite(p[2])]
+        bad = [p for p in pts if entry.crosses(p[2])]
+        if pts and len(bad) >= min(2, len(pts)):
+            crossed.append((bad[0][1], key, entry, bad, len(pts)))
+    if not crossed:
+        return None
+    crossed.sort(key=lambda c: c[0])
+    ev = []
+    for _, key, entry, bad, n in crossed:
+        worst = max(bad, key=lambda p: abs(math.log(p[2])) if p[2] > 0 else math.inf)
+        ev.append(
+            f"line {bad[0][1]}: step {bad[0][0]}: {key} = {bad[0][2]:.4g} outside {entry.bound()} at {len(bad)} "
+            f"of {n} logged step(s) (worst {worst[2]:.4g} at step {worst[0]}); {entry.framework}'s {entry.quantity}, "
+            f"{entry.level}, {entry.masked} (ours: {entry.ours}); bound: {entry.source}"
+        )
+    _, key, entry, bad, _n = crossed[0]
+    fx = [
+        _correction_fix(
+            ctx,
+            "importance-sample (truncated) on the rollout's log-probs so the update sees the "
+            "policy that sampled",
+        ),  # fmt: skip
+        advice(
+            "compute the rollout and the trainer's log-probs in the same dtype with the same weights: bf16 on "
+            "both sides (or fp32 logits / lm_head on both), and the weights synced every step"
+        ),  # fmt: skip
+    ]
+    return Cause(
+        "warning",
+        "mismatch",
+        f"Rollout-vs-trainer mismatch: {key} {bad[0][2]:.4g} outside {entry.bound()} from step {bad[0][0]}",
+        "The rollout engine and the trainer disagree on the sampled tokens' probabilities beyond what the "
+        "framework's guidance accepts: the update is off-policy without knowing it, the usual precursor of "
+        "a collapse.",
+        evidence=ev,
+        step=bad[0][0],
+        where=key,
+        phase="logprob",
+        line=bad[0][1],
+        score=15.0,
+        fixes=fx,
+        unknown=[
+            "why they disagree (dtype, kernels, stale weights, sampling settings): rerun under "
+            "`verlaudit run` for the mismatch audit"
+        ],  # fmt: skip
+        data={"metrics": [c[1] for c in crossed]},
+    )
+
+
+def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
+    """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
+    the usual precursor)."""
+    fell, off = collapse(t, ctx), mismatch(t, ctx)
+    if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
+        fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
+    return [c for c in (fell, off) if c]
