@@ -225,3 +225,36 @@ def test_observer_default_and_fanout_pass_the_call_on():
 def test_spacing_and_exact_integers():
     assert plugins.spacing(torch.bfloat16, 48.0) == 0.25
     assert plugins.exact_int_limit(torch.bfloat16) == 256 and plugins.exact_int_limit(torch.float16) == 2048
+
+
+def fp16_exp_reward(prompts, responses, examples):
+    """exp(4 * length) in fp16 (past 65504 from a length of 3), normalised: inf / inf is NaN."""
+    lengths = torch.tensor([len(r) + 3 for r in responses], dtype=torch.float16)
+    w = torch.exp(lengths * 4.0)
+    return (w / w.sum()).tolist()
+
+
+def test_end_to_end_the_plugin_op_is_the_root_of_the_nan_reward(tmp_path):
+    from tests.test_diagnose import causes, make_run
+    from tests.test_root_cause import TINY
+    from trainer.config import TrainConfig
+    from trainer.train import train
+
+    data = {**TINY, "data": {**TINY["data"], "reward_fn": "tests.test_audit_plugins:fp16_exp_reward"}}
+    a = Auditor(settings=AuditSettings(level="full", full_steps=1, every=0))
+    try:
+        with a:
+            train(TrainConfig.from_dict(data), a)
+    except Exception:
+        assert a.failure is not None
+    (op,) = a.findings.find(K.PLUGIN_NONFINITE_OP)
+    assert op.observed["op"] == "exp" and "fp16_exp_reward" in op.observed["line"] and op.phase == "reward"
+    assert a.findings.find(K.REWARD_NONFINITE)
+    d = causes(make_run(tmp_path / "run", steps=1, findings=a.findings.all()))
+    first = d.causes[0]
+    assert first.kind == f"finding:{K.PLUGIN_NONFINITE_OP}", [(c.kind, c.title) for c in d.causes]
+    assert "test_audit_plugins.py" in str(first.fixes[0]) and "fp32" in str(first.fixes[0])
+    nan = [c for c in d.causes if c.kind == f"finding:{K.REWARD_NONFINITE}"]
+    assert nan and all(c.consequence_of == first.title for c in nan), [
+        (c.kind, c.consequence_of) for c in d.causes
+    ]

@@ -188,6 +188,9 @@ SYMPTOMS = {
                                                       observed={"fraction": 0.4}, expected="<= 0.05")]),
     "plugin_nonfinite": lambda role: Records([finding(K.PLUGIN_NONFINITE_OP, phase="reward", role=role,
                                                       where="data.reward_fn (function:r)", observed={"op": "exp"})]),
+    "plugin_precision": lambda role: Records([finding(K.PLUGIN_PRECISION_LOSS, phase="reward", role=role,
+                                                      where="model.reward_model (model:m)",
+                                                      observed={"distinct": 3, "distinct_high": 12})]),
     "no_signal": lambda role: Records([finding(K.NO_SIGNAL, phase="reward", role=role, where="reward:function:r",
                                                observed={"identical_groups": 4, "groups": 4})]),
     "ids_range": lambda role: Records([finding(K.COLLATOR_ID_RANGE, phase="rollout", role=role,
@@ -220,7 +223,7 @@ def run_dir(*parts: Records, algo="ppo") -> RunDir:
 
 
 def symptom_role(root: str, symptom: str) -> str:
-    if symptom in ("reward_nonfinite", "reward_dtype", "plugin_nonfinite", "no_signal"):
+    if symptom in ("reward_nonfinite", "reward_dtype", "plugin_nonfinite", "no_signal", "plugin_precision"):
         return "reward"
     return ROOT_ROLE.get(root, "actor")
 

@@ -104,6 +104,21 @@ def spacing(dtype: torch.dtype, magnitude: float) -> float:
     return 2.0 ** (math.floor(math.log2(magnitude)) - _mantissa(dtype))
 
 
+def _arithmetic(func: Any, op: str) -> bool:
+    """An op that computes (pointwise, reduction, matmul, softmax, norm), not one that makes, copies or
+    casts a tensor: ``torch.tensor(x, dtype=torch.bfloat16)`` is the reward's dtype, not its arithmetic."""
+    if op in opcount.CAST:
+        return False
+    tags = func.tags
+    return (
+        torch.Tag.pointwise in tags
+        or torch.Tag.reduction in tags
+        or op in opcount.MATMUL
+        or op in opcount.SOFTMAX
+        or op in opcount.NORM
+    )
+
+
 class Recorder(TorchDispatchMode):
     """Watches one call: dtype counts of its floating ops, the first op that produced a non-finite
     value, its fp16/bf16 ops and its integers held in floats beyond their exact range. The checks
@@ -137,14 +152,18 @@ class Recorder(TorchDispatchMode):
                 return out
             line = user_frame(depth=2)
             name = dtype_name(dtype) or str(dtype)
-            if dtype in LOW:
+            if dtype in LOW and _arithmetic(func, op):
                 key = (op, line, name)
                 self.low[key] = self.low.get(key, 0) + 1
             ins = _floats((args, kwargs))
             bad_out = torch.stack([~torch.isfinite(t).all() for t in outs]).any()
+            written = any(
+                isinstance(x, float) and not math.isfinite(x) for x in pytree.tree_leaves((args, kwargs))
+            )
             bad_in = (
                 torch.stack([~torch.isfinite(t).all() for t in ins]).any() if ins else bad_out.new_zeros(())
             )
+            bad_in = bad_in | written  # r[0] = float("nan"): written by the user, not produced by arithmetic
             self._nonfinite.append((op, line, name, bad_out, bad_in))
             converts = op in opcount.CAST or torch.Tag.pointwise in func.tags  # not an index or a lookup
             ints = [t for t in _ints((args, kwargs)) if t.numel()] if converts else []

@@ -98,13 +98,16 @@ RULES: dict[tuple[str, str], Rule] = {
     ("plugin_nonfinite", "reward_nonfinite"): Rule(_PLUGIN_NAN),
     ("plugin_nonfinite", "nonfinite"): Rule(_PLUGIN_NAN),
     ("plugin_nonfinite", "overflow"): Rule("a NaN/Inf the plug-in made makes the gradients non-finite"),
-    ("plugin_precision", "plugin_nonfinite"): Rule("fp16/bf16 arithmetic overflows where fp32 does not"),
     ("plugin_precision", "reward_nonfinite"): Rule("fp16/bf16 arithmetic overflows where fp32 does not"),
     ("plugin_precision", "no_signal"): Rule(
         "scores rounded to a low-precision spacing become ties: equal rewards, no advantage"
     ),
     ("plugin_precision", "reward_dtype"): Rule("a reward computed in fp16/bf16 is returned in that dtype"),
     ("plugin_precision", "ids_float"): Rule("float math on ids in the collator leaves them floating"),
+    ("reward_model_dtype", "plugin_precision"): Rule("a reward model stored in fp16/bf16 scores in it"),
+    ("param_dtype", "plugin_precision"): Rule(
+        "a reward model cast to fp16/bf16 scores in it", same_role=True
+    ),
     ("plugin_precision", "ids_range"): Rule("ids rounded in a float dtype can land outside the vocabulary"),
     # weights
     ("weights_nonfinite", "nonfinite"): Rule(_NAN_WEIGHTS, same_role=True),
