@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -56,13 +57,27 @@ def user_frame(depth: int = 2) -> str | None:
     f = sys._getframe(depth)
     fallback = None
     while f is not None:
-        path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_SKIP_DIRS) and not path.startswith("<"):
-            return f"{_rel(path)}:{f.f_lineno} ({f.f_code.co_name})"
-        if fallback is None and path != _THIS and not path.startswith(_SKIP_DIRS[0]):
-            fallback = f"{_rel(path)}:{f.f_lineno} ({f.f_code.co_name})"
+        kind = _FILES.get(f.f_code.co_filename)
+        if kind is None:
+            kind = _FILES[f.f_code.co_filename] = _file_kind(f.f_code.co_filename)
+        if kind == "user":
+            return f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+        if fallback is None and kind == "ours":
+            fallback = f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
         f = f.f_back
     return fallback
+
+
+_FILES: dict[str, str] = {}
+"""co_filename -> ``user``, ``ours`` (the trainer's or verlaudit's, not this module) or ``torch``: one
+path test per file, not per frame and op."""
+
+
+def _file_kind(name: str) -> str:
+    path = os.path.abspath(name)
+    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<"):
+        return "torch"
+    return "ours" if path.startswith(_SKIP_DIRS) else "user"
 
 
 def _rel(path: str) -> str:
@@ -75,6 +90,14 @@ def _rel(path: str) -> str:
 
 def _floats(tree: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _all_finite(ts: list[torch.Tensor]) -> torch.Tensor:
+    """One device bool: every value of ``ts`` is finite (no host read)."""
+    fine = torch.isfinite(ts[0]).all()
+    for t in ts[1:]:
+        fine = fine & torch.isfinite(t).all()
+    return fine
 
 
 def _ints(tree: Any) -> list[torch.Tensor]:
@@ -129,7 +152,9 @@ class Recorder(TorchDispatchMode):
         self.dtypes: Counter = Counter()
         self.low: dict[tuple[str, str | None, str], int] = {}
         """(op, user line, dtype) -> count, in first-seen order."""
-        self._nonfinite: list[tuple[str, str | None, str, torch.Tensor, torch.Tensor]] = []
+        self._nonfinite: list[tuple[str, str | None, str, torch.Tensor, torch.Tensor | bool]] = []
+        """(op, line, dtype, outputs finite, inputs from outside the call finite) per computing op."""
+        self._produced: dict[int, weakref.ref] = {}
         self._ints: list[tuple[str, str | None, str, torch.Tensor]] = []
         self.ops = 0
 
@@ -155,22 +180,26 @@ class Recorder(TorchDispatchMode):
             if dtype in LOW and _arithmetic(func, op):
                 key = (op, line, name)
                 self.low[key] = self.low.get(key, 0) + 1
-            ins = _floats((args, kwargs))
-            bad_out = torch.stack([~torch.isfinite(t).all() for t in outs]).any()
+            fine_out = _all_finite(outs)
+            # inputs the call did not make (weights, its arguments) may bring a NaN in: checked once each
+            outside = [t for t in _floats((args, kwargs)) if not self._made(t)]
             written = any(
                 isinstance(x, float) and not math.isfinite(x) for x in pytree.tree_leaves((args, kwargs))
-            )
-            bad_in = (
-                torch.stack([~torch.isfinite(t).all() for t in ins]).any() if ins else bad_out.new_zeros(())
-            )
-            bad_in = bad_in | written  # r[0] = float("nan"): written by the user, not produced by arithmetic
-            self._nonfinite.append((op, line, name, bad_out, bad_in))
+            )  # r[0] = float("nan"): written by the user, not produced by arithmetic
+            fine_in = _all_finite(outside) if outside and not written else not written
+            for t in outs:
+                self._produced[id(t)] = weakref.ref(t)
+            self._nonfinite.append((op, line, name, fine_out, fine_in))
             converts = op in opcount.CAST or torch.Tag.pointwise in func.tags  # not an index or a lookup
             ints = [t for t in _ints((args, kwargs)) if t.numel()] if converts else []
             if ints:
                 amax = torch.stack([t.abs().max().to(torch.float64) for t in ints]).max()
                 self._ints.append((op, line, name, amax))
         return out
+
+    def _made(self, t: torch.Tensor) -> bool:
+        ref = self._produced.get(id(t))
+        return ref is not None and ref() is t
 
     def _float_to_int(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A float tensor cast to integers: exact only while its values fit the float dtype's integers."""
@@ -190,11 +219,12 @@ class Recorder(TorchDispatchMode):
         largest integer, exact limit)."""
         first = None
         if self._nonfinite:
-            flags = torch.stack([torch.stack([o, i]) for *_, o, i in self._nonfinite]).tolist()
-            for (op, line, name, _, _), (bad_out, bad_in) in zip(self._nonfinite, flags, strict=True):
-                if bad_out:
-                    first = {"op": op, "line": line, "dtype": name, "inputs_nonfinite": bool(bad_in)}
-                    break
+            outs = torch.stack([o for *_, o, _ in self._nonfinite]).tolist()
+            at = next((k for k, fine in enumerate(outs) if not fine), None)
+            if at is not None:
+                op, line, name, _, fine_in = self._nonfinite[at]
+                fine_in = bool(fine_in.item()) if isinstance(fine_in, torch.Tensor) else fine_in
+                first = {"op": op, "line": line, "dtype": name, "inputs_nonfinite": not fine_in}
         int_loss = []
         if self._ints:
             maxima = torch.stack([a for *_, a in self._ints]).tolist()
