@@ -248,6 +248,11 @@ MODULE_OUTPUT = _f(
     "a module returns a lower precision than went in, outside autocast",
 )
 COMPUTE = _f("dtype/compute", "compute_dtype", "a linear computes in another dtype than the policy's")
+CONTRACT_COMPUTE = _f(
+    "contract/compute_dtype",
+    "compute_dtype",
+    "a role's measured matmuls ran in another dtype than its policy's",
+)
 GRAD = _f("dtype/grad", "grad_dtype", "gradients in another dtype than the policy's grad dtype")
 USER_HOOK = _f("model/user_hook", "user_hook", "a module carries a forward hook from user code")
 

@@ -136,6 +136,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("module_output_dtype", "precision_excess"): Rule(
         "a cast below the module's dtype rounds its output more than that dtype does", same_role=True
     ),
+    ("compute_dtype", "island_dtype"): Rule(
+        "an autocast that moves a role's matmuls to bf16/fp16 hands the islands its low-precision outputs",
+        same_role=True,
+    ),
     ("module_input_dtype", "dtype_error"): Rule("the op receives operands of two dtypes", same_role=True),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
