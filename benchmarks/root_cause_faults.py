@@ -116,7 +116,7 @@ FAULTS: tuple[Fault, ...] = (
           ("finding:numerics/weight_nonfinite",), ("score",), ("reload or inspect",)),
     Fault("rm-divides-by-zero", "model.reward_model", "ppo",
           {"model": {"reward_model": _p("dividing_reward_model")}},
-          ("finding:boundary/reward_nonfinite",), ("dividing_reward_model",), ("guard",)),
+          ("finding:boundary/reward_nonfinite", "finding:plugin/nonfinite_op"), ("dividing_reward_model",), ("guard",)),
     Fault("rm-two-logits", "model.reward_model", "ppo", {"model": {"reward_model": _p("two_logit_reward_model")}},
           ("exception",), ("model.reward_model",), ("one score",)),
     Fault("rm-dir-nan", "model.reward_model", "ppo", {"model": {"reward_model": "{dirs}/nan_rm"}},

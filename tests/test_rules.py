@@ -148,6 +148,15 @@ ROOTS = {
     "module_input_dtype": lambda st, ph, role: Records([finding("dtype/module_input", step=st, phase=ph, role=role,
                                                                 observed="fp32", expected="bf16")]),
     "overflow": lambda st, ph, role: fp16_skips(first=max(0, st), n=3),
+    "compute_dtype": lambda st, ph, role: Records([finding(K.CONTRACT_COMPUTE, step=st, phase=ph, role=role,
+                                                           where="lm_head", observed={"pass": "forward", "share": 1.0},
+                                                           expected="fp32")]),
+    "plugin_nonfinite": lambda st, ph, role: Records([finding(K.PLUGIN_NONFINITE_OP, step=st, phase=ph, role=role,
+                                                              where="data.reward_fn (function:r)",
+                                                              observed={"op": "exp", "line": "r.py:3"})]),
+    "plugin_precision": lambda st, ph, role: Records([finding(K.PLUGIN_PRECISION_LOSS, step=st, phase=ph, role=role,
+                                                              where="model.reward_model (model:m)",
+                                                              observed={"distinct": 3, "distinct_high": 12})]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -180,6 +189,15 @@ SYMPTOMS = {
     "update_underflow": lambda role: Records([finding(K.UPDATE_UNDERFLOW, phase="actor_update", role=role,
                                                       where="model.layers.0.mlp.up_proj", severity="warning",
                                                       observed={"fraction": 0.4}, expected="<= 0.05")]),
+    "plugin_nonfinite": lambda role: Records([finding(K.PLUGIN_NONFINITE_OP, phase="reward", role=role,
+                                                      where="data.reward_fn (function:r)", observed={"op": "exp"})]),
+    "plugin_precision": lambda role: Records([finding(K.PLUGIN_PRECISION_LOSS, phase="reward", role=role,
+                                                      where="model.reward_model (model:m)",
+                                                      observed={"distinct": 3, "distinct_high": 12})]),
+    "no_signal": lambda role: Records([finding(K.NO_SIGNAL, phase="reward", role=role, where="reward:function:r",
+                                               observed={"identical_groups": 4, "groups": 4})]),
+    "ids_range": lambda role: Records([finding(K.COLLATOR_ID_RANGE, phase="rollout", role=role,
+                                               where="collator:c.input_ids", observed=[0, 107], expected=[0, 99])]),
     "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
                                                       where="model.layers.1.mlp", severity="warning",
                                                       observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),
@@ -208,7 +226,7 @@ def run_dir(*parts: Records, algo="ppo") -> RunDir:
 
 
 def symptom_role(root: str, symptom: str) -> str:
-    if symptom in ("reward_nonfinite", "reward_dtype"):
+    if symptom in ("reward_nonfinite", "reward_dtype", "plugin_nonfinite", "no_signal", "plugin_precision"):
         return "reward"
     return ROOT_ROLE.get(root, "actor")
 

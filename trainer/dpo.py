@@ -9,6 +9,8 @@ micro-batch accumulation, and an optimizer step. Metrics follow TRL/verl: ``rewa
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from trainer import losses as L
@@ -90,7 +92,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
     where = "data.collator" if config.data.collator else "data"
     for step in range(config.steps):
         log.start(step)
-        batch = collator(local_batch(next(batches), setup))
+        batch = observer.plugin_call("collator", source, partial(collator, local_batch(next(batches), setup)))
         observer.on_batch(role="actor", batch=batch, source=source)
         check_pair_batch(batch, source, where)
         b = batch["chosen_input_ids"].shape[0]

@@ -27,14 +27,19 @@ Call order, for every algorithm:
             on_optimizer_step(...)      after the step (or the skip)
         on_step_end(step, metrics)      one flat dict, verl-style names
 
+User code at a plug-in point (`PLUGIN_POINTS`: the collator inside "rollout" or before a DPO step,
+the reward function or reward model inside "reward") is called through ``plugin_call``, which
+returns what the call returned: an observer may watch the call, or repeat it.
+
 Payload tensors are the trainer's own tensors: observers must not modify them in place.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -44,6 +49,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PHASES = ("rollout", "reward", "ref", "critic", "actor_update", "critic_update")
 """Phase names the trainer marks; memory and time are accounted per phase."""
+
+PLUGIN_POINTS = ("collator", "reward_fn", "reward_model")
+"""Where the trainer calls code that is not its own: ``data.collator`` (and the built-in collators),
+``data.reward_fn`` / verl's ``data.compute_score`` (and the tasks' rule rewards), the forward of
+``model.reward_model``."""
+
+T = TypeVar("T")
 
 
 class Observer:
@@ -70,6 +82,14 @@ class Observer:
     def phase(self, name: str) -> Iterator[None]:
         """Marks a phase of the step; ``name`` is one of `PHASES`."""
         yield
+
+    def plugin_call(self, point: str, source: str, call: Callable[[], T]) -> T:
+        """Makes one call of user code at a plug-in point and returns its result. ``point`` is one of
+        `PLUGIN_POINTS`, ``source`` names the code (the collator's or reward function's ``module:attr``,
+        ``task:<name>``, ``model:<spec>``); ``call`` takes no arguments (the trainer binds them). An
+        observer may run it under a recorder, and call it a second time (``reward_model``: always safe, a
+        forward under no_grad; the others may keep state). Default: ``call()``."""
+        return call()
 
     def on_batch(self, *, role: str, batch: Mapping[str, Any], source: str) -> None:
         """A collated batch, before any model sees it. ``source`` names the collator
@@ -192,6 +212,12 @@ class Fanout(Observer):
             for o in reversed(self.observers):
                 stack.enter_context(o.phase(name))
             yield
+
+    def plugin_call(self, point: str, source: str, call: Callable[[], T]) -> T:
+        # nested like phases: the first observer's wrapper innermost, next to the user's call
+        for o in self.observers:
+            call = functools.partial(o.plugin_call, point, source, call)
+        return call()
 
     def on_batch(self, **kw: Any) -> None:
         for o in self.observers:

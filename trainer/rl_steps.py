@@ -8,6 +8,7 @@ Exercised by `pytest tests/test_train.py tests/test_loss_normalisation.py`.
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,13 +54,15 @@ def score_responses(
     if rm is not None:
         from trainer.models import score_with_reward_model
 
-        with torch.no_grad(), setup.autocast("reward"):
-            raw = score_with_reward_model(rm, rollout.input_ids, rollout.attention_mask)
         where, source = "model.reward_model", f"model:{setup.config.model.reward_model}"
+        with torch.no_grad(), setup.autocast("reward"):
+            score = functools.partial(score_with_reward_model, rm, rollout.input_ids, rollout.attention_mask)
+            raw = observer.plugin_call("reward_model", source, score)
     else:
         prompts = [ex["prompt"] for ex in examples]
-        raw = reward_fn(prompts, rollout.responses_text(setup.tokenizer), examples)
         where, source = reward_where(setup.config.data, reward_name), f"function:{reward_name}"
+        call = functools.partial(reward_fn, prompts, rollout.responses_text(setup.tokenizer), examples)
+        raw = observer.plugin_call("reward_fn", source, call)
     scores = convert_rewards(raw, b, setup.device, where)
     observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
     return scores
@@ -270,7 +273,7 @@ def generate(
     sync = engine.sync_weights()  # vLLM: the actor's weights after the last update, pushed and probed
     if sync is not None:
         observer.on_weight_sync(**sync)
-    batch = collator(examples)
+    batch = observer.plugin_call("collator", source, functools.partial(collator, examples))
     observer.on_batch(role="actor", batch=batch, source=source)
     ids = batch["input_ids"].to(setup.device)
     mask = batch["attention_mask"].to(setup.device)

@@ -47,6 +47,8 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "weight_sync": "the rollout engine does not compute with the actor's current weights",
         "vocab": "the model emits ids its tokenizer cannot decode",
         "user_hook": "user code hooked into a module's forward",
+        "plugin_nonfinite": "user plug-in code (a reward, a collator) whose own op produced NaN/Inf",
+        "plugin_precision": "user plug-in code computing in a dtype that rounds its result (fp16/bf16, ids in floats)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -150,6 +152,25 @@ REWARD_NONFINITE = _f("boundary/reward_nonfinite", "reward_nonfinite", "rewards 
 REWARD_MODEL_DTYPE = _f(
     "boundary/reward_model", "reward_model_dtype", "a reward model's parameters are stored in another dtype"
 )
+# ---------------------------------------------------------------- inside the plug-ins (`verlaudit.audit.plugins`)
+PLUGIN_NONFINITE_OP = _f(
+    "plugin/nonfinite_op",
+    "plugin_nonfinite",
+    "the first op inside a reward or collator that made NaN/Inf from finite inputs",
+)
+PLUGIN_LOW_PRECISION = _f(
+    "plugin/low_precision", "plugin_precision", "a reward function or collator ran floating ops in fp16/bf16"
+)
+PLUGIN_PRECISION_LOSS = _f(
+    "plugin/precision_loss",
+    "plugin_precision",
+    "a reward's scores differ from the same call in fp32/fp64: ties, NaN/Inf or moved values",
+)
+PLUGIN_INT_PRECISION = _f(
+    "plugin/int_precision",
+    "plugin_precision",
+    "integers (ids, counts) held in a float dtype beyond the largest integer it holds exactly",
+)
 NO_SIGNAL = _f("reward/no_signal", "no_signal", "rewards identical within every group: no learning signal")
 
 # ---------------------------------------------------------------- the rollout
@@ -227,6 +248,11 @@ MODULE_OUTPUT = _f(
     "a module returns a lower precision than went in, outside autocast",
 )
 COMPUTE = _f("dtype/compute", "compute_dtype", "a linear computes in another dtype than the policy's")
+CONTRACT_COMPUTE = _f(
+    "contract/compute_dtype",
+    "compute_dtype",
+    "a role's measured matmuls ran in another dtype than its policy's",
+)
 GRAD = _f("dtype/grad", "grad_dtype", "gradients in another dtype than the policy's grad dtype")
 USER_HOOK = _f("model/user_hook", "user_hook", "a module carries a forward hook from user code")
 

@@ -37,6 +37,7 @@ from verlaudit.audit import (
     nonfinite,
     numerics,
     opcount,
+    plugins,
     reward_signal,
     weights,
 )
@@ -214,6 +215,19 @@ class Auditor(Observer):
         watch = self.watch.phase(name) if self.watch is not None else contextlib.nullcontext()
         with self.context.in_phase(name), self.timer.phase(name), self.memory.phase(name), watch:
             yield
+
+    def plugin_call(self, point, source, call):
+        """On sampled full-audit steps, the call runs under `plugins.Recorder` (and again under
+        `plugins.Promote` for a reward model, or with ``audit.rerun_plugins``); its findings are recorded."""
+        if not self.context.sampled:
+            return call()
+        recorder = plugins.Recorder()
+        with recorder:
+            result = call()
+        with opcount.suspended():
+            self.findings.extend(plugins.watch_findings(point, source, call, result, recorder, self.settings,
+                                                        **self.context.where()))  # fmt: skip
+        return result
 
     @_uncounted
     def on_batch(self, *, role, batch, source) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from trainer.precision import PrecisionPolicy, RolePolicy
 from verlaudit import kinds as K
-from verlaudit.audit import gradhealth, opcount, shadow_checks
+from verlaudit.audit import contract, gradhealth, opcount, shadow_checks
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import module_kind
 from verlaudit.audit.metrics import StepNumbers
@@ -136,6 +136,7 @@ class PrecisionWatch:
                 self._write(OPCOUNTS, records)
                 islands = {r: p.fp32_islands for r, p in self.policy.roles.items() if p.low_precision}
                 out += opcount.findings(records, islands, step=step)
+                out += contract.findings(records, self.policy, step=step)
         grads, self._grad_records = self._grad_records, []
         if grads:
             self._write(GRADHEALTH, grads)

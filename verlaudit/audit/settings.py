@@ -57,6 +57,12 @@ class AuditSettings(_Section):
     (`verlaudit.audit.opcount`, opcounts.jsonl): what ran in bf16, what autocast left in fp32, where
     dtypes were promoted. The counts repeat from step to step, and counting costs a Python call per
     op, so one step is usually enough."""
+    rerun_plugins: bool = False
+    """On sampled full-audit steps, call the user's reward function and collator a second time with their
+    floating ops promoted to fp64 and compare the results (`verlaudit.audit.plugins`). Off by default:
+    user code may keep state, count calls or hit a service, and is then called twice on those steps.
+    Without it their calls are still watched (the first op that produced a NaN/inf, fp16/bf16 ops, ids
+    held in floats, with their lines); a reward model's forward is always re-run in fp32 (a pure forward)."""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -79,6 +85,8 @@ class AuditSettings(_Section):
             raise ValueError(
                 f"audit.shadow_param_grads: expected true or false, got {self.shadow_param_grads!r}"
             )
+        if not isinstance(self.rerun_plugins, bool):
+            raise ValueError(f"audit.rerun_plugins: expected true or false, got {self.rerun_plugins!r}")
 
     def is_full(self, step: int) -> bool:
         """Whether ``step`` is audited at the full level (module hooks on)."""

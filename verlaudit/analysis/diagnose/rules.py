@@ -70,6 +70,7 @@ _FLOAT_IDS = "token ids that are not integers cannot index an embedding"
 _NAN_WEIGHTS = "a forward through NaN/Inf weights returns NaN/Inf"
 _OUTLIER = "weights far larger than their siblings' make activations that overflow or turn NaN"
 _CAST = "a module stored in another dtype meets the activations of its neighbours"
+_PLUGIN_NAN = "the NaN/Inf the plug-in's op produced is the reward, then the advantages and the loss"
 _OUTPUT = "a module that returns another dtype hands it to the next module"
 
 RULES: dict[tuple[str, str], Rule] = {
@@ -93,6 +94,21 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     ("reward_model_dtype", "module_input_dtype"): Rule(_CAST, same_role=True),
     ("reward_model_dtype", "compute_dtype"): Rule(_CAST, same_role=True),
+    # inside the plug-ins: the op or the dtype in the user's code that made the reward or the batch
+    ("plugin_nonfinite", "reward_nonfinite"): Rule(_PLUGIN_NAN),
+    ("plugin_nonfinite", "nonfinite"): Rule(_PLUGIN_NAN),
+    ("plugin_nonfinite", "overflow"): Rule("a NaN/Inf the plug-in made makes the gradients non-finite"),
+    ("plugin_precision", "reward_nonfinite"): Rule("fp16/bf16 arithmetic overflows where fp32 does not"),
+    ("plugin_precision", "no_signal"): Rule(
+        "scores rounded to a low-precision spacing become ties: equal rewards, no advantage"
+    ),
+    ("plugin_precision", "reward_dtype"): Rule("a reward computed in fp16/bf16 is returned in that dtype"),
+    ("plugin_precision", "ids_float"): Rule("float math on ids in the collator leaves them floating"),
+    ("reward_model_dtype", "plugin_precision"): Rule("a reward model stored in fp16/bf16 scores in it"),
+    ("param_dtype", "plugin_precision"): Rule(
+        "a reward model cast to fp16/bf16 scores in it", same_role=True
+    ),
+    ("plugin_precision", "ids_range"): Rule("ids rounded in a float dtype can land outside the vocabulary"),
     # weights
     ("weights_nonfinite", "nonfinite"): Rule(_NAN_WEIGHTS, same_role=True),
     ("weights_nonfinite", "reward_nonfinite"): Rule(_NAN_WEIGHTS, same_role=True),
@@ -119,6 +135,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("module_output_dtype", "island_dtype"): Rule(_OUTPUT, same_role=True),
     ("module_output_dtype", "precision_excess"): Rule(
         "a cast below the module's dtype rounds its output more than that dtype does", same_role=True
+    ),
+    ("compute_dtype", "island_dtype"): Rule(
+        "an autocast that moves a role's matmuls to bf16/fp16 hands the islands its low-precision outputs",
+        same_role=True,
     ),
     ("module_input_dtype", "dtype_error"): Rule("the op receives operands of two dtypes", same_role=True),
     # numerics

@@ -1,0 +1,497 @@
+"""Inside the user's plug-ins: what a reward function, reward model or collator computed, and in which dtype.
+
+The trainer hands every call of user code at a plug-in point to its observer
+(`trainer.events.Observer.plugin_call`); on audited steps the auditor runs it through `watch`:
+
+* `Recorder`, a `TorchDispatchMode` over the real call, notes the dtype of every floating op, the
+  first op whose output is non-finite while its inputs were finite (with the user's file:line: the
+  innermost stack frame outside torch, trainer and verlaudit), the ops that ran in fp16/bf16, and
+  integers (ids) held in a float dtype past the largest integer it holds exactly.
+* A second call under `Promote` (every floating op of the call, explicit casts and autocast's
+  included, run in fp32 for a reward model, fp64 for a function) gives the same scores in higher
+  precision; `compare` says how far they moved and how many distinct scores the real call kept
+  ("12 distinct values became 3"). A reward model's forward is repeated always (it is a pure
+  function of its inputs); a reward function or collator only with ``audit.rerun_plugins`` (it may
+  keep state, count calls or hit a service). Either way the random number generators are restored
+  after the second call, so the run samples what it would have sampled.
+
+The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``,
+``plugin/precision_loss``, ``plugin/int_precision``) name the plug-in, its line and the dtype to use.
+Exercised by `pytest tests/test_audit_plugins.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import trainer
+from verlaudit import kinds as K
+from verlaudit.audit import opcount
+from verlaudit.dtypes import dtype_name
+from verlaudit.rundir import Finding
+
+LOW = (torch.float16, torch.bfloat16)
+_VERLAUDIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = tuple(
+    d + os.sep for d in (os.path.dirname(torch.__file__), os.path.dirname(trainer.__file__), _VERLAUDIT)
+)
+"""torch, the trainer and verlaudit: frames that are not the user's."""
+_THIS = os.path.abspath(__file__)
+KEEP_LINES = 3
+"""Distinct user lines kept per finding."""
+
+
+def user_frame(depth: int = 2) -> str | None:
+    """``file:line (function)`` of the innermost frame outside torch, trainer and verlaudit, else of
+    the innermost outside torch and this module (a built-in plug-in of the trainer), else None."""
+    f = sys._getframe(depth)
+    fallback = None
+    while f is not None:
+        kind = _FILES.get(f.f_code.co_filename)
+        if kind is None:
+            kind = _FILES[f.f_code.co_filename] = _file_kind(f.f_code.co_filename)
+        if kind == "user":
+            return f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+        if fallback is None and kind == "ours":
+            fallback = f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return fallback
+
+
+_FILES: dict[str, str] = {}
+"""co_filename -> ``user``, ``ours`` (the trainer's or verlaudit's, not this module) or ``torch``: one
+path test per file, not per frame and op."""
+
+
+def _file_kind(name: str) -> str:
+    path = os.path.abspath(name)
+    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<"):
+        return "torch"
+    return "ours" if path.startswith(_SKIP_DIRS) else "user"
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _floats(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _all_finite(ts: list[torch.Tensor]) -> torch.Tensor:
+    """One device bool: every value of ``ts`` is finite (no host read)."""
+    fine = torch.isfinite(ts[0]).all()
+    for t in ts[1:]:
+        fine = fine & torch.isfinite(t).all()
+    return fine
+
+
+def _ints(tree: Any) -> list[torch.Tensor]:
+    return [
+        t
+        for t in pytree.tree_leaves(tree)
+        if isinstance(t, torch.Tensor)
+        and not t.is_floating_point()
+        and not t.is_complex()
+        and t.dtype != torch.bool
+    ]
+
+
+def _mantissa(dtype: torch.dtype) -> int:
+    return round(-math.log2(torch.finfo(dtype).eps))
+
+
+def exact_int_limit(dtype: torch.dtype) -> int:
+    """The largest integer up to which every integer is exact in a float dtype (fp16 2048, bf16 256)."""
+    return 2 ** (_mantissa(dtype) + 1)
+
+
+def spacing(dtype: torch.dtype, magnitude: float) -> float:
+    """The distance between neighbouring values of ``dtype`` at ``magnitude`` (bf16 at 48: 0.25)."""
+    if magnitude <= 0 or not math.isfinite(magnitude):
+        return float(torch.finfo(dtype).tiny)
+    return 2.0 ** (math.floor(math.log2(magnitude)) - _mantissa(dtype))
+
+
+def _arithmetic(func: Any, op: str) -> bool:
+    """An op that computes (pointwise, reduction, matmul, softmax, norm), not one that makes, copies or
+    casts a tensor: ``torch.tensor(x, dtype=torch.bfloat16)`` is the reward's dtype, not its arithmetic."""
+    if op in opcount.CAST:
+        return False
+    tags = func.tags
+    return (
+        torch.Tag.pointwise in tags
+        or torch.Tag.reduction in tags
+        or op in opcount.MATMUL
+        or op in opcount.SOFTMAX
+        or op in opcount.NORM
+    )
+
+
+class Recorder(TorchDispatchMode):
+    """Watches one call: dtype counts of its floating ops, the first op that produced a non-finite
+    value, its fp16/bf16 ops and its integers held in floats beyond their exact range. The checks
+    stay on the device until `settle` (one read at the end of the call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: Counter = Counter()
+        self.low: dict[tuple[str, str | None, str], int] = {}
+        """(op, user line, dtype) -> count, in first-seen order."""
+        self._nonfinite: list[tuple[str, str | None, str, torch.Tensor, torch.Tensor | bool]] = []
+        """(op, line, dtype, outputs finite, inputs from outside the call finite) per computing op."""
+        self._produced: dict[int, weakref.ref] = {}
+        self._ints: list[tuple[str, str | None, str, torch.Tensor]] = []
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if opcount.is_suspended():
+            return out
+        outs = _floats(out)
+        if not outs:
+            if func.overloadpacket.__name__ in opcount.CAST and _ints(out):
+                self._float_to_int(func, args, kwargs)
+            return out
+        with opcount.suspended():
+            self.ops += 1
+            dtype = outs[0].dtype
+            self.dtypes[dtype_name(dtype) or str(dtype)] += 1
+            op = func.overloadpacket.__name__
+            if func.is_view:
+                return out
+            line = user_frame(depth=2)
+            name = dtype_name(dtype) or str(dtype)
+            if dtype in LOW and _arithmetic(func, op):
+                key = (op, line, name)
+                self.low[key] = self.low.get(key, 0) + 1
+            fine_out = _all_finite(outs)
+            # inputs the call did not make (weights, its arguments) may bring a NaN in: checked once each
+            outside = [t for t in _floats((args, kwargs)) if not self._made(t)]
+            written = any(
+                isinstance(x, float) and not math.isfinite(x) for x in pytree.tree_leaves((args, kwargs))
+            )  # r[0] = float("nan"): written by the user, not produced by arithmetic
+            fine_in = _all_finite(outside) if outside and not written else not written
+            for t in outs:
+                self._produced[id(t)] = weakref.ref(t)
+            self._nonfinite.append((op, line, name, fine_out, fine_in))
+            converts = op in opcount.CAST or torch.Tag.pointwise in func.tags  # not an index or a lookup
+            ints = [t for t in _ints((args, kwargs)) if t.numel()] if converts else []
+            if ints:
+                amax = torch.stack([t.abs().max().to(torch.float64) for t in ints]).max()
+                self._ints.append((op, line, name, amax))
+        return out
+
+    def _made(self, t: torch.Tensor) -> bool:
+        ref = self._produced.get(id(t))
+        return ref is not None and ref() is t
+
+    def _float_to_int(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """A float tensor cast to integers: exact only while its values fit the float dtype's integers."""
+        ins = [t for t in _floats((args, kwargs)) if t.numel()]
+        if not ins:
+            return
+        with opcount.suspended():
+            src = ins[-1]  # copy_(dst, src): the source
+            amax = src.detach().abs().max().to(torch.float64)
+            amax = torch.where(torch.isfinite(amax), amax, amax.new_zeros(()))
+            name = dtype_name(src.dtype) or str(src.dtype)
+            self._ints.append((func.overloadpacket.__name__, user_frame(depth=3), name, amax))
+
+    def settle(self) -> dict[str, Any]:
+        """What the call did, read once: ``dtypes``, ``low`` (op, line, dtype, count), ``first_nonfinite``
+        (op, line, dtype, whether its inputs were already non-finite) and ``int_loss`` (op, line, dtype,
+        largest integer, exact limit)."""
+        first = None
+        if self._nonfinite:
+            outs = torch.stack([o for *_, o, _ in self._nonfinite]).tolist()
+            at = next((k for k, fine in enumerate(outs) if not fine), None)
+            if at is not None:
+                op, line, name, _, fine_in = self._nonfinite[at]
+                fine_in = bool(fine_in.item()) if isinstance(fine_in, torch.Tensor) else fine_in
+                first = {"op": op, "line": line, "dtype": name, "inputs_nonfinite": not fine_in}
+        int_loss = []
+        if self._ints:
+            maxima = torch.stack([a for *_, a in self._ints]).tolist()
+            for (op, line, name, _), amax in zip(self._ints, maxima, strict=True):
+                limit = exact_int_limit(_DTYPES[name]) if name in _DTYPES else math.inf
+                if amax > limit:
+                    int_loss.append({"op": op, "line": line, "dtype": name, "max": amax, "limit": limit})
+        low = [{"op": op, "line": line, "dtype": d, "count": n} for (op, line, d), n in self.low.items()]
+        return {
+            "dtypes": dict(self.dtypes),
+            "ops": self.ops,
+            "low": low,
+            "first_nonfinite": first,
+            "int_loss": int_loss,
+        }
+
+
+_DTYPES = {dtype_name(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+class Promote(TorchDispatchMode):
+    """Runs every floating op in ``dtype`` (or wider): floating inputs narrower than it are cast up and
+    a narrower ``dtype=`` argument (an explicit ``.half()``, autocast's casts, a factory) is raised."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self._bits = torch.finfo(dtype).bits
+
+    def _up(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and torch.finfo(x.dtype).bits < self._bits:
+            return x.to(self.dtype)
+        return x
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = dict(kwargs or {})
+        want = kwargs.get("dtype")
+        if isinstance(want, torch.dtype) and want.is_floating_point and torch.finfo(want).bits < self._bits:
+            kwargs["dtype"] = self.dtype
+        args, kwargs = pytree.tree_map(self._up, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def scores_of(result: Any) -> list[float] | None:
+    """The numbers a reward returned (a tensor, an array, a list of numbers or of verl's score dicts)."""
+    if isinstance(result, torch.Tensor):
+        return (
+            result.detach().to(torch.float64).flatten().cpu().tolist() if result.is_floating_point() else None
+        )
+    if hasattr(result, "tolist") and hasattr(result, "dtype"):
+        result = result.tolist()
+    if isinstance(result, (list, tuple)):
+        out = []
+        for v in result:
+            v = v.get("score") if isinstance(v, dict) else v
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = v.item()
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                return None
+            out.append(float(v))
+        return out
+    return None
+
+
+def compare(real: list[float], high: list[float], *, dtype: str | None) -> dict[str, Any] | None:
+    """How the real call's scores differ from the high-precision call's: max |difference|, distinct values
+    in each, the spacing of ``dtype`` (the real call's lowest) at the scores' magnitude; None when the two
+    cannot be compared (different lengths)."""
+    if len(real) != len(high) or not real:
+        return None
+    both = [(a, b) for a, b in zip(real, high, strict=True) if math.isfinite(a) and math.isfinite(b)]
+    diff = max((abs(a - b) for a, b in both), default=0.0)
+    mag = max((abs(b) for _, b in both), default=0.0)
+    out = {
+        "max_abs_diff": diff,
+        "magnitude": mag,
+        "distinct": len(set(real)),
+        "distinct_high": len(set(high)),
+        "nonfinite": sum(not math.isfinite(a) for a in real),
+        "nonfinite_high": sum(not math.isfinite(b) for b in high),
+        "dtype": dtype,
+    }
+    if dtype in _DTYPES:
+        out["spacing"] = spacing(_DTYPES[dtype], mag)
+    return out
+
+
+def collapsed(c: dict[str, Any]) -> bool:
+    """The real call merged distinct scores: at least 2 fewer distinct values and a quarter of them lost."""
+    lost = c["distinct_high"] - c["distinct"]
+    return lost >= 2 and lost * 4 >= c["distinct_high"]
+
+
+def moved(c: dict[str, Any], point: str) -> bool:
+    """Scores moved by more than a reward model's own dtype explains (a function: by more than 1e-3 of their
+    magnitude, fp64 being the intent of a reward computed with Python numbers)."""
+    if point == "reward_model":
+        return False  # a reward model in bf16 moves by its rounding; only lost ties or NaNs are findings
+    return c["max_abs_diff"] > 1e-3 * max(1.0, c["magnitude"])
+
+
+def rerun(call: Callable[[], Any], dtype: torch.dtype) -> Any:
+    """``call()`` again with its floating ops in ``dtype``; the random generators are restored after."""
+    devices = (
+        [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    )
+    with torch.random.fork_rng(devices=devices), opcount.suspended(), torch.no_grad(), Promote(dtype):
+        return call()
+
+
+_WHAT = {"reward_fn": "reward function", "reward_model": "reward model", "collator": "collator"}
+_KEY = {"reward_fn": "data.reward_fn", "reward_model": "model.reward_model", "collator": "data.collator"}
+
+
+def findings(
+    point: str,
+    source: str,
+    record: dict[str, Any],
+    comparison: dict[str, Any] | None,
+    *,
+    high: str | None,
+    step: int | None,
+    phase: str | None,
+) -> list[Finding]:
+    """The findings of one watched call (`Recorder.settle`'s record, `compare`'s comparison)."""
+    what, where = _WHAT.get(point, point), f"{_KEY.get(point, point)} ({source})"
+    ctx = {"role": "reward" if point != "collator" else "actor", "where": where, "step": step, "phase": phase}
+    out: list[Finding] = []
+    first = record.get("first_nonfinite")
+    if first and not first["inputs_nonfinite"]:
+        line = first["line"] or "an unknown line"
+        hint = (
+            f"compute it in fp32 or fp64 (e.g. x.double() before {first['op']})"
+            if first["dtype"] in ("fp16", "bf16")
+            else f"guard {first['op']} against its undefined inputs (division by zero, log(0), overflow)"
+        )
+        out.append(
+            Finding(
+                severity="error",
+                kind=K.PLUGIN_NONFINITE_OP,
+                message=f"your {what} produced the first NaN/inf in {first['op']} ({first['dtype']}) at {line}",
+                observed=first,
+                expected="finite",
+                fix=f"at {line}: {hint}",
+                **ctx,
+            )
+        )
+    low = [
+        r for r in record.get("low", ()) if point != "reward_model"
+    ]  # a reward model's dtype is its policy's
+    if low:
+        lines = _lines(low)
+        dts = "/".join(sorted({r["dtype"] for r in low}))
+        n = sum(r["count"] for r in low)
+        out.append(
+            Finding(
+                severity="warning",
+                kind=K.PLUGIN_LOW_PRECISION,
+                message=f"your {what} ran {n} floating ops in {dts} (first {low[0]['op']} at {low[0]['line']})",
+                observed={"ops": n, "dtypes": record.get("dtypes"), "lines": lines},
+                expected="fp32 or fp64 arithmetic in user code",
+                fix=f"at {', '.join(str(x) for x in lines)}: compute in fp32 (x.float()) instead of {dts}",
+                **ctx,
+            )
+        )
+    for r in record.get("int_loss", ())[:1]:
+        out.append(
+            Finding(
+                severity="error" if point == "collator" else "warning",
+                kind=K.PLUGIN_INT_PRECISION,
+                message=f"your {what} held integers up to {r['max']:.0f} in {r['dtype']} ({r['op']} at {r['line']}), which "
+                f"holds integers exactly only up to {r['limit']}: ids or counts were rounded",
+                observed=r,
+                expected=f"integers <= {r['limit']} or integer arithmetic",
+                fix=f"at {r['line']}: keep ids in torch.long (integer ops, or index with them) instead of {r['dtype']}",
+                **ctx,
+            )
+        )
+    if comparison is not None:
+        out += _comparison_findings(point, what, record, comparison, high=high, ctx=ctx)
+    return out
+
+
+def _comparison_findings(
+    point: str, what: str, record: dict, c: dict, *, high: str | None, ctx: dict
+) -> list[Finding]:
+    lines = _lines(record.get("low", ())) or [None]
+    at = f" (low-precision ops at {', '.join(str(x) for x in lines)})" if lines[0] else ""
+    if c["nonfinite"] > c["nonfinite_high"]:
+        msg = (
+            f"your {what} returned {c['nonfinite']} non-finite scores; the same call in {high} returned "
+            f"{c['nonfinite_high']}: the NaN/inf come from its precision{at}"
+        )
+    elif collapsed(c):
+        sp = (
+            f" to {c['dtype']}'s spacing {c['spacing']:g} at magnitude {c['magnitude']:.3g}"
+            if "spacing" in c
+            else ""
+        )
+        msg = (
+            f"your {what}'s scores rounded{sp}: {c['distinct_high']} distinct values in {high} became "
+            f"{c['distinct']}{at}"
+        )
+    elif moved(c, point):
+        msg = (
+            f"your {what}'s scores moved by up to {c['max_abs_diff']:.3g} against the same call in {high}{at}"
+        )
+    else:
+        return []
+    use = "fp32" if point == "reward_model" else "fp64 (Python floats) or fp32"
+    fix = (
+        f"compute the scores in {use}: cast to float before the normalisation / arithmetic"
+        + (f" at {', '.join(str(x) for x in lines)}" if lines[0] else "")
+        + (" (or set the reward role's compute dtype to fp32)" if point == "reward_model" else "")
+    )
+    return [
+        Finding(
+            severity="error" if c["nonfinite"] > c["nonfinite_high"] or collapsed(c) else "warning",
+            kind=K.PLUGIN_PRECISION_LOSS,
+            message=msg,
+            observed=c,
+            expected=f"the same scores as in {high}",
+            fix=fix,
+            **ctx,
+        )
+    ]
+
+
+def _lines(low) -> list[str]:
+    """Distinct user lines of low-precision ops, user files first (a preset model's lines are torch's)."""
+    seen: list[str] = []
+    for r in low:
+        if r["line"] and r["line"] not in seen:
+            seen.append(r["line"])
+    return seen[:KEEP_LINES]
+
+
+def watch_findings(
+    point: str,
+    source: str,
+    call: Callable[[], Any],
+    result: Any,
+    recorder: Recorder,
+    settings: Any,
+    *,
+    step: int | None,
+    phase: str | None,
+) -> list[Finding]:
+    """The findings of one watched call: the recorder's, and for a reward model (always) or a reward
+    function (with ``settings.rerun_plugins``) the comparison with the same call in higher precision."""
+    record = recorder.settle()
+    comparison, high = None, None
+    again = point == "reward_model" or (point == "reward_fn" and getattr(settings, "rerun_plugins", False))
+    real = scores_of(result) if again else None
+    if real is not None:
+        high_dtype = torch.float32 if point == "reward_model" else torch.float64
+        high = dtype_name(high_dtype)
+        other = scores_of(rerun(call, high_dtype))
+        lowest = _lowest(record, result)
+        comparison = compare(real, other, dtype=lowest) if other is not None else None
+    return findings(point, source, record, comparison, high=high, step=step, phase=phase)
+
+
+def _lowest(record: dict[str, Any], result: Any) -> str | None:
+    """The dtype the scores were last rounded to: the result's when it is a low-precision tensor, else the
+    narrowest dtype the call's ops produced."""
+    if isinstance(result, torch.Tensor) and result.dtype in LOW:
+        return dtype_name(result.dtype)
+    seen = set(record.get("dtypes", ()))
+    return next((d for d in ("fp16", "bf16", "fp32") if d in seen), None)
