@@ -47,6 +47,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "weight_sync": "the rollout engine does not compute with the actor's current weights",
         "vocab": "the model emits ids its tokenizer cannot decode",
         "user_hook": "user code hooked into a module's forward",
+        "mask_padding": "an attention mask that lets the model attend to pad tokens",
+        "identical_pairs": "preference pairs whose chosen and rejected sides are the same tokens",
+        "truncation": "prompts cut to the prompt length until distinct prompts became the same",
+        "reference": "a reference policy that is not the actor's starting point",
+        "dropout": "dropout active in a trainable role's training forward",
+        "tied_weights": "input and output embeddings the config ties, held as separate tensors",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -124,6 +130,21 @@ COLLATOR_SHAPE = _f(
 )
 PADDING_SIDE = _f(
     "boundary/padding_side", "padding", "prompts are padded on the other side than the tokenizer's"
+)
+MASK_COVERS_PADDING = _f(
+    "boundary/mask_covers_padding",
+    "mask_padding",
+    "the attention mask is 1 on pad tokens at the padded end: the model attends to padding",
+)
+IDENTICAL_PAIRS = _f(
+    "boundary/identical_pairs",
+    "identical_pairs",
+    "DPO pairs whose chosen and rejected responses are the same tokens: no preference, no gradient",
+)
+PROMPT_TRUNCATION = _f(
+    "boundary/prompt_truncation",
+    "truncation",
+    "prompts cut to data.prompt_length (a warning when distinct prompts became the same text)",
 )
 
 # ---------------------------------------------------------------- the reward
@@ -229,6 +250,21 @@ MODULE_OUTPUT = _f(
 COMPUTE = _f("dtype/compute", "compute_dtype", "a linear computes in another dtype than the policy's")
 GRAD = _f("dtype/grad", "grad_dtype", "gradients in another dtype than the policy's grad dtype")
 USER_HOOK = _f("model/user_hook", "user_hook", "a module carries a forward hook from user code")
+REFERENCE_NOT_ACTOR = _f(
+    "model/reference_not_actor",
+    "reference",
+    "before any update the reference's weights differ from the actor's beyond dtype rounding",
+)
+DROPOUT_ACTIVE = _f(
+    "model/dropout_active",
+    "dropout",
+    "a trainable role trains with dropout: its log-probs are not the policy the rollout sampled",
+)
+TIED_WEIGHTS_BROKEN = _f(
+    "model/tied_weights_broken",
+    "tied_weights",
+    "the config ties input and output embeddings but they are separate tensors after setup",
+)
 
 # ---------------------------------------------------------------- numerics
 NONFINITE_FORWARD = _f(

@@ -34,6 +34,7 @@ from verlaudit.audit import (
     dtype_checks,
     errors,
     gradhealth,
+    invariants,
     nonfinite,
     numerics,
     opcount,
@@ -152,6 +153,7 @@ class Auditor(Observer):
         algo = (config or {}).get("algo") or {}
         self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
         self._model_state(step=None)
+        self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
             self.findings.extend(weights.user_hooks(role, model))
@@ -220,6 +222,15 @@ class Auditor(Observer):
         if self.settings.level != "off":
             self.findings.extend(
                 boundaries.check_batch(
+                    batch,
+                    role=role,
+                    source=source,
+                    tokenizer_info=self.tokenizer_info,
+                    **self.context.where(),
+                )
+            )
+            self.findings.extend(
+                invariants.batch_findings(
                     batch,
                     role=role,
                     source=source,
