@@ -148,6 +148,9 @@ ROOTS = {
     "module_input_dtype": lambda st, ph, role: Records([finding("dtype/module_input", step=st, phase=ph, role=role,
                                                                 observed="fp32", expected="bf16")]),
     "overflow": lambda st, ph, role: fp16_skips(first=max(0, st), n=3),
+    "learning_rate": lambda st, ph, role: Records([finding(K.WEIGHT_GROWTH, step=st, phase=ph, role=role, where="*",
+                                                           observed={"median_growth": 9.0, "lr": 0.2},
+                                                           expected="weight RMS within 4x of setup")]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role

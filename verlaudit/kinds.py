@@ -53,6 +53,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reference": "a reference policy that is not the actor's starting point",
         "dropout": "dropout active in a trainable role's training forward",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
+        "learning_rate": "a learning rate so large that every layer's weights grow",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -290,6 +291,11 @@ UPDATE_UNDERFLOW = _f(
     "weight updates lost to the rounding of the stored weights",
 )
 WEIGHT_NONFINITE = _f("numerics/weight_nonfinite", "weights_nonfinite", "NaN/Inf stored in the weights")
+WEIGHT_GROWTH = _f(
+    "dynamics/weight_growth",
+    "learning_rate",
+    "most of a trainable role's weight matrices grew several times since setup: the learning rate",
+)
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 
 # ---------------------------------------------------------------- where precision is lost (audit level full)
