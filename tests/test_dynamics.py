@@ -96,3 +96,7 @@ def test_no_larger_loss_scale_in_a_run_that_overflows():
     assert c.fixes == [raise_it]
     (c,) = fixcheck.checked(_run(cfg), [_cause(raise_it)])
     assert c.fixes == [raise_it]
+    larger = Fix(None, None, "use dynamic loss scaling with a larger init_scale, or bf16")
+    lower = Fix(None, None, "lower the loss scale (precision.overrides.actor.init_scale: 1024)")
+    (c,) = fixcheck.checked(_run(cfg, [overflow]), [_cause(larger, lower)])
+    assert c.fixes == [lower]

@@ -376,14 +376,14 @@ def dropout_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module],
         seen = [f"{n or '<root>'} p={p:g}" for n, p in mods[:3]] + [
             f"config.{f}={v:g}" for f, v in fields.items()
         ]
+        counted = f"{len(mods)} Dropout module(s) with p > 0: " if mods else ""
         out.append(
             Finding(
                 severity="warning",
                 kind=K.DROPOUT_ACTIVE,
                 role=role,
                 where=mods[0][0] if mods else "config",
-                message=f"the {role} trains with dropout ({len(mods)} Dropout module(s) with p > 0; "
-                f"{', '.join(seen)}): the rollout samples without it, the update recomputes log-probs "
+                message=f"the {role} trains with dropout ({counted}{', '.join(seen)}): the rollout samples without it, the update recomputes log-probs "
                 "with it, so the ratios and the KL see another policy than the one that sampled"
                 + (f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""),
                 observed={"modules": len(mods), "config": fields},

@@ -426,14 +426,17 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         plugin = setup_plugin(run, top.role)
         key = f"{field} ({source})" if source else f"model.setup ({plugin})" if plugin else field
     elif top.kind == K.WEIGHT_GROWTH:
-        lr = (top.observed or {}).get("lr") if isinstance(top.observed, dict) else None
-        field = "algo.critic_lr" if top.role == "critic" else "algo.lr"
-        key = (
-            f"{field}: {float(lr) / 10:g}" if isinstance(lr, (int, float)) and lr > 0 else f"{field}: <lower>"
-        )
-        verl = V.lr(top.role or "actor")
+        return list(dict.fromkeys(_lr_fix(f) for f in fs if f.fix))[:3]
     fixes = list(dict.fromkeys(Fix(key, verl, f.fix) for f in fs if f.fix))[:3]
     return fixes
+
+
+def _lr_fix(f: Finding) -> Fix:
+    """The learning-rate fix of a ``dynamics/weight_growth`` finding, in its own role's keys."""
+    lr = f.observed.get("lr") if isinstance(f.observed, dict) else None
+    field = "algo.critic_lr" if f.role == "critic" else "algo.lr"
+    value = f"{float(lr) / 10:g}" if isinstance(lr, (int, float)) and lr > 0 else "<lower>"
+    return Fix(f"{field}: {value}", V.lr(f.role or "actor"), f.fix or "")
 
 
 ANALYSES = (

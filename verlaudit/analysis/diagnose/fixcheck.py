@@ -30,7 +30,9 @@ from verlaudit.rundir import RunDir
 SETTING = re.compile(r"^\s*([A-Za-z_]\w*(?:\.\w+)+)\s*:\s*(\S.*?)\s*$")
 """A fix's ``suite`` that sets one key: ``dotted.key: value``."""
 RAISE_SCALE = re.compile(
-    r"\braise (?:the )?(?:fp16 )?loss scale|\binit_scale\b.*\b(?:raise|larger|higher)", re.I
+    r"\b(?:raise|increase|larger|higher|bigger)\b[^.;]{0,30}\b(?:loss scale|init_scale)\b"
+    r"|\b(?:loss scale|init_scale)\b[^.;]{0,30}\b(?:raised|increased|larger|higher)\b",
+    re.I,
 )
 """A fix that makes the fp16 loss scale larger."""
 _OVERFLOW_KINDS = frozenset({K.OVERFLOW, K.SKIPPED_STEP})

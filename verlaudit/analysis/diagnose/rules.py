@@ -121,6 +121,12 @@ RULES: dict[tuple[str, str], Rule] = {
         "a cast below the module's dtype rounds its output more than that dtype does", same_role=True
     ),
     ("module_input_dtype", "dtype_error"): Rule("the op receives operands of two dtypes", same_role=True),
+    ("weights_nonfinite", "reference"): Rule(
+        "weights changed on the actor after the reference was copied from it"
+    ),
+    ("weights_outlier", "reference"): Rule(
+        "weights changed on the actor after the reference was copied from it"
+    ),
     # training dynamics
     ("learning_rate", "overflow"): Rule(
         "weights grown by too large updates make activations and gradients beyond fp16's range",
