@@ -199,3 +199,77 @@ def test_tie_broken_by_a_setup():
     assert _kinds(found) == [K.TIED_WEIGHTS_BROKEN] and "model.setup" in found[0].message
     model.tie_weights()
     assert I.tied_findings({}, {"actor": model}) == []
+
+
+# ---------------------------------------------------------------- whole runs: planted faults, clean controls
+
+NEW_KINDS = {
+    K.MASK_COVERS_PADDING,
+    K.IDENTICAL_PAIRS,
+    K.PROMPT_TRUNCATION,
+    K.REFERENCE_NOT_ACTOR,
+    K.DROPOUT_ACTIVE,
+    K.TIED_WEIGHTS_BROKEN,
+    K.WEIGHT_GROWTH,
+}
+
+
+def full_mask_collator(examples, tokenizer):
+    """Planted: the builtin prompt batch with a mask of ones (it covers the left padding)."""
+    from trainer.data import PromptCollator
+
+    batch = PromptCollator(tokenizer, 8)(examples)
+    return {"input_ids": batch["input_ids"], "attention_mask": torch.ones_like(batch["attention_mask"])}
+
+
+def same_pairs_collator(examples, tokenizer):
+    """Planted: the rejected side read from the chosen field."""
+    from trainer.data import PairCollator
+
+    return PairCollator(tokenizer, 8, 4)([dict(ex, rejected=ex["chosen"]) for ex in examples])
+
+
+def scale_actor(model, role, tokenizer):
+    """Planted: a setup that changes the actor's weights after the reference was copied from it."""
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+
+
+def _train(extra):
+    from tests.test_audit_faults import run
+
+    a = run(extra)
+    assert a.failure is None
+    return a
+
+
+def _problems(a):
+    return sorted({f.kind for f in a.findings.all() if f.severity != "info" and f.kind in NEW_KINDS})
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "dpo"])
+def test_clean_runs_have_no_invariant_warning(algo):
+    a = _train({"steps": 2, "algo": {"name": algo, "use_kl_in_reward": algo != "dpo"}})
+    assert _problems(a) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [
+        ({"data": {"collator": "tests.test_invariants:full_mask_collator"}}, K.MASK_COVERS_PADDING),
+        ({"data": {"prompt_length": 1}, "algo": {"batch_size": 4}}, K.PROMPT_TRUNCATION),
+        ({"model": {"overrides": {"attention_dropout": 0.1}}}, K.DROPOUT_ACTIVE),
+        ({"model": {"setup": {"actor": "tests.test_invariants:scale_actor"}}}, K.REFERENCE_NOT_ACTOR),
+        (
+            {
+                "algo": {"name": "dpo", "use_kl_in_reward": False},
+                "data": {"collator": "tests.test_invariants:same_pairs_collator"},
+            },
+            K.IDENTICAL_PAIRS,
+        ),
+    ],
+    ids=["mask", "truncation", "dropout", "reference", "pairs"],
+)
+def test_planted_faults_in_a_run(extra, kind):
+    a = _train({"steps": 1, **extra})
+    assert kind in _problems(a), [(f.kind, f.severity) for f in a.findings.all()]
