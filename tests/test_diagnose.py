@@ -632,6 +632,8 @@ def test_torch_compile_failure_names_the_compiled_path(tmp_path):
         preset="bf16",
         steps=3,
         metrics=[],
+        rollout={"engine": "fused", "compile": True},  # the failed run compiled its decode step
+        model={"compile": True},  # and its layers (a fix that sets a key to its value is dropped)
         status=(
             "failed",
             {

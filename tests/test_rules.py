@@ -157,6 +157,9 @@ ROOTS = {
     "plugin_precision": lambda st, ph, role: Records([finding(K.PLUGIN_PRECISION_LOSS, step=st, phase=ph, role=role,
                                                               where="model.reward_model (model:m)",
                                                               observed={"distinct": 3, "distinct_high": 12})]),
+    "learning_rate": lambda st, ph, role: Records([finding(K.WEIGHT_GROWTH, step=st, phase=ph, role=role, where="*",
+                                                           observed={"median_growth": 9.0, "lr": 0.2},
+                                                           expected="weight RMS within 4x of setup")]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -198,6 +201,9 @@ SYMPTOMS = {
                                                observed={"identical_groups": 4, "groups": 4})]),
     "ids_range": lambda role: Records([finding(K.COLLATOR_ID_RANGE, phase="rollout", role=role,
                                                where="collator:c.input_ids", observed=[0, 107], expected=[0, 99])]),
+    "reference": lambda role: Records([finding(K.REFERENCE_NOT_ACTOR, step=None, phase=None, role="reference",
+                                               where="model.layers.1.mlp.down_proj.weight",
+                                               observed={"differ": 1}, expected="the actor's weights")]),
     "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
                                                       where="model.layers.1.mlp", severity="warning",
                                                       observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),

@@ -242,13 +242,33 @@ def _right_pad(rows: list[list[int]], length: int, pad_id: int) -> tuple[torch.T
     return ids, mask
 
 
+TRUNCATION_KEY = "prompt_truncation"
+"""The batch key of the builtin collators' truncation report (`truncation_report`): Long[B, 4], one row
+per prompt, so that a user's collator wrapping a builtin one can treat it as any other tensor field.
+The audit reads it from ``on_batch``'s batch; the trainers read only the fields they need."""
+
+
+def truncation_report(rows: list[list[int]], length: int) -> torch.Tensor:
+    """What cutting ``rows`` to their last ``length`` ids did, Long[B, 4]: per row its length before
+    the cut, the index of the first row with the same ids before the cut, the same after it, and
+    ``length``."""
+    before: dict[tuple[int, ...], int] = {}
+    after: dict[tuple[int, ...], int] = {}
+    out = [
+        [len(r), before.setdefault(tuple(r), i), after.setdefault(tuple(r[-length:]), i), int(length)]
+        for i, r in enumerate(rows)
+    ]
+    return torch.tensor(out, dtype=torch.long).reshape(len(rows), 4)
+
+
 def _encode_prompts(tokenizer, examples: list[dict]) -> list[list[int]]:
     return [tokenizer(ex["prompt"], add_special_tokens=True)["input_ids"] for ex in examples]
 
 
 class PromptCollator:
     """Prompts -> ``input_ids`` / ``attention_mask`` Long[B, P], left-padded to exactly
-    ``prompt_length``; longer prompts keep their end (tokenizer settings are not consulted)."""
+    ``prompt_length``; longer prompts keep their end (tokenizer settings are not consulted). The batch
+    also holds `TRUNCATION_KEY`: what the cut did (`truncation_report`)."""
 
     def __init__(self, tokenizer, prompt_length: int) -> None:
         if tokenizer.pad_token_id is None:
@@ -257,17 +277,20 @@ class PromptCollator:
         self.prompt_length = int(prompt_length)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        ids, mask = _left_pad(
-            _encode_prompts(self.tokenizer, examples), self.prompt_length, self.tokenizer.pad_token_id
-        )
-        return {"input_ids": ids, "attention_mask": mask}
+        rows = _encode_prompts(self.tokenizer, examples)
+        ids, mask = _left_pad(rows, self.prompt_length, self.tokenizer.pad_token_id)
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            TRUNCATION_KEY: truncation_report(rows, self.prompt_length),
+        }
 
 
 class PairCollator:
     """DPO pairs -> chosen/rejected ``input_ids`` and ``attention_mask`` Long[B, P+R] (prompt left-padded
     to P, completion + eos right-padded to R, cut at R so eos may be lost on long completions) and
     ``chosen_response_mask`` / ``rejected_response_mask`` Long[B, R]; fits
-    ``sequence_logprobs(..., response_length=R)``."""
+    ``sequence_logprobs(..., response_length=R)``; the prompts' truncation under `TRUNCATION_KEY`."""
 
     def __init__(self, tokenizer, prompt_length: int, response_length: int) -> None:
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
@@ -278,8 +301,9 @@ class PairCollator:
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         tok = self.tokenizer
-        p_ids, p_mask = _left_pad(_encode_prompts(tok, examples), self.prompt_length, tok.pad_token_id)
-        out: dict[str, torch.Tensor] = {}
+        prompts = _encode_prompts(tok, examples)
+        p_ids, p_mask = _left_pad(prompts, self.prompt_length, tok.pad_token_id)
+        out: dict[str, torch.Tensor] = {TRUNCATION_KEY: truncation_report(prompts, self.prompt_length)}
         for side in ("chosen", "rejected"):
             rows = [
                 tok(ex[side], add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for ex in examples

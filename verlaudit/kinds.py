@@ -49,6 +49,13 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "user_hook": "user code hooked into a module's forward",
         "plugin_nonfinite": "user plug-in code (a reward, a collator) whose own op produced NaN/Inf",
         "plugin_precision": "user plug-in code computing in a dtype that rounds its result (fp16/bf16, ids in floats)",
+        "mask_padding": "an attention mask that lets the model attend to pad tokens",
+        "identical_pairs": "preference pairs whose chosen and rejected sides are the same tokens",
+        "truncation": "prompts cut to the prompt length until distinct prompts became the same",
+        "reference": "a reference policy that is not the actor's starting point",
+        "dropout": "dropout active in a trainable role's training forward",
+        "tied_weights": "input and output embeddings the config ties, held as separate tensors",
+        "learning_rate": "a learning rate so large that every layer's weights grow",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -126,6 +133,21 @@ COLLATOR_SHAPE = _f(
 )
 PADDING_SIDE = _f(
     "boundary/padding_side", "padding", "prompts are padded on the other side than the tokenizer's"
+)
+MASK_COVERS_PADDING = _f(
+    "boundary/mask_covers_padding",
+    "mask_padding",
+    "the attention mask is 1 on pad tokens at the padded end: the model attends to padding",
+)
+IDENTICAL_PAIRS = _f(
+    "boundary/identical_pairs",
+    "identical_pairs",
+    "DPO pairs whose chosen and rejected responses are the same tokens: no preference, no gradient",
+)
+PROMPT_TRUNCATION = _f(
+    "boundary/prompt_truncation",
+    "truncation",
+    "prompts cut to data.prompt_length (a warning when distinct prompts became the same text)",
 )
 
 # ---------------------------------------------------------------- the reward
@@ -255,6 +277,21 @@ CONTRACT_COMPUTE = _f(
 )
 GRAD = _f("dtype/grad", "grad_dtype", "gradients in another dtype than the policy's grad dtype")
 USER_HOOK = _f("model/user_hook", "user_hook", "a module carries a forward hook from user code")
+REFERENCE_NOT_ACTOR = _f(
+    "model/reference_not_actor",
+    "reference",
+    "before any update the reference's weights differ from the actor's beyond dtype rounding",
+)
+DROPOUT_ACTIVE = _f(
+    "model/dropout_active",
+    "dropout",
+    "a trainable role trains with dropout: its log-probs are not the policy the rollout sampled",
+)
+TIED_WEIGHTS_BROKEN = _f(
+    "model/tied_weights_broken",
+    "tied_weights",
+    "the config ties input and output embeddings but they are separate tensors after setup",
+)
 
 # ---------------------------------------------------------------- numerics
 NONFINITE_FORWARD = _f(
@@ -280,6 +317,11 @@ UPDATE_UNDERFLOW = _f(
     "weight updates lost to the rounding of the stored weights",
 )
 WEIGHT_NONFINITE = _f("numerics/weight_nonfinite", "weights_nonfinite", "NaN/Inf stored in the weights")
+WEIGHT_GROWTH = _f(
+    "dynamics/weight_growth",
+    "learning_rate",
+    "most of a trainable role's weight matrices grew several times since setup: the learning rate",
+)
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 
 # ---------------------------------------------------------------- where precision is lost (audit level full)

@@ -34,6 +34,7 @@ from verlaudit.audit import (
     dtype_checks,
     errors,
     gradhealth,
+    invariants,
     nonfinite,
     numerics,
     opcount,
@@ -107,6 +108,10 @@ class Auditor(Observer):
         self.failure: dict[str, Any] | None = None
         """Status fields (reason, step, phase, culprit ...) when an exception left the run."""
         self.dtype_watch: weights.DtypeWatch | None = None
+        self.growth: weights.GrowthWatch | None = None
+        """Weight-norm growth of the trainable roles since setup (the learning rate as a cause)."""
+        self.updates: dict[str, int] = {}
+        """Optimizer steps taken (not skipped) per role, for the growth's per-update rate."""
         self.group_size = 0
         """GRPO's responses per prompt (0: the run has no groups), for `reward_signal`."""
         self._groups: tuple[int, int, str] | None = None
@@ -152,7 +157,9 @@ class Auditor(Observer):
             heap_freeze()
         algo = (config or {}).get("algo") or {}
         self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
+        self.growth = weights.GrowthWatch({"actor": algo.get("lr"), "critic": algo.get("critic_lr")})
         self._model_state(step=None)
+        self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
             self.findings.extend(weights.user_hooks(role, model))
@@ -202,7 +209,14 @@ class Auditor(Observer):
             kind = K.REWARD_MODEL_DTYPE if role == "reward" else K.PARAM_STORAGE
             found = dtype_checks.check_param_storage(role, model, self.policy[role], kind=kind, step=step)
             found += dtype_checks.check_buffers(role, model, self.policy[role])
-            found += weights.weight_findings(role, weights.weight_rms(model.named_parameters()), step=step)
+            rms = weights.weight_rms(model.named_parameters())
+            found += weights.weight_findings(role, rms, step=step)
+            if self.growth is not None and role in TRAINABLE_ROLES:
+                if step is None:
+                    self.growth.start(role, model, rms)
+                else:
+                    updates = self.updates.get(role, 0)
+                    found += self.growth.findings(role, model, rms, step=step, updates=updates)
             self.findings.extend(
                 f for f in found if step is None or not self.findings.find(f.kind, role=role, where=f.where)
             )
@@ -234,6 +248,15 @@ class Auditor(Observer):
         if self.settings.level != "off":
             self.findings.extend(
                 boundaries.check_batch(
+                    batch,
+                    role=role,
+                    source=source,
+                    tokenizer_info=self.tokenizer_info,
+                    **self.context.where(),
+                )
+            )
+            self.findings.extend(
+                invariants.batch_findings(
                     batch,
                     role=role,
                     source=source,
@@ -341,6 +364,7 @@ class Auditor(Observer):
             return
         self._settle()
         policy, where, skipped = self.policy[role], self.context.where(), bool(skipped)
+        self.updates[role] = self.updates.get(role, 0) + (not skipped)
         if self.writer is not None:
             self.writer.event(
                 "optimizer_step",

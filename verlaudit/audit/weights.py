@@ -214,3 +214,78 @@ def user_hooks(role: str, model: nn.Module) -> list[Finding]:
                 )
             )
     return out
+
+
+GROWTH_RATIO = 4.0
+"""A weight matrix's RMS over its value at setup at which it has grown (random-init and trained
+matrices alike stay within a small factor of it over a short run at a sane learning rate)."""
+GROWTH_SHARE = 0.8
+"""The share of a role's weight matrices that must have grown for the learning rate to be the cause:
+every layer, not one (one layer alone is a module's problem, `weight_findings`)."""
+
+
+class GrowthWatch:
+    """Weight-norm growth of the trainable roles' weight matrices since setup, from the RMS the audit
+    reads anyway (setup and full-audit steps): when most matrices grew `GROWTH_RATIO` times or more,
+    the updates are too large for the weights -- the learning rate, named with its key -- and the
+    per-layer growth and per-update rate are the evidence."""
+
+    def __init__(self, lrs: dict[str, float | None]) -> None:
+        self.lrs = lrs
+        """Trainable role -> its learning rate (``algo.lr``, ``algo.critic_lr``)."""
+        self.setup: dict[str, dict[str, float]] = {}
+        self.reported: set[str] = set()
+
+    @staticmethod
+    def _matrices(rms: dict[str, float], model: nn.Module) -> dict[str, float]:
+        shapes = {n: p.dim() for n, p in model.named_parameters() if p.requires_grad}
+        return {n: v for n, v in rms.items() if shapes.get(n, 0) >= 2 and math.isfinite(v) and v > 0}
+
+    def start(self, role: str, model: nn.Module, rms: dict[str, float]) -> None:
+        self.setup[role] = self._matrices(rms, model)
+
+    def findings(
+        self, role: str, model: nn.Module, rms: dict[str, float], *, step: int, updates: int
+    ) -> list[Finding]:
+        """``dynamics/weight_growth`` once per role, at the first audited step where it shows."""
+        base = self.setup.get(role)
+        if not base or role in self.reported or updates < 1:
+            return []
+        now = self._matrices(rms, model)
+        growth = {n: now[n] / base[n] for n in base if n in now}
+        if not growth:
+            return []
+        grown = [n for n, g in growth.items() if g >= GROWTH_RATIO]
+        if len(grown) < GROWTH_SHARE * len(growth):
+            return []
+        self.reported.add(role)
+        median = statistics.median(growth.values())
+        per_update = median ** (1.0 / updates) - 1.0
+        lr = self.lrs.get(role)
+        key = "algo.critic_lr" if role == "critic" else "algo.lr"
+        worst = max(growth, key=growth.__getitem__)
+        return [
+            Finding(
+                severity="error",
+                kind=K.WEIGHT_GROWTH,
+                role=role,
+                where="*",
+                step=step,
+                phase=None,
+                observed={
+                    "grown": len(grown),
+                    "matrices": len(growth),
+                    "median_growth": round(median, 3),
+                    "max_growth": {worst: round(growth[worst], 3)},
+                    "per_update_growth": round(per_update, 4),
+                    "updates": updates,
+                    "lr": lr,
+                },
+                expected=f"weight RMS within {GROWTH_RATIO:g}x of setup",
+                message=f"{len(grown)} of the {role}'s {len(growth)} weight matrices grew {GROWTH_RATIO:g}x or more "
+                f"in {updates} update step(s) (median {median:.3g}x, {per_update:.1%} per update): every layer "
+                f"grows, not one, so the updates are too large for the weights -- the learning rate ({key} "
+                f"{lr if lr is not None else '?'}) -- and fp16 activations and gradients grow with them",
+                fix=f"lower {key} (now {lr if lr is not None else '?'}) by 10x or more; keep the precision",
+            )
+        ]

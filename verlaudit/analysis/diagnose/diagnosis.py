@@ -38,6 +38,7 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
+from verlaudit.analysis.diagnose import fixcheck
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
 from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
@@ -343,7 +344,12 @@ def _finding_causes(run: RunDir) -> list[Cause]:
         if len(fs) > 5:
             ev.append(f"... and {len(fs) - 5} more")
         plugin = setup_plugin(run, top.role)
-        if plugin and kind.startswith(("dtype/", "numerics/weight")):
+        if plugin and kind in _SETUP_CHANGES:
+            ev.append(
+                f"model.setup ran on the {top.role} model before training: {plugin} -- the code that changed "
+                "the model (vocabulary, embeddings, modules, weights) is the first place to look"
+            )
+        elif plugin and kind.startswith(("dtype/", "numerics/weight")):
             ev.append(
                 f"model.setup ran on the {top.role} model: {plugin} (user code that can change dtypes, modules "
                 "and hooks)"
@@ -376,6 +382,15 @@ def _finding_causes(run: RunDir) -> list[Cause]:
 
 
 _MODULE_DTYPE_KINDS = (K.PARAM_STORAGE, K.MIXED_PARAMS, K.BUFFER_PRECISION, K.MODULE_OUTPUT)
+_SETUP_CHANGES = (
+    K.VOCAB_MISMATCH,
+    K.ROLLOUT_TOKEN_RANGE,
+    K.TIED_WEIGHTS_BROKEN,
+    K.REFERENCE_NOT_ACTOR,
+    K.DROPOUT_ACTIVE,
+)
+"""Findings about what a model is (its vocabulary, ties, weights, modules): when a ``model.setup``
+plug-in ran on that model, it is named as the culprit and its key carries the fix."""
 """Findings about a model's own dtypes: user setup code (model.setup) is where they are changed."""
 _WEIGHT_SOURCES = {
     "actor": "model.path",
@@ -403,15 +418,25 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
             field, source = "data.compute_score", source.removeprefix("verl:")
         key = f"{field} ({source})"
         verl = V.REWARD_MODEL_PATH if field == "model.reward_model" else V.CUSTOM_REWARD
-    elif top.kind in _MODULE_DTYPE_KINDS and setup_plugin(run, top.role):
+    elif top.kind in (*_MODULE_DTYPE_KINDS, *_SETUP_CHANGES) and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
     elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
         field = _WEIGHT_SOURCES.get(top.role or "", "model.path")
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)
         key = f"{field} ({source})" if source else f"model.setup ({plugin})" if plugin else field
+    elif top.kind == K.WEIGHT_GROWTH:
+        return list(dict.fromkeys(_lr_fix(f) for f in fs if f.fix))[:3]
     fixes = list(dict.fromkeys(Fix(key, verl, f.fix) for f in fs if f.fix))[:3]
     return fixes
+
+
+def _lr_fix(f: Finding) -> Fix:
+    """The learning-rate fix of a ``dynamics/weight_growth`` finding, in its own role's keys."""
+    lr = f.observed.get("lr") if isinstance(f.observed, dict) else None
+    field = "algo.critic_lr" if f.role == "critic" else "algo.lr"
+    value = f"{float(lr) / 10:g}" if isinstance(lr, (int, float)) and lr > 0 else "<lower>"
+    return Fix(f"{field}: {value}", V.lr(f.role or "actor"), f.fix or "")
 
 
 ANALYSES = (
@@ -431,7 +456,7 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     causes: list[Cause] = []
     for analysis in ANALYSES:
         causes.extend(analysis(run))
-    causes = _in_users_terms(run, order_by_root(rank(causes)))
+    causes = _in_users_terms(run, fixcheck.checked(run, order_by_root(rank(causes))))
     st = run.status or {}
     if run.state == "completed":
         state = "completed" + (" with warnings" if any(c.severity == "warning" for c in causes) else "")

@@ -141,6 +141,18 @@ RULES: dict[tuple[str, str], Rule] = {
         same_role=True,
     ),
     ("module_input_dtype", "dtype_error"): Rule("the op receives operands of two dtypes", same_role=True),
+    ("weights_nonfinite", "reference"): Rule(
+        "weights changed on the actor after the reference was copied from it"
+    ),
+    ("weights_outlier", "reference"): Rule(
+        "weights changed on the actor after the reference was copied from it"
+    ),
+    # training dynamics
+    ("learning_rate", "overflow"): Rule(
+        "weights grown by too large updates make activations and gradients beyond fp16's range",
+        same_role=True,
+    ),
+    ("learning_rate", "nonfinite"): Rule("updates too large for the weights drive the loss to Inf/NaN"),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
