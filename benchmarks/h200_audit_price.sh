@@ -55,7 +55,9 @@ run() {  # run NAME SECONDS CMD...: a part under a timeout (at most what is left
   timeout --signal=INT --kill-after=10 "$secs" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   tail -n 40 "$WORK/$name.log" | tee -a "$OUT/log.txt"
-  echo "== $name: exit $rc after $(echo "$(date +%s.%N) - $t0" | bc) s" | tee -a "$OUT/log.txt"
+  # awk, not bc: the GPU machine has no bc (the first run's times came back empty)
+  echo "== $name: exit $rc after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" \
+    | tee -a "$OUT/log.txt"
 }
 
 run audit 170 $PY benchmarks/profile_audit_gpu.py --suite "$SUITE" --device "$DEVICE" --steps 6 \

@@ -150,6 +150,7 @@ def test_spec_follows_the_worker_contract(tmp_path):
         "shadow_rows": 2,
         "shadow_param_grads": True,
         "shadow_matmul": "fp32",
+        "rerun_plugins": False,
         "opcount_steps": 1,
     }
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}

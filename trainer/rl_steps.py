@@ -8,8 +8,8 @@ Exercised by `pytest tests/test_train.py tests/test_loss_normalisation.py`.
 
 from __future__ import annotations
 
-import functools
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
