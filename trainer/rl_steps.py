@@ -344,18 +344,18 @@ def prepare(config: TrainConfig, observer: Observer, resolved: Resolved, *, crit
     examples = D.load_examples(config.data, seed=config.seed, pairs=False, tokenizer=setup.tokenizer)
     source, collator = D.build_collator(config.data, setup.tokenizer, pairs=False)
     reward_name, reward_fn = D.get_reward_fn(config.data)
-    # with rollout.fused the decode steps run on a snapshot gathered once per rollout: no collectives
+    # with rollout.engine: fused the decode steps run on a snapshot gathered once per rollout: no collectives
     kind = config.rollout.kind
     if config.rollout.cuda_graphs and setup.dist.distributed and kind != "fused":
         raise ValueError(
             f"rollout.cuda_graphs: not with {setup.dist.world_size} ranks (a decode step holds FSDP2 "
-            "all-gathers, which a CUDA graph cannot capture); set rollout.fused: true (decodes on a "
+            "all-gathers, which a CUDA graph cannot capture); set rollout.engine: fused (decodes on a "
             "snapshot gathered once per rollout) or rollout.cuda_graphs: false"
         )
     if config.rollout.compile and setup.dist.distributed and kind != "fused":
         raise ValueError(
             f"rollout.compile: not with {setup.dist.world_size} ranks (compiling a forward that all-gathers "
-            "FSDP2 shards is untested here); set rollout.fused: true or rollout.compile: false"
+            "FSDP2 shards is untested here); set rollout.engine: fused or rollout.compile: false"
         )
 
     def engine(top_k: int):

@@ -165,6 +165,9 @@ def algo_override(key: str, value: object) -> str:
 
 # ---------------------------------------------------------------- rollout correction keys
 ROLLOUT_CORRECTION = f"{ALGORITHM}.rollout_correction"
+SKYRL_USE_TIS = "trainer.algorithm.use_tis=true"
+"""SkyRL's switch for truncated importance sampling: not a verl key, but spelled like one of verl's
+sections, so it is kept here with them (the log rules name it for a SkyRL log)."""
 
 ROLLOUT_CORRECTION_KEYS: dict[str, str] = {
     field: f"{ROLLOUT_CORRECTION}.{field}"

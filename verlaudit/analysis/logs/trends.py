@@ -160,7 +160,7 @@ _CORRECTION = {
     "trl": ("GRPOConfig.vllm_importance_sampling_correction=True", "trl"),
     "nemo-rl": ("loss_fn.use_importance_sampling_correction=true", "nemo-rl"),
     "openrlhf": ("--enable_vllm_is_correction", "openrlhf"),
-    "skyrl": ("trainer.algorithm.use_tis=true", "skyrl"),
+    "skyrl": (V.SKYRL_USE_TIS, "skyrl"),
     "slime": ("--use-tis", "slime"),
 }
 
