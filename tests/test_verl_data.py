@@ -238,9 +238,10 @@ def test_dict_scores_become_step_metrics():
 
     ex = _examples()
     gt = ex[0]["reward_model"]["ground_truth"]
-    log = StepLog(NULL_OBSERVER, 0)
+    reward = _reward(compute_score)
+    log = StepLog(NULL_OBSERVER, 0, sources=(reward,))
     log.start(0)
-    scores = _reward(compute_score)(["", ""], [gt, "ab"], [ex[0], ex[0]])
+    scores = reward(["", ""], [gt, "ab"], [ex[0], ex[0]])
     out = log.end(0, {"actor/loss": 0.0})
     assert scores == [1.0, 0.0]  # all digits; no digit
     assert out["reward_extra/acc/mean"] == 0.5  # True, False

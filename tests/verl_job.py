@@ -89,19 +89,28 @@ def two_rank_extras(rank: int, init_file: str, out: str) -> None:
     from trainer import common
     from trainer.distributed import DistInfo
     from trainer.events import NULL_OBSERVER
-    from trainer.step_extras import add_step_metrics
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         info = DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), backend="gloo")
-        log = common.StepLog(NULL_OBSERVER, 0, info)
-        log.start(0)
         # rank 0: acc on 2 responses (1, 0); rank 1: acc on 1 response (1) and a key rank 0 never saw
-        add_step_metrics(
+        extras = (
             {"reward_extra/acc/mean": (1.0, 2)}
             if rank == 0
             else {"reward_extra/acc/mean": (1.0, 1), "reward_extra/len/mean": (8.0, 2)}
         )
+
+        class Source:  # a reward function with metrics of its own, asked by the log
+            pending: dict = {}
+
+            def take_step_metrics(self):
+                out, self.pending = self.pending, {}
+                return out
+
+        source = Source()
+        log = common.StepLog(NULL_OBSERVER, 0, info, sources=(source,))
+        log.start(0)
+        source.pending = extras
         got = log.end(0, {"actor/loss": float(rank)})
         Path(f"{out}.{rank}").write_text(json.dumps(got))
     finally:

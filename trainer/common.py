@@ -26,7 +26,6 @@ from torch import nn
 
 from trainer import distributed as dist_mod
 from trainer import losses as L
-from trainer import step_extras
 from trainer.config import TrainConfig
 from trainer.events import Observer
 from trainer.precision import LossScaler, PrecisionPolicy
@@ -368,8 +367,11 @@ class Averages:
         return {k: self._sums[k] / self._counts[k] for k in self._sums}
 
 
-def _take_step_extras(dist: dist_mod.DistInfo | None) -> dict[str, float]:
-    extras = step_extras.take()
+def _reduce_extras(
+    extras: Mapping[str, tuple[float, int]], dist: dist_mod.DistInfo | None
+) -> dict[str, float]:
+    """The step's extra metrics (``name -> (sum, count)``) as means over every rank's values."""
+    extras = dict(extras)
     if dist is not None and dist.distributed:
         # every rank, every step (a rank whose rows had no extra key must still join): the key sets
         # may differ between ranks, so the (sum, count) pairs are gathered, not all-reduced
@@ -384,25 +386,45 @@ def _take_step_extras(dist: dist_mod.DistInfo | None) -> dict[str, float]:
 
 
 class StepLog:
-    """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard."""
+    """Ends every step the same way: step time, ``on_step_end``, history, the non-finite guard.
 
-    def __init__(self, observer: Observer, abort_after: int, dist: dist_mod.DistInfo | None = None) -> None:
+    ``sources``: objects the recipe calls that have metrics of their own (a verl ``compute_score``'s
+    extra dict keys, `trainer.verl_data.VerlReward`): at a step's end each one's ``take_step_metrics()``
+    (``name -> (sum, count)`` since it was last asked) joins the step's metrics, averaged over ranks;
+    the recipe's own metrics win a name clash. Nothing is kept outside the log and its sources."""
+
+    def __init__(
+        self,
+        observer: Observer,
+        abort_after: int,
+        dist: dist_mod.DistInfo | None = None,
+        sources: tuple[Any, ...] = (),
+    ) -> None:
         self.observer = observer
         self.dist = dist
         self.abort_after = abort_after
+        self.sources = tuple(s for s in sources if callable(getattr(s, "take_step_metrics", None)))
         self.history: list[dict[str, float]] = []
         self._bad = 0
         self._t0 = 0.0
 
+    def _take_extras(self) -> dict[str, tuple[float, int]]:
+        out: dict[str, tuple[float, int]] = {}
+        for source in self.sources:
+            for k, (total, count) in source.take_step_metrics().items():
+                t, c = out.get(k, (0.0, 0))
+                out[k] = (t + total, c + count)
+        return out
+
     def start(self, step: int) -> None:
-        step_extras.take()  # a step starts with none
+        self._take_extras()  # a step starts with none
         self.observer.on_step_start(step)
         self._t0 = time.perf_counter()
 
     def end(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
         out = {k: float(v) for k, v in metrics.items()}
         out["perf/step_time_s"] = time.perf_counter() - self._t0
-        for k, v in _take_step_extras(self.dist).items():
+        for k, v in _reduce_extras(self._take_extras(), self.dist).items():
             out.setdefault(k, v)
         if self.dist is not None:
             # every rank, every step: means over ranks (max for perf/*). The guard below reads the

@@ -108,7 +108,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
     setup = p.setup
     actor, critic, ref = setup.models["actor"], setup.models["critic"], setup.models.get("reference")
     kl_ctrl = kl_controller(algo)
-    log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist)
+    log = StepLog(observer, config.abort_on_nonfinite_loss, setup.dist, sources=(p.reward_fn,))
     for step in range(config.steps):
         log.start(step)
         examples = local_batch(next(p.batches), setup)

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from trainer.config import DataConfig
-from trainer.step_extras import add_step_metrics
 
 PLAIN_TEXT_NOTE = (
     "the tokenizer has no chat template: verl prompts are rendered as plain text, one 'role: content' line "
@@ -304,7 +303,8 @@ class VerlReward:
         self.skipped_keys: set[str] = set()
         self.metrics: dict[str, list[float]] = {}
         """The last call's extra keys: metric name -> one value per response that had the key; their
-        sums and counts go to `trainer.step_extras.add_step_metrics`."""
+        sums and counts wait in ``_pending`` until the step's log asks (`take_step_metrics`)."""
+        self._pending: dict[str, tuple[float, int]] = {}
 
     def _one(self, i: int, response: str, ex: Mapping[str, Any]) -> float:
         extra = dict(ex.get("extra_info") or {})
@@ -352,8 +352,16 @@ class VerlReward:
         del prompts  # verl's signature takes the response only
         self.metrics = {}
         scores = [self._one(i, r, ex) for i, (r, ex) in enumerate(zip(responses, examples))]
-        add_step_metrics({k: (math.fsum(v), len(v)) for k, v in self.metrics.items()})
+        for k, v in self.metrics.items():
+            total, count = self._pending.get(k, (0.0, 0))
+            self._pending[k] = (total + math.fsum(v), count + len(v))
         return scores
+
+    def take_step_metrics(self) -> dict[str, tuple[float, int]]:
+        """``name -> (sum, count)`` of the extra keys since the last time it was asked (the step's log,
+        `trainer.common.StepLog`, asks at every step's start and end), emptied."""
+        out, self._pending = self._pending, {}
+        return out
 
 
 def check_builtin_scorers(examples: list[dict], reward_fn_key: str) -> None:
