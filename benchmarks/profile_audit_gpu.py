@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks._common import environment, median, write_json
+from benchmarks.maxima_bench import METHODS
 from trainer.events import Observer
 
 
@@ -178,18 +179,6 @@ def run_case(cfg: Any, level: str, steps: int, profile_step: int | None) -> dict
     return out
 
 
-def _vector_norm(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [torch.linalg.vector_norm(t, float("inf")) for t in ts]
-
-
-def _aminmax(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-    out = []
-    for t in ts:
-        lo, hi = torch.aminmax(t)
-        out.append(torch.maximum(hi, -lo))
-    return out
-
-
 ANNOTATE = (
     ("verlaudit.audit.probes", "Maxima.of"),
     ("verlaudit.audit.probes", "ModuleProbe.flush"),
@@ -230,12 +219,8 @@ def annotate() -> None:
         setattr(owner, fn_name, wrap(fn, f"audit::{qual}"))
 
 
-REDUCTIONS = {
-    "foreach": lambda ts: list(torch._foreach_norm(ts, float("inf"))),
-    "vector_norm": _vector_norm,
-    "aminmax": _aminmax,
-}
-"""The reductions ``--maxima`` can swap into the probes (benchmarks/maxima_bench.py times them alone)."""
+REDUCTIONS = METHODS
+"""The reductions ``--maxima`` can swap into the probes: benchmarks/maxima_bench.py's, which times them alone."""
 
 
 def main() -> None:
