@@ -2,7 +2,10 @@
 
 One directory per variant run::
 
-    manifest.json    resolved config, precision policy with reasons, environment, audit settings
+    manifest.json    resolved config, precision policy with reasons, environment, audit settings;
+                     ``overridden`` (the user's checkpoint / tokenizer settings the trainer replaced,
+                     both values), and for a run audited in place ``contract`` (the precision contract
+                     resolved from the user's own loop) and ``integration`` (framework, adapter)
     metrics.jsonl    one JSON object per step (``step`` plus flat ``component/quantity/stat`` keys)
     findings.jsonl   one `Finding` per line
     events.jsonl     numerics / memory records that are not per-step metrics (optional)
