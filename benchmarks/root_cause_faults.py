@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -295,10 +296,34 @@ def run_suite(suite: Mapping[str, Any], work: Path, device: str) -> Path:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if not out.exists():
+        refused = re.search(r"\bvariants\.([\w.-]+?)\.\S*: (.*)", proc.stderr)
+        if proc.returncode == 2 and refused:
+            raise Refused(refused.group(1), proc.stderr.strip().splitlines()[-1])
         raise RuntimeError(
             f"verlaudit run {path} wrote nothing (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
         )
     return out
+
+
+class Refused(Exception):
+    """``verlaudit run`` stopped at preflight on one variant, before any worker started: the one-line error
+    is what the user sees, so it is scored as that fault's first cause (kind ``preflight``)."""
+
+    def __init__(self, variant: str, message: str) -> None:
+        super().__init__(message)
+        self.variant, self.message = variant, message
+
+
+def score_refused(fault: Fault, message: str) -> Result:
+    """A fault refused at preflight: root right when the error names the culprit and the fault accepts a
+    refusal before the run (kind ``exception``: it would otherwise fail at step 0), fix right when the
+    error's advice holds one of the fix words."""
+    text = message.lower()
+    named = any(c.lower() in text for c in fault.culprit)
+    root = named and ("preflight" in fault.kinds or "exception" in fault.kinds)
+    fix = root and any(w.lower() in text for w in fault.fix)
+    return Result(fault.name, fault.point, fault.algo, fault.preset, False, "error", "preflight", message, message,
+                  root, fix)  # fmt: skip
 
 
 # ---------------------------------------------------------------- scoring
@@ -343,7 +368,14 @@ def run_all(
         presets = tuple(controls.get(algo, ()))
         if not mine and not presets:
             continue
-        out = run_suite(suite_for(algo, mine, presets, dirs, device), work, device)
+        while True:
+            try:
+                out = run_suite(suite_for(algo, mine, presets, dirs, device), work, device)
+                break
+            except Refused as r:
+                (fault,) = [f for f in mine if f.name == r.variant]
+                results.append(score_refused(fault, r.message))
+                mine = [f for f in mine if f is not fault]
         for p in presets:
             results.append(score(out / f"clean-{p}", None, algo=algo, preset=p, name=f"{algo}-clean-{p}"))
         for f in mine:
