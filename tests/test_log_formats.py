@@ -295,6 +295,31 @@ def test_grpo_loss_zero_from_the_start_is_healthy(tmp_path):
     assert_healthy(tmp_path, log)
 
 
+def test_grad_norm_exactly_zero_with_reward_spread_is_no_update(tmp_path):
+    rec = "{{'loss': -0.0, 'grad_norm': 0.0, 'learning_rate': 3e-07, 'reward': 0.64, 'reward_std': {std}, 'kl': 0.0}}\n"
+    c = first(tmp_path, rec.format(std=0.16))
+    assert c.kind == "collapse" and c.severity == "warning" and "exactly 0" in c.title
+    assert any("deepspeed" in f.why for f in c.fixes)
+    c = first(tmp_path, rec.format(std=0.16) * 3)  # three logged steps: an error
+    assert c.kind == "collapse" and c.severity == "error" and "all 3 logged steps" in c.title
+
+
+def test_grad_norm_zero_with_nothing_to_learn_is_healthy(tmp_path):
+    # every group scored alike (reward std 0): a zero gradient is right; a warm-up at lr 0 too
+    assert_healthy(
+        tmp_path,
+        "{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1e-06, 'reward': 1.0, 'reward_std': 0.0}\n",
+    )
+    assert_healthy(
+        tmp_path, "{'loss': 0.3, 'grad_norm': 0.0, 'learning_rate': 0.0, 'reward': 0.5, 'reward_std': 0.2}\n"
+    )
+    # one zero among non-zero norms is no finding either
+    assert_healthy(
+        tmp_path,
+        "{'loss': 0.3, 'grad_norm': 0.0, 'learning_rate': 1e-06}\n{'loss': 0.3, 'grad_norm': 0.4, 'learning_rate': 1e-06}\n",
+    )
+
+
 # ---- mismatch -----------------------------------------------------------------------------------
 
 MISMATCH_LOGS = {
@@ -547,9 +572,10 @@ def test_version_checks_name_the_pair(tmp_path, line, where):
     assert c.kind == "version_mismatch" and c.where == where and c.fixes
 
 
-def test_flash_attention_fp32_is_a_dtype_error(tmp_path):
+def test_flash_attention_fp32_is_an_unsupported_dtype(tmp_path):
+    # the kernel has no fp32 implementation: a dtype the software refuses, not operands that disagree
     c = first(tmp_path, "RuntimeError: FlashAttention only support fp16 and bf16 data type\n")
-    assert c.kind == "dtype_error" and "fp32" in c.title
+    assert c.kind == "dtype_unsupported" and "fp32" in c.title
 
 
 def test_pip_conflict_in_a_healthy_install_is_only_a_note(tmp_path):

@@ -65,7 +65,9 @@ _RULES = [
     ("signal", re.compile(
         r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
-    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$")),
+    # a shell's "Killed", alone, after a script's line number, or after a progress bar (tqdm ends its line
+    # without a newline, so the shell's word lands on it: "... 0/2 [00:00<?, ?it/s]Killed")
+    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+|.*\d+/\d+ \[[^\]]*\]\s*)?Killed(?:\s{2,}\S.*)?\s*$")),
     ("ray_task", re.compile(r"RayTaskError\((\w+)\): ray::([\w.]+)\(")),
     ("actor_died", re.compile(r"ActorDiedError: |The actor died unexpectedly before finishing this task")),
     ("worker_died", re.compile(

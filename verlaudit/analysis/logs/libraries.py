@@ -13,7 +13,8 @@
   dropped; ``max_num_batched_tokens`` smaller than ``max_model_len``; SGLang's input length check);
 - FSDP / FSDP2 flattening parameters of mixed dtypes (``Must flatten tensors with uniform dtype but got
   torch.float32 and torch.bfloat16``, ``FSDP expects uniform original parameter dtype``): a
-  ``dtype_error``, as is flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``);
+  ``dtype_error``; flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``) is a
+  ``dtype_unsupported``: a dtype the kernel has no implementation for, not two operands that disagree;
   mixed ``requires_grad`` in one FSDP unit: an ``exception`` with FSDP's remedy.
 
 Exercised by ``pytest tests/test_log_formats.py -k libraries``.
@@ -31,7 +32,9 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
 from verlaudit.dtypes import dtype_name
 
 _API = [
-    ("unexpected_kwarg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) got an unexpected keyword argument '(?P<arg>\w+)'")),
+    # the exception type and the quotes are often lost when a user retypes the error: the message is enough
+    ("unexpected_kwarg", re.compile(r"(?:TypeError: |^|\s)(?P<callee>[\w.<>]+)\(\) got an unexpected keyword argument "
+                                    r"'?(?P<arg>\w+)'?")),
     ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
@@ -42,6 +45,9 @@ _API = [
     ("pip_conflict", re.compile(r"(?P<callee>[A-Za-z][\w.-]*) [\w.+-]+ requires (?P<mod>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^,]*), "
                                 r"but you have (?P=mod) (?P<found>[\w.+-]+)")),
 ]  # fmt: skip
+# SGLang's data-parallel controller drops a request type it does not dispatch: "Invalid object:
+# UpdateWeightReqInput(model_path=...)" (its io_struct request classes all end in ReqInput)
+_DROPPED_REQ = re.compile(r"Invalid object: (?P<req>\w+ReqInput)\(")
 _FLATTEN = re.compile(
     r"Must flatten tensors with uniform dtype but got (?P<a>[\w.]+) and (?P<b>[\w.]+)"
     r"|FSDP expects uniform original parameter dtype but got \{(?P<set>[^}]*)\}"
@@ -67,6 +73,7 @@ _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
     "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
+    "Invalid object",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
     r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
@@ -103,6 +110,9 @@ def detect(line: LogLine) -> list[Hit]:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, m.groupdict()))
+    m = _DROPPED_REQ.search(text)
+    if m:
+        out.append(Hit("dropped_request", line, m.groupdict()))
     m = _FLATTEN.search(text)
     if m:
         found = [m["a"], m["b"]] if m["a"] else re.findall(r"[\w.]+", m["set"] or "")
@@ -147,6 +157,9 @@ def owner(name: str, libs: list[str]) -> str | None:
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    dropped = facts.first("dropped_request")
+    if dropped is not None:
+        return _dropped_request(facts, ctx, dropped)
     req = facts.first("required_version", "pip_conflict")
     if req is not None:
         return _required(facts, ctx, req)
@@ -259,6 +272,37 @@ def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     )  # fmt: skip
 
 
+def _dropped_request(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    """SGLang's data-parallel controller refusing a request type it does not dispatch to its workers."""
+    req = h.fields["req"]
+    call = re.sub(
+        r"(?<!^)(?=[A-Z])", "_", req.removesuffix("ReqInput")
+    ).lower()  # UpdateWeight -> update_weight
+    weight = "weight" in call
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "engine_feature",
+        f"SGLang dropped the {call} request ({req}): its data-parallel controller does not dispatch it",
+        f"SGLang's data-parallel controller forwards the request types it knows to its workers and logs "
+        f"'Invalid object' for the others: the {call} call never reached a worker. With dp_size above 1 the "
+        "installed SGLang does not support this call; "
+        + ("the trainer's weights never reach the engine, so every later rollout samples the old policy." if weight
+           else "the call had no effect."),
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx, advice("upgrade sglang to a release whose data-parallel controller dispatches "
+                                f"{req} (the {call} API under data parallelism), or serve with --dp-size 1 "
+                                "(tensor parallelism instead)")),
+        unknown=["the server's dp_size and SGLang version: `pip show sglang` and the server's launch flags"],
+        where=f"sglang data-parallel controller ({call}, dp_size > 1)",
+        phase="weight_sync" if weight else pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=45.0,
+        data={"request": req, "engine": "sglang"},
+    )  # fmt: skip
+
+
 _LIMIT_WHAT = {
     "max_model_len": "a prompt (with its response budget) longer than the engine's max_model_len",
     "prompt_limit": "a prompt over the scheduler's limit (min of max_model_len and max_num_batched_tokens): "
@@ -329,7 +373,7 @@ def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )  # fmt: skip
     if h.fields.get("flash"):
         return Cause(
-            "error", "dtype_error", "Dtype error: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
+            "error", "dtype_unsupported", "Unsupported dtype: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
             "flash-attn has kernels for fp16 and bf16 only: the model (or the attention's inputs) is in fp32, "
             "typically a model loaded without a torch_dtype, or run outside autocast.",
             evidence=[quote(h.line)] + pl.evidence(),

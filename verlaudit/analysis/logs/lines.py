@@ -160,7 +160,7 @@ _EXIT = re.compile(
     re.I,
 )
 _KILL = re.compile(
-    r"^Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
+    r"^Killed\s*$|\d+/\d+ \[[^\]]*\]\s*Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
     r"terminate called after throwing"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
