@@ -213,7 +213,7 @@ def test_table_series_are_bounded():
     [
         ("actor/grad_norm", "grad_norm"), ("grad_norm", "grad_norm"), ("train/grad_norm", "grad_norm"),
         ("actor/pg_loss", "loss"), ("loss", "loss"), ("policy/policy_loss", "loss"), ("critic/vf_loss", None),
-        ("critic/score/mean", "reward"), ("reward", "reward"), ("train/reward", "reward"), ("reward_std", None),
+        ("critic/score/mean", "reward"), ("reward", "reward"), ("train/reward", "reward"), ("reward_std", "reward_std"), ("rewards/std", "reward_std"), ("learning_rate", "lr"),
         ("Avg Reward", "reward"), ("actor/entropy", "entropy"), ("entropy", "entropy"),
         ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_mean"),
         ("sampling/sampling_logp_difference/mean", "training/rollout_log_probs_abs_diff_mean"),

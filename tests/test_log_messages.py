@@ -65,3 +65,62 @@ def test_a_gradient_in_another_dtype_than_grad_dtype_is_a_dtype_error(tmp_path):
     assert (
         problems(tmp_path, "INFO: set the tensor's grad_dtype attribute to None to allow any dtype\n") == []
     )
+
+
+def test_nccl_failing_to_load_libcuda_is_an_nccl_error_and_its_plugin_probe_is_not(tmp_path):
+    probe = (
+        "host:41:41 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot "
+        "open shared object file: No such file or directory\n"
+        "host:41:41 [0] NCCL INFO NET/Plugin : No plugin found, using internal implementation\n"
+    )
+    assert problems(tmp_path, probe) == []  # NCCL falls back to its own transport: healthy
+    c = first(
+        tmp_path,
+        probe + "host:41:41 [0] misc/cudawrap.cc:179 NCCL WARN Failed to find CUDA library libcuda.so "
+        "(NCCL_CUDA_PATH='') : libcuda.so: cannot open shared object file: No such file or directory\n"
+        "NCCL version 2.18.5+cuda12.1\n",
+    )
+    assert c.kind == "nccl_error" and "libcuda.so" in c.title and c.where == "NCCL 2.18.5 (libcuda.so)"
+
+
+def test_a_library_object_without_the_attribute_its_caller_reads_is_a_version_mismatch(tmp_path):
+    c = first(tmp_path, "AttributeError: 'LoRAConfig' object has no attribute 'lora_extra_vocab_size'\n")
+    assert (
+        c.kind == "version_mismatch"
+        and c.where.startswith("vllm")
+        and any("getattr" in f.why for f in c.fixes)
+    )
+    # vLLM's weight_loader, which vLLM attaches to every parameter of its model classes
+    c = first(tmp_path, "AttributeError: 'Parameter' object has no attribute 'weight_loader'\n")
+    assert c.kind == "version_mismatch" and c.where.startswith("vllm")
+    # the user's own class (no library defines it) stays an exception of its own code
+    c = first(tmp_path, "AttributeError: 'UpdateWeightDelta' object has no attribute 'metrics'\n")
+    assert c.kind == "exception"
+
+
+VLLM_TB = (
+    "(EngineCore_DP0 pid=9) ERROR 03-10 17:16:32 [core.py:1229] Traceback (most recent call last):\n"
+    '(EngineCore_DP0 pid=9) ERROR 03-10 17:16:32 [core.py:1229]   File "/usr/lib/python3.11/dist-packages/'
+    'trl/scripts/vllm_serve.py", line 147, in {func}\n'
+    "(EngineCore_DP0 pid=9) ERROR 03-10 17:16:32 [core.py:1229]     self.model_runner.model.{call}(weights)\n"
+    '(EngineCore_DP0 pid=9) ERROR 03-10 17:16:32 [core.py:1229]   File "/usr/lib/python3.11/dist-packages/'
+    'vllm/model_executor/models/qwen3.py", line 752, in {call}\n'
+)
+
+
+def test_vllm_logger_prefixes_are_read_as_a_traceback_and_a_cut_weight_load_is_a_weight_sync(tmp_path):
+    c = first(tmp_path, VLLM_TB.format(func="update_named_param", call="load_weights"))
+    assert c.kind == "weight_sync" and c.phase == "weight_sync" and "load_weights" in c.title
+    assert c.where == "load_weights / vllm"
+    # the same cut traceback outside a weight update stays an unrecognised failure, with its frame and library
+    c = first(tmp_path, VLLM_TB.format(func="generate_batch", call="sample"))
+    assert c.kind == "exception" and c.title.startswith("Unrecognised failure: a traceback cut after sample")
+
+
+def test_the_vllm_logger_prefix_keeps_its_level_and_the_indentation_after_it():
+    from verlaudit.analysis.logs.lines import parse_line
+
+    line = parse_line(1, "(EngineCore_DP0 pid=9) ERROR 03-10 17:16:32 [core.py:1229]     return func(x)")
+    assert (line.text, line.level, line.source) == ("    return func(x)", "ERROR", "EngineCore_DP0")
+    info = parse_line(2, "INFO 03-10 17:16:32 [gpu_worker.py:298] Available KV cache memory: 50.1 GiB")
+    assert (info.text, info.level) == ("Available KV cache memory: 50.1 GiB", "INFO")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     distributed,
     engines,
@@ -151,13 +151,18 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
         tb_here = facts.traceback_near(line.no, line.rank)
         if sig == "exception" and tb_here and tb_here.exc and tb_here.exc.no >= line.no:
             line = tb_here.exc
+        elif sig == "error" and tb_here and tb_here.start <= line.no <= tb_here.end and tb_here.exc is None:
+            # an ERROR-level logger printing a traceback line by line, its exception line cut: the traceback
+            sig, line, tb = "traceback", None, tb_here
     else:
         sig, line = "traceback", tb.exc if tb and tb.exc else None
     if line is None and tb is not None:
         f = tb.frames[-1]
         title = f"Unrecognised failure: a traceback cut after {f.func} ({f.path}:{f.lineno})"
         ev = [f"line {tb.start}: traceback with {len(tb.frames)} frame(s), no exception line"]
-        pl_where, phase, rank, no = tb.culprit(), (tb.phase() or (None,))[0], tb.rank, tb.start
+        ev += _library_evidence(tb)
+        pl_where = " / ".join(x for x in (tb.culprit(), _library(tb)) if x) or None
+        phase, rank, no = (tb.phase() or (None,))[0], tb.rank, tb.start
     else:
         pl = place(facts, line)
         title = f"Unrecognised failure: {line.text.strip()[:200]}"
@@ -165,6 +170,12 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
         others = [quote(s[1], 160) for s in signals[1:3] if s[1].no != line.no]
         ev += [f"also: {o}" for o in others]
         pl_where, phase, rank, no = pl.culprit(_library(pl.tb)), pl.phase, pl.rank, line.no
+    # an unknown failure inside the trainer -> engine weight update is a failed weight sync whatever its
+    # message: the phase its frames name (the engine's load_weights under the trainer's update call)
+    kind = "weight_sync" if phase == "weight_sync" else "exception"
+    if kind == "weight_sync":
+        title = "Weight sync failed: " + title.removeprefix("Unrecognised failure: ")
+        ev.append("phase weight_sync: the frames run the trainer's weight update into the rollout engine")
     what = {
         "exception": "An exception ended the run with a message verlaudit does not recognise.",
         "kill": "A process was killed or crashed.",
@@ -173,10 +184,16 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
         "error": "The log reports an error.",
         "traceback": "A traceback without a recognised error.",
     }[sig]
+    if kind == "weight_sync":
+        what += (
+            " It happened while the trainer's weights were loaded into the rollout engine: the engine's model "
+            "class does not take the names, shapes or dtypes the trainer sends (a model the installed engine "
+            "release serves through another class, or a name mapping that differs)."
+        )
     return [
         Cause(
             "error",
-            "exception",
+            kind,
             title,
             what + " It is a failure all the same: the quoted line is the place to start.",
             evidence=ev,
@@ -185,6 +202,17 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
             rank=rank,
             line=no,
             score=10.0,
+            fixes=[
+                Fix(
+                    None,
+                    None,
+                    "compare the parameter names (and shapes) the trainer sends with the ones the engine's "
+                    "model class loads (its load_weights / name mapper), and use the engine release the trainer "
+                    "pairs with this model architecture",
+                )
+            ]
+            if kind == "weight_sync"
+            else [],
             unknown=["the cause: this message is not one of the failure patterns verlaudit explains"],
         )
     ]

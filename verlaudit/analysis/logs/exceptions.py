@@ -90,6 +90,8 @@ def detect(line: LogLine) -> list[Hit]:
             out.append(Hit(rule, line, {"groups": mm.groups(), "match": mm[0]}))
     for rule, pat in _IMPORT + _CONFIG:
         mm = pat.search(text)
+        if mm and rule == "shared_lib" and re.search(r"\bNCCL (?:INFO|WARN)\b", text):
+            continue  # NCCL's own lines: a plugin probe that falls back (INFO), or the NCCL rule's (WARN)
         if mm:
             out.append(Hit(rule, line, {"groups": mm.groups()}))
     return out

@@ -85,19 +85,27 @@ _ENGINE_METHODS = re.compile(
 )
 _BUILTIN = frozenset({"NoneType", "str", "list", "dict", "int", "float", "tuple", "bool", "bytes", "set"})
 # the package that defines a class or function a message names (the callee of a version mismatch)
+# (first match wins: peft's LoraConfig and vLLM's config classes before transformers' catch-all *Config)
 _OWNER = [
     (re.compile(r"^(?:LLM|SamplingParams|EngineArgs|AsyncEngineArgs|LLMEngine|AsyncLLMEngine|AsyncLLM|"
-                r"GuidedDecodingParams|LoRARequest)\b"), "vllm"),
+                r"GuidedDecodingParams|LoRARequest|LoRAConfig|VllmConfig|CacheConfig|ParallelConfig|"
+                r"SchedulerConfig|LoadConfig|DeviceConfig)\b"), "vllm"),
+    (re.compile(r"^(?:LoraConfig|PeftModel\w*|get_peft_model)\b"), "peft"),
     (re.compile(r"^(?:GRPOConfig|GRPOTrainer|SFTTrainer|SFTConfig|DPOTrainer|DPOConfig|PPOTrainer|"
                 r"RewardTrainer|AutoModelForCausalLMWithValueHead)\b"), "trl"),
     (re.compile(r"^(?:TrainingArguments|Trainer|PreTrainedModel|PretrainedConfig|AutoModel\w*|AutoTokenizer|"
                 r"\w+ForCausalLM|\w+Config|GenerationConfig|\w+Tokenizer\w*)\b"), "transformers"),
-    (re.compile(r"^(?:LoraConfig|PeftModel\w*|get_peft_model)\b"), "peft"),
     (re.compile(r"^(?:Accelerator|AcceleratorState)\b"), "accelerate"),
     (re.compile(r"^(?:DeepSpeedEngine|DeepSpeedZeroOptimizer\w*)\b"), "deepspeed"),
     (re.compile(r"^(?:FullyShardedDataParallel|FSDP|fully_shard|MixedPrecision\w*|DTensor|DeviceMesh)\b"), "torch"),
     (re.compile(r"^(?:Dataset|DatasetDict|load_dataset)\b"), "datasets"),
 ]  # fmt: skip
+
+
+# attributes a library attaches to objects of another: vLLM sets ``weight_loader`` on every torch Parameter
+# of its model classes, so a Parameter without one is a checkpoint tensor the installed vLLM's model class
+# does not define (a model or layout newer than the vLLM release)
+_ATTR_OWNER = {"weight_loader": "vllm"}
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -168,6 +176,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         cls, attr = h.fields["cls"], h.fields["arg"]
         if _ENGINE_CLASS.search(cls) and (_ENGINE_METHODS.match(attr) or "weight" in attr):
             return _engine_feature(facts, ctx, h)
+        if _ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, [])):
+            break  # a library's object lacks what its caller expects: a version mismatch, read below
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
     if h is None:
@@ -178,6 +188,10 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h.rule == "module_attr":
         callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
         what = f"module {h.fields['mod']} has no {arg}"
+    elif h.rule == "object_attr":
+        cls = h.fields["cls"]
+        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
+        what = f"{cls} has no attribute '{arg}'"
     else:
         name = h.fields["callee"]
         callee = owner(name, libs) or next((p for p in libs[1:2]), None)
@@ -199,9 +213,13 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
             advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
                    f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
                    f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),
+            advice(f"or, in the calling code, stop passing {arg} (the installed {callee or 'library'} does not "
+                   "know it) where the default serves") if h.rule == "unexpected_kwarg" else None,
+            advice(f"or, in the calling code, read it as getattr(obj, '{arg}', None) where a missing value is "
+                   "acceptable (the installed release removed or renamed it)") if h.rule == "object_attr" else None,
         ),
         unknown=["which versions are installed: run `pip list | grep -i -E '" + "|".join(pair or ["torch"]) + "'`"],
-        where=f"{where} ({name}{'' if h.rule == 'module_attr' else f': {arg}'})",
+        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})",
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,

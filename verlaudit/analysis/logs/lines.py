@@ -1,5 +1,6 @@
 """One log line as the rules see it: its text with the launchers' prefixes taken off (Ray's
-``(WorkerDict pid=..., ip=...)``, torch's ``[rank3]:``, docker compose's ``vllm-1  | ``, timestamps,
+``(WorkerDict pid=..., ip=...)``, torch's ``[rank3]:``, docker compose's ``vllm-1  | ``, vLLM's logger
+``ERROR 03-10 17:16:32 [core.py:1229]``, timestamps,
 ANSI colour codes, a reporter's ``> `` quoting) and what those prefixes said (the rank, the process,
 the log level); traceback frames and the call each frame makes; which lines are failure signals.
 Pure functions of one line, so the streaming reader can call them line by line. Exercised by
@@ -36,6 +37,9 @@ _PREFIX = re.compile(
       (?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?\s+)                 # 2024-06-28T06:11:52.68Z
     | (?P<stamp>\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\]\s*)        # [2024-08-21 03:38:02]
     | (?P<compose>[\w.]+-\d+\s+\|\s?)                                                # vllm-1  |
+    # vLLM's logger: ERROR 03-10 17:16:32 [core.py:1229] (the level is kept; one space taken, so a
+    # traceback's indentation after it stays the traceback's)
+    | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
@@ -60,7 +64,7 @@ def hints(*words: str) -> Callable[[str], re.Match | None]:
 def parse_line(no: int, raw: str) -> LogLine:
     """``raw`` as a LogLine: launcher prefixes (any order, repeated) stripped and remembered."""
     text = _ANSI.sub("", raw[:MAX_TEXT].rstrip("\r\n"))
-    rank = source = None
+    rank = source = vlevel = None
     pos = 0
     while True:
         m = _PREFIX.match(text, pos)
@@ -70,6 +74,8 @@ def parse_line(no: int, raw: str) -> LogLine:
             source = m["source"]
         if m["rank"] or m["local"]:
             rank = int(m["rank"] or m["local"])
+        if m["vlevel"]:
+            vlevel = m["vlevel"]
         pos = m.end()
     text = text[pos:]
     if rank is None:  # a rank prefix glued to a progress bar: `... 10.54s/it][rank2]:[E225 ...`
@@ -77,7 +83,7 @@ def parse_line(no: int, raw: str) -> LogLine:
         if m:
             rank, text = int(m[1]), text[m.end() :]
     lv = _LEVEL.match(text.lstrip())
-    level = (lv["glog"] or lv["name"]) if lv else None
+    level = (lv["glog"] or lv["name"]) if lv else vlevel
     return LogLine(no, text, rank, source, level)
 
 
