@@ -279,7 +279,9 @@ def culprit_named(culprit: str, text: str) -> bool:
     where and title), or one of its ``culprit_identifiers`` does."""
     if norm_culprit(culprit) in norm_culprit(text):
         return True
-    canon = text.lower().replace("-", "_")
+    canon = re.sub(r"(?<![\w-])--(?=\w)", "", text.lower()).replace(
+        "-", "_"
+    )  # a flag's dashes are not its name
     return any(_names(i, canon) for i in culprit_identifiers(culprit))
 
 

@@ -193,6 +193,7 @@ def test_culprit_phrases_are_matched_by_the_identifiers_they_name() -> None:
     assert culprit_named("vllm 0.3.1 all-reduce", "rank 3 timed out in vllm_rollout")
     # a culprit written as one identifier still matches whole, as the corpus headers write it
     assert culprit_named("max-running-requests", "SGLang: raise --max-running-requests")
+    assert culprit_named("the container's /dev/shm (--shm-size too small)", "where: --shm-size")
     assert culprit_named("compute capability 7.0", "V100 has compute capability 7.0")
     assert not culprit_named("half-precision weights (fp16)", "Non-finite loss from step 3")
 

@@ -438,8 +438,14 @@ def test_request_dropped_for_length_is_an_engine_limit(tmp_path):
         "WARNING 03-02 10:01:12 scheduler.py:1086] Input prompt (9125 tokens) is too long and exceeds limit of 8192\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "engine_limit" and c.where == "max_num_batched_tokens" and "dropped" in c.title
+    # vLLM's prompt limit is min(max_model_len, max_num_batched_tokens): the log printed max_model_len=8192
+    assert c.kind == "engine_limit" and c.where == "max_model_len" and "dropped" in c.title
     assert c.severity == "warning"
+    line = "WARNING 02-16 15:37:32 scheduler.py:947] Input prompt (2501 tokens) is too long and exceeds limit of 2048\n"
+    c = first(tmp_path, line)  # neither printed: the message cannot tell, both are named
+    assert c.where == "max_model_len or max_num_batched_tokens" and len(c.fixes) >= 2
+    c = first(tmp_path, "vllm serve m --max-model-len 128000\n" + line)  # the other one printed, larger
+    assert c.where == "max_num_batched_tokens"
 
 
 def test_prompt_over_max_model_len_exception(tmp_path):

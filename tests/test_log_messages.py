@@ -124,3 +124,50 @@ def test_the_vllm_logger_prefix_keeps_its_level_and_the_indentation_after_it():
     assert (line.text, line.level, line.source) == ("    return func(x)", "ERROR", "EngineCore_DP0")
     info = parse_line(2, "INFO 03-10 17:16:32 [gpu_worker.py:298] Available KV cache memory: 50.1 GiB")
     assert (info.text, info.level) == ("Available KV cache memory: 50.1 GiB", "INFO")
+
+
+def test_an_unknown_message_that_says_its_own_remedy_gets_it_as_the_fix(tmp_path):
+    c = first(
+        tmp_path,
+        "ValueError: The configured object store size exceeds the capacity of /dev/shm. This will harm "
+        "performance. To proceed regardless of this warning, you can set RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1. "
+        "Consider deleting files in /dev/shm or increasing its size with --shm-size in Docker.\n",
+    )
+    assert c.kind == "exception" and "--shm-size" in c.where
+    assert [f.why.split(": ", 1)[1][:20] for f in c.fixes] == ["To proceed regardles", "Consider deleting fi"]
+    # a message that advises nothing gets no invented fix
+    c = first(tmp_path, "ValueError: The configured store size is 12 GB. This will be slow.\n")
+    assert c.kind == "exception" and c.fixes == [] and c.where is None
+
+
+def test_a_compile_failure_on_a_backend_import_names_the_library_pair(tmp_path):
+    log = (
+        "[rank7]: torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+        "[rank7]: ImportError: cannot import name 'triton_key' from 'triton.compiler.compiler' "
+        "(/usr/lib/python3.10/dist-packages/triton/compiler/compiler.py)\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "compile_error" and c.where == "triton (triton_key)" and "triton==" in c.fixes[0].why
+    # a compile failure of the traced code itself names no library
+    c = first(
+        tmp_path,
+        "[rank7]: torch._dynamo.exc.Unsupported: data dependent operator: aten._local_scalar_dense\n",
+    )
+    assert c.kind == "compile_error" and "triton" not in (c.where or "") and "import" not in c.title
+
+
+def test_gradscaler_raising_is_not_named_as_its_own_caller(tmp_path):
+    log = (
+        'File "/usr/lib/python3.8/site-packages/torch/cuda/amp/grad_scaler.py", line 212, in _unscale_grads_\n'
+        '    raise ValueError("Attempting to unscale FP16 gradients.")\n'
+        "ValueError: Attempting to unscale FP16 gradients.\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "unscale_fp16" and "called from" not in c.title
+
+
+def test_a_version_mismatch_offers_the_upgrade_of_the_older_side(tmp_path):
+    c = first(tmp_path, "TypeError: DPOTrainer.__init__() got an unexpected keyword argument 'loss_type'\n")
+    assert c.kind == "version_mismatch" and any("pip install -U trl" in f.why for f in c.fixes)
+    c = first(tmp_path, "TypeError: helper() got an unexpected keyword argument 'x'\n")  # no library known
+    assert not any("pip install -U" in f.why for f in c.fixes)

@@ -40,7 +40,7 @@ from verlaudit.analysis.logs import (
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
-from verlaudit.analysis.logs.lines import package_of
+from verlaudit.analysis.logs.lines import message_advice, package_of
 from verlaudit.analysis.logs.read import LogRead, log_lines, read_log
 from verlaudit.analysis.logs.scan import LogFacts, LogScan, Traceback, place, quote
 
@@ -137,7 +137,8 @@ def classify(cause: Cause) -> str:
 def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     """Never clean on a failure: when no error-level cause explains a log that holds an exception, an
     ERROR line, a non-zero exit, a kill or a hang (or a traceback), one "unrecognised failure" cause
-    quoting the line."""
+    quoting the line, with the frame, the library and the phase it came from, and the remedy the message
+    itself advises (`lines.message_advice`)."""
     if any(c.severity == "error" for c in causes):
         return []
     rank_of = {"exception": 0, "kill": 1, "exit": 2, "hang": 3, "error": 4}
@@ -156,6 +157,7 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
             sig, line, tb = "traceback", None, tb_here
     else:
         sig, line = "traceback", tb.exc if tb and tb.exc else None
+    advised: list[str] = []
     if line is None and tb is not None:
         f = tb.frames[-1]
         title = f"Unrecognised failure: a traceback cut after {f.func} ({f.path}:{f.lineno})"
@@ -170,6 +172,8 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
         others = [quote(s[1], 160) for s in signals[1:3] if s[1].no != line.no]
         ev += [f"also: {o}" for o in others]
         pl_where, phase, rank, no = pl.culprit(_library(pl.tb)), pl.phase, pl.rank, line.no
+        advised, named = message_advice(line.text)
+        pl_where = pl_where or (", ".join(named) if named else None)
     # an unknown failure inside the trainer -> engine weight update is a failed weight sync whatever its
     # message: the phase its frames name (the engine's load_weights under the trainer's update call)
     kind = "weight_sync" if phase == "weight_sync" else "exception"
@@ -212,7 +216,7 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
                 )
             ]
             if kind == "weight_sync"
-            else [],
+            else [Fix(None, None, f"the message's own advice: {a}") for a in advised],
             unknown=["the cause: this message is not one of the failure patterns verlaudit explains"],
         )
     ]

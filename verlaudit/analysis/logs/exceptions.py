@@ -315,18 +315,39 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
     user = facts.first("compile_user_code")
     traced = [f"while tracing {user.follow[0].strip()[:300]}"] if user and user.follow else []
+    # the backend's own error, printed under "raised:": an import of a name its library does not export is
+    # a torch / compiler-library version pair (Inductor importing triton's triton_key), not the traced code
+    inner = next((x for x in facts.of("cannot_import") if 0 <= x.no - h.no <= 3), None)
+    lib = inner.fields["groups"][1].split(".")[0] if inner else None
+    if inner:
+        name = inner.fields["groups"][0]
+        traced.append(f"the backend failed on: {quote(inner.line)}")
+        fx = [
+            advice(
+                f"install the {lib} release the installed torch was built with (torch pins it: `pip show torch` "
+                f"/ its requirements; pip install '{lib}==<that version>'), so {lib} exports {name} again"
+            )
+        ]
+        fx += [layer_fix] if verlish else [trace]
+    else:
+        fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
     return Cause(
         "error",
         "compile_error",
         "torch.compile failed"
         + (f" on {op[0]}" if op else "")
+        + (
+            f": its backend cannot import {inner.fields['groups'][0]} from {lib} (a {lib} release torch was not built with)"
+            if inner
+            else ""
+        )
         + (" in the rollout's decode step" if decode else ""),
         "Dynamo could not trace the code (an unsupported call, data-dependent control flow, a graph break "
         "under fullgraph) or Inductor could not compile it. Nothing is wrong with the run's numerics: the "
         "eager path runs the same model.",
         evidence=[quote(h.line)] + pl.evidence() + traced,
-        fixes=[rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace]),
-        where=op[0] if op else pl.culprit(),
+        fixes=fx,
+        where=op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit(),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,

@@ -213,6 +213,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
             advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
                    f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
                    f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),
+            advice(f"if the installed {callee} predates the argument (the caller is the newer side): pip install "
+                   f"-U {callee}") if callee and h.rule in ("unexpected_kwarg", "object_attr") else None,
             advice(f"or, in the calling code, stop passing {arg} (the installed {callee or 'library'} does not "
                    "know it) where the default serves") if h.rule == "unexpected_kwarg" else None,
             advice(f"or, in the calling code, read it as getattr(obj, '{arg}', None) where a missing value is "
@@ -341,6 +343,9 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     key = (
         "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
     )
+    shown = key
+    if setting == "prompt_limit":  # vLLM's limit is min(max_model_len, max_num_batched_tokens): which one?
+        key, shown = _binding_limit(facts, f.get("m"))
     failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(
         "Error"
     )
@@ -349,7 +354,7 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     return Cause(
         "error" if failed else "warning",
         "engine_limit",
-        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {key}"
+        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {shown}"
         + (f" ({m})" if m else "") + ("" if failed else ": the request is dropped"),
         f"The inference engine refused {_LIMIT_WHAT[setting]}. The engine's limits come from its configuration "
         "(max_model_len, max_num_batched_tokens, the model's context length), not from memory.",
@@ -359,18 +364,32 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
             Fix(None, V.ROLLOUT_MAX_NUM_BATCHED_TOKENS if verl else None,
                 "raise max_num_batched_tokens to at least max_model_len (chunked prefill lifts the limit too)",
                 key=None if verl else "max_num_batched_tokens (--max-num-batched-tokens)",
-                framework=None if verl else "vllm") if key == "max_num_batched_tokens" else None,
+                framework=None if verl else "vllm") if "max_num_batched_tokens" in shown else None,
             ("max_model_len", "raise the engine's max_model_len to prompt + response length"),
             Fix(None, "data.filter_overlong_prompts=True" if verl else None,
                 "or drop prompts over the limit before they reach the engine (data.max_prompt_length)"),
         ),
-        where=key,
+        where=shown,
         phase="generate",
         rank=pl.rank,
         line=h.no,
         score=42.0,
         data={"setting": key, "length": n, "limit": m},
     )  # fmt: skip
+
+
+def _binding_limit(facts: LogFacts, limit: str | None) -> tuple[str, str]:
+    """(the key, the name shown) of the setting behind vLLM's ``exceeds limit of M``: the prompt limit is
+    min(max_model_len, max_num_batched_tokens), so the one the log prints as M (or the one left when the
+    log prints the other above M); both when the log shows neither (the message alone cannot tell)."""
+    keys = ("max_model_len", "max_num_batched_tokens")
+    printed = {key: next((v for k, v in facts.settings.items() if k.endswith(key)), None) for key in keys}
+    for key, other in (keys, keys[::-1]):
+        if limit and printed[key] == limit:
+            return key, key
+        if limit and (printed[other] or "").isdigit() and int(printed[other]) > int(limit):
+            return key, key  # the other one is printed and larger: this one binds
+    return "max_num_batched_tokens", "max_model_len or max_num_batched_tokens"
 
 
 def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:

@@ -37,9 +37,9 @@ _PREFIX = re.compile(
       (?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?\s+)                 # 2024-06-28T06:11:52.68Z
     | (?P<stamp>\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\]\s*)        # [2024-08-21 03:38:02]
     | (?P<compose>[\w.]+-\d+\s+\|\s?)                                                # vllm-1  |
-    # vLLM's logger: ERROR 03-10 17:16:32 [core.py:1229] (the level is kept; one space taken, so a
+    # vLLM's logger: ERROR 03-10 17:16:32 [core.py:1229] (older: ... scheduler.py:947]; the level is kept; one space taken, so a
     # traceback's indentation after it stays the traceback's)
-    | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[[\w./-]+:\d+\]\s?
+    | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[?[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
@@ -201,3 +201,29 @@ def failure_signal(line: LogLine) -> str | None:
     if line.level in ("E", "F", "ERROR", "CRITICAL", "FATAL") or text.startswith("Error executing job"):
         return "error"
     return None
+
+
+# ---- what a message advises
+_ADVICE = re.compile(
+    r"^(?:you (?:can|may|should|might)|consider|try|please|set|increase|decrease|reduce|lower|raise|use|pass|"
+    r"install|upgrade|downgrade|make sure|ensure|to (?:proceed|fix|avoid|resolve)\b)",
+    re.I,
+)
+_ADVISED = re.compile(
+    r"(?<![\w-])--[a-z][\w-]*|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+=\S+|\b[a-z][a-z0-9]*_[a-z0-9_]+=\S+"
+)
+
+
+def message_advice(message: str) -> tuple[list[str], list[str]]:
+    """(the sentences of an error message that advise a remedy, the flags / variables / keys they name):
+    many messages say their own fix ("To proceed regardless, set RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.
+    Consider ... --shm-size in Docker.")."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", message) if s.strip()]
+    advice = [s for s in sentences if _ADVICE.match(s) or re.search(r"\byou can set\b|\bconsider\b", s, re.I)]
+    names: list[str] = []
+    for s in advice:
+        for n in _ADVISED.findall(s):
+            n = n.rstrip(".,;)")
+            if n not in names:
+                names.append(n)
+    return advice[:3], names
