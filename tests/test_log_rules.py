@@ -138,7 +138,8 @@ def test_rule_on_its_fixture(tmp_path: Path, name: str) -> None:
             None,
             "LLMRayActor",
         ),
-        ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ERROR 11-18", None, None),
+        # vLLM's own logger prefix goes too (its level is kept): the message is what the rules read
+        ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ValueError: x", None, None),
         ("[2024-08-21 03:38:02] [rank7]:[E ProcessGroupNCCL.cpp:563] x", "[E ProcessGroupNCCL", 7, None),
         ("> [default3]: RuntimeError: x", "RuntimeError: x", 3, None),
         (
