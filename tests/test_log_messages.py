@@ -171,3 +171,20 @@ def test_a_version_mismatch_offers_the_upgrade_of_the_older_side(tmp_path):
     assert c.kind == "version_mismatch" and any("pip install -U trl" in f.why for f in c.fixes)
     c = first(tmp_path, "TypeError: helper() got an unexpected keyword argument 'x'\n")  # no library known
     assert not any("pip install -U" in f.why for f in c.fixes)
+
+
+def test_a_dtype_error_names_the_operands_its_frame_passes(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/env/lib/python3.8/site-packages/transformers/models/bert/modeling_bert.py", line 363, in forward\n'
+        "    context_layer = torch.matmul(attention_probs, value_layer)\n"
+        "RuntimeError: expected scalar type BFloat16 but found Float\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "dtype_error"
+    assert c.where == (
+        "forward: torch.matmul (torch.matmul(attention_probs, value_layer), in transformers/models/bert/modeling_bert.py)"
+    )
+    # no frame: the message alone, no invented place
+    c = first(tmp_path, "RuntimeError: expected scalar type BFloat16 but found Float\n")
+    assert c.kind == "dtype_error" and c.where is None

@@ -136,6 +136,21 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
     return f"Dtype error: {observed or '?'} where {expected or '?'} was expected"
 
 
+def _operands_where(where: str | None, tb) -> str | None:
+    """A dtype error's place with the operands its op got: the call on the culprit frame's source line
+    (``torch.matmul(attention_probs, value_layer)``) and the file it is in (``transformers/models/bert/
+    modeling_bert.py``): the message names the dtypes, the frame names the tensors."""
+    frames = (tb.user_frames() or tb.frames) if tb else []
+    f = frames[-1] if frames else None
+    if f is None or not f.code or "(" not in f.code:
+        return where
+    call = f.code.strip()
+    call = call.split("=", 1)[1].strip() if re.match(r"^[\w.,\s:\[\]]+=[^=]", call) else call
+    pkg = package_of(f.path)
+    path = f.path.split(f"/{pkg}/", 1)[1] if pkg and f"/{pkg}/" in f.path else f.path.rsplit("/", 1)[-1]
+    return f"{where or f.func} ({call[:120]}, in {f'{pkg}/' if pkg else ''}{path})"
+
+
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("dtype_error")
     if h is None:
@@ -192,7 +207,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=pl.culprit(),
+        where=_operands_where(pl.culprit(), pl.tb),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
