@@ -457,7 +457,11 @@ def test_prompt_over_max_model_len_exception(tmp_path):
         "that `max_model_len` is no smaller than the number of text tokens plus multimodal tokens.\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "engine_limit" and c.where == "max_model_len" and c.severity == "error"
+    assert (
+        c.kind == "engine_limit"
+        and c.where == "max_model_len (at _validate_model_input)"
+        and c.severity == "error"
+    )
     assert "10240-token prompt" in c.title
 
 

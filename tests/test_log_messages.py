@@ -188,3 +188,43 @@ def test_a_dtype_error_names_the_operands_its_frame_passes(tmp_path):
     # no frame: the message alone, no invented place
     c = first(tmp_path, "RuntimeError: expected scalar type BFloat16 but found Float\n")
     assert c.kind == "dtype_error" and c.where is None
+
+
+def _watchdog(rank: int, seq: int = 15037) -> str:
+    return (
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:563] [Rank {rank}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType=_ALLGATHER_BASE, NumelIn=131072512, NumelOut=524290048, Timeout(ms)=600000) "
+        "ran for 600055 milliseconds before timing out.\n"
+    )
+
+
+def test_the_one_rank_that_printed_no_timeout_is_named_as_the_one_waited_for(tmp_path):
+    c = first(tmp_path, "".join(_watchdog(r) for r in (3, 1, 2)))
+    assert (
+        c.kind == "nccl_timeout" and c.where.startswith("rank 0") and "rank 0 printed no timeout" in c.title
+    )
+    # two ranks silent: no one is singled out (the first rank that timed out stays the place)
+    c = first(tmp_path, "".join(_watchdog(r) for r in (4, 1, 2)))
+    assert c.kind == "nccl_timeout" and "printed no timeout" not in c.title
+
+
+def test_settings_and_checks_name_the_call_site_they_failed_at(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/v/lib/python3.12/site-packages/trl/trainer/grpo_trainer.py", line 1228, in _generate_single_turn\n'
+        "    all_outputs = self.llm.chat(all_prompts, sampling_params=sampling_params)\n"
+        "ValueError: The decoder prompt (length 299) is longer than the maximum model length of 20.\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "engine_limit" and c.where == "max_model_len (at _generate_single_turn: self.llm.chat)"
+    log = (
+        '  File "/v/lib/python3.10/site-packages/torch/distributed/fsdp/_flat_param.py", line 770, in '
+        "_validate_tensors_to_flatten\n"
+        "    raise ValueError(\n"
+        "ValueError: Must flatten tensors with uniform dtype but got torch.bfloat16 and torch.float32\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "dtype_error" and c.where.endswith("raised in _validate_tensors_to_flatten")
+    # a `raise` line calls nothing: the frame is named by its function alone
+    c = first(tmp_path, log.replace("Must flatten tensors with uniform dtype but got", "Something else:"))
+    assert "ValueError" not in (c.where or "").split(":")[-1]

@@ -687,7 +687,7 @@ def test_import_errors(tmp_path: Path) -> None:
         "undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationE"
     )
     c = diagnose_text(tmp_path, so).causes[0]
-    assert (c.kind, c.where) == ("import_error", "flash_attn") and "torch" in c.what
+    assert (c.kind, c.where) == ("import_error", "flash_attn (flash_attn_2_cuda)") and "torch" in c.what
     c = diagnose_text(
         tmp_path, "ImportError: cannot import name 'is_torch_npu_available' from 'transformers'"
     ).causes[0]

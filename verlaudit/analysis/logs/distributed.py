@@ -168,6 +168,14 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
         w.evidence.append(quote(first.line, 400))
         reported = set(order) | {int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")}
         silent = sorted(set(range(max(reported) + 1)) - reported)
+        if len(order) >= 3 and len(silent) == 1 and not w.diverged:
+            # every other rank waits in the same collective and one never timed out: it is elsewhere (saving,
+            # a long eval, its own hang), the rank they all wait for
+            w.culprit = silent[0]
+            w.title = (
+                f"NCCL collective timeout: ranks {', '.join(map(str, sorted(order)))}{waited} in {op} (SeqNum "
+                f"{seq}{size}); rank {silent[0]} printed no timeout: likely the one they waited for"
+            )
         if len(order) >= 3 and silent:  # every other rank reported: the silent ones may be the stuck ones
             w.evidence.append(
                 f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "

@@ -17,7 +17,7 @@ from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
 from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, package_of
-from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
 DEVICE = re.compile(
@@ -137,18 +137,10 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
 
 
 def _operands_where(where: str | None, tb) -> str | None:
-    """A dtype error's place with the operands its op got: the call on the culprit frame's source line
-    (``torch.matmul(attention_probs, value_layer)``) and the file it is in (``transformers/models/bert/
-    modeling_bert.py``): the message names the dtypes, the frame names the tensors."""
-    frames = (tb.user_frames() or tb.frames) if tb else []
-    f = frames[-1] if frames else None
-    if f is None or not f.code or "(" not in f.code:
-        return where
-    call = f.code.strip()
-    call = call.split("=", 1)[1].strip() if re.match(r"^[\w.,\s:\[\]]+=[^=]", call) else call
-    pkg = package_of(f.path)
-    path = f.path.split(f"/{pkg}/", 1)[1] if pkg and f"/{pkg}/" in f.path else f.path.rsplit("/", 1)[-1]
-    return f"{where or f.func} ({call[:120]}, in {f'{pkg}/' if pkg else ''}{path})"
+    """A dtype error's place with the operands its op got (`scan.site`): the message names the dtypes,
+    the frame names the tensors."""
+    at = site(tb)
+    return f"{where or tb.frames[-1].func} ({at})" if at else where
 
 
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -452,6 +444,9 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
     pl = place(facts, h.line)
     kind, where = "import_error", pkg
+    if h.rule == "symbol":  # the native extension that does not load, when its name is not the package's
+        ext = PurePosixPath(h.fields["groups"][0]).name.split(".", 1)[0]
+        where = f"{pkg} ({ext})" if ext != pkg else pkg
     if h.rule == "cannot_import":  # a name the installed package does not export: a version pair
         importer = next(
             (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),

@@ -369,7 +369,7 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
             Fix(None, "data.filter_overlong_prompts=True" if verl else None,
                 "or drop prompts over the limit before they reach the engine (data.max_prompt_length)"),
         ),
-        where=shown,
+        where=shown + (f" (at {at})" if (at := pl.tb.culprit() if pl.tb else None) else ""),
         phase="generate",
         rank=pl.rank,
         line=h.no,
@@ -438,7 +438,8 @@ def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
                    "it in its own FSDP unit"),
         ],
         unknown=["which module holds the odd dtype: print {p.dtype for p in module.parameters()} per unit"],
-        where="FSDP flat parameter (mixed parameter dtypes)",
+        where="FSDP flat parameter (mixed parameter dtypes)"
+        + (f", raised in {pl.tb.frames[-1].func}" if pl.tb and pl.tb.frames else ""),
         phase=pl.phase or "init",
         rank=pl.rank,
         line=h.no,

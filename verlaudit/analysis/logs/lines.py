@@ -105,7 +105,7 @@ class Frame:
 
     def call(self) -> str | None:
         """The first call the frame's source line makes (``self.base_model.generate``), if it shows one."""
-        if not self.code:
+        if not self.code or self.code.lstrip().startswith("raise "):  # `raise ValueError(...)` calls nothing
             return None
         code = self.code
         eq, paren = code.find("="), code.find("(")
