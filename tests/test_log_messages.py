@@ -62,6 +62,11 @@ def test_a_gradient_in_another_dtype_than_grad_dtype_is_a_dtype_error(tmp_path):
         "RuntimeError: attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'.\n",
     )
     assert c.kind == "dtype_error" and "bf16" in c.title and "fp32" in c.title
+    assert "torch.no_grad()" in c.fixes[0].why  # the gradient dtype is fixed at FSDP2's lazy init
+    c = first(
+        tmp_path, "RuntimeError: expected scalar type BFloat16 but found Float\n"
+    )  # operands: not that fix
+    assert not any("_lazy_init" in f.why for f in c.fixes)
     assert (
         problems(tmp_path, "INFO: set the tensor's grad_dtype attribute to None to allow any dtype\n") == []
     )

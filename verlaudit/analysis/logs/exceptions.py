@@ -191,6 +191,18 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
             else None,
             ("bf16_instead_of_fp16", "mixed precision on: ops cast their inputs") if not under else None,
         )
+    if "grad_dtype" in (
+        d.get("message") or ""
+    ):  # not operands: the parameter's gradient dtype, fixed at init
+        fx = [
+            advice(
+                "FSDP2 fixes each parameter's gradient dtype when it initialises lazily (the first forward), from "
+                "the parameters that require grad then: make them trainable before that first forward (or "
+                "call the root module's _lazy_init() while they are), and run frozen passes under "
+                "torch.no_grad() instead of requires_grad_(False); setting the parameter's grad_dtype = None "
+                "only silences the check"
+            ),
+        ] + fx
     return Cause(
         "error",
         "dtype_error",
