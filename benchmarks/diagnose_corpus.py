@@ -9,8 +9,12 @@ scored against the header:
 - category right: the verdict is not clean and the first cause's kind is one of
   ``ACCEPTED_KINDS[category]``; for a control (category ``clean``) the verdict must be clean, and a
   non-clean verdict is a false alarm;
-- culprit right: the header's culprit, normalised (lower case, letters, digits and dots only), occurs
-  in the first cause's ``where`` or title; not scored when the header says ``none shown``;
+- culprit right: the first cause's ``where`` or title names the culprit: either the whole header
+  culprit, normalised (lower case, letters, digits and dots only), occurs in it (a culprit written as one
+  identifier: ``rank3``, ``compute capability 7.0``), or one of the identifiers the culprit names does
+  (``culprit_identifiers``: a culprit written as a phrase names its module path, class, config key,
+  rank or library, and the prose around them is not scored); not scored when the header says
+  ``none shown``;
 - fix right: one of the header's ``backticked`` fix tokens, canonicalised, occurs in the text of one of
   the first cause's fixes (its suite key, verl key, the key in the log's own framework and its why);
   not scored when the fix is ``unknown`` or ``none needed``.
@@ -159,6 +163,128 @@ def norm_culprit(text: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", text.lower())
 
 
+# Library names a culprit phrase may blame: one counts as an identifier when it is the culprit's first
+# word or carries a version ('vllm 0.8.4', 'accelerate==0.23.0', 'slime v0.2.4', 'OpenRLHF < 0.9.5'), not
+# when the phrase only mentions it ('NCCL bundled with torch': torch is not blamed).
+LIBRARIES = frozenset(
+    {
+        "accelerate",
+        "apex",
+        "bitsandbytes",
+        "deepspeed",
+        "flash_attn",
+        "megatron",
+        "nccl",
+        "nemo_rl",
+        "openrlhf",
+        "peft",
+        "pytorch",
+        "ray",
+        "sglang",
+        "slime",
+        "torch",
+        "torchtune",
+        "transformers",
+        "triton",
+        "trl",
+        "unsloth",
+        "verl",
+        "vllm",
+        "xformers",
+    }
+)
+_VERSION_AFTER = re.compile(r"\s*(?:==|>=|<=|<|>|~=|\s)\s*v?\d+(?:\.\d+)*")
+_TOKEN = re.compile(
+    r"`([^`]+)`|(--[A-Za-z][\w-]*)|((?:local_?)?rank)\s*[_:=\[]?\s*(\d+)\b"
+    r"|([A-Za-z_][\w.-]*(?:/[\w.-]+)*(?::\d+)?)"
+)
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+_CAMEL = re.compile(r"[a-z][A-Z]|[A-Z]{2}[a-z]")
+
+
+def _canon_id(text: str) -> str:
+    return text.lower().replace("-", "_").strip(".")
+
+
+def _distinct(name: str) -> bool:
+    """A lone name distinctive enough to stand for the dotted path it ends: snake_case or CamelCase
+    ('_validate_tensors_to_flatten', 'NGRAMWorker'; not 'weight', 'generate' or a dunder)."""
+    core = name.strip("_")
+    return not name.startswith("__") and ("_" in core or _CAMEL.search(core) is not None)
+
+
+def _word_ids(word: str, first: bool, rest: str) -> list[str]:
+    """The identifiers one word of a culprit names (``rest``: the text after it, for a library's version)."""
+    low = _canon_id(word)
+    if low in LIBRARIES:  # blamed when it leads the culprit or carries a version; else only mentioned
+        return [low] if first or _VERSION_AFTER.match(rest) else []
+    if "/" in word:
+        return [word, word.rsplit("/", 1)[1]] if word.endswith(".py") else []
+    if _DOTTED.match(word):
+        parts = word.split(".")
+        if max(len(p) for p in parts) < 3:  # 'i.e', 'e.g'
+            return []
+        out = [word]
+        names = [p for p in parts if not (p.startswith("__") and p.endswith("__"))]
+        if _distinct(names[-1]):
+            out.append(names[-1])
+        if len(names) >= 2 and names[-2][:1].isupper() and _CAMEL.search(names[-2]):
+            out.append(names[-2])
+        return out
+    if "_" in word.strip("_") or (len(word) >= 5 and _CAMEL.search(word)):
+        return [word]
+    return []
+
+
+def culprit_identifiers(culprit: str) -> list[str]:
+    """The identifiers a header's culprit names, canonicalised (lower case, '-' as '_'): a
+    ``backticked`` token (one word whole; a phrase by the rules below); CLI flags (``--dp-size`` ->
+    ``dp_size``); ranks (``local_rank 2`` -> ``rank2``); file paths (``a/b/vllm_rollout.py`` and its file
+    name); dotted paths and, for one, its snake_case or CamelCase leaf and owning class
+    (``FSDPParamGroup._init_mp_dtypes`` also names ``_init_mp_dtypes`` and ``FSDPParamGroup``; a dunder
+    or a plain word such as ``weight`` names nothing alone); snake_case names (config keys, functions:
+    ``max_num_batched_tokens``, ``WorkerDict_0:5``); CamelCase names of five letters or more (classes:
+    ``NGRAMWorker``); and a library of ``LIBRARIES`` when the culprit blames it (its first word, or
+    followed by a version). Prose, numbers, versions and a library only mentioned are not identifiers."""
+    out: list[str] = []
+    for m in _TOKEN.finditer(culprit):
+        tick, flag, rank_word, rank_no, word = m.groups()
+        if tick:
+            found = [tick] if not tick.split()[1:] else culprit_identifiers(" " + tick)
+        elif flag:
+            found = [flag.lstrip("-")]
+        elif rank_word:
+            found = [f"rank{rank_no}"]
+        else:
+            found = _word_ids(
+                word.rstrip(".-"), m.start() == len(culprit) - len(culprit.lstrip()), culprit[m.end() :]
+            )
+        for name in map(_canon_id, found):
+            if name and name not in out:
+                out.append(name)
+    return out
+
+
+def _names(identifier: str, text: str) -> bool:
+    """``text`` (canonicalised) names ``identifier`` as a whole name: not inside a longer name (rank2 is
+    not rank21; a library may prefix a module name: vllm in vllm_rollout)."""
+    if identifier.startswith("rank") and identifier[4:].isdigit():
+        return re.search(rf"rank[\s_:=\[]*{identifier[4:]}(?!\d)", text) is not None
+    tail = r"(?![a-z0-9])" if identifier in LIBRARIES else r"(?![a-z0-9_])"
+    return re.search(rf"(?<![a-z0-9_]){re.escape(identifier)}{tail}", text) is not None
+
+
+def culprit_named(culprit: str, text: str) -> bool:
+    """The culprit rule of the module docstring: the whole normalised culprit occurs in ``text`` (a cause's
+    where and title), or one of its ``culprit_identifiers`` does."""
+    if norm_culprit(culprit) in norm_culprit(text):
+        return True
+    canon = re.sub(r"(?<![\w-])--(?=\w)", "", text.lower()).replace(
+        "-", "_"
+    )  # a flag's dashes are not its name
+    return any(_names(i, canon) for i in culprit_identifiers(culprit))
+
+
 _DTYPE_WORDS = (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32"))
 
 
@@ -219,9 +345,7 @@ def score_fixture(fx: Fixture, workdir: Path, diagnose: Callable[[Path], Sequenc
     culprit = fx.header["culprit"]
     culprit_right = None
     if culprit != NO_CULPRIT:
-        culprit_right = first is not None and norm_culprit(culprit) in norm_culprit(
-            f"{first.where or ''} {first.title}"
-        )
+        culprit_right = first is not None and culprit_named(culprit, f"{first.where or ''} {first.title}")
     fix_right = None
     tokens = fix_tokens(fx.header["fix"])
     if fx.header["fix"] not in NO_FIX and tokens:
@@ -311,9 +435,12 @@ def _table(scores: Sequence[Score]) -> list[str]:
     return lines
 
 
-def render(scores: Sequence[Score], command: str, heldout: Sequence[Score] = ()) -> str:
+def render(
+    scores: Sequence[Score], command: str, heldout: Sequence[Score] = (), heldout_dir: str | None = None
+) -> str:
     """The markdown report: summary lines, then one table row per fixture; the held-out fixtures'
-    summary and table after it, in their own section."""
+    summary and table after it, in their own section, headed by the directory they came from
+    (``heldout_dir``, as given to ``--heldout``; else the directory of their first fixture)."""
     lines = [
         "# `verlaudit diagnose` on the real-log corpus",
         "",
@@ -327,11 +454,12 @@ def render(scores: Sequence[Score], command: str, heldout: Sequence[Score] = ())
         *_table(scores),
     ]
     if heldout:
+        where = heldout_dir or _shown(heldout[0].fixture.path.parent)
         lines += [
             "",
             "## Held-out logs",
             "",
-            "tests/fixtures/logs_heldout: logs in the same format, kept out of the corpus the rules were written "
+            f"{where}: logs in the same format, kept out of the corpus the rules were written "
             "against and scored only here.",
             "",
             *_summary(heldout),
@@ -339,6 +467,14 @@ def render(scores: Sequence[Score], command: str, heldout: Sequence[Score] = ())
             *_table(heldout),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _shown(path: Path) -> str:
+    """A directory as the report names it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 README_TABLE_HEAD = (
@@ -383,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f" --heldout {args.heldout}" if args.heldout else "")
         + (f" --out {args.out}" if args.out else "")
     )
-    report = render(scores, command, heldout)
+    report = render(scores, command, heldout, _shown(Path(args.heldout)) if args.heldout else None)
     print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,9 @@ MESSAGES = [
     # torch/amp/autocast_mode.py: autocast.__init__
     ("Current CUDA Device does not support bfloat16. Please switch dtype to float16.", "autocast_bf16_device",
      "bf16", "fp16"),
+    # torch/csrc/autograd: a gradient outside the parameter's grad_dtype (FSDP2 mixed precision sets it)
+    ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'.",
+     "grad_dtype", "bf16", "fp32"),
 ]  # fmt: skip
 IDS = [f"{w}-{i}" for i, (_, w, _, _) in enumerate(MESSAGES)]
 

@@ -20,10 +20,13 @@ from benchmarks.diagnose_corpus import (
     NO_CULPRIT,
     NO_FIX,
     canon_fix,
+    culprit_identifiers,
+    culprit_named,
     fix_tokens,
     norm_culprit,
     read_corpus,
     read_fixture,
+    render,
     score_corpus,
     score_fixture,
 )
@@ -156,6 +159,45 @@ def test_matching_rules_hand_worked() -> None:
     assert fix_tokens("unknown") == []
 
 
+def test_culprit_phrases_are_matched_by_the_identifiers_they_name() -> None:
+    # a phrase names its dotted path, leaf and owning class, config keys, flags, ranks, a blamed library
+    ids = culprit_identifiers(
+        "FSDP2 FSDPParamGroup._init_mp_dtypes (dtypes resolved from `requires_grad` params, --dp-size 2, local_rank 3)"
+    )
+    assert ids == [
+        "fsdpparamgroup._init_mp_dtypes",
+        "_init_mp_dtypes",
+        "fsdpparamgroup",
+        "requires_grad",
+        "dp_size",
+        "rank3",
+    ]
+    # a library counts when it leads the culprit or carries a version, not when it is only mentioned
+    assert culprit_identifiers("vllm 0.8.4 (weight loading)") == ["vllm"]
+    assert culprit_identifiers("OpenRLHF < 0.9.5 with vLLM >= 0.16.0") == ["openrlhf", "vllm"]
+    assert culprit_identifiers("NCCL 2.18.5 (bundled with torch) under WSL") == ["nccl"]
+    assert culprit_identifiers("host memory of the Ray worker node, e.g. a leak") == []
+    # a dunder or a plain word does not stand for its path; a file path names its file too
+    assert culprit_identifiers("Delta.__init__ and lm_head.weight") == ["delta.__init__", "lm_head.weight"]
+    assert culprit_identifiers("verl/workers/rollout/x_spmd.py") == [
+        "verl/workers/rollout/x_spmd.py",
+        "x_spmd.py",
+    ]
+    # matching: whole names only (rank2 is not rank21, max_model_len is not max_model_len_cap)
+    assert culprit_named("local_rank 2", "Process killed (local_rank 2)")
+    assert not culprit_named("rank 2 (the stuck one)", "NCCL timeout on rank 21")
+    assert culprit_named(
+        "policy.logprob_batch_size (4) too big", "OOM in the log-prob pass: logprob_batch_size"
+    )
+    assert not culprit_named("max_model_len (2048)", "over max_model_len_cap")
+    assert culprit_named("vllm 0.3.1 all-reduce", "rank 3 timed out in vllm_rollout")
+    # a culprit written as one identifier still matches whole, as the corpus headers write it
+    assert culprit_named("max-running-requests", "SGLang: raise --max-running-requests")
+    assert culprit_named("the container's /dev/shm (--shm-size too small)", "where: --shm-size")
+    assert culprit_named("compute capability 7.0", "V100 has compute capability 7.0")
+    assert not culprit_named("half-precision weights (fp16)", "Non-finite loss from step 3")
+
+
 def _diagnosis(causes: list[Cause]) -> Diagnosis:
     return Diagnosis("x.log", "log", "x.log", "failed", "summary", causes)
 
@@ -185,6 +227,13 @@ def test_score_fixture_reads_only_the_first_cause(tmp_path: Path) -> None:
     causes = [wrong, right]
     s = score_fixture(fx, tmp_path, fake)
     assert (s.category_right, s.culprit_right, s.fix_right) == (False, False, False)
+
+
+def test_the_held_out_section_names_the_directory_it_scored(tmp_path: Path) -> None:
+    fx = read_fixture(HELDOUT_PATHS[0])
+    s = score_fixture(fx, tmp_path, lambda p: [_diagnosis([])])
+    assert "tests/fixtures/logs_blind: logs" in render([s], "cmd", [s], "tests/fixtures/logs_blind")
+    assert "tests/fixtures/logs_heldout: logs" in render([s], "cmd", [s])  # the fixtures' own directory
 
 
 def test_score_fixture_controls_and_clean_failures(tmp_path: Path) -> None:

@@ -213,7 +213,7 @@ def test_table_series_are_bounded():
     [
         ("actor/grad_norm", "grad_norm"), ("grad_norm", "grad_norm"), ("train/grad_norm", "grad_norm"),
         ("actor/pg_loss", "loss"), ("loss", "loss"), ("policy/policy_loss", "loss"), ("critic/vf_loss", None),
-        ("critic/score/mean", "reward"), ("reward", "reward"), ("train/reward", "reward"), ("reward_std", None),
+        ("critic/score/mean", "reward"), ("reward", "reward"), ("train/reward", "reward"), ("reward_std", "reward_std"), ("rewards/std", "reward_std"), ("learning_rate", "lr"),
         ("Avg Reward", "reward"), ("actor/entropy", "entropy"), ("entropy", "entropy"),
         ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_mean"),
         ("sampling/sampling_logp_difference/mean", "training/rollout_log_probs_abs_diff_mean"),
@@ -293,6 +293,31 @@ def test_grpo_loss_zero_from_the_start_is_healthy(tmp_path):
         for i in range(8)
     )
     assert_healthy(tmp_path, log)
+
+
+def test_grad_norm_exactly_zero_with_reward_spread_is_no_update(tmp_path):
+    rec = "{{'loss': -0.0, 'grad_norm': 0.0, 'learning_rate': 3e-07, 'reward': 0.64, 'reward_std': {std}, 'kl': 0.0}}\n"
+    c = first(tmp_path, rec.format(std=0.16))
+    assert c.kind == "collapse" and c.severity == "warning" and "exactly 0" in c.title
+    assert any("deepspeed" in f.why for f in c.fixes)
+    c = first(tmp_path, rec.format(std=0.16) * 3)  # three logged steps: an error
+    assert c.kind == "collapse" and c.severity == "error" and "all 3 logged steps" in c.title
+
+
+def test_grad_norm_zero_with_nothing_to_learn_is_healthy(tmp_path):
+    # every group scored alike (reward std 0): a zero gradient is right; a warm-up at lr 0 too
+    assert_healthy(
+        tmp_path,
+        "{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1e-06, 'reward': 1.0, 'reward_std': 0.0}\n",
+    )
+    assert_healthy(
+        tmp_path, "{'loss': 0.3, 'grad_norm': 0.0, 'learning_rate': 0.0, 'reward': 0.5, 'reward_std': 0.2}\n"
+    )
+    # one zero among non-zero norms is no finding either
+    assert_healthy(
+        tmp_path,
+        "{'loss': 0.3, 'grad_norm': 0.0, 'learning_rate': 1e-06}\n{'loss': 0.3, 'grad_norm': 0.4, 'learning_rate': 1e-06}\n",
+    )
 
 
 # ---- mismatch -----------------------------------------------------------------------------------
@@ -413,8 +438,14 @@ def test_request_dropped_for_length_is_an_engine_limit(tmp_path):
         "WARNING 03-02 10:01:12 scheduler.py:1086] Input prompt (9125 tokens) is too long and exceeds limit of 8192\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "engine_limit" and c.where == "max_num_batched_tokens" and "dropped" in c.title
+    # vLLM's prompt limit is min(max_model_len, max_num_batched_tokens): the log printed max_model_len=8192
+    assert c.kind == "engine_limit" and c.where == "max_model_len" and "dropped" in c.title
     assert c.severity == "warning"
+    line = "WARNING 02-16 15:37:32 scheduler.py:947] Input prompt (2501 tokens) is too long and exceeds limit of 2048\n"
+    c = first(tmp_path, line)  # neither printed: the message cannot tell, both are named
+    assert c.where == "max_model_len or max_num_batched_tokens" and len(c.fixes) >= 2
+    c = first(tmp_path, "vllm serve m --max-model-len 128000\n" + line)  # the other one printed, larger
+    assert c.where == "max_num_batched_tokens"
 
 
 def test_prompt_over_max_model_len_exception(tmp_path):
@@ -426,7 +457,11 @@ def test_prompt_over_max_model_len_exception(tmp_path):
         "that `max_model_len` is no smaller than the number of text tokens plus multimodal tokens.\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "engine_limit" and c.where == "max_model_len" and c.severity == "error"
+    assert (
+        c.kind == "engine_limit"
+        and c.where == "max_model_len (at _validate_model_input)"
+        and c.severity == "error"
+    )
     assert "10240-token prompt" in c.title
 
 
@@ -547,9 +582,10 @@ def test_version_checks_name_the_pair(tmp_path, line, where):
     assert c.kind == "version_mismatch" and c.where == where and c.fixes
 
 
-def test_flash_attention_fp32_is_a_dtype_error(tmp_path):
+def test_flash_attention_fp32_is_an_unsupported_dtype(tmp_path):
+    # the kernel has no fp32 implementation: a dtype the software refuses, not operands that disagree
     c = first(tmp_path, "RuntimeError: FlashAttention only support fp16 and bf16 data type\n")
-    assert c.kind == "dtype_error" and "fp32" in c.title
+    assert c.kind == "dtype_unsupported" and "fp32" in c.title
 
 
 def test_pip_conflict_in_a_healthy_install_is_only_a_note(tmp_path):

@@ -198,4 +198,6 @@ def test_a_traceback_and_its_error_line_are_read_together_far_into_a_log(tmp_pat
     assert c.evidence[0].startswith("line 45: RuntimeError: expected m1 and m2")
     frame = "raised from /opt/verl/verl/workers/fsdp_workers.py:612 in update_actor: "
     assert c.evidence[1] == frame + "metrics = self.actor.update_policy(data=data)"
-    assert c.phase == "update" and c.where == "update_actor: self.actor.update_policy"
+    assert c.phase == "update" and c.where == (
+        "update_actor: self.actor.update_policy (self.actor.update_policy(data=data), in verl/workers/fsdp_workers.py)"
+    )

@@ -263,6 +263,17 @@ WORDINGS: tuple[Wording, ...] = (
         expected="fp16",
         observed="bf16",
     ),
+    Wording(
+        "grad_dtype",
+        "to a tensor with grad_dtype",
+        "torch/csrc/autograd (the accumulate-grad check of Tensor.grad_dtype, which FSDP2's mixed precision sets)",
+        re.compile(
+            r"assign a gradient with dtype '?(?P<obs>[\w:.]+)'? to a tensor with grad_dtype '?(?P<exp>[\w:.]+)'?"
+        ),
+        "autograd produced a gradient in another dtype than the parameter's grad_dtype allows (FSDP2's "
+        "MixedPrecisionPolicy fixes each parameter's gradient dtype when it initialises, lazily at the first "
+        "forward; a parameter frozen or unfrozen after that gets gradients in the compute dtype).",
+    ),
 )
 _BY_NAME = {w.name: w for w in WORDINGS}
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     distributed,
     engines,
@@ -40,7 +40,7 @@ from verlaudit.analysis.logs import (
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
-from verlaudit.analysis.logs.lines import package_of
+from verlaudit.analysis.logs.lines import message_advice, package_of
 from verlaudit.analysis.logs.read import LogRead, log_lines, read_log
 from verlaudit.analysis.logs.scan import LogFacts, LogScan, Traceback, place, quote
 
@@ -137,7 +137,9 @@ def classify(cause: Cause) -> str:
 def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     """Never clean on a failure: when no error-level cause explains a log that holds an exception, an
     ERROR line, a non-zero exit, a kill or a hang (or a traceback), one "unrecognised failure" cause
-    quoting the line."""
+    quoting the line, with the frame, the library and the phase it came from, and the remedy the message
+    itself advises (`lines.message_advice`). An unknown failure whose frames run the trainer's weight
+    update into the engine is a ``weight_sync`` failure whatever its message."""
     if any(c.severity == "error" for c in causes):
         return []
     rank_of = {"exception": 0, "kill": 1, "exit": 2, "hang": 3, "error": 4}
@@ -145,26 +147,7 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     tb = next((t for t in facts.tracebacks if t.frames), None)
     if not signals and tb is None:
         return []
-    if signals:
-        sig, line = signals[0]
-        # the innermost message of an exception chain: the last exception line of its traceback
-        tb_here = facts.traceback_near(line.no, line.rank)
-        if sig == "exception" and tb_here and tb_here.exc and tb_here.exc.no >= line.no:
-            line = tb_here.exc
-    else:
-        sig, line = "traceback", tb.exc if tb and tb.exc else None
-    if line is None and tb is not None:
-        f = tb.frames[-1]
-        title = f"Unrecognised failure: a traceback cut after {f.func} ({f.path}:{f.lineno})"
-        ev = [f"line {tb.start}: traceback with {len(tb.frames)} frame(s), no exception line"]
-        pl_where, phase, rank, no = tb.culprit(), (tb.phase() or (None,))[0], tb.rank, tb.start
-    else:
-        pl = place(facts, line)
-        title = f"Unrecognised failure: {line.text.strip()[:200]}"
-        ev = [quote(line)] + pl.evidence() + _library_evidence(pl.tb)
-        others = [quote(s[1], 160) for s in signals[1:3] if s[1].no != line.no]
-        ev += [f"also: {o}" for o in others]
-        pl_where, phase, rank, no = pl.culprit(_library(pl.tb)), pl.phase, pl.rank, line.no
+    sig, title, ev, where, phase, rank, no, advised = _unknown_place(facts, signals, tb)
     what = {
         "exception": "An exception ended the run with a message verlaudit does not recognise.",
         "kill": "A process was killed or crashed.",
@@ -173,21 +156,67 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
         "error": "The log reports an error.",
         "traceback": "A traceback without a recognised error.",
     }[sig]
+    fixes = [Fix(None, None, f"the message's own advice: {a}") for a in advised]
+    kind = "weight_sync" if phase == "weight_sync" else "exception"
+    if kind == "weight_sync":  # the engine's load_weights under the trainer's update call
+        title = "Weight sync failed: " + title.removeprefix("Unrecognised failure: ")
+        ev.append("phase weight_sync: the frames run the trainer's weight update into the rollout engine")
+        what += (
+            " It happened while the trainer's weights were loaded into the rollout engine: the engine's model "
+            "class does not take the names, shapes or dtypes the trainer sends (a model the installed engine "
+            "release serves through another class, or a name mapping that differs)."
+        )
+        fixes.append(
+            Fix(None, None, "compare the parameter names (and shapes) the trainer sends with the ones the engine's "
+                "model class loads (its load_weights / name mapper), and use the engine release the trainer "
+                "pairs with this model architecture")
+        )  # fmt: skip
     return [
         Cause(
             "error",
-            "exception",
+            kind,
             title,
             what + " It is a failure all the same: the quoted line is the place to start.",
             evidence=ev,
-            where=pl_where,
+            where=where,
             phase=phase,
             rank=rank,
             line=no,
             score=10.0,
+            fixes=fixes,
             unknown=["the cause: this message is not one of the failure patterns verlaudit explains"],
         )
     ]
+
+
+def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tuple:
+    """(signal, title, evidence, where, phase, rank, line, advice) of an unrecognised failure: its first
+    signal's line (the innermost message of an exception chain), or a traceback whose exception line was
+    cut (also one an ERROR-level logger printed line by line)."""
+    line = None
+    if signals:
+        sig, line = signals[0]
+        tb_here = facts.traceback_near(line.no, line.rank)
+        if sig == "exception" and tb_here and tb_here.exc and tb_here.exc.no >= line.no:
+            line = tb_here.exc
+        elif sig == "error" and tb_here and tb_here.start <= line.no <= tb_here.end and tb_here.exc is None:
+            sig, line, tb = "traceback", None, tb_here
+    else:
+        sig, line = "traceback", tb.exc if tb and tb.exc else None
+    if line is None and tb is not None:
+        f = tb.frames[-1]
+        title = f"Unrecognised failure: a traceback cut after {f.func} ({f.path}:{f.lineno})"
+        ev = [f"line {tb.start}: traceback with {len(tb.frames)} frame(s), no exception line"]
+        ev += _library_evidence(tb)
+        where = " / ".join(x for x in (tb.culprit(), _library(tb)) if x) or None
+        return sig, title, ev, where, (tb.phase() or (None,))[0], tb.rank, tb.start, []
+    pl = place(facts, line)
+    ev = [quote(line)] + pl.evidence() + _library_evidence(pl.tb)
+    ev += [f"also: {quote(s[1], 160)}" for s in signals[1:3] if s[1].no != line.no]
+    advised, named = message_advice(line.text)
+    where = pl.culprit(_library(pl.tb)) or (", ".join(named) if named else None)
+    title = f"Unrecognised failure: {line.text.strip()[:200]}"
+    return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
 
 
 def _library(tb: Traceback | None) -> str | None:

@@ -49,7 +49,11 @@ _RULES = [
     ("nccl_error", re.compile(
         r"NCCL error in: \S+, ([^,(\n]+)|\bDistNetworkError\b"
         r"|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage)Error\b"
-        r"|NCCL communicator was aborted on rank (\d+)")),
+        r"|NCCL communicator was aborted on rank (\d+)"
+        # NCCL's own WARN that it cannot load a library it needs (the CUDA driver's libcuda.so): fatal, where
+        # the same loader message on an INFO line is a probe (its network plugin) that falls back
+        r"|NCCL WARN (Failed to find CUDA library [\w.]+|[^\n]*?cannot open shared object file)")),
+    ("nccl_version", re.compile(r"^\s*NCCL version (\d+\.\d+\.\d+)")),
     ("nccl_shm", re.compile(
         r"Error while creating shared memory segment|Call to posix_fallocate failed|ncclShmOpen")),
     ("cuda_fault", re.compile(
@@ -65,7 +69,9 @@ _RULES = [
     ("signal", re.compile(
         r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
-    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+)?Killed(?:\s{2,}\S.*)?\s*$")),
+    # a shell's "Killed", alone, after a script's line number, or after a progress bar (tqdm ends its line
+    # without a newline, so the shell's word lands on it: "... 0/2 [00:00<?, ?it/s]Killed")
+    ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+|.*\d+/\d+ \[[^\]]*\]\s*)?Killed(?:\s{2,}\S.*)?\s*$")),
     ("ray_task", re.compile(r"RayTaskError\((\w+)\): ray::([\w.]+)\(")),
     ("actor_died", re.compile(r"ActorDiedError: |The actor died unexpectedly before finishing this task")),
     ("worker_died", re.compile(
@@ -162,6 +168,14 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
         w.evidence.append(quote(first.line, 400))
         reported = set(order) | {int(h.fields["groups"][0]) for h in facts.of("nccl_takedown")}
         silent = sorted(set(range(max(reported) + 1)) - reported)
+        if len(order) >= 3 and len(silent) == 1 and not w.diverged:
+            # every other rank waits in the same collective and one never timed out: it is elsewhere (saving,
+            # a long eval, its own hang), the rank they all wait for
+            w.culprit = silent[0]
+            w.title = (
+                f"NCCL collective timeout: ranks {', '.join(map(str, sorted(order)))}{waited} in {op} (SeqNum "
+                f"{seq}{size}); rank {silent[0]} printed no timeout: likely the one they waited for"
+            )
         if len(order) >= 3 and silent:  # every other rank reported: the silent ones may be the stuck ones
             w.evidence.append(
                 f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "
@@ -327,7 +341,10 @@ def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h is None or facts.count("nccl_timeout", "gloo_timeout"):
         return None
     pl = place(facts, h.line)
-    detail = (h.fields["groups"][0] or "").strip()
+    g = h.fields["groups"]
+    detail = (g[0] or g[2] or "").strip()
+    version = facts.first("nccl_version")
+    nccl = f"NCCL {version.fields['groups'][0]}" if version else None
     shm = facts.first("nccl_shm")
     what = (
         "A collective failed inside NCCL (not a timeout): a peer process exited, the network or the GPU "
@@ -338,6 +355,13 @@ def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
             " Here NCCL could not create its shared-memory segment: /dev/shm is too small (a container's "
             "default is 64 MB) or full."
         )
+    lib = g[2] is not None
+    if lib:
+        what = (
+            f"{nccl or 'NCCL'} could not load a library it needs ({detail}), so no communicator can start: the "
+            "CUDA driver library is not where this NCCL looks (a container or WSL without the driver mounted, "
+            "an LD_LIBRARY_PATH that hides it), or this NCCL release has a bug locating it."
+        )
     fx = fixes(
         ctx,
         advice(
@@ -346,8 +370,16 @@ def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )
         if shm
         else None,
+        advice(
+            "make libcuda.so findable (NCCL_CUDA_PATH, LD_LIBRARY_PATH with the driver's directory; WSL: "
+            "/usr/lib/wsl/lib), or install another NCCL release (pip install -U nvidia-nccl-cu12"
+            + (f"; {nccl} is the one that failed" if nccl else "")
+            + ")"
+        )
+        if lib
+        else None,
         advice("rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) for NCCL's own reason"),
-        advice("if a peer died first, its own error above is the root"),
+        advice("if a peer died first, its own error above is the root") if not lib else None,
     )
     ev = ([quote(shm.line)] if shm else []) + [quote(h.line)] + pl.evidence()
     return Cause(
@@ -357,7 +389,11 @@ def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=ev,
         fixes=fx,
-        where="/dev/shm" if shm else pl.culprit(frame=False),
+        where="/dev/shm"
+        if shm
+        else f"{nccl or 'NCCL'} ({detail.split()[-1]})"
+        if lib
+        else pl.culprit(frame=False),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,

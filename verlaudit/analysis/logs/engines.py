@@ -15,7 +15,7 @@ from verlaudit.analysis.causes import Cause
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
 from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.phases import phase_of_name
-from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 
 _RULES = [
     ("bf16_unsupported", re.compile(
@@ -125,7 +125,7 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
-        where=f"compute capability {cc}" if cc else "bf16",
+        where=(f"compute capability {cc}" if cc else "bf16") + (f" ({at})" if (at := site(pl.tb)) else ""),
         phase=pl.phase or "init",
         rank=pl.rank,
         line=h.no,

@@ -17,7 +17,7 @@ from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
 from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, package_of
-from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
+from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
 DEVICE = re.compile(
@@ -90,6 +90,8 @@ def detect(line: LogLine) -> list[Hit]:
             out.append(Hit(rule, line, {"groups": mm.groups(), "match": mm[0]}))
     for rule, pat in _IMPORT + _CONFIG:
         mm = pat.search(text)
+        if mm and rule == "shared_lib" and re.search(r"\bNCCL (?:INFO|WARN)\b", text):
+            continue  # NCCL's own lines: a plugin probe that falls back (INFO), or the NCCL rule's (WARN)
         if mm:
             out.append(Hit(rule, line, {"groups": mm.groups()}))
     return out
@@ -132,6 +134,13 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
     if m and observed and expected and m[1] != "vectors":
         return f"Dtype error: {m[1]} {observed}, {m[2]} {expected}"
     return f"Dtype error: {observed or '?'} where {expected or '?'} was expected"
+
+
+def _operands_where(where: str | None, tb) -> str | None:
+    """A dtype error's place with the operands its op got (`scan.site`): the message names the dtypes,
+    the frame names the tensors."""
+    at = site(tb)
+    return f"{where or tb.frames[-1].func} ({at})" if at else where
 
 
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -182,6 +191,18 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
             else None,
             ("bf16_instead_of_fp16", "mixed precision on: ops cast their inputs") if not under else None,
         )
+    if "grad_dtype" in (
+        d.get("message") or ""
+    ):  # not operands: the parameter's gradient dtype, fixed at init
+        fx = [
+            advice(
+                "FSDP2 fixes each parameter's gradient dtype when it initialises lazily (the first forward), from "
+                "the parameters that require grad then: make them trainable before that first forward (or "
+                "call the root module's _lazy_init() while they are), and run frozen passes under "
+                "torch.no_grad() instead of requires_grad_(False); setting the parameter's grad_dtype = None "
+                "only silences the check"
+            ),
+        ] + fx
     return Cause(
         "error",
         "dtype_error",
@@ -190,7 +211,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=pl.culprit(),
+        where=_operands_where(pl.culprit(), pl.tb),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -313,18 +334,39 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
     user = facts.first("compile_user_code")
     traced = [f"while tracing {user.follow[0].strip()[:300]}"] if user and user.follow else []
+    # the backend's own error, printed under "raised:": an import of a name its library does not export is
+    # a torch / compiler-library version pair (Inductor importing triton's triton_key), not the traced code
+    inner = next((x for x in facts.of("cannot_import") if 0 <= x.no - h.no <= 3), None)
+    lib = inner.fields["groups"][1].split(".")[0] if inner else None
+    if inner:
+        name = inner.fields["groups"][0]
+        traced.append(f"the backend failed on: {quote(inner.line)}")
+        fx = [
+            advice(
+                f"install the {lib} release the installed torch was built with (torch pins it: `pip show torch` "
+                f"/ its requirements; pip install '{lib}==<that version>'), so {lib} exports {name} again"
+            )
+        ]
+        fx += [layer_fix] if verlish else [trace]
+    else:
+        fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
     return Cause(
         "error",
         "compile_error",
         "torch.compile failed"
         + (f" on {op[0]}" if op else "")
+        + (
+            f": its backend cannot import {inner.fields['groups'][0]} from {lib} (a {lib} release torch was not built with)"
+            if inner
+            else ""
+        )
         + (" in the rollout's decode step" if decode else ""),
         "Dynamo could not trace the code (an unsupported call, data-dependent control flow, a graph break "
         "under fullgraph) or Inductor could not compile it. Nothing is wrong with the run's numerics: the "
         "eager path runs the same model.",
         evidence=[quote(h.line)] + pl.evidence() + traced,
-        fixes=[rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace]),
-        where=op[0] if op else pl.culprit(),
+        fixes=fx,
+        where=op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit(),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -414,6 +456,9 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
     pl = place(facts, h.line)
     kind, where = "import_error", pkg
+    if h.rule == "symbol":  # the native extension that does not load, when its name is not the package's
+        ext = PurePosixPath(h.fields["groups"][0]).name.split(".", 1)[0]
+        where = f"{pkg} ({ext})" if ext != pkg else pkg
     if h.rule == "cannot_import":  # a name the installed package does not export: a version pair
         importer = next(
             (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),

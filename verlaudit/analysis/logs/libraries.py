@@ -13,7 +13,8 @@
   dropped; ``max_num_batched_tokens`` smaller than ``max_model_len``; SGLang's input length check);
 - FSDP / FSDP2 flattening parameters of mixed dtypes (``Must flatten tensors with uniform dtype but got
   torch.float32 and torch.bfloat16``, ``FSDP expects uniform original parameter dtype``): a
-  ``dtype_error``, as is flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``);
+  ``dtype_error``; flash-attn refusing fp32 (``FlashAttention only supports fp16 and bf16``) is a
+  ``dtype_unsupported``: a dtype the kernel has no implementation for, not two operands that disagree;
   mixed ``requires_grad`` in one FSDP unit: an ``exception`` with FSDP's remedy.
 
 Exercised by ``pytest tests/test_log_formats.py -k libraries``.
@@ -31,7 +32,9 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
 from verlaudit.dtypes import dtype_name
 
 _API = [
-    ("unexpected_kwarg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) got an unexpected keyword argument '(?P<arg>\w+)'")),
+    # the exception type and the quotes are often lost when a user retypes the error: the message is enough
+    ("unexpected_kwarg", re.compile(r"(?:TypeError: |^|\s)(?P<callee>[\w.<>]+)\(\) got an unexpected keyword argument "
+                                    r"'?(?P<arg>\w+)'?")),
     ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
@@ -42,6 +45,9 @@ _API = [
     ("pip_conflict", re.compile(r"(?P<callee>[A-Za-z][\w.-]*) [\w.+-]+ requires (?P<mod>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^,]*), "
                                 r"but you have (?P=mod) (?P<found>[\w.+-]+)")),
 ]  # fmt: skip
+# SGLang's data-parallel controller drops a request type it does not dispatch: "Invalid object:
+# UpdateWeightReqInput(model_path=...)" (its io_struct request classes all end in ReqInput)
+_DROPPED_REQ = re.compile(r"Invalid object: (?P<req>\w+ReqInput)\(")
 _FLATTEN = re.compile(
     r"Must flatten tensors with uniform dtype but got (?P<a>[\w.]+) and (?P<b>[\w.]+)"
     r"|FSDP expects uniform original parameter dtype but got \{(?P<set>[^}]*)\}"
@@ -67,6 +73,7 @@ _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
     "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
+    "Invalid object",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
     r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
@@ -78,19 +85,27 @@ _ENGINE_METHODS = re.compile(
 )
 _BUILTIN = frozenset({"NoneType", "str", "list", "dict", "int", "float", "tuple", "bool", "bytes", "set"})
 # the package that defines a class or function a message names (the callee of a version mismatch)
+# (first match wins: peft's LoraConfig and vLLM's config classes before transformers' catch-all *Config)
 _OWNER = [
     (re.compile(r"^(?:LLM|SamplingParams|EngineArgs|AsyncEngineArgs|LLMEngine|AsyncLLMEngine|AsyncLLM|"
-                r"GuidedDecodingParams|LoRARequest)\b"), "vllm"),
+                r"GuidedDecodingParams|LoRARequest|LoRAConfig|VllmConfig|CacheConfig|ParallelConfig|"
+                r"SchedulerConfig|LoadConfig|DeviceConfig)\b"), "vllm"),
+    (re.compile(r"^(?:LoraConfig|PeftModel\w*|get_peft_model)\b"), "peft"),
     (re.compile(r"^(?:GRPOConfig|GRPOTrainer|SFTTrainer|SFTConfig|DPOTrainer|DPOConfig|PPOTrainer|"
                 r"RewardTrainer|AutoModelForCausalLMWithValueHead)\b"), "trl"),
     (re.compile(r"^(?:TrainingArguments|Trainer|PreTrainedModel|PretrainedConfig|AutoModel\w*|AutoTokenizer|"
                 r"\w+ForCausalLM|\w+Config|GenerationConfig|\w+Tokenizer\w*)\b"), "transformers"),
-    (re.compile(r"^(?:LoraConfig|PeftModel\w*|get_peft_model)\b"), "peft"),
     (re.compile(r"^(?:Accelerator|AcceleratorState)\b"), "accelerate"),
     (re.compile(r"^(?:DeepSpeedEngine|DeepSpeedZeroOptimizer\w*)\b"), "deepspeed"),
     (re.compile(r"^(?:FullyShardedDataParallel|FSDP|fully_shard|MixedPrecision\w*|DTensor|DeviceMesh)\b"), "torch"),
     (re.compile(r"^(?:Dataset|DatasetDict|load_dataset)\b"), "datasets"),
 ]  # fmt: skip
+
+
+# attributes a library attaches to objects of another: vLLM sets ``weight_loader`` on every torch Parameter
+# of its model classes, so a Parameter without one is a checkpoint tensor the installed vLLM's model class
+# does not define (a model or layout newer than the vLLM release)
+_ATTR_OWNER = {"weight_loader": "vllm"}
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -103,6 +118,9 @@ def detect(line: LogLine) -> list[Hit]:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, m.groupdict()))
+    m = _DROPPED_REQ.search(text)
+    if m:
+        out.append(Hit("dropped_request", line, m.groupdict()))
     m = _FLATTEN.search(text)
     if m:
         found = [m["a"], m["b"]] if m["a"] else re.findall(r"[\w.]+", m["set"] or "")
@@ -147,6 +165,9 @@ def owner(name: str, libs: list[str]) -> str | None:
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    dropped = facts.first("dropped_request")
+    if dropped is not None:
+        return _dropped_request(facts, ctx, dropped)
     req = facts.first("required_version", "pip_conflict")
     if req is not None:
         return _required(facts, ctx, req)
@@ -155,6 +176,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         cls, attr = h.fields["cls"], h.fields["arg"]
         if _ENGINE_CLASS.search(cls) and (_ENGINE_METHODS.match(attr) or "weight" in attr):
             return _engine_feature(facts, ctx, h)
+        if _ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, [])):
+            break  # a library's object lacks what its caller expects: a version mismatch, read below
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
     if h is None:
@@ -165,6 +188,10 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h.rule == "module_attr":
         callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
         what = f"module {h.fields['mod']} has no {arg}"
+    elif h.rule == "object_attr":
+        cls = h.fields["cls"]
+        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
+        what = f"{cls} has no attribute '{arg}'"
     else:
         name = h.fields["callee"]
         callee = owner(name, libs) or next((p for p in libs[1:2]), None)
@@ -186,9 +213,15 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
             advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
                    f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
                    f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),
+            advice(f"if the installed {callee} predates the argument (the caller is the newer side): pip install "
+                   f"-U {callee}") if callee and h.rule in ("unexpected_kwarg", "object_attr") else None,
+            advice(f"or, in the calling code, stop passing {arg} (the installed {callee or 'library'} does not "
+                   "know it) where the default serves") if h.rule == "unexpected_kwarg" else None,
+            advice(f"or, in the calling code, read it as getattr(obj, '{arg}', None) where a missing value is "
+                   "acceptable (the installed release removed or renamed it)") if h.rule == "object_attr" else None,
         ),
         unknown=["which versions are installed: run `pip list | grep -i -E '" + "|".join(pair or ["torch"]) + "'`"],
-        where=f"{where} ({name}{'' if h.rule == 'module_attr' else f': {arg}'})",
+        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})",
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -259,6 +292,37 @@ def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     )  # fmt: skip
 
 
+def _dropped_request(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    """SGLang's data-parallel controller refusing a request type it does not dispatch to its workers."""
+    req = h.fields["req"]
+    call = re.sub(
+        r"(?<!^)(?=[A-Z])", "_", req.removesuffix("ReqInput")
+    ).lower()  # UpdateWeight -> update_weight
+    weight = "weight" in call
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "engine_feature",
+        f"SGLang dropped the {call} request ({req}): its data-parallel controller does not dispatch it",
+        f"SGLang's data-parallel controller forwards the request types it knows to its workers and logs "
+        f"'Invalid object' for the others: the {call} call never reached a worker. With dp_size above 1 the "
+        "installed SGLang does not support this call; "
+        + ("the trainer's weights never reach the engine, so every later rollout samples the old policy." if weight
+           else "the call had no effect."),
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx, advice("upgrade sglang to a release whose data-parallel controller dispatches "
+                                f"{req} (the {call} API under data parallelism), or serve with --dp-size 1 "
+                                "(tensor parallelism instead)")),
+        unknown=["the server's dp_size and SGLang version: `pip show sglang` and the server's launch flags"],
+        where=f"sglang data-parallel controller ({call}, dp_size > 1)",
+        phase="weight_sync" if weight else pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=45.0,
+        data={"request": req, "engine": "sglang"},
+    )  # fmt: skip
+
+
 _LIMIT_WHAT = {
     "max_model_len": "a prompt (with its response budget) longer than the engine's max_model_len",
     "prompt_limit": "a prompt over the scheduler's limit (min of max_model_len and max_num_batched_tokens): "
@@ -279,6 +343,9 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     key = (
         "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
     )
+    shown = key
+    if setting == "prompt_limit":  # vLLM's limit is min(max_model_len, max_num_batched_tokens): which one?
+        key, shown = _binding_limit(facts, f.get("m"))
     failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(
         "Error"
     )
@@ -287,7 +354,7 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     return Cause(
         "error" if failed else "warning",
         "engine_limit",
-        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {key}"
+        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {shown}"
         + (f" ({m})" if m else "") + ("" if failed else ": the request is dropped"),
         f"The inference engine refused {_LIMIT_WHAT[setting]}. The engine's limits come from its configuration "
         "(max_model_len, max_num_batched_tokens, the model's context length), not from memory.",
@@ -297,18 +364,32 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
             Fix(None, V.ROLLOUT_MAX_NUM_BATCHED_TOKENS if verl else None,
                 "raise max_num_batched_tokens to at least max_model_len (chunked prefill lifts the limit too)",
                 key=None if verl else "max_num_batched_tokens (--max-num-batched-tokens)",
-                framework=None if verl else "vllm") if key == "max_num_batched_tokens" else None,
+                framework=None if verl else "vllm") if "max_num_batched_tokens" in shown else None,
             ("max_model_len", "raise the engine's max_model_len to prompt + response length"),
             Fix(None, "data.filter_overlong_prompts=True" if verl else None,
                 "or drop prompts over the limit before they reach the engine (data.max_prompt_length)"),
         ),
-        where=key,
+        where=shown + (f" (at {at})" if (at := pl.tb.culprit() if pl.tb else None) else ""),
         phase="generate",
         rank=pl.rank,
         line=h.no,
         score=42.0,
         data={"setting": key, "length": n, "limit": m},
     )  # fmt: skip
+
+
+def _binding_limit(facts: LogFacts, limit: str | None) -> tuple[str, str]:
+    """(the key, the name shown) of the setting behind vLLM's ``exceeds limit of M``: the prompt limit is
+    min(max_model_len, max_num_batched_tokens), so the one the log prints as M (or the one left when the
+    log prints the other above M); both when the log shows neither (the message alone cannot tell)."""
+    keys = ("max_model_len", "max_num_batched_tokens")
+    printed = {key: next((v for k, v in facts.settings.items() if k.endswith(key)), None) for key in keys}
+    for key, other in (keys, keys[::-1]):
+        if limit and printed[key] == limit:
+            return key, key
+        if limit and (printed[other] or "").isdigit() and int(printed[other]) > int(limit):
+            return key, key  # the other one is printed and larger: this one binds
+    return "max_num_batched_tokens", "max_model_len or max_num_batched_tokens"
 
 
 def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -329,7 +410,7 @@ def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )  # fmt: skip
     if h.fields.get("flash"):
         return Cause(
-            "error", "dtype_error", "Dtype error: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
+            "error", "dtype_unsupported", "Unsupported dtype: FlashAttention got fp32 inputs (it runs fp16 and bf16 only)",
             "flash-attn has kernels for fp16 and bf16 only: the model (or the attention's inputs) is in fp32, "
             "typically a model loaded without a torch_dtype, or run outside autocast.",
             evidence=[quote(h.line)] + pl.evidence(),
@@ -357,7 +438,8 @@ def _flatten(facts: LogFacts, ctx: LogContext) -> Cause | None:
                    "it in its own FSDP unit"),
         ],
         unknown=["which module holds the odd dtype: print {p.dtype for p in module.parameters()} per unit"],
-        where="FSDP flat parameter (mixed parameter dtypes)",
+        where="FSDP flat parameter (mixed parameter dtypes)"
+        + (f", raised in {pl.tb.frames[-1].func}" if pl.tb and pl.tb.frames else ""),
         phase=pl.phase or "init",
         rank=pl.rank,
         line=h.no,

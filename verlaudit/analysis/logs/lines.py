@@ -1,5 +1,6 @@
 """One log line as the rules see it: its text with the launchers' prefixes taken off (Ray's
-``(WorkerDict pid=..., ip=...)``, torch's ``[rank3]:``, docker compose's ``vllm-1  | ``, timestamps,
+``(WorkerDict pid=..., ip=...)``, torch's ``[rank3]:``, docker compose's ``vllm-1  | ``, vLLM's logger
+``ERROR 03-10 17:16:32 [core.py:1229]``, timestamps,
 ANSI colour codes, a reporter's ``> `` quoting) and what those prefixes said (the rank, the process,
 the log level); traceback frames and the call each frame makes; which lines are failure signals.
 Pure functions of one line, so the streaming reader can call them line by line. Exercised by
@@ -36,6 +37,9 @@ _PREFIX = re.compile(
       (?P<iso>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?\s+)                 # 2024-06-28T06:11:52.68Z
     | (?P<stamp>\[\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?Z?\]\s*)        # [2024-08-21 03:38:02]
     | (?P<compose>[\w.]+-\d+\s+\|\s?)                                                # vllm-1  |
+    # vLLM's logger: ERROR 03-10 17:16:32 [core.py:1229] (older: ... scheduler.py:947]; the level is kept; one space taken, so a
+    # traceback's indentation after it stays the traceback's)
+    | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[?[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
@@ -60,7 +64,7 @@ def hints(*words: str) -> Callable[[str], re.Match | None]:
 def parse_line(no: int, raw: str) -> LogLine:
     """``raw`` as a LogLine: launcher prefixes (any order, repeated) stripped and remembered."""
     text = _ANSI.sub("", raw[:MAX_TEXT].rstrip("\r\n"))
-    rank = source = None
+    rank = source = vlevel = None
     pos = 0
     while True:
         m = _PREFIX.match(text, pos)
@@ -70,6 +74,8 @@ def parse_line(no: int, raw: str) -> LogLine:
             source = m["source"]
         if m["rank"] or m["local"]:
             rank = int(m["rank"] or m["local"])
+        if m["vlevel"]:
+            vlevel = m["vlevel"]
         pos = m.end()
     text = text[pos:]
     if rank is None:  # a rank prefix glued to a progress bar: `... 10.54s/it][rank2]:[E225 ...`
@@ -77,7 +83,7 @@ def parse_line(no: int, raw: str) -> LogLine:
         if m:
             rank, text = int(m[1]), text[m.end() :]
     lv = _LEVEL.match(text.lstrip())
-    level = (lv["glog"] or lv["name"]) if lv else None
+    level = (lv["glog"] or lv["name"]) if lv else vlevel
     return LogLine(no, text, rank, source, level)
 
 
@@ -99,7 +105,7 @@ class Frame:
 
     def call(self) -> str | None:
         """The first call the frame's source line makes (``self.base_model.generate``), if it shows one."""
-        if not self.code:
+        if not self.code or self.code.lstrip().startswith("raise "):  # `raise ValueError(...)` calls nothing
             return None
         code = self.code
         eq, paren = code.find("="), code.find("(")
@@ -160,7 +166,7 @@ _EXIT = re.compile(
     re.I,
 )
 _KILL = re.compile(
-    r"^Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
+    r"^Killed\s*$|\d+/\d+ \[[^\]]*\]\s*Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
     r"terminate called after throwing"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
@@ -195,3 +201,29 @@ def failure_signal(line: LogLine) -> str | None:
     if line.level in ("E", "F", "ERROR", "CRITICAL", "FATAL") or text.startswith("Error executing job"):
         return "error"
     return None
+
+
+# ---- what a message advises
+_ADVICE = re.compile(
+    r"^(?:you (?:can|may|should|might)|consider|try|please|set|increase|decrease|reduce|lower|raise|use|pass|"
+    r"install|upgrade|downgrade|make sure|ensure|to (?:proceed|fix|avoid|resolve)\b)",
+    re.I,
+)
+_ADVISED = re.compile(
+    r"(?<![\w-])--[a-z][\w-]*|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+=\S+|\b[a-z][a-z0-9]*_[a-z0-9_]+=\S+"
+)
+
+
+def message_advice(message: str) -> tuple[list[str], list[str]]:
+    """(the sentences of an error message that advise a remedy, the flags / variables / keys they name):
+    many messages say their own fix ("To proceed regardless, set RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.
+    Consider ... --shm-size in Docker.")."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", message) if s.strip()]
+    advice = [s for s in sentences if _ADVICE.match(s) or re.search(r"\byou can set\b|\bconsider\b", s, re.I)]
+    names: list[str] = []
+    for s in advice:
+        for n in _ADVISED.findall(s):
+            n = n.rstrip(".,;)")
+            if n not in names:
+                names.append(n)
+    return advice[:3], names

@@ -207,7 +207,7 @@ def _unscale(facts: LogFacts, ctx: LogContext) -> Cause | None:
         return None
     pl = place(facts, h.line)
     via = pl.tb.culprit() if pl.tb else None
-    call = via.split(": ", 1)[-1] if via else None
+    call = via.split(": ", 1)[1] if via and ": " in via else None  # a frame that calls on: the caller
     title = "GradScaler.unscale_ refused FP16 gradients" + (f" (called from {call})" if call else "")
     what = (
         "fp16 mixed precision keeps fp32 master weights and unscales their gradients; here the trainable "

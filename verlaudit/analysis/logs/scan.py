@@ -9,6 +9,7 @@ Exercised by ``pytest tests/test_log_rules.py``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from verlaudit.analysis.logs.lines import (
     LogLine,
     failure_signal,
     is_code_line,
+    package_of,
     parse_frame,
     parse_line,
 )
@@ -335,6 +337,21 @@ class Place:
         if self.phase:
             out.append(f"phase: {self.phase} ({self.phase_why})")
         return out
+
+
+def site(tb: Traceback | None) -> str | None:
+    """The source line of a traceback's culprit frame (the user's innermost, else the innermost) and its
+    file: ``torch.matmul(attention_probs, value_layer), in transformers/models/bert/modeling_bert.py``:
+    the call and the tensors a message's dtypes or settings belong to (an assignment's target dropped)."""
+    frames = (tb.user_frames() or tb.frames) if tb else []
+    f = frames[-1] if frames else None
+    if f is None or not f.code or "(" not in f.code:
+        return None
+    call = f.code.strip()
+    call = call.split("=", 1)[1].strip() if re.match(r"^[\w.,\s:\[\]]+=[^=]", call) else call
+    pkg = package_of(f.path)
+    path = f.path.rsplit(f"/{pkg}/", 1)[1] if pkg and f"/{pkg}/" in f.path else f.path.rsplit("/", 1)[-1]
+    return f"{call[:120]}, in {f'{pkg}/' if pkg else ''}{path}"
 
 
 def place(facts: LogFacts, line: LogLine) -> Place:

@@ -7,6 +7,10 @@
   trigger, a reward at 0 together with one of the other two). A spike
   the run recovers from is no finding, nor is a loss that was 0 from the start (TRL's GRPO loss is
   0 on its first steps by construction).
+- ``collapse`` too, with no trigger: a gradient norm of exactly 0 at every logged step while the
+  reward varies within the batch (a logged reward std above 0, or none logged) and the learning rate is
+  not 0: no gradient reaches the weights, so the policy never moves (`no_update`); an error from three
+  logged steps, a warning below.
 - ``mismatch``: a rollout-vs-trainer mismatch or importance-sampling metric of any framework
   (`vocab.MISMATCH`) outside its published bound at two logged steps or more (at the only one, for a
   log of one step): a warning, with the fix spelled for the log's framework.
@@ -150,6 +154,58 @@ def collapse(t: MetricTable, ctx: LogContext) -> Cause | None:
     )  # fmt: skip
 
 
+def no_update(t: MetricTable, ctx: LogContext) -> Cause | None:
+    """A gradient norm of exactly 0 at every logged step, with a reward that had spread to learn from
+    and a non-zero learning rate (module docstring)."""
+    grad = _series(t, "grad_norm")
+    if not grad or not all(v == 0.0 for _, _, v in grad):
+        return None
+    spread, lr = _series(t, "reward_std"), _series(t, "lr")
+    if spread and not any(math.isfinite(v) and v > ZERO for _, _, v in spread):
+        return None  # every group scored alike: no advantage, a zero gradient is the right answer
+    if lr and not any(math.isfinite(v) and v > 0 for _, _, v in lr):
+        return None  # a warm-up at lr 0 (or a frozen run)
+    key = t.keys.get("grad_norm", "grad_norm")
+    ev = [
+        f"line {grad[0][1]}: step {grad[0][0]}: {key} = 0.0"
+        + (f" (and at all {len(grad)} logged steps)" if len(grad) > 1 else "")
+    ]
+    if spread:
+        best = max(spread, key=lambda p: p[2])
+        ev.append(
+            f"line {best[1]}: step {best[0]}: {t.keys.get('reward_std')} = {best[2]:.4g}: the rewards differed, so the advantages were not all 0"
+        )
+    if lr:
+        ev.append(f"line {lr[0][1]}: step {lr[0][0]}: {t.keys.get('lr')} = {lr[0][2]:.3g}")
+    return Cause(
+        "error" if len(grad) >= 3 else "warning",
+        "collapse",
+        f"No update reaches the model: {key} is exactly 0 at " + (f"all {len(grad)} logged steps" if len(grad) > 1 else f"step {grad[0][0]}"),
+        "A gradient norm of exactly 0 while the rewards differ and the learning rate is not 0 means no "
+        "gradient reached the trainable weights: the optimizer steps with nothing and the policy never "
+        "moves (the KL to the reference stays 0). A true zero is rare in floating point; the usual sources "
+        "are the distributed wrapper (a DeepSpeed / FSDP release or setting that drops or fails to reduce "
+        "the gradients, or reports the norm of an empty shard), gradients detached by the loss code, or "
+        "no parameter left trainable.",
+        evidence=ev,
+        step=grad[0][0],
+        where=key,
+        phase="update",
+        line=grad[0][1],
+        score=31.0,
+        fixes=fixes(
+            ctx,
+            advice("if the run uses DeepSpeed (ZeRO-2/3): upgrade deepspeed (releases have reported or produced "
+                   "zero gradients with ZeRO and overlap_comm), or try overlap_comm: false / another ZeRO stage"),
+            advice("check that some parameters are trainable (requires_grad, the LoRA / freeze settings) and that "
+                   "the loss is not computed from detached tensors"),
+        ),
+        unknown=["whether the gradients are 0 or only reported as 0: print a parameter's .grad norm after "
+                 "backward on one rank"],
+        data={"signals": ["grad_norm_zero"], "trigger_step": None},
+    )  # fmt: skip
+
+
 def vocab_names(kinds: list[str]) -> str:
     words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
     items = [words[k] for k in kinds]
@@ -235,7 +291,7 @@ def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
 def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
     """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
     the usual precursor)."""
-    fell, off = collapse(t, ctx), mismatch(t, ctx)
+    fell, off = collapse(t, ctx) or no_update(t, ctx), mismatch(t, ctx)
     if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
         fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
     return [c for c in (fell, off) if c]

@@ -22,6 +22,10 @@ _TRAINING = [
         r"^(?:(?:train|training|critic|rollout|loss)[/_])?(?:(?:avg_|mean_|raw_|avg_final_)?rewards?"
         r"(?:/mean|_mean)?|score/mean|rewards/mean|reward/mean)$")),
     ("entropy", re.compile(r"^(?:(?:train|training|actor|policy)[/_])?(?:entropy|entropy_loss|entropy/mean)$")),
+    # the spread of the reward within a batch / group, and the learning rate: what tells a gradient norm
+    # of 0 that had nothing to learn from (no spread, no step size) from one that lost its gradient
+    ("reward_std", re.compile(r"^(?:(?:train|training|critic|rollout)[/_])?(?:rewards?_std|rewards?/std|score/std)$")),
+    ("lr", re.compile(r"^(?:(?:train|training|actor|policy|optim)[/_])?(?:actor_)?(?:learning_rate|lr)$")),
 ]  # fmt: skip
 _FINDING = re.compile(r"loss|grad_?norm|reward|score|log_?probs?|logp", re.I)
 _METRICISH = re.compile(r"loss|grad_?norm|reward|entropy|log_?probs?|logp|\bkl\b|_kl|kl_|prob_error|"
