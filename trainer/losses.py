@@ -302,6 +302,8 @@ class Bypass:
     loss_type: str = "ppo_clip"
     truncated_metrics: bool = True
     """The ``rollout_corr/rollout_is_*`` metrics of the truncated weights (`trainer.mismatch.is_weights`)."""
+    raw_seq_fractions: bool = True
+    """The per-sequence fractions of the raw weights (`trainer.mismatch.is_weights`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -594,11 +596,17 @@ def bypass_policy_loss(
         raise ValueError("loss_mode bypass_mode: needs rollout_correction.bypass_mode: true")
     lp, old, adv = _up(logprobs), _up(old_logprobs), _up(advantages)
     norm = norm or AggNorm.of(mask)  # the denominators are of the mask before rejection
+    b = p.bypass
     with torch.no_grad():
         c = rollout_correction(
-            old, lp, mask, p.bypass.correction, truncated_metrics=p.bypass.truncated_metrics
+            old,
+            lp,
+            mask,
+            b.correction,
+            truncated_metrics=b.truncated_metrics,
+            raw_seq_fractions=b.raw_seq_fractions,
         )
-    if p.bypass.loss_type == "ppo_clip":
+    if b.loss_type == "ppo_clip":
         return dataclasses.replace(ppo_policy_loss(lp, old, adv, c.mask, p, norm), metrics=c.metrics)
     w = 1.0 if c.weights is None else c.weights
     loss = agg_loss(-adv * lp * w, c.mask, p.loss_agg_mode, norm)

@@ -182,7 +182,9 @@ def update_actor(
     params = policy_loss_params(algo)
     rc = setup.config.rollout_correction
     if rc.bypass_mode:
-        bypass = L.Bypass(rc, rc.loss_type, algo.follows("is_metrics_truncated"))
+        bypass = L.Bypass(
+            rc, rc.loss_type, algo.follows("is_metrics_truncated"), algo.follows("is_seq_fractions_raw")
+        )
         params = dataclasses.replace(params, bypass=bypass)
     extra = Averages()  # metrics a loss reports under their own names (bypass_mode's rollout_corr/*)
     model, opt, scaler = setup.models["actor"], setup.optimizers["actor"], setup.scalers["actor"]
