@@ -51,6 +51,8 @@ RUNS: dict[str, tuple[str, dict]] = {
     # verl's example bounds (examples/dppo_trainer: 0.15 for TV, 0.05 for KL, clip_ratio_c 10000)
     "dppo_tv": ("grpo", {"loss_mode": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10000.0}),
     "dppo_kl": ("grpo", {"loss_mode": "dppo_kl", "clip_ratio": 0.05, "clip_ratio_c": 10000.0}),
+    # the tiny model's token probabilities are ~1/vocab: at verl's bounds no token ever leaves the trust region
+    "dppo_kl_tight": ("grpo", {"loss_mode": "dppo_kl", "clip_ratio": 0.0005, "clip_ratio_c": 10000.0}),
     "dro": ("grpo", {"loss_mode": "dro", "dro_beta": 0.1}),
     "bypass_ppo_clip": ("grpo", {"loss_mode": "bypass_mode", "rollout_correction": {"bypass_mode": True}}),
     "bypass_reinforce": (
