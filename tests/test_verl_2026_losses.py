@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trainer import losses as L
@@ -108,6 +108,9 @@ def _dppo_reference(kind, lp, old, adv, low, high, c):
 def test_dppo_matches_a_plain_loop(kind, tokens, low, high):
     p, p_old, adv = zip(*tokens)
     lp, old = [LN(x) for x in p], [LN(x) for x in p_old]
+    # a divergence within rounding of a bound may be kept or dropped (torch's exp and log are not libm's)
+    divergences = [x - y for x, y in zip(p, p_old)] + [_binary_kl(y, x) for x, y in zip(p, p_old)]
+    assume(all(abs(abs(d) - b) > 1e-9 for d in divergences for b in (low, high)))
     params = L.PolicyLossParams(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=3.0)
     got = L.policy_loss(kind, t([lp]), t([old]), t([list(adv)]), torch.ones(1, len(lp)), params).loss.item()
     assert got == pytest.approx(_dppo_reference(kind, lp, old, adv, low, high, 3.0), rel=1e-9, abs=1e-12)
@@ -285,6 +288,8 @@ def test_icepop_weights_match_a_plain_loop(log_ratios, lower, upper, sequence):
         t([log_ratios]), torch.ones(1, len(log_ratios)), level, upper, lower=lower, truncated_metrics=True
     )
     raws = [math.exp(sum(log_ratios))] * len(log_ratios) if sequence else [math.exp(x) for x in log_ratios]
+    # a weight within fp32's rounding of a bound may fall on either side of it (the weights are fp32, as verl's)
+    assume(all(abs(r - bound) > 1e-5 * bound for r in raws for bound in (lower, upper)))
     want = [r if lower <= r <= upper else 0.0 for r in raws]
     assert w[0].tolist() == pytest.approx(want, rel=1e-6)  # the weights are fp32, as verl's
 
