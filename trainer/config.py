@@ -324,8 +324,8 @@ class RolloutCorrectionConfig(_Section):
     rollout_is_threshold: str | float = 2.0
     """C, the truncation of the importance weights (verl's default 2.0; TIS), or a string ``lower_upper``
     (``"0.5_5.0"``; IcePop, verl 0.8 on): weights outside [lower, upper] become 0, the others stay as they
-    are (a string first: YAML's float() would read ``0.5_2`` as 0.52). Also the bound of the always-on ``rollout_corr/token_ratio_fraction_outside`` metric ([1/C, C],
-    C the upper bound)."""
+    are (read as a string first: Python's float() takes ``0.5_2`` for 0.52). Also the bound of the
+    always-on ``rollout_corr/token_ratio_fraction_outside`` metric ([1/C, C], C the upper bound)."""
     rollout_is_batch_normalize: bool = False
     """Divide the truncated weights by their batch mean (per token or per sequence), so they average 1."""
     rollout_rs: str | None = None
