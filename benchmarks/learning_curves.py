@@ -48,8 +48,24 @@ RUNS: dict[str, tuple[str, dict]] = {
     "rloo_vectorized": ("grpo", {"adv_estimator": "rloo_vectorized"}),
     "token_sum": ("grpo", {"loss_agg_mode": "token-sum"}),
     "kl_loss_k3plus": ("grpo", {"use_kl_loss": True, "kl_loss_type": "k3+"}),
+    # verl's example bounds (examples/dppo_trainer: 0.15 for TV, 0.05 for KL, clip_ratio_c 10000)
+    "dppo_tv": ("grpo", {"loss_mode": "dppo_tv", "clip_ratio": 0.15, "clip_ratio_c": 10000.0}),
+    "dppo_kl": ("grpo", {"loss_mode": "dppo_kl", "clip_ratio": 0.05, "clip_ratio_c": 10000.0}),
+    # the tiny model's token probabilities are ~1/vocab: at verl's bounds no token ever leaves the trust region
+    "dppo_kl_tight": ("grpo", {"loss_mode": "dppo_kl", "clip_ratio": 0.0005, "clip_ratio_c": 10000.0}),
+    "dro": ("grpo", {"loss_mode": "dro", "dro_beta": 0.1}),
+    "bypass_ppo_clip": ("grpo", {"loss_mode": "bypass_mode", "rollout_correction": {"bypass_mode": True}}),
+    "bypass_reinforce": (
+        "grpo",
+        {
+            "loss_mode": "bypass_mode",
+            "rollout_correction": {"bypass_mode": True, "loss_type": "reinforce", "rollout_is": "token"},
+        },
+    ),
+    "icepop": ("grpo", {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"}}),
 }
-"""Run name -> (recipe, ``algo`` options on top of its tiny learning settings)."""
+"""Run name -> (recipe, ``algo`` options on top of its tiny learning settings; ``rollout_correction``: that
+section's options)."""
 NEW_ESTIMATORS = ",".join(n for n in RUNS if n not in ("ppo", "grpo", "dpo"))
 STEPS = {"ppo": 40, "grpo": 40, "dpo": 30}
 PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
@@ -57,9 +73,12 @@ PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
 
 def curve(run: str, preset: str) -> dict:
     algo, extra = RUNS[run]
+    extra = dict(extra)
+    correction = extra.pop("rollout_correction", {})
     cfg = TrainConfig.from_dict(
         {
             "algo": {"name": algo, **SETTINGS[algo], **extra},
+            "rollout_correction": correction,
             "precision": {"preset": preset},
             "steps": STEPS[algo],
             "device": "cpu",

@@ -197,7 +197,7 @@ def test_algorithm_defaults_are_verls_and_trls():
 
 def test_every_choice_list_is_accepted():
     for mode in POLICY_LOSSES:
-        AlgoConfig(name="grpo", loss_mode=mode)
+        AlgoConfig(name="grpo", loss_mode=mode, dro_beta=0.1 if mode == "dro" else None)
     for est in ADV_ESTIMATORS:
         AlgoConfig(name="ppo" if est == "gae" else "grpo", adv_estimator=est)
     for kind in DPO_LOSSES:

@@ -361,7 +361,7 @@ def test_keys_nothing_reads_are_reported_and_the_suite_validates(job):
         "algorithm.kl_ctrl.target_kl": "needs use_kl_in_reward: true and kl_ctrl_type: adaptive",
         "actor_rollout_ref.actor.kl_loss_coef": "needs use_kl_loss: true",
         "actor_rollout_ref.actor.clip_ratio": "not used by loss_mode gpg",
-        "actor_rollout_ref.actor.clip_ratio_c": "dual-clip is loss_mode vanilla's only",
+        "actor_rollout_ref.actor.clip_ratio_c": "read by loss_mode vanilla, dppo_tv, dppo_kl or bypass_mode only",
         "actor_rollout_ref.actor.loss_scale_factor": "needs loss_agg_mode: seq-mean-token-sum-norm",
         "critic.cliprange_value": "only the PPO critic's loss reads it",
         "critic.optim.lr": "a critic-free job has no critic",

@@ -511,14 +511,20 @@ def test_from_verl_maps_the_correction(tmp_path):
         "rollout_is_threshold": 3.0,
         "rollout_rs": "token_k1,seq_mean_k3",
         "rollout_rs_threshold": "0.5_2.0,0.01",
+        "bypass_mode": True,
     }
     assert records["algorithm.rollout_correction.rollout_is"].kind == "unmapped"
     assert "token, sequence or null" in records["algorithm.rollout_correction.rollout_is"].reason
-    assert records["algorithm.rollout_correction.bypass_mode"].kind == "unmapped"
+    # bypass mode maps, and brings verl's loss_mode replacement with it (tests/test_verl_2026_losses.py)
+    assert records["algorithm.rollout_correction.bypass_mode"].kind == "mapped"
+    assert m.train["algo"]["loss_mode"] == "bypass_mode"
     logprobs = records["actor_rollout_ref.rollout.logprobs_mode"]  # ours are always processed
     assert logprobs.kind == "unmapped" and "distribution sampled from" in logprobs.reason
     cfg = TrainConfig.from_dict(
-        {"algo": {"name": "grpo"}, "rollout_correction": m.train["rollout_correction"]}
+        {
+            "algo": {"name": "grpo", "loss_mode": "bypass_mode"},
+            "rollout_correction": m.train["rollout_correction"],
+        }
     )
     assert cfg.rollout_correction.rs_thresholds() == {"token_k1": (0.5, 2.0), "seq_mean_k3": (None, 0.01)}
 

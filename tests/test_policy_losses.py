@@ -118,11 +118,17 @@ def test_kl_cov_penalises_the_high_covariance_token():
 
 
 def test_policy_loss_dispatch():
-    # logp = old = -1, A = 1: the ratio losses give -A r = -1; gpg and cispo give -A logp = 1; sapo's gate
-    # at r = 1 is 2 / tau_pos = 2
+    # logp = old = -1, A = 1: the ratio losses give -A r = -1; gpg, cispo, the DPPO pair and dro give
+    # -A logp = 1; sapo's gate at r = 1 is 2 / tau_pos = 2; bypass_mode (ppo_clip, no correction) is vanilla's
+    from trainer.config import RolloutCorrectionConfig
+
     args = (t([[-1.0]]), t([[-1.0]]), t([[1.0]]), torch.ones(1, 1))
+    bypass = L.Bypass(RolloutCorrectionConfig(bypass_mode=True))
+    p = L.PolicyLossParams(dro_beta=0.5, bypass=bypass)
     for mode in L.POLICY_LOSSES:
-        want = {"gpg": 1.0, "cispo": 1.0, "sapo": -2.0}.get(mode, -1.0)
-        assert L.policy_loss(mode, *args).loss.item() == pytest.approx(want), mode
-    with pytest.raises(ValueError, match="loss_mode 'dppo_tv'"):
-        L.policy_loss("dppo_tv", *args)
+        want = {"gpg": 1.0, "cispo": 1.0, "sapo": -2.0, "dppo_tv": 1.0, "dppo_kl": 1.0, "dro": 1.0}.get(
+            mode, -1.0
+        )
+        assert L.policy_loss(mode, *args, p).loss.item() == pytest.approx(want), mode
+    with pytest.raises(ValueError, match="loss_mode 'dppo_js'"):
+        L.policy_loss("dppo_js", *args)

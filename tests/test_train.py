@@ -376,7 +376,7 @@ def test_each_critic_free_estimator_runs(estimator):
         assert rec.calls.count("rollout") == 1
 
 
-@pytest.mark.parametrize("mode", ["gspo", "gpg", "cispo", "clip_cov", "kl_cov"])
+@pytest.mark.parametrize("mode", ["gspo", "gpg", "cispo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"])
 def test_each_policy_loss_mode_runs(mode):
     m = train(config("grpo", steps=1, batch_size=2, loss_mode=mode, loss_agg_mode="seq-mean-token-sum")).final
     assert all(math.isfinite(v) for v in m.values()), m

@@ -27,8 +27,13 @@ def test_the_version_key_defaults_to_the_latest_release_and_refuses_unknown_line
     assert AlgoConfig().verl_version == VV.LATEST_RELEASE == "0.9"
     assert AlgoConfig(verl_version="0.10").follows("reinforce_carries_holes")
     assert not AlgoConfig().follows("reinforce_carries_holes")
-    assert not AlgoConfig(verl_version="0.8").follows("sum_norm_per_sequence")
-    assert AlgoConfig(verl_version="0.9.1").follows("sum_norm_per_sequence")
+    # b8d91ef8d (2026-02-26) shipped first in v0.7.1, a branch off main; v0.7.0 has the older form
+    assert not AlgoConfig(verl_version="0.7").follows("sum_norm_per_sequence")
+    assert AlgoConfig(verl_version="0.7.1").follows("sum_norm_per_sequence")
+    assert AlgoConfig(verl_version="0.8").follows("sum_norm_per_sequence")
+    assert AlgoConfig(verl_version="0.8").follows("is_metrics_truncated")
+    assert not AlgoConfig(verl_version="0.8").follows("is_seq_fractions_raw")
+    assert AlgoConfig(verl_version="0.9.1").follows("is_seq_fractions_raw")
     with pytest.raises(ValueError, match=r"^algo.verl_version: '1.5': no verl line we know"):
         TrainConfig.from_dict({"algo": {"verl_version": "1.5"}})
     with pytest.raises(ValueError, match="algo.verl_version: 'main' is not a verl version"):
@@ -121,9 +126,9 @@ def test_the_recipe_passes_the_version_to_the_estimator():
 # ---------------------------------------------------------------- seq-mean-token-sum-norm's divisor
 
 
-def test_sum_norm_divides_by_the_sequences_from_verl_0_9():
+def test_sum_norm_divides_by_the_sequences_from_verl_0_7_1():
     # two sequences, token losses [1, 2, 3] and [4, 0, 0] (one valid token), horizon 3:
-    # verl 0.9 on: (6 + 4) / 2 / 3 = 5/3; before: (6 + 4) / 3 = 10/3, larger by the sequence count
+    # verl 0.7.1 on: (6 + 4) / 2 / 3 = 5/3; before: (6 + 4) / 3 = 10/3, larger by the sequence count
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
     new = L.agg_loss(loss, mask, "seq-mean-token-sum-norm", L.AggNorm.of(mask))
@@ -139,7 +144,7 @@ def test_sum_norm_divides_by_the_sequences_from_verl_0_9():
 # ---------------------------------------------------------------- the IS metrics
 
 
-def test_is_metrics_are_of_the_truncated_weights_from_verl_0_9():
+def test_is_metrics_are_of_the_truncated_weights_from_verl_0_8():
     # token ratios 4, 1, 0.25 (log-ratios ln 4, 0, -ln 4), threshold 2: truncated 2, 1, 0.25
     log_ratio = torch.tensor([[math.log(4.0), 0.0, -math.log(4.0)]])
     mask = torch.ones(1, 3)

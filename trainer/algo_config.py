@@ -146,8 +146,9 @@ class PolicyLossConfig(_Section):
 
     loss_mode: str = "vanilla"
     """verl ``actor.policy_loss.loss_mode``: ``vanilla`` (PPO clip + dual-clip), ``gspo`` (sequence-level
-    ratio), ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``, ``sapo`` (smooth gate), ``geo_mean`` (GMPO)
-    (`trainer.losses.POLICY_LOSS`)."""
+    ratio), ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``, ``sapo`` (smooth gate), ``geo_mean`` (GMPO),
+    ``dppo_tv`` / ``dppo_kl`` (DPPO: the clip ratios bound the token probability's move), ``dro`` (needs
+    ``dro_beta``), ``bypass_mode`` (with ``rollout_correction.bypass_mode``) (`trainer.losses.POLICY_LOSS`)."""
     loss_agg_mode: str = "token-mean"
     """verl ``actor.loss_agg_mode`` (the critic uses it too): ``token-mean``, ``token-sum``,
     ``seq-mean-token-sum``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``. Denominators are the whole mini-batch's (verl's
@@ -163,7 +164,8 @@ class PolicyLossConfig(_Section):
     """verl ``actor.clip_ratio_high``: the upper clip is 1 + this (DAPO's clip-higher: 0.28); unset:
     ``clip_ratio``."""
     clip_ratio_c: float = 3.0
-    """verl ``actor.clip_ratio_c``: dual-clip bound (> 1) for negative advantages, ``vanilla`` only."""
+    """verl ``actor.clip_ratio_c``: dual-clip bound (> 1) for negative advantages (``vanilla``), the truncation
+    of the ratio weight in ``dppo_tv`` / ``dppo_kl``."""
     clip_cov_ratio: float = 0.0002
     """verl ``actor.policy_loss.clip_cov_ratio``: fraction of tokens ``clip_cov`` drops."""
     clip_cov_lb: float = 1.0
@@ -178,6 +180,9 @@ class PolicyLossConfig(_Section):
     """verl ``actor.tau_pos``: ``sapo``'s gate temperature for tokens with a positive advantage."""
     tau_neg: float = 1.05
     """verl ``actor.tau_neg``: ``sapo``'s gate temperature for the others."""
+    dro_beta: float | None = None
+    """verl ``actor.policy_loss.dro_beta``: ``dro``'s coefficient of the quadratic log-ratio penalty; required
+    (> 0) with ``loss_mode: dro``, as verl (no default)."""
     entropy_coef: float = 0.0
     """verl ``actor.entropy_coeff``: the loss subtracts this times the aggregated token entropy."""
 
@@ -198,6 +203,11 @@ class PolicyLossConfig(_Section):
         )
         _check(self.clip_ratio_c > 1, "clip_ratio_c", f"must be > 1 (as in verl), got {self.clip_ratio_c}")
         _check(self.clip_cov_lb < self.clip_cov_ub, "clip_cov_lb", "must be below clip_cov_ub")
+        _check(
+            self.loss_mode != "dro" or (self.dro_beta is not None and self.dro_beta > 0),
+            "dro_beta",
+            f"must be set > 0 with loss_mode: dro (verl has no default), got {self.dro_beta}",
+        )
         _check(
             self.loss_scale_factor is None or self.loss_scale_factor > 0,
             "loss_scale_factor",
@@ -385,6 +395,7 @@ _LOSS_KNOBS = {
     "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
     "kl_cov": ("kl_cov_ratio", "ppo_kl_coef"),
     "sapo": ("tau_pos", "tau_neg"),
+    "dro": ("dro_beta",),
 }
 """Groups of policy-loss keys; each loss registers the groups it reads (``reads=`` in `trainer.losses`)."""
 
@@ -394,12 +405,13 @@ def _loss_knobs(rl: bool, mode: str) -> dict[str, tuple[bool, str]]:
     reads = POLICY_LOSS.entry(mode).info.get("reads", ()) if rl else ()
     out = {}
     for group, keys in _LOSS_KNOBS.items():
-        users = " or ".join(
+        names = [
             n for n in POLICY_LOSS.names(aliases=False) if group in POLICY_LOSS.entry(n).info.get("reads", ())
-        )
+        ]
+        users = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
         why = {
             "clip": f"not used by loss_mode {mode}",
-            "dual_clip": f"dual-clip is loss_mode {users}'s only",
+            "dual_clip": f"read by loss_mode {users} only",
         }.get(group, f"needs loss_mode: {users}")
         out.update({key: (group in reads, why) for key in keys})
     return out

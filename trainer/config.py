@@ -17,6 +17,7 @@ from trainer.config_base import Section as _Section
 from trainer.config_base import check as _check
 from trainer.losses import POLICY_LOSS
 from trainer.precision import PRESETS, PrecisionPolicy, check_policy, resolve_policy
+from trainer.verl_versions import line
 
 SETUP_ROLES = ("*", "actor", "critic", "reference", "reward")
 """Keys of a ``model.setup`` mapping: a role, or ``*`` for every role the run builds."""
@@ -302,6 +303,8 @@ ROLLOUT_RS_OPTIONS = (
 )  # fmt: skip
 """verl's ``rollout_rs`` options: a divergence estimator (k1 = log rollout/train ratio, k2, k3) per
 token, or its sum / mean / max over each sequence."""
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
+"""verl's ``rollout_correction.loss_type`` values (the loss under ``bypass_mode``)."""
 ROLLOUT_RS_ALIASES = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
 """verl's earlier ``rollout_rs`` names (ratio bounds [1/C, C] per token, on the sequence's product
 of ratios, on their geometric mean): the same tests as these k1 options with ``C`` as threshold."""
@@ -318,9 +321,11 @@ class RolloutCorrectionConfig(_Section):
     """Truncated importance sampling: ``token`` (w_t = min(pi_train / pi_rollout, C) per token) or
     ``sequence`` (the product over the sequence, truncated at C, on every token); unset: none.
     The weights (detached) multiply each token's policy-gradient loss."""
-    rollout_is_threshold: float = 2.0
-    """C, the truncation of the importance weights (verl's default 2.0). Also the bound of the
-    always-on ``rollout_corr/token_ratio_fraction_outside`` metric ([1/C, C])."""
+    rollout_is_threshold: str | float = 2.0
+    """C, the truncation of the importance weights (verl's default 2.0; TIS), or a string ``lower_upper``
+    (``"0.5_5.0"``; IcePop, verl 0.8 on): weights outside [lower, upper] become 0, the others stay as they
+    are (read as a string first: Python's float() takes ``0.5_2`` for 0.52). Also the bound of the
+    always-on ``rollout_corr/token_ratio_fraction_outside`` metric ([1/C, C], C the upper bound)."""
     rollout_is_batch_normalize: bool = False
     """Divide the truncated weights by their batch mean (per token or per sequence), so they average 1."""
     rollout_rs: str | None = None
@@ -331,19 +336,33 @@ class RolloutCorrectionConfig(_Section):
     """Required with ``rollout_rs``: one threshold for all options or one per option (comma-separated).
     k1 options take ratio bounds ``lower_upper`` or one upper bound U (lower 1/U); k2 / k3 options an
     upper bound on the divergence."""
+    bypass_mode: bool = False
+    """verl's bypass mode: the rollout engine's log-probs are the old ones (two policies, not three), and
+    the correction above runs inside the loss (``algo.loss_mode: bypass_mode``, `trainer.losses`), per
+    micro-batch, against the current log-probs; the advantages see the whole response mask. The trainer's
+    log-probs are still computed once per step here, for the mismatch metrics only."""
+    loss_type: str = "ppo_clip"
+    """Under ``bypass_mode``: ``ppo_clip`` (the clipped surrogate against the rollout's log-probs, IS weights
+    not applied) or ``reinforce`` (-w A logp with the IS weights w)."""
 
     def __post_init__(self) -> None:
+        self.is_bounds()  # validates rollout_is_threshold
+        _check(
+            self.loss_type in BYPASS_LOSS_TYPES,
+            "loss_type",
+            f"{self.loss_type!r}; expected one of {', '.join(BYPASS_LOSS_TYPES)}",
+        )
+        _check(
+            self.bypass_mode or self.loss_type == "ppo_clip",
+            "loss_type",
+            f"set to {self.loss_type!r} but nothing reads it: needs bypass_mode: true",
+        )
         if self.rollout_is is not None:
             _check(
                 self.rollout_is in ROLLOUT_IS_LEVELS,
                 "rollout_is",
                 f"{self.rollout_is!r}; expected token, sequence or null",
             )
-        _check(
-            self.rollout_is_threshold > 0,
-            "rollout_is_threshold",
-            f"must be > 0, got {self.rollout_is_threshold}",
-        )
         if self.rollout_rs is None:
             _check(self.rollout_rs_threshold is None, "rollout_rs_threshold", "set without rollout_rs")
             return
@@ -353,6 +372,27 @@ class RolloutCorrectionConfig(_Section):
             f"required with rollout_rs: {self.rollout_rs} (verl has no default)",
         )
         self.rs_thresholds()  # validates the options and their thresholds once, here
+
+    def is_bounds(self) -> tuple[float | None, float]:
+        """``rollout_is_threshold`` as (lower, upper): (None, C) for a number (TIS), (lower, upper) for a
+        ``lower_upper`` string (IcePop), verl's parsing (a number-like string is a number)."""
+        spec = self.rollout_is_threshold
+        _check(
+            not isinstance(spec, bool), "rollout_is_threshold", "expected a number or lower_upper, got a bool"
+        )
+        parts = spec.strip().split("_", 1) if isinstance(spec, str) else [spec]
+        try:
+            nums = [float(x) for x in parts]
+        except ValueError:
+            raise ValueError(
+                f"rollout_is_threshold: {spec!r} is not a number or lower_upper (e.g. 2.0 or '0.5_5.0')"
+            ) from None
+        lower, upper = (None, nums[0]) if len(nums) == 1 else (nums[0], nums[1])
+        _check(upper > 0, "rollout_is_threshold", f"must be > 0, got {spec!r}")
+        _check(
+            lower is None or 0 < lower <= upper, "rollout_is_threshold", f"{spec!r}: needs 0 < lower <= upper"
+        )
+        return lower, upper
 
     def rs_options(self) -> list[str]:
         """The ``rollout_rs`` options, aliases resolved, in order, without repeats."""
@@ -447,7 +487,7 @@ class TrainConfig(_Section):
             f"{self.sharding!r}; expected full_shard or shard_grad_op",
         )
         rc = self.rollout_correction
-        if rc.rollout_is is not None or rc.rollout_rs is not None:
+        if rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode:
             _check(
                 self.algo.name != "dpo",
                 "rollout_correction",
@@ -460,6 +500,19 @@ class TrainConfig(_Section):
             "rollout_correction.rollout_is",
             f"not with algo.loss_mode: {self.algo.loss_mode} yet (it selects tokens by the advantages or averages "
             "them per sequence, which the weights would change); use rollout_rs alone, or another loss_mode",
+        )
+        # verl replaces the actor's loss_mode by bypass_mode under bypass_mode: here it is said, not replaced
+        bypass = self.algo.loss_mode == "bypass_mode"
+        _check(
+            bypass == rc.bypass_mode or self.algo.name == "dpo",
+            "algo.loss_mode" if rc.bypass_mode else "rollout_correction.bypass_mode",
+            f"{self.algo.loss_mode} with rollout_correction.bypass_mode: {str(rc.bypass_mode).lower()}; the "
+            "bypass loss and bypass mode go together (verl sets the one from the other): set both or neither",
+        )
+        _check(
+            rc.is_bounds()[0] is None or line(self.algo.verl_version) >= (0, 8),
+            "rollout_correction.rollout_is_threshold",
+            f"lower_upper (IcePop) is verl 0.8's on; algo.verl_version {self.algo.verl_version} has only a number",
         )
         built = self.roles()
         for role in self.model.setup_plugins():

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -286,17 +288,35 @@ class PolicyLossParams:
     ppo_kl_coef: float = 0.1
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    dro_beta: float | None = None
+    bypass: Bypass | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Bypass:
+    """What verl's ``bypass_mode`` loss reads besides `PolicyLossParams`: the rollout correction
+    (`trainer.config.RolloutCorrectionConfig`), applied in the loss between the current and the rollout
+    log-probs, and which loss follows it."""
+
+    correction: Any
+    loss_type: str = "ppo_clip"
+    truncated_metrics: bool = True
+    """The ``rollout_corr/rollout_is_*`` metrics of the truncated weights (`trainer.mismatch.is_weights`)."""
+    raw_seq_fractions: bool = True
+    """The per-sequence fractions of the raw weights (`trainer.mismatch.is_weights`)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLoss:
     """A policy loss and verl's metrics of it (``actor/pg_clipfrac``, ``actor/ppo_kl``,
-    ``actor/pg_clipfrac_lower``); the metrics are token means over this micro-batch, detached."""
+    ``actor/pg_clipfrac_lower``); the metrics are token means over this micro-batch, detached.
+    ``metrics``: any others under their own verl names (``bypass_mode``'s ``rollout_corr/*``)."""
 
     loss: torch.Tensor
     clipfrac: torch.Tensor
     ppo_kl: torch.Tensor
     clipfrac_lower: torch.Tensor
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _zero(like: torch.Tensor) -> torch.Tensor:
@@ -496,6 +516,101 @@ def geo_mean_policy_loss(
         masked_mean(-neg_kl, m).detach(),
         masked_mean((was & (adv < 0)).float(), m).detach(),
     )
+
+
+def _dppo(lp, old, adv, m, p, norm, valid_pos, valid_neg) -> PolicyLoss:
+    """DPPO's shared form (verl ``dppo_tv`` / ``dppo_kl``): -A sg[min(r, c)] logp on the tokens whose
+    probability moved less than the divergence bound in the direction the advantage pushes it."""
+    log_ratio = (lp - old).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    truncated = ratio.clamp(max=p.clip_ratio_c).detach()
+    valid = torch.where(adv > 0, valid_pos, valid_neg).detach().to(lp.dtype)
+    loss = agg_loss(-adv * truncated * lp * valid, m, p.loss_agg_mode, norm)
+    return PolicyLoss(
+        loss,
+        masked_mean(1.0 - valid, m).detach(),
+        masked_mean(-log_ratio, m).detach(),
+        masked_mean((ratio > p.clip_ratio_c).to(lp.dtype) * valid, m).detach(),
+    )
+
+
+@POLICY_LOSS.register("dppo_tv", reads=("clip", "dual_clip"))
+def dppo_tv_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``dppo_tv`` (DPPO-Binary-TV, arXiv 2602.04879): a trust region on the sampled token's
+    probability instead of on the ratio.
+
+    Per token, with pi = exp(logp), pi_old = exp(old): a token with A > 0 keeps its loss while
+    pi - pi_old <= ``clip_ratio_high``, the others while pi - pi_old >= -``clip_ratio_low`` (here the clip
+    ratios are total-variation bounds); a kept token's loss is -A sg[min(r, ``clip_ratio_c``)] logp
+    (truncated IS, not dual-clip), a dropped one's 0. ``clipfrac``: dropped tokens; ``clipfrac_lower``:
+    kept tokens whose ratio was truncated (verl's names)."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    moved = torch.exp(lp) - torch.exp(old)
+    return _dppo(lp, old, adv, m, p, norm, moved <= p.clip_ratio_high, moved >= -p.clip_ratio_low)
+
+
+@POLICY_LOSS.register("dppo_kl", reads=("clip", "dual_clip"))
+def dppo_kl_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``dppo_kl`` (DPPO-Binary-KL): `dppo_tv_policy_loss` with the binary KL of the sampled
+    token's probability as the divergence, KL = pi_old log(pi_old / pi) + (1 - pi_old)
+    log((1 - pi_old + 1e-8) / (1 - pi + 1e-8)): a token with A > 0 keeps its loss while KL <=
+    ``clip_ratio_high`` or pi <= pi_old, the others while KL <= ``clip_ratio_low`` or pi >= pi_old."""
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    prob, old_prob = torch.exp(lp), torch.exp(old)
+    kl = old_prob * (old - lp) + (1 - old_prob) * torch.log((1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+    pos = (kl <= p.clip_ratio_high) | (prob <= old_prob)
+    return _dppo(lp, old, adv, m, p, norm, pos, (kl <= p.clip_ratio_low) | (prob >= old_prob))
+
+
+@POLICY_LOSS.register("dro", reads=("dro",), token_weights=False)
+def dro_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None) -> PolicyLoss:
+    """verl's ``dro`` (direct reward optimisation): -(A logp - (``dro_beta`` / 2) (logp - old)^2), a
+    policy gradient with a quadratic penalty on the log-ratio (no clip: the fractions are 0). Not
+    positively homogeneous in A, so not with ``rollout_is`` here (verl weights both terms)."""
+    if p.dro_beta is None or not p.dro_beta > 0:
+        raise ValueError(f"dro_beta: must be > 0 with loss_mode dro (verl has no default), got {p.dro_beta}")
+    lp, old, adv, m = _up(logprobs), _up(old_logprobs), _up(advantages), _up(mask)
+    log_ratio = lp - old
+    loss = agg_loss(-(lp * adv - 0.5 * p.dro_beta * log_ratio.square()), m, p.loss_agg_mode, norm)
+    return PolicyLoss(loss, _zero(loss), masked_mean(-log_ratio, m).detach(), _zero(loss))
+
+
+@POLICY_LOSS.register("bypass_mode", reads=("clip", "dual_clip"))
+def bypass_policy_loss(
+    logprobs, old_logprobs, advantages, mask, p=PolicyLossParams(), norm=None
+) -> PolicyLoss:
+    """verl's ``bypass_mode`` loss (``rollout_correction.bypass_mode: true``): ``old_logprobs`` are the
+    rollout engine's, and the rollout correction (`trainer.mismatch.rollout_correction`) runs here, per
+    micro-batch, between the current log-probs and them: rejected tokens leave this loss's mask (the
+    denominators stay the mini-batch's), then ``loss_type`` ``ppo_clip``: `ppo_policy_loss` without IS
+    weights (the ratio is already against the rollout), or ``reinforce``: -w A logp with the truncated
+    weights w (none without ``rollout_is``), ``ppo_kl`` the mean of old - logp. The correction's
+    ``rollout_corr/*`` metrics come back in ``metrics``."""
+    from trainer.mismatch import rollout_correction
+
+    if p.bypass is None:
+        raise ValueError("loss_mode bypass_mode: needs rollout_correction.bypass_mode: true")
+    lp, old, adv = _up(logprobs), _up(old_logprobs), _up(advantages)
+    norm = norm or AggNorm.of(mask)  # the denominators are of the mask before rejection
+    b = p.bypass
+    with torch.no_grad():
+        c = rollout_correction(
+            old,
+            lp,
+            mask,
+            b.correction,
+            truncated_metrics=b.truncated_metrics,
+            raw_seq_fractions=b.raw_seq_fractions,
+        )
+    if b.loss_type == "ppo_clip":
+        return dataclasses.replace(ppo_policy_loss(lp, old, adv, c.mask, p, norm), metrics=c.metrics)
+    w = 1.0 if c.weights is None else c.weights
+    loss = agg_loss(-adv * lp * w, c.mask, p.loss_agg_mode, norm)
+    return PolicyLoss(loss, _zero(loss), masked_mean(old - lp, c.mask).detach(), _zero(loss), c.metrics)
 
 
 def policy_loss(

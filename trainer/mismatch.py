@@ -211,28 +211,43 @@ def is_weights(
     threshold: float,
     batch_normalize: bool = False,
     *,
+    lower: float | None = None,
     truncated_metrics: bool = False,
+    raw_seq_fractions: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's truncated importance weights: per token exp(r_t), or per sequence exp(sum_t r_t) on each of
-    its tokens (r clamped to +-20 first), zero on padding, then truncated at ``threshold``; optionally
-    divided by their batch mean (over tokens, or over sequences). Metrics come from the weights before
-    truncation (verl before 0.9), or with ``truncated_metrics`` (verl 0.9 on) from the truncated ones,
-    but for the fractions above / below the threshold, which stay of the raw weights."""
+    """verl's importance weights: per token exp(r_t), or per sequence exp(sum_t r_t) on each of its tokens
+    (r clamped to +-20 first), zero on padding, then truncated at ``threshold`` (TIS), or with ``lower``
+    (IcePop, verl 0.8 on) set to 0 outside [``lower``, ``threshold``]; optionally divided by their batch
+    mean (over tokens, or over sequences).
+
+    Metrics: before verl 0.8 of the raw weights, std and effective sample size of them clamped to
+    [1/C, C]. With ``truncated_metrics`` (verl 0.8 on, d2916f5a0) of the weights the loss uses, std and
+    ESS of them clamped to [0, C], while the fractions above / below the bounds and a sequence weight's
+    max / min stay of the raw ones; the per-sequence fractions of the raw per-sequence means with
+    ``raw_seq_fractions`` (verl 0.9 on, bdfedd461), else of the used ones. IcePop adds
+    ``rollout_is_oob_ratio``, the fraction of tokens outside the bounds."""
     m = mask.float()
     if level == "token":
         log_w = log_ratio.float()
-        w = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * m
+        raw = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * m
     elif level == "sequence":
         log_w = _seq_sum(log_ratio, mask)[:, None]
-        w = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(m) * m
+        raw = log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(m) * m
     else:
         raise ValueError(f"rollout_correction.rollout_is: {level!r}; expected token or sequence")
-    metrics = _is_metrics(w, log_w, mask, level, threshold)
+    if lower is None:
+        w = raw.clamp(max=threshold)
+    else:
+        w = torch.where((raw >= lower) & (raw <= threshold), raw, torch.zeros_like(raw))
     if truncated_metrics:
-        raw = {k: v for k, v in metrics.items() if "fraction" in k}
-        metrics = {**_is_metrics(w.clamp(max=threshold), log_w.clamp(max=math.log(threshold)), mask, level,
-                                 threshold), **raw}  # fmt: skip
-    w = w.clamp(max=threshold).detach()
+        metrics = _is_metrics(w, raw, log_w, mask, level, threshold, lower, 0.0, raw_seq_fractions)
+    else:
+        metrics = _is_metrics(raw, raw, log_w, mask, level, threshold, lower, 1.0 / threshold, True)
+    if lower is not None:
+        metrics["rollout_is_oob_ratio"] = float(
+            _masked(((raw < lower) | (raw > threshold)).float(), mask).mean()
+        )
+    w = w.detach()
     if batch_normalize:
         if level == "token":
             mean = (w * m).sum() / m.sum().clamp(min=1.0)
@@ -245,22 +260,24 @@ def is_weights(
     return w, metrics
 
 
-def _is_metrics(w, log_w, mask, level: str, threshold: float) -> dict[str, float]:
-    """verl's ``compute_is_metrics`` (names without the ``rollout_corr/`` prefix)."""
-    m, lower = mask.float(), 1.0 / threshold
-    valid = mask.bool()
+def _is_metrics(w, raw, log_w, mask, level, upper, lower, floor, raw_seq_fractions) -> dict[str, float]:
+    """verl's ``compute_is_metrics`` (names without the ``rollout_corr/`` prefix): ``w`` the weights the
+    statistics are of, ``raw`` / ``log_w`` the raw weights and log-weights the fractions are of, ``floor``
+    the lower clamp of the std and ESS."""
+    m, valid = mask.float(), mask.bool()
+    lower = 1.0 / upper if lower is None else lower
     out: dict[str, float] = {"rollout_is_mean": float((w * m).sum() / m.sum())}
     if level == "sequence":
         out["rollout_is_max"] = float(log_w.max().clamp(max=SAFETY_BOUND).exp())
         out["rollout_is_min"] = float(log_w.min().exp())
-        out["rollout_is_ratio_fraction_high"] = float((log_w > math.log(threshold)).float().mean())
+        out["rollout_is_ratio_fraction_high"] = float((log_w > math.log(upper)).float().mean())
         out["rollout_is_ratio_fraction_low"] = float((log_w < math.log(lower)).float().mean())
     else:
         out["rollout_is_max"] = float(w.masked_fill(~valid, float("-inf")).max())
         out["rollout_is_min"] = float(w.masked_fill(~valid, float("inf")).min())
-        out["rollout_is_ratio_fraction_high"] = float(_masked((w > threshold).float(), mask).mean())
-        out["rollout_is_ratio_fraction_low"] = float(_masked((w < lower).float(), mask).mean())
-    clamped = w.clamp(min=lower, max=threshold)
+        out["rollout_is_ratio_fraction_high"] = float(_masked((raw > upper).float(), mask).mean())
+        out["rollout_is_ratio_fraction_low"] = float(_masked((raw < lower).float(), mask).mean())
+    clamped = w.clamp(min=floor, max=upper)
     cmean = _masked(clamped, mask).mean()
     out["rollout_is_std"] = (
         float((_masked(clamped.square(), mask).mean() - cmean.square()).clamp(min=0).sqrt())
@@ -269,6 +286,7 @@ def _is_metrics(w, log_w, mask, level: str, threshold: float) -> dict[str, float
     )
     out["rollout_is_eff_sample_size"] = float(1.0 / _masked((clamped / (cmean + 1e-8)).square(), mask).mean())
     seq = _seq_mean(w, mask)
+    seq_for_fractions = _seq_mean(raw, mask) if raw_seq_fractions else seq
     out.update(
         {
             "rollout_is_seq_mean": float(seq.mean()),
@@ -276,8 +294,8 @@ def _is_metrics(w, log_w, mask, level: str, threshold: float) -> dict[str, float
             "rollout_is_seq_max": float(seq.max()),
             "rollout_is_seq_min": float(seq.min()),
             "rollout_is_seq_max_deviation": float((seq - 1.0).abs().max()),
-            "rollout_is_seq_fraction_high": float((seq > threshold).float().mean()),
-            "rollout_is_seq_fraction_low": float((seq < lower).float().mean()),
+            "rollout_is_seq_fraction_high": float((seq_for_fractions > upper).float().mean()),
+            "rollout_is_seq_fraction_low": float((seq_for_fractions < lower).float().mean()),
         }
     )
     return out
@@ -322,11 +340,11 @@ def rejection_mask(
 
 
 def rollout_correction(
-    rollout_logprobs, old_logprobs, mask, config, *, truncated_metrics: bool = False
+    rollout_logprobs, old_logprobs, mask, config, *, truncated_metrics: bool = False, raw_seq_fractions=True
 ) -> Correction:
     """verl's ``compute_rollout_correction_and_rejection_mask`` under ``config``
     (`trainer.config.RolloutCorrectionConfig`): IS weights over the whole response mask, rejection on
-    it, metrics prefixed ``rollout_corr/`` (``truncated_metrics``: `is_weights`). With neither
+    it, metrics prefixed ``rollout_corr/`` (``truncated_metrics``, ``raw_seq_fractions``: `is_weights`). With neither
     ``rollout_is`` nor ``rollout_rs`` the mask comes back unchanged, no weights, no metrics."""
     if (config.rollout_is is None and config.rollout_rs is None) or not bool(mask.bool().any()):
         return Correction(mask=mask, weights=None, metrics={})
@@ -334,13 +352,16 @@ def rollout_correction(
     metrics: dict[str, float] = {}
     weights = None
     if config.rollout_is is not None:
+        lower, upper = config.is_bounds()
         weights, is_m = is_weights(
             log_ratio,
             mask,
             config.rollout_is,
-            config.rollout_is_threshold,
+            upper,
             config.rollout_is_batch_normalize,
+            lower=lower,
             truncated_metrics=truncated_metrics,
+            raw_seq_fractions=raw_seq_fractions,
         )
         metrics.update(is_m)
     new_mask = mask

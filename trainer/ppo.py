@@ -39,6 +39,7 @@ from trainer.rl_steps import (
     correct_rollout,
     generate,
     kl_controller,
+    loss_old_logprobs,
     prepare,
     reference_logprobs,
     rollout_metrics,
@@ -133,8 +134,9 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
             metrics = rollout_metrics(
-                rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
+                rollout, old_logprobs, old_entropy, config.rollout_correction.is_bounds()[1]
             )
+            old_logprobs = loss_old_logprobs(setup, rollout, old_logprobs)  # the rollout's in bypass mode
             token_rewards, kl_metrics = shaped_rewards(
                 setup, scores, mask, old_logprobs, ref_logprobs, kl_ctrl
             )

@@ -85,17 +85,22 @@ def correct_rollout(setup: Setup, rollout, old_logprobs: torch.Tensor):
     """verl's rollout correction (``rollout_correction``), between the KL reward and the advantages as
     in verl: the rollout with rejected tokens out of its response mask (what GAE and both updates see),
     the truncated importance weights (or None) and their ``rollout_corr/`` metrics (of the raw or the
-    truncated weights, as the targeted verl line logs them)."""
+    truncated weights, as the targeted verl line logs them). Under ``bypass_mode`` nothing: the
+    correction runs in the loss (`trainer.losses.bypass_policy_loss`), as in verl."""
     import dataclasses
 
     from trainer.mismatch import rollout_correction
 
+    if setup.config.rollout_correction.bypass_mode:
+        return rollout, None, {}
+    algo = setup.config.algo
     c = rollout_correction(
         rollout.logprobs,
         old_logprobs,
         rollout.response_mask,
         setup.config.rollout_correction,
-        truncated_metrics=setup.config.algo.follows("is_metrics_truncated"),
+        truncated_metrics=algo.follows("is_metrics_truncated"),
+        raw_seq_fractions=algo.follows("is_seq_fractions_raw"),
     )
     return dataclasses.replace(rollout, response_mask=c.mask), c.weights, c.metrics
 
@@ -149,7 +154,14 @@ def policy_loss_params(algo: AlgoConfig) -> L.PolicyLossParams:
         ppo_kl_coef=algo.ppo_kl_coef,
         tau_pos=algo.tau_pos,
         tau_neg=algo.tau_neg,
+        dro_beta=algo.dro_beta,
     )
+
+
+def loss_old_logprobs(setup: Setup, rollout, old_logprobs: torch.Tensor) -> torch.Tensor:
+    """The old log-probs of the KL reward and the loss: the trainer's recomputed ones, or under verl's
+    ``rollout_correction.bypass_mode`` the rollout engine's."""
+    return rollout.logprobs if setup.config.rollout_correction.bypass_mode else old_logprobs
 
 
 def _add(sums: dict[str, float], **values: torch.Tensor) -> None:
@@ -168,6 +180,13 @@ def update_actor(
     shares, averaged over mini-batches (verl logs them the same way)."""
     algo = setup.config.algo
     params = policy_loss_params(algo)
+    rc = setup.config.rollout_correction
+    if rc.bypass_mode:
+        bypass = L.Bypass(
+            rc, rc.loss_type, algo.follows("is_metrics_truncated"), algo.follows("is_seq_fractions_raw")
+        )
+        params = dataclasses.replace(params, bypass=bypass)
+    extra = Averages()  # metrics a loss reports under their own names (bypass_mode's rollout_corr/*)
     model, opt, scaler = setup.models["actor"], setup.optimizers["actor"], setup.scalers["actor"]
     avg, norms, skips = Averages(), [], []
     b = rollout.response_ids.shape[0]
@@ -203,11 +222,12 @@ def update_actor(
                 backward(loss, "actor", model, scaler, observer, accum=1.0)
                 _add(sums, loss=loss, **terms)
                 avg.add(pg_clipfrac=pg.clipfrac, ppo_kl=pg.ppo_kl, pg_clipfrac_lower=pg.clipfrac_lower)
+                extra.add(**pg.metrics)
             avg.add(**sums)
             norm_value, skipped = optimizer_step("actor", model, opt, scaler, observer, algo.max_grad_norm)
             norms.append(norm_value)
             skips.append(float(skipped))
-    metrics = update_metrics("actor", avg, norms, skips, opt, scaler)
+    metrics = {**update_metrics("actor", avg, norms, skips, opt, scaler), **extra.means()}
     if kl_ref_logprobs is not None:
         metrics["actor/kl_coef"] = algo.kl_loss_coef
     return metrics

@@ -7,9 +7,13 @@ them. Exercised by `pytest tests/test_verl_versions.py`.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 LINES = ("0.7", "0.8", "0.9", "0.10")
-"""The verl release lines we know the semantics of (``0.10`` is verl main of August 2026, 0.10.dev)."""
+"""The verl release lines we know the semantics of (``0.10`` is verl main of August 2026, 0.10.dev). The
+releases, from verl's tags: v0.7.0 (main of 2026-01-05), v0.7.1 (a branch off main of 2026-03-16), v0.8.0
+(main of 2026-06-01), v0.9.0 (a branch off main of 2026-08-12); a change's ``since`` may name a patch
+release (``0.7.1``) when it first shipped in one."""
 LATEST_RELEASE = "0.9"
 """The default: the release line users install."""
 
@@ -17,26 +21,38 @@ LATEST_RELEASE = "0.9"
 @dataclasses.dataclass(frozen=True)
 class Change:
     since: str
-    """The first release line with the newer semantics."""
+    """The first release with the newer semantics (a line, ``0.8``, or a patch release, ``0.7.1``)."""
     key: str
     """The key (and value) whose meaning changed."""
     what: str
     """The newer semantics, and the older in brackets."""
+    commit: str = ""
+    """verl's commit that made the change (verl-project/verl)."""
 
 
 CHANGES = {
     "sum_norm_per_sequence": Change(
-        "0.9",
+        "0.7.1",
         "loss_agg_mode: seq-mean-token-sum-norm",
         "the token sums are averaged over the mini-batch's sequences, then divided by loss_scale_factor "
         "(before: summed over the sequences, so the loss and its gradient were larger by the sequence count)",
+        "b8d91ef8d (2026-02-26)",
     ),
     "is_metrics_truncated": Change(
-        "0.9",
+        "0.8",
         "rollout_correction.rollout_is (the rollout_corr/rollout_is_* metrics)",
-        "mean, min, max, std, effective sample size and the per-sequence statistics are of the truncated "
-        "weights the loss uses; the fractions above / below the threshold stay of the raw ones (before: all "
-        "of the raw weights)",
+        "mean, std, effective sample size, a token weight's min / max and the per-sequence statistics are of "
+        "the weights the loss uses, std and ESS of them clamped to [0, C]; the fractions above / below the "
+        "bounds and a sequence weight's min / max stay of the raw ones (before: all of the raw weights, std "
+        "and ESS clamped to [1/C, C])",
+        "d2916f5a0 (2026-03-24, with IcePop)",
+    ),
+    "is_seq_fractions_raw": Change(
+        "0.9",
+        "rollout_correction.rollout_is (rollout_corr/rollout_is_seq_fraction_high, _low)",
+        "the fractions of sequences whose mean weight is above / below the bounds are of the raw weights "
+        "(before, from 0.8: of the truncated ones, so the high fraction was always 0)",
+        "bdfedd461 (2026-06-25)",
     ),
     "reinforce_carries_holes": Change(
         "0.10",
@@ -58,6 +74,14 @@ def line(version: str) -> tuple[int, int]:
     return major, minor
 
 
+def release(version: str) -> tuple[int, int, int]:
+    """``0.7.1`` -> (0, 7, 1); a line or a dev / rc suffix counts as its .0 (``0.10.0.dev`` -> (0, 10, 0))."""
+    major, minor = line(version)
+    parts = version.strip().lstrip("v").split(".")
+    patch = re.match(r"\d*", parts[2]).group() if len(parts) > 2 else ""
+    return major, minor, int(patch or 0)
+
+
 def check(version: str) -> None:
     """ValueError unless ``version`` is on a known line."""
     known = [line(v) for v in LINES]
@@ -69,4 +93,4 @@ def check(version: str) -> None:
 
 def follows(version: str, change: str) -> bool:
     """Whether verl ``version`` has the newer semantics of ``change`` (a `CHANGES` key)."""
-    return line(version) >= line(CHANGES[change].since)
+    return release(version) >= release(CHANGES[change].since)

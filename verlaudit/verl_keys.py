@@ -126,6 +126,7 @@ ALGO_KEYS: dict[str, str] = {
     "ppo_kl_coef": f"{POLICY_LOSS}.ppo_kl_coef",
     "tau_pos": f"{ACTOR}.tau_pos",
     "tau_neg": f"{ACTOR}.tau_neg",
+    "dro_beta": f"{POLICY_LOSS}.dro_beta",
     "loss_agg_mode": f"{ACTOR}.loss_agg_mode",
     "loss_scale_factor": f"{ACTOR}.loss_scale_factor",
     "clip_ratio": f"{ACTOR}.clip_ratio",
@@ -177,6 +178,8 @@ ROLLOUT_CORRECTION_KEYS: dict[str, str] = {
         "rollout_is_batch_normalize",
         "rollout_rs",
         "rollout_rs_threshold",
+        "bypass_mode",
+        "loss_type",
     )
 }
 """Our ``rollout_correction.<key>`` (`trainer.config.RolloutCorrectionConfig`) -> verl's key: the same

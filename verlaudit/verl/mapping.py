@@ -152,6 +152,20 @@ def _map_clip_defaults(ctx: Context) -> None:
             )
 
 
+def _map_bypass(ctx: Context) -> None:
+    """verl's bypass mode replaces the actor's loss_mode by ``bypass_mode`` (``apply_bypass_mode``); a
+    suite says it: ``algo.loss_mode: bypass_mode`` beside ``rollout_correction.bypass_mode: true``."""
+    if not ctx.train.get("rollout_correction", {}).get("bypass_mode"):
+        return
+    was = ctx.train.get("algo", {}).get("loss_mode", "vanilla")
+    if was != "bypass_mode":
+        ctx.set("algo.loss_mode", "bypass_mode")
+        ctx.notes.append(
+            f"{V.correction_key('bypass_mode')}=true: verl replaces {V.algo_key('loss_mode')} ({was}) by "
+            "bypass_mode, so the suite sets algo.loss_mode: bypass_mode"
+        )
+
+
 def _map_twins(ctx: Context) -> None:
     """Critic keys that ours shares with the actor: reported consistent when equal, else unmapped."""
     algo = ctx.train.get("algo", {})
@@ -547,6 +561,7 @@ def map_launch(
     ctx.unread = _unread(ctx)
     _map_rows(ctx)
     _map_clip_defaults(ctx)
+    _map_bypass(ctx)
     _map_batches(ctx, gpus)
     _map_twins(ctx)
     _map_model(ctx, model)

@@ -24,9 +24,9 @@ REASONS: tuple[tuple[str, str], ...] = (
      "DAPO's overlong reward shaping: not supported; the reward is compute_score's"),
     (r"^algorithm\.filter_groups\.", "dynamic sampling (filter_groups): not supported here"),
     (r"^algorithm\.rollout_correction\.|^algorithm\.rollout_is|\.tis_imp_ratio_cap$",
-     "rollout correction option this version does not have (bypass mode's loss_type, verl's earlier "
-     "algorithm.rollout_is* spelling, tis_imp_ratio_cap); rollout_is, rollout_is_threshold, "
-     "rollout_is_batch_normalize, rollout_rs and rollout_rs_threshold are mapped to rollout_correction.*"),
+     "rollout correction option this version does not have (verl's earlier algorithm.rollout_is* spelling, "
+     "tis_imp_ratio_cap); rollout_is, rollout_is_threshold, rollout_is_batch_normalize, rollout_rs, "
+     "rollout_rs_threshold, bypass_mode and loss_type are mapped to rollout_correction.*"),
     (r"^algorithm\.(use_pf_ppo|pf_ppo\..*)$", "PF-PPO (reward-weighted resampling of the batch): not supported"),
     (r"\.model\.override_config\.|\.model\.(lora_alpha|target_modules|exclude_modules|lora_adapter_path|custom_chat_template|hf_config_path)$",
      "model loading option (config overrides, LoRA targets, chat template files): not reproduced; the model is "

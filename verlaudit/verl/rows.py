@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainer.advantages import KL_CTRL_TYPES
-from trainer.config import ROLLOUT_IS_LEVELS, ROLLOUT_RS_ALIASES, ROLLOUT_RS_OPTIONS, TRUNCATIONS
+from trainer.config import (
+    BYPASS_LOSS_TYPES,
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_ALIASES,
+    ROLLOUT_RS_OPTIONS,
+    TRUNCATIONS,
+    RolloutCorrectionConfig,
+)
 from trainer.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from verlaudit import verl_keys as V
 
@@ -111,6 +118,22 @@ def _rollout_rs(v: Any) -> str | None:
             f"rollout_rs {v!r}: expected some of {', '.join(ROLLOUT_RS_OPTIONS + tuple(ROLLOUT_RS_ALIASES))}"
         )
     return str(v)
+
+
+def _is_threshold(v: Any) -> str | float:
+    """A number (TIS) or a ``lower_upper`` string (IcePop), as verl parses it."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise Unmapped(f"rollout_is_threshold {v!r}: expected a number or lower_upper")
+    try:
+        RolloutCorrectionConfig(rollout_is_threshold=v).is_bounds()
+    except ValueError as e:
+        raise Unmapped(str(e)) from None
+    return v if isinstance(v, str) else float(v)
+
+
+def _in_bypass(ctx: Any) -> str | None:
+    on = ctx.get(V.correction_key("bypass_mode")) is True
+    return None if on else "not used: needs bypass_mode: true (verl ignores it too)"
 
 
 def _rs_threshold(v: Any) -> str | float | None:
@@ -229,6 +252,7 @@ ROWS: tuple[Row, ...] = (
     _algo("ppo_kl_coef", as_float, 0.1),
     _algo("tau_pos", as_float, 1.0),
     _algo("tau_neg", as_float, 1.05),
+    _algo("dro_beta", _optional_float),
     _algo("cliprange_value", as_float, 0.5),
     _algo("temperature", as_float, 1.0),
     _algo("top_k", _top_k, -1, invertible=False),
@@ -251,12 +275,13 @@ ROWS: tuple[Row, ...] = (
     Row("trainer.critic_warmup", None, _consistent(0, "no critic warm-up here: the actor updates from step 0")),
     # verl's rollout correction (algorithm.rollout_correction): the same option names under rollout_correction
     Row(V.correction_key("rollout_is"), "rollout_correction.rollout_is", _rollout_is, None),
-    Row(V.correction_key("rollout_is_threshold"), "rollout_correction.rollout_is_threshold", as_float, 2.0),
+    Row(V.correction_key("rollout_is_threshold"), "rollout_correction.rollout_is_threshold", _is_threshold, 2.0),
     Row(V.correction_key("rollout_is_batch_normalize"), "rollout_correction.rollout_is_batch_normalize", as_bool, False),
     Row(V.correction_key("rollout_rs"), "rollout_correction.rollout_rs", _rollout_rs, None),
     Row(V.correction_key("rollout_rs_threshold"), "rollout_correction.rollout_rs_threshold", _rs_threshold, None),
-    Row(f"{V.ROLLOUT_CORRECTION}.bypass_mode", None, _consistent(False, "bypass mode (the rollout's log-probs "
-                                                                 "as the old ones): the actor always recomputes them here")),
+    Row(V.correction_key("bypass_mode"), "rollout_correction.bypass_mode", as_bool, False),
+    Row(V.correction_key("loss_type"), "rollout_correction.loss_type", choice(BYPASS_LOSS_TYPES, "bypass loss_type"),
+        "ppo_clip", when=_in_bypass),
     Row(f"{V.ROLLOUT_CORRECTION}.rollout_rs_threshold_lower", None, _consistent(None, "a separate lower bound: "
                                                                                  "write rollout_rs_threshold as lower_upper")),
     Row(f"{V.ROLLOUT_CORRECTION}.rollout_token_veto_threshold", None, _consistent(None, "the per-token veto is "

@@ -144,11 +144,12 @@ def _correction_fixes(run: RunDir) -> list[Fix]:
     out = []
     if not rc.get("rollout_is"):
         c = rc.get("rollout_is_threshold") or 2.0
+        c = c if isinstance(c, str) else f"{c:g}"  # a number, or IcePop's lower_upper
         out.append(
             Fix(
-                f"rollout_correction.rollout_is: token, rollout_correction.rollout_is_threshold: {c:g}",
+                f"rollout_correction.rollout_is: token, rollout_correction.rollout_is_threshold: {c}",
                 f"{V.correction_override('rollout_is', 'token')} / "
-                f"{V.correction_override('rollout_is_threshold', f'{c:g}')}",
+                f"{V.correction_override('rollout_is_threshold', c)}",
                 "truncated importance weights min(pi/mu, C) on each token's policy loss: the update stays "
                 "unbiased up to the truncation while the cause is found",
             )
