@@ -28,6 +28,7 @@ from trainer.rl_steps import (
     prepare,
     reference_logprobs,
     rollout_metrics,
+    score_components,
     score_responses,
     shaped_rewards,
     update_actor,
@@ -59,15 +60,21 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             if p.greedy_engine is not None:  # scored first: the sampled rows' reward is the step's last
                 greedy_scores = score_responses(setup, observer, greedy, examples, p.reward_fn, p.reward_name)
                 baselines = greedy_scores.repeat_interleave(g)
-            scores = score_responses(setup, observer, rollout, grouped, p.reward_fn, p.reward_name)
+            scores, components = score_components(
+                setup, observer, rollout, grouped, p.reward_fn, p.reward_name, algo.gdpo_reward_keys or ()
+            )
         ref_logprobs = None
         if "reference" in setup.models:
             with observer.phase("ref"):
                 ref_logprobs = reference_logprobs(setup, observer, rollout)
 
         with observer.phase("actor_update"):
+            # the optimal token baselines read sum_v pi_v^2 of this forward (verl's calculate_sum_pi_squared)
+            spp = [] if A.ADV_ESTIMATOR.entry(algo.estimator).info.get("sum_pi_squared") else None
             with torch.no_grad():
-                old_logprobs, old_entropy = actor_logprobs(setup, actor, rollout, entropy=True)
+                old_logprobs, old_entropy = actor_logprobs(
+                    setup, actor, rollout, entropy=True, sum_pi_squared=spp
+                )
             observer.on_forward(role="actor", name="old_logprobs", output=old_logprobs)
             metrics = rollout_metrics(
                 rollout, old_logprobs, old_entropy, config.rollout_correction.rollout_is_threshold
@@ -88,6 +95,11 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 gamma=algo.gamma,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
                 carry_holes=algo.follows("reinforce_carries_holes"),
+                old_logprobs=old_logprobs,
+                sum_pi_squared=spp[0] if spp else None,
+                is_weights=is_weights,
+                components=components,
+                component_weights=algo.gdpo_reward_weights,
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)
@@ -107,5 +119,18 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
         )
         if baselines is not None:
             metrics["critic/reward_baseline/mean"] = float(baselines.mean())
+        for key, values in zip(algo.gdpo_reward_keys or (), components if components is not None else ()):
+            metrics.update(_component_metrics(key, values))
         log.end(step, metrics)
     return log.history
+
+
+def _component_metrics(key: str, values: torch.Tensor) -> dict[str, float]:
+    """verl's ``gdpo/<key>/mean|std|max|min`` of one reward component over the batch (numpy's std: /n)."""
+    v = values.double()
+    return {
+        f"gdpo/{key}/mean": float(v.mean()),
+        f"gdpo/{key}/std": float(v.std(correction=0)),
+        f"gdpo/{key}/max": float(v.max()),
+        f"gdpo/{key}/min": float(v.min()),
+    }

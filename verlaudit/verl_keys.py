@@ -148,8 +148,13 @@ ALGO_KEYS: dict[str, str] = {
     "group_size": f"{ROLLOUT}.n",
     "temperature": TEMPERATURE,
     "top_k": ROLLOUT_TOP_K,
+    "gdpo_reward_keys": f"{ALGORITHM}.gdpo_reward_keys",
+    "gdpo_reward_weights": f"{ALGORITHM}.gdpo_reward_weights",
 }
 """Our ``algo.<key>`` -> verl's key, for every algorithm option with a verl counterpart."""
+CALCULATE_SUM_PI_SQUARED = f"{ACTOR}.calculate_sum_pi_squared"
+"""verl's switch for the actor's sum_v pi_v^2 pass, which its optimal token baselines need; ours computes it
+whenever the estimator reads it (no suite key)."""
 
 
 def algo_key(key: str) -> str:
