@@ -48,8 +48,13 @@ RUNS: dict[str, tuple[str, dict]] = {
     "rloo_vectorized": ("grpo", {"adv_estimator": "rloo_vectorized"}),
     "token_sum": ("grpo", {"loss_agg_mode": "token-sum"}),
     "kl_loss_k3plus": ("grpo", {"use_kl_loss": True, "kl_loss_type": "k3+"}),
+    "optimal_token_baseline": ("grpo", {"adv_estimator": "optimal_token_baseline"}),
+    "tir_optimal_token_baseline": ("grpo", {"adv_estimator": "tir_optimal_token_baseline"}),
+    "gdpo": ("grpo", {"adv_estimator": "gdpo", "gdpo_reward_keys": ["correct", "digits"]}),
 }
 """Run name -> (recipe, ``algo`` options on top of its tiny learning settings)."""
+DATA: dict[str, dict] = {"gdpo": {"reward_fn": "trainer.data:digits_parts"}}
+"""Run name -> ``data`` options, for a run that needs them (GDPO: the digits reward in its two parts)."""
 NEW_ESTIMATORS = ",".join(n for n in RUNS if n not in ("ppo", "grpo", "dpo"))
 STEPS = {"ppo": 40, "grpo": 40, "dpo": 30}
 PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
@@ -60,6 +65,7 @@ def curve(run: str, preset: str) -> dict:
     cfg = TrainConfig.from_dict(
         {
             "algo": {"name": algo, **SETTINGS[algo], **extra},
+            "data": DATA.get(run, {}),
             "precision": {"preset": preset},
             "steps": STEPS[algo],
             "device": "cpu",
@@ -99,7 +105,8 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     results = []
     for run in runs:
-        options = ", ".join(f"{k}: {v}" for k, v in RUNS[run][1].items()) or "(recipe defaults)"
+        data = "".join(f", data.{k}: {v}" for k, v in DATA.get(run, {}).items())
+        options = (", ".join(f"{k}: {v}" for k, v in RUNS[run][1].items()) or "(recipe defaults)") + data
         for preset in PRESETS:
             r = curve(run, preset)
             results.append(r)

@@ -93,8 +93,10 @@ def _otb_loop(r, m, index, old, spp, isw, packed):
     """verl's optimal token baseline written out per group, row and position (python floats)."""
     b, n_pos = len(r), len(r[0])
     g_ret = [[sum(r[i][u] * m[i][u] for u in range(s, n_pos)) for s in range(n_pos)] for i in range(b)]
-    w = [[(1 - 2 * math.exp(old[i][s]) + spp[i][s]) * (isw[i][s] ** 2 if isw else 1.0) for s in range(n_pos)]
-         for i in range(b)]  # fmt: skip
+    w = [
+        [(1 - 2 * math.exp(old[i][s]) + spp[i][s]) * (isw[i][s] ** 2 if isw else 1.0) for s in range(n_pos)]
+        for i in range(b)
+    ]
     cum = [[sum(w[i][u] * m[i][u] for u in range(s + 1)) for s in range(n_pos)] for i in range(b)]
     pos = [[s for s in range(n_pos) if m[i][s]] if packed else list(range(n_pos)) for i in range(b)]
     length = [sum(1 for s in range(n_pos) if m[i][s]) for i in range(b)]
@@ -149,11 +151,18 @@ def test_otb_needs_the_old_policy_and_rounds_once():
     with pytest.raises(ValueError, match="optimal_token_baseline: needs the old policy's log-probs"):
         A.compute_advantages("optimal_token_baseline", r, m, index=torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="needs the old policy's sum of squared token probabilities"):
-        A.compute_advantages("tir_optimal_token_baseline", r, m, index=torch.tensor([0, 0]),
-                             old_logprobs=torch.zeros(2, 2))  # fmt: skip
+        A.compute_advantages(
+            "tir_optimal_token_baseline", r, m, index=torch.tensor([0, 0]), old_logprobs=torch.zeros(2, 2)
+        )
     old, spp = _policy(0.5, 0.5, (2, 2))
-    adv, ret = A.compute_advantages("optimal_token_baseline", r, m, index=torch.tensor([0, 0]),
-                                    old_logprobs=old.float(), sum_pi_squared=spp.float())  # fmt: skip
+    adv, ret = A.compute_advantages(
+        "optimal_token_baseline",
+        r,
+        m,
+        index=torch.tensor([0, 0]),
+        old_logprobs=old.float(),
+        sum_pi_squared=spp.float(),
+    )
     assert adv.dtype == ret.dtype == torch.float32
     assert flat(adv) == pytest.approx(flat([[0.5, 0.5], [-0.5, -0.5]]), rel=1e-6)
 
@@ -215,10 +224,13 @@ def _gdpo_loop(comps, weights, index, lengths, norm_by_std, eps=1e-6):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.floats(-3, 3), st.floats(-3, 3), st.integers(1, 3)),
-             min_size=2, max_size=20),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.floats(-3, 3), st.floats(-3, 3), st.integers(1, 3)),
+        min_size=2,
+        max_size=20,
+    ),
     st.booleans(),
-)  # fmt: skip
+)
 def test_gdpo_matches_a_plain_loop(rows, norm_by_std):
     index = [g for g, *_ in rows]
     comps = [[float(np.float32(a)) for _, a, _, _ in rows], [float(np.float32(b)) for _, _, b, _ in rows]]
@@ -317,16 +329,30 @@ def test_gdpo_config_needs_its_keys_and_matching_weights():
     [
         ({"adv_estimator": "optimal_token_baseline"}, {}),
         ({"adv_estimator": "tir_optimal_token_baseline"}, {}),
-        ({"adv_estimator": "gdpo", "gdpo_reward_keys": ["correct", "digits"], "gdpo_reward_weights": [1, 0.5]},
-         {"reward_fn": "trainer.data:digits_parts"}),
+        (
+            {
+                "adv_estimator": "gdpo",
+                "gdpo_reward_keys": ["correct", "digits"],
+                "gdpo_reward_weights": [1, 0.5],
+            },
+            {"reward_fn": "trainer.data:digits_parts"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_grpo_recipe_runs_the_new_estimators(algo, data):
     from trainer.config import TrainConfig
     from trainer.train import train
 
-    cfg = TrainConfig.from_dict({"algo": {"name": "grpo", "batch_size": 2, **algo}, "data": data, "steps": 1,
-                                 "device": "cpu", "seed": 0, "threads": 1})  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            "algo": {"name": "grpo", "batch_size": 2, **algo},
+            "data": data,
+            "steps": 1,
+            "device": "cpu",
+            "seed": 0,
+            "threads": 1,
+        }
+    )
     (m,) = train(cfg).history
     assert all(math.isfinite(v) for v in m.values()), m
     if algo["adv_estimator"] == "gdpo":  # verl's per-component metrics
@@ -337,8 +363,13 @@ def test_gdpo_on_plain_scores_names_what_is_missing():
     from trainer.config import TrainConfig
     from trainer.train import train
 
-    cfg = TrainConfig.from_dict({"algo": {"name": "grpo", "batch_size": 2, "adv_estimator": "gdpo",
-                                          "gdpo_reward_keys": ["acc"]}, "steps": 1, "device": "cpu"})  # fmt: skip
+    cfg = TrainConfig.from_dict(
+        {
+            "algo": {"name": "grpo", "batch_size": 2, "adv_estimator": "gdpo", "gdpo_reward_keys": ["acc"]},
+            "steps": 1,
+            "device": "cpu",
+        }
+    )
     with pytest.raises(ValueError, match=r"'acc' is not among the parts data.task returned \(none"):
         train(cfg)
 

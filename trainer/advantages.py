@@ -335,9 +335,9 @@ def reinforce_plus_plus(
     (advantages, returns).
 
     A masked token inside a response (a tool observation, a token rejected by ``rollout_rs``): with
-    ``carry_holes`` (verl 0.10 on) it gets return 0 and passes the later return on unchanged, neither
+    ``carry_holes`` (verl 0.9 on) it gets return 0 and passes the later return on unchanged, neither
     adding its reward nor discounting, so every valid token before it still sees the outcome; without
-    (verl before 0.10) the return restarts from 0 there (trailing padding is the same either way: the
+    (verl before 0.9) the return restarts from 0 there (trailing padding is the same either way: the
     scan starts at 0 after the last token)."""
     r, m = _up(token_rewards), _up(mask)
     returns = torch.zeros_like(r)

@@ -62,7 +62,8 @@ class RecipeConfig(_Section):
     any outcome ``adv_estimator``) or ``dpo`` (preference pairs)."""
     adv_estimator: str | None = None
     """verl ``algorithm.adv_estimator``: ``gae`` (ppo); ``grpo``, ``rloo``, ``reinforce_plus_plus``,
-    ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``, ``opo``, ``grpo_passk`` (grpo recipe). Unset:
+    ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``, ``opo``, ``grpo_passk``, ``grpo_vectorized``,
+    ``rloo_vectorized``, ``gdpo``, ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (grpo recipe). Unset:
     ``gae`` for ppo (verl's default), ``grpo`` for grpo. ``remax`` also decodes one greedy response per
     prompt as its baseline."""
     norm_adv_by_std_in_grpo: bool = True

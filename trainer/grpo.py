@@ -3,8 +3,10 @@
 One step: sample ``group_size`` responses for each of ``batch_size`` prompts; score them; token
 rewards (minus the KL penalty with ``use_kl_in_reward``); advantages from ``adv_estimator`` with the
 rows grouped by prompt (``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
-``remax``, ``gpg``, ``opo``, ``grpo_passk``; ReMax also decodes one greedy response per prompt and
-scores it as the baseline); then PPO's actor update, with the KL loss term when ``use_kl_loss``.
+``remax``, ``gpg``, ``opo``, ``grpo_passk``, ``gdpo``, ``optimal_token_baseline`` and the others; ReMax also
+decodes one greedy response per prompt and scores it as the baseline, GDPO reads the reward's components
+(``gdpo_reward_keys``), the optimal token baselines the old policy's sum_v pi_v^2 from its log-prob
+forward); then PPO's actor update, with the KL loss term when ``use_kl_loss``.
 The rollout, scoring and actor update are the steps PPO uses too (`trainer.rl_steps`), called in this
 order. Run
 it: ``python -m trainer.train --config cfg.yaml`` with ``algo.name: grpo`` (or `pytest tests/test_train.py`).

@@ -38,8 +38,8 @@ CHANGES = {
         "weights the loss uses; the fractions above / below the threshold stay of the raw ones (before: all "
         "of the raw weights)",
     ),
-    "reinforce_carries_holes": Change(
-        "0.10",
+    "reinforce_carries_holes": Change(  # verl #7300, commit 8a1bf6d5b (2026-08-10), first in v0.9.0
+        "0.9",
         "adv_estimator: reinforce_plus_plus",
         "the reward-to-go is carried through masked tokens inside a response (tool observations, tokens "
         "rejected by rollout_rs): they get return 0 and pass the later return on undiscounted (before: "
