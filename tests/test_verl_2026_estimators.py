@@ -20,6 +20,7 @@ from trainer import logprobs as LP
 from trainer.common import reward_parts, split_reward_parts
 from trainer.config import AlgoConfig
 from trainer.data import digits_parts
+from verlaudit import verl_keys as V
 
 D = torch.float64
 
@@ -403,3 +404,8 @@ def test_from_verl_maps_the_new_estimators(tmp_path):
         [1.0, 2.0],
     )
     assert not [r for r in mapped.records if r.kind == "unmapped"]
+    from trainer.config import TrainConfig
+
+    assert TrainConfig.from_dict({"algo": algo}).algo.gdpo_reward_weights == (1.0, 2.0)  # the suite validates
+    # and back: a diagnosis's fix writes the list in Hydra's form
+    assert V.algo_override("gdpo_reward_keys", ("acc", "fmt")) == "algorithm.gdpo_reward_keys=[acc,fmt]"

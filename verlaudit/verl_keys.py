@@ -163,7 +163,10 @@ def algo_key(key: str) -> str:
 
 
 def algo_override(key: str, value: object) -> str:
-    """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``)."""
+    """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``; a list in
+    Hydra's form, ``algorithm.gdpo_reward_keys=[acc,fmt]``)."""
+    if isinstance(value, (list, tuple)):
+        return f"{algo_key(key)}=[{','.join(str(v) for v in value)}]"
     text = str(value).lower() if isinstance(value, bool) else ("null" if value is None else str(value))
     return f"{algo_key(key)}={text}"
 
