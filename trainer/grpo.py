@@ -109,22 +109,26 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
 
-        metrics.update(
-            {
-                "critic/score/mean": float(scores.mean()),
-                "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
-                "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
-                "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
-                "critic/returns/mean": float(L.masked_mean(returns, mask)),
-                "response_length/mean": float(mask.float().sum(-1).mean()),
-            }
-        )
-        if baselines is not None:
-            metrics["critic/reward_baseline/mean"] = float(baselines.mean())
+        metrics.update(_batch_metrics(scores, token_rewards, mask, advantages, returns, baselines))
         for key, values in zip(algo.gdpo_reward_keys or (), components if components is not None else ()):
             metrics.update(_component_metrics(key, values))
         log.end(step, metrics)
     return log.history
+
+
+def _batch_metrics(scores, token_rewards, mask, advantages, returns, baselines) -> dict[str, float]:
+    """verl's ``critic/*`` batch statistics of the step (and ReMax's greedy baseline)."""
+    out = {
+        "critic/score/mean": float(scores.mean()),
+        "critic/score/std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "critic/rewards/mean": float(L.masked_sum(token_rewards, mask, dim=-1).mean()),
+        "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
+        "critic/returns/mean": float(L.masked_mean(returns, mask)),
+        "response_length/mean": float(mask.float().sum(-1).mean()),
+    }
+    if baselines is not None:
+        out["critic/reward_baseline/mean"] = float(baselines.mean())
+    return out
 
 
 def _component_metrics(key: str, values: torch.Tensor) -> dict[str, float]:
