@@ -183,6 +183,23 @@ def test_sum_pi_squared_from_logits():
     assert torch.allclose(whole, (big.float().softmax(-1) ** 2).sum(-1), rtol=1e-6)
 
 
+def test_the_old_policy_forward_hands_back_sum_pi_squared_of_its_logits():
+    # a "model" whose logits are a fixed table: the list gets sum pi^2 of the response positions' logits
+    # (the logit at position i predicts token i + 1), at the sampling temperature
+    table = torch.randn(1, 6, 7, generator=torch.Generator().manual_seed(3))
+
+    class Table(torch.nn.Module):
+        def forward(self, input_ids, attention_mask, position_ids):
+            return table
+
+    ids, attn = torch.zeros(1, 6, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)
+    got: list[torch.Tensor] = []
+    lp, _ = LP.sequence_logprobs(Table(), ids, attn, 3, temperature=0.7, sum_pi_squared=got)
+    (spp,) = got
+    assert spp.shape == lp.shape == (1, 3)
+    assert torch.allclose(spp, ((table[:, 2:5] / 0.7).softmax(-1) ** 2).sum(-1), rtol=1e-6)
+
+
 # ---------------------------------------------------------------- gdpo
 
 
