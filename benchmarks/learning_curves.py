@@ -63,9 +63,14 @@ RUNS: dict[str, tuple[str, dict]] = {
         },
     ),
     "icepop": ("grpo", {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"}}),
+    "optimal_token_baseline": ("grpo", {"adv_estimator": "optimal_token_baseline"}),
+    "tir_optimal_token_baseline": ("grpo", {"adv_estimator": "tir_optimal_token_baseline"}),
+    "gdpo": ("grpo", {"adv_estimator": "gdpo", "gdpo_reward_keys": ["correct", "digits"]}),
 }
 """Run name -> (recipe, ``algo`` options on top of its tiny learning settings; ``rollout_correction``: that
 section's options)."""
+DATA: dict[str, dict] = {"gdpo": {"reward_fn": "trainer.data:digits_parts"}}
+"""Run name -> ``data`` options, for a run that needs them (GDPO: the digits reward in its two parts)."""
 NEW_ESTIMATORS = ",".join(n for n in RUNS if n not in ("ppo", "grpo", "dpo"))
 STEPS = {"ppo": 40, "grpo": 40, "dpo": 30}
 PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
@@ -79,6 +84,7 @@ def curve(run: str, preset: str) -> dict:
         {
             "algo": {"name": algo, **SETTINGS[algo], **extra},
             "rollout_correction": correction,
+            "data": DATA.get(run, {}),
             "precision": {"preset": preset},
             "steps": STEPS[algo],
             "device": "cpu",
@@ -118,7 +124,8 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     results = []
     for run in runs:
-        options = ", ".join(f"{k}: {v}" for k, v in RUNS[run][1].items()) or "(recipe defaults)"
+        data = "".join(f", data.{k}: {v}" for k, v in DATA.get(run, {}).items())
+        options = (", ".join(f"{k}: {v}" for k, v in RUNS[run][1].items()) or "(recipe defaults)") + data
         for preset in PRESETS:
             r = curve(run, preset)
             results.append(r)

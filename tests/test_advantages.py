@@ -123,6 +123,7 @@ def test_compute_advantages_dispatches_and_names_what_is_missing():
     index = torch.tensor([0, 0])
     for name in A.ADV_ESTIMATORS:
         kwargs = {"index": index, "values": torch.zeros_like(r), "reward_baselines": t([0.0, 0.0])}
+        kwargs.update(old_logprobs=torch.zeros_like(r), sum_pi_squared=torch.ones_like(r))
         adv, ret = A.compute_advantages(name, r, m, **kwargs)
         assert adv.shape == ret.shape == r.shape, name
     with pytest.raises(ValueError, match="remax: missing reward_baselines"):

@@ -44,6 +44,8 @@ def config_dicts(draw):
             algo.update(use_kl_loss=True, kl_loss_type=draw(st.sampled_from(KL_ESTIMATORS)))
         if name == "grpo":
             algo["adv_estimator"] = draw(st.sampled_from([e for e in ADV_ESTIMATORS if e != "gae"]))
+            if algo["adv_estimator"] == "gdpo":  # GDPO needs its reward components named, as verl
+                algo["gdpo_reward_keys"] = ["correct", "digits"]
             algo["group_size"] = draw(st.integers(2, 8))
     d = {
         "algo": algo,
@@ -199,7 +201,8 @@ def test_every_choice_list_is_accepted():
     for mode in POLICY_LOSSES:
         AlgoConfig(name="grpo", loss_mode=mode, dro_beta=0.1 if mode == "dro" else None)
     for est in ADV_ESTIMATORS:
-        AlgoConfig(name="ppo" if est == "gae" else "grpo", adv_estimator=est)
+        keys = {"gdpo_reward_keys": ("acc",)} if est == "gdpo" else {}
+        AlgoConfig(name="ppo" if est == "gae" else "grpo", adv_estimator=est, **keys)
     for kind in DPO_LOSSES:
         AlgoConfig(name="dpo", dpo_loss=kind, label_smoothing=0.01 if kind == "exo_pair" else 0.0)
 

@@ -356,7 +356,7 @@ def test_keys_nothing_reads_are_reported_and_the_suite_validates(job):
     assert (algo["name"], algo["adv_estimator"], algo["loss_mode"]) == ("grpo", "rloo", "gpg")
     assert by["algorithm.adv_estimator"].suite == "algo.adv_estimator"  # critic-free: the grpo recipe
     ignored = {  # verl key -> AlgoConfig's reason (trainer.config.unread_algo_keys)
-        "algorithm.norm_adv_by_std_in_grpo": "needs adv_estimator grpo, grpo_vectorized or grpo_passk",
+        "algorithm.norm_adv_by_std_in_grpo": "needs adv_estimator grpo, grpo_vectorized, grpo_passk or gdpo",
         "algorithm.kl_ctrl.kl_coef": "needs use_kl_in_reward: true",
         "algorithm.kl_ctrl.target_kl": "needs use_kl_in_reward: true and kl_ctrl_type: adaptive",
         "actor_rollout_ref.actor.kl_loss_coef": "needs use_kl_loss: true",

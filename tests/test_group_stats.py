@@ -1,5 +1,5 @@
 """Our own statistics in full precision: group means and stds (GRPO, RLOO, OPO, pass@k, GPG, REINFORCE++
-baseline), whitening and masked means. A group whose responses all get the same reward has advantage
+baseline, GDPO), whitening and masked means. A group whose responses all get the same reward has advantage
 exactly 0, and every mean and std is the correctly rounded fp32 value of the exact one (up to one ulp),
 at every group size up to 1024 and for rewards that are not dyadic fractions (0.7, 7.3: an fp32 sum of
 them rounds at every step, which is what the sequential fp32 accumulation lost).
@@ -24,7 +24,7 @@ REWARDS = st.one_of(
     st.sampled_from([0.7, 7.3, 0.1, -2.9, 1 / 3, 123.456]),
     st.floats(-1e3, 1e3, allow_nan=False, width=32),
 )
-GROUPED = ("grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline")
+GROUPED = ("grpo", "rloo", "opo", "gpg", "grpo_passk", "reinforce_plus_plus_baseline", "gdpo")
 
 
 def _ulp32(x: float) -> float:

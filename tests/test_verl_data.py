@@ -243,7 +243,9 @@ def test_dict_scores_become_step_metrics():
     log.start(0)
     scores = reward(["", ""], [gt, "ab"], [ex[0], ex[0]])
     out = log.end(0, {"actor/loss": 0.0})
-    assert scores == [1.0, 0.0]  # all digits; no digit
+    # all digits; no digit. A dict result comes back as one dict per response (GDPO's components), its
+    # numeric keys only
+    assert scores == [{"score": 1.0, "acc": 1.0}, {"score": 0.0, "acc": 0.0}]
     assert out["reward_extra/acc/mean"] == 0.5  # True, False
     assert "reward_extra/pred/mean" not in out and "reward_extra/score/mean" not in out
     log.start(1)

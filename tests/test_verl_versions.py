@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_version_key_defaults_to_the_latest_release_and_refuses_unknown_lines():
     assert AlgoConfig().verl_version == VV.LATEST_RELEASE == "0.9"
-    assert AlgoConfig(verl_version="0.10").follows("reinforce_carries_holes")
-    assert not AlgoConfig().follows("reinforce_carries_holes")
+    assert AlgoConfig().follows("reinforce_carries_holes")  # verl 0.9.0 has #7300 (commit 8a1bf6d5b)
+    assert not AlgoConfig(verl_version="0.8").follows("reinforce_carries_holes")
     # b8d91ef8d (2026-02-26) shipped first in v0.7.1, a branch off main; v0.7.0 has the older form
     assert not AlgoConfig(verl_version="0.7").follows("sum_norm_per_sequence")
     assert AlgoConfig(verl_version="0.7.1").follows("sum_norm_per_sequence")
@@ -67,7 +67,7 @@ def test_reinforce_returns_through_a_hole_hand_worked():
     _, carried = A.reinforce_plus_plus(r, m, gamma=1.0, carry_holes=True)
     _, reset = A.reinforce_plus_plus(r, m, gamma=1.0, carry_holes=False)
     assert carried.tolist() == [[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]  # every action sees the outcome
-    assert reset.tolist() == [[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]]  # verl before 0.10: lost before the hole
+    assert reset.tolist() == [[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]]  # verl before 0.9: lost before the hole
     # gamma 0.5: the hole neither adds nor discounts; t4 = 0.5, t1 = 0.25, t0 = 0.125
     _, carried = A.reinforce_plus_plus(r, m, gamma=0.5, carry_holes=True)
     assert carried.tolist() == [[0.125, 0.25, 0.0, 0.0, 0.5, 1.0]]
@@ -117,7 +117,7 @@ def test_carried_reinforce_returns_equal_our_gae_with_no_critic(b, r_len, gamma,
 def test_the_recipe_passes_the_version_to_the_estimator():
     r = torch.tensor([[0.0, 0.0, 1.0]])
     m = torch.tensor([[1.0, 0.0, 1.0]])
-    for version, first in (("0.9", 0.0), ("0.10", 1.0)):
+    for version, first in (("0.8", 0.0), ("0.9", 1.0)):
         carry = AlgoConfig(name="grpo", verl_version=version).follows("reinforce_carries_holes")
         _, returns = A.compute_advantages("reinforce_plus_plus", r, m, carry_holes=carry)
         assert float(returns[0, 0]) == first, version

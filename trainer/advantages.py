@@ -175,6 +175,158 @@ def grpo_passk(
     return _outcome(adv, mask, dtype)
 
 
+@ADV_ESTIMATOR.register("gdpo", std=True, components=True)
+def gdpo(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    components: torch.Tensor | None = None,
+    component_weights: tuple[float, ...] | None = None,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (Group reward-Decoupled normalisation, arXiv 2601.05242; verl since 0.7.1): each reward
+    component k (``components`` [K, B], the per-response values of ``algo.gdpo_reward_keys``) gets its own
+    GRPO advantage within the group, (c_k - group mean) / (group std + eps) (a group of one: c_k / (1 + eps);
+    without the std: c_k - mean); the weighted sum over k (``component_weights``, default all 1, rounded to
+    fp32 as verl does) is broadcast over the valid tokens and whitened over the batch -> (advantages,
+    returns = advantages). Without components the sequence score is the one component (verl's fallback).
+
+    As verl, the components are the raw values the reward returned, not the KL-shaped token rewards.
+    Group statistics and the whitening are float64 (`group_stats`, `trainer.losses.masked_whiten`): a
+    batch of constant groups has advantage exactly 0 (verl's fp32 sums do not)."""
+    s, dtype = _scores(token_rewards)
+    comps = s.unsqueeze(0) if components is None else _up(components).double()
+    if comps.dim() != 2 or comps.shape[1] != s.shape[0]:
+        raise ValueError(
+            f"adv_estimator gdpo: components of shape {tuple(comps.shape)}, expected (K, {s.shape[0]}): "
+            "one value per reward component and response"
+        )
+    k = comps.shape[0]
+    weights = [1.0] * k if component_weights is None else list(component_weights)
+    if len(weights) != k:
+        raise ValueError(f"adv_estimator gdpo: {len(weights)} weights for {k} reward components")
+    total = torch.zeros_like(s)
+    for c, w in zip(comps, weights):
+        _, mean, std = group_stats(index, c)
+        adv = (c - mean) / (std + eps) if norm_by_std else c - mean
+        total = total + float(torch.tensor(w, dtype=torch.float32)) * adv
+    m = _up(mask).double()
+    adv = (masked_whiten(total.unsqueeze(-1) * m, m) * m).to(dtype)
+    return adv, adv
+
+
+OTB_EPS = 1e-8
+"""verl's epsilon in the optimal-token-baseline denominators (its ``compute_advantage`` passes none)."""
+
+
+def _path_variance(
+    mask: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    is_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """OTB's cumulative path-variance proxy W_t = sum_{j <= t} w_j over the valid tokens, float64, with
+    w_j = 1 - 2 pi_j + sum_v pi_v^2 (the squared norm of the score function's logit part), times the
+    squared truncated IS weight when rollout correction weights the loss (verl's MSE-optimal form)."""
+    w = 1 - 2 * torch.exp(old_logprobs.double()) + sum_pi_squared.double()
+    if is_weights is not None:
+        w = w * is_weights.double() ** 2
+    return torch.cumsum(w * mask, dim=-1)
+
+
+def _group_sums(inverse: torch.Tensor, n_groups: int, x: torch.Tensor) -> torch.Tensor:
+    """Per group and position: the sum of ``x`` [B, T] over the group's rows -> [G, T] (float64)."""
+    return torch.zeros(n_groups, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
+
+
+def _zero_tail(baseline: torch.Tensor, inverse: torch.Tensor, lengths: torch.Tensor, n: torch.Tensor) -> None:
+    """verl's ``handle_zero_tail`` (default on): a group's single longest response gets baseline 0 past the
+    second longest's length, where it alone would set the baseline (and cancel its own return). In place."""
+    g = int(inverse.max()) + 1
+    longest = torch.full((g,), -1.0, dtype=lengths.dtype, device=lengths.device)
+    longest = longest.scatter_reduce(0, inverse, lengths, "amax")
+    is_max = lengths == longest[inverse]
+    n_max = torch.zeros(g, dtype=lengths.dtype, device=lengths.device).index_add_(
+        0, inverse, is_max.to(lengths)
+    )
+    others = torch.where(is_max, torch.full_like(lengths, -1.0), lengths)
+    second = torch.full((g,), -1.0, dtype=lengths.dtype, device=lengths.device)
+    second = second.scatter_reduce(0, inverse, others, "amax")
+    alone = is_max & (n_max[inverse] == 1) & (n > 1)
+    t = torch.arange(baseline.shape[1], device=baseline.device)
+    baseline.masked_fill_(alone[:, None] & (t[None, :] >= second[inverse][:, None]), 0.0)
+
+
+@ADV_ESTIMATOR.register("optimal_token_baseline", sum_pi_squared=True)
+def optimal_token_baseline(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimal token baseline (OTB, arXiv 2602.07078; verl since 0.7.1): a baseline per group and
+    position, B_t = sum_i G_it W_it / (sum_i W_it + 1e-8) over the group's responses valid at t, with G the
+    reward-to-go and W the cumulative path variance (`_path_variance`, from the old policy's log-probs and
+    sum_v pi_v^2); advantages G_t - B_t on the valid tokens, returns G. A group of one has baseline 0;
+    a group's single longest response has baseline 0 past the second longest (`_zero_tail`). Positions
+    are the padded ones (verl's): with holes in a mask, use ``tir_optimal_token_baseline``. float64
+    throughout, rounded once."""
+    r, dtype = _up(token_rewards), _up(token_rewards).dtype
+    m = _up(mask).double()
+    returns = torch.flip(torch.cumsum(torch.flip(r.double() * m, [-1]), -1), [-1])
+    cum_w = _path_variance(m, old_logprobs, sum_pi_squared, is_weights)
+    _, inverse = torch.unique(index, return_inverse=True)
+    g = int(inverse.max()) + 1
+    n = torch.zeros(g, dtype=m.dtype, device=m.device).index_add_(0, inverse, torch.ones_like(m[:, 0]))[
+        inverse
+    ]
+    num, den = _group_sums(inverse, g, returns * cum_w * m), _group_sums(inverse, g, cum_w * m)
+    baseline = torch.where((n > 1)[:, None], num[inverse] / (den[inverse] + OTB_EPS), torch.zeros_like(m))
+    _zero_tail(baseline, inverse, m.sum(-1), n)
+    return ((returns - baseline) * m).to(dtype), returns.to(dtype)
+
+
+@ADV_ESTIMATOR.register("tir_optimal_token_baseline", sum_pi_squared=True)
+def tir_optimal_token_baseline(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimal token baseline for tool-integrated (multi-turn) responses, verl's
+    ``tir_optimal_token_baseline``: `optimal_token_baseline` with each response's valid tokens packed to the
+    left first, so the k-th generated token of one response shares its baseline with the k-th of the others
+    whatever tool output (masked tokens) came between; responses without a valid token are left out of
+    their group. Returns are the reward-to-go over the padded positions, as verl's."""
+    r, dtype = _up(token_rewards), _up(token_rewards).dtype
+    m = _up(mask).double()
+    returns = torch.flip(torch.cumsum(torch.flip(r.double() * m, [-1]), -1), [-1])
+    cum_w = _path_variance(m, old_logprobs, sum_pi_squared, is_weights)
+    b, t = m.shape
+    valid = m > 0
+    # packed position of each valid token; the others go to a spare column t that is dropped
+    rank = torch.where(valid, torch.cumsum(valid.long(), -1) - 1, torch.full_like(valid, t, dtype=torch.long))
+    packed_w = torch.zeros(b, t + 1, dtype=m.dtype, device=m.device).scatter_(1, rank, cum_w * m)[:, :t]
+    packed_g = torch.zeros(b, t + 1, dtype=m.dtype, device=m.device).scatter_(1, rank, returns * m)[:, :t]
+    lengths = m.sum(-1)
+    _, inverse = torch.unique(index, return_inverse=True)
+    g = int(inverse.max()) + 1
+    present = (lengths > 0).to(m.dtype)
+    n = torch.zeros(g, dtype=m.dtype, device=m.device).index_add_(0, inverse, present)[inverse]
+    keep = present[:, None]
+    num, den = _group_sums(inverse, g, packed_g * packed_w * keep), _group_sums(inverse, g, packed_w * keep)
+    baseline = torch.where((n > 1)[:, None], num[inverse] / (den[inverse] + OTB_EPS), torch.zeros_like(m))
+    _zero_tail(baseline, inverse, torch.where(lengths > 0, lengths, torch.full_like(lengths, -2.0)), n)
+    packed_adv = torch.cat([packed_g - baseline, torch.zeros_like(m[:, :1])], -1)
+    adv = torch.gather(packed_adv, 1, rank) * m
+    return adv.to(dtype), returns.to(dtype)
+
+
 @ADV_ESTIMATOR.register("reinforce_plus_plus")
 def reinforce_plus_plus(
     token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, carry_holes: bool = False
@@ -183,9 +335,9 @@ def reinforce_plus_plus(
     (advantages, returns).
 
     A masked token inside a response (a tool observation, a token rejected by ``rollout_rs``): with
-    ``carry_holes`` (verl 0.10 on) it gets return 0 and passes the later return on unchanged, neither
+    ``carry_holes`` (verl 0.9 on) it gets return 0 and passes the later return on unchanged, neither
     adding its reward nor discounting, so every valid token before it still sees the outcome; without
-    (verl before 0.10) the return restarts from 0 there (trailing padding is the same either way: the
+    (verl before 0.9) the return restarts from 0 there (trailing padding is the same either way: the
     scan starts at 0 after the last token)."""
     r, m = _up(token_rewards), _up(mask)
     returns = torch.zeros_like(r)
@@ -247,10 +399,18 @@ def compute_advantages(
     norm_adv_by_std_in_grpo: bool = True,
     eps: float = 1e-6,
     carry_holes: bool = False,
+    old_logprobs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    components: torch.Tensor | None = None,
+    component_weights: tuple[float, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) of verl's ``adv_estimator`` (`ADV_ESTIMATOR`); ``index`` groups rows (outcome
-    estimators), ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax). Each
-    estimator is given the inputs its signature names."""
+    estimators), ``values`` are the critic's (gae), ``reward_baselines`` the greedy scores (remax),
+    ``old_logprobs`` / ``sum_pi_squared`` / ``is_weights`` the old policy's log-probs, its sum_v pi_v^2 per
+    token and the truncated IS weights (the optimal token baselines), ``components`` [K, B] and
+    ``component_weights`` the reward components (gdpo). Each estimator is given the inputs its signature
+    names."""
     fn = ADV_ESTIMATOR.get(estimator)
     given = {
         "index": index,
@@ -261,6 +421,11 @@ def compute_advantages(
         "norm_by_std": norm_adv_by_std_in_grpo,
         "eps": eps,
         "carry_holes": carry_holes,
+        "old_logprobs": old_logprobs,
+        "sum_pi_squared": sum_pi_squared,
+        "is_weights": is_weights,
+        "components": components,
+        "component_weights": component_weights,
     }
     params = inspect.signature(fn).parameters
     for name, missing in _REQUIRED.items():
@@ -273,6 +438,8 @@ _REQUIRED = {
     "values": "missing values",
     "reward_baselines": "missing reward_baselines",
     "index": "needs the group index of each row",
+    "old_logprobs": "needs the old policy's log-probs",
+    "sum_pi_squared": "needs the old policy's sum of squared token probabilities (sum_pi_squared)",
 }
 """The inputs an estimator cannot go without, and what a call without them is told."""
 

@@ -62,7 +62,8 @@ class RecipeConfig(_Section):
     any outcome ``adv_estimator``) or ``dpo`` (preference pairs)."""
     adv_estimator: str | None = None
     """verl ``algorithm.adv_estimator``: ``gae`` (ppo); ``grpo``, ``rloo``, ``reinforce_plus_plus``,
-    ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``, ``opo``, ``grpo_passk`` (grpo recipe). Unset:
+    ``reinforce_plus_plus_baseline``, ``remax``, ``gpg``, ``opo``, ``grpo_passk``, ``grpo_vectorized``,
+    ``rloo_vectorized``, ``gdpo``, ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (grpo recipe). Unset:
     ``gae`` for ppo (verl's default), ``grpo`` for grpo. ``remax`` also decodes one greedy response per
     prompt as its baseline."""
     norm_adv_by_std_in_grpo: bool = True
@@ -72,13 +73,30 @@ class RecipeConfig(_Section):
     """verl ``algorithm.gamma``: discount (gae, reinforce_plus_plus)."""
     lam: float = 1.0
     """verl ``algorithm.lam``: GAE lambda."""
+    gdpo_reward_keys: tuple[str, ...] | None = None
+    """verl ``algorithm.gdpo_reward_keys`` (``gdpo``, which needs it): the reward components GDPO
+    normalises one by one, keys of the dict the reward returns per response (verl's ``compute_score``
+    dict; `trainer.common.split_reward_parts`)."""
+    gdpo_reward_weights: tuple[float, ...] | None = None
+    """verl ``algorithm.gdpo_reward_weights``: one weight per ``gdpo_reward_keys`` entry in GDPO's sum of
+    the components' advantages; unset: all 1."""
 
     def __post_init__(self) -> None:
         _choice(RECIPE, "name", self.name, "algorithm")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma", "gamma and lam must be in [0, 1]")
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        _check(keys is None or (len(keys) > 0 and all(isinstance(k, str) and k for k in keys)),
+               "gdpo_reward_keys", f"expected a list of key names, got {keys!r}")  # fmt: skip
+        _check(weights is None or (keys is not None and len(weights) == len(keys)), "gdpo_reward_weights",
+               f"{len(weights or ())} weights for {len(keys or ())} gdpo_reward_keys: give one per key")  # fmt: skip
+        _check(weights is None or all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights),
+               "gdpo_reward_weights", f"expected a list of numbers, got {weights!r}")  # fmt: skip
         est = self.adv_estimator
         if est is None:
             return
+        _check(est != "gdpo" or keys is not None, "gdpo_reward_keys",
+               "adv_estimator gdpo needs the reward components: list the keys of the dict the reward returns "
+               "per response (as verl, which asserts on it)")  # fmt: skip
         _choice(ADV_ESTIMATOR, "adv_estimator", est, "estimator")
         _check(RECIPE.entry(self.name).info["estimator"] is not None, "adv_estimator",
                f"{self.name.upper()} has no advantage estimator; remove it")  # fmt: skip
@@ -448,6 +466,8 @@ def unread_algo_keys(algo: Mapping[str, Any]) -> dict[str, str]:
         "loss_scale_factor": (rl and algo["loss_agg_mode"] == "seq-mean-token-sum-norm",
                               "needs loss_agg_mode: seq-mean-token-sum-norm"),
         "norm_adv_by_std_in_grpo": (est in std, f"needs adv_estimator {', '.join(std[:-1])} or {std[-1]}"),
+        "gdpo_reward_keys": (est == "gdpo", "needs adv_estimator: gdpo"),
+        "gdpo_reward_weights": (est == "gdpo", "needs adv_estimator: gdpo"),
         "cliprange_value": (critic, "only the PPO critic's loss reads it"),
         "vf_coef": (critic, "only the PPO critic's loss reads it"),
         "dpo_loss": (not rl, "needs algo.name: dpo"),

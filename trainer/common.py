@@ -340,6 +340,46 @@ def convert_rewards(raw: Any, batch_size: int, device: torch.device, where: str)
     return t.reshape(batch_size).to(device=device, dtype=torch.float32)
 
 
+def split_reward_parts(raw: Any, where: str) -> tuple[Any, dict[str, list[Any]]]:
+    """A reward function's result -> (the scores, the named parts). A list of dicts (one per response,
+    verl's ``compute_score`` form) gives each dict's ``score`` and, per other key, one value per response
+    (None where a response lacks it); anything else is the scores as they are, with no parts."""
+    if not isinstance(raw, (list, tuple)) or not raw or not all(isinstance(r, Mapping) for r in raw):
+        return raw, {}
+    for i, r in enumerate(raw):
+        if "score" not in r:
+            raise ValueError(
+                f"{where}: response {i}'s dict has no 'score' (keys: {', '.join(map(str, r))}); a reward "
+                "returned as dicts needs 'score' in each, as verl's compute_score"
+            )
+    keys = dict.fromkeys(k for r in raw for k in r if k != "score")
+    return [r["score"] for r in raw], {k: [r.get(k) for r in raw] for k in keys}
+
+
+def reward_parts(
+    parts: Mapping[str, list[Any]], keys: tuple[str, ...], batch_size: int, device: torch.device, where: str
+) -> torch.Tensor:
+    """The reward parts named by ``keys`` as float32 [K, B] (``algo.gdpo_reward_keys``: GDPO's components);
+    a key missing from the result, or a response without a number for it, is a user error naming it."""
+    rows = []
+    for key in keys:
+        values = parts.get(key)
+        if values is None:
+            have = ", ".join(parts) or "none: it returned plain numbers"
+            raise ValueError(
+                f"algo.gdpo_reward_keys: {key!r} is not among the parts {where} returned ({have}); return one "
+                f"dict per response with 'score' and {key!r} (verl's compute_score form)"
+            )
+        bad = [i for i, v in enumerate(values) if not isinstance(v, (int, float))]  # a bool is 0 / 1, as verl
+        if bad:
+            raise ValueError(
+                f"algo.gdpo_reward_keys: {where}'s {key!r} is {values[bad[0]]!r} for response {bad[0]}; "
+                "expected a number for every response"
+            )
+        rows.append(values)
+    return torch.tensor(rows, dtype=torch.float32, device=device).reshape(len(keys), batch_size)
+
+
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions for left-padded rows: cumsum(mask) - 1, clamped at 0 on the padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -53,6 +53,8 @@ class Section:
             v = getattr(self, f.name)
             if isinstance(v, Mapping):
                 v = dict(v)
+            elif isinstance(v, tuple):  # plain data: a suite's list (train_files, gdpo_reward_keys)
+                v = list(v)
             elif isinstance(v, Path):
                 v = str(v)
             elif hasattr(v, "to_dict"):  # a Section, or a value class with from_dict/to_dict

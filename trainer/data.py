@@ -130,6 +130,27 @@ class SortTask(Task):
 
 TASKS: dict[str, Task] = {t.name: t for t in (DigitsTask(), CopyTask(), SortTask())}
 
+
+def digits_parts(prompts: list[str], responses: list[str], examples: list[dict]) -> list[dict[str, float]]:
+    """The ``digits`` reward in parts, one dict per response (verl's ``compute_score`` dict form): ``score``
+    (the task's reward), ``correct`` (the fraction of the answer's positions with the right digit) and
+    ``digits`` (with any digit), so score = 0.75 correct + 0.25 digits; a ``data.reward_fn`` for GDPO's
+    ``gdpo_reward_keys: [correct, digits]`` (benchmarks/learning_curves.py)."""
+    scores = TASKS["digits"].reward(prompts, responses, examples)
+    out = []
+    for score, r, ex in zip(scores, responses, examples):
+        pairs = list(zip(r, ex["answer"]))
+        n = len(ex["answer"])
+        out.append(
+            {
+                "score": score,
+                "correct": sum(a == b for a, b in pairs) / n,
+                "digits": sum(a.isdigit() for a, _ in pairs) / n,
+            }
+        )
+    return out
+
+
 TINY_LEARNING_SETTINGS: dict[str, dict] = {
     "ppo": {"lr": 2e-3, "critic_lr": 2e-3, "batch_size": 16, "mini_batch_size": 8, "micro_batch_size": 8,
             "ppo_epochs": 2},

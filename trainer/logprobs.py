@@ -129,6 +129,20 @@ def entropy_from_logits(
     return _Entropy.apply(flat, float(temperature), chunk_elements).view(logits.shape[:-1])
 
 
+def sum_pi_squared_from_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS
+) -> torch.Tensor:
+    """fp32 sum_v pi_v^2 [B, T] of pi = softmax(``logits`` [B, T, V] / ``temperature``), as verl's
+    ``calculate_sum_pi_squared_from_logits``: exp(logsumexp(2 x) - 2 logsumexp(x)), here in fp32 chunk by
+    chunk (verl: in the logits' dtype). No gradient: the optimal token baselines read it from the old
+    policy's pass (`trainer.advantages.optimal_token_baseline`)."""
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for rows, x in _fp32_chunks(flat, float(temperature), chunk_elements):
+        out[rows] = torch.exp(torch.logsumexp(2.0 * x, -1) - 2.0 * torch.logsumexp(x, -1))
+    return out.view(logits.shape[:-1])
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that ignore left padding: the first real token is position 0."""
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
@@ -226,9 +240,12 @@ def sequence_logprobs(
     temperature: float = 1.0,
     compute_entropy: bool = False,
     left_padded: bool | None = None,
+    sum_pi_squared: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, R] (fp32) of the last ``R = response_length`` tokens of ``input_ids`` [B, P+R]
-    (prompt left-padded, response right-padded), and optionally the entropies [B, R].
+    (prompt left-padded, response right-padded), and optionally the entropies [B, R]. ``sum_pi_squared``:
+    a list that gets sum_v pi_v^2 [B, R] of the same forward appended (`sum_pi_squared_from_logits`;
+    the optimal token baselines need it and it costs no second forward).
 
     Logit at position i predicts token i+1, so the R response tokens are predicted by positions
     P-1 .. P+R-2. Only those R logits are computed when the model takes ``logits_to_keep`` (HF
@@ -250,4 +267,6 @@ def sequence_logprobs(
     labels = input_ids[:, -r:]
     logprobs = logprobs_from_logits(logits, labels, temperature=temperature)
     entropy = entropy_from_logits(logits, temperature=temperature) if compute_entropy else None
+    if sum_pi_squared is not None:
+        sum_pi_squared.append(sum_pi_squared_from_logits(logits, temperature=temperature))
     return logprobs, entropy

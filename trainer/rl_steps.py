@@ -29,7 +29,9 @@ from trainer.common import (
     mini_batch_norm,
     optimizer_metrics,
     optimizer_step,
+    reward_parts,
     split_indices,
+    split_reward_parts,
 )
 from trainer.config import AlgoConfig, DataConfig, TrainConfig
 from trainer.events import Observer
@@ -49,6 +51,15 @@ def score_responses(
     """Sequence scores [B] fp32 from the reward model when there is one, else the reward function.
 
     ``examples`` are aligned with the rollout rows (already repeated for GRPO groups)."""
+    return score_components(setup, observer, rollout, examples, reward_fn, reward_name, ())[0]
+
+
+def score_components(
+    setup: Setup, observer: Observer, rollout, examples, reward_fn, reward_name, keys: tuple[str, ...]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`score_responses`' scores [B], and the reward components named by ``keys`` [K, B] fp32 (None
+    without keys): a reward function may return one dict per response, ``score`` and named parts (verl's
+    ``compute_score`` form, `trainer.common.split_reward_parts`); the observer sees the scores."""
     rm = setup.models.get("reward")
     b = rollout.response_ids.shape[0]
     if rm is not None:
@@ -63,9 +74,12 @@ def score_responses(
         where, source = reward_where(setup.config.data, reward_name), f"function:{reward_name}"
         call = functools.partial(reward_fn, prompts, rollout.responses_text(setup.tokenizer), examples)
         raw = observer.plugin_call("reward_fn", source, call)
+    raw, parts = split_reward_parts(raw, where)
     scores = convert_rewards(raw, b, setup.device, where)
     observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
-    return scores
+    if not keys:
+        return scores, None
+    return scores, reward_parts(parts, keys, b, setup.device, where)
 
 
 def rollout_metrics(rollout, old_logprobs: torch.Tensor, entropy=None, ratio_bound: float = 2.0) -> dict:
@@ -122,7 +136,9 @@ def reference_logprobs(setup: Setup, observer: Observer, rollout) -> torch.Tenso
     return ref_logprobs
 
 
-def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool):
+def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool, sum_pi_squared: list | None = None):
+    """The actor's log-probs (and entropies) of the rollout's responses; ``sum_pi_squared``: a list that
+    gets the same forward's sum_v pi_v^2 appended (`trainer.logprobs.sequence_logprobs`)."""
     from trainer.logprobs import sequence_logprobs
 
     r = rollout.response_ids.shape[1]
@@ -135,6 +151,7 @@ def actor_logprobs(setup: Setup, model, rollout, *, entropy: bool):
             temperature=setup.config.algo.temperature,
             compute_entropy=entropy,
             left_padded=rollout.left_padded,
+            sum_pi_squared=sum_pi_squared,
         )
 
 

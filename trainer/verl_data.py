@@ -296,7 +296,9 @@ class VerlReward:
     Called per response with ``data_source`` (the ``reward_fn_key`` column), ``solution_str`` (the
     response decoded without special tokens), ``reward_model.ground_truth`` and a copy of
     ``extra_info`` (verl adds ``num_turns``; a copy keeps the dataset's own dict unchanged). A dict
-    result must have ``score``; its other numeric keys become ``reward_extra/<key>/mean`` step metrics."""
+    result must have ``score``; its other numeric keys become ``reward_extra/<key>/mean`` step metrics,
+    and the call returns one dict per response (``score`` and those keys: GDPO's components,
+    `trainer.common.split_reward_parts`) instead of the plain scores."""
 
     def __init__(self, fn: Callable, name: str, *, reward_fn_key: str, kwargs: Mapping[str, Any]) -> None:
         self.fn, self.name, self.key, self.kwargs = fn, name, reward_fn_key, dict(kwargs)
@@ -306,7 +308,7 @@ class VerlReward:
         sums and counts wait in ``_pending`` until the step's log asks (`take_step_metrics`)."""
         self._pending: dict[str, tuple[float, int]] = {}
 
-    def _one(self, i: int, response: str, ex: Mapping[str, Any]) -> float:
+    def _one(self, i: int, response: str, ex: Mapping[str, Any]) -> float | dict[str, float]:
         extra = dict(ex.get("extra_info") or {})
         extra.setdefault("num_turns", None)
         try:
@@ -322,7 +324,9 @@ class VerlReward:
                 f"data.compute_score: {self.name} raised {type(e).__name__}: {e} (response {i}, "
                 f"{_row_where(ex)})"
             ) from e
+        parts: dict[str, float] | None = None
         if isinstance(out, Mapping):
+            parts = {}
             if "score" not in out:
                 raise ValueError(
                     f"data.compute_score: {self.name} returned a dict without 'score' (keys: "
@@ -333,6 +337,7 @@ class VerlReward:
                     continue
                 if (number := _as_float(value)) is not None:
                     self.metrics.setdefault(f"reward_extra/{key}/mean", []).append(number)
+                    parts[str(key)] = number
                 elif key not in self.skipped_keys:
                     self.skipped_keys.add(key)
                     print(
@@ -346,12 +351,15 @@ class VerlReward:
                 f"data.compute_score: {self.name} returned {type(out).__name__} {str(out)[:40]!r} "
                 f"for response {i}; expected a number or a dict with 'score'"
             )
-        return score  # NaN stays NaN: the reward boundary check reports it
+        # NaN stays NaN: the reward boundary check reports it
+        return score if parts is None else {"score": score, **parts}
 
-    def __call__(self, prompts: list[str], responses: list[str], examples: list[dict]) -> list[float]:
+    def __call__(self, prompts: list[str], responses: list[str], examples: list[dict]) -> list:
         del prompts  # verl's signature takes the response only
         self.metrics = {}
         scores = [self._one(i, r, ex) for i, (r, ex) in enumerate(zip(responses, examples))]
+        if any(isinstance(s, dict) for s in scores):
+            scores = [s if isinstance(s, dict) else {"score": s} for s in scores]
         for k, v in self.metrics.items():
             total, count = self._pending.get(k, (0.0, 0))
             self._pending[k] = (total + math.fsum(v), count + len(v))

@@ -54,8 +54,8 @@ CHANGES = {
         "(before, from 0.8: of the truncated ones, so the high fraction was always 0)",
         "bdfedd461 (2026-06-25)",
     ),
-    "reinforce_carries_holes": Change(
-        "0.10",
+    "reinforce_carries_holes": Change(  # verl #7300, commit 8a1bf6d5b (2026-08-10), first in v0.9.0
+        "0.9",
         "adv_estimator: reinforce_plus_plus",
         "the reward-to-go is carried through masked tokens inside a response (tool observations, tokens "
         "rejected by rollout_rs): they get return 0 and pass the later return on undiscounted (before: "

@@ -149,8 +149,13 @@ ALGO_KEYS: dict[str, str] = {
     "group_size": f"{ROLLOUT}.n",
     "temperature": TEMPERATURE,
     "top_k": ROLLOUT_TOP_K,
+    "gdpo_reward_keys": f"{ALGORITHM}.gdpo_reward_keys",
+    "gdpo_reward_weights": f"{ALGORITHM}.gdpo_reward_weights",
 }
 """Our ``algo.<key>`` -> verl's key, for every algorithm option with a verl counterpart."""
+CALCULATE_SUM_PI_SQUARED = f"{ACTOR}.calculate_sum_pi_squared"
+"""verl's switch for the actor's sum_v pi_v^2 pass, which its optimal token baselines need; ours computes it
+whenever the estimator reads it (no suite key)."""
 
 
 def algo_key(key: str) -> str:
@@ -159,7 +164,10 @@ def algo_key(key: str) -> str:
 
 
 def algo_override(key: str, value: object) -> str:
-    """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``)."""
+    """A verl command-line override for our ``algo.<key>: value`` (``algorithm.lam=0.95``; a list in
+    Hydra's form, ``algorithm.gdpo_reward_keys=[acc,fmt]``)."""
+    if isinstance(value, (list, tuple)):
+        return f"{algo_key(key)}=[{','.join(str(v) for v in value)}]"
     text = str(value).lower() if isinstance(value, bool) else ("null" if value is None else str(value))
     return f"{algo_key(key)}={text}"
 

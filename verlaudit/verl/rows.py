@@ -93,6 +93,20 @@ def _optional_float(v: Any) -> float | None:
     return None if v is None else as_float(v)  # verl's null: the option's own fallback
 
 
+def _names(v: Any) -> list[str]:
+    if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+        raise Unmapped(f"expected a list of key names, got {v!r}")
+    return list(v)
+
+
+def _numbers(v: Any) -> list[float] | None:
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)) or not v:
+        raise Unmapped(f"expected a list of numbers, got {v!r}")
+    return [as_float(x) for x in v]
+
+
 def choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
     def convert(v: Any) -> str:
         if v not in allowed:
@@ -256,6 +270,10 @@ ROWS: tuple[Row, ...] = (
     _algo("cliprange_value", as_float, 0.5),
     _algo("temperature", as_float, 1.0),
     _algo("top_k", _top_k, -1, invertible=False),
+    _algo("gdpo_reward_keys", _names),
+    _algo("gdpo_reward_weights", _numbers),
+    # computed here whenever adv_estimator reads it (the optimal token baselines)
+    Row(V.CALCULATE_SUM_PI_SQUARED, None, as_bool),
     Row(f"{V.ROLLOUT}.top_p", None, _consistent(1.0, "top-p sampling: our rollout samples from the full "
                                                 "distribution (top_p 1)")),
     Row(f"{V.ACTOR}.shuffle", None, _consistent(True, "mini-batch order: ours reshuffles the rows every epoch "
