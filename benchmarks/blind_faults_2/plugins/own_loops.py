@@ -158,6 +158,16 @@ def loop_bf16_round_trip(out_dir):
             return _ROLLOUT(model, tok, batch, step_i)
         finally:
             model.float()
+            now = _snapshot(model)
+            notes = _EV["notes"]
+            notes.setdefault("bf16_exact_after_cast", []).append(
+                float((now.bfloat16().float() == now).float().mean())
+            )
+            if "_last" in _STATE:
+                notes.setdefault("unchanged_since_last_cast", []).append(
+                    float((now == _STATE["_last"]).float().mean())
+                )
+            _STATE["_last"] = now
 
     global _rollout
     _rollout = fast_rollout
@@ -201,6 +211,7 @@ def loop_bf16_correct(out_dir):
 
 _ROLLOUT = _rollout
 _EV: dict = {}
+_STATE: dict = {}
 """The running loop's evidence (written even when the loop raises)."""
 LOOPS = {name: fn for name, fn in dict(globals()).items() if name.startswith("loop_")}
 
