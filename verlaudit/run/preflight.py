@@ -38,20 +38,47 @@ trainer/verl_data.py); ``name=`` is passed by keyword (verl's compute_score, plu
 ``data.compute_score_kwargs``)."""
 
 
+class PreflightError(ValueError):
+    """A preflight problem: the one-line message, and the variants that name the refused value (the
+    command writes each a refused run directory, so `verlaudit diagnose` reads why nothing ran)."""
+
+    def __init__(self, message: str, *, variants: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.variants = variants
+
+
 def preflight(suite: Suite) -> None:
-    """Imports and checks everything the suite's variants name outside the file; ValueError naming
-    the suite file, the line and the field at the first problem (``s.yaml:7: train.model.setup: ...``)."""
-    checked: set[tuple[str, Any]] = set()
+    """Imports and checks everything the suite's variants name outside the file; `PreflightError` (a
+    ValueError) naming the suite file, the line and the field at the first problem
+    (``s.yaml:7: train.model.setup: ...``), and every variant that has one."""
+    problems = preflight_problems(suite)
+    if problems:
+        first = next(iter(problems.values()))
+        raise PreflightError(str(first), variants=tuple(problems))
+
+
+def preflight_problems(suite: Suite) -> dict[str, PreflightError]:
+    """Variant -> its first problem, each variant checked on its own (a value several variants share is
+    checked once), so `verlaudit run` can refuse the variants that cannot run and start the others."""
+    checked: dict[tuple[str, Any], PreflightError | None] = {}
+    problems: dict[str, PreflightError] = {}
     for vname, cfg in suite.variants.items():
         for field, value, check in _checks(cfg):
-            if value is None or (field, value) in checked:
+            if value is None:
                 continue
-            where = _where(suite, vname, field, value)
-            try:
-                check(value, where)
-            except ValueError as e:
-                raise ValueError(f"{_located(suite, where)}{e}") from None
-            checked.add((field, value))
+            if (field, value) not in checked:
+                where = _where(suite, vname, field, value)
+                try:
+                    check(value, where)
+                    checked[(field, value)] = None
+                except ValueError as e:
+                    checked[(field, value)] = PreflightError(
+                        f"{_located(suite, where)}{e}", variants=(vname,)
+                    )
+            if checked[(field, value)] is not None:
+                problems[vname] = checked[(field, value)]  # type: ignore[assignment]
+                break
+    return problems
 
 
 def _located(suite: Suite, where: str) -> str:

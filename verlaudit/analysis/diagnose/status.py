@@ -58,6 +58,8 @@ def status_causes(run: RunDir) -> list[Cause]:
                 seq=LAST,
             )
         ]
+    if reason == "preflight":
+        return [_preflight_cause(error)]
     if reason == "refused":
         return [
             Cause(
@@ -84,13 +86,12 @@ def status_causes(run: RunDir) -> list[Cause]:
     if known:
         return known
     field = _field_in(error)
-    where = field or st.get("where") or _user_frame(st.get("traceback"))
+    spec = cfg(run, *field.split(".")[:2]) if field else None
+    named = f"{field} ({spec})" if field and isinstance(spec, str) else field
+    where = named or st.get("where") or _user_frame(st.get("traceback"))
     fixes = []
     if field:  # a user error names the suite field and says what to do (trainer.config, trainer.data)
-        spec = cfg(run, *field.split(".")[:2])
-        fixes.append(
-            Fix(f"{field} ({spec})" if isinstance(spec, str) else field, None, error.split(": ", 2)[-1])
-        )
+        fixes.append(Fix(named, None, error.split(": ", 2)[-1]))
     elif where and where == _user_frame(st.get("traceback")):
         fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
     evidence = [_last_frame(st.get("traceback"))]
@@ -112,6 +113,30 @@ def status_causes(run: RunDir) -> list[Cause]:
             seq=LAST,
         )
     ]
+
+
+_PREFLIGHT = re.compile(
+    r"^(?:.*?:\d+: )?(?:train|variants\.[\w-]+)\.((?:model|data|algo|precision|rollout)\.[\w.]+): "
+)
+
+
+def _preflight_cause(error: str) -> Cause:
+    """A variant `verlaudit run` refused before any worker started (`verlaudit.run.preflight`): its
+    one-line error names the suite file, line and key, and says what to do after the ``;``."""
+    m = _PREFLIGHT.match(error)
+    key = m.group(1) if m else None
+    what = error[m.end() :] if m else error
+    problem, _, todo = what.partition("; ")
+    return Cause(
+        "error",
+        "preflight",
+        f"Refused before starting: {key}: {problem}" if key else f"Refused before starting: {problem}",
+        error,
+        evidence=[error],
+        fixes=[Fix(key, None, todo or problem)],
+        where=key,
+        score=40.0,
+    )
 
 
 def error_text_causes(st: dict[str, Any]) -> list[Cause]:
