@@ -394,6 +394,7 @@ def test_batch_rows_must_be_the_examples():
     assert B.check_batch(good, role="actor", source="x", tokenizer_info=TOK, rows=2) == []
     # pad_sequence without batch_first: [length, batch] for 2 examples
     t = {k: v.T.contiguous() for k, v in good.items()}
+    t["attention_mask"][0, :] = 0  # the transposed mask's zeros are no padding side: not reported
     f = B.check_batch(t, role="actor", source="c.py:col", tokenizer_info=TOK, rows=2)
     assert kinds(f) == [("error", "boundary/collator_shape")] and "time-major" in f[0].message
     assert "batch_first=True" in f[0].fix and f[0].where == "collator:c.py:col.input_ids"

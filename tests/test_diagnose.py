@@ -779,3 +779,26 @@ def test_a_user_error_naming_a_plugin_key_names_its_spec(tmp_path):
     first = causes(run).causes[0]
     assert first.where == "data.dataset (plugins/ds.py:graded)" and "data.dataset" in first.title
     assert first.fixes[0].suite == "data.dataset (plugins/ds.py:graded)" and "'answer'" in first.fixes[0].why
+
+
+def test_an_exception_raised_in_a_plugin_names_the_plugin_key(tmp_path):
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/trainer/rl_steps.py", line 65, in score_responses\n'
+        "    raw = observer.plugin_call(...)\n"
+        '  File "/home/u/plugins/rewards.py", line 12, in my_reward\n'
+        "    return [1 / 0]\n"
+        "ZeroDivisionError: division by zero\n"
+    )
+    run = make_run(
+        tmp_path / "r",
+        status=("failed", {"reason": "exception", "error": "ZeroDivisionError: division by zero",
+                           "traceback": tb, "step": 0, "phase": "reward"}),
+        data={"reward_fn": "/home/u/plugins/rewards.py:my_reward", "collator": "/home/u/plugins/col.py:c"},
+    )  # fmt: skip
+    first = causes(run).causes[0]
+    assert (
+        first.where == "data.reward_fn (/home/u/plugins/rewards.py:my_reward) at rewards.py:12 in my_reward"
+    )
+    assert first.fixes[0].suite == "data.reward_fn (/home/u/plugins/rewards.py:my_reward)"
+    assert "your own code" in first.fixes[0].why

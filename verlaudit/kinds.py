@@ -182,7 +182,7 @@ REWARD_SHAPE = _f(
 REWARD_INTEGER = _f(
     "boundary/reward_integer",
     "reward_integer",
-    "a reward tensor or array of an integer dtype whose scores are all one value: fractions were truncated",
+    "an integer reward tensor or array whose scores are all one value: fractions were truncated",
 )
 REWARD_NONFINITE = _f("boundary/reward_nonfinite", "reward_nonfinite", "rewards that are NaN or Inf")
 REWARD_MODEL_DTYPE = _f(

@@ -161,7 +161,8 @@ def check_batch(
                 )
     mask = tensors.get("attention_mask")
     side = tokenizer_info.get("padding_side")
-    if mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
+    laid_out = not wrong  # a batch whose rows are not the examples has no padding side to read
+    if laid_out and mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
         observed = padding_side(mask)
         if observed not in (None, side):
             out.append(

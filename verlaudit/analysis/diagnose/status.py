@@ -93,7 +93,10 @@ def status_causes(run: RunDir) -> list[Cause]:
     if field:  # a user error names the suite field and says what to do (trainer.config, trainer.data)
         fixes.append(Fix(named, None, error.split(": ", 2)[-1]))
     elif where and where == _user_frame(st.get("traceback")):
-        fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
+        plugin = _plugin_of(run, where)
+        if plugin:
+            where = f"{plugin} at {where}"
+        fixes.append(Fix(plugin, None, f"the exception was raised in your own code, {where}: fix it there"))
     evidence = [_last_frame(st.get("traceback"))]
     if step is None and cfg(run, "model", "setup"):  # failed in setup, after the user's model code ran
         evidence.append(f"model.setup ran on the models before it: {cfg(run, 'model', 'setup')}")
@@ -179,6 +182,31 @@ def _user_frame(tb: Any) -> str | None:
             continue  # a comprehension's own frame: the function it is in is the next one out
         return f"{Path(f.path).name}:{f.lineno} in {f.func}"
     return None
+
+
+_PLUGIN_KEYS = (
+    ("data", "reward_fn"),
+    ("data", "collator"),
+    ("data", "dataset"),
+    ("data", "compute_score"),
+    ("model", "reward_model"),
+)
+
+
+def _plugin_of(run: RunDir, frame: str) -> str | None:
+    """``key (spec)`` of the plug-in whose file the raising frame (``file.py:line in fn``) is in, by file
+    name and, when several keys share the file, by the function the spec names."""
+    file, _, rest = frame.partition(":")
+    func = rest.partition(" in ")[2]
+    specs = [(".".join(k), cfg(run, *k)) for k in _PLUGIN_KEYS]
+    setup = cfg(run, "model", "setup")
+    if isinstance(setup, dict):
+        specs += [(f"model.setup.{role}", spec) for role, spec in setup.items()]
+    elif setup:
+        specs.append(("model.setup", setup))
+    hits = [(k, v) for k, v in specs if isinstance(v, str) and Path(v.rpartition(":")[0]).name == file]
+    best = [(k, v) for k, v in hits if v.rpartition(":")[2] == func] or hits
+    return f"{best[0][0]} ({best[0][1]})" if best else None
 
 
 _SIGNAL_WHAT = {
