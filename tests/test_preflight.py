@@ -165,6 +165,7 @@ BAD = [
     ("algo: {name: ppo}, model: {critic_path: '{small_vocab}'}", "{}",
      r"train\.model\.critic_path: '.*small_vocab' embeds 10 ids but the tokenizer has \d+"),
     ("model: {path: '{small_vocab}'}", "{}", r"train\.model\.path: '.*small_vocab' embeds 10 ids"),
+    ("model: {reward_model: '{small_vocab}'}", "{}", r"train\.model\.reward_model: '.*small_vocab' embeds 10 ids"),
     # the user's model code: imported and its signature checked like every plug-in
     ("model: {setup: plugins/nope.py:setup}", "{}", r"train\.model\.setup: .*plugins/nope\.py not found"),
     ("model: {setup: plugins/user.py:reward_two}", "{}",

@@ -7,7 +7,10 @@ Batch invariants (every collated batch, at every level but ``off``; a few intege
   eos that ends a response, a bos that starts a prompt), so the innermost token of each run is not
   counted then;
 - a DPO pair's chosen and rejected responses differ: two sides with the same tokens (ignoring pad,
-  eos and the mask's zeros) carry no preference and give no gradient (`pair_findings`);
+  eos and the mask's zeros) carry no preference and give no gradient (`pair_findings`), named on
+  who made them the same: the dataset (its texts are equal), ``data.response_length`` (the texts
+  differ only past the builtin collator's cut) or the collator; and neither side is empty (eos
+  only) in half the pairs, the dataset named when its text is empty;
 - truncation did not collapse prompts: the builtin collators report what ``data.prompt_length`` cut
   under the batch key `TRUNCATION_KEY` (``trainer/data.py``: per row its length before the cut and
   which row it equals before and after it), and `truncation_findings` turns it into an info (prompts cut) or a warning (distinct

@@ -5,8 +5,11 @@ The trainer hands every call of user code at a plug-in point to its observer
 
 * `Recorder`, a `TorchDispatchMode` over the real call, notes the dtype of every floating op, the
   first op whose output is non-finite while its inputs were finite (with the user's file:line: the
-  innermost stack frame outside torch, trainer and verlaudit), the ops that ran in fp16/bf16, and
-  integers (ids) held in a float dtype past the largest integer it holds exactly.
+  innermost stack frame outside torch, trainer and verlaudit), the ops that ran in fp16/bf16, the
+  first fp16/bf16 pointwise op that flushed to 0 a value fp32 holds (the op again on fp32 copies of
+  its inputs: an underflow, for user arithmetic, not a reward model's forward), and integers (ids)
+  held in a float dtype past the largest integer it holds exactly. It watches the call inside the
+  rollout phase too, where the op counter is suspended (a collator runs there).
 * A second call under `Promote` (every floating op of the call, explicit casts and autocast's
   included, run in fp32 for a reward model, fp64 for a function) gives the same scores in higher
   precision; `compare` says how far they moved and how many distinct scores the real call kept
@@ -15,7 +18,7 @@ The trainer hands every call of user code at a plug-in point to its observer
   keep state, count calls or hit a service). Either way the random number generators are restored
   after the second call, so the run samples what it would have sampled.
 
-The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``,
+The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
 ``plugin/precision_loss``, ``plugin/int_precision``) name the plug-in, its line and the dtype to use.
 Exercised by `pytest tests/test_audit_plugins.py`.
 """

@@ -106,7 +106,7 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
         ("model.path", m.path, lambda v, w: _vocab(m, v, w, "a causal LM")),
         ("model.tokenizer", (m.tokenizer, m.path) if m.tokenizer or m.path else None, lambda v, w: _tokenizer(m, w)),
         ("model.critic_path", m.critic_path, lambda v, w: _vocab(m, v, w, "a model")),
-        ("model.reward_model", m.reward_model, _reward_model),
+        ("model.reward_model", m.reward_model, lambda v, w: _reward_model(v, w, m)),
         ("data.task", d.task if uses_task else None, _task),
         ("data.train_files", d.train_file_list or None, _data_files),
         *((field, getattr(d, field[5:]), functools.partial(_plugin, field=field))
@@ -212,7 +212,9 @@ def _tokenizer(model_cfg: Any, where: str) -> None:
         raise ValueError(f"{where.removesuffix('model.tokenizer')}{e}") from None
 
 
-def _reward_model(spec: str, where: str) -> None:
+def _reward_model(spec: str, where: str, model_cfg: Any = None) -> None:
+    """A reward model preset, loader, or directory; a directory's embedding must cover the tokenizer's
+    ids (it scores the rollout's ids, tokenized by the policy's tokenizer)."""
     from trainer.models import PRESETS
 
     if spec.startswith("preset:"):
@@ -221,7 +223,10 @@ def _reward_model(spec: str, where: str) -> None:
                 f"{where}: unknown preset {spec!r}; expected preset:<one of {', '.join(PRESETS)}>"
             )
     elif os.path.isdir(spec):
-        _hf_dir(spec, where, "a sequence-classification model")
+        if model_cfg is not None:
+            _vocab(model_cfg, spec, where, "a sequence-classification model")
+        else:
+            _hf_dir(spec, where, "a sequence-classification model")
     elif ":" in spec:
         _plugin(spec, where, field="model.reward_model")
     else:
