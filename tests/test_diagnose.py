@@ -765,6 +765,7 @@ def test_a_preflight_refusal_names_the_key_and_what_to_do(tmp_path):
     d = causes(run)
     first = d.causes[0]
     assert d.verdict == "error" and first.kind == "preflight" and first.where == "model.critic_path"
+    assert d.state == "failed at setup: preflight"
     assert "embeds 64 ids" in first.title and first.fixes[0].suite == "model.critic_path"
     assert first.fixes[0].why.startswith("use the tokenizer the model was trained with")
 
