@@ -803,3 +803,14 @@ def test_an_exception_raised_in_a_plugin_names_the_plugin_key(tmp_path):
     )
     assert first.fixes[0].suite == "data.reward_fn (/home/u/plugins/rewards.py:my_reward)"
     assert "your own code" in first.fixes[0].why
+    module = make_run(
+        tmp_path / "m",
+        status=("failed", {"reason": "exception", "error": "ZeroDivisionError: division by zero",
+                           "traceback": tb, "step": 0, "phase": "reward"}),
+        data={"reward_fn": "plugins.rewards:my_reward"},
+    )  # fmt: skip
+    assert (
+        causes(module)
+        .causes[0]
+        .where.startswith("data.reward_fn (plugins.rewards:my_reward) at rewards.py:12")
+    )

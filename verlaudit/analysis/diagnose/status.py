@@ -204,9 +204,15 @@ def _plugin_of(run: RunDir, frame: str) -> str | None:
         specs += [(f"model.setup.{role}", spec) for role, spec in setup.items()]
     elif setup:
         specs.append(("model.setup", setup))
-    hits = [(k, v) for k, v in specs if isinstance(v, str) and Path(v.rpartition(":")[0]).name == file]
+    hits = [(k, v) for k, v in specs if isinstance(v, str) and _spec_file(v) == file]
     best = [(k, v) for k, v in hits if v.rpartition(":")[2] == func] or hits
     return f"{best[0][0]} ({best[0][1]})" if best else None
+
+
+def _spec_file(spec: str) -> str:
+    """The file name a ``path/file.py:attr`` or ``package.module:attr`` spec's code is in."""
+    target = spec.rpartition(":")[0]
+    return Path(target).name if target.endswith(".py") else target.rpartition(".")[2] + ".py"
 
 
 _SIGNAL_WHAT = {
