@@ -301,3 +301,21 @@ def test_empty_chosen_side_names_the_dataset():
     assert "chosen response is empty" in f.message and "'chosen'" in f.fix
     one = _pairs([[EOS], [8, EOS], [9, EOS]], [[7, EOS], [9, EOS], [10, EOS]])  # one short answer: fine
     assert I.pair_findings(one, tokenizer_info=INFO, where="c", ctx={}) == []
+
+
+def test_a_packed_pair_whose_response_mask_points_at_padding_is_misaligned():
+    # prompt + completion packed at the row's start and padded at its end: the last R columns are padding
+    b, width = 2, 7  # R = 3 response columns
+    batch = {}
+    for side, tok in (("chosen", 7), ("rejected", 8)):
+        ids = torch.full((b, width), PAD, dtype=torch.long)
+        ids[:, :4] = torch.tensor([5, 6, tok, EOS])
+        attn = (ids != PAD).long()
+        resp = torch.tensor([[1, 1, 0]] * b)
+        batch.update(
+            {f"{side}_input_ids": ids, f"{side}_attention_mask": attn, f"{side}_response_mask": resp}
+        )
+    found = [f for f in I.pair_findings(batch, tokenizer_info=INFO, where="collator:c.py:pack", ctx={})
+             if f.kind == K.EMPTY_RESPONSES]  # fmt: skip
+    assert len(found) == 2 and all("padding" in f.message and "right-pad" in f.fix for f in found)
+    assert found[0].where == "collator:c.py:pack.chosen_input_ids"

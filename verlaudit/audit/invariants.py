@@ -162,8 +162,8 @@ def pair_findings(
     data = data or {}
     out = [
         f
-        for side, content in (("chosen", chosen), ("rejected", rejected))
-        for f in _empty_side(side, content, texts, data, where, ctx)
+        for side, content, resp in (("chosen", chosen, c_resp), ("rejected", rejected, r_resp))
+        for f in _empty_side(side, content, _outside(batch, side, resp), texts, data, where, ctx)
     ]
     same = (chosen == rejected).all(dim=1)
     rows = same.nonzero().flatten().tolist()
@@ -223,9 +223,20 @@ def _data_source(data: Mapping[str, Any]) -> tuple[str, str]:
     return "data.task", f"data.task ({data.get('task')})"
 
 
+def _outside(batch: Mapping[str, Any], side: str, resp: torch.Tensor) -> torch.Tensor | None:
+    """Bool [B]: rows whose response mask marks a position of the last R columns that the attention mask
+    does not (the response is not where the mask says: a row packed and padded at its end)."""
+    attn = batch.get(f"{side}_attention_mask")
+    if not isinstance(attn, torch.Tensor) or attn.dim() != 2 or attn.shape[1] < resp.shape[1]:
+        return None
+    window = attn[:, -resp.shape[1] :].to(resp.device).bool()
+    return (resp.bool() & ~window).any(dim=1)
+
+
 def _empty_side(
     side: str,
     content: torch.Tensor,
+    outside: torch.Tensor | None,
     texts: list[tuple[Any, Any]],
     data: Mapping[str, Any],
     where: str,
@@ -245,6 +256,18 @@ def _empty_side(
         fix = (
             f"{at}: fill '{side}' with the response text (a record field read with .get(name, '') under a "
             "name the records do not have gives '')"
+        )
+    elif outside is not None and all(bool(outside[r]) for r in rows):
+        at = f"{where}.{side}_input_ids"
+        r_len = content.shape[1]
+        why = (
+            f"its {side}_response_mask marks positions of the last {r_len} columns that the attention mask "
+            "leaves out: the completion is not in the last columns, which hold padding (the row was packed "
+            "prompt + completion and padded at its end?), so the log-probs are taken over pad tokens"
+        )
+        fix = (
+            f"align each completion with {side}_response_mask: left-pad the prompt to its width and right-pad "
+            f"the completion to the last {r_len} columns (the layout the response mask describes)"
         )
     else:
         at = f"{where}.{side}_input_ids"
