@@ -130,7 +130,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault("dir-critic-outlier", "model.critic_path", "ppo", {"model": {"critic_path": "{dirs}/outlier_backbone"}},
           ("finding:numerics/weight_outlier",), ("layers.0.mlp.up_proj",), ("reload or inspect",)),
     Fault("dir-small-vocab", "model.path", "ppo", {"model": {"path": "{dirs}/small_vocab"}},
-          ("exception",), ("model.tokenizer", "model.path"), ("tokenizer",)),
+          ("exception", "preflight"), ("model.tokenizer", "model.path"), ("tokenizer",)),
     Fault("dir-outlier-dpo-bf16", "model.path", "dpo", {"model": {"path": "{dirs}/outlier_actor"}},
           ("finding:numerics/weight_outlier",), ("layers.1.mlp.down_proj",), ("reload or inspect",), preset="bf16"),
     # precision overrides

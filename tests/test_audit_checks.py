@@ -373,3 +373,52 @@ def test_relabelled_findings_keep_later_errors_apart():
     # a later overflow at the same module that nobody handled is a new error record, not a repeat
     assert log.add(dataclasses.replace(err, step=5)) is True
     assert sorted((f.severity, f.step) for f in log.all()) == [("error", 5), ("warning", 1)]
+
+
+def test_integer_rewards_all_one_value_are_a_warning():
+    kw = {"source": "function:r", "expected_shape": (3,), "train_device": "cpu"}
+    truncated = np.array([0.5, 0.75, 0.25]).astype(int)  # partial credit written into an int array: 0, 0, 0
+    f = B.check_reward(truncated, None, **kw)
+    assert kinds(f) == [("warning", "boundary/reward_integer")] and "truncated" in f[0].message
+    assert "float" in f[0].fix and f[0].observed["values"] == [0.0]
+    assert kinds(B.check_reward(torch.zeros(3, dtype=torch.long), None, **kw)) == [
+        ("info", "boundary/reward_dtype"),
+        ("warning", "boundary/reward_integer"),
+    ]
+    assert B.check_reward(np.array([1, 0, 1]), None, **kw) == []  # 0/1 rewards that vary: fine
+
+
+def test_batch_rows_must_be_the_examples():
+    ids = torch.tensor([[3, 4, 5], [3, 4, 5]], dtype=I64)
+    good = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    assert B.check_batch(good, role="actor", source="x", tokenizer_info=TOK, rows=2) == []
+    # pad_sequence without batch_first: [length, batch] for 2 examples
+    t = {k: v.T.contiguous() for k, v in good.items()}
+    t["attention_mask"][0, :] = 0  # the transposed mask's zeros are no padding side: not reported
+    f = B.check_batch(t, role="actor", source="c.py:col", tokenizer_info=TOK, rows=2)
+    assert kinds(f) == [("error", "boundary/collator_shape")] and "time-major" in f[0].message
+    assert "batch_first=True" in f[0].fix and f[0].where == "collator:c.py:col.input_ids"
+
+
+class _Cfg:
+    def __init__(self, eos):
+        self.eos_token_id = eos
+
+
+class _Model:
+    def __init__(self, eos, recorded=None):
+        self.config = _Cfg(eos)
+        self.overridden_settings = recorded or []
+
+
+def test_tokenizer_eos_against_the_model_config():
+    cfg = {"model": {"path": "/m", "tokenizer": "/tok"}}
+    f = B.check_tokenizer_eos(cfg, _Model(2), {"eos_token_id": 99})
+    assert kinds(f) == [("error", "model/tokenizer_special_ids")] and f[0].where == "model.tokenizer (/tok)"
+    assert "eos_token_id 99" in f[0].message and "model.tokenizer: /m" in f[0].fix
+    assert B.check_tokenizer_eos(cfg, _Model(2), {"eos_token_id": 2}) == []
+    assert B.check_tokenizer_eos(cfg, _Model([1, 7]), {"eos_token_id": 7}) == []  # one of several eos
+    # the checkpoint's generation config ends with the tokenizer's eos (the trainer recorded it): fine
+    gen = [{"setting": "model.path generation_config.eos_token_id", "yours": 9, "used": 9}]
+    assert B.check_tokenizer_eos(cfg, _Model(2, gen), {"eos_token_id": 9}) == []
+    assert B.check_tokenizer_eos(cfg, _Model(None), {"eos_token_id": 9}) == []

@@ -258,3 +258,49 @@ def test_end_to_end_the_plugin_op_is_the_root_of_the_nan_reward(tmp_path):
     assert nan and all(c.consequence_of == first.title for c in nan), [
         (c.kind, c.consequence_of) for c in d.causes
     ]
+
+
+def fp16_product_reward(prompts, responses, examples):
+    """A product of per-character probabilities in fp16: 0.01 per character underflows below 6e-8."""
+    r = torch.ones(len(responses), dtype=torch.float16)
+    for i, text in enumerate(responses):
+        for _ in text:
+            r[i] = r[i] * 0.01  # the underflowing line
+    return r
+
+
+def fp16_small_product_reward(prompts, responses, examples):
+    """The same product over at most two characters: 1e-4 is an fp16 normal, nothing flushes."""
+    r = torch.ones(len(responses), dtype=torch.float16)
+    for i, text in enumerate(responses):
+        for _ in text[:2]:
+            r[i] = r[i] * 0.01
+    return r
+
+
+def test_fp16_underflow_to_zero_is_named_with_its_line():
+    a = audited()
+    out = a.plugin_call(
+        "reward_fn", "function:p", functools.partial(fp16_product_reward, [""] * 8, RESPONSES, [])
+    )
+    assert (out == 0).all()  # the fault is real: every score flushed to 0
+    (under,) = kinds(a)[K.PLUGIN_UNDERFLOW]
+    assert under.severity == "error" and under.observed["op"] == "mul" and under.observed["dtype"] == "fp16"
+    assert "fp16_product_reward" in under.observed["line"] and under.observed["zero_scores"] == [8, 8]
+    assert "underflowed" in under.message and "log" in under.fix and under.observed["line"] in under.fix
+    clean = audited()
+    clean.plugin_call("reward_fn", "f", functools.partial(fp16_small_product_reward, [""] * 8, RESPONSES, []))
+    assert K.PLUGIN_UNDERFLOW not in kinds(clean) and K.PLUGIN_LOW_PRECISION in kinds(clean)
+
+
+def test_a_collator_in_the_uncounted_rollout_phase_is_still_watched():
+    # the rollout phase suspends op counting; the recorder entered inside it still sees the call
+    from verlaudit.audit import opcount
+
+    a = audited()
+    a.context.phase = "rollout"
+    with opcount.suspended():
+        a.plugin_call(
+            "collator", "tests:bf16_id_collator", functools.partial(bf16_id_collator, [{}] * 2, None)
+        )
+    assert K.PLUGIN_INT_PRECISION in kinds(a)

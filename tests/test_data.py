@@ -79,7 +79,8 @@ def test_reward_argument_errors():
     with pytest.raises(ValueError, match="reward got 1 prompts, 2 responses, 1 examples"):
         TASKS["digits"].reward(["a"], ["1", "2"], [{"answer": "1111"}])
     with pytest.raises(
-        ValueError, match="example 0 has no 'answer'.*set data.reward_fn or model.reward_model"
+        ValueError,
+        match=r"data.dataset: example 0 has no 'answer' \(its fields: 'prompt'\).*set data.reward_fn or model",
     ):
         TASKS["digits"].reward(["a"], ["1"], [{"prompt": "a"}])
 

@@ -754,3 +754,63 @@ def test_nan_gradients_from_the_first_step_with_a_finite_loss_point_at_the_backw
         findings=[dataclasses.replace(grads, step=3)],
     )
     assert "backward pass" not in causes(run2).causes[0].title
+
+
+def test_a_preflight_refusal_names_the_key_and_what_to_do(tmp_path):
+    error = (
+        "/s.yaml:6: train.model.critic_path: '/m/critic' embeds 64 ids but the tokenizer has 100; use the "
+        "tokenizer the model was trained with (model.tokenizer), or a checkpoint with that vocabulary"
+    )
+    run = make_run(tmp_path / "r", status=("failed", {"reason": "preflight", "error": error, "step": None}))
+    d = causes(run)
+    first = d.causes[0]
+    assert d.verdict == "error" and first.kind == "preflight" and first.where == "model.critic_path"
+    assert d.state == "failed at setup: preflight"
+    assert "embeds 64 ids" in first.title and first.fixes[0].suite == "model.critic_path"
+    assert first.fixes[0].why.startswith("use the tokenizer the model was trained with")
+
+
+def test_a_user_error_naming_a_plugin_key_names_its_spec(tmp_path):
+    error = "ValueError: data.dataset: example 0 has no 'answer' (its fields: 'prompt', 'target'), which ..."
+    run = make_run(
+        tmp_path / "r",
+        status=("failed", {"reason": "exception", "error": error, "step": 0, "phase": "reward"}),
+        data={"dataset": "plugins/ds.py:graded"},
+    )
+    first = causes(run).causes[0]
+    assert first.where == "data.dataset (plugins/ds.py:graded)" and "data.dataset" in first.title
+    assert first.fixes[0].suite == "data.dataset (plugins/ds.py:graded)" and "'answer'" in first.fixes[0].why
+
+
+def test_an_exception_raised_in_a_plugin_names_the_plugin_key(tmp_path):
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/trainer/rl_steps.py", line 65, in score_responses\n'
+        "    raw = observer.plugin_call(...)\n"
+        '  File "/home/u/plugins/rewards.py", line 12, in my_reward\n'
+        "    return [1 / 0]\n"
+        "ZeroDivisionError: division by zero\n"
+    )
+    run = make_run(
+        tmp_path / "r",
+        status=("failed", {"reason": "exception", "error": "ZeroDivisionError: division by zero",
+                           "traceback": tb, "step": 0, "phase": "reward"}),
+        data={"reward_fn": "/home/u/plugins/rewards.py:my_reward", "collator": "/home/u/plugins/col.py:c"},
+    )  # fmt: skip
+    first = causes(run).causes[0]
+    assert (
+        first.where == "data.reward_fn (/home/u/plugins/rewards.py:my_reward) at rewards.py:12 in my_reward"
+    )
+    assert first.fixes[0].suite == "data.reward_fn (/home/u/plugins/rewards.py:my_reward)"
+    assert "your own code" in first.fixes[0].why
+    module = make_run(
+        tmp_path / "m",
+        status=("failed", {"reason": "exception", "error": "ZeroDivisionError: division by zero",
+                           "traceback": tb, "step": 0, "phase": "reward"}),
+        data={"reward_fn": "plugins.rewards:my_reward"},
+    )  # fmt: skip
+    assert (
+        causes(module)
+        .causes[0]
+        .where.startswith("data.reward_fn (plugins.rewards:my_reward) at rewards.py:12")
+    )

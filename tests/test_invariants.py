@@ -273,3 +273,49 @@ def test_clean_runs_have_no_invariant_warning(algo):
 def test_planted_faults_in_a_run(extra, kind):
     a = _train({"steps": 1, **extra})
     assert kind in _problems(a), [(f.kind, f.severity) for f in a.findings.all()]
+
+
+def test_identical_pairs_name_who_made_them():
+    same = _pairs([[7, 8, 9, 10]] * 2, [[7, 8, 9, 10]] * 2)
+    data = {"dataset": "d.py:pairs", "response_length": 4}
+    equal_text = [{"chosen": "abcd", "rejected": "abcd"}] * 2
+    (f,) = I.pair_findings(same, tokenizer_info=INFO, where="collator:builtin:pairs", ctx={},
+                           examples=equal_text, data=data)  # fmt: skip
+    assert f.where == "data.dataset (d.py:pairs)" and "chosen == rejected" in f.message
+    cut_text = [{"chosen": "abcdX", "rejected": "abcdY"}] * 2  # differ past the 4 tokens both keep
+    (f,) = I.pair_findings(same, tokenizer_info=INFO, where="collator:builtin:pairs", ctx={},
+                           examples=cut_text, data=data)  # fmt: skip
+    assert f.where == "data.response_length" and "response_length 4" in f.message and "raise" in f.fix
+    (f,) = I.pair_findings(same, tokenizer_info=INFO, where="collator:c.py:f", ctx={},
+                           examples=cut_text, data=data)  # fmt: skip
+    assert f.where == "collator:c.py:f.chosen_input_ids"  # a user's collator made them the same
+
+
+def test_empty_chosen_side_names_the_dataset():
+    empty = _pairs([[EOS], [EOS]], [[7, 8, EOS], [9, EOS]])
+    data = {"dataset": "d.py:pairs"}
+    blank = [{"chosen": "", "rejected": "77"}, {"chosen": "", "rejected": "9"}]
+    (f,) = I.pair_findings(empty, tokenizer_info=INFO, where="collator:builtin:pairs", ctx={},
+                           examples=blank, data=data)  # fmt: skip
+    assert f.kind == K.EMPTY_RESPONSES and f.severity == "error" and f.where == "data.dataset (d.py:pairs)"
+    assert "chosen response is empty" in f.message and "'chosen'" in f.fix
+    one = _pairs([[EOS], [8, EOS], [9, EOS]], [[7, EOS], [9, EOS], [10, EOS]])  # one short answer: fine
+    assert I.pair_findings(one, tokenizer_info=INFO, where="c", ctx={}) == []
+
+
+def test_a_packed_pair_whose_response_mask_points_at_padding_is_misaligned():
+    # prompt + completion packed at the row's start and padded at its end: the last R columns are padding
+    b, width = 2, 7  # R = 3 response columns
+    batch = {}
+    for side, tok in (("chosen", 7), ("rejected", 8)):
+        ids = torch.full((b, width), PAD, dtype=torch.long)
+        ids[:, :4] = torch.tensor([5, 6, tok, EOS])
+        attn = (ids != PAD).long()
+        resp = torch.tensor([[1, 1, 0]] * b)
+        batch.update(
+            {f"{side}_input_ids": ids, f"{side}_attention_mask": attn, f"{side}_response_mask": resp}
+        )
+    found = [f for f in I.pair_findings(batch, tokenizer_info=INFO, where="collator:c.py:pack", ctx={})
+             if f.kind == K.EMPTY_RESPONSES]  # fmt: skip
+    assert len(found) == 2 and all("padding" in f.message and "right-pad" in f.fix for f in found)
+    assert found[0].where == "collator:c.py:pack.chosen_input_ids"

@@ -165,6 +165,7 @@ BAD = [
     ("algo: {name: ppo}, model: {critic_path: '{small_vocab}'}", "{}",
      r"train\.model\.critic_path: '.*small_vocab' embeds 10 ids but the tokenizer has \d+"),
     ("model: {path: '{small_vocab}'}", "{}", r"train\.model\.path: '.*small_vocab' embeds 10 ids"),
+    ("model: {reward_model: '{small_vocab}'}", "{}", r"train\.model\.reward_model: '.*small_vocab' embeds 10 ids"),
     # the user's model code: imported and its signature checked like every plug-in
     ("model: {setup: plugins/nope.py:setup}", "{}", r"train\.model\.setup: .*plugins/nope\.py not found"),
     ("model: {setup: plugins/user.py:reward_two}", "{}",
@@ -228,7 +229,13 @@ def test_a_bad_plugin_or_model_path_stops_run_and_plan_before_any_worker(
     line = 2 if message.startswith("train") else 4
     assert err.startswith(f"verlaudit {command}: error: {p}:{line}: ") and err.count("\n") == 1, err
     assert re.search(message, err), err
-    assert not (tmp_path / "out").exists()
+    if command != "run":
+        assert not (tmp_path / "out").exists()
+        return
+    # nothing lost: the refused variant's run directory holds the one-line error for `verlaudit diagnose`
+    (status,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*/status.json")]
+    assert status["state"] == "failed" and status["reason"] == "preflight"
+    assert status["error"] == err.removeprefix(f"verlaudit {command}: error: ").strip()
 
 
 def test_the_error_names_the_line_of_the_key_with_flags_too(suite_dir):
@@ -240,3 +247,26 @@ def test_the_error_names_the_line_of_the_key_with_flags_too(suite_dir):
     for flags in ({}, {"steps": 1, "device": "cpu"}):
         with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}:6: train\.model\.setup: "):
             preflight(load_suite(p, **flags))
+
+
+def test_a_variant_the_preflight_refuses_is_planned_refused_and_the_others_run(suite_dir, tmp_path):
+    from verlaudit.commands.run import refuse
+    from verlaudit.run.preflight import preflight_problems
+
+    p = suite_dir / "s.yaml"
+    p.write_text(
+        "name: s\ntrain: {steps: 1, device: cpu}\nvariants:\n  good: {}\n"
+        "  bad: {data: {reward_fn: plugins/user.py:missing}}\n  also: {}\n"
+    )
+    suite = load_suite(p)
+    problems = preflight_problems(suite)
+    assert list(problems) == ["bad"] and "variants.bad.data.reward_fn" in str(problems["bad"])
+    with pytest.raises(ValueError, match="variants.bad.data.reward_fn"):
+        preflight(suite)  # plan and recommend still stop at the first problem
+    plan = refuse(suite, problems, tmp_path / "out", "cpu")
+    assert [(r.run.variant, r.refused_by if r.refused else None) for r in plan.runs] == [
+        ("good", None),
+        ("bad", "preflight"),
+        ("also", None),
+    ]
+    assert "has no attribute 'missing'" in plan.runs[1].refused and "\n" not in plan.runs[1].refused

@@ -60,9 +60,11 @@ class Task:
             )
         for i, ex in enumerate(examples):
             if "answer" not in ex:
+                keys = ", ".join(repr(k) for k in ex) or "none"
                 raise ValueError(
-                    f"data.task: example {i} has no 'answer' for the {self.name!r} rule reward; "
-                    "set data.reward_fn or model.reward_model for a user dataset"
+                    f"data.dataset: example {i} has no 'answer' (its fields: {keys}), which the "
+                    f"{self.name!r} task's rule reward reads; give every example an 'answer' field, or "
+                    "set data.reward_fn or model.reward_model to a reward that reads the fields it has"
                 )
         return [self.score(r, ex) for r, ex in zip(responses, examples)]
 

@@ -92,8 +92,9 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
     where = "data.collator" if config.data.collator else "data"
     for step in range(config.steps):
         log.start(step)
-        batch = observer.plugin_call("collator", source, partial(collator, local_batch(next(batches), setup)))
-        observer.on_batch(role="actor", batch=batch, source=source)
+        pairs = local_batch(next(batches), setup)
+        batch = observer.plugin_call("collator", source, partial(collator, pairs))
+        observer.on_batch(role="actor", batch=batch, source=source, examples=pairs)
         check_pair_batch(batch, source, where)
         b = batch["chosen_input_ids"].shape[0]
 

@@ -91,9 +91,12 @@ class Observer:
         forward under no_grad; the others may keep state). Default: ``call()``."""
         return call()
 
-    def on_batch(self, *, role: str, batch: Mapping[str, Any], source: str) -> None:
+    def on_batch(
+        self, *, role: str, batch: Mapping[str, Any], source: str, examples: Sequence[Mapping[str, Any]] = ()
+    ) -> None:
         """A collated batch, before any model sees it. ``source`` names the collator
-        (``"builtin:prompt"``, ``"builtin:pairs"`` or the user's ``module:attr``)."""
+        (``"builtin:prompt"``, ``"builtin:pairs"`` or the user's ``module:attr``); ``examples`` are the
+        dataset's examples it collated (one row each), as the trainer passed them."""
 
     def on_rollout(
         self,

@@ -311,7 +311,7 @@ def generate(
     if sync is not None:
         observer.on_weight_sync(**sync)
     batch = observer.plugin_call("collator", source, functools.partial(collator, examples))
-    observer.on_batch(role="actor", batch=batch, source=source)
+    observer.on_batch(role="actor", batch=batch, source=source, examples=examples)
     ids = batch["input_ids"].to(setup.device)
     mask = batch["attention_mask"].to(setup.device)
     rollout = engine.generate(

@@ -56,6 +56,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "dropout": "dropout active in a trainable role's training forward",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
         "learning_rate": "a learning rate so large that every layer's weights grow",
+        "reward_integer": "a reward in an integer dtype: fractional scores truncated to whole numbers",
+        "empty_response": "preference pairs or examples whose response is empty (no token but eos)",
+        "tokenizer_ids": "a tokenizer whose eos / pad / bos ids are not the model config's",
+        "suite_config": "a suite key naming something that cannot run (refused before any worker started)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -144,6 +148,11 @@ IDENTICAL_PAIRS = _f(
     "identical_pairs",
     "DPO pairs whose chosen and rejected responses are the same tokens: no preference, no gradient",
 )
+EMPTY_RESPONSES = _f(
+    "boundary/empty_responses",
+    "empty_response",
+    "a DPO side whose response is empty (only eos / pad) in many pairs: the dataset's text is missing",
+)
 PROMPT_TRUNCATION = _f(
     "boundary/prompt_truncation",
     "truncation",
@@ -170,6 +179,11 @@ REWARD_NOT_NUMBERS = _f("boundary/reward_not_numbers", "reward_shape", "a reward
 REWARD_SHAPE = _f(
     "boundary/reward_shape", "reward_shape", "a reward of another shape than one scalar per sequence"
 )
+REWARD_INTEGER = _f(
+    "boundary/reward_integer",
+    "reward_integer",
+    "an integer reward tensor or array whose scores are all one value: fractions were truncated",
+)
 REWARD_NONFINITE = _f("boundary/reward_nonfinite", "reward_nonfinite", "rewards that are NaN or Inf")
 REWARD_MODEL_DTYPE = _f(
     "boundary/reward_model", "reward_model_dtype", "a reward model's parameters are stored in another dtype"
@@ -192,6 +206,11 @@ PLUGIN_INT_PRECISION = _f(
     "plugin/int_precision",
     "plugin_precision",
     "integers (ids, counts) held in a float dtype beyond the largest integer it holds exactly",
+)
+PLUGIN_UNDERFLOW = _f(
+    "plugin/underflow",
+    "plugin_precision",
+    "an fp16/bf16 op inside a reward or collator flushed values to 0 (or subnormals) that fp32 holds",
 )
 NO_SIGNAL = _f("reward/no_signal", "no_signal", "rewards identical within every group: no learning signal")
 
@@ -287,6 +306,11 @@ DROPOUT_ACTIVE = _f(
     "dropout",
     "a trainable role trains with dropout: its log-probs are not the policy the rollout sampled",
 )
+TOKENIZER_SPECIAL_IDS = _f(
+    "model/tokenizer_special_ids",
+    "tokenizer_ids",
+    "the tokenizer's eos (or pad) id is not the one the model's config ends sequences with",
+)
 TIED_WEIGHTS_BROKEN = _f(
     "model/tied_weights_broken",
     "tied_weights",
@@ -366,6 +390,7 @@ _c("oom", "oom", "out of memory")
 _c("killed", "killed", "the process was killed (no status)")
 _c("no_signal", "no_signal", "no group's rewards vary")
 _c("weights", "weights_outlier", "weights far out of family")
+_c("preflight", "suite_config", "a suite key refused before any worker started (preflight)")
 _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond dtype rounding")
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)

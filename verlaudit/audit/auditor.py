@@ -101,6 +101,8 @@ class Auditor(Observer):
         self.policy: PrecisionPolicy | None = None
         self.models: dict[str, nn.Module] = {}
         self.tokenizer_info: dict[str, Any] = {}
+        self.config: dict[str, Any] = {}
+        """The run's TrainConfig as a dict (`on_setup`): the plug-in specs a boundary finding names."""
         self.model_vocab_size: int | None = None
         self.names: dict[int, tuple[str, str]] = {}
         """id(module) -> (role, qualified name), to name the module a failure came from."""
@@ -148,6 +150,7 @@ class Auditor(Observer):
     # -- observer protocol ------------------------------------------------------------------------
     def on_setup(self, *, config, policy, models, tokenizer_info) -> None:
         self.policy, self.models, self.tokenizer_info = policy, dict(models), dict(tokenizer_info)
+        self.config = dict(config or {})
         self.names = {id(m): (role, n) for role, model in models.items() for n, m in model.named_modules()}
         self.model_vocab_size = boundaries.model_vocab_size(models.get("actor"))
         if self.settings.level == "off":
@@ -160,6 +163,10 @@ class Auditor(Observer):
         self.growth = weights.GrowthWatch({"actor": algo.get("lr"), "critic": algo.get("critic_lr")})
         self._model_state(step=None)
         self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
+        if "actor" in self.models:
+            self.findings.extend(
+                boundaries.check_tokenizer_eos(self.config, self.models["actor"], tokenizer_info)
+            )
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
             self.findings.extend(weights.user_hooks(role, model))
@@ -235,7 +242,7 @@ class Auditor(Observer):
         `plugins.Promote` for a reward model, or with ``audit.rerun_plugins``); its findings are recorded."""
         if not self.context.sampled:
             return call()
-        recorder = plugins.Recorder()
+        recorder = plugins.Recorder(underflow=point != "reward_model")
         with recorder:
             result = call()
         with opcount.suspended():
@@ -244,7 +251,7 @@ class Auditor(Observer):
         return result
 
     @_uncounted
-    def on_batch(self, *, role, batch, source) -> None:
+    def on_batch(self, *, role, batch, source, examples=()) -> None:
         if self.settings.level != "off":
             self.findings.extend(
                 boundaries.check_batch(
@@ -252,6 +259,7 @@ class Auditor(Observer):
                     role=role,
                     source=source,
                     tokenizer_info=self.tokenizer_info,
+                    rows=len(examples) or None,
                     **self.context.where(),
                 )
             )
@@ -261,6 +269,8 @@ class Auditor(Observer):
                     role=role,
                     source=source,
                     tokenizer_info=self.tokenizer_info,
+                    examples=examples,
+                    data=(self.config or {}).get("data") or {},
                     **self.context.where(),
                 )
             )

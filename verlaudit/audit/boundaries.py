@@ -31,10 +31,12 @@ def check_batch(
     role: str,
     source: str,
     tokenizer_info: Mapping[str, Any],
+    rows: int | None = None,
     step: int | None = None,
     phase: str | None = None,
 ) -> list[Finding]:
-    """Collator output: integer ids and masks, ids in [0, vocab), one batch size, mask shapes, padding side."""
+    """Collator output: integer ids and masks, ids in [0, vocab), one batch size (``rows``: the examples
+    collated, one row each), mask shapes, padding side."""
     out: list[Finding] = []
     ctx = {"role": role, "step": step, "phase": phase}
     where = f"collator:{source}"
@@ -101,7 +103,33 @@ def check_batch(
                     )
                 )
     sizes = {k: v.shape[0] for k, v in tensors.items() if v.dim() >= 1}
-    if len(set(sizes.values())) > 1:
+    wrong = {k: tuple(tensors[k].shape) for k, n in sizes.items() if INT_KEY.search(k) and rows and n != rows}
+    if wrong:
+        k, shape = next(iter(wrong.items()))
+        major = len(shape) == 2 and shape[1] == rows
+        out.append(
+            _f(
+                "error",
+                K.COLLATOR_SHAPE,
+                f"{where}.{k}",
+                f"{k} has shape {list(shape)} for {rows} examples: its first dimension must be the batch, "
+                "one row per example"
+                + (
+                    f"; this is [length, batch] (time-major: its second dimension is the {rows} examples), "
+                    "as torch's pad_sequence returns without batch_first=True"
+                    if major
+                    else ""
+                ),
+                observed={"shapes": {n: list(v) for n, v in wrong.items()}, "examples": rows},
+                expected=f"[{rows}, length]",
+                fix="return [batch, length] tensors: pad_sequence(..., batch_first=True), or transpose (.T) "
+                "the [length, batch] result"
+                if major
+                else "return one row per example in every field (shape [batch, length])",
+                **ctx,
+            )
+        )
+    elif len(set(sizes.values())) > 1:
         out.append(
             _f(
                 "error",
@@ -133,7 +161,8 @@ def check_batch(
                 )
     mask = tensors.get("attention_mask")
     side = tokenizer_info.get("padding_side")
-    if mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
+    laid_out = not wrong  # a batch whose rows are not the examples has no padding side to read
+    if laid_out and mask is not None and side in ("left", "right") and mask.dim() == 2 and mask.shape[1] > 1:
         observed = padding_side(mask)
         if observed not in (None, side):
             out.append(
@@ -239,7 +268,7 @@ def check_reward(
                     **ctx,
                 )
             )
-        if raw.is_floating_point() or raw.dtype == torch.bool:
+        if not raw.is_complex():
             values = raw.detach().float().flatten().cpu().tolist()
     else:
         arr_dtype = getattr(raw, "dtype", None)
@@ -303,6 +332,23 @@ def check_reward(
         )
     if values is None and rewards is not None:
         values = rewards.detach().float().flatten().cpu().tolist()
+    int_dtype = _integer_dtype(raw)
+    if int_dtype is not None and values and len(set(values)) == 1:
+        out.append(
+            _f(
+                "warning",
+                K.REWARD_INTEGER,
+                where,
+                f"reward is an integer {'tensor' if isinstance(raw, torch.Tensor) else 'array'} ({int_dtype}) "
+                f"and all {len(values)} scores are {values[0]:g}: a fractional score (partial credit, a "
+                "probability) written into it is truncated to its whole part, so distinct rewards become one",
+                observed={"dtype": int_dtype, "values": sorted(set(values)), "n": len(values)},
+                expected="float scores",
+                fix="build the scores as floats (np.zeros(n, dtype=np.float32), torch.zeros(n), a list of "
+                "Python floats) instead of an integer array (dtype=int)",
+                **ctx,
+            )
+        )
     bad = [v for v in (values or []) if not math.isfinite(v)]
     if bad:
         out.append(
@@ -318,6 +364,66 @@ def check_reward(
             )
         )
     return out
+
+
+def _integer_dtype(raw: Any) -> str | None:
+    """The integer dtype of a reward tensor or numpy array (``int64``), None for floats, bools, lists."""
+    if isinstance(raw, torch.Tensor):
+        ok = not raw.is_floating_point() and not raw.is_complex() and raw.dtype != torch.bool
+        return dn(raw.dtype) if ok else None
+    kind = getattr(getattr(raw, "dtype", None), "kind", None)  # numpy: "i" signed, "u" unsigned
+    return str(raw.dtype) if kind in ("i", "u") and hasattr(raw, "shape") else None
+
+
+def _ids(value: Any) -> set[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {value}
+    if isinstance(value, (list, tuple)):
+        return {v for v in value if isinstance(v, int) and not isinstance(v, bool)}
+    return set()
+
+
+def check_tokenizer_eos(
+    config: Mapping[str, Any], model: Any, tokenizer_info: Mapping[str, Any]
+) -> list[Finding]:
+    """The tokenizer's eos id against the ones the actor's config (and the checkpoint's generation config,
+    which the trainer replaced with the tokenizer's: ``model.overridden_settings``) end sequences
+    with: generation stops at the tokenizer's eos, so one the model never emits lets every response run
+    to data.response_length (and one it emits mid-answer cuts it short). Nothing when the model names
+    no eos."""
+    eos = tokenizer_info.get("eos_token_id")
+    model_eos = _ids(getattr(getattr(model, "config", None), "eos_token_id", None))
+    for rec in getattr(model, "overridden_settings", None) or ():  # the checkpoint's generation config,
+        if str(rec.get("setting", "")).endswith("generation_config.eos_token_id"):  # before the tokenizer's
+            model_eos |= _ids(rec.get("yours"))
+    if not isinstance(eos, int) or not model_eos or eos in model_eos:
+        return []
+    m = (config or {}).get("model") or {}
+    if m.get("tokenizer"):
+        where = f"model.tokenizer ({m['tokenizer']})"
+        fix = (
+            f"use the tokenizer saved with the model (model.tokenizer: {m.get('path')})"
+            if m.get("path")
+            else "use the tokenizer the model was trained with (model.tokenizer)"
+        ) + f", or set the tokenizer's eos_token to the model's (id {min(model_eos)})"
+    else:
+        where = f"model.path ({m.get('path') or m.get('preset')})"
+        fix = f"save the model's tokenizer with eos_token id {min(model_eos)} (tokenizer_config.json)"
+    ids = ", ".join(str(i) for i in sorted(model_eos))
+    return [
+        _f(
+            "error",
+            K.TOKENIZER_SPECIAL_IDS,
+            where,
+            f"the tokenizer's eos_token_id {eos} is not the model config's eos_token_id ({ids}): generation "
+            "stops at the tokenizer's eos, which this model does not end its answers with, so responses "
+            "run on to data.response_length (the tokenizer and the model mismatch)",
+            observed={"tokenizer_eos": eos, "model_eos": sorted(model_eos)},
+            expected=sorted(model_eos),
+            fix=fix,
+            role="actor",
+        )
+    ]
 
 
 def model_vocab_size(model) -> int | None:

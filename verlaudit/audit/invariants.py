@@ -7,7 +7,10 @@ Batch invariants (every collated batch, at every level but ``off``; a few intege
   eos that ends a response, a bos that starts a prompt), so the innermost token of each run is not
   counted then;
 - a DPO pair's chosen and rejected responses differ: two sides with the same tokens (ignoring pad,
-  eos and the mask's zeros) carry no preference and give no gradient (`pair_findings`);
+  eos and the mask's zeros) carry no preference and give no gradient (`pair_findings`), named on
+  who made them the same: the dataset (its texts are equal), ``data.response_length`` (the texts
+  differ only past the builtin collator's cut) or the collator; and neither side is empty (eos
+  only) in half the pairs, the dataset named when its text is empty;
 - truncation did not collapse prompts: the builtin collators report what ``data.prompt_length`` cut
   under the batch key `TRUNCATION_KEY` (``trainer/data.py``: per row its length before the cut and
   which row it equals before and after it), and `truncation_findings` turns it into an info (prompts cut) or a warning (distinct
@@ -29,7 +32,7 @@ Exercised by `pytest tests/test_invariants.py`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -126,9 +129,19 @@ def _content(ids: torch.Tensor, mask: torch.Tensor, special: torch.Tensor) -> to
 
 
 def pair_findings(
-    batch: Mapping[str, Any], *, tokenizer_info: Mapping[str, Any], where: str, ctx: Mapping[str, Any]
+    batch: Mapping[str, Any],
+    *,
+    tokenizer_info: Mapping[str, Any],
+    where: str,
+    ctx: Mapping[str, Any],
+    examples: Sequence[Mapping[str, Any]] = (),
+    data: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
-    """DPO rows whose chosen and rejected responses hold the same tokens (ignoring pad and eos)."""
+    """DPO rows whose chosen and rejected responses hold the same tokens (ignoring pad and eos), and a
+    side that is empty (eos only) in half the pairs or more. ``examples`` (the pairs collated, one per
+    row) and ``data`` (the run's data config) name who made them: the dataset when its texts are
+    already equal (or empty), ``data.response_length`` when the texts differ only past the cut of the
+    builtin collator, else the collator."""
     keys = [f"{s}_{f}" for s in ("chosen", "rejected") for f in ("input_ids", "response_mask")]
     if not all(isinstance(batch.get(k), torch.Tensor) for k in keys):
         return []
@@ -144,21 +157,132 @@ def pair_findings(
     r_len = c_resp.shape[1]
     chosen = _content(c_ids[:, -r_len:], c_resp, special)
     rejected = _content(r_ids[:, -r_len:], r_resp.to(r_ids.device), special)
+    b = int(chosen.shape[0])
+    texts = _pair_texts(examples, b)
+    data = data or {}
+    out = [
+        f
+        for side, content, resp in (("chosen", chosen, c_resp), ("rejected", rejected, r_resp))
+        for f in _empty_side(side, content, _outside(batch, side, resp), texts, data, where, ctx)
+    ]
     same = (chosen == rejected).all(dim=1)
-    n, b = int(same.sum()), int(same.numel())
-    if not n:
-        return []
-    return [
+    rows = same.nonzero().flatten().tolist()
+    if not rows:
+        return out
+    n = len(rows)
+    full = ((c_resp.sum(dim=1) == r_len) & (r_resp.to(c_resp.device).sum(dim=1) == r_len)).tolist()
+    msg = f"{n} of {b} preference pairs have the same response on both sides (ignoring pad and eos)"
+    fix = (
+        "check where the pairs are built: chosen and rejected must be two different responses "
+        "(the same field read twice in the dataset or the collator?)"
+    )
+    at = f"{where}.chosen_input_ids"
+    if texts and all(texts[i][0] == texts[i][1] for i in rows):
+        key, at = _data_source(data)
+        msg += f": the dataset gives them one text (chosen == rejected in {n} of its {b} examples)"
+        fix = (
+            f"{at}: build rejected from another response than chosen (a list aliased to the answers, "
+            "shuffled in place, or one field read twice makes both sides the same text)"
+        )
+    elif texts and where.startswith("collator:builtin:") and all(full[i] for i in rows):
+        at = "data.response_length"
+        msg = (
+            f"{n} of {b} preference pairs are identical after data.response_length {r_len} cut them: "
+            f"their texts differ, but only after the first {r_len} tokens, which both sides keep"
+        )
+        fix = (
+            f"raise data.response_length above {r_len} until chosen and rejected differ within it "
+            "(or put what differs first in the responses)"
+        )
+    out.append(
         Finding(
             severity="error" if 2 * n >= b else "warning",
             kind=K.IDENTICAL_PAIRS,
-            where=f"{where}.chosen_input_ids",
-            message=f"{n} of {b} preference pairs have the same response on both sides (ignoring pad and "
-            "eos): DPO's loss is log 2 on them whatever the policy does, and their gradient is 0",
+            where=at,
+            message=msg + ": DPO's loss is log 2 on them whatever the policy does, and their gradient is 0",
             observed={"identical_pairs": n, "batch": b},
             expected=0,
-            fix="check where the pairs are built: chosen and rejected must be two different responses "
-            "(the same field read twice in the dataset or the collator?)",
+            fix=fix,
+            **ctx,
+        )
+    )
+    return out
+
+
+def _pair_texts(examples: Sequence[Mapping[str, Any]], b: int) -> list[tuple[Any, Any]]:
+    """(chosen, rejected) text of each collated pair, when the examples are the batch's rows."""
+    if len(examples) != b or not all(isinstance(ex, Mapping) for ex in examples):
+        return []
+    return [(ex.get("chosen"), ex.get("rejected")) for ex in examples]
+
+
+def _data_source(data: Mapping[str, Any]) -> tuple[str, str]:
+    """(key, key with its spec) of where the examples come from: the user's dataset or the task."""
+    if data.get("dataset"):
+        return "data.dataset", f"data.dataset ({data['dataset']})"
+    return "data.task", f"data.task ({data.get('task')})"
+
+
+def _outside(batch: Mapping[str, Any], side: str, resp: torch.Tensor) -> torch.Tensor | None:
+    """Bool [B]: rows whose response mask marks a position of the last R columns that the attention mask
+    does not (the response is not where the mask says: a row packed and padded at its end)."""
+    attn = batch.get(f"{side}_attention_mask")
+    if not isinstance(attn, torch.Tensor) or attn.dim() != 2 or attn.shape[1] < resp.shape[1]:
+        return None
+    window = attn[:, -resp.shape[1] :].to(resp.device).bool()
+    return (resp.bool() & ~window).any(dim=1)
+
+
+def _empty_side(
+    side: str,
+    content: torch.Tensor,
+    outside: torch.Tensor | None,
+    texts: list[tuple[Any, Any]],
+    data: Mapping[str, Any],
+    where: str,
+    ctx: Mapping[str, Any],
+) -> list[Finding]:
+    """A DPO side with no token but pad / eos in half the pairs or more."""
+    empty = (content == -1).all(dim=1)
+    rows = empty.nonzero().flatten().tolist()
+    b = int(empty.numel())
+    if not rows or 2 * len(rows) < b:
+        return []
+    i = 0 if side == "chosen" else 1
+    blank = bool(texts) and all(not str(texts[r][i] or "").strip() for r in rows)
+    if blank:
+        _, at = _data_source(data)
+        why = f"the dataset's '{side}' text is empty in those examples"
+        fix = (
+            f"{at}: fill '{side}' with the response text (a record field read with .get(name, '') under a "
+            "name the records do not have gives '')"
+        )
+    elif outside is not None and all(bool(outside[r]) for r in rows):
+        at = f"{where}.{side}_input_ids"
+        r_len = content.shape[1]
+        why = (
+            f"its {side}_response_mask marks positions of the last {r_len} columns that the attention mask "
+            "leaves out: the completion is not in the last columns, which hold padding (the row was packed "
+            "prompt + completion and padded at its end?), so the log-probs are taken over pad tokens"
+        )
+        fix = (
+            f"align each completion with {side}_response_mask: left-pad the prompt to its width and right-pad "
+            f"the completion to the last {r_len} columns (the layout the response mask describes)"
+        )
+    else:
+        at = f"{where}.{side}_input_ids"
+        why = "the collator kept none of its tokens"
+        fix = f"check the collator: {side}_input_ids / {side}_response_mask must cover the response's tokens"
+    return [
+        Finding(
+            severity="error",
+            kind=K.EMPTY_RESPONSES,
+            where=at,
+            message=f"the {side} response is empty (no token but eos) in {len(rows)} of {b} pairs: {why}; "
+            f"DPO then learns to {'prefer' if side == 'chosen' else 'avoid'} ending at once, not the answer",
+            observed={"empty": len(rows), "batch": b, "side": side},
+            expected=0,
+            fix=fix,
             **ctx,
         )
     ]
@@ -199,7 +323,10 @@ def truncation_findings(batch: Mapping[str, Any], *, where: str, ctx: Mapping[st
     collapsed = after < before
     severity = "info" if not collapsed else ("error" if 2 * after <= before else "warning")
     lost = (
-        f": {before} distinct prompts became {after}" if collapsed else f" ({before} distinct, none merged)"
+        f": {before} distinct prompts became {after}, identical once cut (the cut keeps each prompt's end, "
+        "so what told them apart at the start is lost)"
+        if collapsed
+        else f" ({before} distinct, none merged)"
     )
     return [
         Finding(
@@ -211,7 +338,8 @@ def truncation_findings(batch: Mapping[str, Any], *, where: str, ctx: Mapping[st
             + (": the policy cannot tell them apart, and their rewards disagree" if collapsed else ""),
             observed={"cut": cut, "rows": rows, "distinct_before": before, "distinct_after": after},
             expected={"distinct_after": before},
-            fix=f"raise data.prompt_length to {longest} (the longest prompt) or shorten the prompts",
+            fix=f"raise data.prompt_length to {longest} (the longest prompt), or shorten the prompts"
+            + (" and put what differs between them last, next to the response" if collapsed else ""),
             **ctx,
         )
     ]
@@ -223,15 +351,20 @@ def batch_findings(
     role: str,
     source: str,
     tokenizer_info: Mapping[str, Any],
+    examples: Sequence[Mapping[str, Any]] = (),
+    data: Mapping[str, Any] | None = None,
     step: int | None = None,
     phase: str | None = None,
 ) -> list[Finding]:
-    """All batch invariants of one collated batch."""
+    """All batch invariants of one collated batch (``examples``: the pairs or prompts it collated;
+    ``data``: the run's data config, whose plug-in specs a finding names)."""
     ctx = {"role": role, "step": step, "phase": phase}
     where = f"collator:{source}"
     return [
         *mask_findings(batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx),
-        *pair_findings(batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx),
+        *pair_findings(
+            batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx, examples=examples, data=data
+        ),
         *truncation_findings(batch, where=where, ctx=ctx),
     ]
 

@@ -64,6 +64,12 @@ def is_suspended() -> bool:
     return getattr(_STATE, "suspended", 0) > 0
 
 
+def suspension_depth() -> int:
+    """How many `suspended` blocks are open on this thread: a watcher entered inside one (the plug-in
+    recorder in the rollout phase, which is not counted) skips only what is suspended deeper."""
+    return getattr(_STATE, "suspended", 0)
+
+
 def _short(dtype: torch.dtype) -> str:
     return dtype_name(dtype) or str(dtype)
 

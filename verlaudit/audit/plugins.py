@@ -5,8 +5,11 @@ The trainer hands every call of user code at a plug-in point to its observer
 
 * `Recorder`, a `TorchDispatchMode` over the real call, notes the dtype of every floating op, the
   first op whose output is non-finite while its inputs were finite (with the user's file:line: the
-  innermost stack frame outside torch, trainer and verlaudit), the ops that ran in fp16/bf16, and
-  integers (ids) held in a float dtype past the largest integer it holds exactly.
+  innermost stack frame outside torch, trainer and verlaudit), the ops that ran in fp16/bf16, the
+  first fp16/bf16 pointwise op that flushed to 0 a value fp32 holds (the op again on fp32 copies of
+  its inputs: an underflow, for user arithmetic, not a reward model's forward), and integers (ids)
+  held in a float dtype past the largest integer it holds exactly. It watches the call inside the
+  rollout phase too, where the op counter is suspended (a collator runs there).
 * A second call under `Promote` (every floating op of the call, explicit casts and autocast's
   included, run in fp32 for a reward model, fp64 for a function) gives the same scores in higher
   precision; `compare` says how far they moved and how many distinct scores the real call kept
@@ -15,7 +18,7 @@ The trainer hands every call of user code at a plug-in point to its observer
   keep state, count calls or hit a service). Either way the random number generators are restored
   after the second call, so the run samples what it would have sampled.
 
-The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``,
+The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
 ``plugin/precision_loss``, ``plugin/int_precision``) name the plug-in, its line and the dtype to use.
 Exercised by `pytest tests/test_audit_plugins.py`.
 """
@@ -127,6 +130,16 @@ def spacing(dtype: torch.dtype, magnitude: float) -> float:
     return 2.0 ** (math.floor(math.log2(magnitude)) - _mantissa(dtype))
 
 
+def _to_fp32(x: Any) -> Any:
+    return x.float() if isinstance(x, torch.Tensor) and x.dtype in LOW else x
+
+
+def _recomputable(func: Any, op: str, kwargs: dict) -> bool:
+    """A pointwise op that writes a new tensor (not in place, no ``out=``): running it again on fp32
+    copies of its inputs changes nothing the call sees."""
+    return torch.Tag.pointwise in func.tags and not op.endswith("_") and "out" not in kwargs
+
+
 def _arithmetic(func: Any, op: str) -> bool:
     """An op that computes (pointwise, reduction, matmul, softmax, norm), not one that makes, copies or
     casts a tensor: ``torch.tensor(x, dtype=torch.bfloat16)`` is the reward's dtype, not its arithmetic."""
@@ -147,8 +160,15 @@ class Recorder(TorchDispatchMode):
     value, its fp16/bf16 ops and its integers held in floats beyond their exact range. The checks
     stay on the device until `settle` (one read at the end of the call)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, underflow: bool = True) -> None:
         super().__init__()
+        self.underflow = underflow
+        """Recompute each fp16/bf16 pointwise op in fp32 to see values it flushed to 0 (user arithmetic;
+        off for a reward model, whose dtype is its policy's and whose softmax tails flush by design)."""
+        self._flushed: list[tuple[str, str | None, str, torch.Tensor, torch.Tensor]] = []
+        """(op, line, dtype, elements flushed to 0, the largest fp32 value among them) per checked op."""
+        self._depth = 0
+        """The op counter's suspension depth where the call runs (`__enter__`)."""
         self.dtypes: Counter = Counter()
         self.low: dict[tuple[str, str | None, str], int] = {}
         """(op, user line, dtype) -> count, in first-seen order."""
@@ -161,8 +181,8 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if opcount.is_suspended():
-            return out
+        if opcount.suspension_depth() > self._depth:
+            return out  # the audit's own work inside the call (not the rollout phase's suspension)
         outs = _floats(out)
         if not outs:
             if func.overloadpacket.__name__ in opcount.CAST and _ints(out):
@@ -180,6 +200,8 @@ class Recorder(TorchDispatchMode):
             if dtype in LOW and _arithmetic(func, op):
                 key = (op, line, name)
                 self.low[key] = self.low.get(key, 0) + 1
+                if self.underflow and _recomputable(func, op, kwargs):
+                    self._check_flush(func, args, kwargs, outs[0], (op, line, name))
             fine_out = _all_finite(outs)
             # inputs the call did not make (weights, its arguments) may bring a NaN in: checked once each
             outside = [t for t in _floats((args, kwargs)) if not self._made(t)]
@@ -196,6 +218,23 @@ class Recorder(TorchDispatchMode):
                 amax = torch.stack([t.abs().max().to(torch.float64) for t in ints]).max()
                 self._ints.append((op, line, name, amax))
         return out
+
+    def __enter__(self) -> Recorder:
+        self._depth = opcount.suspension_depth()
+        return super().__enter__()
+
+    def _check_flush(self, func: Any, args: tuple, kwargs: dict, out: torch.Tensor, at: tuple) -> None:
+        """The op again on fp32 copies of its low-precision inputs: elements the real op returned as 0
+        where fp32 holds a finite non-zero value below the dtype's smallest normal (an underflow)."""
+        up_args, up_kwargs = pytree.tree_map(_to_fp32, (args, kwargs))
+        ref = _floats(func(*up_args, **up_kwargs))
+        if not ref or ref[0].shape != out.shape:
+            return
+        r = ref[0]
+        tiny = torch.finfo(out.dtype).tiny
+        lost = (out == 0) & (r != 0) & torch.isfinite(r) & (r.abs() < tiny)
+        biggest = torch.where(lost, r.abs(), r.new_zeros(())).amax() if r.numel() else r.new_zeros(())
+        self._flushed.append((*at, lost.sum(), biggest))
 
     def _made(self, t: torch.Tensor) -> bool:
         ref = self._produced.get(id(t))
@@ -233,7 +272,16 @@ class Recorder(TorchDispatchMode):
                 if amax > limit:
                     int_loss.append({"op": op, "line": line, "dtype": name, "max": amax, "limit": limit})
         low = [{"op": op, "line": line, "dtype": d, "count": n} for (op, line, d), n in self.low.items()]
+        underflow = None
+        if self._flushed:
+            counts = torch.stack([n for *_, n, _ in self._flushed]).tolist()
+            at = next((k for k, n in enumerate(counts) if n), None)
+            if at is not None:
+                op, line, name, _, biggest = self._flushed[at]
+                underflow = {"op": op, "line": line, "dtype": name, "elements": int(counts[at]),
+                             "ops": sum(1 for n in counts if n), "largest_lost": float(biggest)}  # fmt: skip
         return {
+            "underflow": underflow,
             "dtypes": dict(self.dtypes),
             "ops": self.ops,
             "low": low,
@@ -372,6 +420,9 @@ def findings(
                 **ctx,
             )
         )
+    under = record.get("underflow")
+    if under:
+        out.append(_underflow_finding(what, under, record.get("zero_scores"), ctx))
     low = [
         r for r in record.get("low", ()) if point != "reward_model"
     ]  # a reward model's dtype is its policy's
@@ -406,6 +457,29 @@ def findings(
     if comparison is not None:
         out += _comparison_findings(point, what, record, comparison, high=high, ctx=ctx)
     return out
+
+
+def _underflow_finding(what: str, u: dict, zeros: tuple[int, int] | None, ctx: dict) -> Finding:
+    """An fp16/bf16 op of the plug-in flushed values to 0: an error when the scores it returned are 0
+    for half the batch or more (the underflow reached the reward), else a warning."""
+    tiny = torch.finfo(_DTYPES[u["dtype"]]).tiny if u["dtype"] in _DTYPES else None
+    below = f", below {u['dtype']}'s smallest normal {tiny:.3g}" if tiny else ""
+    reached = ""
+    if zeros and zeros[1]:
+        reached = f"; {zeros[0]} of the {zeros[1]} scores it returned are exactly 0"
+    severe = bool(zeros and zeros[1] and 2 * zeros[0] >= zeros[1])
+    line = u["line"] or "an unknown line"
+    return Finding(
+        severity="error" if severe else "warning",
+        kind=K.PLUGIN_UNDERFLOW,
+        message=f"your {what}'s {u['op']} in {u['dtype']} at {line} underflowed: {u['elements']} value(s) that "
+        f"are non-zero in fp32 (up to {u['largest_lost']:.3g}{below}) became exactly 0{reached}",
+        observed={**u, "zero_scores": list(zeros) if zeros else None},
+        expected="no value flushed to zero",
+        fix=f"at {line}: compute in fp32 or fp64 (torch.float64 / Python floats), and a product of many "
+        "probabilities as a sum of their logs (log space) instead of the product",
+        **ctx,
+    )
 
 
 def _comparison_findings(
@@ -476,6 +550,10 @@ def watch_findings(
     """The findings of one watched call: the recorder's, and for a reward model (always) or a reward
     function (with ``settings.rerun_plugins``) the comparison with the same call in higher precision."""
     record = recorder.settle()
+    if record.get("underflow"):
+        scores = scores_of(result)
+        if scores is not None:
+            record["zero_scores"] = (sum(v == 0 for v in scores), len(scores))
     comparison, high = None, None
     again = point == "reward_model" or (point == "reward_fn" and getattr(settings, "rerun_plugins", False))
     real = scores_of(result) if again else None

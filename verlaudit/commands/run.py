@@ -11,6 +11,7 @@ suite or arguments, 130 interrupted. Exercised by `verlaudit run suites/tiny_cpu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Mapping
@@ -19,9 +20,9 @@ from typing import Any
 
 from verlaudit.analysis.report import build as report_mod
 from verlaudit.integrations import tensorboard as tb
-from verlaudit.run import runner
+from verlaudit.run import runner, worker
 from verlaudit.run.hardware import detect
-from verlaudit.run.preflight import preflight
+from verlaudit.run.preflight import PreflightError, preflight_problems
 from verlaudit.run.suite import AUDIT_LEVELS, DEVICES, load_suite
 
 DEFAULT_SUITE = "suites/tiny_cpu.yaml"
@@ -93,13 +94,19 @@ def main(args: argparse.Namespace) -> int:
     )
     if getattr(args, "tensorboard", False):
         tb.require()  # before any run, not after them
-    preflight(suite)  # plug-ins imported, model directories read, engines installed: before any worker starts
     out_dir = Path(args.out) if args.out else runner.default_out_dir(suite)
+    # plug-ins imported, model directories read, engines installed: before any worker starts
+    problems = preflight_problems(suite)
+    if problems and len(problems) == len(suite.variants):  # nothing can run: stop with the one-line error
+        first = next(iter(problems.values()))
+        if args.out:
+            write_refusals(suite, out_dir, problems, args.device)
+        raise PreflightError(str(first), variants=tuple(problems))
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(
             f"--out {out_dir}: directory is not empty; choose a new one (or --report-only {out_dir})"
         )
-    plan = runner.plan_runs(suite, out_dir, detect(), args.device)
+    plan = refuse(suite, problems, out_dir, args.device)
     runs = len(plan.runs)
     print(f"verlaudit run: suite {suite.name} ({runs} run{'s' * (runs != 1)} on {plan.device}) -> {out_dir}")
     for note in plan.notes:
@@ -122,6 +129,58 @@ def main(args: argparse.Namespace) -> int:
         return 130
     failed = [n for n in done if runner.failed(out_dir / n)]
     return 1 if failed else 0
+
+
+def _one_line(e: BaseException) -> str:
+    """The message as `verlaudit.cli` prints an error: one line."""
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _sub_suite(suite: Any, names: Any) -> Any:
+    keep = [v for v in suite.variants if v in names]
+    return dataclasses.replace(
+        suite,
+        variants={v: suite.variants[v] for v in keep},
+        overrides={v: suite.overrides[v] for v in keep if v in suite.overrides},
+    )
+
+
+def refuse(
+    suite: Any, problems: Mapping[str, PreflightError], out_dir: Path, device: str | None
+) -> runner.Plan:
+    """The plan of the variants the preflight passed, and the others refused with their one-line error
+    (each still gets a run directory: nothing lost), in suite order."""
+    present = detect()
+    plan = runner.plan_runs(_sub_suite(suite, set(suite.variants) - set(problems)), out_dir, present, device)
+    if not problems:
+        return plan
+    bad = runner.plan_runs(_sub_suite(suite, problems), out_dir, present, device)
+    refused = [
+        dataclasses.replace(p, refused=_one_line(problems[p.run.variant]), refused_by="preflight")
+        for p in bad.runs
+    ]
+    order = {v: i for i, v in enumerate(suite.variants)}
+    runs = sorted([*plan.runs, *refused], key=lambda p: order[p.run.variant])
+    notes = (*plan.notes, *(f"{v}: refused: {_one_line(e)}" for v, e in problems.items()))
+    return dataclasses.replace(plan, runs=tuple(runs), notes=notes)
+
+
+def write_refusals(
+    suite: Any, out_dir: Path, problems: Mapping[str, PreflightError], device: str | None
+) -> list[Path]:
+    """Every variant of a suite none of whose variants can run, as a refused run directory under
+    ``--out`` (the manifest and a status with the one-line error), so that `verlaudit diagnose` on it
+    names the key. Nothing is written into a directory that is not new or empty, nor when the suite
+    cannot be planned."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        return []
+    try:
+        plan = runner.plan_runs(_sub_suite(suite, problems), out_dir, detect(), device)
+    except ValueError:
+        return []
+    for planned in plan.runs:
+        worker.write_refused(planned.spec, _one_line(problems[planned.run.variant]), why="preflight")
+    return [p.spec.run_dir for p in plan.runs]
 
 
 def _command(args: argparse.Namespace) -> str:

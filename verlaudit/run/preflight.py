@@ -38,20 +38,47 @@ trainer/verl_data.py); ``name=`` is passed by keyword (verl's compute_score, plu
 ``data.compute_score_kwargs``)."""
 
 
+class PreflightError(ValueError):
+    """A preflight problem: the one-line message, and the variants that name the refused value (the
+    command writes each a refused run directory, so `verlaudit diagnose` reads why nothing ran)."""
+
+    def __init__(self, message: str, *, variants: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.variants = variants
+
+
 def preflight(suite: Suite) -> None:
-    """Imports and checks everything the suite's variants name outside the file; ValueError naming
-    the suite file, the line and the field at the first problem (``s.yaml:7: train.model.setup: ...``)."""
-    checked: set[tuple[str, Any]] = set()
+    """Imports and checks everything the suite's variants name outside the file; `PreflightError` (a
+    ValueError) naming the suite file, the line and the field at the first problem
+    (``s.yaml:7: train.model.setup: ...``), and every variant that has one."""
+    problems = preflight_problems(suite)
+    if problems:
+        first = next(iter(problems.values()))
+        raise PreflightError(str(first), variants=tuple(problems))
+
+
+def preflight_problems(suite: Suite) -> dict[str, PreflightError]:
+    """Variant -> its first problem, each variant checked on its own (a value several variants share is
+    checked once), so `verlaudit run` can refuse the variants that cannot run and start the others."""
+    checked: dict[tuple[str, Any], PreflightError | None] = {}
+    problems: dict[str, PreflightError] = {}
     for vname, cfg in suite.variants.items():
         for field, value, check in _checks(cfg):
-            if value is None or (field, value) in checked:
+            if value is None:
                 continue
-            where = _where(suite, vname, field, value)
-            try:
-                check(value, where)
-            except ValueError as e:
-                raise ValueError(f"{_located(suite, where)}{e}") from None
-            checked.add((field, value))
+            if (field, value) not in checked:
+                where = _where(suite, vname, field, value)
+                try:
+                    check(value, where)
+                    checked[(field, value)] = None
+                except ValueError as e:
+                    checked[(field, value)] = PreflightError(
+                        f"{_located(suite, where)}{e}", variants=(vname,)
+                    )
+            if checked[(field, value)] is not None:
+                problems[vname] = checked[(field, value)]  # type: ignore[assignment]
+                break
+    return problems
 
 
 def _located(suite: Suite, where: str) -> str:
@@ -79,7 +106,7 @@ def _checks(cfg: TrainConfig) -> list[tuple[str, Any, Callable[[Any, str], None]
         ("model.path", m.path, lambda v, w: _vocab(m, v, w, "a causal LM")),
         ("model.tokenizer", (m.tokenizer, m.path) if m.tokenizer or m.path else None, lambda v, w: _tokenizer(m, w)),
         ("model.critic_path", m.critic_path, lambda v, w: _vocab(m, v, w, "a model")),
-        ("model.reward_model", m.reward_model, _reward_model),
+        ("model.reward_model", m.reward_model, lambda v, w: _reward_model(v, w, m)),
         ("data.task", d.task if uses_task else None, _task),
         ("data.train_files", d.train_file_list or None, _data_files),
         *((field, getattr(d, field[5:]), functools.partial(_plugin, field=field))
@@ -185,7 +212,9 @@ def _tokenizer(model_cfg: Any, where: str) -> None:
         raise ValueError(f"{where.removesuffix('model.tokenizer')}{e}") from None
 
 
-def _reward_model(spec: str, where: str) -> None:
+def _reward_model(spec: str, where: str, model_cfg: Any = None) -> None:
+    """A reward model preset, loader, or directory; a directory's embedding must cover the tokenizer's
+    ids (it scores the rollout's ids, tokenized by the policy's tokenizer)."""
     from trainer.models import PRESETS
 
     if spec.startswith("preset:"):
@@ -194,7 +223,10 @@ def _reward_model(spec: str, where: str) -> None:
                 f"{where}: unknown preset {spec!r}; expected preset:<one of {', '.join(PRESETS)}>"
             )
     elif os.path.isdir(spec):
-        _hf_dir(spec, where, "a sequence-classification model")
+        if model_cfg is not None:
+            _vocab(model_cfg, spec, where, "a sequence-classification model")
+        else:
+            _hf_dir(spec, where, "a sequence-classification model")
     elif ":" in spec:
         _plugin(spec, where, field="model.reward_model")
     else:

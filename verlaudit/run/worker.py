@@ -152,12 +152,13 @@ def manifest(spec: RunSpec, **sections: Any) -> dict[str, Any]:
     }
 
 
-def write_refused(spec: RunSpec, reason: str) -> None:
+def write_refused(spec: RunSpec, reason: str, *, why: str = "refused") -> None:
     """A refused variant still gets a run directory (manifest and status), so the report and
-    `diagnose` show why; nothing runs."""
+    `diagnose` show why; nothing runs. ``why``: ``refused`` (the runner's refusal, e.g. bf16 on a GPU
+    without it) or ``preflight`` (a suite key `verlaudit.run.preflight` refused)."""
     with RunWriter(spec.run_dir) as w:
         w.write_manifest(manifest(spec))
-        w.status("failed", reason="refused", step=None, phase=None, error=reason)
+        w.status("failed", reason=why, step=None, phase=None, error=reason)
 
 
 def run(spec: RunSpec) -> int:

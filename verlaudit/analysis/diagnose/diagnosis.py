@@ -462,6 +462,8 @@ def diagnose_run(run: RunDir) -> Diagnosis:
         state = "completed" + (" with warnings" if any(c.severity == "warning" for c in causes) else "")
         if any(c.severity == "error" for c in causes):
             state = "completed with errors"
+    elif run.state == "failed" and st.get("step") is None:
+        state = "failed at setup" + f": {st.get('reason', 'unknown')}"  # refused, preflight, or setup code
     elif run.state == "failed":
         state = (
             f"failed at step {st.get('step')}"

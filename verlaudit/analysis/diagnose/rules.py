@@ -89,6 +89,9 @@ RULES: dict[tuple[str, str], Rule] = {
         "a NaN/Inf reward makes the gradients non-finite, so steps are skipped"
     ),
     ("reward_model_dtype", "reward_dtype"): Rule("the reward model scores in its own dtype"),
+    ("reward_integer", "no_signal"): Rule(
+        "scores truncated to whole numbers are all one value: no advantage"
+    ),
     ("reward_model_dtype", "dtype_error"): Rule(
         "the reward model's weights meet activations of another dtype"
     ),

@@ -58,6 +58,8 @@ def status_causes(run: RunDir) -> list[Cause]:
                 seq=LAST,
             )
         ]
+    if reason == "preflight":
+        return [_preflight_cause(error)]
     if reason == "refused":
         return [
             Cause(
@@ -84,15 +86,17 @@ def status_causes(run: RunDir) -> list[Cause]:
     if known:
         return known
     field = _field_in(error)
-    where = field or st.get("where") or _user_frame(st.get("traceback"))
+    spec = cfg(run, *field.split(".")[:2]) if field else None
+    named = f"{field} ({spec})" if field and isinstance(spec, str) else field
+    where = named or st.get("where") or _user_frame(st.get("traceback"))
     fixes = []
     if field:  # a user error names the suite field and says what to do (trainer.config, trainer.data)
-        spec = cfg(run, *field.split(".")[:2])
-        fixes.append(
-            Fix(f"{field} ({spec})" if isinstance(spec, str) else field, None, error.split(": ", 2)[-1])
-        )
+        fixes.append(Fix(named, None, error.split(": ", 2)[-1]))
     elif where and where == _user_frame(st.get("traceback")):
-        fixes.append(Fix(None, None, f"the exception was raised in your own code, {where}: fix it there"))
+        plugin = _plugin_of(run, where)
+        if plugin:
+            where = f"{plugin} at {where}"
+        fixes.append(Fix(plugin, None, f"the exception was raised in your own code, {where}: fix it there"))
     evidence = [_last_frame(st.get("traceback"))]
     if step is None and cfg(run, "model", "setup"):  # failed in setup, after the user's model code ran
         evidence.append(f"model.setup ran on the models before it: {cfg(run, 'model', 'setup')}")
@@ -112,6 +116,30 @@ def status_causes(run: RunDir) -> list[Cause]:
             seq=LAST,
         )
     ]
+
+
+_PREFLIGHT = re.compile(
+    r"^(?:.*?:\d+: )?(?:train|variants\.[\w-]+)\.((?:model|data|algo|precision|rollout)\.[\w.]+): "
+)
+
+
+def _preflight_cause(error: str) -> Cause:
+    """A variant `verlaudit run` refused before any worker started (`verlaudit.run.preflight`): its
+    one-line error names the suite file, line and key, and says what to do after the ``;``."""
+    m = _PREFLIGHT.match(error)
+    key = m.group(1) if m else None
+    what = error[m.end() :] if m else error
+    problem, _, todo = what.partition("; ")
+    return Cause(
+        "error",
+        "preflight",
+        f"Refused before starting: {key}: {problem}" if key else f"Refused before starting: {problem}",
+        error,
+        evidence=[error],
+        fixes=[Fix(key, None, todo or problem)],
+        where=key,
+        score=40.0,
+    )
 
 
 def error_text_causes(st: dict[str, Any]) -> list[Cause]:
@@ -154,6 +182,37 @@ def _user_frame(tb: Any) -> str | None:
             continue  # a comprehension's own frame: the function it is in is the next one out
         return f"{Path(f.path).name}:{f.lineno} in {f.func}"
     return None
+
+
+_PLUGIN_KEYS = (
+    ("data", "reward_fn"),
+    ("data", "collator"),
+    ("data", "dataset"),
+    ("data", "compute_score"),
+    ("model", "reward_model"),
+)
+
+
+def _plugin_of(run: RunDir, frame: str) -> str | None:
+    """``key (spec)`` of the plug-in whose file the raising frame (``file.py:line in fn``) is in, by file
+    name and, when several keys share the file, by the function the spec names."""
+    file, _, rest = frame.partition(":")
+    func = rest.partition(" in ")[2]
+    specs = [(".".join(k), cfg(run, *k)) for k in _PLUGIN_KEYS]
+    setup = cfg(run, "model", "setup")
+    if isinstance(setup, dict):
+        specs += [(f"model.setup.{role}", spec) for role, spec in setup.items()]
+    elif setup:
+        specs.append(("model.setup", setup))
+    hits = [(k, v) for k, v in specs if isinstance(v, str) and _spec_file(v) == file]
+    best = [(k, v) for k, v in hits if v.rpartition(":")[2] == func] or hits
+    return f"{best[0][0]} ({best[0][1]})" if best else None
+
+
+def _spec_file(spec: str) -> str:
+    """The file name a ``path/file.py:attr`` or ``package.module:attr`` spec's code is in."""
+    target = spec.rpartition(":")[0]
+    return Path(target).name if target.endswith(".py") else target.rpartition(".")[2] + ".py"
 
 
 _SIGNAL_WHAT = {
