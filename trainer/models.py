@@ -639,6 +639,7 @@ def apply_setup(
     module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
+    from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
@@ -649,18 +650,20 @@ def apply_setup(
             continue
         where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
+        before = snapshot(model)
         try:
             result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
             raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
-        if result is None:
-            continue
-        if not isinstance(result, nn.Module):
+        if result is not None and not isinstance(result, nn.Module):
             raise ValueError(
                 f"{where}: {spec} returned {type(result).__name__} for the {role} model; return None (changed "
                 "in place) or the torch.nn.Module that replaces it"
             )
-        out[role] = result
+        out[role] = model if result is None else result
+        # what the user's code changed, for the audit to name it as the cause of what follows
+        record = {"key": where, "spec": spec, "role": role, "changes": changes(before, snapshot(out[role]))}
+        setattr(out[role], SETUP_CHANGES_ATTR, record)
     return out
 
 
