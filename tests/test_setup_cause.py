@@ -227,3 +227,15 @@ def test_every_rule_from_a_setup_or_override_class_names_a_registered_symptom_cl
     for root, symptom in RULES:
         if root.startswith(("setup_", "override_")):
             assert root in K.ROOT_CLASSES and symptom in K.CLASSES, (root, symptom)
+
+
+def test_a_fix_that_sets_a_role_to_the_precision_it_already_resolved_to_is_dropped():
+    from verlaudit.analysis.causes import Fix
+    from verlaudit.analysis.diagnose import fixcheck
+
+    run = run_dir([], preset="bf16", overrides={"critic": {"compute_dtype": "fp32"}})
+    same = Fix("precision.overrides.actor.param_dtype: fp32", None, "")  # the bf16 preset's master weights
+    overridden = Fix("precision.overrides.critic.compute_dtype: fp32", None, "")  # the suite sets it already
+    other = Fix("precision.overrides.actor.compute_dtype: fp32", None, "")  # bf16 now: a real change
+    assert fixcheck.already_set(run, same) and fixcheck.already_set(run, overridden)
+    assert not fixcheck.already_set(run, other)
