@@ -113,31 +113,40 @@ def override_causes(run: RunDir) -> list[Cause]:
         if scaling and want.get("loss_scaling") != "none":
             ls, init = got.get("loss_scaling"), got.get("init_scale")
             how = (
-                f"static loss scaling at init_scale {fmt(float(init))}: a static scale never backs off, so "
-                "every step whose scaled gradients overflow fp16 is skipped"
+                f"a static scale of {fmt(float(init))} never backs off, so every step whose scaled gradients "
+                "overflow fp16 is skipped"
                 if ls == "static"
-                else "no loss scaling: fp16 gradients below fp16's smallest normal underflow to zero"
+                else "unscaled fp16 gradients below fp16's smallest normal underflow to zero"
                 if ls == "none"
-                else f"loss scaling {ls} from init_scale {fmt(float(init))}"
+                else f"the scaler starts from {fmt(float(init))}"
             )
             key = "loss_scaling" if "loss_scaling" in scaling else "init_scale"
+            base_init = float(want.get("init_scale") or 65536)
+            fixes = [
+                Fix(
+                    f"precision.overrides.{role}.loss_scaling: dynamic",
+                    None,
+                    "the preset's dynamic scaler backs off on overflow and grows while gradients are small",
+                )
+            ]
+            if "init_scale" in scaling:
+                fixes.append(
+                    Fix(
+                        f"precision.overrides.{role}.init_scale: {base_init:g}",
+                        None,
+                        "the preset's first scale",
+                    )
+                )
             out.append(
                 _cause(
                     "override_scaling",
                     role,
                     key,
-                    f"precision.overrides.{role}.{key}: {got.get(key)} departs from the {name} preset's "
-                    f"dynamic loss scaling of the {role} (fp16): {how}",
-                    f"The {name} preset scales the {role}'s fp16 loss dynamically from "
-                    f"{fmt(float(want.get('init_scale') or 65536))}; the override replaces it.",
-                    [
-                        Fix(
-                            f"precision.overrides.{role}.loss_scaling: dynamic",
-                            None,
-                            "the preset's dynamic scaler backs off on overflow and grows while gradients are small"
-                            + (f"; drop init_scale {fmt(float(init))}" if "init_scale" in scaling else ""),
-                        )
-                    ],
+                    f"precision.overrides.{role}.{key}: {got.get(key)} replaces the {name} preset's dynamic "
+                    f"loss scaling of the {role}'s fp16 gradients: {how}",
+                    f"The {name} preset scales the {role}'s fp16 loss dynamically from {fmt(base_init)}; the "
+                    "override replaces it.",
+                    fixes,
                 )
             )
         pd, bpd = got.get("param_dtype"), want.get("param_dtype")
