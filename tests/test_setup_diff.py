@@ -160,3 +160,10 @@ def test_freezing_a_small_part_is_info_and_a_cast_the_policy_says_is_info():
     policy = resolve_policy("bf16-pure")
     fs = setup_changes.findings({}, {"actor": m}, policy, {"vocab_size": 100}, TRAINABLE_ROLES)
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_DTYPE, "info")]
+
+
+def test_a_plain_module_without_config_or_embeddings_is_recorded_too():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1)).eval()
+    before = snapshot(m)
+    m.half()
+    assert [c["aspect"] for c in changes(before, snapshot(m))] == ["dtype"]

@@ -650,7 +650,7 @@ def apply_setup(
             continue
         where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
-        before = snapshot(model)
+        before = _snapshot_or_none(model, snapshot)
         try:
             result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
@@ -662,9 +662,21 @@ def apply_setup(
             )
         out[role] = model if result is None else result
         # what the user's code changed, for the audit to name it as the cause of what follows
-        record = {"key": where, "spec": spec, "role": role, "changes": changes(before, snapshot(out[role]))}
-        setattr(out[role], SETUP_CHANGES_ATTR, record)
+        after = _snapshot_or_none(out[role], snapshot)
+        if before is not None and after is not None:
+            record = {"key": where, "spec": spec, "role": role, "changes": changes(before, after)}
+            setattr(out[role], SETUP_CHANGES_ATTR, record)
     return out
+
+
+def _snapshot_or_none(model: nn.Module, snapshot: Any) -> dict[str, Any] | None:
+    """`trainer.setup_diff.snapshot`, or None for a model it cannot read: the record is never the
+    reason a run stops."""
+    try:
+        return snapshot(model)
+    except Exception as e:  # a user module with a property that raises, say
+        log.warning("model.setup: could not record what the setup changed on %s: %s", type(model).__name__, e)
+        return None
 
 
 def score_with_reward_model(

@@ -62,7 +62,7 @@ def snapshot(model: nn.Module) -> dict[str, Any]:
         },
         "config_dropout": {
             k: float(v)
-            for k, v in vars(getattr(model, "config", None) or object()).items()
+            for k, v in getattr(getattr(model, "config", None), "__dict__", {}).items()
             if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
         },
         "attr_dropout": {
