@@ -233,8 +233,6 @@ RULES: dict[tuple[str, str], Rule] = {
         ("override_compute", s): Rule(_OVERRIDE_COMPUTE, same_role=True)
         for s in (
             "reference",
-            "mismatch",
-            "rollout_dtype",
             "island_dtype",
             "compute_dtype",
             "precision_excess",
