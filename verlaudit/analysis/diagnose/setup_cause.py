@@ -239,8 +239,11 @@ def _model(role: str | None) -> str | None:
     return "actor" if role == "rollout" else role
 
 
-def absorb(root: Cause, cons: list[Cause]) -> Cause | None:
-    """The consequence that takes the head of a setup change's chain (module docstring), or None."""
+def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause | None:
+    """The consequence that takes the head of a setup change's chain (module docstring), or None:
+    the earliest finding about the model's state it explains, else ``target`` (the most important
+    cause the chain was followed back from) when it is where the setup touched, else the earliest
+    cause there."""
     if (root.cls or "") not in SETUP_CLASSES:
         return None
     touched = _touched(root)
@@ -248,10 +251,11 @@ def absorb(root: Cause, cons: list[Cause]) -> Cause | None:
     state = [c for c in mine if (c.cls or "") in STATE_CLASSES]
     at = [c for c in mine if c.where and {c.where, c.where.rsplit(".", 1)[0]} & touched]
     # what the change broke in the model itself, else the first thing that went wrong where it touched
-    for group in (state, at):
-        if group:
-            return min(group, key=lambda c: Moment.of(c.step, c.phase, c.seq))
-    return None
+    if state:
+        return min(state, key=lambda c: Moment.of(c.step, c.phase, c.seq))
+    if target is not None and target in at:
+        return target
+    return min(at, key=lambda c: Moment.of(c.step, c.phase, c.seq)) if at else None
 
 
 def take_over(setup: Cause, head: Cause, cons: list[Cause]) -> list[Cause]:
