@@ -517,8 +517,8 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
         cons = [causes[j] for j in path[1:] + others]
-        labels = [_label(causes[j], events[j].moment) for j in path]
         head = absorb(root, cons, causes[path[-1]])
+        labels = [_label(causes[j], events[j].moment) for j in path] if cons else []
         if head is not None:  # a model.setup change: the finding it explains heads, naming the setup
             cons = take_over(root, head, cons)
             at = next(k for k, c in enumerate(causes) if c is head)
