@@ -239,3 +239,26 @@ def test_a_fix_that_sets_a_role_to_the_precision_it_already_resolved_to_is_dropp
     other = Fix("precision.overrides.actor.compute_dtype: fp32", None, "")  # bf16 now: a real change
     assert fixcheck.already_set(run, same) and fixcheck.already_set(run, overridden)
     assert not fixcheck.already_set(run, other)
+
+
+def test_a_setup_run_on_every_role_names_itself_in_the_role_where_its_change_shows():
+    hooks = {"module": "model.layers.0", "modules": ["model.layers.0"]}
+    d = diagnose_run(
+        run_dir(
+            [
+                setup(K.SETUP_HOOKS, "actor", observed=hooks),
+                setup(K.SETUP_HOOKS, "reference", observed=hooks),
+                finding(
+                    K.MODULE_OUTPUT,
+                    step=0,
+                    phase="ref",
+                    role="reference",
+                    where="model.layers.0",
+                    severity="warning",
+                    observed="bf16",
+                    expected="fp32",
+                ),
+            ]
+        )  # fmt: skip
+    )
+    assert [c.kind for c in d.causes] == [f"finding:{K.MODULE_OUTPUT}"] and SPEC in d.causes[0].title

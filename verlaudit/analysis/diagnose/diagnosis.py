@@ -328,14 +328,16 @@ _EXPLAINED_KINDS = frozenset(
 
 
 def _finding_causes(run: RunDir) -> list[Cause]:
-    groups: dict[tuple[str, str], list[Finding]] = {}
+    groups: dict[tuple[str, str, str | None], list[Finding]] = {}
     for f in run.findings:
         setup = f.kind.startswith(K.SETUP_PREFIX)  # facts: a cause when they explain something
         if (f.severity == "info" and not setup) or f.kind in _EXPLAINED_KINDS:
             continue
-        groups.setdefault((f.kind, K.class_of(f.kind)), []).append(f)
+        # what a setup changed is a fact about one role's model: one cause per role, so that it explains
+        # what it did to that model and not another's
+        groups.setdefault((f.kind, K.class_of(f.kind), f.role if setup else None), []).append(f)
     out = []
-    for (kind, cls), fs in groups.items():
+    for (kind, cls, _), fs in groups.items():
         fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else -1, f.rank))
         top = fs[0]
         ev = [
