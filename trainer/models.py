@@ -639,6 +639,7 @@ def apply_setup(
     module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
+    from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
@@ -649,19 +650,33 @@ def apply_setup(
             continue
         where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
+        before = _snapshot_or_none(model, snapshot)
         try:
             result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
             raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
-        if result is None:
-            continue
-        if not isinstance(result, nn.Module):
+        if result is not None and not isinstance(result, nn.Module):
             raise ValueError(
                 f"{where}: {spec} returned {type(result).__name__} for the {role} model; return None (changed "
                 "in place) or the torch.nn.Module that replaces it"
             )
-        out[role] = result
+        out[role] = model if result is None else result
+        # what the user's code changed, for the audit to name it as the cause of what follows
+        after = _snapshot_or_none(out[role], snapshot)
+        if before is not None and after is not None:
+            record = {"key": where, "spec": spec, "role": role, "changes": changes(before, after)}
+            setattr(out[role], SETUP_CHANGES_ATTR, record)
     return out
+
+
+def _snapshot_or_none(model: nn.Module, snapshot: Any) -> dict[str, Any] | None:
+    """`trainer.setup_diff.snapshot`, or None for a model it cannot read: the record is never the
+    reason a run stops."""
+    try:
+        return snapshot(model)
+    except Exception as e:  # a user module with a property that raises, say
+        log.warning("model.setup: could not record what the setup changed on %s: %s", type(model).__name__, e)
+        return None
 
 
 def score_with_reward_model(

@@ -60,6 +60,16 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "empty_response": "preference pairs or examples whose response is empty (no token but eos)",
         "tokenizer_ids": "a tokenizer whose eos / pad / bos ids are not the model config's",
         "suite_config": "a suite key naming something that cannot run (refused before any worker started)",
+        "setup_dtype": "the user's model.setup cast a model's parameters to another dtype",
+        "setup_vocab": "the user's model.setup resized a model's embeddings",
+        "setup_trainable": "the user's model.setup froze most of a trainable model",
+        "setup_ties": "the user's model.setup untied a model's input and output embeddings",
+        "setup_modules": "the user's model.setup replaced modules of a model",
+        "setup_hooks": "the user's model.setup registered forward hooks on a model",
+        "setup_mode": "the user's model.setup changed a model's training mode or dropout",
+        "override_storage": "a precision override that stores a role's weights below the preset's (no fp32 master)",
+        "override_compute": "a precision override that computes a role below the preset's dtype",
+        "override_scaling": "a loss-scaling override that departs from the preset's dynamic scaling",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -317,6 +327,19 @@ TIED_WEIGHTS_BROKEN = _f(
     "the config ties input and output embeddings but they are separate tensors after setup",
 )
 
+# ---------------------------------------------------------------- what model.setup changed (`verlaudit.audit.setup_changes`)
+SETUP_PREFIX = "setup/"
+"""The kinds below: what model.setup changed (facts that diagnose names as the culprit of what follows)."""
+SETUP_DTYPE = _f("setup/dtype", "setup_dtype", "model.setup cast parameters to another dtype")
+SETUP_VOCAB = _f("setup/vocab", "setup_vocab", "model.setup resized the input or output embeddings")
+SETUP_TRAINABLE = _f(
+    "setup/trainable", "setup_trainable", "model.setup changed which parameters of a model train"
+)
+SETUP_TIES = _f("setup/ties", "setup_ties", "model.setup untied the output embeddings from the input ones")
+SETUP_MODULES = _f("setup/modules", "setup_modules", "model.setup replaced modules by others")
+SETUP_HOOKS = _f("setup/hooks", "setup_hooks", "model.setup registered forward hooks")
+SETUP_MODE = _f("setup/mode", "setup_mode", "model.setup changed training mode or dropout")
+
 # ---------------------------------------------------------------- numerics
 NONFINITE_FORWARD = _f(
     "numerics/nonfinite_forward", "nonfinite", "the first module whose forward made NaN/Inf"
@@ -392,6 +415,9 @@ _c("no_signal", "no_signal", "no group's rewards vary")
 _c("weights", "weights_outlier", "weights far out of family")
 _c("preflight", "suite_config", "a suite key refused before any worker started (preflight)")
 _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond dtype rounding")
+_c("override_storage", "override_storage", "precision.overrides stores a role's weights below the preset's")
+_c("override_compute", "override_compute", "precision.overrides computes a role below the preset's dtype")
+_c("override_scaling", "override_scaling", "precision.overrides departs from the preset's loss scaling")
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
 """The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""

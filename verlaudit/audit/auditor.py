@@ -40,6 +40,7 @@ from verlaudit.audit import (
     opcount,
     plugins,
     reward_signal,
+    setup_changes,
     weights,
 )
 from verlaudit.audit.context import PhaseTimer, StepContext
@@ -161,6 +162,10 @@ class Auditor(Observer):
         algo = (config or {}).get("algo") or {}
         self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
         self.growth = weights.GrowthWatch({"actor": algo.get("lr"), "critic": algo.get("critic_lr")})
+        # what the user's model.setup changed first: diagnose names it as the culprit of what follows
+        self.findings.extend(
+            setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
+        )
         self._model_state(step=None)
         self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
         if "actor" in self.models:

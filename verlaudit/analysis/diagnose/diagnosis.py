@@ -50,6 +50,7 @@ from verlaudit.analysis.diagnose.runview import (
     setup_plugin,
     user_hook_fix,
 )
+from verlaudit.analysis.diagnose.setup_cause import absorb, explains_nothing, override_causes, take_over
 from verlaudit.analysis.diagnose.status import status_causes
 from verlaudit.analysis.diagnose.trajectory import loss_scale_causes, no_signal_causes, reward_trend_causes
 from verlaudit.dtypes import parse_dtype_message
@@ -327,13 +328,16 @@ _EXPLAINED_KINDS = frozenset(
 
 
 def _finding_causes(run: RunDir) -> list[Cause]:
-    groups: dict[tuple[str, str], list[Finding]] = {}
+    groups: dict[tuple[str, str, str | None], list[Finding]] = {}
     for f in run.findings:
-        if f.severity == "info" or f.kind in _EXPLAINED_KINDS:
+        setup = f.kind.startswith(K.SETUP_PREFIX)  # facts: a cause when they explain something
+        if (f.severity == "info" and not setup) or f.kind in _EXPLAINED_KINDS:
             continue
-        groups.setdefault((f.kind, K.class_of(f.kind)), []).append(f)
+        # what a setup changed is a fact about one role's model: one cause per role, so that it explains
+        # what it did to that model and not another's
+        groups.setdefault((f.kind, K.class_of(f.kind), f.role if setup else None), []).append(f)
     out = []
-    for (kind, cls), fs in groups.items():
+    for (kind, cls, _), fs in groups.items():
         fs.sort(key=lambda f: (f.severity != "error", f.step if f.step is not None else -1, f.rank))
         top = fs[0]
         ev = [
@@ -361,7 +365,7 @@ def _finding_causes(run: RunDir) -> list[Cause]:
             else None
         )
         fixes = [hook, *fixes] if hook else fixes
-        sev = "error" if any(f.severity == "error" for f in fs) else "warning"
+        sev = next((s for s in ("error", "warning", "info") if any(f.severity == s for f in fs)), "info")
         out.append(
             Cause(
                 sev,
@@ -376,6 +380,7 @@ def _finding_causes(run: RunDir) -> list[Cause]:
                 role=top.role,
                 cls=cls,
                 seq=_seq(run, top),
+                data={"observed": top.observed} if kind.startswith(K.SETUP_PREFIX) else {},
             )
         )
     return out
@@ -418,6 +423,8 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
             field, source = "data.compute_score", source.removeprefix("verl:")
         key = f"{field} ({source})"
         verl = V.REWARD_MODEL_PATH if field == "model.reward_model" else V.CUSTOM_REWARD
+    elif top.kind.startswith(K.SETUP_PREFIX):
+        key = top.where  # model.setup.<role> (file.py:function)
     elif top.kind in (*_MODULE_DTYPE_KINDS, *_SETUP_CHANGES) and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
     elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
@@ -448,6 +455,7 @@ ANALYSES = (
     no_signal_causes,
     mismatch_causes,
     _finding_causes,
+    override_causes,
 )
 
 
@@ -513,15 +521,26 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
         cons = [causes[j] for j in path[1:] + others]
+        head = absorb(root, cons, causes[path[-1]])
+        labels = [_label(causes[j], events[j].moment) for j in path] if cons else []
+        if head is not None:  # a model.setup change: the finding it explains heads, naming the setup
+            cons = take_over(root, head, cons)
+            at = next(k for k, c in enumerate(causes) if c is head)
+            labels = [labels[0], _label(head, events[at].moment)] + [
+                lab for j, lab in zip(path[1:], labels[1:], strict=True) if j != at
+            ]
+            root, root.severity = head, severity_max([head.severity, root.severity])
         out += [root, *cons]
+        if head is not None:
+            root.chain = labels
         if not cons:
             continue
         root.severity = severity_max([root.severity] + [c.severity for c in cons])
-        root.chain = [_label(causes[j], events[j].moment) for j in path]
+        root.chain = labels
         for c in cons:
             c.consequence_of = root.title
             c.fixes = []
-    return out
+    return [c for c in out if not explains_nothing(c)]
 
 
 def _label(c: Cause, m: Moment) -> str:

@@ -2,7 +2,8 @@
 evidence contradicts.
 
 - A fix that sets a suite key (``algo.temperature: 1.0``) to the value the run already had -- the
-  resolved config in manifest.json -- changes nothing and is dropped (`already_set`). Placeholders
+  resolved config in manifest.json, and for ``precision.overrides.<role>.<field>`` the role's resolved
+  policy when the suite does not override it -- changes nothing and is dropped (`already_set`). Placeholders
   (``algo.lr: <half>``) and keys the manifest does not hold are kept.
 - A fix that raises the fp16 loss scale is dropped from a run that overflowed (an overflow or skipped
   steps recorded as warnings or errors, not the scaler's calibration): a larger scale overflows sooner. Where it was
@@ -24,7 +25,7 @@ import yaml
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.diagnose.runview import cfg
+from verlaudit.analysis.diagnose.runview import cfg, role_policy
 from verlaudit.rundir import RunDir
 
 SETTING = re.compile(r"^\s*([A-Za-z_]\w*(?:\.\w+)+)\s*:\s*(\S.*?)\s*$")
@@ -59,7 +60,11 @@ def already_set(run: RunDir, fix: Fix) -> bool:
     if isinstance(wanted, str) and wanted.startswith("<"):
         return False  # a placeholder: <half>, <lower>
     missing = object()
-    current = cfg(run, *m.group(1).split("."), default=missing)
+    path = m.group(1).split(".")
+    current = cfg(run, *path, default=missing)
+    if current is missing and path[:2] == ["precision", "overrides"] and len(path) == 4:
+        # a role's field the suite does not override: the value the run resolved it to (manifest policy)
+        current = role_policy(run, path[2]).get(path[3], missing)
     return current is not missing and current is not None and _same(current, wanted)
 
 

@@ -72,6 +72,15 @@ _OUTLIER = "weights far larger than their siblings' make activations that overfl
 _CAST = "a module stored in another dtype meets the activations of its neighbours"
 _PLUGIN_NAN = "the NaN/Inf the plug-in's op produced is the reward, then the advantages and the loss"
 _OUTPUT = "a module that returns another dtype hands it to the next module"
+_SETUP_CAST = "the setup cast the model: what follows computes and updates in the dtype it chose"
+_SETUP_VOCAB = "the setup resized the embeddings: ids past the tokenizer's and the other roles' rows"
+_SETUP_MODULE = "the setup put its own module in the model: its dtype and output are the module's"
+_SETUP_HOOK = "the setup's forward hook changes the module's output before anything sees it"
+_OVERRIDE_SCALE = "without the preset's dynamic loss scaling fp16 gradients underflow or overflow unchecked"
+_OVERRIDE_STORE = (
+    "weights stored below fp32 lose their updates, or fp16 AdamW state overflows (eps 1e-8 is 0)"
+)
+_OVERRIDE_COMPUTE = "a role computing below the preset's dtype rounds what the other roles compare it with"
 
 RULES: dict[tuple[str, str], Rule] = {
     # inputs
@@ -150,6 +159,93 @@ RULES: dict[tuple[str, str], Rule] = {
     ("weights_outlier", "reference"): Rule(
         "weights changed on the actor after the reference was copied from it"
     ),
+    ("param_dtype", "weights_nonfinite"): Rule(
+        "weights stored in fp16 without fp32 master copies take the optimizer's update in fp16: it "
+        "overflows, or AdamW's eps rounds to 0 and divides by 0",
+        same_role=True,
+    ),
+    ("tied_weights", "reference"): Rule(
+        "an untied output head is a parameter the tied reference does not have"
+    ),
+    ("vocab", "exception"): Rule("sampled ids past a model's rows index outside its embedding table"),
+    # what the user's model.setup changed (`verlaudit.audit.setup_changes`): the change, then what it made
+    **{
+        ("setup_dtype", s): Rule(_SETUP_CAST, same_role=True)
+        for s in (
+            "param_dtype",
+            "buffer_dtype",
+            "grad_dtype",
+            "dtype_error",
+            "module_input_dtype",
+            "compute_dtype",
+            "island_dtype",
+            "update_underflow",
+            "weights_nonfinite",
+            "nonfinite",
+            "overflow",
+            "grad_underflow",
+            "reward_dtype",
+            "plugin_precision",
+        )
+    },
+    **{("setup_vocab", s): Rule(_SETUP_VOCAB) for s in ("vocab", "ids_range", "reference", "exception")},
+    ("setup_vocab", "tied_weights"): Rule(_SETUP_VOCAB, same_role=True),
+    ("setup_ties", "tied_weights"): Rule("the setup gave the output layer its own tensor", same_role=True),
+    ("setup_ties", "reference"): Rule(
+        "an untied output head is a parameter the tied reference does not have"
+    ),
+    **{
+        ("setup_modules", s): Rule(_SETUP_MODULE, same_role=True)
+        for s in (
+            "param_dtype",
+            "module_output_dtype",
+            "module_input_dtype",
+            "dtype_error",
+            "compute_dtype",
+            "island_dtype",
+            "precision_excess",
+            "nonfinite",
+            "overflow",
+        )
+    },
+    **{
+        ("setup_hooks", s): Rule(_SETUP_HOOK, same_role=True)
+        for s in (
+            "user_hook",
+            "module_output_dtype",
+            "module_input_dtype",
+            "dtype_error",
+            "compute_dtype",
+            "island_dtype",
+            "precision_excess",
+            "nonfinite",
+            "overflow",
+        )
+    },
+    ("setup_mode", "dropout"): Rule("the setup left dropout on in training mode", same_role=True),
+    # a role's precision set away from the preset's contract (precision.overrides)
+    **{
+        ("override_scaling", s): Rule(_OVERRIDE_SCALE, same_role=True)
+        for s in ("grad_underflow", "overflow", "nonfinite")
+    },
+    **{
+        ("override_storage", s): Rule(_OVERRIDE_STORE, same_role=True)
+        for s in ("weights_nonfinite", "update_underflow", "nonfinite", "overflow", "grad_underflow")
+    },
+    **{
+        ("override_compute", s): Rule(_OVERRIDE_COMPUTE, same_role=True)
+        for s in (
+            "reference",
+            "island_dtype",
+            "compute_dtype",
+            "precision_excess",
+            "grad_underflow",
+            "overflow",
+            "nonfinite",
+            "plugin_precision",
+            "reward_dtype",
+        )
+    },
     # training dynamics
     ("learning_rate", "overflow"): Rule(
         "weights grown by too large updates make activations and gradients beyond fp16's range",
