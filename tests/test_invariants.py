@@ -192,6 +192,32 @@ def test_dropout_in_a_training_role():
     assert I.dropout_findings({}, models, ("actor",)) == []
 
 
+def test_dropout_set_on_the_attention_modules_is_seen():
+    # Hugging Face attention applies self.attention_dropout functionally when training: no Dropout module
+    actor = _llama()
+    for m in actor.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.3
+    (f,) = I.dropout_findings({}, _roles(actor), ("actor",))
+    assert f.where == "model.layers.0.self_attn.attention_dropout" and "p=0.3" in f.message
+
+
+def test_a_reward_model_that_scores_with_dropout():
+    rm = _llama()
+    for m in rm.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.3
+    config = {"model": {"setup": {"reward": "setup.py:mc_dropout"}}}
+    rm.train()
+    (f,) = I.dropout_findings(config, {**_roles(_llama()), "reward": rm}, ("actor",))
+    assert f.kind == K.DROPOUT_ACTIVE and f.role == "reward" and "model.setup.reward" in f.message
+    assert "eval" in f.fix and "different score" in f.message
+    rm.eval()  # eval mode: the dropout attributes are not applied, the config's fields neither
+    assert I.dropout_findings(config, {**_roles(_llama()), "reward": rm}, ("actor",)) == []
+    scored = _llama(attention_dropout=0.1).eval()  # a config with dropout, scoring in eval mode: clean
+    assert I.dropout_findings({}, {**_roles(_llama()), "reward": scored}, ("actor",)) == []
+
+
 def test_tie_broken_by_a_setup():
     model = _llama(tie_word_embeddings=True)
     model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())

@@ -56,6 +56,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "dropout": "dropout active in a trainable role's training forward",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
         "learning_rate": "a learning rate so large that every layer's weights grow",
+        "clip_range": "a PPO clip range so narrow that clipping removes most of the policy gradient",
+        "stale_updates": "so many optimizer steps on one rollout batch that the updates are off-policy",
+        "kl_penalty": "a KL coefficient so large that the KL term, not the task, drives the update",
+        "group_size": "groups of one response under a group-baseline estimator: no baseline to compare",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -321,6 +325,26 @@ WEIGHT_GROWTH = _f(
     "dynamics/weight_growth",
     "learning_rate",
     "most of a trainable role's weight matrices grew several times since setup: the learning rate",
+)
+CLIP_SATURATED = _f(
+    "dynamics/clip_saturated",
+    "clip_range",
+    "a token clip range far narrower than one update moves the policy: most tokens clipped",
+)
+STALE_UPDATES = _f(
+    "dynamics/stale_updates",
+    "stale_updates",
+    "many optimizer steps on one rollout batch drive the policy off the sampling one: ratios clipped",
+)
+KL_DOMINATES = _f(
+    "dynamics/kl_dominates",
+    "kl_penalty",
+    "the KL penalty or loss outweighs the task score or the advantages",
+)
+NO_GROUP_BASELINE = _f(
+    "dynamics/no_group_baseline",
+    "group_size",
+    "a group-baseline estimator with one response per prompt: no comparison between responses",
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 

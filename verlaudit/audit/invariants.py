@@ -21,7 +21,8 @@ Setup invariants (`setup_findings`, once, after the user's ``model.setup`` ran):
   the other, and says whether it targeted the reference on purpose;
 - no trainable role trains with dropout (Dropout modules with p > 0 in training mode, or a config's
   attention / hidden dropout above 0): the rollout samples without dropout, the update recomputes
-  with it, so old log-probs and ratios see another policy than the one that sampled;
+  with it, so old log-probs and ratios see another policy than the one that sampled; and the reward
+  model does not score in training mode with dropout (the same response would get another score);
 - the embeddings the config ties (``tie_word_embeddings``) are one tensor.
 
 Exercised by `pytest tests/test_invariants.py`.
@@ -351,47 +352,79 @@ def reference_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module
     ]
 
 
+def _dropout_seen(model: nn.Module) -> tuple[list[tuple[str, float]], dict[str, float]]:
+    """(dropout a training-mode forward applies: Dropout modules with p > 0, and modules' float
+    dropout attributes above 0 -- Hugging Face attention applies ``self.attention_dropout`` functionally
+    when training --, the config's dropout fields above 0) of a model."""
+    mods: list[tuple[str, float]] = []
+    for n, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.training and float(m.p) > 0:
+                mods.append((n, float(m.p)))
+            continue
+        for f in DROPOUT_FIELDS:
+            v = getattr(m, f, None) if m.training else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                mods.append((f"{n}.{f}" if n else f, float(v)))
+    cfg = getattr(model, "config", None)
+    fields = {
+        f: float(getattr(cfg, f)) for f in DROPOUT_FIELDS if isinstance(getattr(cfg, f, None), (int, float))
+    }
+    return mods, {f: v for f, v in fields.items() if v > 0}
+
+
 def dropout_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable) -> list[Finding]:
-    """``model/dropout_active`` per trainable role that trains with dropout."""
+    """``model/dropout_active`` per trainable role that trains with dropout, and for a reward model that
+    scores in training mode with dropout (its forward must be deterministic: the same response must get
+    the same score; a config's dropout fields act only in training mode, so an eval-mode reward model
+    with them is fine)."""
     out: list[Finding] = []
-    for role in trainable:
+    for role in (*trainable, "reward"):
         model = models.get(role)
         if model is None or not model.training:
             continue
-        mods = [
-            (n, float(m.p))
-            for n, m in model.named_modules()
-            if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and float(m.p) > 0
-        ]
-        cfg = getattr(model, "config", None)
-        fields = {
-            f: float(getattr(cfg, f))
-            for f in DROPOUT_FIELDS
-            if isinstance(getattr(cfg, f, None), (int, float))
-        }
-        fields = {f: v for f, v in fields.items() if v > 0}
+        mods, fields = _dropout_seen(model)
         if not (mods or fields):
             continue
         plugin = setup_plugin(config, role)
         seen = [f"{n or '<root>'} p={p:g}" for n, p in mods[:3]] + [
             f"config.{f}={v:g}" for f, v in fields.items()
         ]
-        counted = f"{len(mods)} Dropout module(s) with p > 0: " if mods else ""
+        counted = f"{len(mods)} module(s) that apply dropout: " if mods else ""
+        ran = f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""
+        zero = (
+            "set dropout to 0: model.overrides {"
+            + ", ".join(f"{f}: 0.0" for f in (fields or {"attention_dropout": 0}))
+            + "}"
+        )
+        if role == "reward":
+            message = (
+                f"the reward model scores in training mode with dropout ({counted}{', '.join(seen)}){ran}: "
+                "its forward is not deterministic, so the same response gets a different score from call to "
+                "call and the rewards carry dropout noise"
+            )
+            fix = (
+                "put the reward model in eval mode for scoring (model.eval()"
+                + (f" at the end of {plugin[0]}; do not call .train() there)" if plugin else ")")
+                + f", or {zero}"
+            )
+        else:
+            message = (
+                f"the {role} trains with dropout ({counted}{', '.join(seen)}): the rollout samples without "
+                "it, the update recomputes log-probs with it, so the ratios and the KL see another policy than "
+                f"the one that sampled{ran}"
+            )
+            fix = zero + (f", or set p = 0 on the Dropout modules in {plugin[0]}" if plugin else "")
         out.append(
             Finding(
                 severity="warning",
                 kind=K.DROPOUT_ACTIVE,
                 role=role,
                 where=mods[0][0] if mods else "config",
-                message=f"the {role} trains with dropout ({counted}{', '.join(seen)}): the rollout samples without it, the update recomputes log-probs "
-                "with it, so the ratios and the KL see another policy than the one that sampled"
-                + (f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""),
-                observed={"modules": len(mods), "config": fields},
-                expected="dropout 0 in RL training",
-                fix="set dropout to 0: model.overrides {"
-                + ", ".join(f"{f}: 0.0" for f in (fields or {"attention_dropout": 0}))
-                + "}"
-                + (f", or set p = 0 on the Dropout modules in {plugin[0]}" if plugin else ""),
+                message=message,
+                observed={"modules": len(mods), "config": fields, "training": True},
+                expected="no dropout in a forward that must be deterministic (eval mode, or dropout 0)",
+                fix=fix,
             )
         )
     return out

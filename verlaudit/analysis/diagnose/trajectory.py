@@ -33,10 +33,13 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         tail_all_skipped = len(skipped) >= 3 and all(v >= 0.999 for _, v in skipped[-3:])
         final_scale = scale[-1][1] if scale else None
         at_floor = final_scale is not None and final_scale <= 1.0 and n_skipped >= 3
-        frac = n_skipped / len(skipped)
+        # each step's value is the skipped share of its optimizer steps: their mean is the share of all
+        # optimizer steps (n_skipped / steps only when a step takes one optimizer step)
+        frac = sum(min(max(v, 0.0), 1.0) for _, v in skipped) / len(skipped)
         first = next(s for s, v in skipped if v > 0)
         ev = [
-            f"{n_skipped} of {len(skipped)} steps skipped ({frac:.0%}), longest run {longest}, first at step {first}"
+            f"{n_skipped} of {len(skipped)} steps had skipped optimizer steps ({frac:.1%} of the optimizer steps), "
+            f"longest run {longest}, first at step {first}"
         ]
         if scale:
             ev.append("loss scale: " + ", ".join(f"{s}:{fmt(v)}" for s, v in scale[-8:]))
