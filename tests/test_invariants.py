@@ -218,6 +218,26 @@ def test_a_reward_model_that_scores_with_dropout():
     assert I.dropout_findings({}, {**_roles(_llama()), "reward": scored}, ("actor",)) == []
 
 
+class _Noise(nn.Module):
+    def forward(self, x):
+        return x + 0.5 * torch.randn_like(x)
+
+
+def test_a_random_forward_no_dropout_names_is_found():
+    actor = _llama()
+    actor.model.layers[0].mlp.act_fn = nn.Sequential(nn.SiLU(), _Noise())
+    models = _roles(actor)
+    state = torch.random.get_rng_state()
+    (f,) = I.setup_findings({"model": {"setup": {"actor": "mine.py:noise"}}}, models, ("actor",))
+    assert torch.equal(state, torch.random.get_rng_state())  # the probe restored the random state
+    assert f.kind == K.NONDETERMINISTIC_FORWARD and f.role == "actor" and "model.setup.actor" in f.message
+    assert f.observed["relative_max_diff"] > I.NONDETERMINISTIC
+    # a deterministic forward repeats bit for bit; a dropout the check names is not reported twice
+    assert I.forward_spread(_llama().train()) == 0.0
+    drop = _roles(_llama(attention_dropout=0.1))
+    assert _kinds(I.setup_findings({}, drop, ("actor",))) == [K.DROPOUT_ACTIVE]
+
+
 def test_tie_broken_by_a_setup():
     model = _llama(tie_word_embeddings=True)
     model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
@@ -231,6 +251,11 @@ def test_tie_broken_by_a_setup():
 
 NEW_KINDS = {
     K.MASK_COVERS_PADDING,
+    K.NONDETERMINISTIC_FORWARD,
+    K.CLIP_SATURATED,
+    K.STALE_UPDATES,
+    K.KL_DOMINATES,
+    K.NO_GROUP_BASELINE,
     K.IDENTICAL_PAIRS,
     K.PROMPT_TRUNCATION,
     K.REFERENCE_NOT_ACTOR,

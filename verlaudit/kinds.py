@@ -53,7 +53,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "identical_pairs": "preference pairs whose chosen and rejected sides are the same tokens",
         "truncation": "prompts cut to the prompt length until distinct prompts became the same",
         "reference": "a reference policy that is not the actor's starting point",
-        "dropout": "dropout active in a trainable role's training forward",
+        "dropout": "dropout or another random op in a forward that must be deterministic (training roles, reward)",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
         "learning_rate": "a learning rate so large that every layer's weights grow",
         "clip_range": "a PPO clip range so narrow that clipping removes most of the policy gradient",
@@ -290,6 +290,11 @@ DROPOUT_ACTIVE = _f(
     "model/dropout_active",
     "dropout",
     "a trainable role trains with dropout: its log-probs are not the policy the rollout sampled",
+)
+NONDETERMINISTIC_FORWARD = _f(
+    "model/nondeterministic_forward",
+    "dropout",
+    "two forwards of the same tokens through a trained role or the reward model differ: a random forward",
 )
 TIED_WEIGHTS_BROKEN = _f(
     "model/tied_weights_broken",

@@ -23,6 +23,10 @@ Setup invariants (`setup_findings`, once, after the user's ``model.setup`` ran):
   attention / hidden dropout above 0): the rollout samples without dropout, the update recomputes
   with it, so old log-probs and ratios see another policy than the one that sampled; and the reward
   model does not score in training mode with dropout (the same response would get another score);
+- two forwards of the same tokens through a trainable role (in training mode) or the reward model
+  agree: a random forward the dropout check cannot name (a noise layer, a hook) is a
+  ``model/nondeterministic_forward`` warning (`forward_spread`: one 8-token row twice, the random
+  state restored after, so the run draws what it would have);
 - the embeddings the config ties (``tie_word_embeddings``) are one tensor.
 
 Exercised by `pytest tests/test_invariants.py`.
@@ -30,6 +34,7 @@ Exercised by `pytest tests/test_invariants.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -430,6 +435,100 @@ def dropout_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module],
     return out
 
 
+PROBE_TOKENS = 8
+"""Tokens of the fixed sequence `forward_spread` runs twice (one row: negligible next to a step)."""
+NONDETERMINISTIC = 1e-3
+"""Relative largest difference between two forwards of the same tokens from which the forward is random:
+dropout at p = 0.1 moves outputs by ~10%; a deterministic forward repeats bit for bit on the CPU (0 on
+every clean control) and within ~1e-6 where GPU reductions are not deterministic."""
+
+
+def _vocab(model: nn.Module) -> int:
+    for m in (model, getattr(model, "backbone", None)):
+        v = getattr(getattr(m, "config", None), "vocab_size", None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 2
+
+
+def _out(result: Any) -> torch.Tensor | None:
+    t = getattr(result, "logits", result)
+    if isinstance(t, (tuple, list)) and t:
+        t = t[0]
+    return t if isinstance(t, torch.Tensor) and t.is_floating_point() else None
+
+
+def forward_spread(model: nn.Module) -> float | None:
+    """The largest difference between two forwards of the same tokens in the model's current mode,
+    relative to the output's largest magnitude; the random state is restored after them, so the run
+    draws what it would have. None where it cannot be probed: no parameters, sharded or meta
+    parameters (a forward on one rank would stall the others), or a forward that does not take
+    ``input_ids`` / ``attention_mask`` or return a float tensor."""
+    p = next(model.parameters(), None)
+    if p is None or p.is_meta or callable(getattr(p, "to_local", None)):
+        return None
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
+        return None  # a training-mode forward would move its running statistics: the probe must not
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, _vocab(model), (1, PROBE_TOKENS), generator=g).to(p.device)
+    mask = torch.ones_like(ids)
+    devices = [p.device.index or 0] if p.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            a, b = (_out(model(input_ids=ids, attention_mask=mask)) for _ in range(2))
+    except Exception:  # the probe is best effort: a forward of another signature is not a finding
+        return None
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    a, b = a.float(), b.float()
+    scale = float(a.abs().max())
+    diff = float((a - b).abs().max())
+    if not math.isfinite(diff) or not math.isfinite(scale):
+        return None
+    return diff / max(scale, 1e-30)
+
+
+def nondeterminism_findings(
+    config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable, *, known: set[str]
+) -> list[Finding]:
+    """``model/nondeterministic_forward`` per trainable role in training mode and a reward model whose
+    two forwards of the same tokens differ (`forward_spread` above `NONDETERMINISTIC`): randomness the
+    dropout check did not name (a role in ``known`` already has its dropout finding)."""
+    out: list[Finding] = []
+    for role in (*trainable, "reward"):
+        model = models.get(role)
+        if model is None or role in known or (role != "reward" and not model.training):
+            continue
+        spread = forward_spread(model)
+        if spread is None or spread <= NONDETERMINISTIC:
+            continue
+        plugin = setup_plugin(config, role)
+        ran = f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""
+        what = (
+            "the same response gets a different score from call to call"
+            if role == "reward"
+            else "the log-probs the update recomputes are not the policy the rollout sampled"
+        )
+        out.append(
+            Finding(
+                severity="warning",
+                kind=K.NONDETERMINISTIC_FORWARD,
+                role=role,
+                where="forward",
+                message=f"two forwards of the same {PROBE_TOKENS} tokens through the {role} "
+                f"({'training' if model.training else 'eval'} mode) differ by up to {spread:.3g} of the "
+                f"output's magnitude{ran}: something random runs in its forward (dropout, a noise "
+                f"layer or hook), so {what}",
+                observed={"relative_max_diff": spread, "training": model.training},
+                expected=f"<= {NONDETERMINISTIC:g} (a deterministic forward)",
+                fix="find the random op in the forward and turn it off for RL (dropout p = 0, model.eval() for "
+                "a model that is not trained)"
+                + (f"; {plugin[0]} is the first place to look" if plugin else ""),
+            )
+        )
+    return out
+
+
 def tied_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module]) -> list[Finding]:
     """``model/tied_weights_broken`` per role whose config ties embeddings that are two tensors."""
     out: list[Finding] = []
@@ -470,8 +569,11 @@ def tied_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module]) ->
 
 def setup_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable) -> list[Finding]:
     """The setup invariants (module docstring), once the user's ``model.setup`` ran."""
+    dropout = dropout_findings(config, models, trainable)
+    known = {f.role for f in dropout if f.role}
     return [
         *reference_findings(config, models),
-        *dropout_findings(config, models, trainable),
+        *dropout,
+        *nondeterminism_findings(config, models, trainable, known=known),
         *tied_findings(config, models),
     ]
