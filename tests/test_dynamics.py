@@ -83,3 +83,28 @@ def test_a_group_of_one_has_no_baseline():
 
 def test_round_down():
     assert _round_down(0.0909) == 0.09 and _round_down(0.00347) == 0.003 and _round_down(3.0) == 3.0
+
+
+def _fp16_run(skipped):
+    from pathlib import Path
+
+    from trainer.config import TrainConfig
+    from trainer.precision import resolve_policy
+    from verlaudit.rundir import RunDir
+
+    config = TrainConfig.from_dict({"algo": {"name": "grpo"}, "precision": {"preset": "fp16"}, "steps": 3})
+    metrics = [{"step": i, "actor/skipped": v, "actor/loss_scale": 65536.0} for i, v in enumerate(skipped)]
+    manifest = {"config": config.to_dict(), "policy": resolve_policy("fp16").to_dict()}
+    return RunDir(
+        path=Path("/nonexistent"), manifest=manifest, metrics=metrics, findings=[], events=[], status={}
+    )
+
+
+def test_one_skip_in_64_optimizer_steps_is_calibration():
+    from verlaudit.analysis.diagnose.trajectory import loss_scale_causes
+
+    # actor/skipped is each step's skipped share of its optimizer steps: 1 of 64 is not 1 step in 3
+    (c,) = loss_scale_causes(_fp16_run([1 / 64, 0.0, 0.0]))
+    assert c.severity == "info" and c.kind == "overflow_skips"
+    (c,) = loss_scale_causes(_fp16_run([1.0, 0.0, 0.0]))  # one optimizer step a step: a third skipped
+    assert c.severity == "warning"
