@@ -108,3 +108,14 @@ def test_one_skip_in_64_optimizer_steps_is_calibration():
     assert c.severity == "info" and c.kind == "overflow_skips"
     (c,) = loss_scale_causes(_fp16_run([1.0, 0.0, 0.0]))  # one optimizer step a step: a third skipped
     assert c.severity == "warning"
+
+
+def test_a_static_scale_that_overflows_names_the_static_scale():
+    from verlaudit.analysis.diagnose.trajectory import loss_scale_causes
+
+    run = _fp16_run([1.0, 1.0, 1.0])
+    run.manifest["policy"]["roles"]["actor"].update(loss_scaling="static", init_scale=1e9)
+    (c,) = loss_scale_causes(run)
+    assert c.severity == "error" and "static loss scale" in c.title and "init_scale" in c.where
+    assert [f.suite for f in c.fixes][0] == "precision.overrides.actor.loss_scaling: dynamic"
+    assert "init_scale: 9.766e+05" in c.fixes[1].suite  # lower, never higher
