@@ -462,13 +462,16 @@ def forward_spread(model: nn.Module) -> float | None:
     """The largest difference between two forwards of the same tokens in the model's current mode,
     relative to the output's largest magnitude; the random state is restored after them, so the run
     draws what it would have. None where it cannot be probed: no parameters, sharded or meta
-    parameters (a forward on one rank would stall the others), or a forward that does not take
+    parameters (a forward on one rank would stall the others), forward hooks (user code that may change
+    the model as it runs), training-mode batch norms (their statistics would move), or a forward that does not take
     ``input_ids`` / ``attention_mask`` or return a float tensor."""
     p = next(model.parameters(), None)
     if p is None or p.is_meta or callable(getattr(p, "to_local", None)):
         return None
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
         return None  # a training-mode forward would move its running statistics: the probe must not
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return None  # a user's hook may change the model when it runs (cast a buffer): the probe must not
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, _vocab(model), (1, PROBE_TOKENS), generator=g).to(p.device)
     mask = torch.ones_like(ids)
