@@ -468,6 +468,9 @@ def forward_spread(model: nn.Module) -> float | None:
     p = next(model.parameters(), None)
     if p is None or p.is_meta or callable(getattr(p, "to_local", None)):
         return None
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return None  # a wrapped model's forward is a collective: one rank's probe would stall the others
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
         return None  # a training-mode forward would move its running statistics: the probe must not
     if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
