@@ -16,7 +16,8 @@ from trainer.precision import resolve_policy
 from verlaudit.audit import Auditor, AuditSettings
 from verlaudit.audit import numerics as N
 
-TOK = {"vocab_size": 20, "pad_token_id": 0, "eos_token_id": 1, "padding_side": "left"}
+# eos 2: LlamaConfig's default, the tiny models' config (a tokenizer with another eos is a finding of its own)
+TOK = {"vocab_size": 20, "pad_token_id": 0, "eos_token_id": 2, "padding_side": "left"}
 
 
 def tiny_llama(seed=0):

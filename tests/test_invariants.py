@@ -192,6 +192,52 @@ def test_dropout_in_a_training_role():
     assert I.dropout_findings({}, models, ("actor",)) == []
 
 
+def test_dropout_set_on_the_attention_modules_is_seen():
+    # Hugging Face attention applies self.attention_dropout functionally when training: no Dropout module
+    actor = _llama()
+    for m in actor.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.3
+    (f,) = I.dropout_findings({}, _roles(actor), ("actor",))
+    assert f.where == "model.layers.0.self_attn.attention_dropout" and "p=0.3" in f.message
+
+
+def test_a_reward_model_that_scores_with_dropout():
+    rm = _llama()
+    for m in rm.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.3
+    config = {"model": {"setup": {"reward": "setup.py:mc_dropout"}}}
+    rm.train()
+    (f,) = I.dropout_findings(config, {**_roles(_llama()), "reward": rm}, ("actor",))
+    assert f.kind == K.DROPOUT_ACTIVE and f.role == "reward" and "model.setup.reward" in f.message
+    assert "eval" in f.fix and "different score" in f.message
+    rm.eval()  # eval mode: the dropout attributes are not applied, the config's fields neither
+    assert I.dropout_findings(config, {**_roles(_llama()), "reward": rm}, ("actor",)) == []
+    scored = _llama(attention_dropout=0.1).eval()  # a config with dropout, scoring in eval mode: clean
+    assert I.dropout_findings({}, {**_roles(_llama()), "reward": scored}, ("actor",)) == []
+
+
+class _Noise(nn.Module):
+    def forward(self, x):
+        return x + 0.5 * torch.randn_like(x)
+
+
+def test_a_random_forward_no_dropout_names_is_found():
+    actor = _llama()
+    actor.model.layers[0].mlp.act_fn = nn.Sequential(nn.SiLU(), _Noise())
+    models = _roles(actor)
+    state = torch.random.get_rng_state()
+    (f,) = I.setup_findings({"model": {"setup": {"actor": "mine.py:noise"}}}, models, ("actor",))
+    assert torch.equal(state, torch.random.get_rng_state())  # the probe restored the random state
+    assert f.kind == K.NONDETERMINISTIC_FORWARD and f.role == "actor" and "model.setup.actor" in f.message
+    assert f.observed["relative_max_diff"] > I.NONDETERMINISTIC
+    # a deterministic forward repeats bit for bit; a dropout the check names is not reported twice
+    assert I.forward_spread(_llama().train()) == 0.0
+    drop = _roles(_llama(attention_dropout=0.1))
+    assert _kinds(I.setup_findings({}, drop, ("actor",))) == [K.DROPOUT_ACTIVE]
+
+
 def test_tie_broken_by_a_setup():
     model = _llama(tie_word_embeddings=True)
     model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
@@ -205,6 +251,11 @@ def test_tie_broken_by_a_setup():
 
 NEW_KINDS = {
     K.MASK_COVERS_PADDING,
+    K.NONDETERMINISTIC_FORWARD,
+    K.CLIP_SATURATED,
+    K.STALE_UPDATES,
+    K.KL_DOMINATES,
+    K.NO_GROUP_BASELINE,
     K.IDENTICAL_PAIRS,
     K.PROMPT_TRUNCATION,
     K.REFERENCE_NOT_ACTOR,

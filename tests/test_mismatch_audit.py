@@ -307,15 +307,15 @@ def test_top_k_rollout_is_found_diagnosed_and_reported(tmp_path, capsys):
     kinds = {f.kind for f in topk.findings}
     assert {"mismatch/beyond_dtype", "boundary/rollout_sampling"} <= kinds
     assert all(v > 0.5 for _, v in topk.series("rollout_corr/k3_kl"))
-    # diagnose: one cause at the boundary, the recorded difference's fix first, then verl's correction
-    (cause,) = [c for c in diagnose_run(topk).causes if c.kind == "rollout_mismatch"]
+    # diagnose: the sampling setting is the root (its fix: the whole distribution, or verl's correction),
+    # the mismatch at the boundary its consequence
+    causes = diagnose_run(topk).causes
+    root = causes[0]
+    assert root.kind == "finding:boundary/rollout_sampling" and "algo.top_k 5" in root.title
+    assert "algo.top_k: 0" in root.fixes[0].why and "rollout_correction.rollout_is=token" in root.fixes[0].why
+    (cause,) = [c for c in causes if c.kind == "rollout_mismatch"]
     assert cause.where == "rollout:hf-generate vs actor" and cause.severity == "warning"
-    assert "algo.top_k: 0" in cause.fixes[0].why
-    fix = next(f for f in cause.fixes if f.suite and f.suite.startswith("rollout_correction.rollout_is"))
-    assert (
-        fix.verl
-        == "algorithm.rollout_correction.rollout_is=token / algorithm.rollout_correction.rollout_is_threshold=2"
-    )
+    assert cause.consequence_of == root.title and not cause.fixes
     assert not any(c.kind == "finding:mismatch/beyond_dtype" for c in diagnose_run(topk).causes)
     assert diagnose_run(clean).causes == [] or all(
         c.kind != "rollout_mismatch" for c in diagnose_run(clean).causes

@@ -169,6 +169,13 @@ ROOTS = {
     "learning_rate": lambda st, ph, role: Records([finding(K.WEIGHT_GROWTH, step=st, phase=ph, role=role, where="*",
                                                            observed={"median_growth": 9.0, "lr": 0.2},
                                                            expected="weight RMS within 4x of setup")]),
+    "dropout": lambda st, ph, role: Records([finding(K.DROPOUT_ACTIVE, step=st, phase=ph, role=role, where="config",
+                                                     severity="warning", observed={"config": {"attention_dropout": 0.2}},
+                                                     expected="dropout 0")]),
+    "rollout_engine": lambda st, ph, role: Records([finding(K.ROLLOUT_SAMPLING, step=st, phase=ph, role="rollout",
+                                                            where="rollout:hf-generate.sampling.truncation",
+                                                            severity="warning", observed="top_k 0, top_p 0.5",
+                                                            expected="top_k 0, top_p 1")]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -216,6 +223,9 @@ SYMPTOMS = {
     "weights_nonfinite": lambda role: Records([finding(K.WEIGHT_NONFINITE, step=1, phase="rollout", role=role,
                                                        where="model.embed_tokens", observed={"rms": "nan"},
                                                        expected="finite")]),
+    "mismatch": lambda role: Records([finding(K.MISMATCH_BEYOND_DTYPE, phase="rollout", role="rollout",
+                                              where="rollout:hf-generate", severity="warning", observed=0.68,
+                                              expected=1e-8)]),
     "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
                                                       where="model.layers.1.mlp", severity="warning",
                                                       observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),

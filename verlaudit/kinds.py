@@ -53,7 +53,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "identical_pairs": "preference pairs whose chosen and rejected sides are the same tokens",
         "truncation": "prompts cut to the prompt length until distinct prompts became the same",
         "reference": "a reference policy that is not the actor's starting point",
-        "dropout": "dropout active in a trainable role's training forward",
+        "dropout": "dropout or another random op in a forward that must be deterministic (training roles, reward)",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
         "learning_rate": "a learning rate so large that every layer's weights grow",
         "reward_integer": "a reward in an integer dtype: fractional scores truncated to whole numbers",
@@ -70,6 +70,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "override_storage": "a precision override that stores a role's weights below the preset's (no fp32 master)",
         "override_compute": "a precision override that computes a role below the preset's dtype",
         "override_scaling": "a loss-scaling override that departs from the preset's dynamic scaling",
+        "clip_range": "a PPO clip range so narrow that clipping removes most of the policy gradient",
+        "stale_updates": "so many optimizer steps on one rollout batch that the updates are off-policy",
+        "kl_penalty": "a KL coefficient so large that the KL term, not the task, drives the update",
+        "group_size": "groups of one response under a group-baseline estimator: no baseline to compare",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -321,6 +325,11 @@ TOKENIZER_SPECIAL_IDS = _f(
     "tokenizer_ids",
     "the tokenizer's eos (or pad) id is not the one the model's config ends sequences with",
 )
+NONDETERMINISTIC_FORWARD = _f(
+    "model/nondeterministic_forward",
+    "dropout",
+    "two forwards of the same tokens through a trained role or the reward model differ: a random forward",
+)
 TIED_WEIGHTS_BROKEN = _f(
     "model/tied_weights_broken",
     "tied_weights",
@@ -368,6 +377,26 @@ WEIGHT_GROWTH = _f(
     "dynamics/weight_growth",
     "learning_rate",
     "most of a trainable role's weight matrices grew several times since setup: the learning rate",
+)
+CLIP_SATURATED = _f(
+    "dynamics/clip_saturated",
+    "clip_range",
+    "a token clip range far narrower than one update moves the policy: most tokens clipped",
+)
+STALE_UPDATES = _f(
+    "dynamics/stale_updates",
+    "stale_updates",
+    "many optimizer steps on one rollout batch drive the policy off the sampling one: ratios clipped",
+)
+KL_DOMINATES = _f(
+    "dynamics/kl_dominates",
+    "kl_penalty",
+    "the KL penalty or loss outweighs the task score or the advantages",
+)
+NO_GROUP_BASELINE = _f(
+    "dynamics/no_group_baseline",
+    "group_size",
+    "a group-baseline estimator with one response per prompt: no comparison between responses",
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 

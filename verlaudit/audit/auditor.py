@@ -32,6 +32,7 @@ from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
     dtype_checks,
+    dynamics,
     errors,
     gradhealth,
     invariants,
@@ -111,6 +112,8 @@ class Auditor(Observer):
         self.failure: dict[str, Any] | None = None
         """Status fields (reason, step, phase, culprit ...) when an exception left the run."""
         self.dtype_watch: weights.DtypeWatch | None = None
+        self.dynamics: dynamics.DynamicsWatch | None = None
+        """Clip, staleness, KL and group settings read from each step's metrics (`dynamics`)."""
         self.growth: weights.GrowthWatch | None = None
         """Weight-norm growth of the trainable roles since setup (the learning rate as a cause)."""
         self.updates: dict[str, int] = {}
@@ -166,6 +169,7 @@ class Auditor(Observer):
         self.findings.extend(
             setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
         )
+        self.dynamics = dynamics.DynamicsWatch(algo)
         self._model_state(step=None)
         self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
         if "actor" in self.models:
@@ -425,6 +429,8 @@ class Auditor(Observer):
         audit = None
         if self.settings.level != "off":
             self.findings.extend(self.mismatch.step_end(metrics, step=step))
+            if self.dynamics is not None:
+                self.findings.extend(self.dynamics.step_end(metrics, step=step))
             trained = [role for role in TRAINABLE_ROLES if role in self.models]
             absmax = self.probe.absmax if self.probe is not None and self.context.sampled else None
             audit = audit_numbers(trained, self.numbers.values, absmax)

@@ -173,17 +173,19 @@ def _sampling(
             )
         )
     if mode == "processed" and ((top_k > 0 and top_k != t_k) or (top_p < 1.0 and top_p != t_p)):
-        kept = " and ".join(
-            x for x in (f"top-k {top_k}" if top_k else "", f"top-p {top_p:g}" if top_p < 1 else "") if x
+        kept = " and ".join(  # the suite keys that set them, so the finding names its culprit
+            x
+            for x in (f"algo.top_k {top_k}" if top_k else "", f"rollout.top_p {top_p:g}" if top_p < 1 else "")
+            if x
         )
         trainer = "the whole vocabulary" if t_k == 0 and t_p == 1.0 else f"top-k {t_k} / top-p {t_p:g}"
         out.append(
             (
                 "warning",
                 "sampling.truncation",
-                f"{engine} samples from the {kept} tokens and records log-probs renormalised over them; the "
-                f"trainer recomputes over {trainer}, so every ratio pi/mu is the kept probability mass, "
-                "below 1",
+                f"{engine} samples only from the tokens {kept} keeps (top-k / top-p sampling) and records "
+                f"log-probs renormalised over them; the trainer recomputes over {trainer}, so the rollout is "
+                "off-policy: every ratio pi/mu is the kept probability mass, below 1",
                 f"top_k {top_k}, top_p {top_p:g}",
                 f"top_k {t_k}, top_p {t_p:g}",
                 "sample from the whole distribution for RL (algo.top_k: 0, rollout.top_p: 1.0; verl: "

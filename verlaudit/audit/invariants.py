@@ -24,7 +24,12 @@ Setup invariants (`setup_findings`, once, after the user's ``model.setup`` ran):
   the other, and says whether it targeted the reference on purpose;
 - no trainable role trains with dropout (Dropout modules with p > 0 in training mode, or a config's
   attention / hidden dropout above 0): the rollout samples without dropout, the update recomputes
-  with it, so old log-probs and ratios see another policy than the one that sampled;
+  with it, so old log-probs and ratios see another policy than the one that sampled; and the reward
+  model does not score in training mode with dropout (the same response would get another score);
+- two forwards of the same tokens through a trainable role (in training mode) or the reward model
+  agree: a random forward the dropout check cannot name (a noise layer, a hook) is a
+  ``model/nondeterministic_forward`` warning (`forward_spread`: one 8-token row twice, the random
+  state restored after, so the run draws what it would have);
 - the embeddings the config ties (``tie_word_embeddings``) are one tensor.
 
 Exercised by `pytest tests/test_invariants.py`.
@@ -32,6 +37,7 @@ Exercised by `pytest tests/test_invariants.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -484,47 +490,179 @@ def reference_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module
     ]
 
 
+def _dropout_seen(model: nn.Module) -> tuple[list[tuple[str, float]], dict[str, float]]:
+    """(dropout a training-mode forward applies: Dropout modules with p > 0, and modules' float
+    dropout attributes above 0 -- Hugging Face attention applies ``self.attention_dropout`` functionally
+    when training --, the config's dropout fields above 0) of a model."""
+    mods: list[tuple[str, float]] = []
+    for n, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            if m.training and float(m.p) > 0:
+                mods.append((n, float(m.p)))
+            continue
+        for f in DROPOUT_FIELDS:
+            v = getattr(m, f, None) if m.training else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                mods.append((f"{n}.{f}" if n else f, float(v)))
+    cfg = getattr(model, "config", None)
+    fields = {
+        f: float(getattr(cfg, f)) for f in DROPOUT_FIELDS if isinstance(getattr(cfg, f, None), (int, float))
+    }
+    return mods, {f: v for f, v in fields.items() if v > 0}
+
+
 def dropout_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable) -> list[Finding]:
-    """``model/dropout_active`` per trainable role that trains with dropout."""
+    """``model/dropout_active`` per trainable role that trains with dropout, and for a reward model that
+    scores in training mode with dropout (its forward must be deterministic: the same response must get
+    the same score; a config's dropout fields act only in training mode, so an eval-mode reward model
+    with them is fine)."""
     out: list[Finding] = []
-    for role in trainable:
+    for role in (*trainable, "reward"):
         model = models.get(role)
         if model is None or not model.training:
             continue
-        mods = [
-            (n, float(m.p))
-            for n, m in model.named_modules()
-            if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and float(m.p) > 0
-        ]
-        cfg = getattr(model, "config", None)
-        fields = {
-            f: float(getattr(cfg, f))
-            for f in DROPOUT_FIELDS
-            if isinstance(getattr(cfg, f, None), (int, float))
-        }
-        fields = {f: v for f, v in fields.items() if v > 0}
+        mods, fields = _dropout_seen(model)
         if not (mods or fields):
             continue
         plugin = setup_plugin(config, role)
         seen = [f"{n or '<root>'} p={p:g}" for n, p in mods[:3]] + [
             f"config.{f}={v:g}" for f, v in fields.items()
         ]
-        counted = f"{len(mods)} Dropout module(s) with p > 0: " if mods else ""
+        counted = f"{len(mods)} module(s) that apply dropout: " if mods else ""
+        ran = f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""
+        zero = (
+            "set dropout to 0: model.overrides {"
+            + ", ".join(f"{f}: 0.0" for f in (fields or {"attention_dropout": 0}))
+            + "}"
+        )
+        if role == "reward":
+            message = (
+                f"the reward model scores in training mode with dropout ({counted}{', '.join(seen)}){ran}: "
+                "its forward is not deterministic, so the same response gets a different score from call to "
+                "call and the rewards carry dropout noise"
+            )
+            fix = (
+                "put the reward model in eval mode for scoring (model.eval()"
+                + (f" at the end of {plugin[0]}; do not call .train() there)" if plugin else ")")
+                + f", or {zero}"
+            )
+        else:
+            message = (
+                f"the {role} trains with dropout ({counted}{', '.join(seen)}): the rollout samples without "
+                "it, the update recomputes log-probs with it, so the ratios and the KL see another policy than "
+                f"the one that sampled{ran}"
+            )
+            fix = zero + (f", or set p = 0 on the Dropout modules in {plugin[0]}" if plugin else "")
         out.append(
             Finding(
                 severity="warning",
                 kind=K.DROPOUT_ACTIVE,
                 role=role,
                 where=mods[0][0] if mods else "config",
-                message=f"the {role} trains with dropout ({counted}{', '.join(seen)}): the rollout samples without it, the update recomputes log-probs "
-                "with it, so the ratios and the KL see another policy than the one that sampled"
-                + (f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""),
-                observed={"modules": len(mods), "config": fields},
-                expected="dropout 0 in RL training",
-                fix="set dropout to 0: model.overrides {"
-                + ", ".join(f"{f}: 0.0" for f in (fields or {"attention_dropout": 0}))
-                + "}"
-                + (f", or set p = 0 on the Dropout modules in {plugin[0]}" if plugin else ""),
+                message=message,
+                observed={"modules": len(mods), "config": fields, "training": True},
+                expected="no dropout in a forward that must be deterministic (eval mode, or dropout 0)",
+                fix=fix,
+            )
+        )
+    return out
+
+
+PROBE_TOKENS = 8
+"""Tokens of the fixed sequence `forward_spread` runs twice (one row: negligible next to a step)."""
+NONDETERMINISTIC = 1e-3
+"""Relative largest difference between two forwards of the same tokens from which the forward is random:
+dropout at p = 0.1 moves outputs by ~10%; a deterministic forward repeats bit for bit on the CPU (0 on
+every clean control) and within ~1e-6 where GPU reductions are not deterministic."""
+
+
+def _vocab(model: nn.Module) -> int:
+    for m in (model, getattr(model, "backbone", None)):
+        v = getattr(getattr(m, "config", None), "vocab_size", None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 2
+
+
+def _out(result: Any) -> torch.Tensor | None:
+    t = getattr(result, "logits", result)
+    if isinstance(t, (tuple, list)) and t:
+        t = t[0]
+    return t if isinstance(t, torch.Tensor) and t.is_floating_point() else None
+
+
+def forward_spread(model: nn.Module) -> float | None:
+    """The largest difference between two forwards of the same tokens in the model's current mode,
+    relative to the output's largest magnitude; the random state is restored after them, so the run
+    draws what it would have. None where it cannot be probed: no parameters, sharded or meta
+    parameters (a forward on one rank would stall the others), forward hooks (user code that may change
+    the model as it runs), training-mode batch norms (their statistics would move), or a forward that does not take
+    ``input_ids`` / ``attention_mask`` or return a float tensor."""
+    p = next(model.parameters(), None)
+    if p is None or p.is_meta or callable(getattr(p, "to_local", None)):
+        return None
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return None  # a wrapped model's forward is a collective: one rank's probe would stall the others
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
+        return None  # a training-mode forward would move its running statistics: the probe must not
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        return None  # a user's hook may change the model when it runs (cast a buffer): the probe must not
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, _vocab(model), (1, PROBE_TOKENS), generator=g).to(p.device)
+    mask = torch.ones_like(ids)
+    devices = [p.device.index or 0] if p.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            a, b = (_out(model(input_ids=ids, attention_mask=mask)) for _ in range(2))
+    except Exception:  # the probe is best effort: a forward of another signature is not a finding
+        return None
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    a, b = a.float(), b.float()
+    scale = float(a.abs().max())
+    diff = float((a - b).abs().max())
+    if not math.isfinite(diff) or not math.isfinite(scale):
+        return None
+    return diff / max(scale, 1e-30)
+
+
+def nondeterminism_findings(
+    config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable, *, known: set[str]
+) -> list[Finding]:
+    """``model/nondeterministic_forward`` per trainable role in training mode and a reward model whose
+    two forwards of the same tokens differ (`forward_spread` above `NONDETERMINISTIC`): randomness the
+    dropout check did not name (a role in ``known`` already has its dropout finding)."""
+    out: list[Finding] = []
+    for role in (*trainable, "reward"):
+        model = models.get(role)
+        if model is None or role in known or (role != "reward" and not model.training):
+            continue
+        spread = forward_spread(model)
+        if spread is None or spread <= NONDETERMINISTIC:
+            continue
+        plugin = setup_plugin(config, role)
+        ran = f" ({plugin[0]}: {plugin[1]} ran on it)" if plugin else ""
+        what = (
+            "the same response gets a different score from call to call"
+            if role == "reward"
+            else "the log-probs the update recomputes are not the policy the rollout sampled"
+        )
+        out.append(
+            Finding(
+                severity="warning",
+                kind=K.NONDETERMINISTIC_FORWARD,
+                role=role,
+                where="forward",
+                message=f"two forwards of the same {PROBE_TOKENS} tokens through the {role} "
+                f"({'training' if model.training else 'eval'} mode) differ by up to {spread:.3g} of the "
+                f"output's magnitude{ran}: something random runs in its forward (dropout, a noise "
+                f"layer or hook), so {what}",
+                observed={"relative_max_diff": spread, "training": model.training},
+                expected=f"<= {NONDETERMINISTIC:g} (a deterministic forward)",
+                fix="find the random op in the forward and turn it off for RL (dropout p = 0, model.eval() for "
+                "a model that is not trained)"
+                + (f"; {plugin[0]} is the first place to look" if plugin else ""),
             )
         )
     return out
@@ -570,8 +708,11 @@ def tied_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module]) ->
 
 def setup_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], trainable) -> list[Finding]:
     """The setup invariants (module docstring), once the user's ``model.setup`` ran."""
+    dropout = dropout_findings(config, models, trainable)
+    known = {f.role for f in dropout if f.role}
     return [
         *reference_findings(config, models),
-        *dropout_findings(config, models, trainable),
+        *dropout,
+        *nondeterminism_findings(config, models, trainable, known=known),
         *tied_findings(config, models),
     ]

@@ -393,6 +393,7 @@ _SETUP_CHANGES = (
     K.TIED_WEIGHTS_BROKEN,
     K.REFERENCE_NOT_ACTOR,
     K.DROPOUT_ACTIVE,
+    K.NONDETERMINISTIC_FORWARD,
 )
 """Findings about what a model is (its vocabulary, ties, weights, modules): when a ``model.setup``
 plug-in ran on that model, it is named as the culprit and its key carries the fix."""

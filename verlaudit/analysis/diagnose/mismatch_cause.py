@@ -80,6 +80,7 @@ def mismatch_causes(run: RunDir) -> list[Cause]:
             fixes=fixes,
             unknown=unknown,
             step=top.step,
+            phase=top.phase,  # the step's rollout: what the rollout or a setup did before it explains it
             where=f"rollout:{engine} vs actor",
             score=15.0,
             data={"engine": engine, "trainer_dtype": trainer, "rollout_dtype": rollout},

@@ -252,6 +252,14 @@ RULES: dict[tuple[str, str], Rule] = {
         same_role=True,
     ),
     ("learning_rate", "nonfinite"): Rule("updates too large for the weights drive the loss to Inf/NaN"),
+    # the policy the trainer recomputes is not the one the rollout sampled
+    ("dropout", "mismatch"): Rule(
+        "dropout in the trainer's forward (not in the rollout's) changes every recomputed log-prob"
+    ),
+    ("rollout_engine", "mismatch"): Rule(
+        "the engine samples from another distribution (temperature, top-k / top-p, log-probs mode) than the "
+        "trainer recomputes"
+    ),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell

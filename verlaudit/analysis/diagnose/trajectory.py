@@ -17,7 +17,7 @@ from verlaudit.analysis.diagnose.runview import cfg, fmt, role_policy, user_hook
 from verlaudit.rundir import RunDir
 
 
-# long: the three verdicts on one series (collapse, frequent skips, calibration) share their evidence
+# long: the four verdicts on one series (static overflow, collapse, frequent skips, calibration) share their evidence
 def loss_scale_causes(run: RunDir) -> list[Cause]:
     out = []
     for role in ("actor", "critic"):
@@ -33,10 +33,13 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         tail_all_skipped = len(skipped) >= 3 and all(v >= 0.999 for _, v in skipped[-3:])
         final_scale = scale[-1][1] if scale else None
         at_floor = final_scale is not None and final_scale <= 1.0 and n_skipped >= 3
-        frac = n_skipped / len(skipped)
+        # each step's value is the skipped share of its optimizer steps: their mean is the share of all
+        # optimizer steps (n_skipped / steps only when a step takes one optimizer step)
+        frac = sum(min(max(v, 0.0), 1.0) for _, v in skipped) / len(skipped)
         first = next(s for s, v in skipped if v > 0)
         ev = [
-            f"{n_skipped} of {len(skipped)} steps skipped ({frac:.0%}), longest run {longest}, first at step {first}"
+            f"{n_skipped} of {len(skipped)} steps had skipped optimizer steps ({frac:.1%} of the optimizer steps), "
+            f"longest run {longest}, first at step {first}"
         ]
         if scale:
             ev.append("loss scale: " + ", ".join(f"{s}:{fmt(v)}" for s, v in scale[-8:]))
@@ -75,6 +78,40 @@ def loss_scale_causes(run: RunDir) -> list[Cause]:
         hook = user_hook_fix(run, overflow[0].role if overflow else None, where)
         if hook is not None:  # user code on the overflowing module comes before any precision change
             fixes.insert(0, hook)
+        pol = role_policy(run, role)
+        if pol.get("loss_scaling") == "static" and (longest >= 3 or tail_all_skipped):
+            # a static scale never backs off: the scale itself is the overflow, and lowering it (or
+            # letting a dynamic scaler find it) is the fix -- never a larger scale
+            init = pol.get("init_scale")
+            key = f"precision.overrides.{role}"
+            out.append(
+                Cause(
+                    "error",
+                    "loss_scale_collapse",
+                    f"{role}: static loss scale {fmt(init) if init is not None else '?'} ({key}.loss_scaling: "
+                    f"static, init_scale) overflows: {n_skipped} of {len(skipped)} steps skipped",
+                    "A static loss scale never backs off: when it makes the fp16 gradients overflow, every step "
+                    "that overflows is skipped and the weights stop updating. The scale is too large for these "
+                    "gradients.",
+                    evidence=ev,
+                    fixes=[
+                        Fix(f"{key}.loss_scaling: dynamic", None, "a dynamic scaler backs off on overflow"),
+                        Fix(
+                            f"{key}.init_scale: {fmt(init / 2**10) if isinstance(init, (int, float)) else '<lower>'}",
+                            None,
+                            "or keep the static scale, far lower",
+                        ),
+                    ],
+                    step=first,
+                    where=f"{key}.init_scale",
+                    phase=f"{role}_update",
+                    role=role,
+                    seq=LAST,
+                    score=30.0,
+                    data={"skipped": n_skipped, "longest_run": longest, "final_scale": final_scale},
+                )
+            )
+            continue
         if at_floor or longest >= 5 or tail_all_skipped:
             out.append(
                 Cause(
