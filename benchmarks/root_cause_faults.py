@@ -295,10 +295,12 @@ def run_suite(suite: Mapping[str, Any], work: Path, device: str) -> Path:
     cmd = [sys.executable, "-m", "verlaudit", "run", str(path), "--out", str(out), "--device", device]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    refused = re.search(r"\bvariants\.([\w.-]+?)\.\S*: (.*)", proc.stderr)
+    # stopped at preflight: only the refused variant's directory was written
+    if proc.returncode == 2 and refused:
+        shutil.rmtree(out, ignore_errors=True)
+        raise Refused(refused.group(1), proc.stderr.strip().splitlines()[-1])
     if not out.exists():
-        refused = re.search(r"\bvariants\.([\w.-]+?)\.\S*: (.*)", proc.stderr)
-        if proc.returncode == 2 and refused:
-            raise Refused(refused.group(1), proc.stderr.strip().splitlines()[-1])
         raise RuntimeError(
             f"verlaudit run {path} wrote nothing (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
         )

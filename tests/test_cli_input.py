@@ -155,7 +155,9 @@ def test_run_on_a_malformed_suite(case, steps):
         out = Path(tmp) / "out"
         rc, err = cli_error(["run", str(p), "--out", str(out)] + (["--steps", steps] if steps else []))
         assert_one_line_error("run", rc, err, p, field)
-        assert not out.exists()
+        # nothing ran; a variant the preflight refused keeps a run directory saying why (status failed)
+        for d in out.iterdir() if out.exists() else ():
+            assert d.is_dir() and json.loads((d / "status.json").read_text())["state"] == "failed", d
 
 
 @SETTINGS

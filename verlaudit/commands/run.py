@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else runner.default_out_dir(suite)
     # plug-ins imported, model directories read, engines installed: before any worker starts
     problems = preflight_problems(suite)
-    if problems and len(problems) == len(suite.variants):  # nothing can run: stop with the one-line error
+    if problems:  # stop before any worker with the one-line error: a malformed suite wastes no run
         first = next(iter(problems.values()))
         if args.out:
             write_refusals(suite, out_dir, problems, args.device)
@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--out {out_dir}: directory is not empty; choose a new one (or --report-only {out_dir})"
         )
-    plan = refuse(suite, problems, out_dir, args.device)
+    plan = runner.plan_runs(suite, out_dir, detect(), args.device)
     runs = len(plan.runs)
     print(f"verlaudit run: suite {suite.name} ({runs} run{'s' * (runs != 1)} on {plan.device}) -> {out_dir}")
     for note in plan.notes:
@@ -145,30 +145,10 @@ def _sub_suite(suite: Any, names: Any) -> Any:
     )
 
 
-def refuse(
-    suite: Any, problems: Mapping[str, PreflightError], out_dir: Path, device: str | None
-) -> runner.Plan:
-    """The plan of the variants the preflight passed, and the others refused with their one-line error
-    (each still gets a run directory: nothing lost), in suite order."""
-    present = detect()
-    plan = runner.plan_runs(_sub_suite(suite, set(suite.variants) - set(problems)), out_dir, present, device)
-    if not problems:
-        return plan
-    bad = runner.plan_runs(_sub_suite(suite, problems), out_dir, present, device)
-    refused = [
-        dataclasses.replace(p, refused=_one_line(problems[p.run.variant]), refused_by="preflight")
-        for p in bad.runs
-    ]
-    order = {v: i for i, v in enumerate(suite.variants)}
-    runs = sorted([*plan.runs, *refused], key=lambda p: order[p.run.variant])
-    notes = (*plan.notes, *(f"{v}: refused: {_one_line(e)}" for v, e in problems.items()))
-    return dataclasses.replace(plan, runs=tuple(runs), notes=notes)
-
-
 def write_refusals(
     suite: Any, out_dir: Path, problems: Mapping[str, PreflightError], device: str | None
 ) -> list[Path]:
-    """Every variant of a suite none of whose variants can run, as a refused run directory under
+    """Every variant the preflight refused, as a refused run directory under
     ``--out`` (the manifest and a status with the one-line error), so that `verlaudit diagnose` on it
     names the key. Nothing is written into a directory that is not new or empty, nor when the suite
     cannot be planned."""
