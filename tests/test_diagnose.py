@@ -814,14 +814,3 @@ def test_an_exception_raised_in_a_plugin_names_the_plugin_key(tmp_path):
         .causes[0]
         .where.startswith("data.reward_fn (plugins.rewards:my_reward) at rewards.py:12")
     )
-
-
-@pytest.mark.parametrize("silent, expected", [((1,), None), ((0, 2), "warning"), ((0, 1, 2), "error")])
-def test_no_signal_needs_more_than_one_silent_step(tmp_path, silent, expected):
-    """GRPO steps whose every group scored alike: one such step of three is chance (no cause), two a warning,
-    all of them an error."""
-    metrics = [{**_healthy(s), "reward/identical_group_frac": 1.0 if s in silent else 0.5} for s in range(3)]
-    run = make_run(tmp_path / "r", algo={"name": "grpo"}, steps=3, metrics=metrics)
-    (d,) = diagnose_path(run)
-    got = [c.severity for c in d.causes if c.kind == "no_signal"]
-    assert got == ([] if expected is None else [expected])

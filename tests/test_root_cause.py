@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_diagnose import causes, make_run
+from tests.test_diagnose import _healthy, causes, make_run
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
 from trainer.train import train
@@ -368,3 +368,16 @@ def test_fast_fault_subset_through_the_real_cli(tmp_path):
     results = run_all(faults, {"ppo": ("fp32",)}, tmp_path, "cpu")
     bad = [(r.name, r.kind, r.title, r.first_fix) for r in results if not (r.root_right and r.fix_right)]
     assert bad == [] and len(results) == len(FAST) + 1
+
+
+@pytest.mark.parametrize("silent, expected", [((1,), None), ((0, 2), "warning"), ((0, 1, 2), "error")])
+def test_no_signal_needs_more_than_one_silent_step(tmp_path, silent, expected):
+    """GRPO steps whose every group scored alike: one such step of three is chance (no cause), two a warning,
+    all of them an error."""
+    metrics = [{**_healthy(s), "reward/identical_group_frac": 1.0 if s in silent else 0.5} for s in range(3)]
+    run = make_run(tmp_path / "r", algo={"name": "grpo"}, steps=3, metrics=metrics)
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+    (d,) = diagnose_path(run)
+    got = [c.severity for c in d.causes if c.kind == "no_signal"]
+    assert got == ([] if expected is None else [expected])
