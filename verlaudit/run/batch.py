@@ -59,7 +59,7 @@ def execute(
     for planned in plan.runs:
         name = planned.run.run_name
         if planned.refused:
-            worker.write_refused(planned.spec, planned.refused, why=planned.refused_by)
+            worker.write_refused(planned.spec, planned.refused)
             done.append(name)
             tell(Progress(name=name, run_dir=out_dir / name, refused=planned.refused))
             continue

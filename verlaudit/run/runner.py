@@ -44,9 +44,6 @@ class PlannedRun:
     run: SuiteRun
     spec: RunSpec
     refused: str | None = None
-    refused_by: str = "refused"
-    """The status reason of a refusal: ``refused`` (the target cannot run it, e.g. no bf16) or
-    ``preflight`` (a key the preflight refused; the other variants run)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -373,7 +370,7 @@ def execute(
             name = planned.run.run_name
             if planned.refused:
                 # no worker starts; its module still writes the directory (manifest and status)
-                worker.write_refused(planned.spec, planned.refused, why=planned.refused_by)
+                worker.write_refused(planned.spec, planned.refused)
                 done.append(name)
                 tell(Progress(name=name, run_dir=out_dir / name, refused=planned.refused))
                 continue
