@@ -76,6 +76,17 @@ _SETUP_CAST = "the setup cast the model: what follows computes and updates in th
 _SETUP_VOCAB = "the setup resized the embeddings: ids past the tokenizer's and the other roles' rows"
 _SETUP_MODULE = "the setup put its own module in the model: its dtype and output are the module's"
 _SETUP_HOOK = "the setup's forward hook changes the module's output before anything sees it"
+_CHANGED_MODULE_SYMPTOMS = (
+    "module_output_dtype",
+    "module_input_dtype",
+    "dtype_error",
+    "compute_dtype",
+    "island_dtype",
+    "precision_excess",
+    "nonfinite",
+    "overflow",
+)
+"""What a module the setup replaced, or hooked, explains in its own role."""
 _OVERRIDE_SCALE = "without the preset's dynamic loss scaling fp16 gradients underflow or overflow unchecked"
 _OVERRIDE_STORE = (
     "weights stored below fp32 lose their updates, or fp16 AdamW state overflows (eps 1e-8 is 0)"
@@ -196,31 +207,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     **{
         ("setup_modules", s): Rule(_SETUP_MODULE, same_role=True)
-        for s in (
-            "param_dtype",
-            "module_output_dtype",
-            "module_input_dtype",
-            "dtype_error",
-            "compute_dtype",
-            "island_dtype",
-            "precision_excess",
-            "nonfinite",
-            "overflow",
-        )
+        for s in ("param_dtype", *_CHANGED_MODULE_SYMPTOMS)
     },
     **{
         ("setup_hooks", s): Rule(_SETUP_HOOK, same_role=True)
-        for s in (
-            "user_hook",
-            "module_output_dtype",
-            "module_input_dtype",
-            "dtype_error",
-            "compute_dtype",
-            "island_dtype",
-            "precision_excess",
-            "nonfinite",
-            "overflow",
-        )
+        for s in ("user_hook", *_CHANGED_MODULE_SYMPTOMS)
     },
     ("setup_mode", "dropout"): Rule("the setup left dropout on in training mode", same_role=True),
     # a role's precision set away from the preset's contract (precision.overrides)
