@@ -235,7 +235,7 @@ def fp16_exp_reward(prompts, responses, examples):
 
 
 def test_end_to_end_the_plugin_op_is_the_root_of_the_nan_reward(tmp_path):
-    from tests.test_diagnose import causes, make_run
+    from tests.diagnose_runs import causes, make_run
     from tests.test_root_cause import TINY
     from trainer.config import TrainConfig
     from trainer.train import train

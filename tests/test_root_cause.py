@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_diagnose import _healthy, causes, make_run
+from tests.diagnose_runs import _healthy, causes, make_run
 from trainer.config import TrainConfig
 from trainer.precision import resolve_policy
 from trainer.train import train

@@ -39,7 +39,7 @@ def test_role_keys_follow_verls_sections():
 
 
 def test_dtype_error_fixes_are_the_same_for_a_log_and_a_run(tmp_path):
-    from tests.test_diagnose import make_run
+    from tests.diagnose_runs import make_run
 
     msg = "RuntimeError: expected scalar type BFloat16 but found Float"
     log = tmp_path / "x.log"
