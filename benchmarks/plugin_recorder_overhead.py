@@ -8,7 +8,8 @@ collator, the fp32 re-run of a reward model); ``plain``: `PlainAuditor`, identic
 ``plugin_call``. Both time their plug-in calls (the recorder, its settle and its findings included),
 so the recorder's own cost is read apart from the step-time noise of a shared machine. The cases
 alternate (watched, plain, plain, watched, ...) over ``--repeats`` pairs. Run:
-``python benchmarks/plugin_recorder_overhead.py --out /tmp/rec.json`` (``--variant bf16``, ``--steps``).
+``python benchmarks/plugin_recorder_overhead.py --out /tmp/rec.json`` (``--variant bf16``, ``--steps``);
+on a GPU: ``--suite suites/llama7b_h200_grpo.yaml --variant grpo-bf16 --device cuda``.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ class PlainAuditor(TimedAuditor):
         return call()
 
 
-def run_case(cfg, mode: str, steps: int) -> dict:
+def run_case(cfg, mode: str, steps: int, device: str = "cpu") -> dict:
     from trainer.train import train
 
     cls = TimedAuditor if mode == "watched" else PlainAuditor
     settings = AuditSettings(level="full", full_steps=steps, every=0)
     t0 = time.perf_counter()
-    with cls(None, settings, device="cpu") as auditor:
+    with cls(None, settings, device=device) as auditor:
         result = train(dataclasses.replace(cfg, steps=steps), auditor)
     wall = time.perf_counter() - t0
     times = [m["perf/step_time_s"] for m in result.history]
@@ -75,15 +76,16 @@ def main() -> None:
     ap.add_argument("--variant", default="fp32")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the suite's variant on the GPU)")
     args = ap.parse_args()
     from verlaudit.run.suite import load_suite
 
-    suite = load_suite(args.suite, variants=[args.variant], device="cpu")
+    suite = load_suite(args.suite, variants=[args.variant], device=args.device)
     cfg = suite.variants[args.variant]
     runs = []
     for r in range(args.repeats):
         for mode in ("watched", "plain") if r % 2 == 0 else ("plain", "watched"):
-            runs.append({"repeat": r, **run_case(cfg, mode, args.steps)})
+            runs.append({"repeat": r, **run_case(cfg, mode, args.steps, args.device)})
             print(runs[-1], flush=True)
     summary = {}
     for mode in ("watched", "plain"):
