@@ -121,3 +121,48 @@ def test_a_positive_kv_cache_capacity_is_healthy(tmp_path):
         "[2025-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB\n"
     )
     assert problems(tmp_path, log) == []
+
+
+# ---- a failed configuration check names the keys the user sets -------------------------------------
+_VERL = "(TaskRunner pid=1) actor_rollout_ref.actor.strategy=fsdp\n"
+
+
+@pytest.mark.parametrize(
+    "text, key, advice",
+    [
+        # verl's dynamic batching: the worker's max_token_len is the actor's (and the log-prob passes') budget
+        (_VERL + "AssertionError: max_token_len must be greater than the sequence length. Got max_token_len=16384 "
+         "and max_seq_len=40960\n", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "at least 40960"),
+        (_VERL + "AssertionError: ppo_mini_batch_size 0 should be larger than 0 after normalization\n",
+         "actor_rollout_ref.actor.ppo_mini_batch_size", None),
+        # a divisibility check: both keys named, no direction invented
+        (_VERL + "AssertionError: normalized ppo_mini_batch_size 8 should be divisible by "
+         "ppo_micro_batch_size_per_gpu 3\n", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "so the check holds"),
+        # the message's own remedy comes first
+        ("ValueError: prompt_batch_size (5) * group_size (8) = 40 must be divisible by the number of agent workers "
+         "(32 = n_gpus * 4). Try prompt_batch_size=8.\n", "prompt_batch_size", "Try prompt_batch_size=8"),
+    ],
+)  # fmt: skip
+def test_a_failed_configuration_check_names_its_keys_and_the_way_they_must_move(tmp_path, text, key, advice):
+    c = first(tmp_path, text)
+    assert c.kind == "exception" and c.title.startswith("Configuration check failed")
+    assert key in c.where
+    if advice:
+        assert any(advice in f.why for f in c.fixes), [f.why for f in c.fixes]
+
+
+def test_a_pasted_assert_line_gives_the_check_its_keys(tmp_path):
+    log = (
+        "assert model_hf_config.max_position_embeddings >= config.prompt_length + config.response_length, \\\n"
+        "AssertionError: model context length should be greater than total sequence length\n"
+    )
+    c = first(tmp_path, log)
+    assert c.where.startswith("data.max_prompt_length, data.max_response_length")
+    assert any("max_position_embeddings >=" in f.why for f in c.fixes)
+
+
+def test_an_error_naming_no_setting_is_not_a_configuration_check(tmp_path):
+    c = first(tmp_path, "ValueError: could not convert string to float: 'abc'\n")
+    assert c.kind == "exception" and c.title.startswith("Unrecognised failure")
+    # the same names printed by a healthy run are no check
+    assert problems(tmp_path, "INFO: max_token_len=16384 max_seq_len=40960 ppo_mini_batch_size 8\n") == []
