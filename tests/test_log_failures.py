@@ -166,3 +166,44 @@ def test_an_error_naming_no_setting_is_not_a_configuration_check(tmp_path):
     assert c.kind == "exception" and c.title.startswith("Unrecognised failure")
     # the same names printed by a healthy run are no check
     assert problems(tmp_path, "INFO: max_token_len=16384 max_seq_len=40960 ppo_mini_batch_size 8\n") == []
+
+
+# ---- an inference engine's object without what the trainer reaches for -----------------------------
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        # inside vLLM's own frames: LLM.collective_rpc reads the V0 engine's model_executor
+        ('  File "/venv/lib/python3.12/site-packages/openrlhf/trainer/ray/vllm_engine.py", line 58, in init_process_group\n'
+         "    return self.llm.collective_rpc(\n"
+         '  File "/venv/lib/python3.12/site-packages/vllm/entrypoints/llm.py", line 495, in collective_rpc\n'
+         "    executor = self.llm_engine.model_executor\n"
+         "AttributeError: 'LLMEngine' object has no attribute 'model_executor'\n",
+         "vllm/entrypoints/llm.py collective_rpc"),
+        # the message retyped without its type, the user's frame reaching into the engine
+        ("'LLMEngine' object has no attribute 'driver_worker'\n"
+         '  File "/work/activation.py", line 60, in <module>\n'
+         "    obj = model.llm_engine.driver_worker.model_runner.model.model.layers[i].mlp\n",
+         "llm_engine.driver_worker"),
+        # a worker class the engine defines, reached through the engine's handle
+        ("Traceback (most recent call last):\n"
+         '  File "/data/indexer/index_baichuan.py", line 116, in build_model\n'
+         "    model = self.llm.llm_engine.workers[0].model\n"
+         "AttributeError: 'Worker' object has no attribute 'model'\n",
+         "Worker.model"),
+    ],
+)  # fmt: skip
+def test_an_engine_object_without_the_attribute_the_trainer_reads_is_a_missing_engine_feature(
+    tmp_path, text, where
+):
+    c = first(tmp_path, text)
+    assert c.kind == "engine_feature" and where in c.where, (c.kind, c.where)
+
+
+def test_a_config_object_without_an_attribute_stays_a_version_mismatch(tmp_path):
+    c = first(tmp_path, "AttributeError: 'LoRAConfig' object has no attribute 'lora_extra_vocab_size'\n")
+    assert c.kind == "version_mismatch"
+    # a warning that quotes the words is no failure
+    assert (
+        problems(tmp_path, "WARNING: 'LLMEngine' object has no attribute 'stats'; falling back to none\n")
+        == []
+    )
