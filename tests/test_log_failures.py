@@ -207,3 +207,49 @@ def test_a_config_object_without_an_attribute_stays_a_version_mismatch(tmp_path)
         problems(tmp_path, "WARNING: 'LLMEngine' object has no attribute 'stats'; falling back to none\n")
         == []
     )
+
+
+# ---- a weight sync names the parameter that did not fit -------------------------------------------
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("(RayWorkerWrapper pid=3) Size of the original param: torch.Size([32, 192, 6144]) and size of the weights: "
+         "torch.Size([32, 2880, 2880]). Weight name layers.0.mlp.experts.w13_weight, shard id: None\n"
+         "(RayWorkerWrapper pid=3) ERROR 09-25 17:50:00 [worker_base.py:275] Error executing method 'update_weight'. "
+         "This might cause deadlock in distributed execution.\n", "layers.0.mlp.experts.w13_weight"),
+        ("ERROR 01-02 10:00:00 [worker_base.py:620] Error executing method 'update_weights_from_ipc_handles'. This "
+         "might cause deadlock in distributed execution.\n"
+         "RuntimeError: Error(s) in loading state_dict: size mismatch for model.layers.3.mlp.gate_proj.weight: copying "
+         "a param with shape torch.Size([11008, 4096]) from checkpoint, the shape in current model is "
+         "torch.Size([5504, 4096]).\n", "model.layers.3.mlp.gate_proj.weight"),
+        # the engine's parameter lacks what its loader reads, under the trainer's update call
+        ("(WorkerDict pid=9) Traceback (most recent call last):\n"
+         '(WorkerDict pid=9)   File "/opt/verl/verl/workers/sharding_manager/fsdp_vllm.py", line 180, in update_params\n'
+         "(WorkerDict pid=9)     model.load_weights(updated_params)\n"
+         '(WorkerDict pid=9)   File "/venv/lib/python3.10/site-packages/vllm/model_executor/models/qwen3_moe.py", '
+         "line 512, in load_weights\n"
+         "(WorkerDict pid=9)     weight_loader = param.weight_loader\n"
+         "(WorkerDict pid=9) AttributeError: 'Parameter' object has no attribute 'weight_loader'\n", "update_params"),
+    ],
+)  # fmt: skip
+def test_a_failed_weight_update_is_a_weight_sync_naming_its_parameter(tmp_path, text, where):
+    c = first(tmp_path, text)
+    assert c.kind == "weight_sync" and where in (c.where or ""), (c.kind, c.where)
+
+
+def test_a_failed_engine_method_that_updates_no_weights_is_not_a_weight_sync(tmp_path):
+    log = (
+        "Weight name layers.0.weight loaded\n"
+        "ERROR 01-02 10:00:00 [worker_base.py:620] Error executing method 'determine_num_available_blocks'. This "
+        "might cause deadlock in distributed execution.\n"
+    )
+    assert first(tmp_path, log).kind == "engine_error"
+    # the same attribute error with no update call above it is the engine's version, not a sync
+    assert (
+        first(tmp_path, "AttributeError: 'Parameter' object has no attribute 'weight_loader'\n").kind
+        == "version_mismatch"
+    )
+    assert (
+        problems(tmp_path, "INFO update_weights_from_tensor done; Weight name layers.0.weight, 2 shards\n")
+        == []
+    )

@@ -26,6 +26,7 @@ import re
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs.engines import update_frames
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
 from verlaudit.analysis.logs.lines import LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
@@ -180,8 +181,10 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
             _ENGINE_METHODS.match(attr) or "weight" in attr or _engine_owned(cls, facts, h)
         ):
             return _engine_feature(facts, ctx, h)
-        if _ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, [])):
+        under_update = update_frames(facts.traceback_near(h.no, h.line.rank))
+        if not under_update and (_ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, []))):
             break  # a library's object lacks what its caller expects: a version mismatch, read below
+        # (under the trainer's weight update into the engine it is the weight sync's failure: engines)
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
     if h is None:
