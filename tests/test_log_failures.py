@@ -253,3 +253,38 @@ def test_a_failed_engine_method_that_updates_no_weights_is_not_a_weight_sync(tmp
         problems(tmp_path, "INFO update_weights_from_tensor done; Weight name layers.0.weight, 2 shards\n")
         == []
     )
+
+
+# ---- a compile failure: the op it names, and the advice the message gives -----------------------
+def test_a_compile_failure_takes_the_dynamo_settings_its_message_advises(tmp_path):
+    log = (
+        "torch._dynamo.exc.Unsupported: Logger not supported for non-export cases. To avoid graph breaks caused by "
+        "logger in compile-mode, it is recommended to disable logging by adding logging methods to "
+        "config.ignore_logger_methods\n"
+        "You can suppress this exception and fall back to eager by setting:\n"
+        "    import torch._dynamo\n"
+        "    torch._dynamo.config.suppress_errors = True\n"
+    )
+    c = first(tmp_path, log)
+    whys = [f.why for f in c.fixes]
+    assert c.kind == "compile_error" and "torch._dynamo.config.ignore_logger_methods" in whys[0]
+    assert "torch._dynamo.config.suppress_errors = True" in whys[1]
+    # a graph break on .item(): Dynamo names the config that captures it
+    c = first(
+        tmp_path,
+        "torch._dynamo.exc.Unsupported: Tensor.item. Set torch._dynamo.config.capture_scalar_outputs = True or "
+        "TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1 to include these operations in the captured graph.\n",
+    )
+    assert "torch._dynamo.config.capture_scalar_outputs" in c.fixes[0].why
+    # a config line printed by a healthy run is no failure
+    assert problems(tmp_path, "    torch._dynamo.config.cache_size_limit = 64\nstep 1 loss 0.5\n") == []
+
+
+def test_a_backend_failure_names_the_op_of_the_message_under_it(tmp_path):
+    log = (
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+        "AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with "
+        "'allow_non_fake_inputs'. Found in aten.embedding.default(tensor([...], size=(50368, 768)), FakeTensor(...))\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "compile_error" and c.where == "aten.embedding.default"
