@@ -288,3 +288,32 @@ def test_a_backend_failure_names_the_op_of_the_message_under_it(tmp_path):
     )
     c = first(tmp_path, log)
     assert c.kind == "compile_error" and c.where == "aten.embedding.default"
+
+
+# ---- a CUDA OOM names its device and the processes the message lists on it ------------------------
+@pytest.mark.parametrize(
+    "line, title",
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.11 GiB. GPU 0 has a total capacity of "
+         "14.74 GiB of which 1.65 GiB is free. Process 19066 has 6.79 GiB memory in use. Process 19069 has 514.00 MiB "
+         "memory in use. Process 19060 has 4.93 GiB memory in use.", "CUDA out of memory on GPU 0, shared by 3 processes"),
+        ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB (GPU 1; 23.69 GiB total "
+         "capacity; 21.50 GiB already allocated; 512.00 MiB free; 22.00 GiB reserved in total by PyTorch)",
+         "CUDA out of memory on GPU 1"),
+        ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 5 has a total capacity of "
+         "191.98 GiB of which 1.20 GiB is free. Of the allocated memory 180.00 GiB is allocated by PyTorch, and "
+         "2.00 GiB is reserved by PyTorch but unallocated.", "CUDA out of memory on GPU 5"),
+    ],
+)  # fmt: skip
+def test_a_cuda_oom_names_its_gpu_and_the_processes_sharing_it(tmp_path, line, title):
+    c = first(tmp_path, line + "\n")
+    assert c.kind == "oom" and c.title.startswith(title), c.title
+
+
+def test_a_line_that_states_a_gpus_capacity_is_no_oom(tmp_path):
+    assert (
+        problems(
+            tmp_path, "INFO GPU 0 has a total capacity of 79.15 GiB; Process 12 has 2.00 GiB memory in use\n"
+        )
+        == []
+    )

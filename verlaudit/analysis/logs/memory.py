@@ -187,10 +187,20 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     ev += pl.evidence()
     if wake and pl.phase != "weight_sync":
         ev.append("phase: weight_sync (sleep-mode wake_up re-maps the engine's memory)")
+    # the device the message names, and the other processes it lists on it (a GPU shared with other jobs)
+    gpu = oom.get("gpu")
+    procs = set(re.findall(r"Process (\d+) has [\d.]+ ?[KMG]i?B memory in use", detailed.line.text))
+    shared = f", shared by {len(procs)} processes" if len(procs) > 1 else ""
+    if len(procs) > 1:
+        what += (
+            f" The message lists {len(procs)} processes holding memory on this GPU: where they are not this job's "
+            "own ranks, another job or test shares the GPU."
+        )
     title = (
         "vLLM sleep-mode wake_up ran out of GPU memory" + (f" in the {allocator[1]}" if allocator else "")
         if wake
-        else f"CUDA out of memory{_PHASE_TITLE.get(phase or '', '')}"
+        else f"CUDA out of memory{f' on GPU {gpu}' if gpu is not None else ''}{shared}"
+        f"{_PHASE_TITLE.get(phase or '', '')}"
     )
     return Cause(
         "error",
