@@ -317,3 +317,44 @@ def test_a_line_that_states_a_gpus_capacity_is_no_oom(tmp_path):
         )
         == []
     )
+
+
+# ---- a version mismatch names the caller's line ----------------------------------------------------
+def _tb(pkg_path: str, func: str, call: str, error: str) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "/work/train.py", line 10, in <module>\n'
+        "    main()\n"
+        f'  File "/venv/lib/python3.10/site-packages/{pkg_path}", line 401, in {func}\n'
+        f"    {call}\n"
+        f"{error}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, at",
+    [
+        (_tb("trl/trainer/sft_trainer.py", "__init__", "super().__init__(",
+             "TypeError: Trainer.__init__() got an unexpected keyword argument 'tokenizer'"),
+         "trl/trainer/sft_trainer.py __init__"),
+        (_tb("transformers/trainer.py", "create_accelerator_and_postprocess", "self.accelerator = Accelerator(",
+             "TypeError: Accelerator.__init__() got an unexpected keyword argument 'use_seedable_sampler'"),
+         "transformers/trainer.py create_accelerator_and_postprocess"),
+        (_tb("trl/trainer/grpo_trainer.py", "__init__", "self.llm = LLM(",
+             "TypeError: LLM.__init__() got an unexpected keyword argument 'enable_sleep_mode'"),
+         "trl/trainer/grpo_trainer.py __init__"),
+    ],
+)  # fmt: skip
+def test_a_version_mismatch_names_the_callers_line(tmp_path, text, at):
+    c = first(tmp_path, text)
+    assert c.kind == "version_mismatch" and c.where.endswith(f"called from {at}"), c.where
+
+
+def test_a_mismatch_called_from_the_users_own_code_names_no_library_line(tmp_path):
+    text = (
+        'Traceback (most recent call last):\n  File "/work/train.py", line 10, in <module>\n'
+        "    acc = Accelerator(use_seedable_sampler=True)\n"
+        "TypeError: Accelerator.__init__() got an unexpected keyword argument 'use_seedable_sampler'\n"
+    )
+    c = first(tmp_path, text)
+    assert c.kind == "version_mismatch" and "called from" not in c.where

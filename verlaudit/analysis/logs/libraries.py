@@ -228,7 +228,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
                    "acceptable (the installed release removed or renamed it)") if h.rule == "object_attr" else None,
         ),
         unknown=["which versions are installed: run `pip list | grep -i -E '" + "|".join(pair or ["torch"]) + "'`"],
-        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})",
+        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})"
+        + (f", called from {at}" if (at := _frame_of(pl.tb, caller)) else ""),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -264,6 +265,15 @@ def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
         score=46.0,
         data={"caller": caller, "callee": pkg, "required": spec, "found": found},
     )  # fmt: skip
+
+
+def _frame_of(tb: Traceback | None, pkg: str | None) -> str | None:
+    """``trl/trainer/sft_trainer.py __init__``: the innermost frame of package ``pkg`` (the caller's line
+    that made the call the installed callee does not take)."""
+    for f in reversed(tb.frames if tb and pkg else []):
+        if package_of(f.path) == pkg and f"/{pkg}/" in f.path:
+            return f"{pkg}/{f.path.rsplit(f'/{pkg}/', 1)[-1]} {f.func}"
+    return None
 
 
 def _engine_owned(cls: str, facts: LogFacts, h: Hit) -> bool:
