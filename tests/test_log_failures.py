@@ -358,3 +358,26 @@ def test_a_mismatch_called_from_the_users_own_code_names_no_library_line(tmp_pat
     )
     c = first(tmp_path, text)
     assert c.kind == "version_mismatch" and "called from" not in c.where
+
+
+# ---- an engine limit names the engine's own key -----------------------------------------------------
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("ValueError: The input (85050 tokens) is longer than the model's context length (32768 tokens).",
+         "context_length"),
+        ("ValueError: Input length (40000 tokens) exceeds the maximum allowed length (32768 tokens). Use a shorter "
+         "input or enable --allow-auto-truncate.", "context_length"),
+        ("openai.BadRequestError: This model's maximum context length is 4096 tokens. However, you requested 5000 "
+         "tokens (4000 in the messages, 1000 in the completion).", "max_model_len"),
+    ],
+)  # fmt: skip
+def test_an_engine_limit_names_the_engines_own_key(tmp_path, line, key):
+    c = first(tmp_path, line + "\n")
+    assert c.kind == "engine_limit" and c.where.startswith(key), c.where
+
+
+def test_an_engines_printed_context_length_is_no_limit(tmp_path):
+    assert (
+        problems(tmp_path, "server_args=ServerArgs(context_length=32768, mem_fraction_static=0.88)\n") == []
+    )

@@ -398,7 +398,8 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     key = (
         "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
     )
-    shown = key
+    # SGLang's limit is its context_length (--context-length), vLLM's max_model_len: the engine's own key
+    shown = "context_length" if setting == "context_length" else key
     if setting == "prompt_limit":  # vLLM's limit is min(max_model_len, max_num_batched_tokens): which one?
         key, shown = _binding_limit(facts, f.get("m"))
     failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(
