@@ -381,3 +381,32 @@ def test_an_engines_printed_context_length_is_no_limit(tmp_path):
     assert (
         problems(tmp_path, "server_args=ServerArgs(context_length=32768, mem_fraction_static=0.88)\n") == []
     )
+
+
+# ---- a Ray worker that crashed in native code is named with its signal -----------------------------
+_RAY_DIED = (
+    "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot "
+    "the problem, check the logs for the dead worker.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("(AsyncActor pid=46603) finished at 2024-06-20 18:19:49.999099.\n" + _RAY_DIED
+         + "(AsyncActor pid=46603) *** SIGSEGV received at time=1718907589 on cpu 3 ***\n", "AsyncActor (SIGSEGV)"),
+        ("(RolloutWorker pid=7) Fatal Python error: Segmentation fault\n"
+         "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n",
+         "RolloutWorker (Segmentation fault)"),
+    ],
+)  # fmt: skip
+def test_a_ray_worker_that_crashed_natively_is_named_with_its_signal(tmp_path, text, where):
+    c = first(tmp_path, text)
+    assert c.kind == "ray_actor_died" and c.where == where, (c.kind, c.where)
+    assert "native" in c.what
+
+
+def test_a_native_crash_alone_is_never_clean_and_a_handler_notice_is(tmp_path):
+    d = diagnose(tmp_path, "step 3 loss 0.5\n*** SIGABRT received at time=1718907589 on cpu 0 ***\n")
+    assert d.verdict == "error"
+    assert problems(tmp_path, "(raylet) installed the failure signal handler for SIGSEGV and SIGABRT\n") == []

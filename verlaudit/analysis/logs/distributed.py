@@ -604,6 +604,24 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+def _native_crash(facts: LogFacts, near: int) -> tuple[str, str, LogLine] | None:
+    """(the Ray process, the signal, the line) of a native crash a Ray worker printed itself (abseil's
+    ``*** SIGSEGV received at ...``, faulthandler's ``Fatal Python error: Segmentation fault``) within a few
+    dozen lines of an actor's death: the worker that died, and how."""
+    for kind, line in facts.signals:
+        if (
+            kind != "kill"
+            or not line.source
+            or line.source in ("raylet", "gcs_server")
+            or abs(line.no - near) > 40
+        ):
+            continue
+        m = re.search(r"\*\*\* (SIG[A-Z]+) received|Fatal Python error: ([\w ]+)", line.text)
+        if m:
+            return line.source, m[1] or m[2].strip(), line
+    return None
+
+
 def _dead_actor(facts: LogFacts) -> dict[str, str]:
     """The fields ActorDiedError prints under itself (class_name, name, pid, actor_id, ip)."""
     fields: dict[str, str] = {}
@@ -630,8 +648,13 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     exit_ = facts.first("worker_exit")
     task = tasks[0].fields["groups"][1] if tasks else None
     pl = place(facts, first.line)
+    crash = _native_crash(facts, first.no)
     where_parts = [task, name or fields.get("name"), f"pid {fields['pid']}" if "pid" in fields else None]
-    where = " / ".join(p for p in where_parts if p) or pl.culprit(frame=False)
+    where = (
+        " / ".join(p for p in where_parts if p)
+        or (f"{crash[0]} ({crash[1]})" if crash else None)
+        or pl.culprit(frame=False)
+    )
     ev = [quote(first.line)] + ([quote(exit_.line, 240)] if exit_ else []) + pl.evidence()
     if name:
         cls, pid = fields.get("class_name", "?"), fields.get("pid", "?")
@@ -648,8 +671,16 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
             else "."
         )
     )
+    if crash:
+        what += (
+            f" Its process ({crash[0]}) reported a native crash ({crash[1]}) of its own: a crash in native code "
+            "(a library's C++ / CUDA code, a Ray core bug), not the OOM killer."
+        )
+        ev.append(quote(crash[2]))
     during = pl.phase if not pl.phase_why or pl.phase_why.startswith("activity") else pl.phase_why
     title = "Ray actor died" + (f": {name or fields['name']}" if fields.get("name") else "")
+    if crash and not fields.get("name"):
+        title += f": {crash[0]} crashed with {crash[1]}"
     title += f" during {during}" if pl.phase else ""
     fx = fixes(
         ctx,
