@@ -410,3 +410,25 @@ def test_a_native_crash_alone_is_never_clean_and_a_handler_notice_is(tmp_path):
     d = diagnose(tmp_path, "step 3 loss 0.5\n*** SIGABRT received at time=1718907589 on cpu 0 ***\n")
     assert d.verdict == "error"
     assert problems(tmp_path, "(raylet) installed the failure signal handler for SIGSEGV and SIGABRT\n") == []
+
+
+# ---- a NaN gradient norm under a finite loss from the first step: the gradient reduction ------------
+@pytest.mark.parametrize(
+    "log",
+    [
+        "{'loss': 1.0446, 'grad_norm': nan, 'learning_rate': 1.49e-08, 'epoch': 0.0}\n"
+        "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 2.98e-08, 'epoch': 0.01}\n",
+        '[2024-04-02 14:16:49,000] [INFO] [config.py:984:print] zero_optimization ........ {"stage": 2}\n'
+        '{"loss": 1.62, "grad_norm": NaN, "learning_rate": 5e-06, "epoch": 0.16}\n',
+    ],
+)
+def test_a_nan_grad_norm_with_a_finite_loss_names_deepspeeds_overlapped_reduction(tmp_path, log):
+    c = first(tmp_path, log)
+    assert c.kind in ("nonfinite", "collapse") and "overlap_comm" in (c.where or "")
+    assert any("overlap_comm=false" in (f.key or "") for f in c.fixes)
+
+
+def test_a_verl_nan_grad_norm_does_not_blame_deepspeed(tmp_path):
+    c = first(tmp_path, "step:1 - actor/pg_loss:0.12 - actor/grad_norm:nan - critic/score/mean:0.1\n")
+    assert c.kind == "nonfinite" and "overlap_comm" not in (c.where or "")
+    assert not any("overlap_comm" in f.why for f in c.fixes)
