@@ -102,7 +102,7 @@ def test_a_launcher_line_without_a_signal_is_healthy(tmp_path):
         ("[2025-07-02 07:41:59 TP0] max_total_tokens=131072 is larger than the profiled value -561981. Use the "
          "profiled value instead.", "--mem-fraction-static"),
         ("(EngineCore_DP0 pid=1) INFO 02-12 08:34:25 [gpu_worker.py:360] Available KV cache memory: -2.31 GiB",
-         "gpu_memory_utilization"),
+         "vllm gpu_memory_utilization"),
         ("[2025-01-01 00:00:00 TP0] KV Cache is allocated. #tokens: 0, K size: 0.00 GB, V size: 0.00 GB",
          "--mem-fraction-static"),
     ],
@@ -432,3 +432,15 @@ def test_a_verl_nan_grad_norm_does_not_blame_deepspeed(tmp_path):
     c = first(tmp_path, "step:1 - actor/pg_loss:0.12 - actor/grad_norm:nan - critic/score/mean:0.1\n")
     assert c.kind == "nonfinite" and "overlap_comm" not in (c.where or "")
     assert not any("overlap_comm" in f.why for f in c.fixes)
+
+
+def test_no_kv_cache_blocks_offers_eager_mode_in_the_frameworks_spelling(tmp_path):
+    line = (
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine.\n"
+    )
+    c = first(tmp_path, "INFO 01-02 10:00:00 [llm_engine.py:75] Initializing an LLM engine\n" + line)
+    assert c.where == "vllm gpu_memory_utilization"
+    assert any("enforce_eager=True" in (f.key or "") for f in c.fixes)
+    c = first(tmp_path, "GRPOTrainer: starting vLLM\n" + line)
+    assert any(f.key == "GRPOConfig.vllm_enforce_eager=True" for f in c.fixes)

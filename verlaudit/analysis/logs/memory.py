@@ -433,7 +433,15 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
             "and the "
             "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds "
             "the GPU.",
-            [_RAISE, _TRAINER_OFF, ("max_num_seqs", "a smaller profiling batch leaves more for the cache")],
+            [
+                _RAISE,
+                _TRAINER_OFF,
+                (
+                    "enforce_eager",
+                    "no CUDA-graph capture: the start-up profile then keeps that memory for the cache",
+                ),
+                ("max_num_seqs", "a smaller profiling batch leaves more for the cache"),
+            ],
         )
     if h.rule == "kv_free_memory":
         _, free, total, util, want = g
@@ -491,6 +499,8 @@ def _engine_of(h: Hit) -> str:
 
 def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
     title, where, what, remedies = _kv_reading(h)
+    if h.rule != "kv_sglang" and not where.startswith("--"):  # the engine whose key it is (vLLM's messages)
+        where = f"{'sglang' if _engine_of(h) == 'sglang' else 'vllm'} {where}"
     pl = place(facts, h.line)
     ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []
     ev.append(quote(h.line))
