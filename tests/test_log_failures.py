@@ -444,3 +444,17 @@ def test_no_kv_cache_blocks_offers_eager_mode_in_the_frameworks_spelling(tmp_pat
     assert any("enforce_eager=True" in (f.key or "") for f in c.fixes)
     c = first(tmp_path, "GRPOTrainer: starting vLLM\n" + line)
     assert any(f.key == "GRPOConfig.vllm_enforce_eager=True" for f in c.fixes)
+
+
+@pytest.mark.parametrize(
+    "bar, where",
+    [
+        ("Loading checkpoint shards:  50%|#####     | 1/2 [00:30<00:30, 30.0s/it]Killed", "from_pretrained: Loading checkpoint shards"),
+        ("Map:  30%|###       | 300/1000 [00:03<00:07, 99.0 examples/s]Killed", "while: Map"),
+        ("Generating train split:  40%|####      | 4000/10000 [00:05<00:07, 800 examples/s]Killed", "while: Generating train split"),
+    ],
+)  # fmt: skip
+def test_a_kill_on_a_progress_bar_names_what_was_running(tmp_path, bar, where):
+    c = first(tmp_path, bar + "\n")
+    assert c.kind == "killed" and c.where == where, c.where
+    assert problems(tmp_path, bar.removesuffix("Killed") + "\n") == []

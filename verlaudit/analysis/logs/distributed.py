@@ -531,6 +531,11 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if found is None:
         return None
     first, signame, code, where = found
+    # a kill that landed on a progress bar names what was running (tqdm's description before the bar);
+    # "Loading checkpoint shards" is transformers' from_pretrained
+    bar = re.match(r"^\s*([A-Za-z][\w .-]*?):\s*\d+%\|", first.line.text)
+    if bar and not where:
+        where = f"{'from_pretrained: ' if bar[1] == 'Loading checkpoint shards' else 'while: '}{bar[1]}"
     cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
     pl = place(facts, first.line)
     ev = [quote(first.line)]
