@@ -458,3 +458,38 @@ def test_a_kill_on_a_progress_bar_names_what_was_running(tmp_path, bar, where):
     c = first(tmp_path, bar + "\n")
     assert c.kind == "killed" and c.where == where, c.where
     assert problems(tmp_path, bar.removesuffix("Killed") + "\n") == []
+
+
+# ---- a loss scale that was low from the start names DeepSpeed's initial_scale_power -----------------
+_DS_INFO = "[2021-01-26 22:04:09,190] [INFO] "
+
+
+@pytest.mark.parametrize(
+    "log, where",
+    [
+        (_DS_INFO + "[fused_optimizer.py:314:_update_scale] \nGrad overflow on iteration 3\n"
+         + _DS_INFO + "[fused_optimizer.py:316:_update_scale] Reducing dynamic loss scale from 8.0 to 4.0\n",
+         "fp16.initial_scale_power (a scale of 8 by iteration 3)"),
+        ("  initial_scale_power .......... 6\n"
+         + _DS_INFO + "[logging.py:60:log_dist] [Rank 0] Overflow detected. Skipping step. Attempted loss scale: "
+         "64, reducing to 32\n", "fp16.initial_scale_power (6)"),
+        (_DS_INFO + "[stage_1_and_2.py:1800:step] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
+         "2, reducing to 1\nException: Current loss scale already at minimum - cannot decrease scale anymore. "
+         "Exiting run.\n", "fp16.min_loss_scale (the minimum-scale abort)"),
+    ],
+)  # fmt: skip
+def test_a_low_loss_scale_names_the_deepspeed_setting_behind_it(tmp_path, log, where):
+    c = first(tmp_path, log)
+    assert c.kind in ("overflow_skips", "loss_scale_collapse") and c.where == where, c.where
+
+
+def test_a_scale_that_halved_down_from_the_default_names_no_setting(tmp_path):
+    log = (
+        _DS_INFO
+        + "Grad overflow on iteration 40\n"
+        + _DS_INFO
+        + "Reducing dynamic loss scale from 65536.0 to 32768.0\n"
+    )
+    d = diagnose(tmp_path, log)
+    assert all(c.where is None for c in d.causes if c.kind == "overflow_skips")
+    assert problems(tmp_path, log) == []
