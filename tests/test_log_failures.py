@@ -493,3 +493,25 @@ def test_a_scale_that_halved_down_from_the_default_names_no_setting(tmp_path):
     d = diagnose(tmp_path, log)
     assert all(c.where is None for c in d.causes if c.kind == "overflow_skips")
     assert problems(tmp_path, log) == []
+
+
+# ---- bf16 refused names the setting that asked for it ------------------------------------------------
+@pytest.mark.parametrize(
+    "log, asked",
+    [
+        ('  File "/usr/local/lib/python3.10/dist-packages/accelerate/accelerator.py", line 474, in __init__\n'
+         'ValueError: bf16 mixed precision requires PyTorch >= 1.10 and a supported device.\n', "mixed_precision=bf16"),
+        ("TrainingArguments(bf16=True, output_dir=out)\n"
+         "ValueError: Your setup doesn't support bf16/gpu. You need torch>=1.10, using Ampere GPU with cuda>=11.0\n",
+         "bf16=True"),
+        ("args: model=Qwen2-7B dtype=bfloat16\nValueError: Bfloat16 is only supported on GPUs with compute capability "
+         "of at least 8.0. Your Tesla V100-SXM2-32GB GPU has compute capability 7.0.\n", "dtype=bfloat16"),
+    ],
+)  # fmt: skip
+def test_bf16_refused_names_the_setting_that_asked_for_it(tmp_path, log, asked):
+    c = first(tmp_path, log)
+    assert c.kind == "dtype_unsupported" and c.where.endswith(f"asked by {asked}"), c.where
+
+
+def test_a_printed_bf16_setting_alone_is_healthy(tmp_path):
+    assert problems(tmp_path, "TrainingArguments(bf16=True, output_dir=out)\nmixed_precision=bf16\n") == []

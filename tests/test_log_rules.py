@@ -589,7 +589,12 @@ def test_bf16_on_a_v100_never_proposes_bf16(tmp_path: Path) -> None:
         "example: --dtype=half."
     )
     c = diagnose_text(tmp_path, text).causes[0]
-    assert c.kind == "dtype_unsupported" and c.where == "compute capability 7.5" and "Tesla T4" in c.title
+    assert (
+        c.kind == "dtype_unsupported"
+        and c.where.startswith("compute capability 7.5")
+        and "Tesla T4" in c.title
+    )
+    assert c.where.endswith("asked by dtype (auto takes the model config's bfloat16)")
     assert c.fixes[0].key.startswith("dtype=half") and "bf16=true" not in fix_text(c).lower()
 
 

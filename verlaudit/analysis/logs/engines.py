@@ -133,7 +133,9 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
-        where=(f"compute capability {cc}" if cc else "bf16") + (f" ({at})" if (at := site(pl.tb)) else ""),
+        where=(f"compute capability {cc}" if cc else "bf16")
+        + (f" ({at})" if (at := site(pl.tb)) else "")
+        + (f", asked by {asked}" if (asked := _bf16_setting(ctx)) else ""),
         phase=pl.phase or "init",
         rank=pl.rank,
         line=h.no,
@@ -154,6 +156,32 @@ def update_frames(tb) -> bool:
     return bool(tb and tb.frames) and bool(
         _UPDATE.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames))
     )
+
+
+# the setting that asks each framework for bf16 (where the log prints none of its own)
+_BF16_SETTING = {
+    "accelerate": "mixed_precision=bf16",
+    "hf-trainer": "TrainingArguments.bf16=True",
+    "trl": "TrainingArguments.bf16=True",
+    "deepspeed": "bf16.enabled=true",
+    "vllm": "dtype (auto takes the model config's bfloat16)",
+    "sglang": "--dtype (auto takes the model config's bfloat16)",
+}
+
+
+def _bf16_setting(ctx: LogContext) -> str | None:
+    """The setting that asked for bf16: one the log printed with a bf16 value, else the framework's own."""
+    for key, value in ctx.settings.items():
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in (
+            "mixed_precision",
+            "dtype",
+            "torch_dtype",
+            "bf16",
+            "param_dtype",
+        ) and value.lower().replace("torch.", "") in ("bf16", "bfloat16", "true"):
+            return f"{key}={value}"
+    return _BF16_SETTING.get(ctx.framework or "")
 
 
 def _sync_frames(tb) -> bool:
