@@ -515,3 +515,17 @@ def test_bf16_refused_names_the_setting_that_asked_for_it(tmp_path, log, asked):
 
 def test_a_printed_bf16_setting_alone_is_healthy(tmp_path):
     assert problems(tmp_path, "TrainingArguments(bf16=True, output_dir=out)\nmixed_precision=bf16\n") == []
+
+
+# ---- a collective timeout after start-up: ranks that took different paths ---------------------------
+def test_a_timeout_after_start_up_offers_a_rank_consistent_decision(tmp_path):
+    late = (
+        "[E ProcessGroupNCCL.cpp:737] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=3738254, OpType=_ALLGATHER_BASE, Timeout(ms)=1800000) ran for 1809440 milliseconds\n"
+    )
+    c = first(tmp_path, late)
+    assert c.kind == "nccl_timeout" and any("dist.all_reduce" in f.why for f in c.fixes)
+    # a timeout in the first collectives of a process group is the network at start-up, not a rank's decision
+    early = late.replace("SeqNum=3738254", "SeqNum=1").replace("_ALLGATHER_BASE", "ALLREDUCE")
+    c = first(tmp_path, early)
+    assert not any("dist.all_reduce" in f.why for f in c.fixes)

@@ -280,6 +280,13 @@ def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
             "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1: the flight recorder "
             "dumps each rank's last collectives and their Python stacks"
         ),
+        None
+        if w.at_init
+        else advice(
+            "if a value computed on one rank decides whether the ranks enter a collective (a metric reduced with "
+            "dist.reduce, which leaves the result on the destination rank only; a rank-0-only save, evaluation or "
+            "early stop): compute it with dist.all_reduce or broadcast it, so every rank takes the same path"
+        ),
         ("collective_timeout", "raise it only when one rank legitimately works alone that long"),
     )
 
