@@ -533,25 +533,9 @@ def _only_rank(facts: LogFacts) -> str | None:
     return "local_rank 0" if world == "1" or (procs == "1" and nodes in (None, "1")) else None
 
 
-def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
-    found = _signal(facts)
-    if found is None:
-        return None
-    first, signame, code, where = found
-    # a kill that landed on a progress bar names what was running (tqdm's description before the bar);
-    # "Loading checkpoint shards" is transformers' from_pretrained
-    bar = re.match(r"^\s*([A-Za-z][\w .-]*?):\s*\d+%\|", first.line.text)
-    if bar and not where:
-        where = f"{'from_pretrained: ' if bar[1] == 'Loading checkpoint shards' else 'while: '}{bar[1]}"
-    cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
-    pl = place(facts, first.line)
-    ev = [quote(first.line)]
-    if cascade:
-        ev.append(
-            f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
-        )
-    ev += pl.evidence()
-    silent = first.rule == "launcher_teardown" and signame is None
+def _kill_reading(signame: str | None, silent: bool, phase: str | None, ctx: LogContext) -> tuple[str, list]:
+    """(what happened, the fixes) of a kill: a SIGKILL or a launcher's teardown after a silent child (the
+    OOM killer first), another signal (who sent it)."""
     if signame == "SIGKILL" or silent:
         what = (
             "The process was killed with SIGKILL and printed no Python error of its own. The usual sender "
@@ -576,9 +560,9 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 "loading: each process materialises the full checkpoint in host RAM; load once per node or "
                 "shard at load time (low_cpu_mem_usage, meta-device init, ZeRO-3 init)"
             )
-            if pl.phase == "init"
+            if phase == "init"
             else None,
-            ("zero3", "shards the model at load time") if pl.phase == "init" else None,
+            ("zero3", "shards the model at load time") if phase == "init" else None,
             advice("give the node more RAM or run fewer processes per node"),
         )
     else:
@@ -590,6 +574,29 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 "another rank failed) or a crash (SIGSEGV / SIGABRT: a native library)"
             ),
         )
+    return what, fx
+
+
+def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _signal(facts)
+    if found is None:
+        return None
+    first, signame, code, where = found
+    # a kill that landed on a progress bar names what was running (tqdm's description before the bar);
+    # "Loading checkpoint shards" is transformers' from_pretrained
+    bar = re.match(r"^\s*([A-Za-z][\w .-]*?):\s*\d+%\|", first.line.text)
+    if bar and not where:
+        where = f"{'from_pretrained: ' if bar[1] == 'Loading checkpoint shards' else 'while: '}{bar[1]}"
+    cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
+    pl = place(facts, first.line)
+    ev = [quote(first.line)]
+    if cascade:
+        ev.append(
+            f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
+        )
+    ev += pl.evidence()
+    silent = first.rule == "launcher_teardown" and signame is None
+    what, fx = _kill_reading(signame, silent, pl.phase, ctx)
     title = (
         (
             "Process killed: the launcher tore down its subprocesses after a silent exit"
