@@ -428,7 +428,11 @@ def test_engine_without_the_weight_update_call(tmp_path):
         "'update_weights_from_tensor'\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "engine_feature" and c.where == "HttpServerEngineAdapter.update_weights_from_tensor"
+    assert c.kind == "engine_feature"
+    assert (
+        c.where
+        == "HttpServerEngineAdapter.update_weights_from_tensor (inference_engine.update_weights_from_tensor)"
+    )
     assert c.phase == "weight_sync" and c.fixes
 
 

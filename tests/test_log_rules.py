@@ -562,7 +562,7 @@ def test_vllm_v1_kv_cache_message_hard_wrapped(tmp_path: Path) -> None:
         "the available memory, the estimated maximum model length is 99840. Try increasing"
     )
     c = diagnose_text(tmp_path, text).causes[0]
-    assert c.kind == "oom_kv_cache" and c.where == "max_model_len"
+    assert c.kind == "oom_kv_cache" and c.where == "vllm max_model_len"
     assert "4.26 GiB" in c.title and "<= 99840" in c.title
     assert c.fixes[0].key.startswith("max_model_len")  # vLLM's own engine argument
 
@@ -589,7 +589,12 @@ def test_bf16_on_a_v100_never_proposes_bf16(tmp_path: Path) -> None:
         "example: --dtype=half."
     )
     c = diagnose_text(tmp_path, text).causes[0]
-    assert c.kind == "dtype_unsupported" and c.where == "compute capability 7.5" and "Tesla T4" in c.title
+    assert (
+        c.kind == "dtype_unsupported"
+        and c.where.startswith("compute capability 7.5")
+        and "Tesla T4" in c.title
+    )
+    assert c.where.endswith("asked by dtype (auto takes the model config's bfloat16)")
     assert c.fixes[0].key.startswith("dtype=half") and "bf16=true" not in fix_text(c).lower()
 
 

@@ -87,16 +87,42 @@ ROLLOUT_MAX_NUM_BATCHED_TOKENS = f"{ROLLOUT}.max_num_batched_tokens"
 ROLLOUT_FREE_CACHE_ENGINE = f"{ROLLOUT}.free_cache_engine=True"
 ROLLOUT_DTYPE_FP16 = f"{ROLLOUT}.dtype=float16"
 ROLLOUT_NAME = f"{ROLLOUT}.name"
+ROLLOUT_ENFORCE_EAGER = f"{ROLLOUT}.enforce_eager=True"
 NCCL_TIMEOUT = f"{ACTOR_ROLLOUT_REF}.nccl_timeout"
 LORA_RANK = f"{MODEL}.lora_rank"
 SAVE_FREQ = "trainer.save_freq"
 RAY_NUM_CPUS = "ray_init.num_cpus"
 MAX_RESPONSE_LENGTH = "data.max_response_length"
+MAX_PROMPT_LENGTH = "data.max_prompt_length"
+TRAIN_BATCH_SIZE = "data.train_batch_size"
+PPO_MINI_BATCH = f"{ACTOR}.ppo_mini_batch_size"
 REWARD_MANAGER = "reward_model.reward_manager"
 CUSTOM_REWARD = "custom_reward_function.path"
 REWARD_MODEL_PATH = "reward_model.model.path"
 REWARD_MODEL_DTYPE_FP32 = "reward_model.model.fsdp_config.model_dtype=fp32"
 N_GPUS = "trainer.n_gpus_per_node"
+# the name a verl worker or utility gives a user key (the trainer copies the key into the worker's config
+# under its own name: ppo_trainer.yaml's rollout.prompt_length is ${data.max_prompt_length}; dp_actor's
+# max_token_len is ppo_max_token_len_per_gpu in the update, log_prob_max_token_len_per_gpu in the log-prob
+# passes): a message or an assertion that names the worker's name blames these keys, in this order
+WORKER_NAMES: dict[str, tuple[str, ...]] = {
+    "max_token_len": (PPO_MAX_TOKEN_LEN, ROLLOUT_LOG_PROB_MAX_TOKEN_LEN, REF_LOG_PROB_MAX_TOKEN_LEN),
+    "prompt_length": (MAX_PROMPT_LENGTH,),
+    "response_length": (MAX_RESPONSE_LENGTH,),
+    "max_prompt_length": (MAX_PROMPT_LENGTH,),
+    "max_response_length": (MAX_RESPONSE_LENGTH,),
+    "train_batch_size": (TRAIN_BATCH_SIZE,),
+    "ppo_mini_batch_size": (PPO_MINI_BATCH,),
+    "ppo_micro_batch_size_per_gpu": (MICRO_BATCH,),
+    "log_prob_micro_batch_size_per_gpu": (ROLLOUT_LOG_PROB_MICRO_BATCH, REF_LOG_PROB_MICRO_BATCH),
+    "ppo_max_token_len_per_gpu": (PPO_MAX_TOKEN_LEN,),
+    "log_prob_max_token_len_per_gpu": (ROLLOUT_LOG_PROB_MAX_TOKEN_LEN, REF_LOG_PROB_MAX_TOKEN_LEN),
+    "max_model_len": (ROLLOUT_MAX_MODEL_LEN,),
+    "max_num_batched_tokens": (ROLLOUT_MAX_NUM_BATCHED_TOKENS,),
+    "max_num_seqs": (ROLLOUT_MAX_NUM_SEQS,),
+    "gpu_memory_utilization": (GPU_MEMORY_UTILIZATION,),
+    "n_gpus_per_node": (N_GPUS,),
+}
 DEVICE_CUDA = "trainer.device=cuda"
 ALLOC_CONF = "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 

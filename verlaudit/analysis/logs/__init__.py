@@ -2,7 +2,8 @@
 timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``engines`` (vLLM /
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
-features and limits, FSDP's dtype flattening), with ``frameworks`` (which framework, the settings it printed,
+features and limits, FSDP's dtype flattening), ``checks`` (a failed configuration check, its keys resolved
+to the ones the user sets), with ``frameworks`` (which framework, the settings it printed,
 the fix vocabulary) and ``phases`` (the phase from frames). Each family has a per-line ``detect`` and a
 pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
+    checks,
     distributed,
     engines,
     exceptions,
@@ -51,6 +53,7 @@ DETECTORS = (
     scaling.detect,
     exceptions.detect,
     libraries.detect,
+    checks.detect,
 )
 FAMILIES = (
     distributed.explain,
@@ -59,6 +62,7 @@ FAMILIES = (
     scaling.explain,
     exceptions.explain,
     libraries.explain,
+    checks.explain,
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes

@@ -69,6 +69,16 @@ _RULES = [
     ("signal", re.compile(
         r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
+    # a launcher reporting a child that ended on a signal: MPI's "mpirun noticed that process rank 1 with PID
+    # 77 on node n1 exited on signal 9 (Killed)", slurm's "srun: error: n1: task 3: Killed"
+    ("launcher_signal", re.compile(
+        r"(?:mpirun|mpiexec|prterun) noticed that process rank (\d+) with PID \d+ on node \S+ exited on signal "
+        r"(\d+) \(([^)]+)\)|srun: error: \S+: tasks? ([\d,-]+): (Killed|Terminated|Segmentation fault|Aborted"
+        r"|Out Of Memory)")),
+    # DeepSpeed's launcher tearing its children down (sigkill_handler runs when a child ended non-zero or the
+    # launcher itself got a signal): with no error of the child's own above it, the child was killed
+    ("launcher_teardown", re.compile(r"sigkill_handler\] Killing subprocess (\d+)|^Killing subprocess (\d+)$")),
+    ("launcher_interrupt", re.compile(r"Main process received (SIG\w+), exiting")),
     # a shell's "Killed", alone, after a script's line number, or after a progress bar (tqdm ends its line
     # without a newline, so the shell's word lands on it: "... 0/2 [00:00<?, ?it/s]Killed")
     ("shell_killed", re.compile(r"^(?:.*\bline \d+:\s+\d+\s+|.*\d+/\d+ \[[^\]]*\]\s*)?Killed(?:\s{2,}\S.*)?\s*$")),
@@ -82,7 +92,8 @@ _RULES = [
 _KEYS = (
     "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
     "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
-    "clients", "Heartbeat", "nccl", "rank",
+    "clients", "Heartbeat", "nccl", "rank", "noticed that process", "srun: error", "subprocess",
+    "Main process received",
 )  # fmt: skip
 
 
@@ -268,6 +279,13 @@ def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
         advice(
             "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1: the flight recorder "
             "dumps each rank's last collectives and their Python stacks"
+        ),
+        None
+        if w.at_init
+        else advice(
+            "if a value computed on one rank decides whether the ranks enter a collective (a metric reduced with "
+            "dist.reduce, which leaves the result on the destination rank only; a rank-0-only save, evaluation or "
+            "early stop): compute it with dist.all_reduce or broadcast it, so every rank takes the same path"
         ),
         ("collective_timeout", "raise it only when one rank legitimately works alone that long"),
     )
@@ -462,14 +480,29 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
         value = int(code) if code else -9 if c137 else -int(num)
         if value < 0:
             table.append(Hit("launcher_exit", h.line, {"groups": (str(value), None)}))
+    for h in facts.of(
+        "launcher_signal"
+    ):  # mpirun's "process rank N ... exited on signal S", srun's "task N: Killed"
+        rank, num, _, tasks, word = h.fields["groups"]
+        value = -int(num) if num else _SRUN_SIGNAL.get(word or "", -9)
+        failed.append(
+            Hit("launcher_signal", h.line, {"groups": (str(value), rank or (tasks or "").split(",")[0])})
+        )
     sig = facts.of("signal", "shell_killed")
-    if not (failed or table or sig):
+    raised = any(kind == "exception" for kind, _ in facts.signals)  # a child's own error explains a teardown
+    teardown = [] if (failed or table or sig or raised) else facts.of("launcher_teardown")
+    if not (failed or table or sig or teardown):
         return None
-    first = (failed or table or sig)[0]
+    first = (failed or table or sig or teardown)[0]
     code = int(first.fields["groups"][0]) if failed or table else None
     where = None
+    if (
+        teardown
+    ):  # DeepSpeed's launcher killing its children: the signal it got, or a child that died silently
+        stop = facts.first("launcher_interrupt")
+        return first, stop.fields["groups"][0] if stop else None, None, _only_rank(facts)
     if failed:
-        where = f"local_rank {first.fields['groups'][1]}"
+        where = f"{'rank' if first.rule == 'launcher_signal' else 'local_rank'} {first.fields['groups'][1]}"
     elif table:  # torch elastic's "Root Cause" table: the rank line sits a few lines above the exit code
         rank_line = next((h for h in facts.of("elastic_rank") if 0 <= first.no - h.no <= 6), None)
         where = f"rank {rank_line.fields['groups'][0]}" if rank_line else None
@@ -480,26 +513,43 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
     return first, signame, code, where
 
 
-def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
-    found = _signal(facts)
-    if found is None:
-        return None
-    first, signame, code, where = found
-    cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
-    pl = place(facts, first.line)
-    ev = [quote(first.line)]
-    if cascade:
-        ev.append(
-            f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
-        )
-    ev += pl.evidence()
-    if signame == "SIGKILL":
+_SRUN_SIGNAL = {
+    "Killed": -9,
+    "Terminated": -15,
+    "Segmentation fault": -11,
+    "Aborted": -6,
+    "Out Of Memory": -9,
+}
+
+
+def _only_rank(facts: LogFacts) -> str | None:
+    """``local_rank 0`` when the launcher's printed world has one process (DeepSpeed's ``dist_world_size=1``,
+    torchrun's ``--nproc_per_node 1`` on one node): the only child it can have killed."""
+    world = facts.settings.get("dist_world_size") or facts.settings.get("world_size")
+    procs, nodes = (
+        facts.settings.get("num_local_procs") or facts.settings.get("nproc_per_node"),
+        facts.settings.get("nnodes"),
+    )
+    return "local_rank 0" if world == "1" or (procs == "1" and nodes in (None, "1")) else None
+
+
+def _kill_reading(signame: str | None, silent: bool, phase: str | None, ctx: LogContext) -> tuple[str, list]:
+    """(what happened, the fixes) of a kill: a SIGKILL or a launcher's teardown after a silent child (the
+    OOM killer first), another signal (who sent it)."""
+    if signame == "SIGKILL" or silent:
         what = (
             "The process was killed with SIGKILL and printed no Python error of its own. The usual sender "
             "is the "
             "kernel's OOM killer (host RAM), then a scheduler's memory limit (slurm, Kubernetes) or a "
             "manual kill."
         )
+        if silent:
+            what = (
+                "The launcher killed its subprocesses: it does so when a child ends with a non-zero status, and "
+                "this child printed no Python error of its own first, so it was most likely killed by a signal. "
+                "The usual sender of a silent kill is the kernel's OOM killer (host RAM), then a scheduler's "
+                "memory limit (slurm, Kubernetes) or a manual kill."
+            )
         fx = fixes(
             ctx,
             advice(
@@ -510,9 +560,9 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 "loading: each process materialises the full checkpoint in host RAM; load once per node or "
                 "shard at load time (low_cpu_mem_usage, meta-device init, ZeRO-3 init)"
             )
-            if pl.phase == "init"
+            if phase == "init"
             else None,
-            ("zero3", "shards the model at load time") if pl.phase == "init" else None,
+            ("zero3", "shards the model at load time") if phase == "init" else None,
             advice("give the node more RAM or run fewer processes per node"),
         )
     else:
@@ -524,8 +574,35 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 "another rank failed) or a crash (SIGSEGV / SIGABRT: a native library)"
             ),
         )
+    return what, fx
+
+
+def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    found = _signal(facts)
+    if found is None:
+        return None
+    first, signame, code, where = found
+    # a kill that landed on a progress bar names what was running (tqdm's description before the bar);
+    # "Loading checkpoint shards" is transformers' from_pretrained
+    bar = re.match(r"^\s*([A-Za-z][\w .-]*?):\s*\d+%\|", first.line.text)
+    if bar and not where:
+        where = f"{'from_pretrained: ' if bar[1] == 'Loading checkpoint shards' else 'while: '}{bar[1]}"
+    cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
+    pl = place(facts, first.line)
+    ev = [quote(first.line)]
+    if cascade:
+        ev.append(
+            f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
+        )
+    ev += pl.evidence()
+    silent = first.rule == "launcher_teardown" and signame is None
+    what, fx = _kill_reading(signame, silent, pl.phase, ctx)
     title = (
-        f"Process killed by {signame or 'a signal'}"
+        (
+            "Process killed: the launcher tore down its subprocesses after a silent exit"
+            if silent
+            else f"Process killed by {signame or 'a signal'}"
+        )
         + (f" ({where})" if where else "")
         + (f" during {pl.phase}" if pl.phase else "")
     )
@@ -544,6 +621,24 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
         data={"signal": signame, "exitcode": code},
         unknown=["who sent the signal: a log cannot show it (the kernel log or the scheduler can)"],
     )
+
+
+def _native_crash(facts: LogFacts, near: int) -> tuple[str, str, LogLine] | None:
+    """(the Ray process, the signal, the line) of a native crash a Ray worker printed itself (abseil's
+    ``*** SIGSEGV received at ...``, faulthandler's ``Fatal Python error: Segmentation fault``) within a few
+    dozen lines of an actor's death: the worker that died, and how."""
+    for kind, line in facts.signals:
+        if (
+            kind != "kill"
+            or not line.source
+            or line.source in ("raylet", "gcs_server")
+            or abs(line.no - near) > 40
+        ):
+            continue
+        m = re.search(r"\*\*\* (SIG[A-Z]+) received|Fatal Python error: ([\w ]+)", line.text)
+        if m:
+            return line.source, m[1] or m[2].strip(), line
+    return None
 
 
 def _dead_actor(facts: LogFacts) -> dict[str, str]:
@@ -572,8 +667,13 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     exit_ = facts.first("worker_exit")
     task = tasks[0].fields["groups"][1] if tasks else None
     pl = place(facts, first.line)
+    crash = _native_crash(facts, first.no)
     where_parts = [task, name or fields.get("name"), f"pid {fields['pid']}" if "pid" in fields else None]
-    where = " / ".join(p for p in where_parts if p) or pl.culprit(frame=False)
+    where = (
+        " / ".join(p for p in where_parts if p)
+        or (f"{crash[0]} ({crash[1]})" if crash else None)
+        or pl.culprit(frame=False)
+    )
     ev = [quote(first.line)] + ([quote(exit_.line, 240)] if exit_ else []) + pl.evidence()
     if name:
         cls, pid = fields.get("class_name", "?"), fields.get("pid", "?")
@@ -590,8 +690,16 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
             else "."
         )
     )
+    if crash:
+        what += (
+            f" Its process ({crash[0]}) reported a native crash ({crash[1]}) of its own: a crash in native code "
+            "(a library's C++ / CUDA code, a Ray core bug), not the OOM killer."
+        )
+        ev.append(quote(crash[2]))
     during = pl.phase if not pl.phase_why or pl.phase_why.startswith("activity") else pl.phase_why
     title = "Ray actor died" + (f": {name or fields['name']}" if fields.get("name") else "")
+    if crash and not fields.get("name"):
+        title += f": {crash[0]} crashed with {crash[1]}"
     title += f" during {during}" if pl.phase else ""
     fx = fixes(
         ctx,

@@ -38,6 +38,11 @@ _RULES = [
     ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
     ("weight_sync_failed", re.compile(r"Error in ([\w.]*update_weights\w*): (.+)|Worker failed to update "
                                       r"weights")),
+    # a parameter a weight load names beside a shape: a debug print's "Weight name X", PyTorch's "size
+    # mismatch for X: copying a param with shape ...", a loader's "param X ... shape"
+    ("weight_named", re.compile(r"\bWeight name:? '?(?P<n>[\w.]+\w)'?|size mismatch for (?P<m>[\w.]+\w): copying a "
+                                r"param with shape|\bparam(?:eter)? '?(?P<p>[\w.]+\.\w*(?:weight|bias))'? (?:has )?"
+                                r"(?:shape|size)")),
 ]  # fmt: skip
 _KEYS = (
     "f16",
@@ -58,6 +63,9 @@ _KEYS = (
     "no module or parameter",
     "update weights",
     "update_weights",
+    "Weight name",
+    "size mismatch for",
+    "param",
 )
 # frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
 # vLLM's loaders)
@@ -125,13 +133,55 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
-        where=(f"compute capability {cc}" if cc else "bf16") + (f" ({at})" if (at := site(pl.tb)) else ""),
+        where=(f"compute capability {cc}" if cc else "bf16")
+        + (f" ({at})" if (at := site(pl.tb)) else "")
+        + (f", asked by {asked}" if (asked := _bf16_setting(ctx)) else ""),
         phase=pl.phase or "init",
         rank=pl.rank,
         line=h.no,
         score=45.0,
         data={"gpu": gpu, "compute_capability": cc},
     )
+
+
+# the trainer's update call into the engine (a plain model load at start-up runs load_weights too)
+_UPDATE = re.compile(
+    r"update_params|update_weights?\w*|sync_weights|broadcast_to_vllm|update_named_param|_move_model_to_vllm|refit"
+    r"|sharding_manager|load_weights_from_\w+"
+)
+
+
+def update_frames(tb) -> bool:
+    """Whether a traceback runs the trainer's weight update into the engine (not a start-up model load)."""
+    return bool(tb and tb.frames) and bool(
+        _UPDATE.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames))
+    )
+
+
+# the setting that asks each framework for bf16 (where the log prints none of its own)
+_BF16_SETTING = {
+    "accelerate": "mixed_precision=bf16",
+    "hf-trainer": "TrainingArguments.bf16=True",
+    "trl": "TrainingArguments.bf16=True",
+    "deepspeed": "bf16.enabled=true",
+    "vllm": "dtype (auto takes the model config's bfloat16)",
+    "sglang": "--dtype (auto takes the model config's bfloat16)",
+}
+
+
+def _bf16_setting(ctx: LogContext) -> str | None:
+    """The setting that asked for bf16: one the log printed with a bf16 value, else the framework's own."""
+    for key, value in ctx.settings.items():
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in (
+            "mixed_precision",
+            "dtype",
+            "torch_dtype",
+            "bf16",
+            "param_dtype",
+        ) and value.lower().replace("torch.", "") in ("bf16", "bfloat16", "true"):
+            return f"{key}={value}"
+    return _BF16_SETTING.get(ctx.framework or "")
 
 
 def _sync_frames(tb) -> bool:
@@ -150,6 +200,9 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
         if _sync_frames(tb) and re.match(
             r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError)\b", exc
         ):
+            return tb.exc
+        # an engine parameter without what the loader reads, under the trainer's update call
+        if update_frames(tb) and re.match(r"(?:\w+\.)*(AttributeError|TypeError)\b", exc):
             return tb.exc
     for h in facts.of("exception_line"):
         if h.fields.get("type", "").endswith("KeyError") and any(
@@ -170,6 +223,24 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
     if failed and failed.fields["groups"][0]:
         method, msg = failed.fields["groups"]
         return failed.line, method, f"Weight sync failed in {method}: {msg.strip()[:160]}", failed
+    # the engine's worker failing a weight-update method it was asked to run; the parameter a line beside it
+    # names (with its shape) is the one that did not fit
+    method = next((h for h in facts.of("engine_method_error") if _UPDATE.fullmatch(h.fields["method"])), None)
+    if method is not None:
+        near = [w for w in facts.of("weight_named") if abs(w.no - method.no) <= 12]
+        if near:
+            w = min(near, key=lambda x: abs(x.no - method.no))
+            name = next(v for v in w.fields["groups"] if v)
+            shapes = re.findall(r"torch\.Size\(\[([\d, ]+)\]\)", w.line.text)
+            shown = f" (shapes [{shapes[0]}] and [{shapes[1]}])" if len(shapes) >= 2 else ""
+            title = f"Weight sync failed in {method.fields['method']}: {name} does not fit the engine's parameter{shown}"
+            return w.line, name, title, method
+        return (
+            method.line,
+            method.fields["method"],
+            f"Weight sync failed in {method.fields['method']}",
+            method,
+        )
     err = _sync_error(facts)
     if err is not None:
         m = re.search(r"KeyError: '([^']+)'", err.text)

@@ -27,6 +27,10 @@ COMPILE = re.compile(
     r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
     r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
 )
+_DYNAMO_SET = re.compile(r"^\s*((?:torch\.)?_dynamo\.config\.\w+\s*=\s*\S+)\s*$")
+# a Dynamo config the message itself points at ("... by adding logging methods to config.ignore_logger_methods")
+_DYNAMO_NAMED = re.compile(r"(?<![\w.])(?:torch\._dynamo\.)?config\.(\w+)")
+_ATEN = re.compile(r"\baten\.\w+(?:\.(?:default|Tensor|Scalar|int|out|\w+_\w+))?")
 _IMPORT = [
     ("missing", re.compile(r"No module named '([\w.]+)'")),
     ("cannot_import", re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")),
@@ -51,7 +55,7 @@ UNKNOWN_MODULE = (
 _HAS = hints(
     "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
     "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
-    "batch related",
+    "batch related", "_dynamo.config",
 )  # fmt: skip
 _DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
 _BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
@@ -79,6 +83,10 @@ def detect(line: LogLine) -> list[Hit]:
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=1))
+    if "_dynamo.config." in text and (
+        mc := _DYNAMO_SET.match(text)
+    ):  # the fallback Dynamo prints under its error
+        out.append(Hit("dynamo_config_set", line, {"set": mc[1]}))
     if not _HAS(text):
         return out
     for rule, pat in (
@@ -87,7 +95,14 @@ def detect(line: LogLine) -> list[Hit]:
     ):
         mm = pat.search(text)
         if mm:
-            out.append(Hit(rule, line, {"groups": mm.groups(), "match": mm[0]}))
+            out.append(
+                Hit(
+                    rule,
+                    line,
+                    {"groups": mm.groups(), "match": mm[0]},
+                    want=2 if rule == "compile_error" else 0,
+                )
+            )
     for rule, pat in _IMPORT + _CONFIG:
         mm = pat.search(text)
         if mm and rule == "shared_lib" and re.search(r"\bNCCL (?:INFO|WARN)\b", text):
@@ -317,7 +332,15 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h is None:
         return None
     pl = place(facts, h.line)
-    op = re.search(r"\baten\.\w+", h.line.text)
+    said = h.text()  # the error with the lines under it (Inductor prints the failing op's message there)
+    op = _ATEN.search(said)
+    advised = [
+        advice(f"the message's own advice: torch._dynamo.config.{n}, set as the message says")
+        for n in dict.fromkeys(_DYNAMO_NAMED.findall(said))
+    ] + [
+        advice(f"the message's own advice: {x.fields['set']} (falls back to eager where Dynamo fails)")
+        for x in facts.of("dynamo_config_set")[:1]
+    ]
     decode = any(
         "rollout.py" in f.path or "_decode_forward" in f.func for tb in facts.tracebacks for f in tb.frames
     )
@@ -350,6 +373,7 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx += [layer_fix] if verlish else [trace]
     else:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
+    fx = advised + fx
     return Cause(
         "error",
         "compile_error",

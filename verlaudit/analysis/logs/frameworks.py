@@ -228,6 +228,12 @@ _SPELLING: dict[str, dict[str, str]] = {
         "openrlhf": "--generate_max_len",
         "nemo-rl": "policy.max_total_sequence_length",
     },
+    "enforce_eager": {
+        "verl": V.ROLLOUT_ENFORCE_EAGER,
+        "trl": "GRPOConfig.vllm_enforce_eager=True",
+        "openrlhf": "--enforce_eager",
+        "vllm": "enforce_eager=True (--enforce-eager)",
+    },
     "sleep_mode": {
         "verl": V.ROLLOUT_FREE_CACHE_ENGINE,
         "trl": "GRPOConfig.vllm_enable_sleep_mode=True",
@@ -293,6 +299,7 @@ _PLAIN = {
     "rollout_memory": "the engine's gpu_memory_utilization",
     "max_model_len": "the engine's max_model_len",
     "max_num_seqs": "the engine's max_num_seqs",
+    "enforce_eager": "the engine's enforce_eager=True",
     "response_length": "the maximum response length",
     "fp16_instead_of_bf16": "fp16 (or fp32) instead of bf16",
     "bf16_instead_of_fp16": "bf16 mixed precision instead of fp16",

@@ -26,6 +26,7 @@ import re
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs.engines import update_frames
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
 from verlaudit.analysis.logs.lines import LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
@@ -38,7 +39,7 @@ _API = [
     ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
-    ("object_attr", re.compile(r"AttributeError: '(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
+    ("object_attr", re.compile(r"(?:AttributeError: |^)'(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
     # transformers' require_version / dependency_versions_check, and pip's resolver
     ("required_version", re.compile(r"(?P<arg>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^ ]*) is required for [^,]*, but found "
                                     r"(?P<mod>[A-Za-z][\w.-]*)==(?P<found>[\w.+-]+)")),
@@ -83,6 +84,8 @@ _ENGINE_METHODS = re.compile(
     r"sleep|wake_up|reset_prefix_cache|release_memory_occupation|resume_memory_occupation|"
     r"flush_cache|get_weights_by_name|init_weight_update_group|add_lora|generate\w*)$"
 )
+# what vLLM's V0 LLMEngine exposes and the V1 engine does not (the trainer reaches into the workers through it)
+_V0_ONLY = frozenset({"model_executor", "driver_worker"})
 _BUILTIN = frozenset({"NoneType", "str", "list", "dict", "int", "float", "tuple", "bool", "bytes", "set"})
 # the package that defines a class or function a message names (the callee of a version mismatch)
 # (first match wins: peft's LoraConfig and vLLM's config classes before transformers' catch-all *Config)
@@ -174,10 +177,14 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("unexpected_kwarg", "missing_arg", "module_attr", "object_attr")
     while h is not None and h.rule == "object_attr":
         cls, attr = h.fields["cls"], h.fields["arg"]
-        if _ENGINE_CLASS.search(cls) and (_ENGINE_METHODS.match(attr) or "weight" in attr):
+        if _ENGINE_CLASS.search(cls) and (
+            _ENGINE_METHODS.match(attr) or "weight" in attr or _engine_owned(cls, facts, h)
+        ):
             return _engine_feature(facts, ctx, h)
-        if _ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, [])):
+        under_update = update_frames(facts.traceback_near(h.no, h.line.rank))
+        if not under_update and (_ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, []))):
             break  # a library's object lacks what its caller expects: a version mismatch, read below
+        # (under the trainer's weight update into the engine it is the weight sync's failure: engines)
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
     if h is None:
@@ -221,7 +228,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
                    "acceptable (the installed release removed or renamed it)") if h.rule == "object_attr" else None,
         ),
         unknown=["which versions are installed: run `pip list | grep -i -E '" + "|".join(pair or ["torch"]) + "'`"],
-        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})",
+        where=f"{where} ({name}{'' if h.rule in ('module_attr', 'object_attr') else f': {arg}'})"
+        + (f", called from {at}" if (at := _frame_of(pl.tb, caller)) else ""),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -259,12 +267,55 @@ def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     )  # fmt: skip
 
 
+def _frame_of(tb: Traceback | None, pkg: str | None) -> str | None:
+    """``trl/trainer/sft_trainer.py __init__``: the innermost frame of package ``pkg`` (the caller's line
+    that made the call the installed callee does not take)."""
+    for f in reversed(tb.frames if tb and pkg else []):
+        if package_of(f.path) == pkg and f"/{pkg}/" in f.path:
+            return f"{pkg}/{f.path.rsplit(f'/{pkg}/', 1)[-1]} {f.func}"
+    return None
+
+
+def _engine_owned(cls: str, facts: LogFacts, h: Hit) -> bool:
+    """Whether an engine-like class (``LLMEngine``, a ``Worker``) without an attribute is the inference
+    engine's own: vLLM / SGLang define it, or the innermost library frame is the engine's: the engine (its
+    version, its V0 / V1 mode, its backend) lacks what the caller reaches for."""
+    if owner(cls, []) in ("vllm", "sglang"):
+        return True
+    tb = facts.traceback_near(h.no, h.line.rank)
+    libs = _libraries(tb)
+    attr = re.escape(h.fields["arg"])
+    reads = [f.code for f in (tb.frames if tb else []) if f.code and re.search(rf"\.{attr}\b", f.code)]
+    # the caller's line reaches the attribute through the engine's handle (`self.llm.llm_engine.workers[0].model`)
+    return (bool(libs) and libs[0] in ("vllm", "sglang")) or any(
+        re.search(r"\bllm_engine\b|\bvllm\b|\bsglang\b", code) for code in reads
+    )
+
+
+def _reached(tb: Traceback | None, attr: str) -> tuple[str | None, str | None]:
+    """(the attribute chain a frame's source line reads to reach ``attr``: ``llm_engine.model_executor``;
+    the innermost library frame it is read in: ``vllm/entrypoints/llm.py collective_rpc``)."""
+    chain = None
+    for f in reversed(tb.frames if tb else []):
+        m = re.search(rf"(\w+)\.{re.escape(attr)}\b", f.code or "")
+        if m:
+            chain = f"{m[1]}.{attr}" if m[1] != "self" else attr
+            break
+    lib = next((f for f in reversed(tb.frames if tb else []) if f.library and package_of(f.path)), None)
+    at = None
+    if lib is not None:
+        pkg = package_of(lib.path)
+        at = f"{pkg}/{lib.path.rsplit(f'/{pkg}/', 1)[-1]} {lib.func}" if f"/{pkg}/" in lib.path else lib.func
+    return chain, at
+
+
 def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     cls, attr = h.fields["cls"], h.fields["arg"]
     pl = place(facts, h.line)
     libs = _libraries(pl.tb)
+    chain, at = _reached(pl.tb, attr)
     low = (cls + " " + " ".join(libs)).lower()
-    engine = "sglang" if "sglang" in low else "vllm" if "vllm" in low else None
+    engine = "sglang" if "sglang" in low else "vllm" if "vllm" in low else owner(cls, [])
     weight = "weight" in attr or attr in ("load_weights", "init_weights_update_group", "update_named_param")
     verl = ctx.framework in (None, "verl")
     return Cause(
@@ -282,8 +333,12 @@ def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
                 f"{engine or 'engine'} version, or the rollout engine / mode its docs pair with this trainer"),
             advice(f"upgrade or pin {engine or 'the engine'} to the release that provides {cls}.{attr} (the "
                    "framework's requirements name it)"),
+            *([advice(f"vLLM moved its workers: {cls}.driver_worker became model_executor.driver_worker (0.4), and "
+                      "the V1 engine (the default from 0.8) has no model_executor at all: set VLLM_USE_V1=0 where the "
+                      "installed vLLM still ships the V0 engine, or reach the workers through LLM.collective_rpc")]
+              if engine == "vllm" and attr in _V0_ONLY else []),
         ],
-        where=f"{cls}.{attr}",
+        where=f"{cls}.{attr}" + (f" ({', '.join(x for x in (chain, at and f'read in {at}') if x)})" if chain or at else ""),
         phase="weight_sync" if weight else pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -343,7 +398,8 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
     key = (
         "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
     )
-    shown = key
+    # SGLang's limit is its context_length (--context-length), vLLM's max_model_len: the engine's own key
+    shown = "context_length" if setting == "context_length" else key
     if setting == "prompt_limit":  # vLLM's limit is min(max_model_len, max_num_batched_tokens): which one?
         key, shown = _binding_limit(facts, f.get("m"))
     failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(

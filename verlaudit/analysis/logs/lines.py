@@ -167,7 +167,9 @@ _EXIT = re.compile(
 )
 _KILL = re.compile(
     r"^Killed\s*$|\d+/\d+ \[[^\]]*\]\s*Killed\s*$|Signal \d+ \(SIG\w+\) received|\bSIGKILL\b|Segmentation fault|core dumped|"
-    r"terminate called after throwing"
+    r"terminate called after throwing|Killing subprocess \d+|exited on signal \d+|srun: error: \S+: tasks? [\d,-]+: "
+    # a native crash's own report: abseil's failure-signal handler (Ray, JAX), Python's faulthandler
+    r"|\*\*\* SIG[A-Z]+ received at\b|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
@@ -177,7 +179,19 @@ _HANG = re.compile(
 )
 
 
-_KILL_HINTS = hints("Killed", "Signal", "SIGKILL", "Segmentation", "core dumped", "terminate called")
+_KILL_HINTS = hints(
+    "Killed",
+    "Signal",
+    "SIGKILL",
+    "Segmentation",
+    "core dumped",
+    "terminate called",
+    "Killing",
+    "on signal",
+    "srun",
+    "received at",
+    "Fatal Python error",
+)
 _HANG_HINTS = hints(
     "atchdog", "Timeout at", "Timed out", "wait timeout", "Heartbeat", "DistStoreError", "Rendezvous"
 )

@@ -94,6 +94,12 @@ _KV = [
                                   r"than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")),
     ("kv_sglang", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")),
     ("kv_blocks", re.compile(r"# (?:GPU|cuda) blocks: (\d+)")),
+    # the engine's own KV-cache capacity at start, non-positive: nothing is left for the cache after the
+    # weights (SGLang's "max_total_tokens=N is larger than the profiled value -561981", vLLM V1's "Available KV
+    # cache memory: -1.2 GiB" / "GPU KV cache size: 0 tokens"); a positive capacity is a healthy line
+    ("kv_nonpositive", re.compile(
+        r"larger than the profiled value (-\d+|0)\b|Available KV cache memory: (-[\d.]+|0(?:\.0+)?) GiB"
+        r"|GPU KV cache size: (-?0|-[\d,]+) tokens|KV Cache is allocated\. #tokens: (0|-\d+)\b")),
 ]  # fmt: skip
 _MONITOR = re.compile(
     r"Memory on the node \([^)]*\)(?: where the \w+ (?:\((?P<detail>[^()]*)\) )?was running)? was "
@@ -112,7 +118,9 @@ _HOST = [
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
 
-_HAS = hints("emory", "MEMORY", "blocks", "KV cache", "max seq len", "oom-kill", "OOM")
+_HAS = hints(
+    "emory", "MEMORY", "blocks", "KV cache", "KV Cache", "max seq len", "oom-kill", "OOM", "profiled value"
+)
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -132,7 +140,7 @@ def detect(line: LogLine) -> list[Hit]:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, {"groups": m.groups()}))
-    if any(h.rule != "kv_blocks" for h in out):
+    if any(h.rule not in ("kv_blocks", "kv_nonpositive") for h in out):
         return out
     oom = None if "memory on the node" in text.lower() else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
@@ -179,10 +187,20 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     ev += pl.evidence()
     if wake and pl.phase != "weight_sync":
         ev.append("phase: weight_sync (sleep-mode wake_up re-maps the engine's memory)")
+    # the device the message names, and the other processes it lists on it (a GPU shared with other jobs)
+    gpu = oom.get("gpu")
+    procs = set(re.findall(r"Process (\d+) has [\d.]+ ?[KMG]i?B memory in use", detailed.line.text))
+    shared = f", shared by {len(procs)} processes" if len(procs) > 1 else ""
+    if len(procs) > 1:
+        what += (
+            f" The message lists {len(procs)} processes holding memory on this GPU: where they are not this job's "
+            "own ranks, another job or test shares the GPU."
+        )
     title = (
         "vLLM sleep-mode wake_up ran out of GPU memory" + (f" in the {allocator[1]}" if allocator else "")
         if wake
-        else f"CUDA out of memory{_PHASE_TITLE.get(phase or '', '')}"
+        else f"CUDA out of memory{f' on GPU {gpu}' if gpu is not None else ''}{shared}"
+        f"{_PHASE_TITLE.get(phase or '', '')}"
     )
     return Cause(
         "error",
@@ -355,7 +373,9 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
 
 
 def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
-    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang")
+    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang") or facts.first(
+        "kv_nonpositive"
+    )
     if hit is not None:
         return [_kv_cause(hit, facts, ctx)]
     blocks = facts.first("kv_blocks")
@@ -413,7 +433,15 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
             "and the "
             "profiled activations, so no KV-cache block fits: raise the budget, or free what else holds "
             "the GPU.",
-            [_RAISE, _TRAINER_OFF, ("max_num_seqs", "a smaller profiling batch leaves more for the cache")],
+            [
+                _RAISE,
+                _TRAINER_OFF,
+                (
+                    "enforce_eager",
+                    "no CUDA-graph capture: the start-up profile then keeps that memory for the cache",
+                ),
+                ("max_num_seqs", "a smaller profiling batch leaves more for the cache"),
+            ],
         )
     if h.rule == "kv_free_memory":
         _, free, total, util, want = g
@@ -429,6 +457,27 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
                 _TRAINER_OFF,
             ],
         )
+    if h.rule == "kv_nonpositive":
+        sglang = _engine_of(h) == "sglang"
+        value = next(v for v in g if v is not None)
+        return (
+            f"{'SGLang' if sglang else 'The engine'}'s KV-cache capacity came out at {value}"
+            f"{' GiB' if 'GiB' in h.line.text else ' tokens'}: nothing is left for the cache after the weights",
+            "--mem-fraction-static" if sglang else "gpu_memory_utilization",
+            "The engine sizes its KV cache from what its memory budget leaves after the weights and the "
+            "profiled activations; here that is zero or negative: the weights (per GPU) take the whole budget, "
+            "so no request can be served. More GPUs per copy of the weights (tensor parallelism), a larger "
+            "budget, or a smaller model / quantised weights leave room for the cache.",
+            (
+                [
+                    Fix(None, None, "raise it: a larger static pool for weights + KV cache",
+                        key="--mem-fraction-static", framework="sglang"),
+                    advice("spread the weights over more GPUs (--tp-size) or serve quantised weights"),
+                ]
+                if sglang
+                else [_RAISE, _TRAINER_OFF, advice("spread the weights over more GPUs (tensor parallelism)")]
+            ),
+        )  # fmt: skip
     if h.rule == "kv_sglang":
         return (
             "SGLang: no memory left for the KV-cache pool",
@@ -441,8 +490,17 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
     return _kv_max_len_title(h), "max_model_len", _MAX_LEN_WHAT, [_LOWER_LEN, _RAISE]
 
 
+def _engine_of(h: Hit) -> str:
+    """The engine a KV-cache line comes from: SGLang's wording (``profiled value``, ``KV Cache is
+    allocated``) or its scheduler's ``[... TP0]`` prefix, else vLLM."""
+    text = h.line.text
+    return "sglang" if "profiled value" in text or "KV Cache is allocated" in text else "vllm"
+
+
 def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
     title, where, what, remedies = _kv_reading(h)
+    if h.rule != "kv_sglang" and not where.startswith("--"):  # the engine whose key it is (vLLM's messages)
+        where = f"{'sglang' if _engine_of(h) == 'sglang' else 'vllm'} {where}"
     pl = place(facts, h.line)
     ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []
     ev.append(quote(h.line))

@@ -132,6 +132,21 @@ class Nonfinite:
             fx = (
                 backward_nan_fixes() if verlish else [Fix(f.suite, None, f.why) for f in backward_nan_fixes()]
             )
+            # a finite loss whose gradient norm is NaN from the first step: the reduction of the gradients, not
+            # the model, is the other maker; DeepSpeed ZeRO-2's overlapped reduction (overlap_comm) is the most
+            # reported one (DeepSpeed issues 5347, 5294, 5242), wherever DeepSpeed can run the backward
+            if ctx.shows("deepspeed") or ctx.framework in _DEEPSPEED_USERS:
+                where = (
+                    where
+                    or "the gradient reduction: deepspeed ZeRO overlap_comm, if DeepSpeed runs the backward"
+                )
+                fx = [
+                    Fix(None, None, "if DeepSpeed ZeRO-2 runs the backward: set zero_optimization.overlap_comm=false "
+                        "(its overlapped bucketed reduction has made NaN / zero gradients in several releases), or "
+                        "upgrade deepspeed, or raise reduce_bucket_size", key="zero_optimization.overlap_comm=false",
+                        framework="deepspeed"),
+                    *fx,
+                ]  # fmt: skip
             return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
                           BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
                           phase="update", line=first_line,
@@ -146,6 +161,10 @@ class Nonfinite:
                            "`verlaudit run` with audit level full for the producer module",
                            "the loss-scale history, unless the framework logged it"])
         ]  # fmt: skip
+
+
+# frameworks whose training runs through DeepSpeed when the user gives it a DeepSpeed config
+_DEEPSPEED_USERS = ("hf-trainer", "trl", "accelerate", "openrlhf", "deepspeed", None)
 
 
 def _nonfinite_fixes(ctx: LogContext, role: str | None) -> list[Fix]:

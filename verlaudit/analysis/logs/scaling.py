@@ -13,7 +13,7 @@ import dataclasses
 import math
 import re
 
-from verlaudit.analysis.causes import Cause
+from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
 from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
@@ -29,7 +29,11 @@ _RULES = [
     ("megatron_skipped", re.compile(r"loss scale: ([\d.e+]+) \|.*number of skipped iterations:\s*(\d+)"
                                     r"|number of skipped iterations:\s*(\d+)")),
     ("unscale_fp16", re.compile(r"Attempting to unscale FP16 gradients\.")),
+    # DeepSpeed's fused / unfused optimizers: the iteration of an overflow
+    ("overflow_iteration", re.compile(r"Grad overflow on iteration (\d+)")),
 ]  # fmt: skip
+DEFAULT_INITIAL_SCALE = 2.0**16
+"""DeepSpeed's and torch's GradScaler's initial loss scale (DeepSpeed's fp16.initial_scale_power 16)."""
 LOW_SCALE = 256.0
 """An overflow at a loss scale this low means unscaled gradient elements above 65504 / 256 ~ 256: the
 gradients themselves are near fp16's range, not the scaler searching down from its initial value."""
@@ -38,7 +42,7 @@ COLLAPSE_SCALE = 16.0
 the scaler is on its way to the minimum-scale abort."""
 
 
-_HAS = hints("verflow", "OVERFLOW", "loss scale", "unscale", "skipped iterations")
+_HAS = hints("verflow", "OVERFLOW", "loss scale", "unscale", "skipped iterations", "Grad overflow")
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -152,7 +156,14 @@ def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:
         if collapse
         else None,
     )
-    at = {"evidence": h.evidence, "phase": "update", "line": h.first.no}
+    where = _scale_setting(facts, ctx, h)
+    if where and where.startswith("fp16.initial_scale_power"):
+        fx.append(
+            Fix(None, None, "the run started from a low loss scale: DeepSpeed's default initial_scale_power is 16 "
+                "(2**16); at a scale this low the overflows are in the gradients themselves",
+                key="fp16.initial_scale_power", framework="deepspeed")
+        )  # fmt: skip
+    at = {"evidence": h.evidence, "phase": "update", "line": h.first.no, "where": where}
     if collapse:
         end = (
             min(x for x in (h.lowest, h.last) if x is not None and not math.isnan(x))
@@ -190,6 +201,23 @@ def _skips(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fixes=fx if h.count > 10 else [],
         **at,
     )
+
+
+def _scale_setting(facts: LogFacts, ctx: LogContext, h: _History) -> str | None:
+    """The DeepSpeed setting behind a low loss scale: ``fp16.initial_scale_power`` when the scale was low
+    from the start (printed below 16, or an overflow at scale S on an iteration too early to have halved
+    down from 2**16), ``fp16.min_loss_scale`` at the minimum-scale abort."""
+    power = ctx.setting("initial_scale_power")
+    if power and power.isdigit() and int(power) < 16:
+        return f"fp16.initial_scale_power ({power})"
+    it = facts.first("overflow_iteration")
+    if it is not None and not math.isnan(h.lowest) and h.lowest > 0:
+        halvings = math.log2(DEFAULT_INITIAL_SCALE / h.lowest)
+        if int(it.fields["groups"][0]) < halvings:  # fewer iterations than halvings from the default
+            return f"fp16.initial_scale_power (a scale of {_fmt(h.lowest)} by iteration {it.fields['groups'][0]})"
+    if h.floor:
+        return "fp16.min_loss_scale (the minimum-scale abort)"
+    return None
 
 
 def _old_gpu(facts: LogFacts) -> bool:
