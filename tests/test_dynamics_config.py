@@ -160,6 +160,8 @@ def test_identical_groups_under_a_narrowing_sampler_name_the_key():
     # what the engine reports sampling with wins over the config
     facts = {**_rollout(), "engine_facts": {"temperature": 0.05, "top_k": 0, "top_p": 1.0}}
     assert DynamicsWatch(GRPO).rollout(facts, step=0, phase="rollout")[0].where == "algo.temperature"
+    greedy = {**_rollout(), "engine_facts": {"temperature": 0.0}}  # an engine that decodes greedily
+    assert DynamicsWatch(GRPO).rollout(greedy, step=0, phase="rollout")[0].observed["algo.temperature"] == 0.0
 
 
 def test_identical_groups_at_normal_sampling_or_diverse_groups_pass():

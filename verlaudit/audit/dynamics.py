@@ -464,9 +464,14 @@ class DynamicsWatch:
     def _narrow_sampling(self, facts: Mapping[str, Any]) -> list[tuple[str, float, str, str, str]]:
         """(suite key, value, why, the value to set, verl's) of each sampling setting that removes diversity."""
         a = self.algo
-        temp = _f(facts.get("temperature")) or _f(a.get("temperature"))
-        top_k = _f(facts.get("top_k")) if facts.get("top_k") is not None else _f(a.get("top_k"))
-        top_p = _f(facts.get("top_p")) or _f(self.rollout_cfg.get("top_p"))
+
+        def seen(key: str, configured: Any) -> float | None:  # what the engine reports, else the config
+            v = _f(facts.get(key))
+            return v if v is not None else _f(configured)
+
+        temp = seen("temperature", a.get("temperature"))
+        top_k = seen("top_k", a.get("top_k"))
+        top_p = seen("top_p", self.rollout_cfg.get("top_p"))
         out = []
         if temp is not None and temp < LOW_TEMPERATURE:
             out.append(("algo.temperature", temp, f"below {LOW_TEMPERATURE:g}: near-greedy", "1.0", "1.0"))

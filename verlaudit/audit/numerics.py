@@ -230,9 +230,10 @@ def underflow_findings(
         expected=f"<= {UPDATE_UNDERFLOW_WARN}",
         message=f"{frac:.0%} of {role} weight updates were lost to {dn(policy.param_dtype)} rounding "
         f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''}; sampled, worst: {worst}): the "
-        f"weights are stored in {dn(policy.param_dtype)} with no fp32 master copy (precision.preset bf16-pure, or a "
-        f"precision.overrides param_dtype), and an update of about {lr_key} {lr if lr else '?'} per element is "
-        f"below half the {dn(policy.param_dtype)} spacing of the weights it is added to",
+        f"weights are stored in {dn(policy.param_dtype)} with no fp32 master copy (precision.preset bf16-pure, "
+        f"a precision.overrides param_dtype or a model.setup cast), and an update of about {lr_key} "
+        f"{lr if lr else '?'} per element is below half the {dn(policy.param_dtype)} spacing of the weights "
+        "it is added to",
         fix="keep fp32 master weights (precision.preset: bf16, i.e. bf16 autocast with fp32 params; verl: "
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32 with bf16 mixed_precision.param_dtype) "
         f"or raise the learning rate ({lr_key})",
