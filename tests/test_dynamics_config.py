@@ -39,9 +39,9 @@ def test_label_smoothing_near_half_cancels_the_preference():
     (f,) = C.setup_findings(_config(DPO, label_smoothing=0.4))
     assert f.kind == K.LABEL_SMOOTHING and f.where == "algo.label_smoothing"
     assert f.observed["gradient_scale"] == pytest.approx(0.2) and "label_smoothing" in f.fix
-    # robust DPO divides by 1 - 2 eps: its gradient grows instead
-    (r,) = C.setup_findings(_config(DPO, dpo_loss="robust", label_smoothing=0.45))
-    assert r.observed["gradient_scale"] == pytest.approx(10.0) and "robust" in r.message
+    assert f.observed["optimal_margin"] == pytest.approx(0.405, abs=1e-3)
+    # robust DPO keeps pushing the margin up (a scaled loss, Adam normalises it): not reported
+    assert C.setup_findings(_config(DPO, dpo_loss="robust", label_smoothing=0.45)) == []
     # the usual cDPO setting, and a loss that does not read it, pass
     assert C.setup_findings(_config(DPO, label_smoothing=0.1)) == []
     assert C.setup_findings(_config(DPO, dpo_loss="ipo", label_smoothing=0.45)) == []

@@ -6,10 +6,11 @@ for the DPO keys verl does not have) in the message and the fix, and the arithme
 setting degenerate in ``observed``:
 
 - ``config/label_smoothing``: DPO's ``label_smoothing`` eps assumes a fraction eps of the preference
-  labels is flipped. cDPO (``sigmoid``) mixes the two directions: at a zero margin its gradient is
-  (1 - 2 eps) of plain DPO's and the loss is minimal at the implicit-reward margin log((1 - eps) / eps),
-  so at eps near 0.5 there is almost no preference to learn; ``robust`` divides by (1 - 2 eps), so its
-  gradient is 1 / (1 - 2 eps) of plain DPO's (a learning rate that many times larger).
+  labels is flipped. cDPO (``sigmoid``) mixes the two directions: the loss is minimal at the
+  implicit-reward margin log((1 - eps) / eps) and at a zero margin its gradient is (1 - 2 eps) of plain
+  DPO's, so at eps near 0.5 there is almost no preference to learn (Adam normalises the gradient's
+  scale, not the optimum's place). ``robust`` divides by (1 - 2 eps) and keeps pushing the margin up:
+  a scaled loss under Adam, not a degenerate one, so it is not reported.
 - ``config/discount``: the outcome score sits on the last response token, so with a discount gamma the
   first token's return holds gamma^(L - 1) of it (L = ``data.response_length``); gamma 0 gives the score
   to the last token only. With GAE, lambda 0 makes every advantage the one-step TD error: the score
@@ -83,40 +84,27 @@ def _estimator_params(name: str | None) -> set[str]:
 
 
 def label_smoothing(algo: Mapping[str, Any]) -> list[Finding]:
-    """``config/label_smoothing`` for a DPO loss that reads eps (``sigmoid``: cDPO, ``robust``)."""
+    """``config/label_smoothing`` for cDPO (``dpo_loss: sigmoid`` with eps)."""
     eps, loss = _num(algo.get("label_smoothing")), str(algo.get("dpo_loss") or "sigmoid")
-    if (
-        algo.get("name") != "dpo"
-        or eps is None
-        or eps < LABEL_SMOOTHING_HIGH
-        or loss not in ("sigmoid", "robust")
-    ):
+    if algo.get("name") != "dpo" or eps is None or eps < LABEL_SMOOTHING_HIGH or loss != "sigmoid":
         return []
     scale = 1.0 - 2.0 * eps
     margin = math.log((1.0 - eps) / eps) if eps < 0.5 else 0.0
-    if loss == "sigmoid":
-        effect = (
-            f"cDPO's two terms nearly cancel: at a zero margin the preference gradient is 1 - 2 x {eps:g} = "
-            f"{scale:.3g} of plain DPO's, and the loss is lowest at an implicit-reward margin of only "
-            f"log((1 - eps) / eps) = {margin:.3g}, past which it pushes the margin back"
-        )
-    else:
-        effect = (
-            f"the robust loss is divided by 1 - 2 x {eps:g} = {scale:.3g}: its gradient is {1 / scale:.3g}x plain "
-            "DPO's, as if the learning rate were that many times larger"
-        )
     return [
         Finding(
             severity="warning",
             kind=K.LABEL_SMOOTHING,
             role="actor",
             where="algo.label_smoothing",
-            message=f"algo.label_smoothing {eps:g} (TRL's DPOConfig.label_smoothing) with dpo_loss {loss} assumes "
-            f"{eps:.0%} of the preference labels are flipped: {effect}",
+            message=f"algo.label_smoothing {eps:g} (TRL's DPOConfig.label_smoothing) with dpo_loss sigmoid (cDPO) "
+            f"assumes {eps:.0%} of the preference labels are flipped, so its two terms nearly cancel: the loss is "
+            f"lowest at an implicit-reward margin of only log((1 - eps) / eps) = {margin:.3g} (plain DPO keeps "
+            "pushing the margin up), past which it pushes the margin back, and at a zero margin the preference "
+            f"gradient is 1 - 2 x {eps:g} = {scale:.3g} of plain DPO's: the policy learns almost no preference",
             observed={
                 "label_smoothing": eps,
                 "dpo_loss": loss,
-                "gradient_scale": round(scale if loss == "sigmoid" else 1 / scale, 4),
+                "gradient_scale": round(scale, 4),
                 "optimal_margin": round(margin, 4),
             },
             expected=f"label_smoothing below {LABEL_SMOOTHING_HIGH:.2g} (0 = plain DPO; 0.1 for noisy labels)",

@@ -149,7 +149,8 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         fresh = producer.step in (None, first_step_of(run)) and producer.phase not in _UPDATE_PHASES
         preset = cfg(run, "precision", "preset")
         title += ": an fp16 overflow (fp16's largest value is 65504)" + (
-            f" before any update, so under precision.preset {preset} the model's own activations exceed fp16's range"
+            f" before any update, so under precision.preset {preset} the activations of the model as loaded and set up "
+            "exceed fp16's range"
             if fresh and preset
             else ""
         )
