@@ -170,3 +170,18 @@ def test_identical_groups_at_normal_sampling_or_diverse_groups_pass():
     assert cold.rollout(_rollout(same=1), step=0, phase="rollout") == []  # most groups still differ
     greedy_baseline = {**_rollout(), "trainer_facts": {"used": False}}  # ReMax's greedy baseline
     assert cold.rollout(greedy_baseline, step=0, phase="rollout") == []
+
+
+def _hot(nll: float, temperature: float, vocab: int = 100):
+    lp = torch.full((8, 6), -nll)
+    return {"response_ids": torch.randint(3, 50, (8, 6)), "response_mask": torch.ones(8, 6), "logprobs": lp,
+            "engine_facts": {"temperature": temperature}, "trainer_facts": {"used": True}}  # fmt: skip
+
+
+def test_a_temperature_that_samples_noise_names_it():
+    # PPO (no groups) at temperature 5: the sampled tokens are as unlikely as a uniform draw over 100
+    (f,) = DynamicsWatch(PPO).rollout(_hot(4.4, 5.0), step=0, phase="rollout", vocab=100)
+    assert f.kind == K.SAMPLING_NOISE and f.where == "algo.temperature" and "temperature=1.0" in f.fix
+    # a peaked policy at that temperature, the same draw at temperature 1 (a random-init model), pass
+    assert DynamicsWatch(PPO).rollout(_hot(0.5, 5.0), step=0, phase="rollout", vocab=100) == []
+    assert DynamicsWatch(GRPO).rollout(_hot(4.5, 1.0), step=0, phase="rollout", vocab=100) == []

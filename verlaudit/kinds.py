@@ -429,6 +429,11 @@ SAMPLING_COLLAPSE = _f(
     "sampling",
     "a group's responses identical under a sampling setting that removes diversity (temperature, top_k)",
 )
+SAMPLING_NOISE = _f(
+    "dynamics/sampling_noise",
+    "sampling",
+    "a sampling temperature so high that the responses are near-uniform noise",
+)
 REJECTION_SATURATED = _f(
     "dynamics/rejection_saturated",
     "rejection",

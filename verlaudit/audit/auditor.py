@@ -306,7 +306,7 @@ class Auditor(Observer):
         self.checks.boundary("rollout", "rollout_logprobs", payload["logprobs"], **where)
         self.mismatch.rollout(payload)
         if self.dynamics is not None:
-            self.findings.extend(self.dynamics.rollout(payload, **where))
+            self.findings.extend(self.dynamics.rollout(payload, vocab=self.model_vocab_size, **where))
 
     @_uncounted
     def on_weight_sync(self, **record: Any) -> None:  # Observer.on_weight_sync's keywords

@@ -31,7 +31,9 @@ and the suite key (and verl's) that set it:
 - ``dynamics/sampling_collapse`` (`DynamicsWatch.rollout`, on the rollout's ids): the responses of most
   groups are token-identical while a sampling key narrows the distribution (``algo.temperature`` below
   `LOW_TEMPERATURE`, ``algo.top_k`` 1-2, ``rollout.top_p`` below `LOW_TOP_P`): the sampling setting, not
-  the reward, is why the group-relative advantages are zero.
+  the reward, is why the group-relative advantages are zero. ``dynamics/sampling_noise``: the
+  opposite, a temperature of `HIGH_TEMPERATURE` or more whose sampled tokens' mean -log p reaches
+  `NOISE_SHARE` of log(vocab): the responses are near-uniform noise.
 
 Thresholds come from healthy tiny runs (the clean controls of ``benchmarks/blind_faults``: on-policy,
 clip fraction 0; the shipped ``suites/tiny_cpu.yaml``, 4 optimizer steps a batch at lr 2e-3 for 40 steps:
@@ -97,6 +99,13 @@ check (at temperature 1 the tiny SFT'd policy repeats itself in some groups, nev
 set to narrow it)."""
 LOW_TEMPERATURE = 0.3
 """A sampling temperature below which the distribution is near-greedy (verl's GRPO recipes use 0.6-1.2)."""
+HIGH_TEMPERATURE = 1.5
+"""A sampling temperature from which the rollout distribution may be flattened to noise (verl's recipes
+stay at or below 1.2); checked against the sampled tokens' log-probs (`NOISE_SHARE`)."""
+NOISE_SHARE = 0.7
+"""The sampled tokens' mean -log p over log(vocab) from which the sampling is near-uniform: a trained
+policy at temperature 1 samples far below it (the tiny SFT'd model: under 0.05); only read at a
+temperature of `HIGH_TEMPERATURE` or more, since a random-init model at temperature 1 is near 1 too."""
 LOW_TOP_P = 0.3
 """A top_p below which nucleus sampling keeps the argmax token alone at a peaked position."""
 
@@ -412,12 +421,64 @@ class DynamicsWatch:
             f"rollout_correction.rollout_is: token ({V.correction_override('rollout_is', 'token')})",
         )
 
-    def rollout(self, payload: Mapping[str, Any], *, step: int | None, phase: str | None) -> list[Finding]:
-        """``dynamics/sampling_collapse`` from a rollout's ids (`Auditor.on_rollout`): once per run."""
+    def rollout(
+        self, payload: Mapping[str, Any], *, step: int | None, phase: str | None, vocab: int | None = None
+    ) -> list[Finding]:
+        """``dynamics/sampling_collapse`` from a rollout's ids and ``dynamics/sampling_noise`` from its
+        log-probs (`Auditor.on_rollout`; ``vocab``: the actor's output rows): each once per run."""
+        if (payload.get("trainer_facts") or {}).get("used") is False:
+            return []  # ReMax's greedy baseline: no loss reads it
+        return [
+            *self._noise(payload, vocab, step=step, phase=phase),
+            *self._collapse(payload, step=step, phase=phase),
+        ]
+
+    def _noise(self, payload: Mapping[str, Any], vocab: int | None, *, step, phase) -> list[Finding]:
+        """Sampling so hot that the responses are drawn from a near-uniform distribution."""
+        if K.SAMPLING_NOISE in self.reported or not vocab or vocab < 2:
+            return []
+        facts = payload.get("engine_facts") or {}
+        temp = _f(facts.get("temperature"))
+        temp = temp if temp is not None else _f(self.algo.get("temperature"))
+        lp, mask = payload.get("logprobs"), payload.get("response_mask")
+        if temp is None or temp < HIGH_TEMPERATURE or not isinstance(lp, torch.Tensor) or not lp.numel():
+            return []
+        m = mask.float() if isinstance(mask, torch.Tensor) and mask.shape == lp.shape else torch.ones_like(lp)
+        if not float(m.sum()):
+            return []
+        nats = float(-(lp.float() * m).sum() / m.sum())
+        share = nats / math.log(vocab)
+        if not math.isfinite(share) or share < NOISE_SHARE:
+            return []
+        self.reported.add(K.SAMPLING_NOISE)
+        return [
+            Finding(
+                severity="warning",
+                kind=K.SAMPLING_NOISE,
+                role="actor",
+                where="algo.temperature",
+                step=step,
+                phase=phase,
+                message=f"the rollout samples at algo.temperature {temp:g} ({V.TEMPERATURE}): the sampled tokens' "
+                f"mean -log p is {nats:.3g} nats, {share:.0%} of a uniform choice over the {vocab} tokens "
+                f"(log {vocab} = {math.log(vocab):.3g}): the responses are noise, whatever the policy learned, so "
+                "the rewards and the advantages carry no signal about it",
+                observed={
+                    "temperature": temp,
+                    "mean_nll": round(nats, 4),
+                    "uniform_nll": round(math.log(vocab), 4),
+                },
+                expected=f"temperature about 1 (sampled tokens well below {NOISE_SHARE:.0%} of log(vocab))",
+                fix=f"set algo.temperature: 1.0 (verl: {V.TEMPERATURE}=1.0)",
+            )
+        ]
+
+    def _collapse(self, payload: Mapping[str, Any], *, step, phase) -> list[Finding]:
+        """A group's responses token-identical under a narrowing sampler."""
         if K.SAMPLING_COLLAPSE in self.reported or self.name != "grpo":
             return []
         g = a_int(self.algo, "group_size") or 0
-        if g < 2 or (payload.get("trainer_facts") or {}).get("used") is False:
+        if g < 2:
             return []
         narrow = self._narrow_sampling(payload.get("engine_facts") or {})
         if not narrow:
