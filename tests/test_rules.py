@@ -176,6 +176,10 @@ ROOTS = {
                                                             where="rollout:hf-generate.sampling.truncation",
                                                             severity="warning", observed="top_k 0, top_p 0.5",
                                                             expected="top_k 0, top_p 1")]),
+    # dyn24: the sampling setting that made a group's responses identical
+    "sampling": lambda st, ph, role: Records([finding(K.SAMPLING_COLLAPSE, step=st, phase=ph, role=role,
+                                                      where="algo.temperature", severity="warning",
+                                                      observed={"identical_groups": 4, "groups": 4})]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role

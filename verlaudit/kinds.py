@@ -74,6 +74,14 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "stale_updates": "so many optimizer steps on one rollout batch that the updates are off-policy",
         "kl_penalty": "a KL coefficient so large that the KL term, not the task, drives the update",
         "group_size": "groups of one response under a group-baseline estimator: no baseline to compare",
+        # dyn24: settings that make a loss or an update degenerate (config_checks, dynamics)
+        "label_smoothing": "a DPO label smoothing near 0.5: the preference terms cancel (or robust's gradient explodes)",
+        "discount": "a discount (gamma, GAE lambda) that keeps an outcome score from the early tokens",
+        "kl_controller": "an adaptive KL controller whose coefficient grows geometrically or turns negative",
+        "weight_decay": "a weight decay that shrinks every weight each optimizer step, whatever the loss",
+        "entropy_bonus": "an entropy coefficient whose term outweighs the advantages: the policy goes uniform",
+        "sampling": "a sampling setting (temperature, top_k, top_p) that makes a group's responses identical",
+        "rejection": "a rollout rejection threshold that masks most tokens out of the policy gradient",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -397,6 +405,39 @@ NO_GROUP_BASELINE = _f(
     "dynamics/no_group_baseline",
     "group_size",
     "a group-baseline estimator with one response per prompt: no comparison between responses",
+)
+# dyn24: configuration and dynamics as causes (verlaudit/audit/config_checks.py, dynamics.py)
+LABEL_SMOOTHING = _f(
+    "config/label_smoothing",
+    "label_smoothing",
+    "DPO label smoothing near 0.5: the preference gradient cancels",
+)
+DISCOUNT = _f(
+    "config/discount", "discount", "a gamma or GAE lambda that cuts the outcome score from early tokens"
+)
+KL_CONTROLLER = _f(
+    "dynamics/kl_controller",
+    "kl_controller",
+    "an adaptive KL controller stepping by half its coefficient or more: geometric growth or a sign flip",
+)
+WEIGHT_DECAY = _f("config/weight_decay", "weight_decay", "lr x weight_decay shrinks every weight each step")
+ENTROPY_DOMINATES = _f(
+    "dynamics/entropy_dominates", "entropy_bonus", "the entropy bonus outweighs the advantages per token"
+)
+SAMPLING_COLLAPSE = _f(
+    "dynamics/sampling_collapse",
+    "sampling",
+    "a group's responses identical under a sampling setting that removes diversity (temperature, top_k)",
+)
+SAMPLING_NOISE = _f(
+    "dynamics/sampling_noise",
+    "sampling",
+    "a sampling temperature so high that the responses are near-uniform noise",
+)
+REJECTION_SATURATED = _f(
+    "dynamics/rejection_saturated",
+    "rejection",
+    "rollout rejection (rollout_rs) masks most tokens out of the policy gradient",
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 

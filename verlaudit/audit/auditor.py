@@ -31,6 +31,7 @@ from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy
 from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
+    config_checks,
     dtype_checks,
     dynamics,
     errors,
@@ -169,7 +170,15 @@ class Auditor(Observer):
         self.findings.extend(
             setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
         )
-        self.dynamics = dynamics.DynamicsWatch(algo)
+        # settings that make a loss or an update degenerate by construction, named before the first step
+        configured = config_checks.setup_findings(config or {})
+        self.findings.extend(configured)
+        self.dynamics = dynamics.DynamicsWatch(
+            algo,
+            rollout=(config or {}).get("rollout"),
+            correction=(config or {}).get("rollout_correction"),
+            reported={f.kind for f in configured},
+        )
         self._model_state(step=None)
         self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
         if "actor" in self.models:
@@ -296,6 +305,8 @@ class Auditor(Observer):
         self.findings.extend(boundaries.check_rollout(**payload, **vocab, **where))
         self.checks.boundary("rollout", "rollout_logprobs", payload["logprobs"], **where)
         self.mismatch.rollout(payload)
+        if self.dynamics is not None:
+            self.findings.extend(self.dynamics.rollout(payload, vocab=self.model_vocab_size, **where))
 
     @_uncounted
     def on_weight_sync(self, **record: Any) -> None:  # Observer.on_weight_sync's keywords

@@ -223,15 +223,20 @@ def underflow_findings(
         return []
     top = sorted(per_module.items(), key=lambda kv: -kv[1])[:5]
     worst = ", ".join(f"{m} {v:.0%}" for m, v in top[:3])
+    lr_key = "algo.critic_lr" if role == "critic" else "algo.lr"
     return [Finding(
         severity="warning", kind=K.UPDATE_UNDERFLOW, role=role, where=top[0][0] if top else None,
         step=step, phase=phase, observed={"fraction": round(frac, 4), "top_modules": {m: round(v, 4) for m, v in top}},
         expected=f"<= {UPDATE_UNDERFLOW_WARN}",
         message=f"{frac:.0%} of {role} weight updates were lost to {dn(policy.param_dtype)} rounding "
-        f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''}; sampled, worst: {worst})",
+        f"(unchanged despite a non-zero gradient{f', lr={lr:g}' if lr else ''}; sampled, worst: {worst}): the "
+        f"weights are stored in {dn(policy.param_dtype)} with no fp32 master copy (precision.preset bf16-pure, "
+        f"a precision.overrides param_dtype or a model.setup cast), and an update of about {lr_key} "
+        f"{lr if lr else '?'} per element is below half the {dn(policy.param_dtype)} spacing of the weights "
+        "it is added to",
         fix="keep fp32 master weights (precision.preset: bf16, i.e. bf16 autocast with fp32 params; verl: "
         "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32 with bf16 mixed_precision.param_dtype) "
-        "or raise the learning rate",
+        f"or raise the learning rate ({lr_key})",
     )]  # fmt: skip
 
 

@@ -145,6 +145,15 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         )
     where = producer.where if producer else None
     title = f"Non-finite loss/gradients from step {step}" + (f", first produced in {where}" if where else "")
+    if producer is not None and producer.kind == K.OVERFLOW:  # dyn24: an fp16 overflow names the preset
+        fresh = producer.step in (None, first_step_of(run)) and producer.phase not in _UPDATE_PHASES
+        preset = cfg(run, "precision", "preset")
+        title += ": an fp16 overflow (fp16's largest value is 65504)" + (
+            f" before any update, so under precision.preset {preset} the activations of the model as loaded and set up "
+            "exceed fp16's range"
+            if fresh and preset
+            else ""
+        )
     if producer:
         what = (
             f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "
@@ -190,6 +199,16 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
             data={"producer": producer.to_dict() if producer else None, "loss_scale_history": history[-16:]},
         )
     ]
+
+
+_UPDATE_PHASES = ("actor_update", "critic_update")
+"""Phases after which a step's weights are no longer the ones it started with."""
+
+
+def first_step_of(run: RunDir) -> int:
+    """The run's first step: that of its first metrics line, else 0 (a run that died in step 0)."""
+    step = run.metrics[0].get("step") if run.metrics else None
+    return int(step) if isinstance(step, int) else 0
 
 
 def _producer(findings: Sequence[Finding]) -> Finding | None:

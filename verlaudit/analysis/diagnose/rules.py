@@ -243,6 +243,8 @@ RULES: dict[tuple[str, str], Rule] = {
         same_role=True,
     ),
     ("learning_rate", "nonfinite"): Rule("updates too large for the weights drive the loss to Inf/NaN"),
+    # dyn24: a sampling setting that makes a group's responses identical makes their rewards identical
+    ("sampling", "no_signal"): Rule("identical responses get identical rewards: the group advantages are 0"),
     # the policy the trainer recomputes is not the one the rollout sampled
     ("dropout", "mismatch"): Rule(
         "dropout in the trainer's forward (not in the rollout's) changes every recomputed log-prob"
