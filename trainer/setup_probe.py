@@ -1,0 +1,316 @@
+"""What a user's ``model.setup`` did that its before/after metadata (`trainer.setup_diff`) cannot
+show: the state dicts it loaded and what they matched (`recording_loads`), whether the model it
+left still builds an autograd graph to its trainable parameters and to nothing else
+(`graph_probe`), and whether roles that start from one checkpoint still agree after their setups
+(`compare_roles`: buffers and config; the parameters are the audit's reference check). A
+checkpoint the trainer loads itself reports the weights it did not hold (`loading_report`). Each
+returns plain dicts that `trainer.models` adds to the model's record; `verlaudit.audit.setup_changes`
+turns them into findings.
+
+Cost: the load record wraps the user's own calls; the probe is one forward of four tokens per
+trainable role that has a setup (no backward, the model's hooks set aside, the RNG restored);
+the role comparison reads only the buffers a setup wrote. Exercised by `pytest
+tests/test_setup_probe.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+_LIST = 6
+"""Names kept per list (the counts say how many in all)."""
+
+ROLE_CONFIG_FIELDS = (
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "max_position_embeddings",
+    "_attn_implementation",
+    "vocab_size",
+    "rms_norm_eps",
+    "sliding_window",
+    "hidden_act",
+    "tie_word_embeddings",
+)
+"""Config fields that change what a model computes: roles built from one checkpoint must agree."""
+
+SAME_START = (("actor", "reference"),)
+"""Role pairs the trainer builds from one set of weights (the reference is a copy of the actor)."""
+
+
+def _prefix(missing: list[str], unexpected: list[str]) -> str | None:
+    """The prefix that maps the given keys onto the model's (``model.`` for a backbone's state dict
+    loaded into its causal LM), or with a leading ``-`` the one to strip, when one does."""
+    for u in unexpected[:20]:
+        for m in missing:
+            if m.endswith("." + u):
+                return m[: -len(u)]
+            if u.endswith("." + m):
+                return "-" + u[: -len(m)]
+    return None
+
+
+@contextlib.contextmanager
+def recording_loads(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
+    """Within the block, every ``load_state_dict`` into ``model`` or one of its submodules is recorded
+    (module, strict, keys given, missing, unexpected): the call is the user's, unchanged."""
+    names = {id(m): n for n, m in model.named_modules()}
+    calls: list[dict[str, Any]] = []
+    original = nn.Module.load_state_dict
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        result = original(self, state_dict, *args, **kwargs)
+        if id(self) in names and isinstance(state_dict, Mapping):
+            strict = kwargs.get("strict", args[0] if args else True)
+            missing = list(getattr(result, "missing_keys", []))
+            unexpected = list(getattr(result, "unexpected_keys", []))
+            calls.append(
+                {
+                    "module": names[id(self)],
+                    "type": type(self).__name__,
+                    "strict": bool(strict),
+                    "given": len(state_dict),
+                    "loaded": len(state_dict) - len(unexpected),
+                    "expected": len(self.state_dict()),
+                    "missing": len(missing),
+                    "unexpected": len(unexpected),
+                    "missing_names": missing[:_LIST],
+                    "unexpected_names": unexpected[:_LIST],
+                    "prefix": _prefix(missing, unexpected),
+                }
+            )
+        return result
+
+    nn.Module.load_state_dict = load_state_dict  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        nn.Module.load_state_dict = original  # type: ignore[method-assign]
+
+
+def loading_report(info: Mapping[str, Any] | None, source: str, path: str) -> dict[str, Any] | None:
+    """What ``from_pretrained(..., output_loading_info=True)`` said it could not fill from ``path``:
+    the weights the checkpoint lacks are newly initialised at random. None when it held them all."""
+    if not isinstance(info, Mapping):
+        return None
+    missing = sorted(str(k) for k in info.get("missing_keys") or [])
+    mismatched = [str(k[0] if isinstance(k, (tuple, list)) else k) for k in info.get("mismatched_keys") or []]
+    if not missing and not mismatched:
+        return None
+    return {
+        "source": source,
+        "path": path,
+        "missing": len(missing),
+        "missing_names": missing[:_LIST],
+        "mismatched": len(mismatched),
+        "mismatched_names": mismatched[:_LIST],
+        "unexpected": len(info.get("unexpected_keys") or []),
+    }
+
+
+def _output_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    for name in ("logits", "values", "last_hidden_state"):
+        t = getattr(out, name, None)
+        if isinstance(t, torch.Tensor):
+            return t
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def _graph_leaves(t: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The tensors that would receive a gradient from ``t`` (AccumulateGrad nodes of its graph)."""
+    leaves: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    todo = [t.grad_fn] if t.grad_fn is not None else []
+    if t.grad_fn is None and t.requires_grad:
+        leaves[id(t)] = t
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor):
+            leaves[id(var)] = var
+        todo += [n for n, _ in node.next_functions]
+    return leaves
+
+
+def _held_names(model: nn.Module) -> dict[int, str]:
+    """Tensors a module holds outside its registered parameters and children: in plain lists, tuples
+    and dicts, or as plain attributes (``name`` -> where), for naming unregistered leaves."""
+    out: dict[int, str] = {}
+    for mname, m in model.named_modules():
+        for attr, v in vars(m).items():
+            if attr.startswith("_"):
+                continue
+            where = f"{mname}.{attr}" if mname else attr
+            items = (
+                list(v.items())
+                if isinstance(v, dict)
+                else list(enumerate(v))
+                if isinstance(v, (list, tuple))
+                else [(None, v)]
+            )
+            for k, item in items[:64]:
+                at = where if k is None else f"{where}[{k!r}]"
+                if isinstance(item, nn.Module):
+                    for pn, p in item.named_parameters():
+                        out.setdefault(id(p), f"{at}.{pn}")
+                elif isinstance(item, torch.Tensor):
+                    out.setdefault(id(item), at)
+    return out
+
+
+def _distributed(model: nn.Module) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+# long: one probe forward with its hooks, then three readings of the same graph (no graph, a module
+# that turned gradients off, leaves that are not parameters), each with the names it reports
+def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
+    """One forward of a few tokens with gradients on (no backward, the RNG restored): whether the
+    output carries a graph to the trainable parameters, which module's forward turned gradients off
+    (its pre-hook saw them on, a child's saw them off), and which tensors that require grad take part
+    in the output without being parameters of the model (the optimizer, built from
+    ``model.parameters()``, never updates them). None when nothing is wrong or it cannot run."""
+    params = list(model.parameters())
+    trainable = {id(p) for p in params if p.requires_grad}
+    if not trainable or _distributed(model):
+        return None
+    device = params[0].device
+    n = max(2, min(4, int(vocab)))
+    ids = torch.arange(1, n + 1, device=device).remainder(max(1, int(vocab))).unsqueeze(0)
+    grad_on: dict[str, bool] = {}
+    names = {id(m): name for name, m in model.named_modules()}
+
+    out_graph: dict[str, bool] = {}
+
+    def pre(mod, _args):
+        grad_on.setdefault(names.get(id(mod), "?"), torch.is_grad_enabled())
+
+    def post(mod, _args, output):
+        o = _output_tensor(output)
+        if o is not None and o.is_floating_point():
+            out_graph.setdefault(names.get(id(mod), "?"), bool(o.requires_grad))
+
+    # the model's own hooks are set aside for the probe: a user hook may count calls or keep state
+    # (what a setup hooked is in its record), and the RNG is restored: the run sees no extra forward
+    mods = list(model.modules())
+    kept = [(m._forward_hooks, m._forward_pre_hooks) for m in mods]
+    for m in mods:
+        m._forward_hooks, m._forward_pre_hooks = type(m._forward_hooks)(), type(m._forward_pre_hooks)()
+        m.register_forward_pre_hook(pre)
+        m.register_forward_hook(post)
+    devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    except Exception:  # a user module with another signature: no probe, never a failed run
+        return None
+    finally:
+        for m, (fwd, pre_hooks) in zip(mods, kept, strict=True):
+            m._forward_hooks, m._forward_pre_hooks = fwd, pre_hooks
+    t = _output_tensor(out)
+    if t is None:
+        return None
+    report: dict[str, Any] = {}
+    # the outermost modules whose forward ran with gradients on while one of their children's ran off
+    # (a child that trains: Hugging Face's rotary embedding computes under no_grad, by design)
+    # and those that returned a tensor cut from the graph (.detach(), .data) that a child's output had
+    off, cut = [], []
+    for name, m in model.named_modules():
+        if not grad_on.get(name, False):
+            continue
+        kids = [(f"{name}.{k}" if name else k, c) for k, c in m.named_children()]
+        if any(grad_on.get(k) is False and any(p.requires_grad for p in c.parameters()) for k, c in kids):
+            off.append([name, type(m).__name__])
+        elif out_graph.get(name) is False and any(out_graph.get(k) is True for k, _ in kids):
+            cut.append([name, type(m).__name__])
+    # the innermost cut is where it happens (its parents only pass on what it returned)
+    below = lambda a, b: b != a and (not a or b.startswith(a + "."))  # noqa: E731
+    cut = [
+        c for c in cut if not any(below(o[0], c[0]) for o in off) and not any(below(c[0], d[0]) for d in cut)
+    ]
+    leaves = _graph_leaves(t) if t.requires_grad else {}
+    reached = trainable & set(leaves)
+    if not t.requires_grad or off or cut:
+        report["no_graph"] = {
+            "output_requires_grad": bool(t.requires_grad),
+            "grad_off_in": off[:_LIST],
+            "detached_in": cut[:_LIST],
+            "count": len(off) + len(cut),
+            "reached": len(reached),
+            "trainable": len(trainable),
+        }
+    registered = {id(p) for p in params}
+    stray = [v for k, v in leaves.items() if k not in registered and v.requires_grad]
+    if stray:
+        held = _held_names(model)
+        report["unregistered"] = {
+            "names": [held.get(id(v), f"<tensor {tuple(v.shape)}>") for v in stray][:_LIST],
+            "count": len(stray),
+            "elements": sum(v.numel() for v in stray),
+            "trainable": len(trainable),
+        }
+    return report or None
+
+
+def _config_fields(model: nn.Module) -> dict[str, Any]:
+    cfg = getattr(model, "config", None)
+    return {k: repr(getattr(cfg, k)) for k in ROLE_CONFIG_FIELDS if hasattr(cfg, k)}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, compared in the coarser of the two dtypes (a role stored in bf16 is the actor's
+    weights rounded to bf16: not a difference a setup made)."""
+    if a.shape != b.shape:
+        return False
+    coarse = a.dtype if a.element_size() < b.element_size() else b.dtype
+    return bool(torch.equal(a.detach().to(dtype=coarse), b.detach().to(device=a.device, dtype=coarse)))
+
+
+def compare_roles(models: Mapping[str, nn.Module], written: Mapping[str, set[str]]) -> list[dict[str, Any]]:
+    """For each pair of roles built from one set of weights (`SAME_START`) where a setup ran on
+    either: the buffers a setup wrote whose values now differ between them (rotary frequencies, a
+    causal mask), and the config fields that differ. One dict per pair that disagrees; values are
+    compared only for the buffers a setup wrote (once, at setup)."""
+    out: list[dict[str, Any]] = []
+    for a, b in SAME_START:
+        if a not in models or b not in models or not (written.get(a) or written.get(b)):
+            continue
+        ma, mb = models[a], models[b]
+        if _distributed(ma) or _distributed(mb):
+            continue
+        # buffers only: the parameters are compared for every run by the audit's reference check
+        # (`verlaudit.audit.invariants.reference_divergence`), which names the setup too
+        ta, tb = dict(ma.named_buffers()), dict(mb.named_buffers())
+        names = sorted((written.get(a, set()) | written.get(b, set())) & set(ta) & set(tb))
+        differ = [n for n in names if not _same(ta[n], tb[n])]
+        only = sorted(set(ta) ^ set(tb))
+        ca, cb = _config_fields(ma), _config_fields(mb)
+        config = {k: [ca.get(k), cb.get(k)] for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)}
+        if not differ and not config:
+            continue  # a tensor one role has alone (an adapter, a head) is not a disagreement
+        out.append(
+            {
+                "roles": [a, b],
+                "setup": sorted(r for r in (a, b) if written.get(r)),
+                "differ": differ[:_LIST],
+                "differ_count": len(differ),
+                "compared": len(names),
+                "only_one": only[:_LIST],
+                "only_one_count": len(only),
+                "config": config,
+            }
+        )
+    return out
