@@ -9,6 +9,7 @@ linear RoPE interpolation, a frozen value head), next to the correct setup that 
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -360,3 +361,37 @@ def test_a_head_that_detaches_its_output_is_named_as_the_cut():
     fs = run_setup({"actor": detached_head}, {"actor": lm()})
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_NO_GRAPH, "error")], fs
     assert "lm_head (DetachedHead)" in fs[0].message and "DetachedHead.forward" in fs[0].fix
+
+
+DIR_ENV = "SETUP_PROBE_TEST_DIR"
+"""The directory the from_pretrained setups below read from (set by the test: the plug-ins are
+imported again by name, apart from this module)."""
+
+
+def reload_from_backbone_dir(model, role, tok):
+    """Replaces the model by one read from a directory that holds only a backbone."""
+    return AutoModelForCausalLM.from_pretrained(os.path.join(os.environ[DIR_ENV], "backbone"))
+
+
+def rm_loader_from_lm_dir(tokenizer, device):
+    """A user reward-model loader that reads a causal-LM directory as a sequence classifier."""
+    return AutoModelForSequenceClassification.from_pretrained(
+        os.path.join(os.environ[DIR_ENV], "lm"), num_labels=1
+    ).eval()
+
+
+def test_a_setup_or_a_loader_that_reads_a_checkpoint_lacking_weights_is_named_for_them(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    AutoModel.from_config(cfg()).save_pretrained(tmp_path / "backbone")
+    AutoModelForCausalLM.from_config(cfg()).save_pretrained(tmp_path / "lm")
+    monkeypatch.setenv(DIR_ENV, str(tmp_path))
+    fs = run_setup({"actor": reload_from_backbone_dir}, {"actor": lm()})
+    assert [(f.kind, f.severity) for f in fs] == [(K.NEWLY_INITIALISED, "warning")], fs
+    assert fs[0].where == "model.setup.actor (tests.test_setup_probe:reload_from_backbone_dir)"
+    assert "lm_head.weight" in fs[0].message and "from_pretrained" in fs[0].message
+    policy = resolve_policy("fp32").roles["reward"]
+    spec = "tests.test_setup_probe:rm_loader_from_lm_dir"
+    rm = build_reward_model(ModelConfig(reward_model=spec), Tok(), policy, "cpu")
+    fs = setup_changes.load_findings({"reward": rm})
+    assert [(f.kind, f.severity) for f in fs] == [(K.NEWLY_INITIALISED, "error")], fs
+    assert spec in fs[0].where and "score.weight" in fs[0].message

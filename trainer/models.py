@@ -624,13 +624,18 @@ def build_reward_model(
             rm.config.pad_token_id = tokenizer.pad_token_id
     elif ":" in spec:
         from trainer.plugins import resolve_callable
+        from trainer.setup_probe import pretrained_into, recording_pretrained
 
         loader = resolve_callable(spec, where)
-        rm = loader(tokenizer, device)
+        with recording_pretrained() as pretrained:
+            rm = loader(tokenizer, device)
         if not isinstance(rm, nn.Module):
             raise ValueError(
                 f"{where}: loader {spec!r} returned {type(rm).__name__}; expected a torch.nn.Module"
             )
+        reports = pretrained_into(rm, pretrained, f"{where} ({spec})")
+        if reports:  # what the checkpoint the user's loader read lacked
+            setattr(rm, LOAD_REPORT_ATTR, reports[0])
         return rm
     else:
         raise ValueError(
@@ -668,7 +673,7 @@ def apply_setup(
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
     from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
-    from trainer.setup_probe import recording_loads
+    from trainer.setup_probe import pretrained_into, recording_loads, recording_pretrained
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
@@ -682,7 +687,7 @@ def apply_setup(
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
         before = _snapshot_or_none(model, snapshot)
         try:
-            with recording_loads(model) as loads:
+            with recording_loads(model) as loads, recording_pretrained() as pretrained:
                 result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
             raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
@@ -696,6 +701,7 @@ def apply_setup(
         after = _snapshot_or_none(out[role], snapshot)
         if before is not None and after is not None:
             found = changes(before, after) + _probed(out[role], loads, len(tokenizer))
+            found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
             wrote[role] = written(before, after)

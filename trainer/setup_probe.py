@@ -94,6 +94,43 @@ def recording_loads(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
         nn.Module.load_state_dict = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def recording_pretrained() -> Iterator[list[tuple[nn.Module, dict[str, Any], str]]]:
+    """Within the block, every ``from_pretrained`` of a transformers model is recorded with its
+    loading info (what the checkpoint lacked: newly initialised), as ``(model, info, path)``; the
+    caller gets what it asked for (the model, or the model and its info)."""
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.__dict__["from_pretrained"]
+    calls: list[tuple[nn.Module, dict[str, Any], str]] = []
+
+    def from_pretrained(cls, path, *args, **kwargs):
+        asked = kwargs.pop("output_loading_info", False)
+        model, info = original.__func__(cls, path, *args, output_loading_info=True, **kwargs)
+        calls.append((model, info, str(path)))
+        return (model, info) if asked else model
+
+    PreTrainedModel.from_pretrained = classmethod(from_pretrained)  # type: ignore[method-assign,assignment]
+    try:
+        yield calls
+    finally:
+        PreTrainedModel.from_pretrained = original  # type: ignore[method-assign]
+
+
+def pretrained_into(model: nn.Module, calls, source: str) -> list[dict[str, Any]]:
+    """`loading_report` of each recorded ``from_pretrained`` whose model is part of ``model`` (the
+    module the setup or loader handed on), with where in it (``into``)."""
+    where = {id(m): n for n, m in model.named_modules()}
+    out = []
+    for loaded, info, path in calls:
+        rep = loading_report(info, source, path) if id(loaded) in where else None
+        if rep is not None:
+            rep["into"] = where[id(loaded)]
+            rep["architectures"] = list(getattr(loaded.config, "architectures", None) or [])
+            out.append(rep)
+    return out
+
+
 def loading_report(info: Mapping[str, Any] | None, source: str, path: str) -> dict[str, Any] | None:
     """What ``from_pretrained(..., output_loading_info=True)`` said it could not fill from ``path``:
     the weights the checkpoint lacks are newly initialised at random. None when it held them all."""

@@ -232,13 +232,20 @@ def _roles(c: Mapping[str, Any], who: str, role: str):
     return "warning", msg, fix, module
 
 
-def _newly_initialised(rep: Mapping[str, Any], role: str, roles: list[str]) -> Finding:
+def _newly_initialised(
+    rep: Mapping[str, Any], role: str, roles: list[str], who: str | None = None
+) -> Finding:
     names = _names(rep["missing_names"][:3], rep["missing"])
+    into = f" (as {rep['into']})" if rep.get("into") else ""
     scorer = role == "reward"
     arch = ", ".join(rep.get("architectures") or []) or "?"
     msg = (
-        f"{rep['source']} {rep['path']!r} lacks {rep['missing']} of the weights of the {' and '.join(roles)} "
-        f"built from it ({names}"
+        (
+            f"{who} loaded {rep['path']!r} with from_pretrained{into}: it lacks "
+            if who
+            else f"{rep['source']} {rep['path']!r} lacks "
+        )
+        + f"{rep['missing']} of the weights of the {' and '.join(roles)} built from it ({names}"
         + (f"; {rep['mismatched']} of another shape" if rep.get("mismatched") else "")
         + "): the loader initialised them at random (newly initialised)"
         + (
@@ -252,13 +259,14 @@ def _newly_initialised(rep: Mapping[str, Any], role: str, roles: list[str]) -> F
         f"point {rep['source']} at a sequence-classification checkpoint with a trained score head, or "
         "train the reward model's head first"
         if scorer
-        else f"point {rep['source']} at a checkpoint that holds every weight of the model ({names})"
+        else f"load a checkpoint that holds every weight of the model ({names})"
+        + (f" in {who}" if who else f" from {rep['source']}")
     )
     return Finding(
         severity="error" if scorer else "warning",
         kind=K.NEWLY_INITIALISED,
         role=role,
-        where=f"{rep['source']} ({rep['path']})",
+        where=who or f"{rep['source']} ({rep['path']})",
         message=msg,
         observed={"module": (rep["missing_names"] or [None])[0], **rep},
         expected="every weight of the model read from the checkpoint",
@@ -382,6 +390,8 @@ def _probe_findings(rec: Mapping[str, Any], who: str, role: str) -> list[Finding
             out.append(_finding(K.SETUP_NO_GRAPH, role, who, *_graph(c, who, role), c))
         elif aspect == "unregistered":
             out.append(_finding(K.SETUP_UNREGISTERED, role, who, *_unregistered(c, who, role), c))
+        elif aspect == "pretrained":
+            out.append(_newly_initialised(c, role, [role], who))
         elif aspect == "roles" and role == (c.get("setup") or [role])[0]:
             got = _roles(c, who, role)
             out.append(_finding(K.SETUP_ROLES_DIFFER, role, who, *got, c))
