@@ -296,7 +296,7 @@ def test_a_causal_lm_directory_as_reward_model_has_a_newly_initialised_score_hea
     assert setup_changes.load_findings({"reward": good}) == []
 
 
-def test_a_policy_checkpoint_without_its_head_is_one_warning_for_the_actor_and_its_reference(tmp_path):
+def test_a_policy_checkpoint_without_its_head_is_one_error_for_the_actor_and_its_reference(tmp_path):
     torch.manual_seed(0)
     AutoModel.from_config(cfg()).save_pretrained(tmp_path / "backbone")
     from trainer.models import _keep_loading_report
@@ -305,7 +305,7 @@ def test_a_policy_checkpoint_without_its_head_is_one_warning_for_the_actor_and_i
     actor, info = AutoModelForCausalLM.from_pretrained(tmp_path / "backbone", output_loading_info=True)
     _keep_loading_report(actor, info, "model.path", str(tmp_path / "backbone"))
     fs = setup_changes.load_findings({"actor": actor, "reference": copy.deepcopy(actor)})
-    assert [(f.kind, f.severity) for f in fs] == [(K.NEWLY_INITIALISED, "warning")], fs
+    assert [(f.kind, f.severity) for f in fs] == [(K.NEWLY_INITIALISED, "error")], fs
     assert "lm_head.weight" in fs[0].message and "actor and reference" in fs[0].message
 
 
@@ -395,3 +395,28 @@ def test_a_setup_or_a_loader_that_reads_a_checkpoint_lacking_weights_is_named_fo
     fs = setup_changes.load_findings({"reward": rm})
     assert [(f.kind, f.severity) for f in fs] == [(K.NEWLY_INITIALISED, "error")], fs
     assert spec in fs[0].where and "score.weight" in fs[0].message
+
+
+def eager_norms(model, role, tok):
+    """A larger RMSNorm epsilon on the actor's norms (for fp16 safety, say): a module setting."""
+    for m in model.modules():
+        if hasattr(m, "variance_epsilon"):
+            m.variance_epsilon = 1e-3
+
+
+def theta_in_config(model, role, tok):
+    """A RoPE base written into the actor's config only (recorded even before a rotary is rebuilt)."""
+    rp = getattr(model.config, "rope_parameters", None)
+    if isinstance(rp, dict):
+        model.config.rope_parameters = {**rp, "rope_theta": 1e6}
+    else:
+        model.config.rope_theta = 1e6
+
+
+def test_a_module_setting_or_config_field_changed_on_the_actor_only_is_a_roles_difference():
+    fs = run_setup({"actor": eager_norms}, actor_and_reference())
+    assert [f.kind for f in fs] == [K.SETUP_ROLES_DIFFER], fs
+    assert "model.norm.variance_epsilon: actor 0.001 vs reference 1e-06" in fs[0].message
+    fs = run_setup({"actor": theta_in_config}, actor_and_reference())
+    assert [f.kind for f in fs] == [K.SETUP_ROLES_DIFFER] and "config.rope_" in fs[0].message, fs
+    assert "rope_scaling / rope_theta" in fs[0].fix

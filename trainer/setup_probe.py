@@ -307,6 +307,28 @@ def _config_fields(model: nn.Module) -> dict[str, Any]:
     return {k: repr(getattr(cfg, k)) for k in ROLE_CONFIG_FIELDS if hasattr(cfg, k)}
 
 
+def _module_settings(ma: nn.Module, mb: nn.Module) -> dict[str, list[Any]]:
+    """Plain number / string settings of the modules both models have (a norm's
+    ``variance_epsilon``, attention's ``scaling`` or ``sliding_window``) that differ; training mode,
+    dropout and activation checkpointing are left out (a frozen reference is in eval mode, without
+    checkpointing, by design)."""
+    mods_b = dict(mb.named_modules())
+    out: dict[str, list[Any]] = {}
+    for name, m in ma.named_modules():
+        other = mods_b.get(name)
+        if other is None or type(other) is not type(m):
+            continue
+        vb = vars(other)
+        for k, v in vars(m).items():
+            if k.startswith("_") or k == "training" or "dropout" in k or "checkpointing" in k:
+                continue
+            if isinstance(v, (bool, int, float, str)) and k in vb and vb[k] != v:
+                out[f"{name}.{k}" if name else k] = [repr(v), repr(vb[k])]
+                if len(out) >= _LIST:
+                    return out
+    return out
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal values, compared in the coarser of the two dtypes (a role stored in bf16 is the actor's
     weights rounded to bf16: not a difference a setup made)."""
@@ -323,7 +345,7 @@ def compare_roles(models: Mapping[str, nn.Module], written: Mapping[str, set[str
     compared only for the buffers a setup wrote (once, at setup)."""
     out: list[dict[str, Any]] = []
     for a, b in SAME_START:
-        if a not in models or b not in models or not (written.get(a) or written.get(b)):
+        if a not in models or b not in models or not (a in written or b in written):
             continue
         ma, mb = models[a], models[b]
         if _distributed(ma) or _distributed(mb):
@@ -336,12 +358,13 @@ def compare_roles(models: Mapping[str, nn.Module], written: Mapping[str, set[str
         only = sorted(set(ta) ^ set(tb))
         ca, cb = _config_fields(ma), _config_fields(mb)
         config = {k: [ca.get(k), cb.get(k)] for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)}
+        config |= _module_settings(ma, mb)
         if not differ and not config:
             continue  # a tensor one role has alone (an adapter, a head) is not a disagreement
         out.append(
             {
                 "roles": [a, b],
-                "setup": sorted(r for r in (a, b) if written.get(r)),
+                "setup": [r for r in (a, b) if r in written],
                 "differ": differ[:_LIST],
                 "differ_count": len(differ),
                 "compared": len(names),

@@ -206,7 +206,9 @@ def _unregistered(c: Mapping[str, Any], who: str, role: str):
 def _roles(c: Mapping[str, Any], who: str, role: str):
     a, b = c["roles"]
     other = b if role == a else a
-    config = "; ".join(f"config.{k}: {a} {v[0]} vs {b} {v[1]}" for k, v in c["config"].items())
+    config = "; ".join(
+        f"{'' if '.' in k else 'config.'}{k}: {a} {v[0]} vs {b} {v[1]}" for k, v in c["config"].items()
+    )
     differ = (
         f"{c['differ_count']} of the {c['compared']} tensors it wrote differ between {a} and {b} "
         f"({_names(c['differ'], c['differ_count'])})"
@@ -263,7 +265,7 @@ def _newly_initialised(
         + (f" in {who}" if who else f" from {rep['source']}")
     )
     return Finding(
-        severity="error" if scorer else "warning",
+        severity="error" if scorer or (role == "actor" and not who) else "warning",
         kind=K.NEWLY_INITIALISED,
         role=role,
         where=who or f"{rep['source']} ({rep['path']})",
