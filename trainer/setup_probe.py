@@ -212,24 +212,15 @@ def _distributed(model: nn.Module) -> bool:
     return any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 
-# long: one probe forward with its hooks, then three readings of the same graph (no graph, a module
-# that turned gradients off, leaves that are not parameters), each with the names it reports
-def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
-    """One forward of a few tokens with gradients on (no backward, the RNG restored): whether the
-    output carries a graph to the trainable parameters, which module's forward turned gradients off
-    (its pre-hook saw them on, a child's saw them off), and which tensors that require grad take part
-    in the output without being parameters of the model (the optimizer, built from
-    ``model.parameters()``, never updates them). None when nothing is wrong or it cannot run."""
-    params = list(model.parameters())
-    trainable = {id(p) for p in params if p.requires_grad}
-    if not trainable or _distributed(model):
-        return None
-    device = params[0].device
-    n = max(2, min(4, int(vocab)))
-    ids = torch.arange(1, n + 1, device=device).remainder(max(1, int(vocab))).unsqueeze(0)
-    grad_on: dict[str, bool] = {}
+def _probe_forward(
+    model: nn.Module, ids: torch.Tensor
+) -> tuple[Any, dict[str, bool], dict[str, bool]] | None:
+    """The model's output on ``ids`` with gradients on, and per module whether gradients were on
+    when its forward began and whether its (floating) output requires grad; None when it cannot
+    run. The model's own hooks are set aside (a user hook may count calls or keep state; what a setup
+    hooked is in its record) and the RNG is restored: the run sees no extra forward."""
     names = {id(m): name for name, m in model.named_modules()}
-
+    grad_on: dict[str, bool] = {}
     out_graph: dict[str, bool] = {}
 
     def pre(mod, _args):
@@ -240,15 +231,13 @@ def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
         if o is not None and o.is_floating_point():
             out_graph.setdefault(names.get(id(mod), "?"), bool(o.requires_grad))
 
-    # the model's own hooks are set aside for the probe: a user hook may count calls or keep state
-    # (what a setup hooked is in its record), and the RNG is restored: the run sees no extra forward
     mods = list(model.modules())
     kept = [(m._forward_hooks, m._forward_pre_hooks) for m in mods]
     for m in mods:
         m._forward_hooks, m._forward_pre_hooks = type(m._forward_hooks)(), type(m._forward_pre_hooks)()
         m.register_forward_pre_hook(pre)
         m.register_forward_hook(post)
-    devices = [device.index or 0] if device.type == "cuda" else []
+    devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
@@ -257,13 +246,14 @@ def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
     finally:
         for m, (fwd, pre_hooks) in zip(mods, kept, strict=True):
             m._forward_hooks, m._forward_pre_hooks = fwd, pre_hooks
-    t = _output_tensor(out)
-    if t is None:
-        return None
-    report: dict[str, Any] = {}
-    # the outermost modules whose forward ran with gradients on while one of their children's ran off
-    # (a child that trains: Hugging Face's rotary embedding computes under no_grad, by design)
-    # and those that returned a tensor cut from the graph (.detach(), .data) that a child's output had
+    return out, grad_on, out_graph
+
+
+def _grad_breaks(model: nn.Module, grad_on: dict[str, bool], out_graph: dict[str, bool]):
+    """(the outermost modules whose forward ran with gradients on while a trainable child's ran off,
+    the innermost ones that returned a tensor cut from the graph a child's output had), as
+    ``[name, type]`` lists. A child without trainable weights may compute under no_grad (Hugging
+    Face's rotary embedding does, by design)."""
     off, cut = [], []
     for name, m in model.named_modules():
         if not grad_on.get(name, False):
@@ -278,6 +268,27 @@ def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
     cut = [
         c for c in cut if not any(below(o[0], c[0]) for o in off) and not any(below(c[0], d[0]) for d in cut)
     ]
+    return off, cut
+
+
+def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
+    """One forward of a few tokens with gradients on (`_probe_forward`): whether the output carries
+    a graph to the trainable parameters, which module's forward turned gradients off or cut the graph
+    (`_grad_breaks`), and which tensors that require grad take part in the output without being
+    parameters of the model (the optimizer, built from ``model.parameters()``, never updates them).
+    None when nothing is wrong or it cannot run."""
+    params = list(model.parameters())
+    trainable = {id(p) for p in params if p.requires_grad}
+    if not trainable or _distributed(model):
+        return None
+    n = max(2, min(4, int(vocab)))
+    ids = torch.arange(1, n + 1, device=params[0].device).remainder(max(1, int(vocab))).unsqueeze(0)
+    probed = _probe_forward(model, ids)
+    t = _output_tensor(probed[0]) if probed is not None else None
+    if probed is None or t is None:
+        return None
+    off, cut = _grad_breaks(model, probed[1], probed[2])
+    report: dict[str, Any] = {}
     leaves = _graph_leaves(t) if t.requires_grad else {}
     reached = trainable & set(leaves)
     if not t.requires_grad or off or cut:
