@@ -420,3 +420,16 @@ def test_a_module_setting_or_config_field_changed_on_the_actor_only_is_a_roles_d
     fs = run_setup({"actor": theta_in_config}, actor_and_reference())
     assert [f.kind for f in fs] == [K.SETUP_ROLES_DIFFER] and "config.rope_" in fs[0].message, fs
     assert "rope_scaling / rope_theta" in fs[0].fix
+
+
+def new_head_loaded_from_wrong_keys(model, role, tok):
+    """A new value head built by the setup, then given the old head's state dict under other names."""
+    head = nn.Linear(model.config.hidden_size, 1)
+    head.load_state_dict({"linear.weight": torch.zeros(1, model.config.hidden_size)}, strict=False)
+    model.value_head = head
+
+
+def test_a_load_into_a_module_the_setup_built_is_recorded_under_its_name():
+    fs = run_setup({"critic": new_head_loaded_from_wrong_keys}, {"critic": critic()})
+    assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_LOAD, "error")], fs
+    assert "the critic's value_head (Linear)" in fs[0].message

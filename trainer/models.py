@@ -673,7 +673,7 @@ def apply_setup(
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
     from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
-    from trainer.setup_probe import pretrained_into, recording_loads, recording_pretrained
+    from trainer.setup_probe import loads_into, pretrained_into, recording_loads, recording_pretrained
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
@@ -687,7 +687,7 @@ def apply_setup(
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
         before = _snapshot_or_none(model, snapshot)
         try:
-            with recording_loads(model) as loads, recording_pretrained() as pretrained:
+            with recording_loads() as loads, recording_pretrained() as pretrained:
                 result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
             raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
@@ -700,7 +700,7 @@ def apply_setup(
         # what the user's code changed, for the audit to name it as the cause of what follows
         after = _snapshot_or_none(out[role], snapshot)
         if before is not None and after is not None:
-            found = changes(before, after) + _probed(out[role], loads, len(tokenizer))
+            found = changes(before, after) + _probed(out[role], loads_into(out[role], loads), len(tokenizer))
             found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)

@@ -1,5 +1,5 @@
 """What a user's ``model.setup`` did that its before/after metadata (`trainer.setup_diff`) cannot
-show: the state dicts it loaded and what they matched (`recording_loads`), whether the model it
+show: the state dicts it loaded and what they matched (`recording_loads`, `loads_into`), whether the model it
 left still builds an autograd graph to its trainable parameters and to nothing else
 (`graph_probe`), and whether roles that start from one checkpoint still agree after their setups
 (`compare_roles`: buffers and config; the parameters are the audit's reference check). A
@@ -57,33 +57,35 @@ def _prefix(missing: list[str], unexpected: list[str]) -> str | None:
 
 
 @contextlib.contextmanager
-def recording_loads(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
-    """Within the block, every ``load_state_dict`` into ``model`` or one of its submodules is recorded
-    (module, strict, keys given, missing, unexpected): the call is the user's, unchanged."""
-    names = {id(m): n for n, m in model.named_modules()}
-    calls: list[dict[str, Any]] = []
+def recording_loads() -> Iterator[list[tuple[nn.Module, dict[str, Any]]]]:
+    """Within the block, every ``load_state_dict`` is recorded as ``(module, what it matched)``
+    (strict, keys given, missing, unexpected); the call is the user's, unchanged. `loads_into` keeps
+    those into the model a setup handed on."""
+    calls: list[tuple[nn.Module, dict[str, Any]]] = []
     original = nn.Module.load_state_dict
 
     def load_state_dict(self, state_dict, *args, **kwargs):
         result = original(self, state_dict, *args, **kwargs)
-        if id(self) in names and isinstance(state_dict, Mapping):
+        if isinstance(state_dict, Mapping):
             strict = kwargs.get("strict", args[0] if args else True)
             missing = list(getattr(result, "missing_keys", []))
             unexpected = list(getattr(result, "unexpected_keys", []))
             calls.append(
-                {
-                    "module": names[id(self)],
-                    "type": type(self).__name__,
-                    "strict": bool(strict),
-                    "given": len(state_dict),
-                    "loaded": len(state_dict) - len(unexpected),
-                    "expected": len(self.state_dict()),
-                    "missing": len(missing),
-                    "unexpected": len(unexpected),
-                    "missing_names": missing[:_LIST],
-                    "unexpected_names": unexpected[:_LIST],
-                    "prefix": _prefix(missing, unexpected),
-                }
+                (
+                    self,
+                    {
+                        "type": type(self).__name__,
+                        "strict": bool(strict),
+                        "given": len(state_dict),
+                        "loaded": len(state_dict) - len(unexpected),
+                        "expected": len(self.state_dict()),
+                        "missing": len(missing),
+                        "unexpected": len(unexpected),
+                        "missing_names": missing[:_LIST],
+                        "unexpected_names": unexpected[:_LIST],
+                        "prefix": _prefix(missing, unexpected),
+                    },
+                )
             )
         return result
 
@@ -92,6 +94,13 @@ def recording_loads(model: nn.Module) -> Iterator[list[dict[str, Any]]]:
         yield calls
     finally:
         nn.Module.load_state_dict = original  # type: ignore[method-assign]
+
+
+def loads_into(model: nn.Module, calls: list[tuple[nn.Module, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The recorded loads into ``model`` or one of its submodules (a head the setup built and then
+    loaded too), each with the submodule's name (``module``)."""
+    where = {id(m): n for n, m in model.named_modules()}
+    return [{"module": where[id(m)], **c} for m, c in calls if id(m) in where]
 
 
 @contextlib.contextmanager
