@@ -433,3 +433,12 @@ def test_a_load_into_a_module_the_setup_built_is_recorded_under_its_name():
     fs = run_setup({"critic": new_head_loaded_from_wrong_keys}, {"critic": critic()})
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_LOAD, "error")], fs
     assert "the critic's value_head (Linear)" in fs[0].message
+
+
+def unused_head_on_a_frozen_role(model, role, tok):
+    """A new module (trainable by default) on the reference, which is frozen and never trains."""
+    model.value_head = nn.Linear(model.config.hidden_size, 1)
+
+
+def test_a_frozen_role_is_not_probed_for_a_graph_it_never_builds():
+    assert run_setup({"reference": unused_head_on_a_frozen_role}, actor_and_reference()) == []

@@ -34,7 +34,7 @@ from transformers import (
 
 from trainer.config import ModelConfig
 from trainer.logprobs import attention_inputs, position_ids_from_mask
-from trainer.precision import PrecisionPolicy, RolePolicy, cast_module, dtype_name
+from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy, RolePolicy, cast_module, dtype_name
 from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -700,7 +700,9 @@ def apply_setup(
         # what the user's code changed, for the audit to name it as the cause of what follows
         after = _snapshot_or_none(out[role], snapshot)
         if before is not None and after is not None:
-            found = changes(before, after) + _probed(out[role], loads_into(out[role], loads), len(tokenizer))
+            found = changes(before, after) + _probed(
+                out[role], loads_into(out[role], loads), len(tokenizer), trains=role in TRAINABLE_ROLES
+            )
             found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
@@ -709,14 +711,17 @@ def apply_setup(
     return out
 
 
-def _probed(model: nn.Module, loads: list[dict[str, Any]], vocab: int) -> list[dict[str, Any]]:
+def _probed(
+    model: nn.Module, loads: list[dict[str, Any]], vocab: int, *, trains: bool
+) -> list[dict[str, Any]]:
     """`trainer.setup_probe`'s readings of a model after its setup, as aspects of its record: the
-    state dicts loaded into it, and the autograd graph of one probe forward."""
+    state dicts loaded into it, and for a role that trains (a frozen one builds no graph by design)
+    the autograd graph of one probe forward."""
     from trainer.setup_probe import graph_probe
 
     found: list[dict[str, Any]] = [{"aspect": "load", **c} for c in loads]
     try:
-        graph = graph_probe(model, vocab) or {}
+        graph = (graph_probe(model, vocab) if trains else None) or {}
     except Exception as e:  # the record is never the reason a run stops
         log.warning("model.setup: could not probe the graph of %s: %s", type(model).__name__, e)
         graph = {}
