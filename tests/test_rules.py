@@ -160,6 +160,9 @@ ROOTS = {
     "reward_integer": lambda st, ph, role: Records([finding(K.REWARD_INTEGER, step=st, phase=ph, role=role,
                                                             where="reward:function:r", severity="warning",
                                                             observed={"dtype": "int64", "values": [0]})]),
+    "newly_initialised": lambda st, ph, role: Records([finding(K.NEWLY_INITIALISED, step=st, phase=ph, role=role,
+                                                               where="model.reward_model (/ckpt)",
+                                                               observed={"missing": 1}, expected="every weight")]),
     "tied_weights": lambda st, ph, role: Records([finding(K.TIED_WEIGHTS_BROKEN, step=st, phase=ph, role=role,
                                                           where="lm_head.weight", observed="separate tensors",
                                                           expected="one tensor", severity="warning")]),
@@ -234,7 +237,7 @@ SYMPTOMS = {
                                                       where="model.layers.1.mlp", severity="warning",
                                                       observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),
 }  # fmt: skip
-ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward"}
+ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward", "newly_initialised": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""
 
 
@@ -279,6 +282,7 @@ def _is_setup_root(root: str) -> bool:
         "param_dtype",
         "reward_model_dtype",
         "tied_weights",
+        "newly_initialised",
     )
 
 

@@ -34,7 +34,7 @@ from transformers import (
 
 from trainer.config import ModelConfig
 from trainer.logprobs import attention_inputs, position_ids_from_mask
-from trainer.precision import PrecisionPolicy, RolePolicy, cast_module, dtype_name
+from trainer.precision import TRAINABLE_ROLES, PrecisionPolicy, RolePolicy, cast_module, dtype_name
 from trainer.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -351,9 +351,13 @@ def build_causal_lm(
     if model_cfg.path is not None:
         _require_hf_dir(model_cfg.path, "model.path")
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                model_cfg.path, dtype=policy.param_dtype, attn_implementation=model_cfg.attn_implementation
+            model, info = AutoModelForCausalLM.from_pretrained(
+                model_cfg.path,
+                dtype=policy.param_dtype,
+                attn_implementation=model_cfg.attn_implementation,
+                output_loading_info=True,
             )
+            _keep_loading_report(model, info, "model.path", model_cfg.path)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(
                 f"model.path: {model_cfg.path!r} is not a loadable causal LM directory: {e}"
@@ -466,15 +470,18 @@ def build_critic(
     if model_cfg.critic_path is not None:
         _require_hf_dir(model_cfg.critic_path, "model.critic_path")
         try:
-            backbone = AutoModel.from_pretrained(
+            backbone, info = AutoModel.from_pretrained(
                 model_cfg.critic_path,
                 dtype=policy.param_dtype,
                 attn_implementation=model_cfg.attn_implementation,
-            ).to(device)
+                output_loading_info=True,
+            )
+            backbone = backbone.to(device)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(
                 f"model.critic_path: {model_cfg.critic_path!r} is not a loadable model: {e}"
             ) from e
+        _keep_loading_report(backbone, info, "model.critic_path", model_cfg.critic_path)
         vocab = backbone.get_input_embeddings().num_embeddings
         if vocab < len(tokenizer):
             raise ValueError(
@@ -492,6 +499,8 @@ def build_critic(
     backbone.config.use_cache = False
     torch.manual_seed(seed + CRITIC_HEAD_SEED)
     critic = ValueModel(backbone).to(device)
+    if hasattr(backbone, LOAD_REPORT_ATTR):
+        setattr(critic, LOAD_REPORT_ATTR, getattr(backbone, LOAD_REPORT_ATTR))
     for p in critic.parameters():
         p.requires_grad_(True)
     apply_checkpointing(critic, policy)
@@ -600,25 +609,33 @@ def build_reward_model(
     elif os.path.isdir(spec):
         _require_hf_dir(spec, where)
         try:
-            rm = AutoModelForSequenceClassification.from_pretrained(
+            rm, info = AutoModelForSequenceClassification.from_pretrained(
                 spec,
                 num_labels=1,
                 dtype=policy.param_dtype,
                 attn_implementation=model_cfg.attn_implementation,
-            ).to(device)
+                output_loading_info=True,
+            )
+            rm = rm.to(device)
+            _keep_loading_report(rm, info, where, spec)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{where}: {spec!r} is not a loadable sequence-classification model: {e}") from e
         if rm.config.pad_token_id is None:
             rm.config.pad_token_id = tokenizer.pad_token_id
     elif ":" in spec:
         from trainer.plugins import resolve_callable
+        from trainer.setup_probe import pretrained_into, recording_pretrained
 
         loader = resolve_callable(spec, where)
-        rm = loader(tokenizer, device)
+        with recording_pretrained() as pretrained:
+            rm = loader(tokenizer, device)
         if not isinstance(rm, nn.Module):
             raise ValueError(
                 f"{where}: loader {spec!r} returned {type(rm).__name__}; expected a torch.nn.Module"
             )
+        reports = pretrained_into(rm, pretrained, f"{where} ({spec})")
+        if reports:  # what the checkpoint the user's loader read lacked
+            setattr(rm, LOAD_REPORT_ATTR, reports[0])
         return rm
     else:
         raise ValueError(
@@ -631,6 +648,22 @@ def build_reward_model(
     return rm
 
 
+LOAD_REPORT_ATTR = "load_report"
+"""The attribute of a model loaded from a directory that holds the weights its checkpoint lacked."""
+
+
+def _keep_loading_report(model: nn.Module, info: Any, source: str, path: str) -> None:
+    """Stores `trainer.setup_probe.loading_report` on ``model`` (the audit reads it) and logs it."""
+    from trainer.setup_probe import loading_report
+
+    report = loading_report(info, source, path)
+    if report is not None:
+        report["architectures"] = list(getattr(model.config, "architectures", None) or [])
+        setattr(model, LOAD_REPORT_ATTR, report)
+        log.warning("%s: %d weight(s) not in %s, newly initialised: %s", source, report["missing"], path,
+                    ", ".join(report["missing_names"]))  # fmt: skip
+
+
 def apply_setup(
     models: dict[str, nn.Module], model_cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, nn.Module]:
@@ -639,11 +672,13 @@ def apply_setup(
     module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
-    from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot
+    from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
+    from trainer.setup_probe import loads_into, pretrained_into, recording_loads, recording_pretrained
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
     loaded: dict[str, Any] = {}  # one import per plug-in: its module's state is shared by the roles
+    wrote: dict[str, set[str]] = {}
     for role, model in models.items():
         spec = plugins.get(role, plugins.get("*"))
         if spec is None:
@@ -652,7 +687,8 @@ def apply_setup(
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
         before = _snapshot_or_none(model, snapshot)
         try:
-            result = fn(model, role, tokenizer)
+            with recording_loads() as loads, recording_pretrained() as pretrained:
+                result = fn(model, role, tokenizer)
         except Exception as e:  # re-raised with the plug-in named: the traceback keeps the user's frames
             raise RuntimeError(f"{where}: {spec} raised for the {role} model: {type(e).__name__}: {e}") from e
         if result is not None and not isinstance(result, nn.Module):
@@ -664,9 +700,48 @@ def apply_setup(
         # what the user's code changed, for the audit to name it as the cause of what follows
         after = _snapshot_or_none(out[role], snapshot)
         if before is not None and after is not None:
-            record = {"key": where, "spec": spec, "role": role, "changes": changes(before, after)}
+            found = changes(before, after) + _probed(
+                out[role], loads_into(out[role], loads), len(tokenizer), trains=role in TRAINABLE_ROLES
+            )
+            found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
+            record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
+            wrote[role] = written(before, after)
+    _compare_roles(out, wrote, SETUP_CHANGES_ATTR)
     return out
+
+
+def _probed(
+    model: nn.Module, loads: list[dict[str, Any]], vocab: int, *, trains: bool
+) -> list[dict[str, Any]]:
+    """`trainer.setup_probe`'s readings of a model after its setup, as aspects of its record: the
+    state dicts loaded into it, and for a role that trains (a frozen one builds no graph by design)
+    the autograd graph of one probe forward."""
+    from trainer.setup_probe import graph_probe
+
+    found: list[dict[str, Any]] = [{"aspect": "load", **c} for c in loads]
+    try:
+        graph = (graph_probe(model, vocab) if trains else None) or {}
+    except Exception as e:  # the record is never the reason a run stops
+        log.warning("model.setup: could not probe the graph of %s: %s", type(model).__name__, e)
+        graph = {}
+    return found + [{"aspect": k, **v} for k, v in graph.items()]
+
+
+def _compare_roles(models: dict[str, nn.Module], wrote: dict[str, set[str]], attr: str) -> None:
+    """Adds to each setup record the roles built from the same weights that disagree after setup."""
+    from trainer.setup_probe import compare_roles
+
+    try:
+        pairs = compare_roles(models, wrote)
+    except Exception as e:
+        log.warning("model.setup: could not compare the roles after setup: %s", e)
+        return
+    for pair in pairs:
+        for role in pair["setup"]:
+            rec = getattr(models[role], attr, None)
+            if isinstance(rec, dict):
+                rec["changes"].append({"aspect": "roles", **pair})
 
 
 def _snapshot_or_none(model: nn.Module, snapshot: Any) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ traced to the setup function that caused them.
 
 A snapshot is metadata only (no device work): the parameters' dtypes and which of them train, the
 embedding rows, whether the output embeddings are the input ones, the modules' types, the forward
-hooks, training mode and the Dropout probabilities. `changes` returns one plain dict per aspect
+hooks, training mode and the Dropout probabilities, and which tensor holds each parameter and buffer
+with its in-place version counter (`written`: what the setup assigned or wrote). `changes` returns one plain dict per aspect
 that differs (``aspect``: ``dtype``, ``vocab``, ``trainable``, ``ties``, ``modules``, ``hooks``,
 ``mode``), each with the numbers before and after. `trainer.models.apply_setup` stores the result on
 the model it hands on as ``model.setup_changes`` (``{"key", "spec", "role", "changes"}``). Exercised
@@ -28,11 +29,41 @@ _LIST = 6
 
 
 def _weight(get: Any) -> Any:
+    """The embedding matrix of ``get()``: its ``weight``, else the first 2-d weight inside it (a
+    wrapper around the head, such as a soft-cap module, keeps the head's rows)."""
     try:
         module = get() if callable(get) else None
     except (NotImplementedError, AttributeError):
         return None
-    return getattr(module, "weight", None)
+    w = getattr(module, "weight", None)
+    if w is None and isinstance(module, nn.Module):
+        w = next((m.weight for m in module.modules() if isinstance(getattr(m, "weight", None), nn.Parameter)
+                  and m.weight.dim() == 2), None)  # fmt: skip
+    return w
+
+
+def _head_params(model: nn.Module, w_out: Any) -> list[str]:
+    """Names of the parameters of the model's output head: the module holding the output embeddings
+    (a policy's lm_head), else a ``value_head`` (a critic's)."""
+    head = None
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "value_head" or (
+            w_out is not None and getattr(m, "weight", None) is w_out
+        ):
+            head = name
+            break
+    if head is None:
+        return []
+    return [n for n, _ in model.named_parameters() if n == head or n.startswith(head + ".")]
+
+
+def _version(t: Any) -> tuple[int, int]:
+    """Which tensor holds a name, and how often it was written in place (torch's version counter):
+    metadata that changes when a setup assigns or writes a parameter or buffer."""
+    try:
+        return id(t), int(t._version)
+    except (RuntimeError, AttributeError):  # an inference tensor keeps no counter
+        return id(t), -1
 
 
 def _hooks(m: nn.Module) -> int:
@@ -49,6 +80,8 @@ def snapshot(model: nn.Module) -> dict[str, Any]:
         "dtypes": {n: dtype_name(p.dtype) for n, p in params},
         "numel": {n: p.numel() for n, p in params},
         "trainable": {n for n, p in params if p.requires_grad},
+        "versions": {n: _version(t) for n, t in [*params, *model.named_buffers()]},
+        "head": _head_params(model, w_out),
         "rows_in": int(w_in.shape[0]) if w_in is not None and w_in.dim() == 2 else None,
         "rows_out": int(w_out.shape[0]) if w_out is not None and w_out.dim() == 2 else None,
         "tied": None if w_in is None or w_out is None else w_in is w_out,
@@ -118,6 +151,7 @@ def _trainable_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | 
         "training": sorted(b["trainable"])[:_LIST],
         "training_params": len(b["trainable"]),
         "params": len(b["numel"]),
+        "head_frozen": sorted(set(frozen) & set(b.get("head", [])))[:_LIST],
     }
 
 
@@ -141,6 +175,12 @@ def _mode_change(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
     if all(a[k] == b[k] for k in keys):
         return None
     return {"aspect": "mode", **{k + "_before": a[k] for k in keys}, **{k: b[k] for k in keys}}
+
+
+def written(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """Names of the parameters and buffers the setup assigned or wrote in place (or added)."""
+    a = before.get("versions", {})
+    return {n for n, v in after.get("versions", {}).items() if a.get(n) != v}
 
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:

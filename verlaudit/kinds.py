@@ -67,6 +67,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_modules": "the user's model.setup replaced modules of a model",
         "setup_hooks": "the user's model.setup registered forward hooks on a model",
         "setup_mode": "the user's model.setup changed a model's training mode or dropout",
+        # setup24: what model.setup (or a checkpoint directory) left that its metadata does not show
+        "setup_load": "the user's model.setup loaded a state dict whose keys did not match: weights left at init",
+        "setup_graph": "after model.setup a trainable model's forward builds no autograd graph to its weights",
+        "setup_unregistered": "tensors that train in the forward but are no parameters: never optimized",
+        "setup_roles": "model.setup changed one of two roles built from the same weights (actor, reference)",
+        "newly_initialised": "weights a checkpoint directory lacked, initialised at random by the loader",
         "override_storage": "a precision override that stores a role's weights below the preset's (no fp32 master)",
         "override_compute": "a precision override that computes a role below the preset's dtype",
         "override_scaling": "a loss-scaling override that departs from the preset's dynamic scaling",
@@ -356,6 +362,32 @@ SETUP_TIES = _f("setup/ties", "setup_ties", "model.setup untied the output embed
 SETUP_MODULES = _f("setup/modules", "setup_modules", "model.setup replaced modules by others")
 SETUP_HOOKS = _f("setup/hooks", "setup_hooks", "model.setup registered forward hooks")
 SETUP_MODE = _f("setup/mode", "setup_mode", "model.setup changed training mode or dropout")
+# setup24: `trainer.setup_probe`'s readings (`verlaudit.audit.setup_changes`)
+SETUP_LOAD = _f(
+    "setup/load_mismatch",
+    "setup_load",
+    "model.setup loaded a state dict whose keys did not match the model's: weights left at init",
+)
+SETUP_NO_GRAPH = _f(
+    "setup/no_graph",
+    "setup_graph",
+    "after model.setup a trainable model's forward runs (partly) with gradients off",
+)
+SETUP_UNREGISTERED = _f(
+    "setup/unregistered_params",
+    "setup_unregistered",
+    "tensors that require grad take part in the forward but are no parameters: never optimized",
+)
+SETUP_ROLES_DIFFER = _f(
+    "setup/roles_differ",
+    "setup_roles",
+    "after model.setup the actor and the reference copied from it differ (buffers, config)",
+)
+NEWLY_INITIALISED = _f(
+    "model/newly_initialised",
+    "newly_initialised",
+    "a checkpoint directory lacked weights of the model built from it: initialised at random",
+)
 
 # ---------------------------------------------------------------- numerics
 NONFINITE_FORWARD = _f(

@@ -214,6 +214,30 @@ RULES: dict[tuple[str, str], Rule] = {
         for s in ("user_hook", *_CHANGED_MODULE_SYMPTOMS)
     },
     ("setup_mode", "dropout"): Rule("the setup left dropout on in training mode", same_role=True),
+    # setup24: what a setup (or a checkpoint directory) left that its metadata does not show
+    **{
+        ("setup_graph", s): Rule(
+            "a module that runs its forward with gradients off hands the loss no graph to the weights below it",
+            same_role=True,
+        )
+        for s in ("exception", "update_underflow", "no_signal")
+    },
+    **{
+        ("setup_roles", s): Rule(
+            "the setup changed the actor after the reference was copied from it: they differ from step 0"
+        )
+        for s in ("reference", "kl_penalty", "mismatch")
+    },
+    **{
+        ("setup_load", s): Rule("a state dict that matched nothing leaves the model at its random init")
+        for s in ("reference", "no_signal", "kl_penalty")
+    },
+    **{
+        ("newly_initialised", s): Rule(
+            "a reward model's randomly initialised score head scores random features of the response"
+        )
+        for s in ("no_signal", "reward_dtype", "reward_nonfinite")
+    },
     # a role's precision set away from the preset's contract (precision.overrides)
     **{
         ("override_scaling", s): Rule(_OVERRIDE_SCALE, same_role=True)
