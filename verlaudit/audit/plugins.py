@@ -50,6 +50,7 @@ _SKIP_DIRS = tuple(
 )
 """torch, the trainer and verlaudit: frames that are not the user's."""
 _THIS = os.path.abspath(__file__)
+_LIBRARY = os.sep + "site-packages" + os.sep
 KEEP_LINES = 3
 """Distinct user lines kept per finding."""
 
@@ -78,8 +79,8 @@ path test per file, not per frame and op."""
 
 def _file_kind(name: str) -> str:
     path = os.path.abspath(name)
-    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<"):
-        return "torch"
+    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<") or _LIBRARY in path:
+        return "torch"  # an installed library (transformers' Module.to) is not where the user's line is
     return "ours" if path.startswith(_SKIP_DIRS) else "user"
 
 
