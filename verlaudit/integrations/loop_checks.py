@@ -10,8 +10,8 @@ itself, and each has a way to be silently wrong that no tensor at a boundary sho
   for on a device type the model's tensors are not on, or one torch switched off (its device is not
   available, or it does not support the dtype), does nothing, so the forward runs in the weights'
   dtype and not the contract's.
-* `CastTap` wraps a watched model's own ``_apply`` (what ``model.to(dtype)``, ``.float()``,
-  ``.half()``, ``.bfloat16()`` call) and reports each change of its parameters' dtype with the
+* `CastTap` wraps ``nn.Module._apply`` (what ``model.to(dtype)``, ``.float()``, ``.half()``,
+  ``.bfloat16()`` call) for the watched models only and reports each change of its parameters' dtype with the
   user's line; `round_trip_finding` names a cast down from the contract's storage dtype followed by
   a cast back up: the master weights were rounded to the low dtype (measured: the share of values
   the low dtype holds exactly after it), and every update below its spacing since the last
@@ -27,7 +27,6 @@ threshold, so a correct loop stays clean. Exercised by `pytest tests/test_watch_
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -142,30 +141,67 @@ def _torch_name(dtype: str | None) -> str:
     return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype or "", str(dtype))
 
 
+_ORIG_APPLY = nn.Module._apply
+_CAST_TAPS: dict[int, CastTap] = {}
+"""id(model) -> the tap of a watched model; ``nn.Module._apply`` is wrapped while this is not empty."""
+
+
+def _apply(self: nn.Module, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    tap = _CAST_TAPS.get(id(self))
+    if tap is None or tap.model is not self:
+        return _ORIG_APPLY(self, fn, *args, **kwargs)
+    before = main_dtype(self)
+    out = _ORIG_APPLY(self, fn, *args, **kwargs)
+    after = main_dtype(self)
+    if before is not None and after is not None and before != after:
+        tap.on_cast(before, after, user_frame(depth=2))
+    return out
+
+
 class CastTap:
-    """Wraps ``model._apply`` (on the instance; `remove` undoes it) and calls ``on_cast(before, after,
-    line)`` when a ``.to(dtype)`` / ``.float()`` / ``.half()`` / ``.bfloat16()`` of the whole model
-    changes the dtype most of its parameters are in."""
+    """Calls ``on_cast(before, after, line)`` when a ``.to(dtype)`` / ``.float()`` / ``.half()`` /
+    ``.bfloat16()`` of the whole ``model`` changes the dtype most of its parameters are in. It wraps
+    ``nn.Module._apply`` on the class while a tap is open (`remove` undoes it) and acts only on the
+    watched model itself, so a ``copy.deepcopy(model)`` cast for generation is not the model."""
 
     def __init__(
         self, model: nn.Module, on_cast: Callable[[torch.dtype, torch.dtype, str | None], None]
     ) -> None:
-        self.model = model
-        orig = model._apply
-
-        @functools.wraps(orig)
-        def _apply(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            before = main_dtype(model)
-            out = orig(fn, *args, **kwargs)
-            after = main_dtype(model)
-            if before is not None and after is not None and before != after:
-                on_cast(before, after, user_frame(depth=2))
-            return out
-
-        model.__dict__["_apply"] = _apply
+        self.model, self.on_cast = model, on_cast
+        if not _CAST_TAPS:
+            nn.Module._apply = _apply  # type: ignore[method-assign]
+        _CAST_TAPS[id(model)] = self
 
     def remove(self) -> None:
-        self.model.__dict__.pop("_apply", None)
+        if _CAST_TAPS.get(id(self.model)) is self:
+            del _CAST_TAPS[id(self.model)]
+        if not _CAST_TAPS:
+            nn.Module._apply = _ORIG_APPLY  # type: ignore[method-assign]
+
+
+class Hook:
+    """A module hook that a ``copy.deepcopy`` or a pickle of the hooked model drops (the copy gets a
+    hook that does nothing): the watch it calls holds files and locks, and is about the original."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __deepcopy__(self, memo: dict) -> Callable[..., None]:
+        return inert
+
+    def __reduce__(self) -> Any:
+        return (_inert, ())
+
+
+def inert(*args: Any) -> None:
+    """What a copied model's watch hook does: nothing."""
+
+
+def _inert() -> Callable[..., None]:
+    return inert
 
 
 def main_dtype(model: nn.Module) -> torch.dtype | None:

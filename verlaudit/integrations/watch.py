@@ -157,12 +157,12 @@ class Watch:
             )
         if self._contract["source"] == "inferred" and autocast is None:
             for model in self.models.values():
-                self._forward_hooks.append(model.register_forward_pre_hook(self._first_forward))
+                first = loop_checks.Hook(self._first_forward)
+                self._forward_hooks.append(model.register_forward_pre_hook(first))
         self._regions.install()
         for role, model in self.models.items():
-            self._handles.append(
-                model.register_forward_pre_hook(functools.partial(self._forward_check, role))
-            )
+            check = loop_checks.Hook(functools.partial(self._forward_check, role))
+            self._handles.append(model.register_forward_pre_hook(check))
             self._casts.append(loop_checks.CastTap(model, functools.partial(self._cast, role)))
         return self
 

@@ -145,6 +145,15 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         )
     where = producer.where if producer else None
     title = f"Non-finite loss/gradients from step {step}" + (f", first produced in {where}" if where else "")
+    obs = producer.observed if producer is not None and isinstance(producer.observed, dict) else {}
+    if producer is not None and producer.kind == K.OVERFLOW and obs.get("dtype") == "fp16":
+        # an activation past fp16's range (plug24): the dtype is the cause, not the loss scale
+        preset = cfg(run, "precision", "preset")
+        title = (
+            f"fp16 overflow from step {step}: {where}'s forward output passed fp16's max 65504"
+            + (f" (precision.preset: {preset})" if preset else "")
+            + "; the loss and gradients are non-finite after it"
+        )
     if producer:
         what = (
             f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "
