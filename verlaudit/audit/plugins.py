@@ -157,7 +157,12 @@ def _arithmetic(func: Any, op: str) -> bool:
         or op in opcount.MATMUL
         or op in opcount.SOFTMAX
         or op in opcount.NORM
+        or op in _SCANS
     )
+
+
+_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"})
+"""Running sums and products: arithmetic that is neither pointwise nor a reduction by torch's tags."""
 
 
 class Recorder(TorchDispatchMode):
