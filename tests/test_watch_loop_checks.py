@@ -199,3 +199,15 @@ def test_fp16_autocast_without_a_scaler_and_zero_grad_after_backward_are_named(t
     assert kinds(tmp_path / "fp16") == ["loop/fp16_no_scaler"]
     run_loop(tmp_path / "order", step_fn=late_zero_grad)
     assert kinds(tmp_path / "order") == ["loop/step_without_grads"]
+
+
+def test_a_declared_fp32_contract_run_under_bf16_autocast_is_named_and_a_declared_bf16_one_is_clean(tmp_path):
+    def fwd(m, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x)
+
+    run_loop(tmp_path / "fp32", forward=fwd, precision="fp32")
+    (f,) = [f for f in read_run(tmp_path / "fp32").findings if f.kind == "loop/compute_below_contract"]
+    assert f.observed == {"output_dtype": "bf16", "param_dtype": "fp32"} and "precision='bf16'" in f.fix
+    run_loop(tmp_path / "bf16", forward=fwd, precision="bf16")
+    assert kinds(tmp_path / "bf16") == []

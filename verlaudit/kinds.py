@@ -439,6 +439,11 @@ COLLATOR_RANK = _f(
     "batch_shape",
     "collator token ids of another rank than [batch, length] (an extra dimension from torch.stack)",
 )
+LOOP_COMPUTE_BELOW_CONTRACT = _f(
+    "loop/compute_below_contract",
+    "compute_dtype",
+    "an own loop's forward returned a narrower dtype than its declared contract computes in",
+)
 PLUGIN_INT_WRAP = _f(
     "plugin/int_wrap",
     "plugin_precision",

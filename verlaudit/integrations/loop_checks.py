@@ -319,6 +319,41 @@ def fp16_no_scaler_finding(role: str, region: dict[str, Any], where: dict) -> Fi
     )
 
 
+def output_tensor(output: Any) -> torch.Tensor | None:
+    """The floating tensor a forward returned (a tensor, or a model output's ``logits``), else None."""
+    t = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    if t is None and isinstance(output, (tuple, list)) and output:
+        t = output[0]
+    return t if isinstance(t, torch.Tensor) and t.is_floating_point() else None
+
+
+def below_contract_finding(
+    role: str, model: nn.Module, output: Any, compute: torch.dtype, store: torch.dtype, where: dict
+) -> Finding | None:
+    """A forward whose weights are the contract's but whose output is narrower than its compute dtype:
+    an autocast (or a cast inside the model) the contract does not declare ran it in a lower dtype."""
+    out = output_tensor(output)
+    p = next(model.parameters(), None)
+    if out is None or p is None or p.dtype != store or not out.dtype.is_floating_point:
+        return None
+    if torch.finfo(out.dtype).bits >= torch.finfo(compute).bits:
+        return None
+    line = user_frame(depth=3)
+    return Finding(
+        severity="warning",
+        kind=K.LOOP_COMPUTE_BELOW_CONTRACT,
+        message=f"the {role}'s forward at {line} returned {dn(out.dtype)} while the contract computes it in "
+        f"{dn(compute)} (weights {dn(store)}): an autocast or cast the contract does not declare",
+        role=role,
+        where=f"forward of the {role} at {line}",
+        observed={"output_dtype": dn(out.dtype), "param_dtype": dn(store)},
+        expected=dn(compute),
+        fix=f"at {line}: run the forward without the {dn(out.dtype)} autocast, or declare it: "
+        f"verlaudit.watch(..., precision='{dn(out.dtype)}')",
+        **where,
+    )
+
+
 def no_grads_finding(role: str, line: str | None, where: dict) -> Finding:
     """An optimizer step none of whose parameters has a gradient."""
     return Finding(

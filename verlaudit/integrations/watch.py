@@ -163,6 +163,8 @@ class Watch:
         for role, model in self.models.items():
             check = loop_checks.Hook(functools.partial(self._forward_check, role))
             self._handles.append(model.register_forward_pre_hook(check))
+            out = loop_checks.Hook(functools.partial(self._output_check, role))
+            self._handles.append(model.register_forward_hook(out))
             self._casts.append(loop_checks.CastTap(model, functools.partial(self._cast, role)))
         return self
 
@@ -236,6 +238,18 @@ class Watch:
         scaled = self.scaler is not None and self.scaler.is_enabled()
         if live and live[-1]["dtype"] == "fp16" and role in self.optimizers and not scaled:
             self._add(loop_checks.fp16_no_scaler_finding(role, live[-1], self._where()))
+
+    def _output_check(self, role: str, module: nn.Module, args: Any, output: Any) -> None:
+        """A declared contract (a preset or a policy) whose compute dtype the forward did not keep."""
+        s = self.session
+        if s is None or self._contract.get("source") == "inferred" or role not in s.policy.roles:
+            return
+        rp = s.policy[role]
+        self._add(
+            loop_checks.below_contract_finding(
+                role, module, output, rp.compute_dtype, rp.param_dtype, self._where()
+            )
+        )
 
     def _cast(self, role: str, before: torch.dtype, after: torch.dtype, line: str | None) -> None:
         """A cast of a whole watched model: down from its contract's storage dtype is remembered; back up
