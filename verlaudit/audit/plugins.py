@@ -18,9 +18,19 @@ The trainer hands every call of user code at a plug-in point to its observer
   keep state, count calls or hit a service). Either way the random number generators are restored
   after the second call, so the run samples what it would have sampled.
 
+* Integer arithmetic that wraps: an add / sub / mul / sum / cumsum ... writing uint8, int8 or int16
+  is run again on int64 copies of its inputs (only those ops, so the clean path pays nothing), and
+  numpy's own overflow report inside the call (``np.errstate(over='call')``: a numpy integer scalar
+  wraps, a float one becomes inf) is kept with the user's line and the narrow integers in scope.
+* A collapse of distinct scores is called a cancellation when a low-precision op of the call held
+  values far larger than the scores (``CANCEL_RATIO``): the scores are differences of rounded sums.
+* `batch_rank_findings` (every batch, not only sampled steps): token ids of another rank than
+  [batch, length], which fail later in the rollout with an error that names the engine.
+
 The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
-``plugin/precision_loss``, ``plugin/int_precision``) name the plug-in, its line and the dtype to use.
-Exercised by `pytest tests/test_audit_plugins.py`.
+``plugin/precision_loss``, ``plugin/int_precision``, ``plugin/int_wrap``, ``boundary/collator_rank``) name
+the plug-in, its line and the dtype to use. Exercised by `pytest tests/test_audit_plugins.py
+tests/test_plugin_wrap_and_rank.py`.
 """
 
 from __future__ import annotations

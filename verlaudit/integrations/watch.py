@@ -15,9 +15,12 @@ pre- and post-hook on each optimizer (steps are counted from them), a tap on the
 ``unscale_`` / ``update`` (the scale the backward ran at, skipped steps, the loss-scale history), and
 a one-shot forward pre-hook per model that reads the autocast the first forward runs under (for an
 inferred contract). Boundary calls (`Watch.batch`, `Watch.reward`, `Watch.rollout`, `Watch.forward`,
-`Watch.loss`) hand the user's own values to the same checks our trainer's run through. Everything
-lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py`.
+`Watch.loss`) hand the user's own values to the same checks our trainer's run through. The loop's
+own precision (an autocast that does nothing, weights cast down and back up, the GradScaler's order,
+an undeclared autocast under a declared contract) is checked by `verlaudit.integrations.loop_checks`
+from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open.
+Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py`.
 """
 
 from __future__ import annotations
