@@ -166,3 +166,28 @@ def test_an_fp16_activation_overflow_is_titled_fp16_with_the_preset_and_bf16_fir
     first = diagnose_run(run).causes[0]
     assert first.title.startswith("fp16 overflow from step 0") and "precision.preset: fp16" in first.title
     assert "bf16" in first.fixes[0].why and "loss scale" not in first.fixes[0].why
+
+
+# ---------------------------------------------------------------- values rounded by a cast down and back up
+
+
+def bf16_rounded_reward(prompts, responses, examples):
+    scores = torch.tensor([len(r) / 7 for r in responses])
+    return scores.to(torch.bfloat16).to(torch.float32).tolist()  # "to save memory": only rounds
+
+
+def fp32_reward_with_a_bf16_copy(prompts, responses, examples):
+    scores = torch.tensor([len(r) / 7 for r in responses])
+    _ = scores.to(torch.bfloat16)  # a copy for logging; the scores stay fp32
+    return scores.tolist()
+
+
+def test_a_cast_down_and_straight_back_up_in_a_reward_function_is_named():
+    a = audited()
+    call(a, bf16_rounded_reward)
+    (f,) = found(a, K.PLUGIN_ROUND_TRIP)
+    t = f.observed[0]
+    assert (t["high"], t["low"]) == ("fp32", "bf16") and "(bf16_rounded_reward)" in t["down"]
+    clean = audited()
+    call(clean, fp32_reward_with_a_bf16_copy)
+    assert found(clean, K.PLUGIN_ROUND_TRIP) == []

@@ -444,6 +444,11 @@ LOOP_COMPUTE_BELOW_CONTRACT = _f(
     "compute_dtype",
     "an own loop's forward returned a narrower dtype than its declared contract computes in",
 )
+PLUGIN_ROUND_TRIP = _f(
+    "plugin/round_trip",
+    "plugin_precision",
+    "values a reward function or collator cast to fp16/bf16 and straight back up: rounded, not computed",
+)
 PLUGIN_INT_WRAP = _f(
     "plugin/int_wrap",
     "plugin_precision",

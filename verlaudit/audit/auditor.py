@@ -39,6 +39,7 @@ from verlaudit.audit import (
     nonfinite,
     numerics,
     opcount,
+    plugin_batch,
     plugins,
     reward_signal,
     setup_changes,
@@ -290,7 +291,7 @@ class Auditor(Observer):
                 )
             )
             self.findings.extend(
-                plugins.batch_rank_findings(batch, role=role, source=source, **self.context.where())
+                plugin_batch.batch_rank_findings(batch, role=role, source=source, **self.context.where())
             )
             self.findings.extend(
                 invariants.batch_findings(

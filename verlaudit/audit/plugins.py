@@ -24,11 +24,11 @@ The trainer hands every call of user code at a plug-in point to its observer
   wraps, a float one becomes inf) is kept with the user's line and the narrow integers in scope.
 * A collapse of distinct scores is called a cancellation when a low-precision op of the call held
   values far larger than the scores (``CANCEL_RATIO``): the scores are differences of rounded sums.
-* `batch_rank_findings` (every batch, not only sampled steps): token ids of another rank than
-  [batch, length], which fail later in the rollout with an error that names the engine.
+* A collator's ids of another rank than [batch, length] are checked on every batch by
+  `verlaudit.audit.plugin_batch`.
 
 The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
-``plugin/precision_loss``, ``plugin/int_precision``, ``plugin/int_wrap``, ``boundary/collator_rank``) name
+``plugin/precision_loss``, ``plugin/int_precision``, ``plugin/int_wrap``, ``plugin/round_trip``) name
 the plug-in, its line and the dtype to use. Exercised by `pytest tests/test_audit_plugins.py
 tests/test_plugin_wrap_and_rank.py`.
 """
@@ -203,6 +203,10 @@ class Recorder(TorchDispatchMode):
         self.numpy_overflows: list[dict[str, Any]] = []
         """numpy's overflow reports inside the call (``np.errstate(over='call')``): line, dtypes in scope."""
         self._np: Any = None
+        self._down: dict[int, tuple[weakref.ref, torch.dtype, str | None]] = {}
+        """id(tensor) -> (it, the wider dtype it was cast from, the line): casts down inside the call."""
+        self.round_trips: list[dict[str, Any]] = []
+        """Values cast to fp16/bf16 and back up (rounded, nothing computed in between), first few."""
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -229,6 +233,8 @@ class Recorder(TorchDispatchMode):
             if func.is_view:
                 return out
             line = user_frame(depth=2)
+            if op in opcount.CAST:
+                self._round_trip(args, outs[0], line)
             name = dtype_name(dtype) or str(dtype)
             if dtype in LOW and _arithmetic(func, op):
                 key = (op, line, name)
@@ -324,6 +330,20 @@ class Recorder(TorchDispatchMode):
         biggest = torch.where(lost, r.abs(), r.new_zeros(())).amax() if r.numel() else r.new_zeros(())
         self._flushed.append((*at, lost.sum(), biggest))
 
+    def _round_trip(self, args: tuple, out: torch.Tensor, line: str | None) -> None:
+        """A cast down (remembered) or a cast back up of a remembered tensor (a round trip)."""
+        src = next((t for t in _floats(args)), None)
+        if src is None or src.dtype == out.dtype:
+            return
+        bits_in, bits_out = torch.finfo(src.dtype).bits, torch.finfo(out.dtype).bits
+        if bits_out < bits_in and out.dtype in LOW:
+            self._down[id(out)] = (weakref.ref(out), src.dtype, line)
+            return
+        hit = self._down.get(id(src))
+        if hit is not None and hit[0]() is src and bits_out > bits_in and len(self.round_trips) < KEEP_LINES:
+            self.round_trips.append({"down": hit[2], "up": line, "high": dtype_name(hit[1]),
+                                     "low": dtype_name(src.dtype), "elements": src.numel()})  # fmt: skip
+
     def _peak(self) -> dict[str, Any] | None:
         """The low-precision op whose outputs reached the largest magnitude (op, line, dtype, value)."""
         if not self._low_max:
@@ -389,6 +409,7 @@ class Recorder(TorchDispatchMode):
                              "ops": sum(1 for n in counts if n), "largest_lost": float(biggest)}  # fmt: skip
         return {
             "int_wrap": wrap,
+            "round_trips": self.round_trips,
             "underflow": underflow,
             "dtypes": dict(self.dtypes),
             "ops": self.ops,
@@ -534,6 +555,9 @@ def findings(
                 **ctx,
             )
         )
+    trips = record.get("round_trips") if point != "reward_model" else None  # a model's casts are its policy's
+    if trips:
+        out.append(_round_trip_finding(what, trips, ctx))
     wrap = record.get("int_wrap")
     if wrap:
         out.append(_wrap_finding(what, wrap, ctx))
@@ -574,6 +598,23 @@ def findings(
     if comparison is not None:
         out += _comparison_findings(point, what, record, comparison, high=high, ctx=ctx)
     return out
+
+
+def _round_trip_finding(what: str, trips: list[dict], ctx: dict) -> Finding:
+    """Values cast to fp16/bf16 and straight back up inside the plug-in: rounded, nothing computed."""
+    t = trips[0]
+    return Finding(
+        severity="warning",
+        kind=K.PLUGIN_ROUND_TRIP,
+        message=f"your {what} cast {t['elements']} value(s) from {t['high']} to {t['low']} at {t['down']} and "
+        f"back to {t['high']} at {t['up']}: nothing was computed in {t['low']}, the values were only "
+        f"rounded to its spacing",
+        observed=trips,
+        expected=f"values kept in {t['high']}",
+        fix=f"at {t['down']}: drop the cast to {t['low']} (keep {t['high']}), or round on purpose with a "
+        "stated precision (torch.round(x, decimals=...))",
+        **ctx,
+    )
 
 
 def _wrap_finding(what: str, w: dict, ctx: dict) -> Finding:
@@ -729,7 +770,6 @@ def _lowest(record: dict[str, Any], result: Any) -> str | None:
     return next((d for d in ("fp16", "bf16", "fp32") if d in seen), None)
 
 
-# ---------------------------------------------------------------- what a collator returned (every step)
 def _numpy_errstate(callback: Callable[[str, int], None]) -> Any:
     """An entered ``np.errstate(over='call')`` calling ``callback`` (None without numpy); the user's own
     errstate inside the call wins, and the other error kinds stay as they were."""
@@ -740,45 +780,3 @@ def _numpy_errstate(callback: Callable[[str, int], None]) -> Any:
     state = np.errstate(over="call", call=callback)
     state.__enter__()
     return state
-
-
-def batch_rank_findings(
-    batch: Any, *, role: str, source: str, step: int | None = None, phase: str | None = None
-) -> list[Finding]:
-    """Token ids of another rank than [batch, length]: ``torch.stack`` of per-example ``[1, P]``
-    tokenizer outputs makes ``[B, 1, P]``, which the rollout's ``generate`` and the model's embedding
-    take as another layout or refuse later (the exception then names the engine, not the collator).
-    Checked on every batch, whatever the step: it reads shapes only."""
-    if not hasattr(batch, "items"):
-        return []
-    out = []
-    for k, v in batch.items():
-        if (
-            not (isinstance(k, str) and k.endswith("input_ids") and isinstance(v, torch.Tensor))
-            or v.dim() == 2
-        ):
-            continue
-        shape = list(v.shape)
-        ones = [i for i, n in enumerate(shape) if n == 1 and i > 0]
-        hint = (
-            f"torch.cat the per-example [1, length] tensors (or .squeeze({ones[0]})) instead of torch.stack"
-            if v.dim() == 3 and ones
-            else "return [batch, length] tensors"
-        )
-        out.append(
-            Finding(
-                severity="error",
-                kind=K.COLLATOR_RANK,
-                message=f"the collator ({source}) returned {k} of shape {shape} ({v.dim()}-D): the rollout and the "
-                f"model take [batch, length] (2-D); the batch has an extra dimension",
-                role=role,
-                where=f"collator:{source}.{k}",
-                observed={"shape": shape, "ndim": v.dim()},
-                expected="[batch, length]",
-                fix=f"in the collator: {hint}, so that every ids and mask field has shape [batch, length]",
-                step=step,
-                phase=phase,
-            )
-        )
-        break
-    return out
