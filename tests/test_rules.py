@@ -183,6 +183,14 @@ ROOTS = {
     "sampling": lambda st, ph, role: Records([finding(K.SAMPLING_COLLAPSE, step=st, phase=ph, role=role,
                                                       where="algo.temperature", severity="warning",
                                                       observed={"identical_groups": 4, "groups": 4})]),
+    # plug24: an own loop's checks (verlaudit.integrations.loop_checks)
+    "loop_scaling": lambda st, ph, role: Records([finding(K.LOOP_UNSCALED_BACKWARD, step=st, phase=ph, role=role,
+                                                          where="GradScaler at loop.py:9 (step)")]),
+    "autocast_device": lambda st, ph, role: Records([finding(K.LOOP_AUTOCAST_INACTIVE, step=st, phase=ph, role=role,
+                                                             where="autocast at loop.py:7 (step)",
+                                                             severity="warning")]),
+    "round_trip": lambda st, ph, role: Records([finding(K.LOOP_WEIGHT_ROUND_TRIP, step=st, phase=ph, role=role,
+                                                        where="cast of the actor at loop.py:5 (gen)")]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role

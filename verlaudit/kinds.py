@@ -88,6 +88,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "entropy_bonus": "an entropy coefficient whose term outweighs the advantages: the policy goes uniform",
         "sampling": "a sampling setting (temperature, top_k, top_p) that makes a group's responses identical",
         "rejection": "a rollout rejection threshold that masks most tokens out of the policy gradient",
+        # plug24: the user's own loop (`verlaudit.integrations.loop_checks`)
+        "loop_scaling": "an own loop's fp16 backward or optimizer step outside its GradScaler",
+        "autocast_device": "an autocast region that is off for the device of the model's tensors or its dtype",
+        "round_trip": "weights cast to fp16/bf16 and back: rounded every time, small updates erased",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -472,6 +476,57 @@ REJECTION_SATURATED = _f(
     "rollout rejection (rollout_rs) masks most tokens out of the policy gradient",
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
+
+# ---------------------------------------------------------------- plug24: the user's own loop
+# (`verlaudit.integrations.loop_checks`) and integer arithmetic inside plug-ins (`verlaudit.audit.plugins`)
+LOOP_UNSCALED_BACKWARD = _f(
+    "loop/unscaled_backward",
+    "loop_scaling",
+    "scaler.step with no scaler.scale(loss) since the last update: the backward ran on the unscaled loss",
+)
+LOOP_SCALER_BYPASSED = _f(
+    "loop/scaler_bypassed",
+    "loop_scaling",
+    "optimizer.step() outside scaler.step after a scaled backward: the gradients carry the loss scale",
+)
+LOOP_FP16_NO_SCALER = _f(
+    "loop/fp16_no_scaler", "loop_scaling", "an fp16 autocast forward of a trained model with no GradScaler"
+)
+LOOP_STEP_WITHOUT_GRADS = _f(
+    "loop/step_without_grads",
+    "loop_scaling",
+    "an optimizer step with no gradient on any parameter (zero_grad between backward and step)",
+)
+LOOP_AUTOCAST_INACTIVE = _f(
+    "loop/autocast_inactive",
+    "autocast_device",
+    "an autocast region around a forward that does nothing for it (another device type, or disabled)",
+)
+LOOP_WEIGHT_ROUND_TRIP = _f(
+    "loop/weight_round_trip",
+    "round_trip",
+    "a trained model cast from its storage dtype to fp16/bf16 and back: its master weights rounded",
+)
+COLLATOR_RANK = _f(
+    "boundary/collator_rank",
+    "batch_shape",
+    "collator token ids of another rank than [batch, length] (an extra dimension from torch.stack)",
+)
+LOOP_COMPUTE_BELOW_CONTRACT = _f(
+    "loop/compute_below_contract",
+    "compute_dtype",
+    "an own loop's forward returned a narrower dtype than its declared contract computes in",
+)
+PLUGIN_ROUND_TRIP = _f(
+    "plugin/round_trip",
+    "plugin_precision",
+    "values a reward function or collator cast to fp16/bf16 and straight back up: rounded, not computed",
+)
+PLUGIN_INT_WRAP = _f(
+    "plugin/int_wrap",
+    "plugin_precision",
+    "integer arithmetic in a plug-in that wrapped around (a narrow torch integer dtype, a numpy scalar)",
+)
 
 # ---------------------------------------------------------------- where precision is lost (audit level full)
 FP16_UNDERFLOW = _f(

@@ -40,6 +40,7 @@ from verlaudit.audit import (
     nonfinite,
     numerics,
     opcount,
+    plugin_batch,
     plugins,
     reward_signal,
     setup_changes,
@@ -264,9 +265,26 @@ class Auditor(Observer):
         with recorder:
             result = call()
         with opcount.suspended():
-            self.findings.extend(plugins.watch_findings(point, source, call, result, recorder, self.settings,
-                                                        **self.context.where()))  # fmt: skip
+            self.findings.extend(plugins.watch_findings(point, source, self._unprobed(call), result, recorder,
+                                                        self.settings, **self.context.where()))  # fmt: skip
         return result
+
+    def _unprobed(self, call):
+        """``call`` with the module probes off: the higher-precision repeat of a plug-in (its inputs
+        cast up) is the audit's own work, not a forward whose dtypes the contract judges."""
+
+        def quiet():
+            probe = self.probe
+            was = probe.active if probe is not None else None
+            if probe is not None:
+                probe.active = False
+            try:
+                return call()
+            finally:
+                if probe is not None:
+                    probe.active = was
+
+        return quiet
 
     @_uncounted
     def on_batch(self, *, role, batch, source, examples=()) -> None:
@@ -280,6 +298,9 @@ class Auditor(Observer):
                     rows=len(examples) or None,
                     **self.context.where(),
                 )
+            )
+            self.findings.extend(
+                plugin_batch.batch_rank_findings(batch, role=role, source=source, **self.context.where())
             )
             self.findings.extend(
                 invariants.batch_findings(

@@ -18,9 +18,19 @@ The trainer hands every call of user code at a plug-in point to its observer
   keep state, count calls or hit a service). Either way the random number generators are restored
   after the second call, so the run samples what it would have sampled.
 
+* Integer arithmetic that wraps: an add / sub / mul / sum / cumsum ... writing uint8, int8 or int16
+  is run again on int64 copies of its inputs (only those ops, so the clean path pays nothing), and
+  numpy's own overflow report inside the call (``np.errstate(over='call')``: a numpy integer scalar
+  wraps, a float one becomes inf) is kept with the user's line and the narrow integers in scope.
+* A collapse of distinct scores is called a cancellation when a low-precision op of the call held
+  values far larger than the scores (``CANCEL_RATIO``): the scores are differences of rounded sums.
+* A collator's ids of another rank than [batch, length] are checked on every batch by
+  `verlaudit.audit.plugin_batch`.
+
 The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
-``plugin/precision_loss``, ``plugin/int_precision``) name the plug-in, its line and the dtype to use.
-Exercised by `pytest tests/test_audit_plugins.py`.
+``plugin/precision_loss``, ``plugin/int_precision``, ``plugin/int_wrap``, ``plugin/round_trip``) name
+the plug-in, its line and the dtype to use. Exercised by `pytest tests/test_audit_plugins.py
+tests/test_plugin_wrap_and_rank.py`.
 """
 
 from __future__ import annotations
@@ -44,12 +54,17 @@ from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
 LOW = (torch.float16, torch.bfloat16)
+NARROW_INTS = (torch.uint8, torch.int8, torch.int16)
+"""Integer dtypes whose arithmetic wraps within the values a length, a count or a sum reaches."""
+_INT_ARITH = frozenset({"add", "sub", "rsub", "mul", "neg", "abs", "pow", "sum", "cumsum", "prod", "cumprod"})
+"""Integer ops recomputed in int64 when they write a narrow integer dtype (`Recorder`)."""
 _VERLAUDIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = tuple(
     d + os.sep for d in (os.path.dirname(torch.__file__), os.path.dirname(trainer.__file__), _VERLAUDIT)
 )
 """torch, the trainer and verlaudit: frames that are not the user's."""
 _THIS = os.path.abspath(__file__)
+_LIBRARY = os.sep + "site-packages" + os.sep
 KEEP_LINES = 3
 """Distinct user lines kept per finding."""
 
@@ -78,8 +93,8 @@ path test per file, not per frame and op."""
 
 def _file_kind(name: str) -> str:
     path = os.path.abspath(name)
-    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<"):
-        return "torch"
+    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<") or _LIBRARY in path:
+        return "torch"  # an installed library (transformers' Module.to) is not where the user's line is
     return "ours" if path.startswith(_SKIP_DIRS) else "user"
 
 
@@ -152,7 +167,12 @@ def _arithmetic(func: Any, op: str) -> bool:
         or op in opcount.MATMUL
         or op in opcount.SOFTMAX
         or op in opcount.NORM
+        or op in _SCANS
     )
+
+
+_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"})
+"""Running sums and products: arithmetic that is neither pointwise nor a reduction by torch's tags."""
 
 
 class Recorder(TorchDispatchMode):
@@ -171,18 +191,35 @@ class Recorder(TorchDispatchMode):
         """The op counter's suspension depth where the call runs (`__enter__`)."""
         self.dtypes: Counter = Counter()
         self.low: dict[tuple[str, str | None, str], int] = {}
+        self._low_max: dict[tuple[str, str | None, str], torch.Tensor] = {}
+        """(op, line, dtype) -> the largest |value| its outputs held (where a cancellation starts)."""
         """(op, user line, dtype) -> count, in first-seen order."""
         self._nonfinite: list[tuple[str, str | None, str, torch.Tensor, torch.Tensor | bool]] = []
         """(op, line, dtype, outputs finite, inputs from outside the call finite) per computing op."""
         self._produced: dict[int, weakref.ref] = {}
         self._ints: list[tuple[str, str | None, str, torch.Tensor]] = []
+        self._wraps: list[tuple[str, str | None, str, torch.Tensor]] = []
+        """(op, line, dtype, elements whose int64 result differs) per narrow-integer op."""
+        self.numpy_overflows: list[dict[str, Any]] = []
+        """numpy's overflow reports inside the call (``np.errstate(over='call')``): line, dtypes in scope."""
+        self._np: Any = None
+        self._down: dict[int, tuple[weakref.ref, torch.dtype, str | None]] = {}
+        """id(tensor) -> (it, the wider dtype it was cast from, the line): casts down inside the call."""
+        self.round_trips: list[dict[str, Any]] = []
+        """Values cast to fp16/bf16 and back up (rounded, nothing computed in between), first few."""
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
+        op = func.overloadpacket.__name__
+        wide = None
+        if op.rstrip("_") in _INT_ARITH and opcount.suspension_depth() <= self._depth:
+            wide = self._int64_reference(func, args, kwargs)  # before an in-place op overwrites its input
         out = func(*args, **kwargs)
         if opcount.suspension_depth() > self._depth:
             return out  # the audit's own work inside the call (not the rollout phase's suspension)
+        if wide is not None:
+            self._check_wrap(op, out, wide)
         outs = _floats(out)
         if not outs:
             if func.overloadpacket.__name__ in opcount.CAST and _ints(out):
@@ -196,10 +233,17 @@ class Recorder(TorchDispatchMode):
             if func.is_view:
                 return out
             line = user_frame(depth=2)
+            if op in opcount.CAST:
+                self._round_trip(args, outs[0], line)
             name = dtype_name(dtype) or str(dtype)
             if dtype in LOW and _arithmetic(func, op):
                 key = (op, line, name)
                 self.low[key] = self.low.get(key, 0) + 1
+                if outs[0].numel():
+                    m = outs[0].detach().abs().amax().float()
+                    m = torch.where(torch.isfinite(m), m, m.new_zeros(()))
+                    old = self._low_max.get(key)
+                    self._low_max[key] = m if old is None else torch.maximum(old, m)
                 if self.underflow and _recomputable(func, op, kwargs):
                     self._check_flush(func, args, kwargs, outs[0], (op, line, name))
             fine_out = _all_finite(outs)
@@ -221,7 +265,57 @@ class Recorder(TorchDispatchMode):
 
     def __enter__(self) -> Recorder:
         self._depth = opcount.suspension_depth()
+        self._np = _numpy_errstate(self._numpy_overflow)
         return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._np is not None:
+                self._np.__exit__(None, None, None)
+                self._np = None
+
+    def _numpy_overflow(self, kind: str, flag: int) -> None:
+        """numpy's error callback: an overflow in a numpy op of the call (integer scalars wrap; floats inf)."""
+        if len(self.numpy_overflows) >= KEEP_LINES:
+            return
+        f = sys._getframe(1)
+        narrow = sorted(
+            {
+                f"{name} {v.dtype}"
+                for name, v in f.f_locals.items()
+                if getattr(getattr(v, "dtype", None), "kind", None) in ("i", "u") and v.dtype.itemsize < 8
+            }
+        )[:4]
+        self.numpy_overflows.append({"line": user_frame(depth=2), "kind": kind, "narrow": narrow})
+
+    def _int64_reference(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The op on int64 copies of its narrow-integer inputs (None when it has none)."""
+        if not any(isinstance(t, torch.Tensor) and t.dtype in NARROW_INTS for t in pytree.tree_leaves(args)):
+            return None
+        with opcount.suspended():
+            up = pytree.tree_map(
+                lambda x: x.to(torch.int64) if isinstance(x, torch.Tensor) and x.dtype in NARROW_INTS else x,
+                (args, kwargs),
+            )
+            kw = dict(up[1])
+            if isinstance(kw.get("dtype"), torch.dtype) and kw["dtype"] in NARROW_INTS:
+                kw["dtype"] = torch.int64
+            kw.pop("out", None)
+            try:
+                ref = getattr(torch.ops.aten, func.overloadpacket.__name__.rstrip("_"))(*up[0], **kw)
+            except (RuntimeError, TypeError, AttributeError):
+                return None
+        return ref if isinstance(ref, torch.Tensor) else None
+
+    def _check_wrap(self, op: str, out: Any, wide: torch.Tensor) -> None:
+        res = out if isinstance(out, torch.Tensor) else None
+        if res is None or res.dtype not in NARROW_INTS or res.shape != wide.shape:
+            return
+        with opcount.suspended():
+            bad = (res.to(torch.int64) != wide).sum()
+            self._wraps.append((op, user_frame(depth=3), dtype_name(res.dtype) or str(res.dtype), bad))
 
     def _check_flush(self, func: Any, args: tuple, kwargs: dict, out: torch.Tensor, at: tuple) -> None:
         """The op again on fp32 copies of its low-precision inputs: elements the real op returned as 0
@@ -235,6 +329,30 @@ class Recorder(TorchDispatchMode):
         lost = (out == 0) & (r != 0) & torch.isfinite(r) & (r.abs() < tiny)
         biggest = torch.where(lost, r.abs(), r.new_zeros(())).amax() if r.numel() else r.new_zeros(())
         self._flushed.append((*at, lost.sum(), biggest))
+
+    def _round_trip(self, args: tuple, out: torch.Tensor, line: str | None) -> None:
+        """A cast down (remembered) or a cast back up of a remembered tensor (a round trip)."""
+        src = next((t for t in _floats(args)), None)
+        if src is None or src.dtype == out.dtype:
+            return
+        bits_in, bits_out = torch.finfo(src.dtype).bits, torch.finfo(out.dtype).bits
+        if bits_out < bits_in and out.dtype in LOW:
+            self._down[id(out)] = (weakref.ref(out), src.dtype, line)
+            return
+        hit = self._down.get(id(src))
+        if hit is not None and hit[0]() is src and bits_out > bits_in and len(self.round_trips) < KEEP_LINES:
+            self.round_trips.append({"down": hit[2], "up": line, "high": dtype_name(hit[1]),
+                                     "low": dtype_name(src.dtype), "elements": src.numel()})  # fmt: skip
+
+    def _peak(self) -> dict[str, Any] | None:
+        """The low-precision op whose outputs reached the largest magnitude (op, line, dtype, value)."""
+        if not self._low_max:
+            return None
+        keys = list(self._low_max)
+        values = torch.stack([self._low_max[k].to(torch.float64).cpu() for k in keys]).tolist()
+        k = max(range(len(keys)), key=lambda i: values[i])
+        op, line, name = keys[k]
+        return {"op": op, "line": line, "dtype": name, "value": values[k]}
 
     def _made(self, t: torch.Tensor) -> bool:
         ref = self._produced.get(id(t))
@@ -272,6 +390,15 @@ class Recorder(TorchDispatchMode):
                 if amax > limit:
                     int_loss.append({"op": op, "line": line, "dtype": name, "max": amax, "limit": limit})
         low = [{"op": op, "line": line, "dtype": d, "count": n} for (op, line, d), n in self.low.items()]
+        wrap = None
+        if self._wraps:
+            counts = torch.stack([n for *_, n in self._wraps]).tolist()
+            at = next((k for k, n in enumerate(counts) if n), None)
+            if at is not None:
+                op, line, name, _ = self._wraps[at]
+                wrap = {"op": op, "line": line, "dtype": name, "elements": int(counts[at]), "source": "torch"}
+        if wrap is None and self.numpy_overflows:
+            wrap = {**self.numpy_overflows[0], "source": "numpy", "reports": len(self.numpy_overflows)}
         underflow = None
         if self._flushed:
             counts = torch.stack([n for *_, n, _ in self._flushed]).tolist()
@@ -281,10 +408,13 @@ class Recorder(TorchDispatchMode):
                 underflow = {"op": op, "line": line, "dtype": name, "elements": int(counts[at]),
                              "ops": sum(1 for n in counts if n), "largest_lost": float(biggest)}  # fmt: skip
         return {
+            "int_wrap": wrap,
+            "round_trips": self.round_trips,
             "underflow": underflow,
             "dtypes": dict(self.dtypes),
             "ops": self.ops,
             "low": low,
+            "low_peak": self._peak(),
             "first_nonfinite": first,
             "int_loss": int_loss,
         }
@@ -360,6 +490,11 @@ def compare(real: list[float], high: list[float], *, dtype: str | None) -> dict[
     return out
 
 
+CANCEL_RATIO = 16.0
+"""Intermediates this many times the scores' magnitude make a collapse a cancellation (a sum of 16
+values of one sign already reaches it; normalisation and softmax stay within a few times)."""
+
+
 def collapsed(c: dict[str, Any]) -> bool:
     """The real call merged distinct scores: at least 2 fewer distinct values and a quarter of them lost."""
     lost = c["distinct_high"] - c["distinct"]
@@ -420,6 +555,12 @@ def findings(
                 **ctx,
             )
         )
+    trips = record.get("round_trips") if point != "reward_model" else None  # a model's casts are its policy's
+    if trips:
+        out.append(_round_trip_finding(what, trips, ctx))
+    wrap = record.get("int_wrap")
+    if wrap:
+        out.append(_wrap_finding(what, wrap, ctx))
     under = record.get("underflow")
     if under:
         out.append(_underflow_finding(what, under, record.get("zero_scores"), ctx))
@@ -457,6 +598,50 @@ def findings(
     if comparison is not None:
         out += _comparison_findings(point, what, record, comparison, high=high, ctx=ctx)
     return out
+
+
+def _round_trip_finding(what: str, trips: list[dict], ctx: dict) -> Finding:
+    """Values cast to fp16/bf16 and straight back up inside the plug-in: rounded, nothing computed."""
+    t = trips[0]
+    return Finding(
+        severity="warning",
+        kind=K.PLUGIN_ROUND_TRIP,
+        message=f"your {what} cast {t['elements']} value(s) from {t['high']} to {t['low']} at {t['down']} and "
+        f"back to {t['high']} at {t['up']}: nothing was computed in {t['low']}, the values were only "
+        f"rounded to its spacing",
+        observed=trips,
+        expected=f"values kept in {t['high']}",
+        fix=f"at {t['down']}: drop the cast to {t['low']} (keep {t['high']}), or round on purpose with a "
+        "stated precision (torch.round(x, decimals=...))",
+        **ctx,
+    )
+
+
+def _wrap_finding(what: str, w: dict, ctx: dict) -> Finding:
+    """Integer arithmetic of the plug-in that wrapped around: a torch op on a narrow integer dtype whose
+    int64 result differs, or numpy's own overflow report (a numpy integer scalar wraps; a float one
+    becomes inf)."""
+    line = w.get("line") or "an unknown line"
+    if w["source"] == "torch":
+        did = f"{w['op']} on {w['dtype']} at {line} wrapped around: {w['elements']} element(s) differ from the same op in int64"
+        dtype = w["dtype"]
+    else:
+        scope = f" (narrow integers there: {', '.join(w['narrow'])})" if w.get("narrow") else ""
+        did = (
+            f"numpy arithmetic at {line} overflowed{scope}: an integer result wraps around (uint8 3 - 20 is "
+            "239), a float one becomes inf"
+        )
+        dtype = w["narrow"][0].rpartition(" ")[2] if w.get("narrow") else "a narrow dtype"
+    return Finding(
+        severity="warning",
+        kind=K.PLUGIN_INT_WRAP,
+        message=f"your {what}'s integer overflow: {did}, so the scores or counts it returned are wrong",
+        observed=w,
+        expected="integer arithmetic in a dtype wide enough for its values",
+        fix=f"at {line}: compute lengths, counts and differences in int64 or Python ints (x.astype(np.int64) / "
+        f"x.long()) or floats, not {dtype}",
+        **ctx,
+    )
 
 
 def _underflow_finding(what: str, u: dict, zeros: tuple[int, int] | None, ctx: dict) -> Finding:
@@ -502,6 +687,16 @@ def _comparison_findings(
             f"your {what}'s scores rounded{sp}: {c['distinct_high']} distinct values in {high} became "
             f"{c['distinct']}{at}"
         )
+        peak = record.get("low_peak")
+        if peak and peak["dtype"] in _DTYPES and peak["value"] > CANCEL_RATIO * max(c["magnitude"], 1e-30):
+            # intermediates far larger than the scores: the scores are differences of rounded large values
+            sp_peak = spacing(_DTYPES[peak["dtype"]], peak["value"])
+            msg = (
+                f"your {what}'s scores lost precision by cancellation: {peak['op']} at {peak['line']} held values "
+                f"up to {peak['value']:.4g} in {peak['dtype']} (spacing {sp_peak:g} there), and the scores "
+                f"(magnitude {c['magnitude']:.3g}) are differences of such values: {c['distinct_high']} distinct "
+                f"values in {high} became {c['distinct']}{at}"
+            )
     elif moved(c, point):
         msg = (
             f"your {what}'s scores moved by up to {c['max_abs_diff']:.3g} against the same call in {high}{at}"
@@ -573,3 +768,15 @@ def _lowest(record: dict[str, Any], result: Any) -> str | None:
         return dtype_name(result.dtype)
     seen = set(record.get("dtypes", ()))
     return next((d for d in ("fp16", "bf16", "fp32") if d in seen), None)
+
+
+def _numpy_errstate(callback: Callable[[str, int], None]) -> Any:
+    """An entered ``np.errstate(over='call')`` calling ``callback`` (None without numpy); the user's own
+    errstate inside the call wins, and the other error kinds stay as they were."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    state = np.errstate(over="call", call=callback)
+    state.__enter__()
+    return state

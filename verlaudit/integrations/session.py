@@ -41,25 +41,48 @@ def grad_norm(model: nn.Module) -> float:
 
 
 class ScalerTap:
-    """Wraps a GradScaler's ``unscale_`` and ``update`` on the instance (undone by `remove`): calls
-    ``before_unscale(optimizer, scale)`` while the gradients are still scaled, keeps whether the last
-    ``update`` followed non-finite gradients (the scaler forgets it there), then calls ``after_update()``."""
+    """Wraps a GradScaler's ``unscale_``, ``update``, ``scale`` and ``step`` on the instance (undone by
+    `remove`): calls ``before_unscale(optimizer, scale)`` while the gradients are still scaled, keeps
+    whether the last ``update`` followed non-finite gradients (the scaler forgets it there), then calls
+    ``after_update()``; counts ``scale`` calls since the last update and calls ``before_step(optimizer,
+    scale calls)`` at each ``step`` (`verlaudit.integrations.loop_checks` reads both)."""
 
     def __init__(
         self,
         scaler: Any,
         before_unscale: Callable[[Any, float], None] | None = None,
         after_update: Callable[[], None] | None = None,
+        before_step: Callable[[Any, int], None] | None = None,
     ) -> None:
         self.scaler = scaler
         self._after_update = after_update
+        self._before_step = before_step
         self.found_inf: bool | None = None
         self.scale_before: float | None = None
         self.steps = self.skipped = self.backoffs = self.growths = 0
+        self.scaled = 0
+        """``scale`` calls since the last ``update`` (0 at a ``step``: the backward was not scaled)."""
+        self.in_step = False
+        """Inside ``scaler.step``: an optimizer step now is the scaler's, not a bypass."""
         self._before_unscale = before_unscale
-        self._orig = {name: getattr(scaler, name) for name in ("unscale_", "update")}
+        self._orig = {name: getattr(scaler, name) for name in ("unscale_", "update", "scale", "step")}
         scaler.unscale_ = self._unscale
         scaler.update = self._update
+        scaler.scale = self._scale
+        scaler.step = self._step
+
+    def _scale(self, outputs: Any) -> Any:
+        self.scaled += 1
+        return self._orig["scale"](outputs)
+
+    def _step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._before_step is not None and self.scaler.is_enabled():
+            self._before_step(optimizer, self.scaled)
+        self.in_step = True
+        try:
+            return self._orig["step"](optimizer, *args, **kwargs)
+        finally:
+            self.in_step = False
 
     def _unscale(self, optimizer: Any) -> Any:
         if self._before_unscale is not None and self.scaler.is_enabled():
@@ -76,6 +99,7 @@ class ScalerTap:
             self.found_inf = bool(sum(float(v) for v in found)) if found else False
             self.scale_before = float(self.scaler.get_scale())
         out = self._orig["update"](new_scale)
+        self.scaled = 0
         if enabled:
             self.steps += 1
             scale = float(self.scaler.get_scale())

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from verlaudit import kinds as K
 from verlaudit.audit.settings import AuditSettings
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.integrations import contract
@@ -213,7 +214,7 @@ class AuditCallback(TrainerCallback):
         if getattr(args, "cast_lm_head_to_fp32", False):
             # asked for: the LM head's fp32 weights are the contract, not a stray dtype
             self.session.intend(
-                lambda f: f.kind in ("dtype/param_storage", "dtype/grad") and f.where == "lm_head",
+                lambda f: f.kind in (K.PARAM_STORAGE, K.GRAD) and f.where == "lm_head",
                 "intended: cast_lm_head_to_fp32=True keeps the LM head in fp32",
             )
         scaler = getattr(getattr(t, "accelerator", None), "scaler", None)

@@ -15,9 +15,12 @@ pre- and post-hook on each optimizer (steps are counted from them), a tap on the
 ``unscale_`` / ``update`` (the scale the backward ran at, skipped steps, the loss-scale history), and
 a one-shot forward pre-hook per model that reads the autocast the first forward runs under (for an
 inferred contract). Boundary calls (`Watch.batch`, `Watch.reward`, `Watch.rollout`, `Watch.forward`,
-`Watch.loss`) hand the user's own values to the same checks our trainer's run through. Everything
-lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py`.
+`Watch.loss`) hand the user's own values to the same checks our trainer's run through. The loop's
+own precision (an autocast that does nothing, weights cast down and back up, the GradScaler's order,
+an undeclared autocast under a declared contract) is checked by `verlaudit.integrations.loop_checks`
+from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open.
+Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py`.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from torch import nn
 
 from trainer.events import PHASES
 from trainer.precision import ROLES, TRAINABLE_ROLES, PrecisionPolicy
+from verlaudit.audit.plugins import user_frame
 from verlaudit.audit.settings import AuditSettings
-from verlaudit.integrations import contract
+from verlaudit.integrations import contract, loop_checks
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
 
 
@@ -115,6 +119,12 @@ class Watch:
         self._tap: ScalerTap | None = None
         self._norms: dict[str, float] = {}
         self._stepped: set[str] = set()
+        self._regions = loop_checks.AutocastRegions()
+        self._casts: list[loop_checks.CastTap] = []
+        self._down: dict[str, tuple[torch.dtype, torch.dtype, str | None]] = {}
+        """role -> the open cast below its contract's storage dtype (from, to, line)."""
+        self._updates: dict[str, int] = {}
+        """role -> optimizer steps taken (a round trip after one erases updates)."""
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -146,10 +156,19 @@ class Watch:
                 self.scaler,
                 before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale),
                 after_update=self._after_update,
+                before_step=lambda opt, scaled: self._scaler_step(role_of.get(id(opt)), scaled),
             )
         if self._contract["source"] == "inferred" and autocast is None:
             for model in self.models.values():
-                self._forward_hooks.append(model.register_forward_pre_hook(self._first_forward))
+                first = loop_checks.Hook(self._first_forward)
+                self._forward_hooks.append(model.register_forward_pre_hook(first))
+        self._regions.install()
+        for role, model in self.models.items():
+            check = loop_checks.Hook(functools.partial(self._forward_check, role))
+            self._handles.append(model.register_forward_pre_hook(check))
+            out = loop_checks.Hook(functools.partial(self._output_check, role))
+            self._handles.append(model.register_forward_hook(out))
+            self._casts.append(loop_checks.CastTap(model, functools.partial(self._cast, role)))
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -157,6 +176,10 @@ class Watch:
             h.remove()
         self._handles.clear()
         self._forward_hooks.clear()
+        self._regions.remove()
+        for tap in self._casts:
+            tap.remove()
+        self._casts.clear()
         if self._tap is not None:
             self._tap.remove()
         if self.session is not None:
@@ -198,14 +221,80 @@ class Watch:
         if role is not None and self.session is not None:
             self.session.backward(role, scale)
 
+    # -- the loop's own precision (`loop_checks`) -----------------------------------------------------
+    def _add(self, finding: Any) -> None:
+        if finding is not None and self.session is not None:
+            self.session.auditor.findings.add(finding)
+
+    def _where(self) -> dict[str, Any]:
+        return self.session.auditor.context.where() if self.session is not None else {}
+
+    def _forward_check(self, role: str, module: nn.Module, args: Any) -> None:
+        """Each forward of a watched model: an open autocast that does nothing for it; fp16 autocast on
+        a trained model without an enabled scaler."""
+        regions = self._regions.stack
+        if not regions:
+            return
+        self._add(loop_checks.autocast_finding(role, module, regions, self._where()))
+        dev = loop_checks.device_type(module)
+        live = [r for r in regions if r["device"] == dev and r["enabled"]]
+        scaled = self.scaler is not None and self.scaler.is_enabled()
+        if live and live[-1]["dtype"] == "fp16" and role in self.optimizers and not scaled:
+            self._add(loop_checks.fp16_no_scaler_finding(role, live[-1], self._where()))
+
+    def _output_check(self, role: str, module: nn.Module, args: Any, output: Any) -> None:
+        """A declared contract (a preset or a policy) whose compute dtype the forward did not keep."""
+        s = self.session
+        if s is None or self._contract.get("source") == "inferred" or role not in s.policy.roles:
+            return
+        rp = s.policy[role]
+        self._add(
+            loop_checks.below_contract_finding(
+                role, module, output, rp.compute_dtype, rp.param_dtype, self._where()
+            )
+        )
+
+    def _cast(self, role: str, before: torch.dtype, after: torch.dtype, line: str | None) -> None:
+        """A cast of a whole watched model: down from its contract's storage dtype is remembered; back up
+        to it after one is a round trip."""
+        if self.session is None:
+            return
+        store = self.session.policy[role].param_dtype if role in self.session.policy.roles else None
+        bits = torch.finfo(before).bits, torch.finfo(after).bits
+        if before == store and bits[1] < bits[0]:
+            self._down[role] = (before, after, line)
+        elif after == store and role in self._down:
+            down = self._down.pop(role)
+            self._add(
+                loop_checks.round_trip_finding(
+                    role,
+                    self.models[role],
+                    down,
+                    (before, after, line),
+                    updates_before=self._updates.get(role, 0),
+                    where=self._where(),
+                )
+            )
+
+    def _scaler_step(self, role: str | None, scaled: int) -> None:
+        if role is not None and not scaled:
+            self._add(loop_checks.unscaled_step_finding(role, _user_line(), self._where()))
+
     def _pre_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         assert self.session is not None
+        tap = self._tap
+        if tap is not None and self.scaler.is_enabled() and not tap.in_step and tap.scaled:
+            scale = float(self.scaler.get_scale())
+            self._add(loop_checks.bypassed_scaler_finding(role, _user_line(), scale, self._where()))
+        if loop_checks.has_no_grads(optimizer):
+            self._add(loop_checks.no_grads_finding(role, _user_line(), self._where()))
         # under a GradScaler the tap reported the scaled gradients at unscale_; these are unscaled
         self.session.before_optimizer_step(role, optimizer, loss_scale=1.0)
         self._norms[role] = grad_norm(self.models[role])
 
     def _post_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped.add(role)
+        self._updates[role] = self._updates.get(role, 0) + 1
         if self._tap is not None and self.scaler.is_enabled():
             return  # the scaler's update says whether it skipped, and the scale after
         self._stepped_role(
@@ -346,6 +435,11 @@ def watch(
     return Watch(
         models, optimizer, out_dir=out_dir, scaler=scaler, precision=precision, level=level, **kwargs
     )
+
+
+def _user_line() -> str | None:
+    """The user's file:line of the call that is running (the innermost frame outside torch and us)."""
+    return user_frame(depth=3)
 
 
 def _as_rewards(raw: Any, device: torch.device) -> torch.Tensor:

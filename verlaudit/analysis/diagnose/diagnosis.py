@@ -145,15 +145,26 @@ def _nonfinite_causes(run: RunDir) -> list[Cause]:
         )
     where = producer.where if producer else None
     title = f"Non-finite loss/gradients from step {step}" + (f", first produced in {where}" if where else "")
-    if producer is not None and producer.kind == K.OVERFLOW:  # dyn24: an fp16 overflow names the preset
+    obs = producer.observed if producer is not None and isinstance(producer.observed, dict) else {}
+    if producer is not None and producer.kind == K.OVERFLOW:
+        # an fp16 overflow: the dtype is the cause, not the loss scale (plug24); before any update the
+        # model as loaded and set up is what exceeds fp16's range, so the preset is named (dyn24)
         fresh = producer.step in (None, first_step_of(run)) and producer.phase not in _UPDATE_PHASES
         preset = cfg(run, "precision", "preset")
-        title += ": an fp16 overflow (fp16's largest value is 65504)" + (
-            f" before any update, so under precision.preset {preset} the activations of the model as loaded and set up "
-            "exceed fp16's range"
-            if fresh and preset
-            else ""
-        )
+        activation = obs.get("dtype") == "fp16"
+        if activation:
+            title = f"fp16 overflow from step {step}: {where}'s forward output passed fp16's max 65504"
+        else:
+            title += ": an fp16 overflow (fp16's largest value is 65504)"
+        if fresh and preset:
+            title += (
+                f" before any update, so under precision.preset {preset} the activations of the model as loaded "
+                "and set up exceed fp16's range"
+            )
+        elif activation and preset:
+            title += f" (precision.preset: {preset})"
+        if activation:
+            title += "; the loss and gradients are non-finite after it"
     if producer:
         what = (
             f"{producer.where} ({producer.role}) was the first module whose output became non-finite while its "

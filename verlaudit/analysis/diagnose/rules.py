@@ -277,6 +277,22 @@ RULES: dict[tuple[str, str], Rule] = {
         "the engine samples from another distribution (temperature, top-k / top-p, log-probs mode) than the "
         "trainer recomputes"
     ),
+    # plug24: the user's own loop (`verlaudit.integrations.loop_checks`)
+    ("loop_scaling", "exception"): Rule(
+        "a GradScaler used out of order (no scale before the backward) fails its own checks at step"
+    ),
+    **{
+        ("loop_scaling", s): Rule("fp16 gradients outside the loss scaler underflow, overflow or go NaN")
+        for s in ("overflow", "nonfinite", "update_underflow")
+    },
+    **{
+        ("autocast_device", s): Rule("an autocast that does nothing leaves the forward in the weights' dtype")
+        for s in ("compute_dtype", "island_dtype", "mismatch")
+    },
+    **{
+        ("round_trip", s): Rule("weights rounded to bf16/fp16 each step lose the updates below its spacing")
+        for s in ("update_underflow", "mismatch", "precision_excess", "no_signal")
+    },
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
