@@ -251,6 +251,12 @@ RULES: dict[tuple[str, str], Rule] = {
         "the engine samples from another distribution (temperature, top-k / top-p, log-probs mode) than the "
         "trainer recomputes"
     ),
+    # inv24: the data's and the reward's invariants (`verlaudit.audit.invariants_data`, `invariants_reward`)
+    ("reward_constant", "no_signal"): Rule("one reward for every response is one reward within every group"),
+    ("reward_position", "reward_constant"): Rule(
+        "a score read at a position that is padding in every row is the pad token's, the same for all"
+    ),
+    ("reward_position", "no_signal"): Rule("a score read at a padded position is the same for every response"),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
