@@ -256,7 +256,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("reward_position", "reward_constant"): Rule(
         "a score read at a position that is padding in every row is the pad token's, the same for all"
     ),
-    ("reward_position", "no_signal"): Rule("a score read at a padded position is the same for every response"),
+    ("reward_position", "no_signal"): Rule(
+        "a score read at a padded position is the same for every response"
+    ),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
