@@ -125,7 +125,7 @@ def test_prompt_ending_in_eos_names_the_tokenizer_that_appends_it():
     enc = [tok(e["prompt"])["input_ids"] for e in EXAMPLES]
     fs = found(left(enc, 8), tok, EXAMPLES)
     assert kinds(fs) == [K.PROMPT_EOS] and fs[0].severity == "error"
-    assert fs[0].where == "model.tokenizer" and "add_eos_token" in fs[0].fix
+    assert fs[0].where.startswith("model.tokenizer") and "add_eos_token" in fs[0].fix
     assert found(left([e[:-1] for e in enc], 8), tok, EXAMPLES) == []  # the same prompts without it
 
 

@@ -215,7 +215,8 @@ def prompt_eos_findings(
                 "text, or tokenize with split_special_tokens=True so that text stays text"
             )
         elif end and appends:
-            at = "model.tokenizer"
+            path = getattr(tok, "name_or_path", None)
+            at = f"model.tokenizer ({path})" if isinstance(path, str) and path else "model.tokenizer"
             who = "the tokenizer itself appends eos to every encoding (its post-processor, or add_eos_token=True)"
             fix = (
                 "model.tokenizer: turn off the appended eos for prompts (add_eos_token=False, or drop eos from the "
@@ -352,6 +353,9 @@ def pair_order_findings(
         scored = [(task.score(ex["chosen"], ex), task.score(ex["rejected"], ex)) for ex in examples]
     except Exception:  # fields the scorer cannot read: the task does not grade this dataset
         return []
+    # a side with no text is the empty-response check's (`invariants.pair_findings`), not an order
+    full = [bool(ex["chosen"].strip()) and bool(ex["rejected"].strip()) for ex in examples]
+    scored = [(c, r) if ok else (0.0, 0.0) for (c, r), ok in zip(scored, full)]
     told = [c != r for c, r in scored]
     inverted = sum(r > c for c, r in scored)
     n = sum(told)
