@@ -146,6 +146,13 @@ def test_literal_eos_text_inside_prompts_names_the_dataset():
     assert repr(LITERAL) in fs[0].message and "separator" in fs[0].fix
 
 
+def test_an_eos_the_chat_template_writes_between_turns_is_not_a_finding_inside_a_prompt():
+    tok = CharTok()
+    tok.chat_template = "{% for m in messages %}{{ m.content }}" + LITERAL + "{% endfor %}"
+    turns = [{"prompt": f"hi{LITERAL}q{i}:", "answer": "x"} for i in range(4)]
+    assert found(left([tok(e["prompt"])["input_ids"] for e in turns], 12), tok, turns) == []
+
+
 def test_pad_equal_eos_padding_is_not_an_eos_in_the_prompt():
     tok = CharTok()
     enc = [tok(e["prompt"])["input_ids"] for e in EXAMPLES]

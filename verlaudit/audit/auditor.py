@@ -319,6 +319,7 @@ class Auditor(Observer):
                 pad_token_id=self.tokenizer_info.get("pad_token_id"),
                 sampled=self.context.sampled,
                 where=where,
+                grouped=self.group_size >= 2,
             )
         )
         self.findings.extend(

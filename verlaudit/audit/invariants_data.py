@@ -191,6 +191,9 @@ def prompt_eos_findings(
     b = len(rows)
     tok = tokenizer_info.get("tokenizer")
     literal = _special_text(tok, eos) if tok is not None else None
+    template = getattr(tok, "chat_template", None)
+    if (data or {}).get("train_files") or (literal and isinstance(template, str) and literal in template):
+        inside = []  # a chat template writes this token between turns: inside a multi-turn prompt by design
     texts = [ex.get("prompt") for ex in examples if isinstance(ex, Mapping)] if len(examples) == b else []
     texts = [t for t in texts if isinstance(t, str)]
     has_literal = [t for t in texts if literal and literal in t]

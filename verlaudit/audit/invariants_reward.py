@@ -185,7 +185,8 @@ def position_findings(
 
 
 class RewardWatch:
-    """The reward invariants over a run: a constant reward (every reward, `reward_signal.ConstantWatch`),
+    """The reward invariants over a run: a constant reward (every reward of a run without groups,
+    `reward_signal.ConstantWatch`; ``grouped``: GRPO's no-signal check covers it),
     the task agreement and the reward model's position probe (audited steps only, each found once)."""
 
     def __init__(self) -> None:
@@ -202,13 +203,21 @@ class RewardWatch:
         pad_token_id: Any,
         sampled: bool,
         where: Mapping[str, Any],
+        grouped: bool = False,
     ) -> list[Finding]:
         if not isinstance(rewards, torch.Tensor) or rewards.dim() != 1 or not rewards.numel():
             return []
         data = dict(config.get("data") or {})
         spec = (config.get("model") or {}).get("reward_model")
         out: list[Finding] = []
-        c = self.constant.observe(rewards, step=where.get("step"), source=source, data=data, model_spec=spec)
+        # GRPO's groups: a constant reward is the no-signal finding's (one value in every group), not a second root
+        c = (
+            None
+            if grouped
+            else self.constant.observe(
+                rewards, step=where.get("step"), source=source, data=data, model_spec=spec
+            )
+        )
         if c is not None:
             out.append(c)
         if not sampled:

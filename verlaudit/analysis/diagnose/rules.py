@@ -253,6 +253,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     # inv24: the data's and the reward's invariants (`verlaudit.audit.invariants_data`, `invariants_reward`)
     ("reward_constant", "no_signal"): Rule("one reward for every response is one reward within every group"),
+    ("reward_integer", "reward_constant"): Rule("scores truncated to whole numbers can all be one value"),
+    ("plugin_precision", "reward_constant"): Rule(
+        "scores rounded to a low-precision spacing can all round to one value"
+    ),
     ("reward_position", "reward_constant"): Rule(
         "a score read at a position that is padding in every row is the pad token's, the same for all"
     ),

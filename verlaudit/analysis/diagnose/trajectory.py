@@ -302,7 +302,19 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
         else "data.compute_score"
     )
     fixes = []
-    if source:
+    fn_key = cfg(run, "data", "reward_fn_key") or "data_source"
+    if cfg(run, "data", "train_files") and fn_key != "data_source":
+        # verl hands compute_score this column as data_source: a dispatch on it that matches nothing scores 0
+        key, source = "data.reward_fn_key", fn_key
+        fixes.append(
+            Fix(
+                "data.reward_fn_key: data_source",
+                None,  # the suite key is verl's own (data.reward_fn_key)
+                f"verl passes each row's '{fn_key}' column to compute_score as data_source; a compute_score that "
+                "dispatches on data_source finds no scorer for those values and returns one default for all",
+            )
+        )
+    if source and not fixes:
         fixes.append(
             Fix(
                 f"{key} ({source})",
@@ -329,7 +341,7 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
             evidence=ev,
             fixes=fixes,
             step=step,
-            where=(first.where if first else source),
+            where=(f"{key} ({source})" if key == "data.reward_fn_key" else first.where if first else source),
             phase="reward",
             role="reward",
             cls="no_signal",
