@@ -119,3 +119,28 @@ def test_constant_rewards_two_steps_in_a_row_are_a_finding_naming_the_reward_key
     w.observe(torch.zeros(8), step=0, source="function:f", data={}, model_spec=None)
     assert w.observe(torch.arange(8.0), step=1, source="function:f", data={}, model_spec=None) is None
     assert w.observe(torch.zeros(8), step=2, source="function:f", data={}, model_spec=None) is None
+
+
+def test_a_hugging_face_classifier_reads_the_last_non_pad_token_in_fp32_and_bf16():
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from trainer.models import score_with_reward_model
+
+    for dtype in (torch.float32, torch.bfloat16):
+        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=50, num_labels=1, pad_token_id=PAD)  # fmt: skip
+        torch.manual_seed(0)
+        rm = LlamaForSequenceClassification(cfg).to(dtype).eval()
+        ids, mask = _rows()
+        with torch.no_grad():
+            scores = score_with_reward_model(rm, ids, mask)
+        found = R.position_findings(
+            scores.float(),
+            input_ids=ids,
+            attention_mask=mask,
+            rescore=lambda i, m: score_with_reward_model(rm, i, m).detach(),
+            pad_token_id=PAD,
+            source="model:hf",
+            ctx={},
+        )
+        assert found == [], dtype
