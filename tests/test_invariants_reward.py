@@ -22,13 +22,14 @@ def _digits(r):
 
 
 def _agree(rewards):
-    return R.task_agreement_findings(
-        torch.tensor(rewards),
-        responses=RESPONSES,
-        examples=EXAMPLES,
-        data=DATA,
-        ctx={"step": 0, "phase": "reward"},
-    )
+    """Two steps of the same batch through one pooled `TaskAgreement` (20 responses)."""
+    t = R.TaskAgreement()
+    out = []
+    for step in (0, 1):
+        out += t.observe(
+            torch.tensor(rewards), responses=RESPONSES, examples=EXAMPLES, data=DATA, ctx={"step": step}
+        )
+    return out
 
 
 def test_a_reward_ranked_against_the_task_is_inverted_and_a_shaped_or_unrelated_one_is_not():
@@ -43,14 +44,30 @@ def test_a_reward_ranked_against_the_task_is_inverted_and_a_shaped_or_unrelated_
     assert _agree([0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6, 0.0]) == []  # unrelated: near 0
     assert (
         R.task_agreement_findings(
-            torch.tensor([float(w) for w in wrong]),
-            responses=RESPONSES,
-            examples=EXAMPLES,
+            torch.tensor([float(w) for w in wrong] * 2),
+            responses=RESPONSES * 2,
+            examples=EXAMPLES * 2,
             data={"task": "digits"},
             ctx={},
         )
         == []
     )  # the task's own reward: nothing to compare with
+
+
+def test_an_unrelated_reward_over_many_steps_and_one_small_batch_are_not_inverted():
+    g = torch.Generator().manual_seed(0)
+    t = R.TaskAgreement()
+    for step in range(40):  # 320 responses of a reward that ignores the answer
+        found = t.observe(torch.rand(8, generator=g), responses=RESPONSES[:8], examples=EXAMPLES[:8], data=DATA,
+                          ctx={"step": step})  # fmt: skip
+        assert found == [], step
+    wrong = [float(sum(a != b for a, b in zip(r.ljust(4), "1111"))) for r in RESPONSES]
+    assert (
+        R.task_agreement_findings(
+            torch.tensor(wrong), responses=RESPONSES, examples=EXAMPLES, data=DATA, ctx={}
+        )
+        == []
+    )
 
 
 class Scorer(nn.Module):

@@ -21,6 +21,7 @@ Exercised by `pytest tests/test_invariants_reward.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,8 +36,8 @@ INVERTED_CORR = -0.5
 inverted. A reward that measures the task (partial credit, a shaped version) correlates positively; one
 unrelated to it scatters around 0 (|r| < 0.3 on batches of 8+ responses); a distance or a negated score
 is near -1."""
-MIN_ROWS = 8
-"""Responses the correlation needs (fewer: any order is chance)."""
+MIN_ROWS = 16
+"""Responses (pooled over steps) the correlation needs before it is judged (fewer: any order is chance)."""
 POSITION_TOL = 1e-3
 """Relative change of a reward model's scores when only the padding moves, beyond which the score reads
 a position: a model that reads the tokens changes by its dtype's rounding of a reordered reduction
@@ -69,6 +70,78 @@ def _source_key(data: Mapping[str, Any]) -> str:
     return f"data.reward_fn ({data['reward_fn']})" if data.get("reward_fn") else "the reward"
 
 
+def _bound(n: int) -> float:
+    """The correlation at or below which ``n`` pooled responses say "inverted": `INVERTED_CORR`, or
+    stricter on few responses (3.09 / sqrt(n - 1): a chance ordering reaches it once in a thousand)."""
+    return -max(-INVERTED_CORR, 3.09 / math.sqrt(max(n - 1, 1)))
+
+
+class TaskAgreement:
+    """The user's reward against the builtin task's own scorer of the same responses, pooled over steps:
+    each step's ranks centred within the step (rewards of different steps need not share a scale), the
+    correlation judged once `MIN_ROWS` responses are in and at every step after, until it is found."""
+
+    def __init__(self) -> None:
+        self.ra: list[torch.Tensor] = []
+        self.rb: list[torch.Tensor] = []
+
+    def observe(
+        self,
+        rewards: torch.Tensor,
+        *,
+        responses: Sequence[str],
+        examples: Sequence[Mapping[str, Any]],
+        data: Mapping[str, Any],
+        ctx: Mapping[str, Any],
+    ) -> list[Finding]:
+        from verlaudit.audit.invariants_data import _task
+
+        if not data.get("reward_fn") or data.get("train_files"):
+            return []  # the task's reward itself, or verl's compute_score over files the task does not grade
+        task = _task(data)
+        b = int(rewards.numel())
+        if task is None or b < 2 or len(responses) != b or len(examples) != b:
+            return []
+        if not all(isinstance(ex, Mapping) and isinstance(ex.get("answer"), str) for ex in examples):
+            return []
+        try:
+            truth = torch.tensor([float(task.score(str(r), ex)) for r, ex in zip(responses, examples)])
+        except Exception:  # the examples are not the task's: nothing to compare with
+            return []
+        r = rewards.detach().double().cpu()
+        if not bool(torch.isfinite(r).all()):
+            return []
+        ra, rb = _ranks(r), _ranks(truth.double())
+        self.ra.append(ra - ra.mean())
+        self.rb.append(rb - rb.mean())
+        a, t = torch.cat(self.ra), torch.cat(self.rb)
+        n = int(a.numel())
+        den = float(a.norm() * t.norm())
+        if n < MIN_ROWS or den == 0:
+            return []
+        rho = float((a * t).sum()) / den
+        if rho > _bound(n):
+            return []
+        at = _source_key(data)
+        return [
+            Finding(
+                severity="error",
+                kind=K.REWARD_INVERTED,
+                role="reward",
+                where=at,
+                message=f"{at} ranks the responses against the task's own scorer ({task.name}, graded against the "
+                f"examples' 'answer'): rank correlation {rho:.2f} over {n} responses, so the responses closest to "
+                "the answer get the lowest rewards and the policy is trained away from it (a distance or loss "
+                "returned where a score was meant: lower is better)",
+                observed={"spearman": rho, "responses": n},
+                expected=f"> {_bound(n):.2f} (a reward that grows as the response gets closer to the answer)",
+                fix=f"{at}: return a score that is higher for better responses: negate the distance (-d), or "
+                "1 - d / max_d",
+                **ctx,
+            )
+        ]
+
+
 def task_agreement_findings(
     rewards: torch.Tensor,
     *,
@@ -77,45 +150,8 @@ def task_agreement_findings(
     data: Mapping[str, Any],
     ctx: Mapping[str, Any],
 ) -> list[Finding]:
-    """``reward/inverted`` when the user's reward function ranks the responses against the builtin task's
-    own scorer of the same responses (the examples' ``answer``)."""
-    from verlaudit.audit.invariants_data import _task
-
-    if not data.get("reward_fn") or data.get("train_files"):
-        return []  # the task's reward itself, or verl's compute_score over files the task does not grade
-    task = _task(data)
-    b = int(rewards.numel())
-    if task is None or b < MIN_ROWS or len(responses) != b or len(examples) != b:
-        return []
-    if not all(isinstance(ex, Mapping) and isinstance(ex.get("answer"), str) for ex in examples):
-        return []
-    try:
-        truth = torch.tensor([float(task.score(str(r), ex)) for r, ex in zip(responses, examples)])
-    except Exception:  # the examples are not the task's: nothing to compare with
-        return []
-    r = rewards.detach().float().cpu()
-    if not bool(torch.isfinite(r).all()) or torch.unique(truth).numel() < 3 or torch.unique(r).numel() < 3:
-        return []
-    rho = spearman(r, truth)
-    if rho is None or rho > INVERTED_CORR:
-        return []
-    at = _source_key(data)
-    return [
-        Finding(
-            severity="error",
-            kind=K.REWARD_INVERTED,
-            role="reward",
-            where=at,
-            message=f"{at} ranks the responses against the task's own scorer ({task.name}, graded against the "
-            f"examples' 'answer'): rank correlation {rho:.2f} over {b} responses, so the responses closest to the "
-            "answer get the lowest rewards and the policy is trained away from it (a distance or loss returned "
-            "where a score was meant: lower is better)",
-            observed={"spearman": rho, "responses": b},
-            expected=f"> {INVERTED_CORR} (a reward that grows as the response gets closer to the answer)",
-            fix=f"{at}: return a score that is higher for better responses: negate the distance (-d), or 1 - d / max_d",
-            **ctx,
-        )
-    ]
+    """`TaskAgreement` on one batch alone."""
+    return TaskAgreement().observe(rewards, responses=responses, examples=examples, data=data, ctx=ctx)
 
 
 def _left_packed(ids: torch.Tensor, mask: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,6 +230,7 @@ class RewardWatch:
 
     def __init__(self) -> None:
         self.constant = reward_signal.ConstantWatch()
+        self.agreement = TaskAgreement()
         self.found: set[str] = set()
 
     def findings(
@@ -223,16 +260,17 @@ class RewardWatch:
         )
         if c is not None:
             out.append(c)
-        if not sampled:
-            return out
-        if K.REWARD_INVERTED not in self.found and "responses" in context:
-            out += task_agreement_findings(
+        if K.REWARD_INVERTED not in self.found and "responses" in context:  # every step: string comparisons
+            out += self.agreement.observe(
                 rewards,
                 responses=context["responses"],
                 examples=context.get("examples") or (),
                 data=data,
                 ctx=where,
             )
+        if not sampled:
+            self.found.update(f.kind for f in out)
+            return out
         rescore = context.get("rescore")
         if K.REWARD_POSITION not in self.found and callable(rescore) and isinstance(pad_token_id, int):
             ids, mask = context.get("input_ids"), context.get("attention_mask")
