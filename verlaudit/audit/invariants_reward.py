@@ -36,6 +36,9 @@ INVERTED_CORR = -0.5
 inverted. A reward that measures the task (partial credit, a shaped version) correlates positively; one
 unrelated to it scatters around 0 (|r| < 0.3 on batches of 8+ responses); a distance or a negated score
 is near -1."""
+STRONG_CORR = -0.7
+"""At or below it the inversion is an error; between it and the bound a warning (a reward unrelated to the
+task pooled over 10 steps of 8 responses crosses -0.5 in ~2% of runs, -0.7 in well under 1%)."""
 MIN_ROWS = 16
 """Responses (pooled over steps) the correlation needs before it is judged (fewer: any order is chance)."""
 POSITION_TOL = 1e-3
@@ -72,8 +75,10 @@ def _source_key(data: Mapping[str, Any]) -> str:
 
 def _bound(n: int) -> float:
     """The correlation at or below which ``n`` pooled responses say "inverted": `INVERTED_CORR`, or
-    stricter on few responses (3.09 / sqrt(n - 1): a chance ordering reaches it once in a thousand)."""
-    return -max(-INVERTED_CORR, 3.09 / math.sqrt(max(n - 1, 1)))
+    stricter on fewer than 23 responses (2.33 / sqrt(n - 1): a chance ordering of ``n`` responses reaches
+    it once in a hundred; past 23 the bound stays at `INVERTED_CORR`, which chance reaches ever more
+    rarely as responses pool)."""
+    return -max(-INVERTED_CORR, 2.33 / math.sqrt(max(n - 1, 1)))
 
 
 class TaskAgreement:
@@ -125,7 +130,9 @@ class TaskAgreement:
         at = _source_key(data)
         return [
             Finding(
-                severity="error",
+                severity="error"
+                if rho <= STRONG_CORR
+                else "warning",  # an unrelated reward reaches -0.5 by chance
                 kind=K.REWARD_INVERTED,
                 role="reward",
                 where=at,
