@@ -155,7 +155,7 @@ def test_a_hugging_face_classifier_reads_the_last_non_pad_token_in_fp32_and_bf16
             scores.float(),
             input_ids=ids,
             attention_mask=mask,
-            rescore=lambda i, m: score_with_reward_model(rm, i, m).detach(),
+            rescore=lambda i, m, rm=rm: score_with_reward_model(rm, i, m).detach(),
             pad_token_id=PAD,
             source="model:hf",
             ctx={},
