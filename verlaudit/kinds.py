@@ -428,7 +428,7 @@ SHADOW_SKIPPED = _f(
 ROWS_REORDERED = _f(
     "boundary/rows_reordered",
     "row_order",
-    "the collated rows are the examples' prompts in another order: each reward is read against another row",
+    "the collated rows are the examples' prompts in another order: rewards read against other rows",
 )
 PROMPT_EOS = _f(
     "boundary/prompt_eos",

@@ -165,6 +165,35 @@ def _special_text(tok: Any, token_id: int) -> str | None:
     return text if isinstance(text, str) and text else None
 
 
+def _eos_culprit(
+    *, end: bool, has_literal: int, texts: int, appends: bool, literal, tok, data, source: str, where: str
+) -> tuple[str, str, str]:
+    """(where, who put the eos there, fix) from the evidence: the dataset when its text holds the token's
+    literal, the tokenizer when encoding the text alone appends it, else the collator."""
+    if has_literal and (not end or not appends):
+        at = _data_source(data)
+        who = (
+            f"the prompt text holds the literal {literal!r} in {has_literal} of {texts} examples, "
+            "which the tokenizer turns into the eos token"
+        )
+        fix = (
+            f"{at}: join the parts of a prompt with a plain separator (a newline '\\n'), not the eos token's "
+            "text, or tokenize with split_special_tokens=True so that text stays text"
+        )
+        return at, who, fix
+    if end and appends:
+        path = getattr(tok, "name_or_path", None)
+        at = f"model.tokenizer ({path})" if isinstance(path, str) and path else "model.tokenizer"
+        who = "the tokenizer itself appends eos to every encoding (its post-processor, or add_eos_token=True)"
+        fix = (
+            "model.tokenizer: turn off the appended eos for prompts (add_eos_token=False, or drop eos from the "
+            "tokenizer.json post_processor's TemplateProcessing), or encode prompts with add_special_tokens=False"
+        )
+        return at, who, fix
+    who = f"the collator {source} put it there (the text and the tokenizer alone do not)"
+    return where, who, f"{source}: end each prompt with its last text token; eos belongs after the response"
+
+
 def prompt_eos_findings(
     batch: Mapping[str, Any],
     *,
@@ -207,28 +236,10 @@ def prompt_eos_findings(
             continue
         n = len(rows_hit)
         name = f"eos (id {eos}{f', {literal!r}' if literal else ''})"
-        if has_literal and (not end or not appends):
-            at = _data_source(data)
-            who = (
-                f"the prompt text holds the literal {literal!r} in {len(has_literal)} of {len(texts)} examples, "
-                "which the tokenizer turns into the eos token"
-            )
-            fix = (
-                f"{at}: join the parts of a prompt with a plain separator (a newline '\\n'), not the eos token's "
-                "text, or tokenize with split_special_tokens=True so that text stays text"
-            )
-        elif end and appends:
-            path = getattr(tok, "name_or_path", None)
-            at = f"model.tokenizer ({path})" if isinstance(path, str) and path else "model.tokenizer"
-            who = "the tokenizer itself appends eos to every encoding (its post-processor, or add_eos_token=True)"
-            fix = (
-                "model.tokenizer: turn off the appended eos for prompts (add_eos_token=False, or drop eos from the "
-                "tokenizer.json post_processor's TemplateProcessing), or encode prompts with add_special_tokens=False"
-            )
-        else:
-            at = where
-            who = f"the collator {source} put it there (the text and the tokenizer alone do not)"
-            fix = f"{source}: end each prompt with its last text token; eos belongs after the response, not in the prompt"
+        at, who, fix = _eos_culprit(
+            end=end, has_literal=len(has_literal), texts=len(texts), appends=appends, literal=literal,
+            tok=tok, data=data, source=source, where=where,
+        )  # fmt: skip
         if end:
             msg = (
                 f"{n} of {b} prompts end with {name}: {who}; the policy generates after an end of sequence, "
