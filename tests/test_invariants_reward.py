@@ -161,3 +161,24 @@ def test_a_hugging_face_classifier_reads_the_last_non_pad_token_in_fp32_and_bf16
             ctx={},
         )
         assert found == [], dtype
+
+
+def test_no_signal_on_verl_data_names_a_reward_fn_key_that_is_not_data_source():
+    from pathlib import Path
+
+    from verlaudit.analysis.diagnose.trajectory import no_signal_causes
+    from verlaudit.rundir import Finding, RunDir
+
+    def causes(data):
+        manifest = {"config": {"algo": {"name": "grpo", "group_size": 4}, "data": data}}
+        metrics = [{"step": s, "reward/identical_group_frac": 1.0} for s in range(3)]
+        f = Finding(severity="warning", kind=K.NO_SIGNAL, where="reward:function:verl:f", message="m", step=0)
+        run = RunDir(
+            path=Path("/nonexistent"), manifest=manifest, metrics=metrics, findings=[f], events=[], status={}
+        )
+        return no_signal_causes(run)
+
+    (c,) = causes({"train_files": "t.parquet", "reward_fn_key": "ability", "compute_score": "s.py:f"})
+    assert c.where == "data.reward_fn_key (ability)" and c.fixes[0].suite == "data.reward_fn_key: data_source"
+    (c,) = causes({"train_files": "t.parquet", "compute_score": "s.py:f"})  # verl's default key: the scorer
+    assert c.where == "reward:function:verl:f" and "compute_score" in c.fixes[0].suite
