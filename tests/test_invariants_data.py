@@ -115,6 +115,15 @@ def test_row_order_of_a_dpo_batch_reads_its_prompt_columns():
             "chosen_response_mask": torch.ones_like(r),
         }
         assert (K.ROWS_REORDERED in kinds(found(batch, tok, pairs))) == bad
+    # a row packed prompt + completion + eos and padded at its end: its first columns are no prompt
+    packed = torch.tensor([[*e, 40, EOS] + [PAD] * (8 - len(e)) for e in enc])
+    batch = {
+        "chosen_input_ids": packed,
+        "chosen_attention_mask": (packed != PAD).long(),
+        "chosen_response_mask": torch.ones(4, 2, dtype=torch.long),
+    }
+    assert D._prompt_part(batch) is None
+    assert K.PROMPT_EOS not in kinds(found(batch, tok, pairs))
 
 
 # ---------------------------------------------------------------- eos in prompts

@@ -78,6 +78,8 @@ def _prompt_part(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] 
         if ids.dim() != 2 or resp.shape[1] >= ids.shape[1]:
             return None
         ids, mask = ids[:, : -resp.shape[1]], mask[:, : -resp.shape[1]]
+        if mask.dim() == 2 and bool((mask[:, 1:] < mask[:, :-1]).any()):
+            return None  # not a left-padded prompt: the row is packed otherwise (the pair checks name it)
     if ids.dim() != 2 or mask.shape != ids.shape or ids.is_floating_point() or mask.is_floating_point():
         return None
     return ids, mask
