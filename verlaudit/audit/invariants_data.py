@@ -125,10 +125,13 @@ def row_order_findings(
         return []
     ids, mask = part
     rows = _rows(ids, mask)
-    cache: dict[str, list[tuple[int, ...] | None]] = {}
-    enc = [cache.setdefault(p, [_encode(tok, p, True), _encode(tok, p, False)]) for p in prompts]
     width = int(ids.shape[1])
     b = len(rows)
+    plain = {p: _encode(tok, p, True) for p in set(prompts)}  # one encoding per prompt on the clean path
+    if all(_matches(rows[i], [plain[p]], width) for i, p in enumerate(prompts)):
+        return []
+    bare = {p: _encode(tok, p, False) for p in plain}  # a collator may encode without special tokens
+    enc = [[plain[p], bare[p]] for p in prompts]
     own = [_matches(rows[i], enc[i], width) for i in range(b)]
     if all(own):
         return []
