@@ -132,10 +132,16 @@ def test_constant_rewards_two_steps_in_a_row_are_a_finding_naming_the_reward_key
     w.observe(torch.full((8,), 0.37), step=0, source="model:rm", data={}, model_spec="rm.py:load")
     f = w.observe(torch.full((8,), 0.37), step=1, source="model:rm", data={}, model_spec="rm.py:load")
     assert f is not None and f.where == "model.reward_model (rm.py:load)"
-    w = reward_signal.ConstantWatch()  # one constant step, then rewards that differ: clean
-    w.observe(torch.zeros(8), step=0, source="function:f", data={}, model_spec=None)
-    assert w.observe(torch.arange(8.0), step=1, source="function:f", data={}, model_spec=None) is None
-    assert w.observe(torch.zeros(8), step=2, source="function:f", data={}, model_spec=None) is None
+    w = reward_signal.ConstantWatch()  # one constant step, then scores that differ: clean
+    w.observe(torch.zeros(8), step=0, source="model:rm", data={}, model_spec="rm.py:load")
+    assert w.observe(torch.arange(8.0), step=1, source="model:rm", data={}, model_spec="rm.py:load") is None
+    assert w.observe(torch.zeros(8), step=2, source="model:rm", data={}, model_spec="rm.py:load") is None
+    w = (
+        reward_signal.ConstantWatch()
+    )  # a rule reward scoring every response 0 (sparse, nothing right yet): clean
+    for step in range(4):
+        assert w.observe(torch.zeros(8), step=step, source="function:task:copy", data={"task": "copy"},
+                         model_spec=None) is None  # fmt: skip
 
 
 def test_a_hugging_face_classifier_reads_the_last_non_pad_token_in_fp32_and_bf16():

@@ -84,8 +84,11 @@ def reward_key(data: dict) -> str:
 
 class ConstantWatch:
     """Whether every reward of the batch is one value, step after step (`CONSTANT_STEPS`): the reward
-    does not depend on the response at all (a constant return, a dispatch that falls through to 0, a
-    reward model reading a position that is padding in every row)."""
+    does not depend on the response at all. Read for a reward model (its scores are continuous: distinct
+    sequences tie exactly only when it reads none of them, a position that is padding in every row) and
+    for verl's compute_score handed another column than data_source (a dispatch that falls through to
+    its default); a rule reward's one value is what a sparse reward gives a policy that gets nothing
+    right yet, so it is not read."""
 
     def __init__(self) -> None:
         self.run: list[tuple[int | None, float]] = []
@@ -94,6 +97,12 @@ class ConstantWatch:
     def observe(
         self, rewards: torch.Tensor, *, step: int | None, source: str, data: dict, model_spec: str | None
     ) -> Finding | None:
+        fk = data.get("reward_fn_key") or "data_source"
+        verl_key = bool(data.get("train_files")) and fk != "data_source"
+        if not (source.startswith("model:") or verl_key):
+            # a rule reward of one value for every response is what a sparse reward gives a policy that
+            # gets nothing right yet (a clean copy-task run scores 0 at two steps in a row): not evidence
+            return None
         r = rewards.detach().float().flatten()
         if self.done or r.numel() < 4 or not bool(torch.isfinite(r).all()):
             return None
@@ -109,8 +118,6 @@ class ConstantWatch:
         self.done = True
         values = sorted({v for _, v in self.run})
         at = f"model.reward_model ({model_spec})" if source.startswith("model:") else reward_key(data)
-        fk = data.get("reward_fn_key") or "data_source"
-        verl_key = bool(data.get("train_files")) and fk != "data_source"
         fix = (
             f"data.reward_fn_key '{fk}': verl passes each row's '{fk}' column to compute_score as data_source; "
             "set it to the column compute_score dispatches on (verl's default 'data_source'), or add a scorer "
