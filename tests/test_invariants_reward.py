@@ -80,6 +80,8 @@ class Scorer(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         s = self.embed(input_ids)[..., 0]
+        if self.mode == "dropout":  # the last attended token, through dropout in training mode
+            s = nn.functional.dropout(s, 0.5, training=True)
         if self.mode == "last_column":
             return s[:, -1]
         if self.mode == "mask_sum":  # index = mask.sum() - 1: wrong under left padding
@@ -115,6 +117,7 @@ def _probe(mode):
 
 def test_a_reward_model_read_at_a_position_changes_when_the_padding_moves():
     assert _probe("last_token") == []
+    assert _probe("dropout") == []  # a random forward is not a position: the nondeterminism check's
     for mode in ("last_column", "mask_sum"):
         fs = _probe(mode)
         assert [f.kind for f in fs] == [K.REWARD_POSITION], mode

@@ -14,7 +14,8 @@ callable, the same reward model call under the same autocast, for a reward model
   the right end, position ids from the mask as the trainer passes them), must score the same. A
   model that reads the last column (padding for every short row), or index ``mask.sum() - 1``
   (wrong under left padding), scores another token once the padding moves. One extra forward of the
-  reward model on an audited step.
+  reward model on an audited step (a second, of the same layout, only when the scores moved: a random
+  forward, dropout left on, is the nondeterminism check's); the random state is forked around them.
 
 Exercised by `pytest tests/test_invariants_reward.py`.
 """
@@ -170,6 +171,18 @@ def _left_packed(ids: torch.Tensor, mask: torch.Tensor, pad: int) -> tuple[torch
     return torch.where(new_mask.bool(), new_ids, torch.full_like(new_ids, pad)), new_mask
 
 
+def _scored(rescore: Callable, ids: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor | None:
+    """The reward model's scores of ``ids`` / ``mask`` under a forked random state (the run draws what it
+    would have without the probe); None when the call fails or returns another shape."""
+    devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            out = rescore(ids, mask)
+    except Exception:  # the probe is best effort: a model that cannot take the layout is not a finding
+        return None
+    return out if isinstance(out, torch.Tensor) and out.numel() == n else None
+
+
 def position_findings(
     scores: torch.Tensor,
     *,
@@ -191,11 +204,8 @@ def position_findings(
     ids, mask = _left_packed(input_ids, attention_mask, pad_token_id)
     if torch.equal(ids, input_ids) and torch.equal(mask, attention_mask):
         return []  # already left-packed: nothing moves
-    try:
-        again = rescore(ids, mask)
-    except Exception:  # the probe is best effort: a model that cannot take the layout is not a finding
-        return []
-    if not isinstance(again, torch.Tensor) or again.numel() != scores.numel():
+    again = _scored(rescore, ids, mask, scores.numel())
+    if again is None:
         return []
     low = again.dtype if again.is_floating_point() else torch.float32
     a, b = scores.detach().double().flatten().cpu(), again.detach().double().flatten().cpu()
@@ -203,11 +213,14 @@ def position_findings(
         return []
     scale = max(float(a.std()) if a.numel() > 1 else 0.0, 1e-3 * float(a.abs().max()), 1e-12)
     # the model's own rounding of a reordered reduction: 16 units of its output dtype at the scores' magnitude
-    noise = 16 * torch.finfo(low).eps / 2 * float(a.abs().max())
-    moved = (a - b).abs() > POSITION_TOL * scale + noise
+    tol = POSITION_TOL * scale + 16 * torch.finfo(low).eps / 2 * float(a.abs().max())
+    moved = (a - b).abs() > tol
     n = int(moved.sum())
     if not n:
         return []
+    same = _scored(rescore, input_ids, attention_mask, scores.numel())  # the same layout again
+    if same is None or bool(((same.detach().double().flatten().cpu() - a).abs() > tol).any()):
+        return []  # a random forward (dropout): the nondeterminism check names it, not the position
     right = int((~attention_mask.bool()[:, -1]).sum())
     model = source.removeprefix("model:")
     return [
