@@ -162,6 +162,17 @@ def test_an_eos_the_chat_template_writes_between_turns_is_not_a_finding_inside_a
     assert found(left([tok(e["prompt"])["input_ids"] for e in turns], 12), tok, turns) == []
 
 
+def test_whole_sequences_with_a_completion_mask_are_not_prompts():
+    tok = CharTok()
+    seqs = [
+        tok(e["prompt"])["input_ids"] + [40, EOS] for e in EXAMPLES
+    ]  # prompt + completion + eos (TRL's layout)
+    batch = left(seqs, 8)
+    assert kinds(found(batch, tok, EXAMPLES)) == [K.PROMPT_EOS]  # read as prompts, they end in eos
+    batch["completion_mask"] = torch.zeros_like(batch["input_ids"])
+    assert found(batch, tok, EXAMPLES) == []
+
+
 def test_pad_equal_eos_padding_is_not_an_eos_in_the_prompt():
     tok = CharTok()
     enc = [tok(e["prompt"])["input_ids"] for e in EXAMPLES]

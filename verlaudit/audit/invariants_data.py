@@ -65,12 +65,17 @@ def _rows(ids: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, ...]]:
     return [tuple(ids[i][keep[i]].tolist()) for i in range(ids.shape[0])]
 
 
+SEQUENCE_KEYS = ("completion_mask", "response_mask", "labels", "loss_mask", "completion_input_ids")
+"""Batch keys that say its ``input_ids`` are whole sequences (prompt and completion), not prompts."""
+
+
 def _prompt_part(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(ids, mask) [B, P] of the batch's prompts: ``input_ids`` of a prompt batch, or the columns of
     ``chosen_input_ids`` before its response mask's width (a DPO batch)."""
     ids, mask = batch.get("input_ids"), batch.get("attention_mask")
     if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor):
-        pass
+        if any(k.endswith(SEQUENCE_KEYS) for k in batch):
+            return None  # input_ids hold prompt and completion (TRL's collators): no prompt to read apart
     else:
         ids, mask, resp = (batch.get(f"chosen_{f}") for f in ("input_ids", "attention_mask", "response_mask"))
         if not all(isinstance(t, torch.Tensor) for t in (ids, mask, resp)) or resp.dim() != 2:
