@@ -191,6 +191,12 @@ ROOTS = {
                                                              severity="warning")]),
     "round_trip": lambda st, ph, role: Records([finding(K.LOOP_WEIGHT_ROUND_TRIP, step=st, phase=ph, role=role,
                                                         where="cast of the actor at loop.py:5 (gen)")]),
+    "reward_constant": lambda st, ph, role: Records([finding(K.REWARD_CONSTANT, step=st, phase=ph, role="reward",
+                                                             where="data.reward_fn (r.py:f)", severity="warning",
+                                                             observed={"values": [0.0], "steps": 2})]),
+    "reward_position": lambda st, ph, role: Records([finding(K.REWARD_POSITION, step=st, phase=ph, role="reward",
+                                                             where="model.reward_model (rm.py:load)",
+                                                             observed={"rows_changed": 6, "rows": 8})]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -244,6 +250,9 @@ SYMPTOMS = {
     "precision_excess": lambda role: Records([finding(K.SHADOW_EXCESS, phase="actor_update", role=role,
                                                       where="model.layers.1.mlp", severity="warning",
                                                       observed={"ratio": 40.0}, expected="rel err <= 4 x 0.004")]),
+    "reward_constant": lambda role: Records([finding(K.REWARD_CONSTANT, phase="reward", role="reward",
+                                                     where="model.reward_model (rm.py:load)", severity="warning",
+                                                     observed={"values": [0.3], "steps": 2})]),
 }  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward", "newly_initialised": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""

@@ -158,6 +158,7 @@ def build_setup(
             "eos_token_id": tokenizer.eos_token_id,
             "padding_side": tokenizer.padding_side,
             "overridden": list(overridden.values()),
+            "tokenizer": tokenizer,  # the audit re-encodes a batch's prompts to check its rows against them
         },
     )
     return Setup(config, device, policy, tokenizer, models, optimizers, scalers, info)

@@ -73,7 +73,8 @@ class Observer:
         roles are missing from ``models``). ``config`` is the resolved TrainConfig as plain data;
         ``tokenizer_info`` has ``vocab_size``, ``pad_token_id``, ``eos_token_id``, ``padding_side``,
         and ``overridden``: the settings of the user's checkpoint and tokenizer the trainer replaced
-        (`trainer.models.overridden`: ``setting``, ``yours``, ``used``, ``differs``)."""
+        (`trainer.models.overridden`: ``setting``, ``yours``, ``used``, ``differs``), and ``tokenizer``
+        (the tokenizer itself: the audit re-encodes a batch's prompts to check the rows against them)."""
 
     def on_step_start(self, step: int) -> None:
         """A training step begins (0-based)."""
@@ -154,10 +155,14 @@ class Observer:
         rewards: torch.Tensor,
         expected_shape: tuple[int, ...],
         model: nn.Module | None,
+        context: Mapping[str, Any] | None = None,
     ) -> None:
         """``raw`` is exactly what the reward function or reward model returned; ``rewards`` is
         the float32 tensor the trainer uses after converting it. ``source`` is ``"function:<name>"``
-        or ``"model:<name>"``; ``model`` is the reward model when there is one."""
+        or ``"model:<name>"``; ``model`` is the reward model when there is one. ``context``, what was
+        scored: ``responses`` (texts) and ``examples`` for a function; ``input_ids``, ``attention_mask``
+        and ``rescore`` (``fn(ids, mask)``: the same reward model call, no_grad and autocast as the
+        trainer's) for a model."""
 
     def on_forward(self, *, role: str, name: str, output: torch.Tensor) -> None:
         """A forward result crossing into the algorithm: ``ref_logprobs``, ``old_logprobs``,

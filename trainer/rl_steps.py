@@ -69,14 +69,26 @@ def score_components(
         with torch.no_grad(), setup.autocast("reward"):
             score = functools.partial(score_with_reward_model, rm, rollout.input_ids, rollout.attention_mask)
             raw = observer.plugin_call("reward_model", source, score)
+
+        def rescore(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad(), setup.autocast("reward"):
+                return score_with_reward_model(rm, ids, mask)
+
+        context = {
+            "input_ids": rollout.input_ids,
+            "attention_mask": rollout.attention_mask,
+            "rescore": rescore,
+        }
     else:
         prompts = [ex["prompt"] for ex in examples]
         where, source = reward_where(setup.config.data, reward_name), f"function:{reward_name}"
-        call = functools.partial(reward_fn, prompts, rollout.responses_text(setup.tokenizer), examples)
+        texts = rollout.responses_text(setup.tokenizer)
+        call = functools.partial(reward_fn, prompts, texts, examples)
         raw = observer.plugin_call("reward_fn", source, call)
+        context = {"responses": texts, "examples": examples}
     raw, parts = split_reward_parts(raw, where)
     scores = convert_rewards(raw, b, setup.device, where)
-    observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm)
+    observer.on_reward(source=source, raw=raw, rewards=scores, expected_shape=(b,), model=rm, context=context)
     if not keys:
         return scores, None
     return scores, reward_parts(parts, keys, b, setup.device, where)

@@ -92,6 +92,14 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "loop_scaling": "an own loop's fp16 backward or optimizer step outside its GradScaler",
         "autocast_device": "an autocast region that is off for the device of the model's tensors or its dtype",
         "round_trip": "weights cast to fp16/bf16 and back: rounded every time, small updates erased",
+        # inv24: the data's invariants (`verlaudit.audit.invariants_data`)
+        "row_order": "a batch whose rows are not the examples in their order: rewards scored against others' answers",
+        "prompt_eos": "prompts that hold the end-of-sequence token (appended by the tokenizer, a literal in the text)",
+        "response_eos": "a response mask that leaves out the eos ending the response: stopping is never trained",
+        "shared_role": "a frozen role (reference, reward) that is a trained role's module or shares its tensors",
+        "reward_position": "a reward model whose score depends on where the padding is, not on the tokens it scores",
+        "reward_constant": "a reward that is one value for every response of the batch: it reads nothing of them",
+        "reward_inverted": "a reward or preference that ranks the task's own correct answers below its wrong ones",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -542,6 +550,43 @@ SHADOW_EXCESS = _f(
 )
 SHADOW_SKIPPED = _f(
     "precision/shadow_skipped", "audit_gap", "the fp32 shadow skipped a module or did not run"
+)
+
+# ---------------------------------------------------------------- inv24: the data's invariants
+ROWS_REORDERED = _f(
+    "boundary/rows_reordered",
+    "row_order",
+    "the collated rows are the examples' prompts in another order: rewards read against other rows",
+)
+PROMPT_EOS = _f(
+    "boundary/prompt_eos",
+    "prompt_eos",
+    "attended prompt tokens are the eos id (at a prompt's end or inside it)",
+)
+RESPONSE_EOS_MASKED = _f(
+    "boundary/response_eos_masked",
+    "response_eos",
+    "the eos that ends each response is outside its response mask: stopping is never trained",
+)
+FROZEN_ROLE_SHARED = _f(
+    "model/frozen_role_shared",
+    "shared_role",
+    "a reference or reward model that is the actor's (critic's) module or holds its parameter tensors",
+)
+REWARD_POSITION = _f(
+    "reward/position_dependent",
+    "reward_position",
+    "the reward model scores the same tokens differently when only their padding moves",
+)
+REWARD_CONSTANT = _f(
+    "reward/constant",
+    "reward_constant",
+    "every response of the batch got the same reward, step after step",
+)
+REWARD_INVERTED = _f(
+    "reward/inverted",
+    "reward_inverted",
+    "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
 )
 
 # ---------------------------------------------------------------- failures

@@ -37,6 +37,7 @@ from verlaudit.audit import (
     errors,
     gradhealth,
     invariants,
+    invariants_reward,
     nonfinite,
     numerics,
     opcount,
@@ -124,6 +125,8 @@ class Auditor(Observer):
         """GRPO's responses per prompt (0: the run has no groups), for `reward_signal`."""
         self._groups: tuple[int, int, str] | None = None
         """This step's (identical groups, groups, reward source), from its last reward."""
+        self.reward_watch = invariants_reward.RewardWatch()
+        """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
 
     # -- context manager -------------------------------------------------------------------------
     _frozen = False
@@ -335,10 +338,22 @@ class Auditor(Observer):
             self.findings.extend(self.mismatch.weight_sync(record, **self.context.where()))
 
     @_uncounted
-    def on_reward(self, *, source, raw, rewards, expected_shape, model) -> None:
+    def on_reward(self, *, source, raw, rewards, expected_shape, model, context=None) -> None:
         if self.settings.level == "off":
             return
         where = self.context.where()
+        self.findings.extend(
+            self.reward_watch.findings(
+                source=source,
+                rewards=rewards,
+                context=context or {},
+                config=self.config,
+                pad_token_id=self.tokenizer_info.get("pad_token_id"),
+                sampled=self.context.sampled,
+                where=where,
+                grouped=self.group_size >= 2,
+            )
+        )
         self.findings.extend(
             boundaries.check_reward(
                 raw,

@@ -102,6 +102,7 @@ def check_batch(
                         **ctx,
                     )
                 )
+    out.extend(_extra_dims(tensors, where, rows, ctx))
     sizes = {k: v.shape[0] for k, v in tensors.items() if v.dim() >= 1}
     wrong = {k: tuple(tensors[k].shape) for k, n in sizes.items() if INT_KEY.search(k) and rows and n != rows}
     if wrong:
@@ -179,6 +180,39 @@ def check_batch(
                 )
             )
     return out
+
+
+def _extra_dims(
+    tensors: Mapping[str, torch.Tensor], where: str, rows: int | None, ctx: Mapping[str, Any]
+) -> list[Finding]:
+    """Token ids and masks that are not [batch, length]: a per-example ``return_tensors='pt'`` stacked
+    into [B, 1, L] (or a 1-D row) fails later, in the model or the sampler, far from the collator."""
+    bad = {k: tuple(v.shape) for k, v in tensors.items() if INT_KEY.search(k) and v.dim() != 2}
+    if not bad:
+        return []
+    k, shape = next(iter(bad.items()))
+    ones = [i for i, n in enumerate(shape) if n == 1 and i > 0]
+    fix = (
+        f"return [batch, length] tensors: drop the extra dimension (.squeeze({ones[0]})), or tokenize the "
+        "batch in one call / torch.cat the per-example [1, L] encodings instead of torch.stack"
+        if len(shape) > 2 and ones
+        else "return every id and mask field as a [batch, length] tensor (one row per example)"
+    )
+    return [
+        _f(
+            "error",
+            K.COLLATOR_SHAPE,
+            f"{where}.{k}",
+            f"{k} has {len(shape)} dimensions, shape {list(shape)}"
+            + (f" for {rows} examples" if rows else "")
+            + ": token ids and masks must be [batch, length] (2-D); the extra dimension breaks the model's "
+            "forward and the sampler later, far from the collator",
+            observed={"shapes": {n: list(v) for n, v in bad.items()}},
+            expected="[batch, length]",
+            fix=fix,
+            **ctx,
+        )
+    ]
 
 
 def padding_side(mask: torch.Tensor) -> str | None:

@@ -32,6 +32,9 @@ Setup invariants (`setup_findings`, once, after the user's ``model.setup`` ran):
   state restored after, so the run draws what it would have);
 - the embeddings the config ties (``tie_word_embeddings``) are one tensor.
 
+The data's invariants (rows in the examples' order, eos in prompts and response masks, frozen roles
+that share a trained role's tensors) live in `verlaudit.audit.invariants_data`; both run from here.
+
 Exercised by `pytest tests/test_invariants.py`.
 """
 
@@ -45,7 +48,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import rounding
+from verlaudit.audit import invariants_data, rounding
 from verlaudit.rundir import Finding
 
 TRUNCATION_KEY = "prompt_truncation"
@@ -372,6 +375,15 @@ def batch_findings(
             batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx, examples=examples, data=data
         ),
         *truncation_findings(batch, where=where, ctx=ctx),
+        *invariants_data.data_batch_findings(
+            batch,
+            tokenizer_info=tokenizer_info,
+            examples=examples,
+            data=data,
+            source=source,
+            where=where,
+            ctx=ctx,
+        ),
     ]
 
 
@@ -711,6 +723,7 @@ def setup_findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], t
     dropout = dropout_findings(config, models, trainable)
     known = {f.role for f in dropout if f.role}
     return [
+        *invariants_data.shared_role_findings(config, models, setup_plugin),
         *reference_findings(config, models),
         *dropout,
         *nondeterminism_findings(config, models, trainable, known=known),

@@ -62,3 +62,87 @@ def no_signal_finding(
         fix="check that the reward reads the response and returns one score per response; a sparse binary "
         "reward needs larger groups (algo.group_size) or more diverse sampling (algo.temperature)",
     )
+
+
+CONSTANT_STEPS = 2
+"""Steps in a row whose rewards are one value for the whole batch before it is a finding: one step of a
+sparse reward (every response wrong at the start) is common, two in a row of exactly one value for every
+response are a reward that does not read them (the clean controls' rewards differ at every step)."""
+
+
+def reward_key(data: dict) -> str:
+    """The config key (with its spec) of what makes the rewards, for a finding's ``where``."""
+    if data.get("train_files"):
+        key = data.get("reward_fn_key") or "data_source"
+        if key != "data_source":  # verl passes this column as data_source: the first suspect
+            return f"data.reward_fn_key ({key})"
+        return f"data.compute_score ({data.get('compute_score') or 'verl default'})"
+    if data.get("reward_fn"):
+        return f"data.reward_fn ({data['reward_fn']})"
+    return f"data.task ({data.get('task')})"
+
+
+class ConstantWatch:
+    """Whether every reward of the batch is one value, step after step (`CONSTANT_STEPS`): the reward
+    does not depend on the response at all. Read for a reward model (its scores are continuous: distinct
+    sequences tie exactly only when it reads none of them, a position that is padding in every row) and
+    for verl's compute_score handed another column than data_source (a dispatch that falls through to
+    its default); a rule reward's one value is what a sparse reward gives a policy that gets nothing
+    right yet, so it is not read."""
+
+    def __init__(self) -> None:
+        self.run: list[tuple[int | None, float]] = []
+        self.done = False
+
+    def observe(
+        self, rewards: torch.Tensor, *, step: int | None, source: str, data: dict, model_spec: str | None
+    ) -> Finding | None:
+        fk = data.get("reward_fn_key") or "data_source"
+        verl_key = bool(data.get("train_files")) and fk != "data_source"
+        if not (source.startswith("model:") or verl_key):
+            # a rule reward of one value for every response is what a sparse reward gives a policy that
+            # gets nothing right yet (a clean copy-task run scores 0 at two steps in a row): not evidence
+            return None
+        r = rewards.detach().float().flatten()
+        if self.done or r.numel() < 4 or not bool(torch.isfinite(r).all()):
+            return None
+        lo, hi = float(r.min()), float(r.max())
+        if hi - lo > 1e-6 * max(1.0, abs(hi)):
+            self.run = []
+            return None
+        if self.run and self.run[-1][0] == step:  # ReMax's baseline and its samples: one step
+            return None
+        self.run.append((step, lo))
+        if len(self.run) < CONSTANT_STEPS:
+            return None
+        self.done = True
+        values = sorted({v for _, v in self.run})
+        at = f"model.reward_model ({model_spec})" if source.startswith("model:") else reward_key(data)
+        fix = (
+            f"data.reward_fn_key '{fk}': verl passes each row's '{fk}' column to compute_score as data_source; "
+            "set it to the column compute_score dispatches on (verl's default 'data_source'), or add a scorer "
+            "for that value in compute_score"
+            if verl_key
+            else f"{at}: check what the reward reads: it returns one value whatever the response (a field read "
+            "under a wrong name, a branch that always falls through to a default, a score read at a padded "
+            "position)"
+        )
+        return Finding(
+            severity="warning",
+            kind=K.REWARD_CONSTANT,
+            role="reward",
+            where=at,
+            step=self.run[0][0],
+            phase="reward",
+            message=f"every response got the same reward ({', '.join(f'{v:g}' for v in values)}) at "
+            f"{len(self.run)} steps in a row ({r.numel()} responses a step)"
+            + (
+                f"; data.reward_fn_key '{fk}' hands compute_score the rows' '{fk}' as data_source"
+                if verl_key
+                else ""
+            )
+            + ": the reward does not depend on the response, so nothing it scores can teach the policy",
+            observed={"values": values, "steps": len(self.run), "responses": int(r.numel())},
+            expected="rewards that differ between responses",
+            fix=fix,
+        )

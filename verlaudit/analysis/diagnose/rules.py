@@ -293,6 +293,18 @@ RULES: dict[tuple[str, str], Rule] = {
         ("round_trip", s): Rule("weights rounded to bf16/fp16 each step lose the updates below its spacing")
         for s in ("update_underflow", "mismatch", "precision_excess", "no_signal")
     },
+    # inv24: the data's and the reward's invariants (`verlaudit.audit.invariants_data`, `invariants_reward`)
+    ("reward_constant", "no_signal"): Rule("one reward for every response is one reward within every group"),
+    ("reward_integer", "reward_constant"): Rule("scores truncated to whole numbers can all be one value"),
+    ("plugin_precision", "reward_constant"): Rule(
+        "scores rounded to a low-precision spacing can all round to one value"
+    ),
+    ("reward_position", "reward_constant"): Rule(
+        "a score read at a position that is padding in every row is the pad token's, the same for all"
+    ),
+    ("reward_position", "no_signal"): Rule(
+        "a score read at a padded position is the same for every response"
+    ),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell

@@ -263,6 +263,20 @@ NO_SIGNAL_METRIC = "reward/identical_group_frac"
 """Per step, the fraction of GRPO groups whose responses all got the same reward (the audit writes it)."""
 
 
+def _reward_fn_key_fix(run: RunDir) -> tuple[str, Fix] | None:
+    """(the column, its fix) when verl data hand compute_score another column than data_source: a dispatch
+    on data_source that matches none of its values scores every response alike."""
+    fn_key = cfg(run, "data", "reward_fn_key") or "data_source"
+    if not cfg(run, "data", "train_files") or fn_key == "data_source":
+        return None
+    return fn_key, Fix(
+        "data.reward_fn_key: data_source",
+        None,  # the suite key is verl's own (data.reward_fn_key)
+        f"verl passes each row's '{fn_key}' column to compute_score as data_source; a compute_score that "
+        "dispatches on data_source finds no scorer for those values and returns one default for all",
+    )
+
+
 def no_signal_causes(run: RunDir) -> list[Cause]:
     """Steps without a learning signal: every group's responses scored alike, so group-relative
     advantages are zero and only the KL and entropy terms move the policy. An error when no step
@@ -302,7 +316,11 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
         else "data.compute_score"
     )
     fixes = []
-    if source:
+    fixed = _reward_fn_key_fix(run)
+    if fixed is not None:  # verl data whose compute_score is handed another column as data_source
+        key, source = "data.reward_fn_key", fixed[0]
+        fixes.append(fixed[1])
+    if source and not fixes:
         fixes.append(
             Fix(
                 f"{key} ({source})",
@@ -329,7 +347,7 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
             evidence=ev,
             fixes=fixes,
             step=step,
-            where=(first.where if first else source),
+            where=(f"{key} ({source})" if key == "data.reward_fn_key" else first.where if first else source),
             phase="reward",
             role="reward",
             cls="no_signal",
