@@ -257,6 +257,28 @@ def loop_rollout_logprobs_as_policy(out_dir):
     return _loop("loop_rollout_logprobs_as_policy", out_dir, precision="fp32", step_fn=step)
 
 
+def loop_loss_sign_flipped(out_dir):
+    """fp32; the policy-gradient loss is written as ``(adv * logp).mean()``."""
+
+    def step(model, opt, scaler, sched, batch, seq, rollout_logp, rewards, ev):
+        logits = model(input_ids=seq, attention_mask=_attn(batch, seq)).logits
+        logp = _token_logp(logits, seq)
+        adv = rewards - rewards.mean()
+        loss = (adv[:, None] * logp).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            after = _token_logp(model(input_ids=seq, attention_mask=_attn(batch, seq)).logits, seq)
+        pos = adv > 0
+        if bool(pos.any()):
+            change = float((after - logp.detach())[pos].sum(-1).mean())
+            ev["notes"].setdefault("positive_adv_logp_change", []).append(change)
+        return loss
+
+    return _loop("loop_loss_sign_flipped", out_dir, precision="fp32", step_fn=step)
+
+
 def loop_fp16_scaler_correct(out_dir):
     """fp16 autocast on the CPU with a GradScaler used as documented, gradients unscaled before clipping
     (a correct loop, for the control)."""
