@@ -63,6 +63,21 @@ def test_fp32_weights_under_autocast_are_the_contract_not_a_finding():
     ]
 
 
+def test_a_frozen_role_computing_in_fp32_under_a_bf16_policy_is_information():
+    # a user's fp32 reward model run outside autocast: slower than the policy asks, never less precise
+    c = dataclasses.replace(call(params=(F32,), autocast=None, outputs=(F32,)), role="reward")
+    assert kinds(D.check_module_call(c, BF16_POLICY["reward"], step=0, phase="reward")) == [
+        ("info", "dtype/compute")
+    ]
+    # another low precision than the policy's stays an error on a frozen role too
+    c = dataclasses.replace(
+        call(params=(F16,), autocast=None, inputs=(("arg0", F16),), outputs=(F16,)), role="reward"
+    )
+    assert kinds(D.check_module_call(c, BF16_POLICY["reward"], step=0, phase="reward")) == [
+        ("error", "dtype/compute")
+    ]
+
+
 def test_float_token_ids_into_embedding_and_mixed_params():
     c = call(
         kind="embedding", params=(F32,), inputs=(("arg0", F32),), outputs=(F32,), name="model.embed_tokens"
@@ -122,6 +137,21 @@ def tiny_llama():
         max_position_embeddings=32,
     )
     return LlamaForCausalLM(cfg)
+
+
+def test_a_frozen_role_stored_wider_than_the_policy_is_information_not_a_fault():
+    # a user's fp32 reward model or reference under a bf16 policy loses no precision (memory only); the same
+    # width on a trained role, or a narrower one on a frozen role, stays an error
+    bf16 = resolve_policy("bf16-pure")
+    m = tiny_llama()
+    for role in ("reward", "reference"):
+        (f,) = D.check_param_storage(role, m, bf16[role], kind="boundary/reward_model")
+        assert f.severity == "info" and "wider" in f.message
+    (f,) = D.check_param_storage("actor", m, bf16["actor"])
+    assert f.severity == "error"
+    m.to(F16)
+    (f,) = D.check_param_storage("reward", m, FP32["reward"], kind="boundary/reward_model")
+    assert f.severity == "error"
 
 
 def test_param_storage_and_rotary_buffers():

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from trainer.precision import RolePolicy
+from trainer.precision import TRAINABLE_ROLES, RolePolicy
 from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.rundir import Finding
@@ -154,7 +154,15 @@ def check_module_call(
     if call.kind == "linear" and policy.low_precision:
         effective = call.autocast if call.autocast is not None else own
         if effective is not None and effective != policy.compute_dtype:
-            sev = "warning" if effective == torch.float32 else "error"
+            # fp32 where the policy says low precision: slower, never less precise; on a frozen role
+            # (reward, reference: a user's fp32 model) it costs time only, so it is information
+            sev = (
+                "error"
+                if effective != torch.float32
+                else "info"
+                if call.role not in TRAINABLE_ROLES
+                else "warning"
+            )
             add(
                 sev,
                 K.COMPUTE,
@@ -257,11 +265,17 @@ def check_param_storage(
     d = max(wrong, key=lambda x: wrong[x])
     total = sum(counts.values())
     where = first[d].rsplit(".", 1)[0]
+    # a frozen role kept WIDER than the policy (a user's fp32 reward model under bf16) loses nothing: its
+    # forward is at least as precise as the policy asks; it costs memory only: information, not a fault
+    wider = role not in TRAINABLE_ROLES and all(
+        torch.finfo(x).bits > torch.finfo(policy.param_dtype).bits for x in wrong
+    )
     return [Finding(
-        severity="error", kind=kind, role=role, where=where, step=step, phase=phase,
+        severity="info" if wider else "error", kind=kind, role=role, where=where, step=step, phase=phase,
         observed={dn(k): v for k, v in counts.items()}, expected=dn(policy.param_dtype),
         message=f"{wrong[d]} of {total} {role} parameters are stored in {dn(d)} (first: {first[d]}); the policy "
-        f"stores {role} weights in {dn(policy.param_dtype)}",
+        f"stores {role} weights in {dn(policy.param_dtype)}"
+        + (" (wider: more memory, no precision lost; a frozen role)" if wider else ""),
         fix=f"load/cast the {role} model with dtype={_torch(policy.param_dtype)} (trainer.precision.cast_model), "
         f"or set precision.overrides.{role}.param_dtype; verl: {VERL_MODEL_DTYPE}",
     )]  # fmt: skip
