@@ -19,9 +19,9 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 
 _RULES = [
     ("bf16_unsupported", re.compile(
-        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\. Your (.+?) GPU "
-        r"(?:has compute "
-        r"capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability)"
+        # the GPU sentence is optional: vLLM's message spans lines when printed as a raised ValueError
+        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\.(?:\s*Your (.+?) GPU "
+        r"(?:has compute capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability))?"
         r"|Your setup doesn't support bf16/(?:gpu|cpu)|bf16 mixed precision requires PyTorch >= [\d.]+ and "
         r"a supported "
         r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
@@ -33,6 +33,14 @@ _RULES = [
         r"error|"
         r"\bEngineDeadError\b|AsyncEngineDeadError|Engine core initialization failed|WorkerProc hit an "
         r"exception")),
+    # an engine's worker process that ended under it: vLLM V1's multiproc executor ("Worker proc VllmWorker-1 died
+    # unexpectedly, shutting down executor"), V0's ("Worker VllmWorkerProcess pid 77 died, exit code: -15",
+    # "got fatal signal from worker processes"), SGLang's parent ("Received sigquit from a child proces[s]. It
+    # usually means the child failed.", "Child process unexpectedly failed with an exit code 1")
+    ("engine_worker_died", re.compile(
+        r"Worker proc (\S+) died unexpectedly|Worker (VllmWorkerProcess) pid \d+ died, exit code: (-?\d+)"
+        r"|got fatal signal from worker processes|Received sigquit from a child proces"
+        r"|Child process unexpectedly failed with an exit code (-?\d+)")),
     ("sglang_req_slots", re.compile(r"alloc_req_slots runs out of memory")),
     ("sglang_oom", re.compile(r"(Prefill|Decode) out of memory\b")),
     ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
@@ -58,6 +66,10 @@ _KEYS = (
     "Error executing method",
     "hit an exception",
     "Engine",
+    "died",
+    "sigquit",
+    "fatal signal",
+    "Child process",
     "alloc_req_slots",
     "out of memory",
     "no module or parameter",
@@ -90,7 +102,11 @@ def detect(line: LogLine) -> list[Hit]:
             fields = {"groups": m.groups()}
             if rule == "engine_method_error":
                 fields["method"] = m[1]
-            out.append(Hit(rule, line, fields))
+            if rule == "engine_worker_died":
+                fields["method"] = m[1] or m[2]
+            # a GPU sentence the line lacks may follow on the next line
+            want = 1 if rule == "bf16_unsupported" and m.lastindex is None else 0
+            out.append(Hit(rule, line, fields, want=want))
     return out
 
 
@@ -99,13 +115,18 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in (_bf16(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
 
 
+_NEXT_GPU = re.compile(r"^\s*Your (.+?) GPU has compute capability ([\d.]+?)\.?(?:\s|$)")
+
+
 def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("bf16_unsupported")
     if h is None:
         return None
     g = h.fields["groups"]
-    gpu = g[0] or (facts.first("gpu_name").fields["groups"][0] if facts.first("gpu_name") else None)
-    cc = g[1]
+    nxt = _NEXT_GPU.search(" ".join(h.follow)) if h.follow and g[0] is None else None
+    gpu = g[0] or (nxt[1] if nxt else None)
+    gpu = gpu or (facts.first("gpu_name").fields["groups"][0] if facts.first("gpu_name") else None)
+    cc = g[1] or (nxt[2] if nxt else None)
     title = (
         "bf16 is not supported on this GPU"
         + (f": {gpu}" if gpu else "")
@@ -322,7 +343,8 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
     oom = facts.first("sglang_oom")
     errs = facts.of("engine_error")
     methods = [h for h in facts.of("engine_method_error") if h.fields.get("method") != "initialize_cache"]
-    h = slots or oom or (errs[0] if errs else None) or (methods[0] if methods else None)
+    died = facts.first("engine_worker_died")
+    h = slots or oom or (errs[0] if errs else None) or died or (methods[0] if methods else None)
     if h is None:
         return None
     pl = place(facts, h.line)
@@ -345,6 +367,24 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what = "The engine's activations for a prefill / decode batch did not fit beside its KV-cache pool."
         fx = fixes(
             ctx, ("max_num_seqs", "smaller batches"), ("rollout_memory", "lower: more room for activations")
+        )
+    elif h is died:
+        worker = died.fields.get("method")
+        title = f"Engine worker {worker} died" if worker else "An engine worker process died"
+        if tb and tb.exc:
+            title += f": {last}"
+        where = worker or pl.culprit()
+        what = (
+            "A worker process of the rollout engine ended (its parent says so and shuts the engine down); the "
+            "worker's own error, if it printed one, is above this line, often in another process's output."
+        )
+        fx = fixes(
+            ctx,
+            advice(
+                "look above for the worker's last lines (a CUDA OOM, a CUDA fault, a SIGSEGV / SIGKILL, a host "
+                "OOM kill); with tensor parallelism check /dev/shm size and NCCL between the GPUs"
+            ),
+            advice("use the engine version the framework pins for this trainer version"),
         )
     else:
         method = h.fields.get("method")

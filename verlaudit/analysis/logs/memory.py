@@ -382,10 +382,16 @@ def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     failed = next(
         (h for h in facts.of("engine_method_error") if h.fields.get("method") == "initialize_cache"), None
     )
-    if failed is None or blocks is None:
+    if blocks is None:
+        return []
+    n = int(blocks.fields["groups"][0])
+    if failed is None and n == 0:
+        # zero GPU blocks is a failure however the log goes on (vLLM V0 raises "No available memory for the
+        # cache blocks" next; a paste often stops at the line or at "Traceback"): no request can be served
+        return [_kv_cause(Hit("kv_no_blocks", blocks.line, {"groups": ()}), facts, ctx)]
+    if failed is None:
         return []
     # vLLM V0's initialize_cache raises with blocks > 0 only when max_model_len exceeds the cache
-    n = int(blocks.fields["groups"][0])
     rule = "kv_no_blocks" if n == 0 else "kv_max_len_inferred"
     return [
         _kv_cause(Hit(rule, failed.line, {"groups": (), "blocks": n, "blocks_line": blocks.line}), facts, ctx)

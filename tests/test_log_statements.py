@@ -1,0 +1,76 @@
+"""Log rules for lines that state a failure without a known exception (issue 25): an engine start-up
+line with zero KV-cache blocks, an engine's worker death reported by its parent, vLLM's bf16 refusal
+printed over several lines. Each rule with a planted line it catches and a healthy near-miss it passes.
+Run: `pytest tests/test_log_statements.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+
+def diagnose(tmp_path: Path, text: str):
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    (d,) = diagnose_path(p)
+    return d
+
+
+def problems(tmp_path: Path, text: str) -> list[tuple[str, str]]:
+    return [
+        (c.severity, c.kind) for c in diagnose(tmp_path, text).causes if c.severity in ("error", "warning")
+    ]
+
+
+def first(tmp_path: Path, text: str):
+    d = diagnose(tmp_path, text)
+    assert d.causes, d.summary
+    return d.causes[0]
+
+
+def test_zero_gpu_kv_blocks_at_start_is_a_kv_cache_failure_without_the_exception(tmp_path):
+    for line in (
+        "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU blocks: 256\n",
+        "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681\n",
+    ):
+        c = first(tmp_path, line + "Traceback (most recent call last):\n")
+        assert (c.severity, c.kind) == ("error", "oom_kv_cache"), c.title
+        assert c.where and "gpu_memory_utilization" in c.where
+    # a healthy start prints a positive block count (and zero CPU blocks is no failure)
+    healthy = "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 2427, # CPU blocks: 0\n"
+    assert problems(tmp_path, healthy) == []
+
+
+def test_an_engine_worker_death_its_parent_reports_is_an_engine_error(tmp_path):
+    cases = {
+        "ERROR 07-04 17:35:16 [multiproc_executor.py:140] Worker proc VllmWorker-1 died unexpectedly, "
+        "shutting down executor.\n": "VllmWorker-1",
+        "ERROR 03-21 10:00:00 multiproc_worker_utils.py:124] Worker VllmWorkerProcess pid 77 died, exit "
+        "code: -15\n": "VllmWorkerProcess",
+        "Message: 'Received sigquit from a child proces. It usually means the child failed.'\n": None,
+    }
+    for line, worker in cases.items():
+        c = first(tmp_path, line)
+        assert (c.severity, c.kind) == ("error", "engine_error"), c.title
+        if worker:
+            assert c.where == worker and worker in c.title
+    # the children told to stop after a normal shutdown are not a death
+    healthy = "(VllmWorker TP0 pid=405) INFO 08-25 12:24:19 [multiproc_executor.py:520] Parent process exited, terminating worker\n"
+    assert problems(tmp_path, healthy) == []
+
+
+def test_vllms_bf16_refusal_split_over_lines_names_the_gpu_and_its_capability(tmp_path):
+    text = (
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0.\n"
+        "Your Tesla V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead\n"
+        "by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.\n"
+    )
+    c = first(tmp_path, text)
+    assert (c.severity, c.kind) == ("error", "dtype_unsupported")
+    assert "Tesla V100-SXM2-32GB" in c.title and "7.0" in c.title
+    # a bf16 run on a card that has it prints no refusal
+    assert (
+        problems(tmp_path, "INFO 04-27 10:11:03 llm_engine.py:70] dtype=torch.bfloat16, on NVIDIA A100\n")
+        == []
+    )
