@@ -74,3 +74,33 @@ def test_vllms_bf16_refusal_split_over_lines_names_the_gpu_and_its_capability(tm
         problems(tmp_path, "INFO 04-27 10:11:03 llm_engine.py:70] dtype=torch.bfloat16, on NVIDIA A100\n")
         == []
     )
+
+
+def test_torch_compiles_own_refusal_raised_as_a_plain_error_is_a_compile_error(tmp_path):
+    text = (
+        "RuntimeError: torch.compile with fullgraph=True found no compiled frames.\n"
+        "Skipped frames: ... Dynamo tracing is disabled\n"
+    )
+    c = first(tmp_path, text)
+    assert (c.severity, c.kind) == ("error", "compile_error"), c.title
+    # a log line that only mentions torch.compile is not a failure
+    assert problems(tmp_path, "INFO: using torch.compile with fullgraph=True for the actor\n") == []
+
+
+def test_a_watchdog_timeout_hard_wrapped_by_the_paste_is_rejoined(tmp_path):
+    text = (
+        "[rank0]:[E1202 16:33:31.475880828 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+        "operation timeout: Wor\n"
+        "kNCCL(SeqNum=140, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800093 "
+        "milliseconds before ti\n"
+        "ming out.\n"
+    )
+    c = first(tmp_path, text)
+    assert (c.severity, c.kind) == ("error", "nccl_timeout"), c.title
+    assert "ALLREDUCE" in c.title and "SeqNum 140" in c.title
+    # the same wrap of a healthy NCCL line is no timeout
+    healthy = (
+        "[rank0]:[I1202 16:03:31.47 ProcessGroupNCCL.cpp:900] [Rank 0] ProcessGroupNCCL initialization opt\n"
+        "ions: size: 8, global rank: 0, TIMEOUT(ms): 1800000\n"
+    )
+    assert problems(tmp_path, healthy) == []

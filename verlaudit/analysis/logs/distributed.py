@@ -20,7 +20,7 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _RULES = [
     ("nccl_timeout", re.compile(
-        r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+        r"\[Rank (\d+)\] Watchdog caught collective operation timeout:\s*WorkNCCL\(SeqNum=(\d+),\s*OpType=(\w+)"
         r"(?:, NumelIn=(\d+))?(?:, NumelOut=(\d+))?(?:,\s*Timeout\(ms\)=(\d+))?")),
     ("nccl_status", re.compile(
         r"Rank (\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: (\d+), "
@@ -114,11 +114,35 @@ def detect(line: LogLine) -> list[Hit]:
         h.rule == "nccl_timeout" for h in out
     ):  # "terminated with exception: [Rank 1] Watchdog caught ..." twice
         out = [h for h in out if h.rule != "watchdog_error"]
+    elif _CUT.search(text):  # the watchdog's line cut by a paste's hard wrap: rejoined in `_rejoined`
+        out.append(Hit("nccl_timeout_cut", line, {}, want=2))
     return out
+
+
+_TIMEOUT = _RULES[0][1]
+_CUT = re.compile(r"\[Rank \d+\] Watchdog caught collective operation timeout")
+
+
+def _rejoined(facts: LogFacts) -> LogFacts:
+    """The facts with each watchdog timeout a hard-wrapped paste cut over lines read from the line and the
+    lines after it rejoined (with nothing between them, as a terminal's wrap cuts, else a space)."""
+    found = []
+    for h in facts.of("nccl_timeout_cut"):
+        m = _TIMEOUT.search(h.text("")) or _TIMEOUT.search(h.text(" "))
+        if m:
+            found.append(Hit("nccl_timeout", h.line, {"groups": m.groups()}))
+    if not found:
+        return facts
+    hits = dict(facts.hits)
+    hits["nccl_timeout"] = sorted([*hits.get("nccl_timeout", []), *found], key=lambda h: h.no)
+    counts = dict(facts.counts)
+    counts["nccl_timeout"] = counts.get("nccl_timeout", 0) + len(found)
+    return dataclasses.replace(facts, hits=hits, counts=counts)
 
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """Collective timeouts, NCCL errors, CUDA faults, kills and Ray actor deaths."""
+    facts = _rejoined(facts)
     causes = [
         _collective(facts, ctx),
         _nccl_error(facts, ctx),

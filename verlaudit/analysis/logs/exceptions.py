@@ -26,6 +26,9 @@ DEVICE = re.compile(
 COMPILE = re.compile(
     r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
     r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
+    # torch.compile's own refusals, raised as plain errors ("RuntimeError: torch.compile with fullgraph=True found
+    # no compiled frames"); a log line that only mentions torch.compile is not one
+    r"|(?:RuntimeError|AssertionError|ValueError): torch\.compile\b[^\n]*"
 )
 _DYNAMO_SET = re.compile(r"^\s*((?:torch\.)?_dynamo\.config\.\w+\s*=\s*\S+)\s*$")
 # a Dynamo config the message itself points at ("... by adding logging methods to config.ignore_logger_methods")
@@ -55,7 +58,7 @@ UNKNOWN_MODULE = (
 _HAS = hints(
     "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
     "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
-    "batch related", "_dynamo.config",
+    "batch related", "_dynamo.config", "torch.compile",
 )  # fmt: skip
 _DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
 _BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
