@@ -104,3 +104,22 @@ def test_a_watchdog_timeout_hard_wrapped_by_the_paste_is_rejoined(tmp_path):
         "ions: size: 8, global rank: 0, TIMEOUT(ms): 1800000\n"
     )
     assert problems(tmp_path, healthy) == []
+
+
+def test_every_group_with_identical_rewards_is_no_learning_signal(tmp_path):
+    rec = (
+        "{'loss': 0.0, 'grad_norm': 0.0, 'learning_rate': 1.7e-06, 'rewards/format/std': 0.0, "
+        "'rewards/accuracy/std': 5.08, 'reward': 3.0, 'reward_std': 0.0, 'frac_reward_zero_std': %s, "
+        "'epoch': 0.33}\n"
+    )
+    c = first(tmp_path, rec % "1.0")
+    assert c.kind == "collapse" and c.severity in ("warning", "error"), c.title
+    assert c.where == "frac_reward_zero_std"
+    three = "".join((rec % "1.0").replace("0.33", str(e)) for e in ("0.1", "0.2", "0.3"))
+    assert first(tmp_path, three).severity == "error"
+    # some groups with a spread: the advantages are not all 0
+    healthy = (
+        "{'loss': 0.012, 'grad_norm': 0.31, 'learning_rate': 1.7e-06, 'reward': 1.2, 'reward_std': 0.4, "
+        "'frac_reward_zero_std': 0.39, 'epoch': 0.33}\n"
+    )
+    assert problems(tmp_path, healthy) == []
