@@ -123,3 +123,26 @@ def test_every_group_with_identical_rewards_is_no_learning_signal(tmp_path):
         "'frac_reward_zero_std': 0.39, 'epoch': 0.33}\n"
     )
     assert problems(tmp_path, healthy) == []
+
+
+def test_a_native_crash_a_ray_worker_reports_is_its_death_with_the_faulting_function(tmp_path):
+    w = "(RayWorkerWrapper pid=24036) "
+    text = (
+        w + "[2024-07-25 10:46:00,050 E 24036 24036] logging.cc:440: *** SIGSEGV received at time=1721904360 "
+        "on cpu 140 ***\n"
+        + w + "[2024-07-25 10:46:00,050 E 24036 24036] logging.cc:440: PC: @     0x7f17f832d44a  (unknown)  "
+        "addProxyOpIfNeeded()\n"
+        + w + "Fatal Python error: Segmentation fault\n"
+        + w + "\n"
+        + w + "Stack (most recent call first):\n"
+        + w + '  File "/usr/lib/python3/dist-packages/vllm/distributed/pynccl_wrapper.py", line 257 in '
+        "ncclAllReduce\n"
+    )  # fmt: skip
+    c = first(tmp_path, text)
+    assert (c.severity, c.kind) == ("error", "ray_actor_died"), c.title
+    assert (
+        "SIGSEGV" in c.title and "pynccl_wrapper.ncclAllReduce" in c.where and "addProxyOpIfNeeded" in c.where
+    )
+    # a Ray worker that mentions segfaults in a healthy line is no crash
+    healthy = w + "INFO worker.py:12 -- faulthandler enabled; SIGSEGV handler installed\n"
+    assert problems(tmp_path, healthy) == []
