@@ -146,3 +146,20 @@ def test_a_native_crash_a_ray_worker_reports_is_its_death_with_the_faulting_func
     # a Ray worker that mentions segfaults in a healthy line is no crash
     healthy = w + "INFO worker.py:12 -- faulthandler enabled; SIGSEGV handler installed\n"
     assert problems(tmp_path, healthy) == []
+
+
+def test_the_ray_oom_kill_trailer_and_its_table_alone_are_a_host_oom(tmp_path):
+    a = "(ActorModelRayActor pid=8249) "
+    text = (
+        a + "8800\t1.18\tray::ReferenceModelRayActor\n"
+        + a + "8798\t1.17\tray::ReferenceModelRayActor\n"
+        + a + "Refer to the documentation on how to address the out of memory issue: "
+        "https://docs.ray.io/en/latest/ray-core/scheduling/ray-oom-prevention.html. Consider provisioning more "
+        "memory on this node or reducing task parallelism by requesting more CPUs per task.\n"
+    )  # fmt: skip
+    c = first(tmp_path, text)
+    assert (c.severity, c.kind) == ("error", "oom_host"), c.title
+    assert c.where == "ReferenceModelRayActor"
+    # a process table printed by a healthy status command is no kill
+    healthy = a + "8800\t1.18\tray::ReferenceModelRayActor\n" + a + "INFO: memory usage is fine\n"
+    assert problems(tmp_path, healthy) == []

@@ -110,7 +110,11 @@ _MONITOR = re.compile(
 _HOST = [
     ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
                                     r"were "
-                                    r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY")),
+                                    r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY"
+                                    # the trailer of the monitor's kill message, when a paste keeps only it
+                                    r"|how to address the out of memory issue: \S*ray-oom-prevention")),
+    # a row of the monitor's "PID MEM(GB) COMMAND" table of the largest users, largest first
+    ("host_top_row", re.compile(r"^\s*\d+\s+[\d.]+\s+ray::(\w+)")),
     ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
     ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
                                r"invoked oom-killer|oom-kill:")),
@@ -119,7 +123,16 @@ _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
 
 _HAS = hints(
-    "emory", "MEMORY", "blocks", "KV cache", "KV Cache", "max seq len", "oom-kill", "OOM", "profiled value"
+    "emory",
+    "MEMORY",
+    "blocks",
+    "KV cache",
+    "KV Cache",
+    "max seq len",
+    "oom-kill",
+    "OOM",
+    "profiled value",
+    "ray::",
 )
 
 
@@ -321,6 +334,9 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         return None
     mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
     part, killed, top, table, phase_hint = _monitor(mon) if mon else ("", None, None, [], None)
+    row = facts.first("host_top_row")
+    if top is None and row is not None and abs(row.no - hits[0].no) <= 20:  # the table without its header
+        top, table = row.fields["groups"][0], [quote(row.line)]
     if kernel and kernel.fields["groups"][1]:
         killed = killed or kernel.fields["groups"][1]
     pl = place(facts, hits[0].line)
