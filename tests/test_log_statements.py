@@ -163,3 +163,29 @@ def test_the_ray_oom_kill_trailer_and_its_table_alone_are_a_host_oom(tmp_path):
     # a process table printed by a healthy status command is no kill
     healthy = a + "8800\t1.18\tray::ReferenceModelRayActor\n" + a + "INFO: memory usage is fine\n"
     assert problems(tmp_path, healthy) == []
+
+
+def test_an_http_404_from_the_trainers_call_into_its_server_is_a_missing_engine_feature(tmp_path):
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/env/lib/python3.11/site-packages/trl/extras/vllm_client.py", line 233, in init_communicator\n'
+        '    raise Exception(f"Request failed: {response.status_code}, {response.text}")\n'
+    )
+    for exc, path in (
+        (
+            'Exception: Request failed: 404, {"detail":"Not Found"}\n',
+            None,
+        ),
+        (
+            "requests.exceptions.HTTPError: 404 Client Error: Not Found for url: http://10.0.0.2:8000/update_named_param/\n",
+            "/update_named_param/",
+        ),
+    ):
+        c = first(tmp_path, tb + exc)
+        assert (c.severity, c.kind) == ("error", "engine_feature"), c.title
+        assert "init_communicator" in c.where and c.phase == "weight_sync"
+        if path:
+            assert path in c.where
+    # a server's own access log of a 404 (a browser asking for an icon) is no failure of the run
+    healthy = 'INFO:     127.0.0.1:48802 - "GET /favicon.ico HTTP/1.1" 404 Not Found\n'
+    assert problems(tmp_path, healthy) == []
