@@ -189,3 +189,20 @@ def test_an_http_404_from_the_trainers_call_into_its_server_is_a_missing_engine_
     # a server's own access log of a 404 (a browser asking for an icon) is no failure of the run
     healthy = 'INFO:     127.0.0.1:48802 - "GET /favicon.ico HTTP/1.1" 404 Not Found\n'
     assert problems(tmp_path, healthy) == []
+
+
+def test_an_engine_loaders_layout_refusal_is_a_weight_sync_failure_unless_it_is_the_first_load(tmp_path):
+    line = "ValueError: shard_dim=0 is not a valid data dimension for a 3D tensor (expected 1 or 2)\n"
+    c = first(tmp_path, line)
+    assert (c.severity, c.kind) == ("error", "weight_sync"), c.title
+    assert c.phase == "weight_sync"
+    # the same refusal while the engine loads its checkpoint at start is the model's layout, not the sync's
+    at_load = (
+        "Traceback (most recent call last):\n"
+        '  File "/env/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 1, in load_model\n'
+        "    self.model = get_model(vllm_config=self.vllm_config)\n"
+        '  File "/env/lib/python3.12/site-packages/vllm/model_executor/layers/fused_moe/layer.py", line 9, in '
+        "_load_w13\n"
+        "    raise ValueError(msg)\n" + line
+    )
+    assert ("error", "weight_sync") not in problems(tmp_path, at_load)

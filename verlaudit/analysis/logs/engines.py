@@ -48,6 +48,11 @@ _RULES = [
                                       r"weights")),
     # a parameter a weight load names beside a shape: a debug print's "Weight name X", PyTorch's "size
     # mismatch for X: copying a param with shape ...", a loader's "param X ... shape"
+    # an engine's weight loader refusing a tensor's layout for a live parameter, in its own words (vLLM's fused-MoE
+    # loader: "shard_dim=0 is not a valid data dimension for a 3D tensor"; its default loader: "Attempted to load
+    # weight (torch.Size([..])) into parameter (torch.Size([..]))")
+    ("loader_layout", re.compile(r"shard_dim=\d+ is not a valid data dimension for a \d+D tensor"
+                                 r"|Attempted to load weight \(torch\.Size\(\[[\d, ]*\]\)\) into parameter")),
     ("weight_named", re.compile(r"\bWeight name:? '?(?P<n>[\w.]+\w)'?|size mismatch for (?P<m>[\w.]+\w): copying a "
                                 r"param with shape|\bparam(?:eter)? '?(?P<p>[\w.]+\.\w*(?:weight|bias))'? (?:has )?"
                                 r"(?:shape|size)")),
@@ -77,6 +82,8 @@ _KEYS = (
     "update_weights",
     "Weight name",
     "size mismatch for",
+    "shard_dim",
+    "Attempted to load weight",
     "param",
 )
 # frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
@@ -273,7 +280,23 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
         return err, m[1] if m else None, title, failed
     if failed is not None:
         return failed.line, None, "Weight sync into the inference engine failed", failed
-    return None
+    layout = facts.first("loader_layout")
+    tb = facts.traceback_near(layout.no) if layout else None
+    # the same refusal under the engine's first load of a checkpoint (no sync frame) is the model's, not the sync's
+    if layout is None or (
+        tb is not None and not _sync_frames(tb) and _LOAD.search(" ".join(f.func for f in tb.frames))
+    ):
+        return None
+    text = layout.line.text.strip()
+    return (
+        layout.line,
+        None,
+        f"Weight sync: the engine's loader refused the tensor's layout: {text[:160]}",
+        None,
+    )
+
+
+_LOAD = re.compile(r"load_model|initialize_model|_initialize_kv_caches|from_pretrained|init_device")
 
 
 _SYNC_WHAT = (
