@@ -206,3 +206,20 @@ def test_an_engine_loaders_layout_refusal_is_a_weight_sync_failure_unless_it_is_
         "    raise ValueError(msg)\n" + line
     )
     assert ("error", "weight_sync") not in problems(tmp_path, at_load)
+
+
+def _megatron(loss: str, skipped: int) -> str:
+    return (
+        f" iteration        9/      10 | consumed samples:          108 | elapsed time per iteration (ms): 1979.2 "
+        f"| learning rate: 4.219E-07 | global batch size:    12 |{loss} loss scale: 1.0 | number of skipped "
+        f"iterations:   {skipped} | number of nan iterations:   0 | samples per second: 6.063 |\n"
+    )
+
+
+def test_a_megatron_iteration_line_without_its_loss_is_a_nan_loss(tmp_path):
+    c = first(tmp_path, _megatron("", 0))
+    assert (c.severity, c.kind) == ("error", "nonfinite"), c.title
+    assert any("prints no loss" in e for e in c.evidence)
+    # the same line with its loss is healthy; an iteration fp16 skipped adds nothing to the average either
+    assert problems(tmp_path, _megatron(" lm loss: 2.104E+00 |", 0)) == []
+    assert ("error", "nonfinite") not in problems(tmp_path, _megatron("", 1))
