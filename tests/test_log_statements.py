@@ -223,3 +223,24 @@ def test_a_megatron_iteration_line_without_its_loss_is_a_nan_loss(tmp_path):
     # the same line with its loss is healthy; an iteration fp16 skipped adds nothing to the average either
     assert problems(tmp_path, _megatron(" lm loss: 2.104E+00 |", 0)) == []
     assert ("error", "nonfinite") not in problems(tmp_path, _megatron("", 1))
+
+
+def test_an_import_failure_a_library_logs_as_a_warning_does_not_outrank_the_error_that_ended_the_run(
+    tmp_path,
+):
+    warn = (
+        "WARNING 08-27 13:59:59 _custom_ops.py:15] Failed to import from vllm._C with ImportError('libcudart.so.12: "
+        "cannot open shared object file: No such file or directory')\n"
+    )
+    alone = diagnose(tmp_path, warn).causes
+    assert [(c.severity, c.kind) for c in alone] == [("warning", "import_error")]
+    fatal = "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla V100 GPU has compute capability 7.0.\n"
+    assert first(tmp_path, warn + fatal).kind == "dtype_unsupported"
+    # the same failure raised (in a traceback) is the run's error
+    raised = (
+        "Traceback (most recent call last):\n"
+        '  File "/env/lib/python3.10/site-packages/vllm/_custom_ops.py", line 15, in <module>\n'
+        "    import vllm._C\n"
+        "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n"
+    )
+    assert (first(tmp_path, raised).severity, first(tmp_path, raised).kind) == ("error", "import_error")

@@ -497,8 +497,13 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
                 f"release written for the installed {pkg}"
             )
+    # a library that logs its own import failure as a WARNING carries on without the part (vLLM's "Failed to
+    # import from vllm._C with ImportError(...)"): a degraded run, not the error that ended it
+    warned = (h.line.level or "").upper().startswith("W") and not any(
+        tb.start <= h.no <= tb.end for tb in facts.tracebacks
+    )
     return Cause(
-        "error",
+        "warning" if warned else "error",
         kind,
         title,
         what,
