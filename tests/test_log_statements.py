@@ -244,3 +244,20 @@ def test_an_import_failure_a_library_logs_as_a_warning_does_not_outrank_the_erro
         "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n"
     )
     assert (first(tmp_path, raised).severity, first(tmp_path, raised).kind) == ("error", "import_error")
+
+
+def test_an_item_larger_than_the_per_step_token_budget_is_an_engine_limit(tmp_path):
+    line = (
+        "ValueError: Chunked MM input disabled but max_tokens_per_mm_item (2496) is larger than "
+        "max_num_batched_tokens (2048). Please increase max_num_batched_tokens.\n"
+    )
+    c = first(tmp_path, line)
+    assert (c.severity, c.kind) == ("error", "engine_limit"), c.title
+    assert "2496-token multimodal item" in c.title and "max_num_batched_tokens" in c.where
+    # the budget printed in the engine's config line is no limit hit
+    assert (
+        problems(
+            tmp_path, "INFO 04-27 10:11:03 config.py:1] max_num_batched_tokens=2048, max_model_len=2048\n"
+        )
+        == []
+    )

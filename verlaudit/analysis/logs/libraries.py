@@ -74,6 +74,8 @@ _LIMITS = [
     ("max_num_batched_tokens", re.compile(r"max_num_batched_tokens \((?P<m>\d+)\) is smaller than max_model_len \((?P<n>\d+)\)")),
     ("max_num_batched_tokens", re.compile(r"(?P<n>\d+) tokens?\)?[^\n]{0,40}exceeds?[^\n]{0,30}max_num_batched_tokens"
                                           r"(?:[^\d\n]{0,20}(?P<m>\d+))?")),
+    # an item (a multimodal item's encoder tokens, a sequence) larger than the per-step token budget
+    ("max_num_batched_tokens", re.compile(r"\((?P<n>\d+)\) is (?:larger|greater) than max_num_batched_tokens \((?P<m>\d+)\)")),
     ("context_length", re.compile(r"Input length \((?P<n>\d+) tokens\) exceeds the maximum allowed length \((?P<m>\d+) tokens\)")),
     ("context_length", re.compile(r"input \((?P<n>\d+) tokens\) is longer than the model's context length \((?P<m>\d+) tokens\)", re.I)),
 ]  # fmt: skip
@@ -448,11 +450,12 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "Error"
     )
     n, m = f.get("n"), f.get("m")
+    noun = "multimodal item" if re.search(r"mm_item|multimodal", h.line.text, re.I) else "prompt"
     verl = ctx.framework in (None, "verl")
     return Cause(
         "error" if failed else "warning",
         "engine_limit",
-        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {shown}"
+        f"Engine limit: {f'a {n}-token {noun}' if n else 'a request'} over {shown}"
         + (f" ({m})" if m else "") + ("" if failed else ": the request is dropped"),
         f"The inference engine refused {_LIMIT_WHAT[setting]}. The engine's limits come from its configuration "
         "(max_model_len, max_num_batched_tokens, the model's context length), not from memory.",
