@@ -83,6 +83,12 @@ def test_torch_compiles_own_refusal_raised_as_a_plain_error_is_a_compile_error(t
     )
     c = first(tmp_path, text)
     assert (c.severity, c.kind) == ("error", "compile_error"), c.title
+    assert "TORCH_COMPILE_DISABLE" in c.where and any("TORCHDYNAMO_DISABLE=1" in f.why for f in c.fixes)
+    # a compile failure of the traced code is not blamed on a disabled compiler
+    other = first(
+        tmp_path, "RuntimeError: torch.compile with fullgraph=True found a graph break in forward\n"
+    )
+    assert other.kind == "compile_error" and "DISABLE" not in (other.where or "")
     # a log line that only mentions torch.compile is not a failure
     assert problems(tmp_path, "INFO: using torch.compile with fullgraph=True for the actor\n") == []
 

@@ -376,11 +376,27 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx += [layer_fix] if verlish else [trace]
     else:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
+    # compilation switched off while the code still demands a compiled graph (fullgraph=True): PyTorch's
+    # "Dynamo tracing is disabled" / "torch.compile is disabled" under the error
+    off = bool(re.search(r"(?:Dynamo tracing|torch\.compile|compilation) is disabled", said, re.I))
+    if off:
+        fx = [
+            advice("compilation is disabled (TORCH_COMPILE_DISABLE=1 / TORCHDYNAMO_DISABLE=1 or "
+                   "torch.compiler.disable) while a fullgraph=True region needs a compiled frame: use "
+                   "TORCHDYNAMO_DISABLE=1 instead of TORCH_COMPILE_DISABLE=1, or drop fullgraph=True / compile "
+                   "where compilation is off"),
+            *fx,
+        ]  # fmt: skip
     fx = advised + fx
     return Cause(
         "error",
         "compile_error",
-        "torch.compile failed"
+        (
+            "torch.compile refused: compilation is disabled (TORCH_COMPILE_DISABLE / TORCHDYNAMO_DISABLE) but a "
+            "fullgraph region needs a compiled frame"
+            if off
+            else "torch.compile failed"
+        )  # fmt: skip
         + (f" on {op[0]}" if op else "")
         + (
             f": its backend cannot import {inner.fields['groups'][0]} from {lib} (a {lib} release torch was not built with)"
@@ -393,7 +409,13 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "eager path runs the same model.",
         evidence=[quote(h.line)] + pl.evidence() + traced,
         fixes=fx,
-        where=op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit(),
+        where="compilation disabled (TORCH_COMPILE_DISABLE, TORCHDYNAMO_DISABLE or torch.compiler.disable)"
+        if off
+        else op[0]
+        if op
+        else f"{lib} ({inner.fields['groups'][0]})"
+        if inner
+        else pl.culprit(),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
