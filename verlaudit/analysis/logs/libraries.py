@@ -450,7 +450,7 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "Error"
     )
     n, m = f.get("n"), f.get("m")
-    noun = "multimodal item" if re.search(r"mm_item|multimodal", h.line.text, re.I) else "prompt"
+    noun = "multimodal item" if "mm_item" in h.line.text else "prompt"  # vLLM: max_tokens_per_mm_item
     verl = ctx.framework in (None, "verl")
     return Cause(
         "error" if failed else "warning",
