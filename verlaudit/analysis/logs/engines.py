@@ -361,6 +361,29 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+def _worker_died(
+    died: Hit, last: str | None, culprit: str | None, ctx: LogContext
+) -> tuple[str, str | None, str, list]:
+    """(title, where, what, fixes) of an engine worker's death its parent reports."""
+    worker = died.fields.get("method")
+    title = f"Engine worker {worker} died" if worker else "An engine worker process died"
+    if last:
+        title += f": {last}"
+    what = (
+        "A worker process of the rollout engine ended (its parent says so and shuts the engine down); the "
+        "worker's own error, if it printed one, is above this line, often in another process's output."
+    )
+    fx = fixes(
+        ctx,
+        advice(
+            "look above for the worker's last lines (a CUDA OOM, a CUDA fault, a SIGSEGV / SIGKILL, a host "
+            "OOM kill); with tensor parallelism check /dev/shm size and NCCL between the GPUs"
+        ),
+        advice("use the engine version the framework pins for this trainer version"),
+    )
+    return title, worker or culprit, what, fx
+
+
 def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
     slots = facts.first("sglang_req_slots")
     oom = facts.first("sglang_oom")
@@ -392,23 +415,7 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
             ctx, ("max_num_seqs", "smaller batches"), ("rollout_memory", "lower: more room for activations")
         )
     elif h is died:
-        worker = died.fields.get("method")
-        title = f"Engine worker {worker} died" if worker else "An engine worker process died"
-        if tb and tb.exc:
-            title += f": {last}"
-        where = worker or pl.culprit()
-        what = (
-            "A worker process of the rollout engine ended (its parent says so and shuts the engine down); the "
-            "worker's own error, if it printed one, is above this line, often in another process's output."
-        )
-        fx = fixes(
-            ctx,
-            advice(
-                "look above for the worker's last lines (a CUDA OOM, a CUDA fault, a SIGSEGV / SIGKILL, a host "
-                "OOM kill); with tensor parallelism check /dev/shm size and NCCL between the GPUs"
-            ),
-            advice("use the engine version the framework pins for this trainer version"),
-        )
+        title, where, what, fx = _worker_died(died, last, pl.culprit(), ctx)
     else:
         method = h.fields.get("method")
         title = (

@@ -330,6 +330,21 @@ def _device(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+_OFF_WHERE = "compilation disabled (TORCH_COMPILE_DISABLE, TORCHDYNAMO_DISABLE or torch.compiler.disable)"
+
+
+def _compile_off(said: str) -> Fix | None:
+    """The remedy when compilation is switched off while the code still demands a compiled graph
+    (fullgraph=True): PyTorch's "Dynamo tracing is disabled" / "torch.compile is disabled" under the error."""
+    if not re.search(r"(?:Dynamo tracing|torch\.compile|compilation) is disabled", said, re.I):
+        return None
+    return advice(
+        "compilation is disabled (TORCH_COMPILE_DISABLE=1 / TORCHDYNAMO_DISABLE=1 or torch.compiler.disable) "
+        "while a fullgraph=True region needs a compiled frame: use TORCHDYNAMO_DISABLE=1 instead of "
+        "TORCH_COMPILE_DISABLE=1, or drop fullgraph=True / compile where compilation is off"
+    )
+
+
 def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("compile_error")
     if h is None:
@@ -376,18 +391,9 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx += [layer_fix] if verlish else [trace]
     else:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
-    # compilation switched off while the code still demands a compiled graph (fullgraph=True): PyTorch's
-    # "Dynamo tracing is disabled" / "torch.compile is disabled" under the error
-    off = bool(re.search(r"(?:Dynamo tracing|torch\.compile|compilation) is disabled", said, re.I))
-    if off:
-        fx = [
-            advice("compilation is disabled (TORCH_COMPILE_DISABLE=1 / TORCHDYNAMO_DISABLE=1 or "
-                   "torch.compiler.disable) while a fullgraph=True region needs a compiled frame: use "
-                   "TORCHDYNAMO_DISABLE=1 instead of TORCH_COMPILE_DISABLE=1, or drop fullgraph=True / compile "
-                   "where compilation is off"),
-            *fx,
-        ]  # fmt: skip
-    fx = advised + fx
+    off = _compile_off(said)
+    fx = advised + ([off] if off else []) + fx
+    where = op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit()
     return Cause(
         "error",
         "compile_error",
@@ -409,13 +415,7 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "eager path runs the same model.",
         evidence=[quote(h.line)] + pl.evidence() + traced,
         fixes=fx,
-        where="compilation disabled (TORCH_COMPILE_DISABLE, TORCHDYNAMO_DISABLE or torch.compiler.disable)"
-        if off
-        else op[0]
-        if op
-        else f"{lib} ({inner.fields['groups'][0]})"
-        if inner
-        else pl.culprit(),
+        where=_OFF_WHERE if off else where,
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
