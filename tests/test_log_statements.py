@@ -274,3 +274,12 @@ def test_a_pytest_failure_line_is_a_failure_not_a_clean_log(tmp_path):
     assert ("error", "exception") in problems(tmp_path, text)
     # a line that only starts with the letter E is no pytest failure
     assert problems(tmp_path, "Epoch 3: loss 0.41\nE stands for epoch in this table\n") == []
+
+
+def test_a_config_echoed_as_assignments_names_the_setting_that_asked_for_bf16(tmp_path):
+    text = 'save_precision = "bf16"\nmixed_precision = "bf16"\nbf16 mixed precision requires PyTorch >= 1.10 and a supported device.\n'
+    c = first(tmp_path, text)
+    assert c.kind == "dtype_unsupported" and "mixed_precision=bf16" in c.where
+    # an indented source line of a traceback is code, not a setting
+    code = '    mixed_precision = "bf16"\nbf16 mixed precision requires PyTorch >= 1.10 and a supported device.\n'
+    assert "mixed_precision" not in (first(tmp_path, code).where or "")
