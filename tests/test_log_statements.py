@@ -1,7 +1,10 @@
-"""Log rules for lines that state a failure without a known exception (issue 25): an engine start-up
-line with zero KV-cache blocks, an engine's worker death reported by its parent, vLLM's bf16 refusal
-printed over several lines. Each rule with a planted line it catches and a healthy near-miss it passes.
-Run: `pytest tests/test_log_statements.py`."""
+"""Log rules for lines that state a failure without an exception the rules knew (issue 25): zero KV-cache
+blocks at start, an engine worker's death its parent reports, vLLM's bf16 refusal over several lines, a
+hard-wrapped NCCL watchdog line, torch.compile's own refusals, identical rewards in every GRPO group, a Ray
+worker's native-crash report, Ray's OOM-kill trailer, an HTTP 404 from the trainer's server, a loader's layout
+refusal, a Megatron iteration line without its loss, a WARNING-level import failure, an item over the token
+budget, pytest's failure lines, a config echoed as assignments. Each rule with a planted line it catches and a
+healthy near-miss it passes. Run: `pytest tests/test_log_statements.py`."""
 
 from __future__ import annotations
 
