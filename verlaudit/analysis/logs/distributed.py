@@ -20,7 +20,7 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _RULES = [
     ("nccl_timeout", re.compile(
-        r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+        r"\[Rank (\d+)\] Watchdog caught collective operation timeout:\s*WorkNCCL\(SeqNum=(\d+),\s*OpType=(\w+)"
         r"(?:, NumelIn=(\d+))?(?:, NumelOut=(\d+))?(?:,\s*Timeout\(ms\)=(\d+))?")),
     ("nccl_status", re.compile(
         r"Rank (\d+)\]\s+(?:Exception \(either an error or timeout\) detected by watchdog at work: (\d+), "
@@ -87,13 +87,18 @@ _RULES = [
     ("worker_died", re.compile(
         r"A worker died or was killed while executing a task by an unexpected system error"
         r"|The actor is dead because its worker process has died")),
+    # a native crash's own report: abseil's "PC: @ 0x7f17f832d44a  (unknown)  addProxyOpIfNeeded()" (the
+    # faulting native function) and faulthandler's Python stack under "Fatal Python error: Segmentation fault"
+    ("native_pc", re.compile(r"\bPC: @\s+0x[0-9a-f]+\s+\S+\s+([A-Za-z_][\w:~<>]*)\(")),
+    ("faulthandler", re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point "
+                                r"exception|Illegal instruction)")),
     ("worker_exit", re.compile(r"Worker exit type: (\w+),? Worker exit detail: ([^.]+\.?)")),
 ]  # fmt: skip
 _KEYS = (
     "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
     "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
     "clients", "Heartbeat", "nccl", "rank", "noticed that process", "srun: error", "subprocess",
-    "Main process received",
+    "Main process received", "PC: @", "Fatal Python",
 )  # fmt: skip
 
 
@@ -109,16 +114,39 @@ def detect(line: LogLine) -> list[Hit]:
     for rule, pat in _RULES:
         m = pat.search(text)
         if m:
-            out.append(Hit(rule, line, {"groups": m.groups()}, want=8 if rule == "actor_died" else 0))
+            want = 8 if rule == "actor_died" else 4 if rule == "faulthandler" else 0
+            out.append(Hit(rule, line, {"groups": m.groups()}, want=want))
     if any(
         h.rule == "nccl_timeout" for h in out
     ):  # "terminated with exception: [Rank 1] Watchdog caught ..." twice
         out = [h for h in out if h.rule != "watchdog_error"]
+    elif _CUT.search(text):  # the watchdog's line cut by a paste's hard wrap: rejoined in `_rejoined`
+        out.append(Hit("nccl_timeout_cut", line, {}, want=2))
     return out
+
+
+_TIMEOUT = _RULES[0][1]
+_CUT = re.compile(r"\[Rank \d+\] Watchdog caught collective operation timeout")
+
+
+def _rejoined(facts: LogFacts) -> LogFacts:
+    """The facts with each watchdog timeout a hard-wrapped paste cut over lines read from the line and the
+    lines after it rejoined (with nothing between them, as a terminal's wrap cuts, else a space)."""
+    found = []
+    for h in facts.of("nccl_timeout_cut"):
+        m = _TIMEOUT.search(h.text("")) or _TIMEOUT.search(h.text(" "))
+        if m:
+            found.append(Hit("nccl_timeout", h.line, {"groups": m.groups()}))
+    if not found:
+        return facts
+    hits = {**facts.hits, "nccl_timeout": sorted([*facts.of("nccl_timeout"), *found], key=lambda h: h.no)}
+    counts = {**facts.counts, "nccl_timeout": facts.count("nccl_timeout") + len(found)}
+    return dataclasses.replace(facts, hits=hits, counts=counts)
 
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """Collective timeouts, NCCL errors, CUDA faults, kills and Ray actor deaths."""
+    facts = _rejoined(facts)
     causes = [
         _collective(facts, ctx),
         _nccl_error(facts, ctx),
@@ -623,7 +651,7 @@ def _killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
-def _native_crash(facts: LogFacts, near: int) -> tuple[str, str, LogLine] | None:
+def _native_crash(facts: LogFacts, near: int | None) -> tuple[str, str, LogLine] | None:
     """(the Ray process, the signal, the line) of a native crash a Ray worker printed itself (abseil's
     ``*** SIGSEGV received at ...``, faulthandler's ``Fatal Python error: Segmentation fault``) within a few
     dozen lines of an actor's death: the worker that died, and how."""
@@ -632,13 +660,50 @@ def _native_crash(facts: LogFacts, near: int) -> tuple[str, str, LogLine] | None
             kind != "kill"
             or not line.source
             or line.source in ("raylet", "gcs_server")
-            or abs(line.no - near) > 40
+            or (near is not None and abs(line.no - near) > 40)
         ):
             continue
         m = re.search(r"\*\*\* (SIG[A-Z]+) received|Fatal Python error: ([\w ]+)", line.text)
         if m:
             return line.source, m[1] or m[2].strip(), line
     return None
+
+
+def _crashed_frame(facts: LogFacts, source: str) -> str | None:
+    """``module.func (native function)`` of a native crash in ``source``: faulthandler's innermost Python
+    frame (``File ".../pynccl_wrapper.py", line 257 in ncclAllReduce``) and abseil's faulting PC."""
+    dump = next((" ".join(h.follow) for h in facts.of("faulthandler") if h.line.source == source), "")
+    m = re.search(r'File "(?:[^"]*/)?([\w.]+?)(?:\.py)?", line \d+ in (\w+)', dump)
+    py = f"{m[1]}.{m[2]}" if m else None
+    pc = next((h.fields["groups"][0] for h in facts.of("native_pc") if h.line.source == source), None)
+    return " ".join(p for p in (py, f"({pc})" if pc else None) if p) or None
+
+
+def _crashed_worker(facts: LogFacts, ctx: LogContext, crash: tuple[str, str, LogLine]) -> Cause:
+    source, sig, line = crash
+    at = _crashed_frame(facts, source)
+    pl = place(facts, line)
+    return Cause(
+        "error",
+        "ray_actor_died",
+        f"Ray worker {source} crashed with {sig}" + (f" in {at}" if at else ""),
+        "A Ray worker process crashed in native code (a library's C++ / CUDA code: NCCL, a CUDA kernel, a "
+        "compiled extension, Ray's core) and died with it; every call waiting on the actor fails next with "
+        "ActorDiedError. Not the OOM killer: a kill prints no signal report of its own.",
+        evidence=[quote(line)] + pl.evidence(),
+        fixes=[
+            advice(
+                "the faulting function names the library: match its version to the one the framework "
+                "pins (NCCL / torch / the engine); for NCCL, NCCL_DEBUG=INFO shows the transport it used"
+            )
+        ],
+        where=f"{source}: {at}" if at else source,
+        phase=pl.phase,
+        rank=pl.rank,
+        line=line.no,
+        score=33.0,
+        unknown=["why the native code crashed: a core dump or the library's own debug log tells"],
+    )
 
 
 def _dead_actor(facts: LogFacts) -> dict[str, str]:
@@ -659,8 +724,11 @@ def _ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
         for h in facts.of("ray_task")
         if h.fields["groups"][0] in ("ActorDiedError", "RaySystemError", "WorkerCrashedError")
     ]
-    if not (died or tasks):
+    alone = None if (died or tasks) else _native_crash(facts, None)
+    if not (died or tasks or alone):
         return None
+    if alone:  # a Ray worker's own native-crash report, the paste cut before the death its callers see
+        return _crashed_worker(facts, ctx, alone)
     first = (died or tasks)[0]
     fields = _dead_actor(facts)
     name = re.sub(r"^[A-Za-z0-9]{6}(?=\w+_\d+:\d+$)", "", fields.get("name", ""))  # verl's random name prefix

@@ -19,9 +19,9 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 
 _RULES = [
     ("bf16_unsupported", re.compile(
-        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\. Your (.+?) GPU "
-        r"(?:has compute "
-        r"capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability)"
+        # the GPU sentence is optional: vLLM's message spans lines when printed as a raised ValueError
+        r"Bfloat16 is only supported on GPUs with compute capability of at least 8\.0\.(?:\s*Your (.+?) GPU "
+        r"(?:has compute capability ([\d.]+?)\.?(?:\s|$)|does not have a compute capability))?"
         r"|Your setup doesn't support bf16/(?:gpu|cpu)|bf16 mixed precision requires PyTorch >= [\d.]+ and "
         r"a supported "
         r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
@@ -33,6 +33,14 @@ _RULES = [
         r"error|"
         r"\bEngineDeadError\b|AsyncEngineDeadError|Engine core initialization failed|WorkerProc hit an "
         r"exception")),
+    # an engine's worker process that ended under it: vLLM V1's multiproc executor ("Worker proc VllmWorker-1 died
+    # unexpectedly, shutting down executor"), V0's ("Worker VllmWorkerProcess pid 77 died, exit code: -15",
+    # "got fatal signal from worker processes"), SGLang's parent ("Received sigquit from a child proces[s]. It
+    # usually means the child failed.", "Child process unexpectedly failed with an exit code 1")
+    ("engine_worker_died", re.compile(
+        r"Worker proc (\S+) died unexpectedly|Worker (VllmWorkerProcess) pid \d+ died, exit code: (-?\d+)"
+        r"|got fatal signal from worker processes|Received sigquit from a child proces"
+        r"|Child process unexpectedly failed with an exit code (-?\d+)")),
     ("sglang_req_slots", re.compile(r"alloc_req_slots runs out of memory")),
     ("sglang_oom", re.compile(r"(Prefill|Decode) out of memory\b")),
     ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
@@ -40,6 +48,11 @@ _RULES = [
                                       r"weights")),
     # a parameter a weight load names beside a shape: a debug print's "Weight name X", PyTorch's "size
     # mismatch for X: copying a param with shape ...", a loader's "param X ... shape"
+    # an engine's weight loader refusing a tensor's layout for a live parameter, in its own words (vLLM's fused-MoE
+    # loader: "shard_dim=0 is not a valid data dimension for a 3D tensor"; its default loader: "Attempted to load
+    # weight (torch.Size([..])) into parameter (torch.Size([..]))")
+    ("loader_layout", re.compile(r"shard_dim=\d+ is not a valid data dimension for a \d+D tensor"
+                                 r"|Attempted to load weight \(torch\.Size\(\[[\d, ]*\]\)\) into parameter")),
     ("weight_named", re.compile(r"\bWeight name:? '?(?P<n>[\w.]+\w)'?|size mismatch for (?P<m>[\w.]+\w): copying a "
                                 r"param with shape|\bparam(?:eter)? '?(?P<p>[\w.]+\.\w*(?:weight|bias))'? (?:has )?"
                                 r"(?:shape|size)")),
@@ -58,6 +71,10 @@ _KEYS = (
     "Error executing method",
     "hit an exception",
     "Engine",
+    "died",
+    "sigquit",
+    "fatal signal",
+    "Child process",
     "alloc_req_slots",
     "out of memory",
     "no module or parameter",
@@ -65,6 +82,8 @@ _KEYS = (
     "update_weights",
     "Weight name",
     "size mismatch for",
+    "shard_dim",
+    "Attempted to load weight",
     "param",
 )
 # frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
@@ -90,7 +109,11 @@ def detect(line: LogLine) -> list[Hit]:
             fields = {"groups": m.groups()}
             if rule == "engine_method_error":
                 fields["method"] = m[1]
-            out.append(Hit(rule, line, fields))
+            if rule == "engine_worker_died":
+                fields["method"] = m[1] or m[2]
+            # a GPU sentence the line lacks may follow on the next line
+            want = 1 if rule == "bf16_unsupported" and m.lastindex is None else 0
+            out.append(Hit(rule, line, fields, want=want))
     return out
 
 
@@ -99,13 +122,18 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in (_bf16(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
 
 
+_NEXT_GPU = re.compile(r"^\s*Your (.+?) GPU has compute capability ([\d.]+?)\.?(?:\s|$)")
+
+
 def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("bf16_unsupported")
     if h is None:
         return None
     g = h.fields["groups"]
-    gpu = g[0] or (facts.first("gpu_name").fields["groups"][0] if facts.first("gpu_name") else None)
-    cc = g[1]
+    nxt = _NEXT_GPU.search(" ".join(h.follow)) if h.follow and g[0] is None else None
+    gpu = g[0] or (nxt[1] if nxt else None)
+    gpu = gpu or (facts.first("gpu_name").fields["groups"][0] if facts.first("gpu_name") else None)
+    cc = g[1] or (nxt[2] if nxt else None)
     title = (
         "bf16 is not supported on this GPU"
         + (f": {gpu}" if gpu else "")
@@ -252,7 +280,23 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
         return err, m[1] if m else None, title, failed
     if failed is not None:
         return failed.line, None, "Weight sync into the inference engine failed", failed
-    return None
+    layout = facts.first("loader_layout")
+    tb = facts.traceback_near(layout.no) if layout else None
+    # the same refusal under the engine's first load of a checkpoint (no sync frame) is the model's, not the sync's
+    if layout is None or (
+        tb is not None and not _sync_frames(tb) and _LOAD.search(" ".join(f.func for f in tb.frames))
+    ):
+        return None
+    text = layout.line.text.strip()
+    return (
+        layout.line,
+        None,
+        f"Weight sync: the engine's loader refused the tensor's layout: {text[:160]}",
+        None,
+    )
+
+
+_LOAD = re.compile(r"load_model|initialize_model|_initialize_kv_caches|from_pretrained|init_device")
 
 
 _SYNC_WHAT = (
@@ -317,12 +361,36 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+def _worker_died(
+    died: Hit, last: str | None, culprit: str | None, ctx: LogContext
+) -> tuple[str, str | None, str, list]:
+    """(title, where, what, fixes) of an engine worker's death its parent reports."""
+    worker = died.fields.get("method")
+    title = f"Engine worker {worker} died" if worker else "An engine worker process died"
+    if last:
+        title += f": {last}"
+    what = (
+        "A worker process of the rollout engine ended (its parent says so and shuts the engine down); the "
+        "worker's own error, if it printed one, is above this line, often in another process's output."
+    )
+    fx = fixes(
+        ctx,
+        advice(
+            "look above for the worker's last lines (a CUDA OOM, a CUDA fault, a SIGSEGV / SIGKILL, a host "
+            "OOM kill); with tensor parallelism check /dev/shm size and NCCL between the GPUs"
+        ),
+        advice("use the engine version the framework pins for this trainer version"),
+    )
+    return title, worker or culprit, what, fx
+
+
 def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
     slots = facts.first("sglang_req_slots")
     oom = facts.first("sglang_oom")
     errs = facts.of("engine_error")
     methods = [h for h in facts.of("engine_method_error") if h.fields.get("method") != "initialize_cache"]
-    h = slots or oom or (errs[0] if errs else None) or (methods[0] if methods else None)
+    died = facts.first("engine_worker_died")
+    h = slots or oom or (errs[0] if errs else None) or died or (methods[0] if methods else None)
     if h is None:
         return None
     pl = place(facts, h.line)
@@ -346,6 +414,8 @@ def _engine(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx = fixes(
             ctx, ("max_num_seqs", "smaller batches"), ("rollout_memory", "lower: more room for activations")
         )
+    elif h is died:
+        title, where, what, fx = _worker_died(died, last, pl.culprit(), ctx)
     else:
         method = h.fields.get("method")
         title = (

@@ -26,6 +26,9 @@ DEVICE = re.compile(
 COMPILE = re.compile(
     r"torch\._dynamo\.exc\.\w+[^\n]*|torch\._inductor\.exc\.\w+[^\n]*"
     r"|BackendCompilerFailed[^\n]*|InductorError[^\n]*"
+    # torch.compile's own refusals, raised as plain errors ("RuntimeError: torch.compile with fullgraph=True found
+    # no compiled frames"); a log line that only mentions torch.compile is not one
+    r"|(?:RuntimeError|AssertionError|ValueError): torch\.compile\b[^\n]*"
 )
 _DYNAMO_SET = re.compile(r"^\s*((?:torch\.)?_dynamo\.config\.\w+\s*=\s*\S+)\s*$")
 # a Dynamo config the message itself points at ("... by adding logging methods to config.ignore_logger_methods")
@@ -55,7 +58,7 @@ UNKNOWN_MODULE = (
 _HAS = hints(
     "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
     "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
-    "batch related", "_dynamo.config",
+    "batch related", "_dynamo.config", "torch.compile",
 )  # fmt: skip
 _DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
 _BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
@@ -327,6 +330,21 @@ def _device(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+_OFF_WHERE = "compilation disabled (TORCH_COMPILE_DISABLE, TORCHDYNAMO_DISABLE or torch.compiler.disable)"
+
+
+def _compile_off(said: str) -> Fix | None:
+    """The remedy when compilation is switched off while the code still demands a compiled graph
+    (fullgraph=True): PyTorch's "Dynamo tracing is disabled" / "torch.compile is disabled" under the error."""
+    if not re.search(r"(?:Dynamo tracing|torch\.compile|compilation) is disabled", said, re.I):
+        return None
+    return advice(
+        "compilation is disabled (TORCH_COMPILE_DISABLE=1 / TORCHDYNAMO_DISABLE=1 or torch.compiler.disable) "
+        "while a fullgraph=True region needs a compiled frame: use TORCHDYNAMO_DISABLE=1 instead of "
+        "TORCH_COMPILE_DISABLE=1, or drop fullgraph=True / compile where compilation is off"
+    )
+
+
 def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("compile_error")
     if h is None:
@@ -373,11 +391,18 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx += [layer_fix] if verlish else [trace]
     else:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
-    fx = advised + fx
+    off = _compile_off(said)
+    fx = advised + ([off] if off else []) + fx
+    where = op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit()
     return Cause(
         "error",
         "compile_error",
-        "torch.compile failed"
+        (
+            "torch.compile refused: compilation is disabled (TORCH_COMPILE_DISABLE / TORCHDYNAMO_DISABLE) but a "
+            "fullgraph region needs a compiled frame"
+            if off
+            else "torch.compile failed"
+        )  # fmt: skip
         + (f" on {op[0]}" if op else "")
         + (
             f": its backend cannot import {inner.fields['groups'][0]} from {lib} (a {lib} release torch was not built with)"
@@ -390,7 +415,7 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "eager path runs the same model.",
         evidence=[quote(h.line)] + pl.evidence() + traced,
         fixes=fx,
-        where=op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit(),
+        where=_OFF_WHERE if off else where,
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -494,8 +519,13 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
                 f"release written for the installed {pkg}"
             )
+    # a library that logs its own import failure as a WARNING carries on without the part (vLLM's "Failed to
+    # import from vllm._C with ImportError(...)"): a degraded run, not the error that ended it
+    warned = (h.line.level or "").upper().startswith("W") and not any(
+        tb.start <= h.no <= tb.end for tb in facts.tracebacks
+    )
     return Cause(
-        "error",
+        "warning" if warned else "error",
         kind,
         title,
         what,

@@ -97,6 +97,11 @@ _FLAG = re.compile(r"(?<![\w-])--([a-z][\w-]*)(?:[= ](?!-)([^\s'\",]+))?")
 _KWARG = re.compile(r"(?<![\w.-])([a-z_][a-z0-9_]*)=([\w.+-]+)(?=[,)\s]|$)")
 _DS_DUMP = re.compile(r"^\s*([a-z_][\w]*) \.{3,} (\S+)")
 _YAML = re.compile(r"^\s*([a-z_][a-z0-9_]*):\s+([\w.+-]+)\s*$")
+# a TOML / Python config echoed as a line of its own, unindented (a traceback's source lines are indented):
+# ``mixed_precision = "bf16"``, ``learning_rate = 1e-5``
+_ASSIGN = re.compile(
+    r"^([a-z_][a-z0-9_]*) = ((?:\"[\w.+-]+\")|(?:'[\w.+-]+')|[\d.]+(?:e-?\d+)?|true|false|True|False)\s*$"
+)
 
 
 def settings(text: str) -> list[tuple[str, str]]:
@@ -110,7 +115,7 @@ def settings(text: str) -> list[tuple[str, str]]:
         out += _KWARG.findall(text)
     if "--" in text:
         out += [(k.replace("-", "_"), v or "true") for k, v in _FLAG.findall(text)]
-    for pat in (_DS_DUMP, _YAML):
+    for pat in (_DS_DUMP, _YAML, _ASSIGN):
         m = pat.match(text)
         if m:
             out.append((m[1], m[2]))

@@ -49,6 +49,13 @@ _API = [
 # SGLang's data-parallel controller drops a request type it does not dispatch: "Invalid object:
 # UpdateWeightReqInput(model_path=...)" (its io_struct request classes all end in ReqInput)
 _DROPPED_REQ = re.compile(r"Invalid object: (?P<req>\w+ReqInput)\(")
+# a client's HTTP 404 from a server it calls (the endpoint does not exist there): TRL's VLLMClient ("Request
+# failed: 404, ..."), requests ("404 Client Error: Not Found for url: URL"), openai ("NotFoundError: Error code:
+# 404"), aiohttp ("ClientResponseError: 404, message='Not Found', url=URL('URL')"); a server's access-log line is not
+_HTTP_404 = re.compile(
+    r"Request failed: 404\b|404 Client Error: Not Found for url: (?P<url>\S+)|NotFoundError: Error code: 404"
+    r"|ClientResponseError: 404, message='Not Found', url=(?:URL\(')?(?P<url2>[^')\s]+)"
+)
 _FLATTEN = re.compile(
     r"Must flatten tensors with uniform dtype but got (?P<a>[\w.]+) and (?P<b>[\w.]+)"
     r"|FSDP expects uniform original parameter dtype but got \{(?P<set>[^}]*)\}"
@@ -67,6 +74,8 @@ _LIMITS = [
     ("max_num_batched_tokens", re.compile(r"max_num_batched_tokens \((?P<m>\d+)\) is smaller than max_model_len \((?P<n>\d+)\)")),
     ("max_num_batched_tokens", re.compile(r"(?P<n>\d+) tokens?\)?[^\n]{0,40}exceeds?[^\n]{0,30}max_num_batched_tokens"
                                           r"(?:[^\d\n]{0,20}(?P<m>\d+))?")),
+    # an item (a multimodal item's encoder tokens, a sequence) larger than the per-step token budget
+    ("max_num_batched_tokens", re.compile(r"\((?P<n>\d+)\) is (?:larger|greater) than max_num_batched_tokens \((?P<m>\d+)\)")),
     ("context_length", re.compile(r"Input length \((?P<n>\d+) tokens\) exceeds the maximum allowed length \((?P<m>\d+) tokens\)")),
     ("context_length", re.compile(r"input \((?P<n>\d+) tokens\) is longer than the model's context length \((?P<m>\d+) tokens\)", re.I)),
 ]  # fmt: skip
@@ -74,7 +83,7 @@ _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
     "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
-    "Invalid object",
+    "Invalid object", "404",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
     r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
@@ -124,6 +133,9 @@ def detect(line: LogLine) -> list[Hit]:
     m = _DROPPED_REQ.search(text)
     if m:
         out.append(Hit("dropped_request", line, m.groupdict()))
+    m = _HTTP_404.search(text)
+    if m:
+        out.append(Hit("http_missing", line, {"url": m["url"] or m["url2"]}))
     m = _FLATTEN.search(text)
     if m:
         found = [m["a"], m["b"]] if m["a"] else re.findall(r"[\w.]+", m["set"] or "")
@@ -171,6 +183,9 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     dropped = facts.first("dropped_request")
     if dropped is not None:
         return _dropped_request(facts, ctx, dropped)
+    missing = facts.first("http_missing")
+    if missing is not None:
+        return _http_missing(facts, ctx, missing)
     req = facts.first("required_version", "pip_conflict")
     if req is not None:
         return _required(facts, ctx, req)
@@ -347,6 +362,35 @@ def _engine_feature(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     )  # fmt: skip
 
 
+def _http_missing(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    """A trainer's HTTP call into its inference server answered 404: the server has no such endpoint."""
+    pl = place(facts, h.line)
+    frames = pl.tb.frames if pl.tb else []
+    call = frames[-1].func if frames else None
+    url = h.fields.get("url")
+    path = re.sub(r"^\w+://[^/]+", "", url) if url else None
+    weight = bool(re.search(r"weight|communicator|world_size|update|sync", f"{call} {url}", re.I))
+    return Cause(
+        "error",
+        "engine_feature",
+        "The inference server has no endpoint for the trainer's call: HTTP 404"
+        + (f" from {call}" if call else "") + (f" ({path})" if path else ""),
+        "The trainer talks to a separately started inference server over HTTP and the server answered 404 Not "
+        "Found: it does not serve that route. A plain OpenAI-compatible server (vllm serve, SGLang's) has only "
+        "the OpenAI API; the weight-sync and control routes a trainer needs come with the trainer's own server "
+        "entry point, in a matching version.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx, advice("start the server with the trainer's own entry point (TRL: `trl vllm-serve`, "
+                                "not `vllm serve`) in the version the trainer pins, and point the client at "
+                                "its host and port")),
+        where=" ".join(x for x in (call, f"({path})" if path else None) if x) or pl.culprit(),
+        phase="weight_sync" if weight else pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+    )  # fmt: skip
+
+
 def _dropped_request(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
     """SGLang's data-parallel controller refusing a request type it does not dispatch to its workers."""
     req = h.fields["req"]
@@ -406,11 +450,12 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "Error"
     )
     n, m = f.get("n"), f.get("m")
+    noun = "multimodal item" if "mm_item" in h.line.text else "prompt"  # vLLM: max_tokens_per_mm_item
     verl = ctx.framework in (None, "verl")
     return Cause(
         "error" if failed else "warning",
         "engine_limit",
-        f"Engine limit: {f'a {n}-token prompt' if n else 'a request'} over {shown}"
+        f"Engine limit: {f'a {n}-token {noun}' if n else 'a request'} over {shown}"
         + (f" ({m})" if m else "") + ("" if failed else ": the request is dropped"),
         f"The inference engine refused {_LIMIT_WHAT[setting]}. The engine's limits come from its configuration "
         "(max_model_len, max_num_batched_tokens, the model's context length), not from memory.",

@@ -41,6 +41,7 @@ _PREFIX = re.compile(
     # traceback's indentation after it stays the traceback's)
     | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[?[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
+    | \s*E\s{3,}(?=\S)                                                              # pytest's failure lines: E   AssertionError
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
     | \[(?:rank|RANK)[- ]?(?P<rank>\d+)\]:?\s?                                      # [rank3]:  [rank-6]:

@@ -110,7 +110,11 @@ _MONITOR = re.compile(
 _HOST = [
     ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
                                     r"were "
-                                    r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY")),
+                                    r"killed due to the node running low on memory|NODE_OUT_OF_MEMORY"
+                                    # the trailer of the monitor's kill message, when a paste keeps only it
+                                    r"|how to address the out of memory issue: \S*ray-oom-prevention")),
+    # a row of the monitor's "PID MEM(GB) COMMAND" table of the largest users, largest first
+    ("host_top_row", re.compile(r"^\s*\d+\s+[\d.]+\s+ray::(\w+)")),
     ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
     ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
                                r"invoked oom-killer|oom-kill:")),
@@ -119,7 +123,16 @@ _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
 
 _HAS = hints(
-    "emory", "MEMORY", "blocks", "KV cache", "KV Cache", "max seq len", "oom-kill", "OOM", "profiled value"
+    "emory",
+    "MEMORY",
+    "blocks",
+    "KV cache",
+    "KV Cache",
+    "max seq len",
+    "oom-kill",
+    "OOM",
+    "profiled value",
+    "ray::",
 )
 
 
@@ -321,6 +334,9 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         return None
     mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
     part, killed, top, table, phase_hint = _monitor(mon) if mon else ("", None, None, [], None)
+    row = facts.first("host_top_row")
+    if top is None and row is not None and abs(row.no - hits[0].no) <= 20:  # the table without its header
+        top, table = row.fields["groups"][0], [quote(row.line)]
     if kernel and kernel.fields["groups"][1]:
         killed = killed or kernel.fields["groups"][1]
     pl = place(facts, hits[0].line)
@@ -382,10 +398,16 @@ def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     failed = next(
         (h for h in facts.of("engine_method_error") if h.fields.get("method") == "initialize_cache"), None
     )
-    if failed is None or blocks is None:
+    if blocks is None:
+        return []
+    n = int(blocks.fields["groups"][0])
+    if failed is None and n == 0:
+        # zero GPU blocks is a failure however the log goes on (vLLM V0 raises "No available memory for the
+        # cache blocks" next; a paste often stops at the line or at "Traceback"): no request can be served
+        return [_kv_cause(Hit("kv_no_blocks", blocks.line, {"groups": ()}), facts, ctx)]
+    if failed is None:
         return []
     # vLLM V0's initialize_cache raises with blocks > 0 only when max_model_len exceeds the cache
-    n = int(blocks.fields["groups"][0])
     rule = "kv_no_blocks" if n == 0 else "kv_max_len_inferred"
     return [
         _kv_cause(Hit(rule, failed.line, {"groups": (), "blocks": n, "blocks_line": blocks.line}), facts, ctx)

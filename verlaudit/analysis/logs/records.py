@@ -16,6 +16,13 @@ from verlaudit.analysis.causes import BACKWARD_NAN_WHAT, Cause, Fix, backward_na
 from verlaudit.analysis.logs import table, vocab
 from verlaudit.analysis.logs.frameworks import LogContext, applied, fixes
 
+# Megatron's training_log line: "iteration 9/ 10 | consumed samples: ... | elapsed time per iteration (ms): ..."; it
+# adds each loss ("lm loss: 2.1E+00 |") only when the interval's average is > 0, so a NaN loss leaves none on an
+# iteration that was applied (no skipped iteration: an fp16 skip adds nothing to the average and leaves 0)
+_MEGATRON_ITER = re.compile(r"^\s*iteration\s+(\d+)\s*/\s*\d+\s*\|")
+_MEGATRON_APPLIED = re.compile(r"number of skipped iterations:\s*0\s*\|")
+_MEGATRON_LOSS = re.compile(r"\bloss: ")
+
 
 def _line_of(text: str, pos: int) -> str:
     start = text.rfind("\n", 0, pos) + 1
@@ -59,6 +66,8 @@ class Nonfinite:
         self.plain: str | None = None
         self.anomaly: tuple[int, str] | None = None
         self.sampling: int | None = None
+        self.dropped: str | None = None
+        """A Megatron iteration line without its loss (Megatron prints a loss only when its average is > 0)."""
 
     def feed(self, records: list[dict[str, Any]]) -> None:
         if self.first_bad is None:
@@ -98,6 +107,10 @@ class Nonfinite:
         """One log line (``covered``: it held a metric record)."""
         if "nan" in line or "NaN" in line or "inf" in line or "Inf" in line:
             self.scan(line, line.lower(), ln, {ln} if covered else set())
+        if self.dropped is None and "elapsed time per iteration" in line:
+            m = _MEGATRON_ITER.search(line)
+            if m and _MEGATRON_APPLIED.search(line) and not _MEGATRON_LOSS.search(line):
+                self.dropped = f"line {ln}: iteration {m[1]}: Megatron's iteration line prints no loss: {line.strip()[:160]}"
 
     def causes(self, ctx: LogContext | None = None) -> list[Cause]:
         ctx = ctx or LogContext(None)
@@ -116,6 +129,10 @@ class Nonfinite:
             ev.append(self.plain)
         if self.plain and first_line is None:
             first_line = int(self.plain.split(":", 1)[0].removeprefix("line "))
+        if self.dropped:
+            ev.append(self.dropped + " (Megatron prints a loss only when its average is > 0: a NaN loss is dropped "
+                      "from the line, with no iteration counted as skipped)")  # fmt: skip
+            first_line = first_line or int(self.dropped.split(":", 1)[0].removeprefix("line "))
         if self.anomaly:
             where = self.anomaly[1]
             first_line = first_line or self.anomaly[0]

@@ -206,6 +206,47 @@ def no_update(t: MetricTable, ctx: LogContext) -> Cause | None:
     )  # fmt: skip
 
 
+def no_signal(t: MetricTable, ctx: LogContext) -> Cause | None:
+    """Every prompt group's rewards alike at every logged step (the share of zero-std groups at 1): GRPO's
+    group-normalised advantages are all 0, so the loss and the gradient carry nothing. Not a fault of the
+    trainer; a run that cannot learn."""
+    frac = _series(t, "zero_std_groups")
+    if not frac or not all(math.isfinite(v) and v >= 1.0 - ZERO for _, _, v in frac):
+        return None
+    key = t.keys.get("zero_std_groups", "frac_reward_zero_std")
+    ev = [
+        f"line {frac[0][1]}: step {frac[0][0]}: {key} = {frac[0][2]:g}"
+        + (f" (and at all {len(frac)} logged steps)" if len(frac) > 1 else "")
+    ]
+    for name in ("reward_std", "grad_norm", "loss"):
+        s = _series(t, name)
+        if s and all(v == 0.0 for _, _, v in s):
+            ev.append(f"{t.keys.get(name, name)} = 0 at every logged step")
+    return Cause(
+        "error" if len(frac) >= 3 else "warning",
+        "collapse",
+        f"No learning signal: every prompt group's rewards are identical ({key} = 1) at "
+        + (f"all {len(frac)} logged steps" if len(frac) > 1 else f"step {frac[0][0]}"),
+        "GRPO normalises each reward within its prompt group; when every completion of every group scores "
+        "the same (all right, all wrong, or a reward that cannot tell them apart), every advantage is 0, so "
+        "the policy loss and its gradient are 0 and the model does not move. The per-function reward std a "
+        "log prints is across the batch, not within groups, and can be non-zero meanwhile.",
+        evidence=ev,
+        step=frac[0][0],
+        where=key,
+        phase="update",
+        line=frac[0][1],
+        score=30.0,
+        fixes=fixes(
+            ctx,
+            advice("make the completions of one prompt score differently: a higher sampling temperature, more "
+                   "generations per prompt (num_generations), a finer-grained reward, or prompts neither "
+                   "always solved nor never solved"),
+        ),
+        data={"signals": ["zero_std_groups"], "trigger_step": None},
+    )  # fmt: skip
+
+
 def vocab_names(kinds: list[str]) -> str:
     words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
     items = [words[k] for k in kinds]
@@ -291,7 +332,7 @@ def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
 def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
     """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
     the usual precursor)."""
-    fell, off = collapse(t, ctx) or no_update(t, ctx), mismatch(t, ctx)
+    fell, off = collapse(t, ctx) or no_update(t, ctx) or no_signal(t, ctx), mismatch(t, ctx)
     if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
         fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
     return [c for c in (fell, off) if c]

@@ -25,6 +25,8 @@ _TRAINING = [
     # the spread of the reward within a batch / group, and the learning rate: what tells a gradient norm
     # of 0 that had nothing to learn from (no spread, no step size) from one that lost its gradient
     ("reward_std", re.compile(r"^(?:(?:train|training|critic|rollout)[/_])?(?:rewards?_std|rewards?/std|score/std)$")),
+    # the share of prompt groups whose rewards were all alike (TRL's GRPO): at 1 no group has an advantage
+    ("zero_std_groups", re.compile(r"^(?:(?:train|training)[/_])?frac_reward_zero_std$")),
     ("lr", re.compile(r"^(?:(?:train|training|actor|policy|optim)[/_])?(?:actor_)?(?:learning_rate|lr)$")),
 ]  # fmt: skip
 _FINDING = re.compile(r"loss|grad_?norm|reward|score|log_?probs?|logp", re.I)
