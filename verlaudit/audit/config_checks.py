@@ -31,15 +31,13 @@ constant. Exercised by `pytest tests/test_dynamics_config.py`.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.advantages import ADV_ESTIMATOR
-from trainer.recipes import RECIPE
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
+from verlaudit.audit.dynamics import batch_rows, estimator, estimator_params, number
 from verlaudit.rundir import Finding
 
 LABEL_SMOOTHING_HIGH = 1.0 / 3.0
@@ -60,32 +58,9 @@ DECAY_RUN_KEEP = 0.5
 the run decays the model by half whatever it learns: verl's defaults over 10^4 steps keep 0.9999."""
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
-def _estimator(algo: Mapping[str, Any]) -> str | None:
-    est = algo.get("adv_estimator")
-    if est:
-        return str(est)
-    try:
-        return RECIPE.entry(str(algo.get("name") or "")).info.get("estimator")
-    except ValueError:
-        return None
-
-
-def _estimator_params(name: str | None) -> set[str]:
-    if not name:
-        return set()
-    try:
-        return set(inspect.signature(ADV_ESTIMATOR.get(name)).parameters)
-    except ValueError:
-        return set()
-
-
 def label_smoothing(algo: Mapping[str, Any]) -> list[Finding]:
     """``config/label_smoothing`` for cDPO (``dpo_loss: sigmoid`` with eps)."""
-    eps, loss = _num(algo.get("label_smoothing")), str(algo.get("dpo_loss") or "sigmoid")
+    eps, loss = number(algo.get("label_smoothing")), str(algo.get("dpo_loss") or "sigmoid")
     if algo.get("name") != "dpo" or eps is None or eps < LABEL_SMOOTHING_HIGH or loss != "sigmoid":
         return []
     scale = 1.0 - 2.0 * eps
@@ -116,12 +91,12 @@ def label_smoothing(algo: Mapping[str, Any]) -> list[Finding]:
 
 def discount(algo: Mapping[str, Any], data: Mapping[str, Any]) -> list[Finding]:
     """``config/discount`` for an estimator that discounts (its signature takes ``gamma``)."""
-    est = _estimator(algo)
-    params = _estimator_params(est)
+    est = estimator(algo)
+    params = estimator_params(est)
     if algo.get("name") == "dpo" or "gamma" not in params:
         return []
-    gamma, lam = _num(algo.get("gamma")), _num(algo.get("lam"))
-    length = int(_num(data.get("response_length")) or 0)
+    gamma, lam = number(algo.get("gamma")), number(algo.get("lam"))
+    length = int(number(data.get("response_length")) or 0)
     if gamma is None or length < 2:
         return []
     share = gamma ** (length - 1)
@@ -175,14 +150,14 @@ def kl_controller(algo: Mapping[str, Any]) -> list[Finding]:
     """``dynamics/kl_controller`` when the adaptive controller's step size is unstable by construction."""
     if not algo.get("use_kl_in_reward") or str(algo.get("kl_ctrl_type") or "fixed") != "adaptive":
         return []
-    horizon, batch = _num(algo.get("kl_ctrl_horizon")), _num(algo.get("batch_size"))
+    horizon, batch = number(algo.get("kl_ctrl_horizon")), number(algo.get("batch_size"))
     if not horizon or not batch:
         return []
-    rows = batch * (int(_num(algo.get("group_size")) or 1) if algo.get("name") == "grpo" else 1)
+    rows = batch_rows(algo)
     step = 0.2 * rows / horizon
     if step < KL_CTRL_STEP:
         return []
-    target, coef = _num(algo.get("kl_ctrl_target_kl")), _num(algo.get("kl_coef"))
+    target, coef = number(algo.get("kl_ctrl_target_kl")), number(algo.get("kl_coef"))
     sign = f"a KL below target multiplies it by {1 - step:.3g}: " + (
         "it reaches 0 or turns negative, and a negative coefficient rewards drifting from the reference"
         if step >= 1
@@ -217,24 +192,24 @@ def kl_controller(algo: Mapping[str, Any]) -> list[Finding]:
 
 def _updates(algo: Mapping[str, Any], steps: Any) -> int | None:
     """Optimizer steps of the whole run: steps x ceil(rows / mini-batch) x ppo_epochs (1 for DPO)."""
-    n, batch = _num(steps), _num(algo.get("batch_size"))
+    n, batch = number(steps), number(algo.get("batch_size"))
     if not n or not batch:
         return None
-    rows = batch * ((_num(algo.get("group_size")) or 1) if algo.get("name") == "grpo" else 1)
-    mini = _num(algo.get("mini_batch_size")) or rows
-    epochs = 1 if algo.get("name") == "dpo" else int(_num(algo.get("ppo_epochs")) or 1)
+    rows = batch_rows(algo)
+    mini = number(algo.get("mini_batch_size")) or rows
+    epochs = 1 if algo.get("name") == "dpo" else int(number(algo.get("ppo_epochs")) or 1)
     return int(n) * int(math.ceil(rows / mini)) * epochs
 
 
 def weight_decay(algo: Mapping[str, Any], steps: Any = None) -> list[Finding]:
     """``config/weight_decay`` for each trainable role whose lr x weight_decay reaches `DECAY_PER_STEP`,
     or whose decay over the run's optimizer steps alone keeps `DECAY_RUN_KEEP` of the weights or less."""
-    wd = _num(algo.get("weight_decay"))
+    wd = number(algo.get("weight_decay"))
     if not wd or wd <= 0:
         return []
-    lrs = [("actor", "algo.lr", _num(algo.get("lr")))]
-    if algo.get("name") == "ppo" and _estimator(algo) == "gae":
-        lrs.append(("critic", "algo.critic_lr", _num(algo.get("critic_lr"))))
+    lrs = [("actor", "algo.lr", number(algo.get("lr")))]
+    if algo.get("name") == "ppo" and estimator(algo) == "gae":
+        lrs.append(("critic", "algo.critic_lr", number(algo.get("critic_lr"))))
     updates = _updates(algo, steps)
     out: list[Finding] = []
     for role, key, lr in lrs:

@@ -110,8 +110,38 @@ LOW_TOP_P = 0.3
 """A top_p below which nucleus sampling keeps the argmax token alone at a peaked position."""
 
 
-def _f(v: Any) -> float | None:
+def number(v: Any) -> float | None:
+    """A setting or metric as a finite float, else None (a bool, a string, NaN are no number here)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def estimator(algo: Mapping[str, Any]) -> str | None:
+    """The advantage estimator a run uses: ``algo.adv_estimator``, else its recipe's."""
+    est = algo.get("adv_estimator")
+    if est:
+        return str(est)
+    try:
+        return RECIPE.entry(str(algo.get("name") or "")).info.get("estimator")
+    except ValueError:
+        return None
+
+
+def estimator_params(name: str | None) -> set[str]:
+    """The parameters of an advantage estimator's function (``index``: it takes a group baseline)."""
+    if not name:
+        return set()
+    try:
+        return set(inspect.signature(ADV_ESTIMATOR.get(name)).parameters)
+    except ValueError:
+        return set()
+
+
+def batch_rows(algo: Mapping[str, Any]) -> int | None:
+    """Rows of one rollout batch: batch_size prompts, times group_size under GRPO."""
+    b = a_int(algo, "batch_size")
+    if b is None:
+        return None
+    return b * (a_int(algo, "group_size") or 1) if algo.get("name") == "grpo" else b
 
 
 class DynamicsWatch:
@@ -135,22 +165,13 @@ class DynamicsWatch:
         self.kl_coefs: list[tuple[int | None, float]] = []
         a = self.algo
         self.name = str(a.get("name") or "")
-        self.estimator = a.get("adv_estimator") or self._recipe_estimator()
+        self.estimator = estimator(a)
         self.reported: set[str] = set(reported or ())
         """Kinds already recorded (at setup, `verlaudit.audit.config_checks`, or by an earlier step)."""
 
-    def _recipe_estimator(self) -> str | None:
-        try:
-            return RECIPE.entry(self.name).info.get("estimator")
-        except ValueError:
-            return None
-
     # -- derived settings ---------------------------------------------------------------------
     def rows(self) -> int | None:
-        b = a_int(self.algo, "batch_size")
-        if b is None:
-            return None
-        return b * (a_int(self.algo, "group_size") or 1) if self.name == "grpo" else b
+        return batch_rows(self.algo)
 
     def optimizer_steps(self) -> int | None:
         """Optimizer steps the actor takes on one rollout batch: ppo_epochs x ceil(rows / mini-batch)."""
@@ -164,8 +185,8 @@ class DynamicsWatch:
         a = self.algo
         if self.name == "dpo" or str(a.get("loss_mode") or "vanilla") not in TOKEN_CLIP_MODES:
             return None
-        eps = _f(a.get("clip_ratio"))
-        sides = [(_f(a.get(k)), k) for k in ("clip_ratio_low", "clip_ratio_high")]
+        eps = number(a.get("clip_ratio"))
+        sides = [(number(a.get(k)), k) for k in ("clip_ratio_low", "clip_ratio_high")]
         sides = [(v if v is not None else eps, k if v is not None else "clip_ratio") for v, k in sides]
         sides = [(v, k) for v, k in sides if v is not None]
         return min(sides) if sides else None
@@ -191,12 +212,12 @@ class DynamicsWatch:
         return out
 
     def _clip(self, m: Mapping[str, Any], step: int | None) -> Finding | None:
-        frac, clip = _f(m.get("actor/pg_clipfrac")), self.clip_range()
+        frac, clip = number(m.get("actor/pg_clipfrac")), self.clip_range()
         if frac is None or clip is None or frac < CLIP_SATURATED:
             return None
         eps, key = clip
         n = self.optimizer_steps()
-        kl = _f(m.get("actor/ppo_kl"))
+        kl = number(m.get("actor/ppo_kl"))
         drift = math.sqrt(2 * abs(kl)) if kl is not None else None
         moved = f" (actor/ppo_kl {kl:.3g}: a typical |log ratio| of {drift:.2g})" if drift is not None else ""
         observed = {"pg_clipfrac": round(frac, 4), key: eps, "optimizer_steps_per_batch": n, "ppo_kl": kl}
@@ -244,9 +265,9 @@ class DynamicsWatch:
         a = self.algo
         if a.get("use_kl_in_reward"):
             score, reward, std = (
-                _f(m.get(k)) for k in ("critic/score/mean", "critic/rewards/mean", "critic/score/std")
+                number(m.get(k)) for k in ("critic/score/mean", "critic/rewards/mean", "critic/score/std")
             )
-            beta = _f(m.get("actor/reward_kl_penalty_coeff")) or _f(a.get("kl_coef"))
+            beta = number(m.get("actor/reward_kl_penalty_coeff")) or number(a.get("kl_coef"))
             if score is not None and reward is not None and std and std > 0:
                 penalty = abs(score - reward)
                 share = penalty / std
@@ -272,12 +293,15 @@ class DynamicsWatch:
                         else "lower algo.kl_coef",
                     )
         if a.get("use_kl_loss"):
-            kl, coef = _f(m.get("actor/kl_loss")), _f(m.get("actor/kl_coef")) or _f(a.get("kl_loss_coef"))
+            kl, coef = (
+                number(m.get("actor/kl_loss")),
+                number(m.get("actor/kl_coef")) or number(a.get("kl_loss_coef")),
+            )
             if kl is None or not coef:
                 return None
             kind = str(a.get("kl_loss_type") or "low_var_kl")
             per_token = coef if kind in ("kl", "k1", "abs", "k1+") else coef * math.sqrt(2 * abs(kl))
-            scale = 1.0 if a.get("norm_adv_by_std_in_grpo", True) else _f(m.get("critic/score/std"))
+            scale = 1.0 if a.get("norm_adv_by_std_in_grpo", True) else number(m.get("critic/score/std"))
             if not scale:
                 return None
             share = per_token / scale
@@ -308,11 +332,11 @@ class DynamicsWatch:
             est == "grpo" and self.algo.get("norm_adv_by_std_in_grpo", True)
         ):
             return 1.0
-        std = _f(m.get("critic/score/std"))
+        std = number(m.get("critic/score/std"))
         return std if std and std > 0 else None
 
     def _entropy(self, m: Mapping[str, Any], step: int | None) -> Finding | None:
-        coef, ent = _f(self.algo.get("entropy_coef")), _f(m.get("actor/entropy"))
+        coef, ent = number(self.algo.get("entropy_coef")), number(m.get("actor/entropy"))
         if not coef or coef <= 0 or ent is None or self.name == "dpo":
             return None
         self.entropies.append((step, ent))
@@ -353,7 +377,7 @@ class DynamicsWatch:
         )
 
     def _kl_controller(self, m: Mapping[str, Any], step: int | None) -> Finding | None:
-        coef = _f(m.get("actor/reward_kl_penalty_coeff"))
+        coef = number(m.get("actor/reward_kl_penalty_coeff"))
         adaptive = str(self.algo.get("kl_ctrl_type") or "fixed") == "adaptive"
         if coef is None or not self.algo.get("use_kl_in_reward") or not adaptive:
             return None  # a fixed coefficient is the kl_coef set (`_kl` weighs it)
@@ -385,13 +409,13 @@ class DynamicsWatch:
         )
 
     def _rejection(self, m: Mapping[str, Any], step: int | None) -> Finding | None:
-        frac = _f(m.get("rollout_corr/rollout_rs_masked_fraction"))
+        frac = number(m.get("rollout_corr/rollout_rs_masked_fraction"))
         if frac is None or frac < REJECT_FRAC:
             return None
-        seq = _f(m.get("rollout_corr/rollout_rs_seq_masked_fraction"))
+        seq = number(m.get("rollout_corr/rollout_rs_seq_masked_fraction"))
         rc = self.correction
         option, threshold = rc.get("rollout_rs"), rc.get("rollout_rs_threshold")
-        diff = _f(m.get("rollout_corr/abs_diff_mean")) or _f(
+        diff = number(m.get("rollout_corr/abs_diff_mean")) or number(
             m.get("training/rollout_log_probs_abs_diff_mean")
         )
         seen = (
@@ -438,8 +462,8 @@ class DynamicsWatch:
         if K.SAMPLING_NOISE in self.reported or not vocab or vocab < 2:
             return []
         facts = payload.get("engine_facts") or {}
-        temp = _f(facts.get("temperature"))
-        temp = temp if temp is not None else _f(self.algo.get("temperature"))
+        temp = number(facts.get("temperature"))
+        temp = temp if temp is not None else number(self.algo.get("temperature"))
         lp, mask = payload.get("logprobs"), payload.get("response_mask")
         if temp is None or temp < HIGH_TEMPERATURE or not isinstance(lp, torch.Tensor) or not lp.numel():
             return []
@@ -527,8 +551,8 @@ class DynamicsWatch:
         a = self.algo
 
         def seen(key: str, configured: Any) -> float | None:  # what the engine reports, else the config
-            v = _f(facts.get(key))
-            return v if v is not None else _f(configured)
+            v = number(facts.get(key))
+            return v if v is not None else number(configured)
 
         temp = seen("temperature", a.get("temperature"))
         top_k = seen("top_k", a.get("top_k"))
@@ -545,13 +569,9 @@ class DynamicsWatch:
     def _group(self, m: Mapping[str, Any], step: int | None) -> Finding | None:
         if self.name != "grpo" or a_int(self.algo, "group_size") != 1 or not self.estimator:
             return None
-        try:
-            fn = ADV_ESTIMATOR.get(str(self.estimator))
-        except ValueError:
-            return None
-        if "index" not in inspect.signature(fn).parameters:
+        if "index" not in estimator_params(str(self.estimator)):
             return None  # no group baseline (REINFORCE++, ReMax): a group of one is how it runs
-        adv, score = _f(m.get("critic/advantages/mean")), _f(m.get("critic/score/mean"))
+        adv, score = number(m.get("critic/advantages/mean")), number(m.get("critic/score/mean"))
         seen = (
             f" (critic/advantages/mean {adv:.3g}, critic/score/mean {score:.3g})"
             if adv is not None and score is not None
