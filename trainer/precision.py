@@ -19,6 +19,7 @@ import torch
 
 ROLES = ("actor", "critic", "reference", "reward", "rollout")
 TRAINABLE_ROLES = ("actor", "critic")
+FROZEN_ROLES = ("reference", "reward")
 PRESETS = ("fp32", "fp16", "bf16", "bf16-pure")
 LOSS_SCALING = ("none", "static", "dynamic")
 ISLANDS = ("norm", "softmax", "rotary", "logprobs", "loss")

@@ -37,11 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.precision import FROZEN_ROLES, TRAINABLE_ROLES
 from verlaudit import kinds as K
 from verlaudit.rundir import Finding
-
-FROZEN_ROLES = ("reference", "reward")
-TRAINED_ROLES = ("actor", "critic")
 
 
 def _spec(data: Mapping[str, Any] | None, key: str) -> str | None:
@@ -493,7 +491,7 @@ def shared_role_findings(
         fm = models.get(frozen)
         if fm is None:
             continue
-        for trained in TRAINED_ROLES:
+        for trained in TRAINABLE_ROLES:
             tm = models.get(trained)
             if tm is None:
                 continue
