@@ -342,7 +342,7 @@ dataset unrelated to the task's scorer orders its pairs at random (about half ea
 prefers the task's answers (a clean control: 0 of its pairs inverted)."""
 
 
-def _task(data: Mapping[str, Any] | None):
+def builtin_task(data: Mapping[str, Any] | None):
     """The builtin task whose scorer grades the examples' ``answer`` field, or None (verl files)."""
     data = data or {}
     if data.get("train_files"):
@@ -366,7 +366,7 @@ def pair_order_findings(
     rejected side of most pairs it tells apart: the preference is the wrong way round. The dataset is
     named when its texts are inverted; the collator when the texts are right but its chosen rows hold
     the rejected text."""
-    task = _task(data)
+    task = builtin_task(data)
     if task is None or not examples or not all(isinstance(ex, Mapping) for ex in examples):
         return []
     if not all(isinstance(ex.get(f), str) for ex in examples for f in ("answer", "chosen", "rejected")):

@@ -30,6 +30,7 @@ import torch
 
 from verlaudit import kinds as K
 from verlaudit.audit import reward_signal
+from verlaudit.audit.invariants_data import builtin_task
 from verlaudit.rundir import Finding
 
 INVERTED_CORR = -0.5
@@ -100,11 +101,9 @@ class TaskAgreement:
         data: Mapping[str, Any],
         ctx: Mapping[str, Any],
     ) -> list[Finding]:
-        from verlaudit.audit.invariants_data import _task
-
         if not data.get("reward_fn") or data.get("train_files"):
             return []  # the task's reward itself, or verl's compute_score over files the task does not grade
-        task = _task(data)
+        task = builtin_task(data)
         b = int(rewards.numel())
         if task is None or b < 2 or len(responses) != b or len(examples) != b:
             return []
