@@ -112,13 +112,17 @@ def test_collator_ids_with_an_extra_dimension_are_an_error_naming_the_collator()
     ids = torch.randint(4, 50, (4, 12))
     a.on_batch(role="actor", batch={"input_ids": ids[..., None], "attention_mask": torch.ones(4, 12, 1)},
                source="my.py:collate", examples=[{}] * 4)  # fmt: skip
-    (f,) = found(a, K.COLLATOR_RANK)
-    assert f.severity == "error" and f.observed["shape"] == [4, 12, 1] and "my.py:collate" in f.where
+    (f,) = found(a, K.COLLATOR_SHAPE)
+    assert (
+        f.severity == "error"
+        and f.observed["shapes"]["input_ids"] == [4, 12, 1]
+        and "my.py:collate" in f.where
+    )
     assert ".squeeze(2)" in f.fix
     clean = audited()
     clean.on_batch(role="actor", batch={"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                    source="my.py:collate", examples=[{}] * 4)  # fmt: skip
-    assert found(clean, K.COLLATOR_RANK) == []
+    assert found(clean, K.COLLATOR_SHAPE) == []
 
 
 # ---------------------------------------------------------------- cancellation in a reward model

@@ -515,11 +515,6 @@ LOOP_WEIGHT_ROUND_TRIP = _f(
     "round_trip",
     "a trained model cast from its storage dtype to fp16/bf16 and back: its master weights rounded",
 )
-COLLATOR_RANK = _f(
-    "boundary/collator_rank",
-    "batch_shape",
-    "collator token ids of another rank than [batch, length] (an extra dimension from torch.stack)",
-)
 LOOP_COMPUTE_BELOW_CONTRACT = _f(
     "loop/compute_below_contract",
     "compute_dtype",

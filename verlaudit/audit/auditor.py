@@ -41,7 +41,6 @@ from verlaudit.audit import (
     nonfinite,
     numerics,
     opcount,
-    plugin_batch,
     plugins,
     reward_signal,
     setup_changes,
@@ -301,9 +300,6 @@ class Auditor(Observer):
                     rows=len(examples) or None,
                     **self.context.where(),
                 )
-            )
-            self.findings.extend(
-                plugin_batch.batch_rank_findings(batch, role=role, source=source, **self.context.where())
             )
             self.findings.extend(
                 invariants.batch_findings(

@@ -25,7 +25,7 @@ The trainer hands every call of user code at a plug-in point to its observer
 * A collapse of distinct scores is called a cancellation when a low-precision op of the call held
   values far larger than the scores (``CANCEL_RATIO``): the scores are differences of rounded sums.
 * A collator's ids of another rank than [batch, length] are checked on every batch by
-  `verlaudit.audit.plugin_batch`.
+  `verlaudit.audit.boundaries` (``boundary/collator_shape``).
 
 The findings (`verlaudit.kinds`: ``plugin/nonfinite_op``, ``plugin/low_precision``, ``plugin/underflow``,
 ``plugin/precision_loss``, ``plugin/int_precision``, ``plugin/int_wrap``, ``plugin/round_trip``) name
