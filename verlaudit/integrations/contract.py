@@ -21,13 +21,18 @@ from trainer.precision import PRESETS, TRAINABLE_ROLES, PrecisionPolicy, resolve
 from verlaudit.dtypes import dtype_name as dn
 
 
-def param_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype holding most of ``model``'s floating parameters (fp32 for a model without any)."""
+def main_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype holding most of ``model``'s floating parameters (None without any)."""
     counts: dict[torch.dtype, int] = {}
     for p in model.parameters():
         if p.is_floating_point():
             counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
-    return max(counts, key=lambda d: counts[d]) if counts else torch.float32
+    return max(counts, key=lambda d: counts[d]) if counts else None
+
+
+def param_dtype(model: nn.Module) -> torch.dtype:
+    """`main_dtype`, fp32 for a model without floating parameters."""
+    return main_dtype(model) or torch.float32
 
 
 def active_autocast(device_type: str) -> torch.dtype | None:

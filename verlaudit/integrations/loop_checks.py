@@ -36,6 +36,7 @@ from torch import nn
 from verlaudit import kinds as K
 from verlaudit.audit.plugins import user_frame
 from verlaudit.dtypes import dtype_name as dn
+from verlaudit.integrations.contract import main_dtype
 from verlaudit.rundir import Finding
 
 _AUTOCAST = torch.amp.autocast_mode.autocast
@@ -202,15 +203,6 @@ def inert(*args: Any) -> None:
 
 def _inert() -> Callable[..., None]:
     return inert
-
-
-def main_dtype(model: nn.Module) -> torch.dtype | None:
-    """The dtype of most of ``model``'s floating parameters (None without any)."""
-    counts: dict[torch.dtype, int] = {}
-    for p in model.parameters():
-        if p.is_floating_point():
-            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
-    return max(counts, key=lambda d: counts[d]) if counts else None
 
 
 def exact_share(model: nn.Module, low: torch.dtype) -> float:
