@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -139,14 +142,27 @@ def test_ctrl_c_stops_the_shared_process_and_returns_what_was_done(tmp_path, mon
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    started = tmp_path / "fp32" / "worker.log"
+
+    def ctrl_c_once_the_worker_sleeps():
+        # the interrupt comes when the first worker is inside its sleep (not at a fixed time: a loaded
+        # machine may take seconds to start a Python process)
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGALRM)
+
     previous = signal.signal(signal.SIGALRM, interrupt)
     heard = []
+    watcher = threading.Thread(target=ctrl_c_once_the_worker_sleeps, daemon=True)
     try:
-        signal.alarm(3)
+        watcher.start()
         done, interrupted = batch.execute(plan, suite, tmp_path, progress=False, on_run=heard.append)
     finally:
-        signal.alarm(0)
+        watcher.join(timeout=130)
         signal.signal(signal.SIGALRM, previous)
+    assert started.exists(), "the first worker never started"
     assert (done, interrupted) == (["fp32"], True)
     assert heard[-1].not_started == ("bf16", "bf16-pure")
     assert read_json(tmp_path / "fp32" / "status.json")["reason"] == "interrupted"

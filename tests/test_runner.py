@@ -282,7 +282,8 @@ def test_ctrl_c_stops_the_child_keeps_what_was_written_and_exits_130(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    # a bound, not a timing claim: on a loaded 2-core machine the child's current step and the report take a while
+    stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stdout + stderr
     run = read_run(out / "fp32")
     assert run.status["state"] == "failed" and run.status["reason"] == "interrupted"
