@@ -79,6 +79,8 @@ class LoopProtocol:
         """id(optimizer) -> the line of its scaler.step since the last update."""
         self.scaler_steps = self.scaler_updates = 0
         self.loss_line: str | None = None
+        self.depth = 0
+        """Watched forwards open now: a log-softmax inside one is the model's, not the loop's."""
         """The line of the last ``backward()`` (the loss the direction probe names)."""
         self._handles: list[Any] = []
         for role in self.optimizers:
@@ -182,6 +184,8 @@ class LoopProtocol:
         self.add(_no_graph_finding(role, loss, line, self.grad_forwards.get(role, 0), self.where()))
 
     def on_log_softmax(self, name: str, x: torch.Tensor, out: torch.Tensor, line: str | None) -> None:
+        if self.depth:
+            return
         policy = self.policy()
         role = "actor" if "actor" in self.models else next(iter(self.models))
         rp = policy.roles.get(role) if policy is not None else None

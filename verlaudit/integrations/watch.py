@@ -183,6 +183,8 @@ class Watch:
         for role, model in self.models.items():
             seen = loop_checks.Hook(functools.partial(self._forward_seen, role))
             self._handles.append(model.register_forward_pre_hook(seen, with_kwargs=True))
+            done = loop_checks.Hook(self._forward_done)
+            self._handles.append(model.register_forward_hook(done, always_call=True))
             check = loop_checks.Hook(functools.partial(self._forward_check, role))
             self._handles.append(model.register_forward_pre_hook(check))
             out = loop_checks.Hook(functools.partial(self._output_check, role))
@@ -313,6 +315,8 @@ class Watch:
     def _forward_seen(self, role: str, module: nn.Module, args: Any, kwargs: Any) -> None:
         """Each forward of a watched model, with its arguments: whether it builds a graph, and the ids
         a trained model's direction probe measures on."""
+        if self._protocol is not None:
+            self._protocol.depth += 1
         probe = self._probes.get(role)
         if probe is not None and probe.busy:
             return
@@ -320,6 +324,10 @@ class Watch:
             self._protocol.on_forward(role)
         if probe is not None:
             probe.on_forward(args, kwargs)
+
+    def _forward_done(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._protocol is not None:
+            self._protocol.depth = max(0, self._protocol.depth - 1)
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
