@@ -291,3 +291,26 @@ def test_a_flipped_policy_gradient_sign_is_an_error_and_the_correct_loss_is_clea
     pg_loop(tmp_path / "correct", sign=-1.0)
     assert kinds(tmp_path / "correct") == []
     assert not loop_calls._LISTENERS and torch.Tensor.backward.__module__ == "torch._tensor"
+
+
+def test_unscale_twice_and_model_zero_grad_after_backward_are_named(tmp_path):
+    def twice(model, opt, scaler, loss):
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.unscale_(opt)  # e.g. once in a clipping helper, once in the loop
+        scaler.step(opt)
+        scaler.update()
+
+    with pytest.raises(RuntimeError):
+        scaler_loop(tmp_path / "twice", twice)
+    (d,) = diagnose_path(tmp_path / "twice")
+    assert d.causes[0].kind == "finding:loop/unscale_twice", [c.title for c in d.causes]
+    model, opt = mlp_and_opt()
+    with verlaudit.watch(model, opt, out_dir=tmp_path / "order", precision="fp32") as w:
+        with w.phase("actor_update"):
+            model(x(0)).pow(2).mean().backward()
+            model.zero_grad()  # the model's, not the optimizer's: the same gradients
+            opt.step()
+    (f,) = found(tmp_path / "order", "loop/step_without_grads")
+    assert f.severity == "error" and "zero_grad" not in vars(model)

@@ -600,6 +600,11 @@ LOOP_SCALER_NOT_UPDATED = _f(
     "loop_scaling",
     "a GradScaler stepped again (or to the end) with no scaler.update() after its step",
 )
+LOOP_UNSCALE_TWICE = _f(
+    "loop/unscale_twice",
+    "loop_scaling",
+    "scaler.unscale_ called again on an optimizer already unscaled since the scaler's last update",
+)
 LOOP_SCHEDULER_CADENCE = _f(
     "loop/scheduler_cadence",
     "loop_cadence",

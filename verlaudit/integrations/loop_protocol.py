@@ -144,6 +144,17 @@ class LoopProtocol:
             return None
         return _not_updated_finding(role, prev, line, float(self.scaler.get_scale()), self.where())
 
+    def scaler_unscale(self, optimizer: Any, line: str | None) -> Finding | None:
+        """``scaler.unscale_(optimizer)``: a second one since the last update, or one after the step."""
+        role = self._role_of_opt.get(id(optimizer))
+        stage = scaler_stage(self.scaler, optimizer)
+        if role is None or stage == _READY:
+            return None
+        if stage == _STEPPED:
+            prev = self._scaler_steps.get(id(optimizer))
+            return _not_updated_finding(role, prev, line, float(self.scaler.get_scale()), self.where())
+        return _unscale_twice_finding(role, line, float(self.scaler.get_scale()), self.where())
+
     def scaler_update(self) -> None:
         self.scaler_updates += 1
         self._scaler_steps.clear()
@@ -242,6 +253,23 @@ def _not_updated_finding(
         expected="scaler.update() after every scaler.step(optimizer)",
         fix=f"call scaler.update() right after scaler.step(optimizer) (at {_at(line or prev)}), once per "
         "optimizer step",
+        **where,
+    )
+
+
+def _unscale_twice_finding(role: str, line: str | None, scale: float, where: dict) -> Finding:
+    return Finding(
+        severity="error",
+        kind=K.LOOP_UNSCALE_TWICE,
+        message=f"scaler.unscale_ at {_at(line)} on the {role}'s optimizer, whose gradients the GradScaler already "
+        f"unscaled since its last update: a second unscale_ would divide them by the scale ({scale:g}) again "
+        "(torch refuses it)",
+        role=role,
+        where=f"GradScaler at {_at(line)}",
+        observed={"loss_scale": scale},
+        expected="one scaler.unscale_(optimizer) per optimizer step, before clipping",
+        fix=f"at {_at(line)}: call scaler.unscale_(optimizer) once per step (after backward, before clipping); "
+        "scaler.step(optimizer) skips its own unscale_ then",
         **where,
     )
 

@@ -159,7 +159,7 @@ class Watch:
         if self.scaler is not None:
             self._tap = ScalerTap(
                 self.scaler,
-                before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale),
+                before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale, opt),
                 after_update=self._after_update,
                 before_step=lambda opt, scaled: self._scaler_step(role_of.get(id(opt)), opt, scaled),
             )
@@ -179,6 +179,8 @@ class Watch:
         loop_calls.install(self._protocol)
         for role, opt in self.optimizers.items():
             opt.zero_grad = functools.partial(self._zero_grad, role, opt.zero_grad)
+            model = self.models[role]
+            model.zero_grad = functools.partial(self._zero_grad, role, model.zero_grad)
             self._probes[role] = DirectionProbe(role, self.models[role])
         for role, model in self.models.items():
             seen = loop_checks.Hook(functools.partial(self._forward_seen, role))
@@ -198,8 +200,9 @@ class Watch:
                 self._add(self._protocol.finish())
             loop_calls.remove(self._protocol)
             self._protocol.remove()
-            for opt in self.optimizers.values():
+            for role, opt in self.optimizers.items():
                 opt.__dict__.pop("zero_grad", None)
+                self.models[role].__dict__.pop("zero_grad", None)
         for h in self._handles + self._forward_hooks:
             h.remove()
         self._handles.clear()
@@ -245,7 +248,9 @@ class Watch:
             **{k: v for k, v in self.config.items() if k != "algo"},
         }
 
-    def _unscale(self, role: str | None, scale: float) -> None:
+    def _unscale(self, role: str | None, scale: float, optimizer: Any = None) -> None:
+        if self._protocol is not None and optimizer is not None:
+            self._add(self._protocol.scaler_unscale(optimizer, _user_line()))
         if role is not None and self.session is not None:
             self.session.backward(role, scale)
 
