@@ -314,3 +314,30 @@ def test_unscale_twice_and_model_zero_grad_after_backward_are_named(tmp_path):
             opt.step()
     (f,) = found(tmp_path / "order", "loop/step_without_grads")
     assert f.severity == "error" and "zero_grad" not in vars(model)
+
+
+def test_the_advantages_the_loop_passes_are_what_the_direction_is_measured_against(tmp_path):
+    """A loop whose ``w.reward`` gets costs (lower is better) and whose advantage is minus the centred
+    cost: correct, and clean once it passes its advantages; measured against the rewards it is not."""
+
+    def run(path, pass_adv):
+        model = TinyLM()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with verlaudit.watch(model, opt, out_dir=path, precision="fp32") as w:
+            for step in range(4):
+                seq = sequences(step)
+                w.batch({"input_ids": seq[:, :PROMPT]})
+                cost = w.reward((seq[:, PROMPT:] != 3).float().mean(-1) + 0.1 * torch.arange(ROWS) / ROWS)
+                with w.phase("actor_update"):
+                    logp = token_logp(model(input_ids=seq), seq)
+                    adv = -(cost - cost.mean())
+                    loss = -(adv[:, None] * logp).mean()
+                    w.loss(loss, **({"advantages": adv} if pass_adv else {}))
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+
+    run(tmp_path / "passed", True)
+    assert kinds(tmp_path / "passed") == []
+    run(tmp_path / "rewards", False)
+    assert kinds(tmp_path / "rewards") == ["loop/update_against_advantage"]

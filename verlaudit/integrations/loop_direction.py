@@ -10,8 +10,8 @@ it: the loss is finite, the gradients are fine, the rewards only drift.
 model's forwards with gradients since its last optimizer step (integer ``input_ids`` of a causal LM,
 micro-batches concatenated in order), the rewards the loop passed to `Watch.reward`, and two extra
 no-grad forwards in eval mode, just before and just after the optimizer step, that give each
-response's summed log-prob change. With the advantage taken as the reward minus the batch's mean, a
-step is *against the advantage* when ``sum(adv * dlogp) < 0``. It probes while every measured step so
+response's summed log-prob change. With the advantage taken as the loop's own (``advantages=`` passed
+to `Watch.loss`, per row) or else as the reward minus the batch's mean, a step is *against the advantage* when ``sum(adv * dlogp) < 0``. It probes while every measured step so
 far went against it (a step that goes with it ends the probing: a correct loop costs two forwards, once),
 at most `MAX_PROBES` steps, and reports once at least `MIN_STEPS` steps all went against it with a
 correlation of at most `MAX_CORR`. It stays out of the way when it cannot match rows (PPO epochs over
@@ -48,6 +48,8 @@ class DirectionProbe:
         self.role, self.model = role, model
         self.inputs: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.rewards: torch.Tensor | None = None
+        self.advantages: list[torch.Tensor] = []
+        """Per-row advantages the loop passed (`Watch.loss(..., advantages=...)`), micro-batches in order."""
         self.prompt: torch.Tensor | None = None
         self.before: torch.Tensor | None = None
         self.measured: list[tuple[float, float]] = []
@@ -71,18 +73,30 @@ class DirectionProbe:
     def on_rewards(self, rewards: torch.Tensor) -> None:
         self.rewards = rewards.detach().float().reshape(-1).cpu()
 
+    def on_advantages(self, adv: Any) -> None:
+        if isinstance(adv, torch.Tensor) and adv.dim() >= 1 and adv.is_floating_point():
+            a = adv.detach().float()
+            self.advantages.append((a.reshape(a.shape[0], -1).mean(-1) if a.dim() > 1 else a).cpu())
+
+    def _adv(self) -> torch.Tensor | None:
+        """The loop's own advantages when they cover its rows, else the reward minus the batch mean."""
+        rows = sum(ids.shape[0] for ids, _ in self.inputs)
+        if self.advantages and sum(a.numel() for a in self.advantages) == rows:
+            return torch.cat(self.advantages)
+        if self.rewards is None or self.rewards.numel() != rows:
+            return None
+        return self.rewards - self.rewards.mean()
+
     def on_batch(self, batch: Any) -> None:
         ids = batch.get("input_ids") if hasattr(batch, "get") else None
         self.prompt = ids.detach() if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
 
     # -- the optimizer step --------------------------------------------------------------------------
     def _ready(self) -> bool:
-        if self.done or self.rewards is None or not self.inputs:
+        if self.done or not self.inputs or len({ids.shape[1] for ids, _ in self.inputs}) != 1:
             return False
-        widths = {ids.shape[1] for ids, _ in self.inputs}
-        rows = sum(ids.shape[0] for ids, _ in self.inputs)
-        adv = self.rewards - self.rewards.mean()
-        return len(widths) == 1 and rows == self.rewards.numel() and bool(adv.abs().max() > 0)
+        adv = self._adv()
+        return adv is not None and bool(torch.isfinite(adv).all()) and bool(adv.abs().max() > 0)
 
     def before_step(self) -> None:
         self.before = self._logp() if self._ready() else None
@@ -94,9 +108,9 @@ class DirectionProbe:
             if before is None:
                 return None
             after = self._logp()
-            if after is None or self.rewards is None:
+            adv = self._adv()
+            if after is None or adv is None:
                 return None
-            adv = self.rewards - self.rewards.mean()
             delta = (after - before).double()
             if not bool(torch.isfinite(delta).all()) or float(delta.abs().max()) == 0.0:
                 return None
@@ -109,7 +123,7 @@ class DirectionProbe:
                 self.done = True
             return self._decide(line, where)
         finally:
-            self.inputs = []
+            self.inputs, self.advantages = [], []
             self.rewards = None
 
     def _decide(self, line: str | None, where: dict) -> Finding | None:

@@ -181,7 +181,8 @@ class Watch:
             opt.zero_grad = functools.partial(self._zero_grad, role, opt.zero_grad)
             model = self.models[role]
             model.zero_grad = functools.partial(self._zero_grad, role, model.zero_grad)
-            self._probes[role] = DirectionProbe(role, self.models[role])
+            if self.settings.level != "off":
+                self._probes[role] = DirectionProbe(role, self.models[role])
         for role, model in self.models.items():
             seen = loop_checks.Hook(functools.partial(self._forward_seen, role))
             self._handles.append(model.register_forward_pre_hook(seen, with_kwargs=True))
@@ -484,6 +485,8 @@ class Watch:
         s = self._session()
         s.begin_step()
         s.auditor.on_loss(role=role, loss=loss, terms=terms)
+        if role in self._probes and "advantages" in terms:
+            self._probes[role].on_advantages(terms["advantages"])
 
     def log(self, metrics: Mapping[str, Any]) -> None:
         """The step's own numbers (``actor/loss`` ...), added to its metrics line."""
