@@ -2,7 +2,8 @@
 
 `verlaudit.watch` sees the optimizer's steps and the GradScaler's calls on their instances; what a loop
 does between them goes through torch functions that no instance owns: ``clip_grad_norm_`` /
-``clip_grad_value_``, an LR scheduler's ``step``, ``Tensor.backward`` and the log-softmax family
+``clip_grad_value_``, an LR scheduler's ``step``, ``Tensor.backward``, ``zero_grad`` (an optimizer's or
+a module's) and the log-softmax family
 (``log_softmax`` as a function or a method, ``logsumexp``). `CallTaps` wraps those for as long as one
 watch is open (the originals are put back when the last one closes) and calls the open watches'
 `Listener` methods with the user's file:line of each call, before the original runs (so that a call
@@ -91,6 +92,18 @@ def _backward(orig: Any) -> Any:
     return wrapped
 
 
+def _zero_grad(orig: Any) -> Any:
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _LISTENERS:
+            line = _line()
+            for ls in list(_LISTENERS):
+                ls.on_zero_grad(self, line)
+        return orig(self, *args, **kwargs)
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
 def _low(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point() and torch.finfo(t.dtype).bits < 32
 
@@ -124,6 +137,8 @@ def install(listener: Any) -> None:
                     _wrap(owner, name, lambda o, n=name: _clip(n, o))
         _wrap(torch.optim.lr_scheduler.LRScheduler, "step", _sched_step)
         _wrap(torch.Tensor, "backward", _backward)
+        _wrap(torch.optim.Optimizer, "zero_grad", _zero_grad)
+        _wrap(torch.nn.Module, "zero_grad", _zero_grad)
         for owner, name in _LOG_SOFTMAX:
             _wrap(owner, name, lambda o, n=name: _log_softmax(n, o))
     _LISTENERS.append(listener)

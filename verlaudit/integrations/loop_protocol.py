@@ -104,6 +104,14 @@ class LoopProtocol:
         if torch.is_grad_enabled():
             self.grad_forwards[role] = self.grad_forwards.get(role, 0) + 1
 
+    def on_zero_grad(self, owner: Any, line: str | None) -> None:
+        """``zero_grad`` of a watched optimizer or trained model (`loop_calls`)."""
+        role = self._role_of_opt.get(id(owner))
+        if role is None:
+            role = next((r for r in self.optimizers if self.models.get(r) is owner), None)
+        if role is not None:
+            self.zero_grad(role, line)
+
     def zero_grad(self, role: str, line: str | None) -> None:
         """``optimizer.zero_grad()`` of ``role``: after a backward that reached it, before its step."""
         opt = self.optimizers[role]

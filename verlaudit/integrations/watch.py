@@ -178,9 +178,6 @@ class Watch:
         )
         loop_calls.install(self._protocol)
         for role, opt in self.optimizers.items():
-            opt.zero_grad = functools.partial(self._zero_grad, role, opt.zero_grad)
-            model = self.models[role]
-            model.zero_grad = functools.partial(self._zero_grad, role, model.zero_grad)
             if self.settings.level != "off":
                 self._probes[role] = DirectionProbe(role, self.models[role])
         for role, model in self.models.items():
@@ -201,9 +198,6 @@ class Watch:
                 self._add(self._protocol.finish())
             loop_calls.remove(self._protocol)
             self._protocol.remove()
-            for role, opt in self.optimizers.items():
-                opt.__dict__.pop("zero_grad", None)
-                self.models[role].__dict__.pop("zero_grad", None)
         for h in self._handles + self._forward_hooks:
             h.remove()
         self._handles.clear()
@@ -338,10 +332,6 @@ class Watch:
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
 
-    def _zero_grad(self, role: str, orig: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._protocol is not None:
-            self._protocol.zero_grad(role, _user_line())
-        return orig(*args, **kwargs)
 
     def _pre_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         assert self.session is not None
