@@ -67,7 +67,9 @@ def pg_loop(path, *, sign=-1.0, steps=4, cast=None, precision="fp32"):
     with verlaudit.watch(model, opt, out_dir=path, precision=precision) as w:
         for step in range(steps):
             seq = sequences(step)
-            w.batch({"input_ids": seq[:, :PROMPT], "attention_mask": torch.ones(ROWS, PROMPT, dtype=torch.long)})
+            w.batch(
+                {"input_ids": seq[:, :PROMPT], "attention_mask": torch.ones(ROWS, PROMPT, dtype=torch.long)}
+            )
             rewards = w.reward((seq[:, PROMPT:] == 3).float().mean(-1) + 0.1 * torch.arange(ROWS) / ROWS)
             with w.phase("actor_update"):
                 logits = model(input_ids=seq, attention_mask=torch.ones_like(seq))
@@ -266,9 +268,10 @@ def test_a_low_precision_log_softmax_inside_the_models_forward_or_a_library_is_n
     with verlaudit.watch(model, opt, out_dir=tmp_path / "run", precision="fp32") as w:
         with w.phase("actor_update"):
             seq = sequences(0)
-            loss = -model(input_ids=seq).mean() - torch.nn.functional.log_softmax(
-                torch.randn(2, 3).bfloat16(), -1
-            ).float().mean() * 0
+            loss = (
+                -model(input_ids=seq).mean()
+                - torch.nn.functional.log_softmax(torch.randn(2, 3).bfloat16(), -1).float().mean() * 0
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

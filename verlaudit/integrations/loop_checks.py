@@ -378,5 +378,10 @@ def has_no_grads(optimizer: Any) -> bool:
 
 def all_grads_zero(optimizer: Any) -> bool:
     """Whether every gradient ``optimizer``'s parameters hold is exactly zero (``zero_grad(set_to_none=False)``)."""
-    grads = [p.grad for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ()) if p.grad is not None]
+    grads = [
+        p.grad
+        for g in getattr(optimizer, "param_groups", ())
+        for p in g.get("params", ())
+        if p.grad is not None
+    ]
     return all(not bool(g.any()) for g in grads)

@@ -61,7 +61,8 @@ class LoopProtocol:
         self.models, self.optimizers, self.scaler = dict(models), dict(optimizers), scaler
         self.policy, self.add, self.where = policy, add, where
         self._params = {
-            role: {id(p) for g in opt.param_groups for p in g["params"]} for role, opt in self.optimizers.items()
+            role: {id(p) for g in opt.param_groups for p in g["params"]}
+            for role, opt in self.optimizers.items()
         }
         self._role_of_opt = {id(opt): role for role, opt in self.optimizers.items()}
         self.reached: dict[str, int] = {}
@@ -127,7 +128,9 @@ class LoopProtocol:
             return None
         _, n, sched_line = max(calls, key=lambda c: c[1])
         lr = float(self.optimizers[role].param_groups[0].get("lr", float("nan")))
-        return _scheduler_finding(role, n, self.backwards, sched_line, line, lr, self.steps.get(role, 0), self.where())
+        return _scheduler_finding(
+            role, n, self.backwards, sched_line, line, lr, self.steps.get(role, 0), self.where()
+        )
 
     def after_step(self, role: str) -> None:
         self.steps[role] = self.steps.get(role, 0) + 1
@@ -169,7 +172,12 @@ class LoopProtocol:
 
     def finish(self) -> Finding | None:
         """At the watch's exit: a scaler that stepped and was never updated."""
-        if self.scaler is None or not self.scaler.is_enabled() or not self.scaler_steps or self.scaler_updates:
+        if (
+            self.scaler is None
+            or not self.scaler.is_enabled()
+            or not self.scaler_steps
+            or self.scaler_updates
+        ):
             return None
         role = next(iter(self.optimizers), "actor")
         line = next(iter(self._scaler_steps.values()), None)
@@ -220,9 +228,7 @@ def _at(line: str | None) -> str:
     return line or "an unknown line"
 
 
-def _clip_finding(
-    role: str, name: str, limit: Any, scale: float, line: str | None, where: dict
-) -> Finding:
+def _clip_finding(role: str, name: str, limit: Any, scale: float, line: str | None, where: dict) -> Finding:
     lim = f"{float(limit):g}" if isinstance(limit, (int, float)) else "its limit"
     return Finding(
         severity="error",
@@ -241,9 +247,7 @@ def _clip_finding(
     )
 
 
-def _not_updated_finding(
-    role: str, prev: str | None, line: str | None, scale: float, where: dict
-) -> Finding:
+def _not_updated_finding(role: str, prev: str | None, line: str | None, scale: float, where: dict) -> Finding:
     again = (
         f"scaler.step at {_at(line)} on the {role}'s optimizer, which the scaler already stepped at "
         f"{_at(prev)} with no scaler.update() since"
@@ -292,8 +296,14 @@ def _scheduler_finding(
     steps: int,
     where: dict,
 ) -> Finding:
-    per = f" (once per micro-batch: {backwards} backward passes per optimizer step)" if backwards == calls else ""
-    zero = f"; the {role}'s lr is already {lr:g} at optimizer step {steps}" if lr == 0 else f" (lr now {lr:g})"
+    per = (
+        f" (once per micro-batch: {backwards} backward passes per optimizer step)"
+        if backwards == calls
+        else ""
+    )
+    zero = (
+        f"; the {role}'s lr is already {lr:g} at optimizer step {steps}" if lr == 0 else f" (lr now {lr:g})"
+    )
     return Finding(
         severity="error",
         kind=K.LOOP_SCHEDULER_CADENCE,
@@ -309,7 +319,9 @@ def _scheduler_finding(
     )
 
 
-def _no_graph_finding(role: str, loss: torch.Tensor, line: str | None, grad_forwards: int, where: dict) -> Finding:
+def _no_graph_finding(
+    role: str, loss: torch.Tensor, line: str | None, grad_forwards: int, where: dict
+) -> Finding:
     if grad_forwards:
         why = (
             f"{grad_forwards} forward(s) of the {role} ran with gradients since its last optimizer step, and the "

@@ -177,7 +177,7 @@ class Watch:
             where=self._where,
         )
         loop_calls.install(self._protocol)
-        for role, opt in self.optimizers.items():
+        for role in self.optimizers:
             if self.settings.level != "off":
                 self._probes[role] = DirectionProbe(role, self.models[role])
         for role, model in self.models.items():
@@ -331,7 +331,6 @@ class Watch:
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
-
 
     def _pre_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         assert self.session is not None
