@@ -344,3 +344,47 @@ def test_the_advantages_the_loop_passes_are_what_the_direction_is_measured_again
     assert kinds(tmp_path / "passed") == []
     run(tmp_path / "rewards", False)
     assert kinds(tmp_path / "rewards") == ["loop/update_against_advantage"]
+
+
+def test_gradients_never_cleared_between_steps_are_an_error_and_a_manual_clear_is_clean(tmp_path):
+    def run(path, clear):
+        model, opt = mlp_and_opt()
+        with verlaudit.watch(model, opt, out_dir=path, precision="fp32") as w:
+            for i in range(3):
+                with w.phase("actor_update"):
+                    model(x(i)).pow(2).mean().backward()
+                    opt.step()
+                    if clear:
+                        for p in model.parameters():
+                            p.grad = None
+
+    run(tmp_path / "never", clear=False)
+    (f,) = found(tmp_path / "never", "loop/grads_not_cleared")
+    assert f.severity == "error" and f.step == 1 and "zero_grad()" in f.fix
+    (d,) = diagnose_path(tmp_path / "never")
+    assert d.causes[0].kind == "finding:loop/grads_not_cleared"
+    run(tmp_path / "manual", clear=True)
+    assert kinds(tmp_path / "manual") == []
+
+
+def test_an_optimizer_built_on_another_model_is_an_error_at_entry_and_a_partial_one_only_info(tmp_path):
+    model, _ = mlp_and_opt()
+    other, opt = mlp_and_opt(seed=1)  # e.g. built before the model was re-created
+    with verlaudit.watch(model, opt, out_dir=tmp_path / "other", precision="fp32") as w:
+        with w.phase("actor_update"):
+            opt.zero_grad()
+            model(x(0)).pow(2).mean().backward()
+            opt.step()
+    assert "loop/step_without_grads" not in kinds(tmp_path / "other")  # one finding for one fault
+    (f,) = found(tmp_path / "other", "loop/optimizer_params")
+    assert f.severity == "error" and f.step is None and f.observed["missing_share"] == 1.0
+    (d,) = diagnose_path(tmp_path / "other")
+    assert d.causes[0].kind == "finding:loop/optimizer_params", [c.title for c in d.causes]
+    model, _ = mlp_and_opt()
+    opt = torch.optim.SGD(model[0].parameters(), lr=1e-3)  # the last layer left out on purpose
+    with verlaudit.watch(model, opt, out_dir=tmp_path / "part", precision="fp32") as w:
+        with w.phase("actor_update"):
+            opt.zero_grad()
+            model(x(0)).pow(2).mean().backward()
+            opt.step()
+    assert kinds(tmp_path / "part") == [] and kinds(tmp_path / "part", ("info",)) == ["loop/optimizer_params"]

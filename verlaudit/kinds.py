@@ -104,6 +104,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "loop_cadence": "an own loop's scheduler or zero_grad called at another cadence than its optimizer steps",
         "loop_graph": "an own loop's loss with no autograd graph to the policy (built from no-grad log-probs)",
         "loop_objective": "an own loop's update that lowers the log-probs of the responses with positive advantage",
+        "loop_optimizer": "an own loop's optimizer that does not hold (all of) the trained model's parameters",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -609,6 +610,16 @@ LOOP_SCHEDULER_CADENCE = _f(
     "loop/scheduler_cadence",
     "loop_cadence",
     "an LR scheduler stepped more than once per optimizer step (per micro-batch): its schedule runs fast",
+)
+LOOP_GRADS_NOT_CLEARED = _f(
+    "loop/grads_not_cleared",
+    "loop_cadence",
+    "no zero_grad between optimizer steps: each backward adds to the last step's gradients",
+)
+LOOP_OPTIMIZER_PARAMS = _f(
+    "loop/optimizer_params",
+    "loop_optimizer",
+    "an own loop's optimizer that does not hold the watched model's trainable parameters",
 )
 LOOP_LOSS_NO_GRAPH = _f(
     "loop/loss_without_graph",

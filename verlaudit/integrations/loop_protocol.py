@@ -83,11 +83,29 @@ class LoopProtocol:
         self.depth = 0
         """Watched forwards open now: a log-softmax inside one is the model's, not the loop's."""
         """The line of the last ``backward()`` (the loss the direction probe names)."""
+        self.accumulated: dict[str, bool] = {}
+        """role -> the first backward since its last step found last step's gradients still there."""
+        self._checked: set[str] = set()
         self._handles: list[Any] = []
         for role in self.optimizers:
             for p in self.models[role].parameters():
                 if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
                     self._handles.append(p.register_post_accumulate_grad_hook(self._reach(role)))
+                    self._handles.append(p.register_hook(self._incoming(role, p)))
+
+    def _incoming(self, role: str, p: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        """A tensor hook (before the gradient is accumulated into ``p.grad``): the first of each step
+        interval reads whether ``p.grad`` still holds a non-zero gradient from before the last step."""
+
+        def hook(grad: torch.Tensor) -> None:
+            if role in self._checked or not self.steps.get(role):
+                return
+            self._checked.add(role)
+            g = p.grad
+            if g is not None and bool(g.detach().any()):
+                self.accumulated[role] = True
+
+        return hook
 
     def _reach(self, role: str) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
@@ -121,22 +139,45 @@ class LoopProtocol:
             self.cleared[role] = line
         self.reached[role] = 0
 
-    def before_step(self, role: str, line: str | None) -> Finding | None:
-        """At ``role``'s optimizer step (pre-hook): the scheduler's cadence since the last one."""
+    def setup(self) -> list[Finding]:
+        """At the watch's entry: an optimizer that does not hold its model's trainable parameters."""
+        out = []
+        for role, opt in self.optimizers.items():
+            trainable = [p for p in self.models[role].parameters() if p.requires_grad]
+            missing = [p for p in trainable if id(p) not in self._params[role]]
+            if trainable and missing:
+                out.append(_optimizer_params_finding(role, trainable, missing, self.where()))
+        return out
+
+    def holds_none(self, role: str) -> bool:
+        """Whether ``role``'s optimizer holds none of its model's parameters."""
+        return not any(id(p) in self._params[role] for p in self.models[role].parameters())
+
+    def before_step(self, role: str, line: str | None) -> list[Finding]:
+        """At ``role``'s optimizer step (pre-hook): gradients left from the last step, the scheduler's
+        cadence since it."""
+        out = []
+        if self.accumulated.get(role):
+            out.append(_accumulated_finding(role, line, self.steps.get(role, 0), self.where()))
         calls = [(s, n, ln) for s, (r, n, ln) in self._sched.items() if r == role and n > 1]
         if not calls:
-            return None
+            return out
         _, n, sched_line = max(calls, key=lambda c: c[1])
         lr = float(self.optimizers[role].param_groups[0].get("lr", float("nan")))
-        return _scheduler_finding(
-            role, n, self.backwards, sched_line, line, lr, self.steps.get(role, 0), self.where()
+        out.append(
+            _scheduler_finding(
+                role, n, self.backwards, sched_line, line, lr, self.steps.get(role, 0), self.where()
+            )
         )
+        return out
 
     def after_step(self, role: str) -> None:
         self.steps[role] = self.steps.get(role, 0) + 1
         self.reached[role] = 0
         self.grad_forwards[role] = 0
         self.cleared.pop(role, None)
+        self.accumulated.pop(role, None)
+        self._checked.discard(role)
         self.backwards = 0
         for entry in self._sched.values():
             if entry[0] == role:
@@ -282,6 +323,54 @@ def _unscale_twice_finding(role: str, line: str | None, scale: float, where: dic
         expected="one scaler.unscale_(optimizer) per optimizer step, before clipping",
         fix=f"at {_at(line)}: call scaler.unscale_(optimizer) once per step (after backward, before clipping); "
         "scaler.step(optimizer) skips its own unscale_ then",
+        **where,
+    )
+
+
+def _accumulated_finding(role: str, line: str | None, steps: int, where: dict) -> Finding:
+    return Finding(
+        severity="error",
+        kind=K.LOOP_GRADS_NOT_CLEARED,
+        message=f"the {role}'s gradients were not cleared after its optimizer step: the first backward before "
+        f"optimizer step {steps} at {_at(line)} added to the previous step's gradient (no zero_grad since), so "
+        "every step applies the sum of all gradients so far, old batches included",
+        role=role,
+        where=f"optimizer step at {_at(line)}",
+        observed={"nonzero_grad_before_first_backward": True, "optimizer_steps_before": steps},
+        expected="gradients cleared (zero_grad) between one optimizer step and the next backward",
+        fix=f"call optimizer.zero_grad() once per optimizer step, before the first loss.backward() of the step "
+        f"(or right after the optimizer step at {_at(line)})",
+        **where,
+    )
+
+
+def _optimizer_params_finding(
+    role: str, trainable: list[torch.Tensor], missing: list[torch.Tensor], where: dict
+) -> Finding:
+    n_all, n_miss = sum(p.numel() for p in trainable), sum(p.numel() for p in missing)
+    share = n_miss / n_all if n_all else 0.0
+    none = len(missing) == len(trainable)
+    return Finding(
+        severity="error" if none else "info",  # leaving some out of the optimizer can be a choice
+        kind=K.LOOP_OPTIMIZER_PARAMS,
+        message=f"the {role}'s optimizer does not hold {len(missing)} of the {len(trainable)} trainable parameter "
+        f"tensors of the watched {role} ({share:.0%} of its trainable weights): they get gradients and are "
+        + (
+            "never updated -- the optimizer was built on other tensors (another model, a copy, or parameters "
+            "replaced after it was built)"
+            if none
+            else "never updated"
+        ),
+        role=role,
+        where=f"optimizer of the {role}",
+        observed={
+            "missing_tensors": len(missing),
+            "trainable_tensors": len(trainable),
+            "missing_share": share,
+        },
+        expected="an optimizer over the watched model's trainable parameters",
+        fix=f"build the optimizer from the model you train, after any change to its parameters: "
+        f"torch.optim.AdamW({role}.parameters(), ...) (or freeze what it should not train: requires_grad_(False))",
         **where,
     )
 

@@ -177,6 +177,8 @@ class Watch:
             where=self._where,
         )
         loop_calls.install(self._protocol)
+        for finding in self._protocol.setup():
+            self._add(finding)
         for role in self.optimizers:
             if self.settings.level != "off":
                 self._probes[role] = DirectionProbe(role, self.models[role])
@@ -340,10 +342,12 @@ class Watch:
             self._add(loop_checks.bypassed_scaler_finding(role, _user_line(), scale, self._where()))
         line = _user_line()
         cleared = self._protocol.cleared_line(role) if self._protocol is not None else None
-        if loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer)):
+        other = self._protocol is not None and self._protocol.holds_none(role)  # named at entry
+        empty = loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer))
+        if empty and not other:
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
-        if self._protocol is not None:
-            self._add(self._protocol.before_step(role, line))
+        for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
+            self._add(finding)
         if role in self._probes:
             self._probes[role].before_step()
         # under a GradScaler the tap reported the scaled gradients at unscale_; these are unscaled
