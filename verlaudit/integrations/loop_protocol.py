@@ -142,7 +142,7 @@ class LoopProtocol:
     def setup(self) -> list[Finding]:
         """At the watch's entry: an optimizer that does not hold its model's trainable parameters."""
         out = []
-        for role, opt in self.optimizers.items():
+        for role in self.optimizers:
             trainable = [p for p in self.models[role].parameters() if p.requires_grad]
             missing = [p for p in trainable if id(p) not in self._params[role]]
             if trainable and missing:
