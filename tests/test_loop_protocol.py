@@ -388,3 +388,19 @@ def test_an_optimizer_built_on_another_model_is_an_error_at_entry_and_a_partial_
             model(x(0)).pow(2).mean().backward()
             opt.step()
     assert kinds(tmp_path / "part") == [] and kinds(tmp_path / "part", ("info",)) == ["loop/optimizer_params"]
+
+
+def test_zero_grad_inside_the_accumulation_loop_is_an_error_counting_the_lost_micro_batches(tmp_path):
+    model, opt = mlp_and_opt()
+    with verlaudit.watch(model, opt, out_dir=tmp_path / "run", precision="fp32") as w:
+        for i in range(2):
+            with w.phase("actor_update"):
+                for k in range(4):
+                    opt.zero_grad()  # meant once per step, written once per micro-batch
+                    (model(x(10 * i + k)).pow(2).mean() / 4).backward()
+                opt.step()
+    (f,) = found(tmp_path / "run", "loop/zero_grad_in_accumulation")
+    assert f.severity == "error" and f.observed == {"backwards_discarded": 3, "backwards_applied": 1}
+    assert "out of the micro-batch loop" in f.fix
+    (d,) = diagnose_path(tmp_path / "run")
+    assert d.causes[0].kind == "finding:loop/zero_grad_in_accumulation"

@@ -616,6 +616,11 @@ LOOP_GRADS_NOT_CLEARED = _f(
     "loop_cadence",
     "no zero_grad between optimizer steps: each backward adds to the last step's gradients",
 )
+LOOP_ZERO_GRAD_IN_ACCUMULATION = _f(
+    "loop/zero_grad_in_accumulation",
+    "loop_cadence",
+    "zero_grad between the micro-batches of one optimizer step: earlier micro-batches' gradients lost",
+)
 LOOP_OPTIMIZER_PARAMS = _f(
     "loop/optimizer_params",
     "loop_optimizer",

@@ -72,6 +72,8 @@ class LoopProtocol:
         self.grad_forwards: dict[str, int] = {}
         """role -> forwards run with gradients enabled since its last optimizer step."""
         self.cleared: dict[str, str | None] = {}
+        self.discarded: dict[str, int] = {}
+        """role -> backward passes since its last step that a zero_grad threw away."""
         """role -> the line of a zero_grad that ran after a backward reached it, before its step."""
         self._sched: dict[int, list[Any]] = {}
         """id(scheduler) -> [role, calls since the role's last optimizer step, line]."""
@@ -137,7 +139,30 @@ class LoopProtocol:
         held = any(p.grad is not None for g in opt.param_groups for p in g["params"])
         if self.reached.get(role) and held:
             self.cleared[role] = line
+            self.discarded[role] = self.backwards
         self.reached[role] = 0
+
+    def discarded_finding(self, role: str, line: str | None) -> Finding | None:
+        """At a step whose gradients are there: a zero_grad since the last step threw away earlier
+        micro-batches' backward passes (zero_grad inside the gradient-accumulation loop)."""
+        cleared, lost = self.cleared.get(role), self.discarded.get(role, 0)
+        if cleared is None or not lost:
+            return None
+        kept = max(self.backwards - lost, 0)
+        return Finding(
+            severity="error",
+            kind=K.LOOP_ZERO_GRAD_IN_ACCUMULATION,
+            message=f"optimizer.zero_grad() at {_at(cleared)} ran after {lost} backward pass(es) had filled the "
+            f"{role}'s gradients and before its optimizer step at {_at(line)}: those micro-batches' gradients "
+            f"were thrown away, so the step applies only the last {kept} of {self.backwards} micro-batch(es)",
+            role=role,
+            where=f"zero_grad at {_at(cleared)}",
+            observed={"backwards_discarded": lost, "backwards_applied": kept},
+            expected="zero_grad once per optimizer step, before its first micro-batch's backward",
+            fix=f"at {_at(cleared)}: move optimizer.zero_grad() out of the micro-batch loop, before the first "
+            "backward of the optimizer step (or right after the step)",
+            **self.where(),
+        )
 
     def setup(self) -> list[Finding]:
         """At the watch's entry: an optimizer that does not hold its model's trainable parameters."""
@@ -176,6 +201,7 @@ class LoopProtocol:
         self.reached[role] = 0
         self.grad_forwards[role] = 0
         self.cleared.pop(role, None)
+        self.discarded.pop(role, None)
         self.accumulated.pop(role, None)
         self._checked.discard(role)
         self.backwards = 0

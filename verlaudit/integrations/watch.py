@@ -346,6 +346,8 @@ class Watch:
         empty = loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer))
         if empty and not other:
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
+        elif cleared and not other and self._protocol is not None:
+            self._add(self._protocol.discarded_finding(role, line))
         for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
             self._add(finding)
         if role in self._probes:
