@@ -32,6 +32,8 @@ from verlaudit.rundir import Finding
 MAX_PROBES = 6
 MIN_STEPS = 2
 MAX_CORR = -0.5
+CHUNK = 4
+"""Rows per probe forward."""
 
 
 def _logits(output: Any) -> torch.Tensor | None:
@@ -158,33 +160,40 @@ class DirectionProbe:
         )
 
     def _logp(self) -> torch.Tensor | None:
-        """Each row's summed log-prob of its response tokens under the model now (no grad, eval)."""
+        """Each row's summed log-prob of its response tokens under the model now (no grad, eval), in
+        chunks of `CHUNK` rows (the [rows, length, vocab] logits of one chunk at a time)."""
         ids = torch.cat([i for i, _ in self.inputs])
         masks = [m for _, m in self.inputs]
         mask = torch.cat(masks) if all(m is not None for m in masks) else None
-        was = self.model.training
-        self.busy = True
-        try:
-            self.model.eval()
-            with torch.no_grad():
-                kwargs = {"input_ids": ids} if mask is None else {"input_ids": ids, "attention_mask": mask}
-                logits = _logits(self.model(**kwargs))
-        except Exception:  # a model that does not take these arguments: no probe, never a failure
-            self.done = True
-            return None
-        finally:
-            self.model.train(was)
-            self.busy = False
-        if logits is None or logits.shape[:2] != ids.shape:
-            self.done = True
-            return None
-        lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        keep = torch.ones_like(lp, dtype=torch.bool)
+        keep = torch.ones(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool, device=ids.device)
         if mask is not None:
             keep &= mask[:, 1:].bool()
         p = self.prompt
         if p is not None and p.shape[0] == ids.shape[0] and p.shape[1] < ids.shape[1]:
             if torch.equal(ids[:, : p.shape[1]].to(p.device), p):
                 keep[:, : p.shape[1] - 1] = False  # the response's tokens only
-        out = (lp * keep).sum(-1).cpu()
+        was = self.model.training
+        self.busy = True
+        rows = []
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                for k in range(0, ids.shape[0], CHUNK):
+                    sl = slice(k, k + CHUNK)
+                    kwargs = {"input_ids": ids[sl]}
+                    if mask is not None:
+                        kwargs["attention_mask"] = mask[sl]
+                    logits = _logits(self.model(**kwargs))
+                    if logits is None or logits.shape[:2] != ids[sl].shape:
+                        self.done = True
+                        return None
+                    lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[sl, 1:, None]).squeeze(-1)
+                    rows.append((lp * keep[sl]).sum(-1).cpu())
+        except Exception:  # a model that does not take these arguments: no probe, never a failure
+            self.done = True
+            return None
+        finally:
+            self.model.train(was)
+            self.busy = False
+        out = torch.cat(rows)
         return out if not math.isnan(float(out.sum())) else None
