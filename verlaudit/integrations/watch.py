@@ -18,9 +18,12 @@ inferred contract). Boundary calls (`Watch.batch`, `Watch.reward`, `Watch.rollou
 `Watch.loss`) hand the user's own values to the same checks our trainer's run through. The loop's
 own precision (an autocast that does nothing, weights cast down and back up, the GradScaler's order,
 an undeclared autocast under a declared contract) is checked by `verlaudit.integrations.loop_checks`
-from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open.
+from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open;
+its protocol (the GradScaler's order, the scheduler's and zero_grad's cadence, a loss without a graph,
+low-precision log-probs) by `verlaudit.integrations.loop_protocol` over the taps of `loop_calls`, and
+whether each update moves the policy toward the advantage by `verlaudit.integrations.loop_direction`.
 Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py`.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py`.
 """
 
 from __future__ import annotations
