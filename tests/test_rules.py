@@ -194,6 +194,13 @@ ROOTS = {
     "reward_constant": lambda st, ph, role: Records([finding(K.REWARD_CONSTANT, step=st, phase=ph, role="reward",
                                                              where="data.reward_fn (r.py:f)", severity="warning",
                                                              observed={"values": [0.0], "steps": 2})]),
+    # loop24: an own loop's cadence and graph (verlaudit.integrations.loop_protocol)
+    "loop_cadence": lambda st, ph, role: Records([finding(K.LOOP_SCHEDULER_CADENCE, step=st, phase=ph, role=role,
+                                                          where="scheduler.step at loop.py:12 (step)")]),
+    "loop_graph": lambda st, ph, role: Records([finding(K.LOOP_LOSS_NO_GRAPH, step=st, phase=ph, role=role,
+                                                        where="backward at loop.py:14 (step)")]),
+    "loop_optimizer": lambda st, ph, role: Records([finding(K.LOOP_OPTIMIZER_PARAMS, step=st, phase=ph, role=role,
+                                                            where="optimizer of the actor")]),
     "reward_position": lambda st, ph, role: Records([finding(K.REWARD_POSITION, step=st, phase=ph, role="reward",
                                                              where="model.reward_model (rm.py:load)",
                                                              observed={"rows_changed": 6, "rows": 8})]),

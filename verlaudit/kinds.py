@@ -100,6 +100,11 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_position": "a reward model whose score depends on where the padding is, not on the tokens it scores",
         "reward_constant": "a reward that is one value for every response of the batch: it reads nothing of them",
         "reward_inverted": "a reward or preference that ranks the task's own correct answers below its wrong ones",
+        # loop24: the order, cadence, graph and direction of an own loop (`verlaudit.integrations.loop_protocol`)
+        "loop_cadence": "an own loop's scheduler or zero_grad called at another cadence than its optimizer steps",
+        "loop_graph": "an own loop's loss with no autograd graph to the policy (built from no-grad log-probs)",
+        "loop_objective": "an own loop's update that lowers the log-probs of the responses with positive advantage",
+        "loop_optimizer": "an own loop's optimizer that does not hold (all of) the trained model's parameters",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -582,6 +587,59 @@ REWARD_INVERTED = _f(
     "reward/inverted",
     "reward_inverted",
     "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
+)
+
+# ---------------------------------------------------------------- loop24: an own loop's protocol
+# (`verlaudit.integrations.loop_protocol`, `loop_direction`)
+LOOP_CLIP_SCALED = _f(
+    "loop/clip_scaled_grads",
+    "loop_scaling",
+    "clip_grad_norm_ / clip_grad_value_ on gradients still carrying the GradScaler's scale (no unscale_)",
+)
+LOOP_SCALER_NOT_UPDATED = _f(
+    "loop/scaler_not_updated",
+    "loop_scaling",
+    "a GradScaler stepped again (or to the end) with no scaler.update() after its step",
+)
+LOOP_UNSCALE_TWICE = _f(
+    "loop/unscale_twice",
+    "loop_scaling",
+    "scaler.unscale_ called again on an optimizer already unscaled since the scaler's last update",
+)
+LOOP_SCHEDULER_CADENCE = _f(
+    "loop/scheduler_cadence",
+    "loop_cadence",
+    "an LR scheduler stepped more than once per optimizer step (per micro-batch): its schedule runs fast",
+)
+LOOP_GRADS_NOT_CLEARED = _f(
+    "loop/grads_not_cleared",
+    "loop_cadence",
+    "no zero_grad between optimizer steps: each backward adds to the last step's gradients",
+)
+LOOP_ZERO_GRAD_IN_ACCUMULATION = _f(
+    "loop/zero_grad_in_accumulation",
+    "loop_cadence",
+    "zero_grad between the micro-batches of one optimizer step: earlier micro-batches' gradients lost",
+)
+LOOP_OPTIMIZER_PARAMS = _f(
+    "loop/optimizer_params",
+    "loop_optimizer",
+    "an own loop's optimizer that does not hold the watched model's trainable parameters",
+)
+LOOP_LOSS_NO_GRAPH = _f(
+    "loop/loss_without_graph",
+    "loop_graph",
+    "backward() on a loss with no autograd graph (log-probs from a no-grad forward, or detached)",
+)
+LOOP_LOGPROBS_LOW_PRECISION = _f(
+    "loop/logprobs_low_precision",
+    "island_dtype",
+    "a log_softmax / logsumexp in the user's loop returning fp16/bf16 log-probs under an fp32 contract",
+)
+LOOP_UPDATE_AGAINST_ADVANTAGE = _f(
+    "loop/update_against_advantage",
+    "loop_objective",
+    "optimizer steps that lower the log-probs of responses with positive advantage (flipped loss sign)",
 )
 
 # ---------------------------------------------------------------- failures

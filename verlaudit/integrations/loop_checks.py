@@ -346,18 +346,26 @@ def below_contract_finding(
     )
 
 
-def no_grads_finding(role: str, line: str | None, where: dict) -> Finding:
-    """An optimizer step none of whose parameters has a gradient."""
+def no_grads_finding(role: str, line: str | None, where: dict, *, cleared: str | None = None) -> Finding:
+    """An optimizer step none of whose parameters has a gradient (``cleared``: the line of a zero_grad
+    that ran after a backward had reached them: that backward was thrown away, an error)."""
+    if cleared is not None:
+        why = (
+            f"optimizer.zero_grad() at {cleared} ran after loss.backward() had filled them and before this "
+            "step, so the step applies no update and the policy never changes"
+        )
+    else:
+        why = "zero_grad() ran between backward() and step(), or the backward never reached them"
     return Finding(
-        severity="warning",
+        severity="error" if cleared is not None else "warning",
         kind=K.LOOP_STEP_WITHOUT_GRADS,
-        message=f"the {role}'s optimizer stepped at {line} with no gradient on any of its parameters: "
-        "zero_grad() ran between backward() and step(), or the backward never reached them",
+        message=f"the {role}'s optimizer stepped at {line} with no gradient on any of its parameters: {why}",
         role=role,
         where=f"optimizer step at {line}",
-        observed={"params_with_grad": 0},
+        observed={"params_with_grad": 0, "zero_grad_after_backward": cleared},
         expected="gradients from this step's backward",
-        fix="order each step as opt.zero_grad(); loss.backward(); opt.step() (zero_grad before the backward)",
+        fix=(f"move optimizer.zero_grad() at {cleared} before loss.backward(): " if cleared else "")
+        + "order each step as opt.zero_grad(); loss.backward(); opt.step() (zero_grad before the backward)",
         **where,
     )
 
@@ -366,3 +374,14 @@ def has_no_grads(optimizer: Any) -> bool:
     """Whether none of ``optimizer``'s parameters holds a gradient."""
     params = [p for g in getattr(optimizer, "param_groups", ()) for p in g.get("params", ())]
     return bool(params) and all(p.grad is None for p in params)
+
+
+def all_grads_zero(optimizer: Any) -> bool:
+    """Whether every gradient ``optimizer``'s parameters hold is exactly zero (``zero_grad(set_to_none=False)``)."""
+    grads = [
+        p.grad
+        for g in getattr(optimizer, "param_groups", ())
+        for p in g.get("params", ())
+        if p.grad is not None
+    ]
+    return all(not bool(g.any()) for g in grads)

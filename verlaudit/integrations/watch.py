@@ -18,9 +18,12 @@ inferred contract). Boundary calls (`Watch.batch`, `Watch.reward`, `Watch.rollou
 `Watch.loss`) hand the user's own values to the same checks our trainer's run through. The loop's
 own precision (an autocast that does nothing, weights cast down and back up, the GradScaler's order,
 an undeclared autocast under a declared contract) is checked by `verlaudit.integrations.loop_checks`
-from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open.
+from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` while the block is open;
+its protocol (the GradScaler's order, the scheduler's and zero_grad's cadence, a loss without a graph,
+low-precision log-probs) by `verlaudit.integrations.loop_protocol` over the taps of `loop_calls`, and
+whether each update moves the policy toward the advantage by `verlaudit.integrations.loop_direction`.
 Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py`.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from trainer.events import PHASES
 from trainer.precision import ROLES, TRAINABLE_ROLES, PrecisionPolicy
 from verlaudit.audit.plugins import user_frame
 from verlaudit.audit.settings import AuditSettings
-from verlaudit.integrations import contract, loop_checks
+from verlaudit.integrations import contract, loop_calls, loop_checks
+from verlaudit.integrations.loop_direction import DirectionProbe
+from verlaudit.integrations.loop_protocol import LoopProtocol
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
 
 
@@ -125,6 +130,9 @@ class Watch:
         """role -> the open cast below its contract's storage dtype (from, to, line)."""
         self._updates: dict[str, int] = {}
         """role -> optimizer steps taken (a round trip after one erases updates)."""
+        self._protocol: LoopProtocol | None = None
+        self._probes: dict[str, DirectionProbe] = {}
+        """role -> whether its updates move it toward the advantage (`loop_direction`)."""
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -154,16 +162,34 @@ class Watch:
         if self.scaler is not None:
             self._tap = ScalerTap(
                 self.scaler,
-                before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale),
+                before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale, opt),
                 after_update=self._after_update,
-                before_step=lambda opt, scaled: self._scaler_step(role_of.get(id(opt)), scaled),
+                before_step=lambda opt, scaled: self._scaler_step(role_of.get(id(opt)), opt, scaled),
             )
         if self._contract["source"] == "inferred" and autocast is None:
             for model in self.models.values():
                 first = loop_checks.Hook(self._first_forward)
                 self._forward_hooks.append(model.register_forward_pre_hook(first))
         self._regions.install()
+        self._protocol = LoopProtocol(
+            self.models,
+            self.optimizers,
+            self.scaler,
+            policy=lambda: self.session.policy if self.session is not None else None,
+            add=self._add,
+            where=self._where,
+        )
+        loop_calls.install(self._protocol)
+        for finding in self._protocol.setup():
+            self._add(finding)
+        for role in self.optimizers:
+            if self.settings.level != "off":
+                self._probes[role] = DirectionProbe(role, self.models[role])
         for role, model in self.models.items():
+            seen = loop_checks.Hook(functools.partial(self._forward_seen, role))
+            self._handles.append(model.register_forward_pre_hook(seen, with_kwargs=True))
+            done = loop_checks.Hook(self._forward_done)
+            self._handles.append(model.register_forward_hook(done, always_call=True))
             check = loop_checks.Hook(functools.partial(self._forward_check, role))
             self._handles.append(model.register_forward_pre_hook(check))
             out = loop_checks.Hook(functools.partial(self._output_check, role))
@@ -172,6 +198,11 @@ class Watch:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self._protocol is not None:
+            if exc is None:
+                self._add(self._protocol.finish())
+            loop_calls.remove(self._protocol)
+            self._protocol.remove()
         for h in self._handles + self._forward_hooks:
             h.remove()
         self._handles.clear()
@@ -217,7 +248,9 @@ class Watch:
             **{k: v for k, v in self.config.items() if k != "algo"},
         }
 
-    def _unscale(self, role: str | None, scale: float) -> None:
+    def _unscale(self, role: str | None, scale: float, optimizer: Any = None) -> None:
+        if self._protocol is not None and optimizer is not None:
+            self._add(self._protocol.scaler_unscale(optimizer, _user_line()))
         if role is not None and self.session is not None:
             self.session.backward(role, scale)
 
@@ -233,7 +266,7 @@ class Watch:
         """Each forward of a watched model: an open autocast that does nothing for it; fp16 autocast on
         a trained model without an enabled scaler."""
         regions = self._regions.stack
-        if not regions:
+        if not regions or self._probing():
             return
         self._add(loop_checks.autocast_finding(role, module, regions, self._where()))
         dev = loop_checks.device_type(module)
@@ -246,6 +279,8 @@ class Watch:
         """A declared contract (a preset or a policy) whose compute dtype the forward did not keep."""
         s = self.session
         if s is None or self._contract.get("source") == "inferred" or role not in s.policy.roles:
+            return
+        if self._probing():
             return
         rp = s.policy[role]
         self._add(
@@ -276,9 +311,31 @@ class Watch:
                 )
             )
 
-    def _scaler_step(self, role: str | None, scaled: int) -> None:
+    def _scaler_step(self, role: str | None, optimizer: Any, scaled: int) -> None:
         if role is not None and not scaled:
             self._add(loop_checks.unscaled_step_finding(role, _user_line(), self._where()))
+        if self._protocol is not None:
+            self._add(self._protocol.scaler_step(optimizer, _user_line()))
+
+    def _forward_seen(self, role: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Each forward of a watched model, with its arguments: whether it builds a graph, and the ids
+        a trained model's direction probe measures on."""
+        if self._protocol is not None:
+            self._protocol.depth += 1
+        probe = self._probes.get(role)
+        if probe is not None and probe.busy:
+            return
+        if self._protocol is not None:
+            self._protocol.on_forward(role)
+        if probe is not None:
+            probe.on_forward(args, kwargs)
+
+    def _forward_done(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._protocol is not None:
+            self._protocol.depth = max(0, self._protocol.depth - 1)
+
+    def _probing(self) -> bool:
+        return any(p.busy for p in self._probes.values())
 
     def _pre_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         assert self.session is not None
@@ -286,13 +343,28 @@ class Watch:
         if tap is not None and self.scaler.is_enabled() and not tap.in_step and tap.scaled:
             scale = float(self.scaler.get_scale())
             self._add(loop_checks.bypassed_scaler_finding(role, _user_line(), scale, self._where()))
-        if loop_checks.has_no_grads(optimizer):
-            self._add(loop_checks.no_grads_finding(role, _user_line(), self._where()))
+        line = _user_line()
+        cleared = self._protocol.cleared_line(role) if self._protocol is not None else None
+        other = self._protocol is not None and self._protocol.holds_none(role)  # named at entry
+        empty = loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer))
+        if empty and not other:
+            self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
+        elif cleared and not other and self._protocol is not None:
+            self._add(self._protocol.discarded_finding(role, line))
+        for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
+            self._add(finding)
+        if role in self._probes:
+            self._probes[role].before_step()
         # under a GradScaler the tap reported the scaled gradients at unscale_; these are unscaled
         self.session.before_optimizer_step(role, optimizer, loss_scale=1.0)
         self._norms[role] = grad_norm(self.models[role])
 
     def _post_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._protocol is not None:
+            self._protocol.after_step(role)
+        if role in self._probes:
+            line = self._protocol.loss_line if self._protocol is not None else None
+            self._add(self._probes[role].after_step(line, self._where()))
         self._stepped.add(role)
         self._updates[role] = self._updates.get(role, 0) + 1
         if self._tap is not None and self.scaler.is_enabled():
@@ -305,6 +377,8 @@ class Watch:
     def _after_update(self) -> None:
         """GradScaler.update: every watched optimizer either stepped or was skipped by the scaler."""
         assert self._tap is not None and self.session is not None
+        if self._protocol is not None:
+            self._protocol.scaler_update()
         state = self._tap.state()
         for role, opt in self.optimizers.items():
             if role not in self._stepped and not state.get("found_inf"):
@@ -346,6 +420,8 @@ class Watch:
         s = self._session()
         s.begin_step()
         s.auditor.on_batch(role=role, batch=batch, source=source or "user")
+        if role in self._probes:
+            self._probes[role].on_batch(batch)
 
     def reward(
         self,
@@ -365,6 +441,8 @@ class Watch:
         s.auditor.on_reward(
             source=f"{kind}:{source or 'user'}", raw=raw, rewards=rewards, expected_shape=shape, model=model
         )
+        if "actor" in self._probes:
+            self._probes["actor"].on_rewards(rewards)
         return rewards
 
     def reward_fn(self, fn: Callable[..., Any], *, source: str | None = None) -> Callable[..., Any]:
@@ -405,6 +483,8 @@ class Watch:
         s = self._session()
         s.begin_step()
         s.auditor.on_loss(role=role, loss=loss, terms=terms)
+        if role in self._probes and "advantages" in terms:
+            self._probes[role].on_advantages(terms["advantages"])
 
     def log(self, metrics: Mapping[str, Any]) -> None:
         """The step's own numbers (``actor/loss`` ...), added to its metrics line."""

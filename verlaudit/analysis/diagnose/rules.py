@@ -305,6 +305,14 @@ RULES: dict[tuple[str, str], Rule] = {
     ("reward_position", "no_signal"): Rule(
         "a score read at a padded position is the same for every response"
     ),
+    # loop24: an own loop's cadence and graph (`verlaudit.integrations.loop_protocol`)
+    ("loop_cadence", "update_underflow"): Rule(
+        "a schedule run several times per optimizer step reaches a learning rate of 0: every update is lost"
+    ),
+    ("loop_graph", "exception"): Rule("backward() on a loss with no autograd graph raises at that step"),
+    ("loop_optimizer", "update_underflow"): Rule(
+        "weights the optimizer does not hold keep their gradients and never change"
+    ),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
