@@ -30,6 +30,8 @@ _RULES = [
     ("watchdog_error", re.compile(
         r"(?:Process group|NCCL) watchdog thread terminated with exception: "
         r"(?!\[Rank \d+\] Watchdog caught)(.+)")),
+    # the rank whose watchdog fired first signals the others to dump (its own line may come after theirs)
+    ("dump_from", re.compile(r"Received a dump signal due to a collective timeout from\s+rank (\d+)")),
     ("nccl_takedown", re.compile(
         r"\[Rank (\d+)\] To avoid data inconsistency, we are taking the entire process down")),
     ("gloo_timeout", re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")),
@@ -116,9 +118,7 @@ def detect(line: LogLine) -> list[Hit]:
         if m:
             want = 8 if rule == "actor_died" else 4 if rule == "faulthandler" else 0
             out.append(Hit(rule, line, {"groups": m.groups()}, want=want))
-    if any(
-        h.rule == "nccl_timeout" for h in out
-    ):  # "terminated with exception: [Rank 1] Watchdog caught ..." twice
+    if any(h.rule == "nccl_timeout" for h in out):  # "terminated with exception: [Rank 1] Watchdog caught" twice
         out = [h for h in out if h.rule != "watchdog_error"]
     elif _CUT.search(text):  # the watchdog's line cut by a paste's hard wrap: rejoined in `_rejoined`
         out.append(Hit("nccl_timeout_cut", line, {}, want=2))
@@ -220,6 +220,11 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
                 f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "
                 "if their output is in this log, look there for the first failure"
             )
+        dump = facts.first("dump_from")
+        if dump and not w.diverged and w.culprit == order[0] and int(dump.fields["groups"][0]) != w.culprit:
+            w.culprit = int(dump.fields["groups"][0])  # the first to time out, whatever order the lines came in
+            w.title = w.title.replace(f"rank {order[0]} ", f"rank {w.culprit} (the first to time out) ", 1)
+            w.evidence.append(f"{quote(dump.line, 200)}: rank {w.culprit} timed out first")
         if len(order) > 1:
             w.evidence.append(
                 f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} "

@@ -101,6 +101,17 @@ _KV = [
         r"larger than the profiled value (-\d+|0)\b|Available KV cache memory: (-[\d.]+|0(?:\.0+)?) GiB"
         r"|GPU KV cache size: (-?0|-[\d,]+) tokens|KV Cache is allocated\. #tokens: (0|-\d+)\b")),
 ]  # fmt: skip
+# vLLM's memory budget at start (V0 and early V1 workers): the share of the card the engine takes for weights,
+# activations and KV cache; the CUDA graphs it captures next (and NCCL buffers, the CUDA context of other
+# processes) allocate outside it
+_BUDGET = re.compile(
+    r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
+)
+_CAPTURE = re.compile(r"Capturing (?:cudagraphs|CUDA graphs?)", re.I)
+HEADROOM_GIB = 1.0
+"""Memory left outside vLLM's budget below which CUDA-graph capture (typically 0.2-2 GiB, more with many batch
+sizes) and the CUDA context / NCCL buffers have no room: vLLM's own hint says to lower gpu_memory_utilization
+when capture runs out of memory."""
 _MONITOR = re.compile(
     r"Memory on the node \([^)]*\)(?: where the \w+ (?:\((?P<detail>[^()]*)\) )?was running)? was "
     r"(?P<used>[\d.]+)GB / (?P<total>[\d.]+)GB \((?P<frac>[\d.]+)\), which exceeds the memory usage "
@@ -133,6 +144,8 @@ _HAS = hints(
     "OOM",
     "profiled value",
     "ray::",
+    "cudagraph",
+    "CUDA graph",
 )
 
 
@@ -149,11 +162,15 @@ def detect(line: LogLine) -> list[Hit]:
     m = _MONITOR.search(text)
     if m:
         out.append(Hit("host_monitor", line, m.groupdict(), want=14))
+    if m := _BUDGET.search(text):
+        out.append(Hit("vllm_budget", line, {"groups": m.groups()}))
+    if _CAPTURE.search(text):
+        out.append(Hit("graph_capture", line, {}))
     for rule, pat in _HOST:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, {"groups": m.groups()}))
-    if any(h.rule not in ("kv_blocks", "kv_nonpositive") for h in out):
+    if any(h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture") for h in out):
         return out
     oom = None if "memory on the node" in text.lower() else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
@@ -164,7 +181,49 @@ def detect(line: LogLine) -> list[Hit]:
 # ---- causes
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """CUDA OOM, host OOM and KV-cache causes of a log."""
-    return [c for c in (_cuda_oom(facts, ctx), _host_oom(facts, ctx), *_kv_cache(facts, ctx)) if c]
+    found = [c for c in (_cuda_oom(facts, ctx), _host_oom(facts, ctx), *_kv_cache(facts, ctx)) if c]
+    return found + [c for c in [_headroom(facts, ctx)] if c]
+
+
+def _headroom(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    """vLLM's memory budget leaving less than ``HEADROOM_GIB`` of the card outside it while CUDA graphs are
+    captured (not with enforce_eager): a warning on its own, the likely reason of a CUDA OOM at capture or
+    in the first decoding steps (the OOM's own cause comes first where the log shows one)."""
+    budget, capture = facts.first("vllm_budget"), facts.first("graph_capture")
+    # (a capture line outweighs an enforce_eager=True read from vLLM's own hint "set 'enforce_eager=True'")
+    if budget is None or (capture is None and str(ctx.settings.get("enforce_eager", "")).lower() == "true"):
+        return None
+    total, util, _ = (float(x) for x in budget.fields["groups"])
+    left = total * (1.0 - util)
+    if not 0.0 < util < 1.0 or left >= HEADROOM_GIB:
+        return None
+    ev = [quote(budget.line), f"outside the budget: {total:g} GiB x (1 - {util:g}) = {left:.2f} GiB"]
+    if capture is not None:
+        ev.append(quote(capture.line, 200))
+    pl = place(facts, budget.line)
+    return Cause(
+        "warning",
+        "oom",
+        f"vLLM's gpu_memory_utilization {util:g} leaves {left:.2f} GiB of the {total:g} GiB GPU outside its "
+        "budget: CUDA-graph capture has no room",
+        "vLLM takes gpu_memory_utilization x the GPU's memory for the weights, the profiled activations and "
+        "the KV cache (the cache gets all the rest of that budget); CUDA-graph capture, the CUDA context and "
+        f"NCCL buffers allocate outside it. Under {HEADROOM_GIB:g} GiB is left for them here, so capture (or "
+        "the first decoding steps) runs out of memory, or another process on the GPU does.",
+        evidence=ev + pl.evidence(),
+        fixes=fixes(
+            ctx,
+            ("rollout_memory", f"lower it (e.g. {max(0.5, round(util - 0.08, 2)):g}): leave 1-2 GiB outside it"),
+            ("enforce_eager", "no CUDA-graph capture, so nothing is allocated outside the budget"),
+            ("max_num_seqs", "fewer sequences per step: fewer and smaller graphs to capture"),
+            ("max_model_len", "a shorter context if the cache must shrink"),
+        ),
+        where="vllm gpu_memory_utilization",
+        phase="init",
+        rank=pl.rank,
+        line=budget.no,
+        score=20.0,
+    )
 
 
 def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
