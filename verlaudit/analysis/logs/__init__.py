@@ -3,9 +3,9 @@ timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``e
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
 features and limits, FSDP's dtype flattening), ``checks`` (a failed configuration check, its keys resolved
-to the ones the user sets), with ``frameworks`` (which framework, the settings it printed,
-the fix vocabulary) and ``phases`` (the phase from frames). Each family has a per-line ``detect`` and a
-pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
+to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
+``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
+from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
     scan = new_scan()
     for no, line in enumerate(lines, 1):
@@ -38,6 +38,7 @@ from verlaudit.analysis.logs import (
     frameworks,
     libraries,
     memory,
+    outputs,
     phases,
     scaling,
 )
@@ -54,6 +55,7 @@ DETECTORS = (
     exceptions.detect,
     libraries.detect,
     checks.detect,
+    outputs.detect,
 )
 FAMILIES = (
     distributed.explain,
@@ -63,6 +65,7 @@ FAMILIES = (
     exceptions.explain,
     libraries.explain,
     checks.explain,
+    outputs.explain,
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes

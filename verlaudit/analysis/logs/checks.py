@@ -27,7 +27,7 @@ _PAIR = re.compile(
     r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?:\s*=\s*|\s*\(\s*|:\s*|\s+)(-?\d+(?:\.\d+)?)(?![\w.])"
 )
 _NAME = re.compile(r"(?<![\w/])(?:[A-Za-z_]\w*\.)*([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(/])")
-_ASSERT = re.compile(r"^\s*assert\s+(?P<expr>.+?)(?:,\s*(?:f?[\"'].*|\\)?)?\s*\\?$")
+_ASSERT = re.compile(r"^\s*(?:>\s+)?assert\s+(?P<expr>.+?)(?:,\s*(?:f?[\"'].*|\\)?)?\s*\\?$")
 # an engine's own arguments: a log of no known framework that names one names the engine's key, not verl's
 _ENGINE_ARGS = frozenset(
     {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"}

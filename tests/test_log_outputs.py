@@ -1,0 +1,144 @@
+"""Session-10 foreign-log checks (branch logs25d): outputs compared with a reference (`logs.outputs`), vLLM's
+memory budget leaving no room outside it (`logs.memory._headroom`), the rank that signalled an NCCL dump
+(`logs.distributed`). Each excerpt is synthetic, written for the mechanism (not a corpus file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+
+def diagnose_text(tmp_path: Path, text: str):
+    p = tmp_path / "run.log"
+    p.write_text(text)
+    (d,) = diagnose_path(p)
+    return d
+
+
+def fix_text(cause) -> str:
+    return " | ".join(f"{f.suite} {f.verl} {f.key} {f.why}" for f in cause.fixes)
+
+
+# ---- outputs against a reference
+def test_a_failed_tolerance_assertion_is_a_mismatch_naming_the_model_and_the_compared_values(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "tests/models/test_embed.py::test_cosine[org/tiny-embedder] FAILED",
+            "    def test_cosine(model):",
+            ">       assert abs(engine_sim - torch_sim) <= rtol * abs(torch_sim)",
+            "E       AssertionError",
+            "Model: org/tiny-embedder",
+            "  engine: dtype=torch.bfloat16 0.8120",
+            "  torch: 0.8391",
+        ]
+    )
+    d = diagnose_text(tmp_path, text)
+    c = d.causes[0]
+    assert d.verdict == "error" and c.kind == "mismatch"
+    assert "org/tiny-embedder" in c.where and "engine_sim" in c.where
+    assert "0.8120" in c.title and "0.8391" in c.title
+    assert any("half precision" in e for e in c.evidence)
+    assert "fp32" in fix_text(c)
+
+
+def test_an_assertion_without_a_tolerance_is_not_read_as_a_mismatch(tmp_path: Path) -> None:
+    text = "\n".join(["    assert len(batch) == expected_len", "AssertionError"])
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind != "mismatch"
+
+
+def test_a_testing_librarys_closeness_report_is_a_mismatch(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            'File "/ws/tests/test_kernel.py", line 40, in test_fused_rmsnorm',
+            "    torch.testing.assert_close(out, ref)",
+            "AssertionError: Tensor-likes are not close!",
+            "Mismatched elements: 37 / 8192 (0.5%)",
+            "Greatest absolute difference: 0.0625 at index (3, 17) (up to 1e-05 allowed)",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "mismatch" and c.severity == "error"
+    assert "37 of 8192" in (c.where or "")
+
+
+def test_labelled_continuations_that_fork_from_the_reference_are_a_mismatch_warning(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "baseline_text: The capital of France is Paris, a city known for its museums and cafes",
+            "draft_text: The capital of France is Paris, a city with a long history of revolutions",
+            "baseline_text: One plus one equals two because counting starts at one",
+            "draft_text: One plus one equals two because counting starts at one",
+        ]
+    )
+    d = diagnose_text(tmp_path, text)
+    c = d.causes[0]
+    assert d.verdict == "warning" and c.kind == "mismatch"
+    assert c.where.startswith("draft_text vs baseline_text")
+    assert "after 8 words" in c.title
+
+
+def test_prompts_and_their_answers_are_not_a_divergence(tmp_path: Path) -> None:
+    # labelled lines without a reference side, or a reference whose text shares no opening: healthy prints
+    text = "\n".join(
+        [
+            "Prompt: What is two plus two? Answer with a number",
+            "Generated text: The answer is 4",
+            "reference: 4",
+            "completion: The answer is four, since two and two make four",
+            "hf_output: The weather today is sunny",
+            "vllm_output: The weather today is sunny",
+        ]
+    )
+    assert diagnose_text(tmp_path, text).verdict == "clean"
+
+
+# ---- vLLM's memory budget
+BUDGET = (
+    "INFO 05-02 11:00:01 [worker.py:267] the current vLLM instance can use total_gpu_memory ({total}GiB) x "
+    "gpu_memory_utilization ({util}) = {want}GiB"
+)
+CAPTURE = (
+    "INFO 05-02 11:00:05 [model_runner.py:1442] Capturing cudagraphs for decoding. This may lead to unexpected "
+    "consequences if the model is not static. To run the model in eager mode, set 'enforce_eager=True' or use "
+    "'--enforce-eager' in the CLI."
+)
+
+
+def test_a_budget_that_leaves_no_room_for_graph_capture_is_an_oom_warning(tmp_path: Path) -> None:
+    d = diagnose_text(tmp_path, "\n".join([BUDGET.format(total=23.65, util=0.97, want=22.94), CAPTURE]))
+    c = d.causes[0]
+    assert d.verdict == "warning" and c.kind == "oom" and "gpu_memory_utilization" in c.where
+    assert "0.71 GiB" in c.title
+    assert "enforce_eager" in fix_text(c) and "gpu_memory_utilization" in fix_text(c)
+
+
+def test_a_budget_with_room_or_without_graphs_is_quiet(tmp_path: Path) -> None:
+    assert diagnose_text(tmp_path, "\n".join([BUDGET.format(total=79.1, util=0.9, want=71.19), CAPTURE])).verdict == (
+        "clean"
+    )
+    eager = "Initializing an LLM engine with config: model='m', enforce_eager=True, dtype=bfloat16"
+    tight = BUDGET.format(total=23.65, util=0.97, want=22.94)
+    assert diagnose_text(tmp_path, "\n".join([eager, tight])).verdict == "clean"
+
+
+# ---- NCCL: the rank that signalled the dump
+NCCL = (
+    "[rank{r}]:[E0301 10:00:00.1 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=9001, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for "
+    "600011 milliseconds before timing out."
+)
+DUMP = (
+    "[rank{r}]:[E0301 10:00:00.0 ProcessGroupNCCL.cpp:1746] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Received a "
+    "dump signal due to a collective timeout from  rank {src} and we will try our best to dump the debug info."
+)
+
+
+def test_the_rank_that_signalled_the_dump_timed_out_first(tmp_path: Path) -> None:
+    text = "\n".join([DUMP.format(r=0, src=2), NCCL.format(r=3), NCCL.format(r=2)])
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "nccl_timeout" and c.where == "rank 2" and "first to time out" in c.title
+    # without the dump line the first rank in the log is named
+    c = diagnose_text(tmp_path, "\n".join([NCCL.format(r=3), NCCL.format(r=2)])).causes[0]
+    assert c.where == "rank 3"
