@@ -142,3 +142,33 @@ def test_the_rank_that_signalled_the_dump_timed_out_first(tmp_path: Path) -> Non
     # without the dump line the first rank in the log is named
     c = diagnose_text(tmp_path, "\n".join([NCCL.format(r=3), NCCL.format(r=2)])).causes[0]
     assert c.where == "rank 3"
+
+
+# ---- the message's own advice, attached to the cause it sits next to
+NCCL_ERR = (
+    "torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/ProcessGroupNCCL.cpp:1970, unhandled "
+    "system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5"
+)
+
+
+def test_the_advice_printed_next_to_a_failure_comes_first_among_its_fixes(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            NCCL_ERR,
+            "ncclSystemError: System call (e.g. socket, malloc) or external library call failed.",
+            "To work around this, set the environment variable `NCCL_CUMEM_ENABLE=0` before starting the job. "
+            "For debugging consider passing NCCL_DEBUG_SUBSYS=ALL.",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "nccl_error"
+    assert "NCCL_CUMEM_ENABLE=0" in c.fixes[0].why and c.fixes[0].why.startswith("the message's own advice")
+    assert "NCCL_DEBUG_SUBSYS=ALL" in c.fixes[-1].why  # how to see more: last, after the remedies
+
+
+def test_advice_far_from_the_failure_or_a_source_line_is_not_attached(tmp_path: Path) -> None:
+    far = [NCCL_ERR, *(f"step {i}: loss 0.5" for i in range(30)), "Set the environment variable `FOO_LIMIT=3`."]
+    c = diagnose_text(tmp_path, "\n".join(far)).causes[0]
+    assert "FOO_LIMIT" not in fix_text(c)
+    code = [NCCL_ERR, "    raise DistBackendError(msg, case_name=case_name)"]
+    assert "case_name" not in fix_text(diagnose_text(tmp_path, "\n".join(code)).causes[0])

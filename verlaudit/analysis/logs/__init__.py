@@ -31,6 +31,7 @@ from pathlib import Path
 
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
+    advice,
     checks,
     distributed,
     engines,
@@ -56,6 +57,7 @@ DETECTORS = (
     libraries.detect,
     checks.detect,
     outputs.detect,
+    advice.detect,
 )
 FAMILIES = (
     distributed.explain,
@@ -96,6 +98,7 @@ def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     ctx = frameworks.context(facts.markers, facts.settings)
     causes = [c for family in FAMILIES for c in family(facts, ctx)]
     causes += unrecognised(facts, causes)
+    advice.attach(causes, facts)
     for c in causes:
         c.framework = ctx.framework
     return causes, ctx
@@ -112,6 +115,7 @@ def explain_text(text: str) -> list[Cause]:
         scan.feed(no, line)
     facts, ctx = scan.facts(), LogContext(None)
     causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    advice.attach(causes, facts)
     for c in causes:
         tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
         c.phase = phases.trainer_phase(c.phase, [f.func for f in tb.frames] if tb else ())
