@@ -172,3 +172,23 @@ def test_advice_far_from_the_failure_or_a_source_line_is_not_attached(tmp_path: 
     assert "FOO_LIMIT" not in fix_text(c)
     code = [NCCL_ERR, "    raise DistBackendError(msg, case_name=case_name)"]
     assert "case_name" not in fix_text(diagnose_text(tmp_path, "\n".join(code)).causes[0])
+
+
+# ---- a bf16 setting on a GPU without bf16: the fix in the log's own syntax
+def test_bf16_refused_gets_the_logs_own_assignment_rewritten_with_fp16(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "[training]",
+            "log_precision = 'bf16'",
+            "amp_mixed_precision: bf16",
+            "ValueError: Your setup doesn't support bf16/gpu. You need to assign use_cpu if you want to train the "
+            "model on CPU.",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "dtype_unsupported"
+    assert c.fixes[0].why.startswith("amp_mixed_precision: fp16 where the log sets amp_mixed_precision: bf16")
+    assert "log_precision = 'fp16'" in c.fixes[1].why  # the other bf16 setting, after the causing key
+    engine = "Initializing an LLM engine with config: model='org/m', dtype=torch.bfloat16, seed=0"
+    c = diagnose_text(tmp_path, "\n".join([engine, text.splitlines()[-1]])).causes[0]
+    assert "dtype=torch.float16" in c.fixes[0].why

@@ -97,12 +97,22 @@ _SYNC = re.compile(
 _HAS = hints(*_KEYS)
 
 
+# a setting assigned a bf16 value, in the syntax the log wrote it: `mixed_precision = "bf16"`, `--dtype bfloat16`,
+# `dtype=torch.bfloat16` (an engine's config dump), `torch_dtype: bf16`: the fix repeats it with fp16
+_BF16_ASSIGN = re.compile(
+    r"(?<![\w.-])(?:--[a-z][\w-]*[ =]|[A-Za-z_][\w.]*\s*[:=]\s*)([\"']?)(?:torch\.)?(?:bf16|bfloat16)\1(?![\w-])"
+)
+_ASSIGN_ORDER = ("mixed_precision", "dtype", "precision")
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Engine and hardware-support messages in one line."""
     text = line.text
     if not _HAS(text):
         return []
     out = []
+    for m in list(_BF16_ASSIGN.finditer(text))[:2]:
+        out.append(Hit("bf16_assign", line, {"text": m[0]}))
     for rule, pat in _RULES:
         m = pat.search(text)
         if m:
@@ -146,6 +156,7 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
     fx = fixes(
         ctx,
+        *_fp16_as_written(facts),
         ("fp16_instead_of_bf16", "fp16 instead of bf16 on this GPU", "precision.preset: fp16"),
         advice(
             'a DeepSpeed config with "bf16": {"enabled": "auto"} follows the trainer\'s bf16 / fp16 '
@@ -170,6 +181,22 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
         score=45.0,
         data={"gpu": gpu, "compute_capability": cc},
     )
+
+
+def _fp16_as_written(facts: LogFacts) -> list:
+    """The log's own bf16 assignments (the causing key first: mixed_precision, then a dtype), rewritten with
+    fp16 in the same syntax."""
+    seen = {h.fields["text"]: h for h in facts.of("bf16_assign")}
+
+    def rank(text: str) -> int:
+        key = re.split(r"[\s:=]", text.lstrip("-"), maxsplit=1)[0].lower()
+        return next((i for i, k in enumerate(_ASSIGN_ORDER) if k in key), len(_ASSIGN_ORDER)) + ("save" in key) * 9
+
+    out = []
+    for text in sorted(seen, key=rank)[:2]:
+        new = re.sub(r"bfloat16|bf16", lambda m: "float16" if m[0] == "bfloat16" else "fp16", text)
+        out.append(advice(f"{new} where the log sets {text} (line {seen[text].no}): this GPU has no bf16"))
+    return out
 
 
 # the trainer's update call into the engine (a plain model load at start-up runs load_weights too)

@@ -252,7 +252,7 @@ _SPELLING: dict[str, dict[str, str]] = {
         "accelerate": "accelerate launch --mixed_precision fp16",
         "deepspeed": "bf16.enabled=false, fp16.enabled=true",
         "openrlhf": "drop --bf16 (fp16 with loss scaling)",
-        "vllm": "dtype=half (--dtype half)",
+        "vllm": 'dtype=half: LLM(dtype="float16") (--dtype half)',
         "sglang": "--dtype half",
     },
     "bf16_instead_of_fp16": {
