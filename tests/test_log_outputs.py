@@ -192,3 +192,48 @@ def test_bf16_refused_gets_the_logs_own_assignment_rewritten_with_fp16(tmp_path:
     engine = "Initializing an LLM engine with config: model='org/m', dtype=torch.bfloat16, seed=0"
     c = diagnose_text(tmp_path, "\n".join([engine, text.splitlines()[-1]])).causes[0]
     assert "dtype=torch.float16" in c.fixes[0].why
+
+
+# ---- version pairs: the framework's install extra, the release the environment's paths name
+def test_a_framework_engine_mismatch_gets_the_frameworks_pinned_extra(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/opt/venv/lib/python3.11/site-packages/openrlhf/trainer/ray/vllm_engine.py", line 90, in __init__',
+            "    self.llm = vllm.LLM(*args, **kwargs)",
+            '  File "/opt/venv/lib/python3.11/site-packages/vllm/entrypoints/llm.py", line 200, in __init__',
+            "    engine_args = EngineArgs(",
+            "TypeError: EngineArgs.__init__() got an unexpected keyword argument 'enable_sleep_mode'",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "version_mismatch" and c.fixes[0].why.startswith("pip install openrlhf[vllm]")
+
+
+def test_the_release_an_environments_path_names_is_the_one_to_reinstall(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            '  File "/home/u/miniconda3/envs/rl_sglang-0.4.6/lib/python3.10/site-packages/sglang/srt/server_args.py", '
+            "line 31, in __init__",
+            "    self.check()",
+            "TypeError: ServerArgs.__init__() got an unexpected keyword argument 'enable_memory_saver'",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "version_mismatch" and "pip install 'sglang==0.4.6'" in fix_text(c)
+    # no version in the paths: no such fix
+    plain = text.replace("rl_sglang-0.4.6", "rl")
+    assert "reinstall it cleanly" not in fix_text(diagnose_text(tmp_path, plain).causes[0])
+
+
+def test_a_module_a_framework_installs_through_an_extra_names_the_extra(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            '  File "/workspace/nemo_rl/models/policy/megatron_policy_worker.py", line 40, in <module>',
+            "    from megatron.core import parallel_state",
+            "ModuleNotFoundError: No module named 'megatron'",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "import_error" and "uv run --extra mcore" in c.where
+    assert c.fixes[0].why.startswith("uv run --extra mcore")

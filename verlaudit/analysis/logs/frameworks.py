@@ -391,3 +391,20 @@ def names(items: Iterable[str]) -> str:
     """``a, b and c``."""
     items = list(items)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1] if items else ""
+
+
+# a framework's install extra that pins the engine / library release it was written for (their install guides;
+# a shell such as zsh wants the brackets quoted)
+EXTRAS = {
+    "trl": {"vllm": "pip install trl[vllm]", "deepspeed": "pip install trl[deepspeed]", "peft": "pip install trl[peft]"},
+    "openrlhf": {"vllm": "pip install openrlhf[vllm]"},
+    "verl": {"vllm": "pip install verl[vllm]", "sglang": "pip install verl[sglang]"},
+    "nemo_rl": {"vllm": "uv run --extra vllm", "megatron": "uv run --extra mcore", "nemo": "uv run --extra mcore"},
+    "llamafactory": {"vllm": "pip install -e .[vllm]", "deepspeed": "pip install -e .[deepspeed]"},
+}  # fmt: skip
+
+
+def pinned_pair(caller: str | None, callee: str | None) -> Fix | None:
+    """The caller framework's install extra for the callee, where it publishes one."""
+    cmd = EXTRAS.get(caller or "", {}).get(callee or "")
+    return advice(f"{cmd}: installs the {callee} release {caller} pins with it") if cmd else None

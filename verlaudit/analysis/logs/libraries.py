@@ -27,7 +27,7 @@ import re
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs.engines import update_frames
-from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes, pinned_pair
 from verlaudit.analysis.logs.lines import LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
 from verlaudit.dtypes import dtype_name
@@ -177,6 +177,18 @@ def owner(name: str, libs: list[str]) -> str | None:
     return None
 
 
+def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
+    """A version of ``pkg`` the traceback's paths name (an environment called ``..._vllm_0.6.3``, an egg or
+    dist-info directory ``vllm-0.6.3``): the release the environment was meant to hold."""
+    if tb is None or not pkg:
+        return None
+    pat = re.compile(rf"(?<![A-Za-z]){re.escape(pkg)}[-_=]v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)(?![\d.])", re.I)
+    for f in tb.frames:
+        if m := pat.search(f.path):
+            return m[1]
+    return None
+
+
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -222,6 +234,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     pair = [p for p in (caller, callee) if p]
     where = " -> ".join(pair) if pair else name
     pins = " and ".join(pair) if pair else "the two libraries"
+    named = callee or caller  # (a library whose own frames raised: the one whose release the paths name)
+    meant = _path_version(pl.tb, named)
     return Cause(
         "error",
         "version_mismatch",
@@ -232,6 +246,10 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence() + ([f"libraries in the traceback: {', '.join(libs)}"] if libs else []),
         fixes=fixes(
             ctx,
+            pinned_pair(caller, callee),
+            advice(f"the paths name {named} {meant}: if that is the release meant, reinstall it cleanly (pip "
+                   f"uninstall {named}; pip install '{named}=={meant}'): a stale or mixed install holds another "
+                   "release's files") if meant else None,
             advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
                    f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
                    f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),
