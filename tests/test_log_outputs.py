@@ -237,3 +237,44 @@ def test_a_module_a_framework_installs_through_an_extra_names_the_extra(tmp_path
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "import_error" and "uv run --extra mcore" in c.where
     assert c.fixes[0].why.startswith("uv run --extra mcore")
+
+
+# ---- an OOM in a whole-vocabulary log-prob / entropy computation
+def test_an_oom_in_a_log_softmax_over_the_vocab_names_the_function_and_the_chunking_key(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "(DTensorPolicyWorker pid=77) nemo_rl.algorithms.grpo: training step 1",
+            "Traceback (most recent call last):",
+            '  File "/opt/nemo_rl/models/dtensor/policy_worker.py", line 610, in get_logprobs',
+            "    token_logprobs = compute_token_logprobs(logits, input_ids)",
+            '  File "/opt/nemo_rl/distributed/model_utils.py", line 88, in compute_token_logprobs',
+            "    log_probs = torch.nn.functional.log_softmax(logits.float(), dim=-1)",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.10 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 1.20 GiB is free.",
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "oom" and "compute_token_logprobs" in c.where and "full-vocab logits" in c.where
+    assert c.fixes[0].why.startswith("log-probs / entropy over chunks")
+
+
+def test_one_allocation_of_a_large_share_of_the_gpu_is_read_as_a_vocab_tensor_and_a_small_one_is_not(
+    tmp_path: Path,
+) -> None:
+    line = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {t} GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 2.00 GiB is free.")  # fmt: skip
+    big = diagnose_text(tmp_path, line.format(t="11.50")).causes[0]
+    assert "whole-vocabulary" in (big.where or "") and "chunks of the sequence" in fix_text(big)
+    small = diagnose_text(tmp_path, line.format(t="0.50")).causes[0]
+    assert "vocab" not in (small.where or "") and "chunks of the sequence" not in fix_text(small)
+
+
+def test_a_ray_task_error_names_the_module_of_the_actor_that_failed(tmp_path: Path) -> None:
+    text = (
+        "ray.exceptions.RayTaskError(OutOfMemoryError): ray::PolicyActor.update() (pid=9, ip=10.0.0.2, "
+        "repr=<myrl.workers.policy.PolicyActor object at 0x7f00>)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 0.25 GiB. GPU 0 has a total capacity of "
+        "79.10 GiB of which 0.10 GiB is free."
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "oom" and "PolicyActor.update (myrl.workers.policy)" in c.where

@@ -306,6 +306,8 @@ _PLAIN = {
     "max_num_seqs": "the engine's max_num_seqs",
     "enforce_eager": "the engine's enforce_eager=True",
     "response_length": "the maximum response length",
+    "entropy_chunking": "log-probs / entropy computed over chunks of the sequence (NeMo-RL policy.logprob_chunk_size, "
+    "verl entropy_from_logits_with_chunking, slime --log-probs-chunk-size)",
     "fp16_instead_of_bf16": "fp16 (or fp32) instead of bf16",
     "bf16_instead_of_fp16": "bf16 mixed precision instead of fp16",
     "collective_timeout": "the process group's timeout",

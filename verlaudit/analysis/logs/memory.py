@@ -107,6 +107,13 @@ _KV = [
 _BUDGET = re.compile(
     r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
 )
+# a function that turns a whole [batch, seq, vocab] logits tensor into log-probs or entropy, named by a frame, the
+# source line of one, or a line of a call chain pasted above the OOM (`from_parallel_logits_to_logprobs`,
+# `log_softmax(`, `entropy_from_logits`); a pass's own method (compute_log_prob) names no such function
+_VOCAB_FN = re.compile(r"\b(\w*(?:log_softmax|logits_to_\w+|_from_logits|from_parallel_logits)\w*)\b")
+VOCAB_SHARE = 0.1
+"""One allocation above this share of the GPU in an OOM is a whole-vocabulary tensor (logits, log-softmax,
+entropy of a micro-batch x sequence x vocab, in fp32): the pass that makes it wants chunking."""
 _CAPTURE = re.compile(r"Capturing (?:cudagraphs|CUDA graphs?)", re.I)
 HEADROOM_GIB = 1.0
 """Memory left outside vLLM's budget below which CUDA-graph capture (typically 0.2-2 GiB, more with many batch
@@ -146,6 +153,9 @@ _HAS = hints(
     "ray::",
     "cudagraph",
     "CUDA graph",
+    "log_",
+    "logprob",
+    "entropy",
 )
 
 
@@ -166,11 +176,13 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(Hit("vllm_budget", line, {"groups": m.groups()}))
     if _CAPTURE.search(text):
         out.append(Hit("graph_capture", line, {}))
+    if ("log" in text or "entropy" in text) and (m := _VOCAB_FN.search(text)):
+        out.append(Hit("vocab_fn", line, {"fn": m[1]}))
     for rule, pat in _HOST:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, {"groups": m.groups()}))
-    if any(h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture") for h in out):
+    if any(h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out):
         return out
     oom = None if "memory on the node" in text.lower() else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
@@ -251,6 +263,12 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / "
             "log-softmax / entropy of a whole micro-batch x sequence x vocab in fp32."
         )
+    vocab = _vocab_pass(facts, first, tried, total)
+    if vocab:
+        what += (
+            f" The allocation comes from {vocab}, which turns a whole micro-batch x sequence x vocabulary of logits "
+            "into log-probs / entropy at once: chunk that computation (or shrink its micro-batch)."
+        )
     what += _PHASE_WHAT.get(phase or "", "")
     ev = [quote(first.line)] + ([quote(detailed.line)] if detailed is not first else [])
     nums = {k: v for k, v in oom.items() if k.endswith("_gib")}
@@ -280,8 +298,8 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         title,
         what,
         evidence=ev,
-        fixes=_oom_fixes(phase, ctx, fragmented, facts),
-        where=pl.culprit(allocator[1] if allocator else None),
+        fixes=_with_vocab(fixes(ctx, *_vocab_fixes(phase, vocab)), _oom_fixes(phase, ctx, fragmented, facts), vocab),
+        where=pl.culprit(allocator[1] if allocator else None, vocab and _vocab_where(vocab, ctx)),
         phase=phase,
         rank=pl.rank,
         line=first.no,
@@ -293,6 +311,50 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
             "measures per phase"
         ],
     )
+
+
+def _vocab_pass(facts: LogFacts, oom: Hit, tried: float | None, total: float | None) -> str | None:
+    """The log-prob / log-softmax / entropy function an OOM came from (a frame of its traceback, a call-chain
+    line up to 15 lines above it), else "a whole-vocabulary tensor" when one allocation is over ``VOCAB_SHARE``
+    of the GPU; None otherwise."""
+    tb = facts.traceback_near(oom.no, oom.line.rank)
+    for f in reversed(tb.frames if tb else []):
+        if _VOCAB_FN.search(f"{f.func} {f.code or ''}"):
+            return f.func  # (the function, or the one whose line calls it)
+    frames = {ln for t in facts.tracebacks for ln in range(t.start, t.end + 1) if t.frames}
+    near = [h for h in facts.of("vocab_fn") if 0 <= oom.no - h.no <= 15 and h.no not in frames]
+    if near:
+        return near[-1].fields["fn"]
+    if tried and total and tried > VOCAB_SHARE * total:
+        return "a whole-vocabulary tensor"
+    return None
+
+
+def _vocab_where(vocab: str, ctx: LogContext) -> str:
+    f = fixes(ctx, ("entropy_chunking", ""))
+    key = (f[0].key or f[0].verl) if f and (f[0].key or f[0].verl) else None
+    return f"{vocab} (full-vocab logits" + (f"; chunked by {key}" if key else "") + ")"
+
+
+def _with_vocab(first: list[Fix], rest: list[Fix], vocab: str | None) -> list[Fix]:
+    """The vocab-tensor fixes first where a function was named; after the phase's first fix where only the
+    allocation's size suggests one (the phase's micro-batch is then as likely the lever)."""
+    keys = {(f.verl, f.key) for f in rest}
+    first = [f for f in first if (f.verl, f.key) not in keys or f.verl is f.key is None]
+    if vocab and vocab.startswith("a whole"):
+        return rest[:1] + first + rest[1:]
+    return first + [f for f in rest if f not in first]
+
+
+def _vocab_fixes(phase: str | None, vocab: str | None) -> list:
+    if not vocab:
+        return []
+    return [
+        ("entropy_chunking", "log-probs / entropy over chunks of the sequence instead of one fp32 [batch x seq x "
+         "vocab] tensor"),
+        ("logprob_micro_batch", "fewer sequences per log-prob micro-batch: the vocab tensor shrinks with it")
+        if phase != "update" else ("train_micro_batch", "fewer sequences per micro-batch: the vocab tensor shrinks"),
+    ]  # fmt: skip
 
 
 _PHASE_TITLE = {
