@@ -278,3 +278,18 @@ def test_a_ray_task_error_names_the_module_of_the_actor_that_failed(tmp_path: Pa
     )
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom" and "PolicyActor.update (myrl.workers.policy)" in c.where
+
+
+def test_a_timeout_without_a_stack_names_what_the_job_logged_last(tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "03/04/2025 10:00:01 - INFO - mytrainer.checkpointing - Writing sharded optimizer state",
+            NCCL.format(r=1),
+        ]
+    )
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "nccl_timeout"
+    assert c.where == "rank 1 (last logged by mytrainer.checkpointing: Writing sharded optimizer state)"
+    # a log line long before the hang says nothing about it
+    far = "\n".join([text.splitlines()[0], *(f"step {i}" for i in range(80)), NCCL.format(r=1)])
+    assert diagnose_text(tmp_path, far).causes[0].where == "rank 1"
