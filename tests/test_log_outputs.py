@@ -293,3 +293,34 @@ def test_a_timeout_without_a_stack_names_what_the_job_logged_last(tmp_path: Path
     # a log line long before the hang says nothing about it
     far = "\n".join([text.splitlines()[0], *(f"step {i}" for i in range(80)), NCCL.format(r=1)])
     assert diagnose_text(tmp_path, far).causes[0].where == "rank 1"
+
+
+# ---- the GPU's generation lacks a kernel; a model architecture the installed library predates
+def test_flash_attention_on_a_pre_ampere_gpu_is_unsupported_with_the_attention_fix(tmp_path: Path) -> None:
+    text = "GPU 0: Tesla T4\nRuntimeError: FlashAttention only supports Ampere GPUs or newer."
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "dtype_unsupported" and "attn_implementation" in c.where and "T4" in c.title
+    assert "attn_implementation='sdpa'" in fix_text(c)
+
+
+def test_a_bf16_gemm_cublas_refuses_is_unsupported_and_a_missing_arch_build_is_a_cuda_error(tmp_path: Path) -> None:
+    gemm = ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx(handle, opa, opb, m, n, "
+            "k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, CUDA_R_32F, "
+            "CUBLAS_GEMM_DEFAULT_TENSOR_OP)`")  # fmt: skip
+    c = diagnose_text(tmp_path, gemm).causes[0]
+    assert c.kind == "dtype_unsupported" and "fp16" in fix_text(c)
+    arch = ("UserWarning: NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current "
+            "PyTorch installation.")  # fmt: skip
+    c = diagnose_text(tmp_path, arch + "\nRuntimeError: CUDA error: no kernel image is available for execution on the "
+                      "device").causes[0]  # fmt: skip
+    assert c.kind == "cuda_error" and c.where == "sm_120" and "TORCH_CUDA_ARCH_LIST" in fix_text(c)
+
+
+def test_an_architecture_the_library_predates_is_a_version_mismatch_naming_it(tmp_path: Path) -> None:
+    text = "ValueError: Model architectures ['Gemma9ForCausalLM'] are not supported for now. Supported architectures: ..."
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "version_mismatch" and c.where == "vllm (Gemma9ForCausalLM)"
+    assert fix_text(c).startswith("None None None pip install -U vllm")
+    text = ("ValueError: The checkpoint you are trying to load has model type `gemma9` but Transformers does not "
+            "recognize this architecture.")  # fmt: skip
+    assert diagnose_text(tmp_path, text).causes[0].where == "transformers (gemma9)"

@@ -26,6 +26,13 @@ _RULES = [
         r"a supported "
         r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
         r"architecture")),
+    # a kernel or library refusing this GPU's generation: FlashAttention-2 below Ampere, a bf16 GEMM cuBLAS has no
+    # kernel for, a wheel built without kernels for this architecture
+    ("gpu_too_old", re.compile(
+        r"(FlashAttention(?:-?2)? only supports Ampere GPUs or newer)"
+        r"|(CUBLAS_STATUS_NOT_SUPPORTED when calling `?cublas\w*\(.*CUDA_R_16BF)"
+        r"|(no kernel image is available for execution on the device"
+        r"|CUDA capability sm_(\d+) is not compatible with the current PyTorch installation)")),
     ("gpu_name", re.compile(r"\b(Tesla V100|V100|T4|Tesla P100|P40|RTX 20\d0|Quadro RTX \d+|TITAN V)\b")),
     ("engine_method_error", re.compile(r"Error executing method '?(\w+)'?\. This might cause deadlock")),
     ("engine_error", re.compile(
@@ -58,6 +65,10 @@ _RULES = [
                                 r"(?:shape|size)")),
 ]  # fmt: skip
 _KEYS = (
+    "Ampere",
+    "no kernel image",
+    "CUBLAS_STATUS_NOT_SUPPORTED",
+    "is not compatible with the current PyTorch",
     "f16",
     "bf16",
     "Bfloat16",
@@ -129,7 +140,42 @@ def detect(line: LogLine) -> list[Hit]:
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """bf16 on an old GPU, engine runtime errors, weight-sync failures."""
-    return [c for c in (_bf16(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+    return [c for c in (_bf16(facts, ctx), _too_old(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+
+
+def _too_old(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    """A kernel the GPU's generation lacks: FlashAttention-2 (Ampere and newer), cuBLAS's bf16 GEMM (a bf16
+    dtype problem: the bf16 reading's fixes), a build without this architecture's kernels."""
+    h = facts.first("gpu_too_old")
+    if h is None or facts.first("bf16_unsupported"):
+        return None
+    flash, gemm, build, sm = h.fields["groups"]
+    gpu = facts.first("gpu_name")
+    on = f" ({gpu.fields['groups'][0]})" if gpu else ""
+    pl = place(facts, h.line)
+    if flash or gemm:
+        title = (f"FlashAttention-2 needs an Ampere-or-newer GPU{on}" if flash
+                 else f"cuBLAS has no bf16 GEMM for this GPU{on}: bf16 needs compute capability >= 8.0")
+        fx = fixes(
+            ctx,
+            *(_fp16_as_written(facts) if gemm else []),
+            advice("load the model with attn_implementation='sdpa' (or 'eager') instead of 'flash_attention_2', or "
+                   "uninstall flash-attn so the framework falls back") if flash else None,
+            ("fp16_instead_of_bf16", "fp16 instead of bf16 on this GPU", "precision.preset: fp16") if gemm else None,
+        )  # fmt: skip
+        what = ("The kernel the run asked for does not exist for this GPU generation (pre-Ampere: V100, T4, RTX 20xx): "
+                "the setting must change, not the code.")  # fmt: skip
+        kind, where = "dtype_unsupported", "flash_attention_2 (attn_implementation)" if flash else "bf16 GEMM (cuBLAS)"
+    else:
+        title = "CUDA: no kernel image for this GPU" + (f" (sm_{sm})" if sm else on) + ": a build without its architecture"
+        fx = fixes(ctx, advice(
+            "install a torch (and compiled extensions: flash-attn, vLLM, apex) built for this GPU's architecture and "
+            "CUDA version (the matching wheel; from source: TORCH_CUDA_ARCH_LIST with its compute capability)"))
+        what = ("The installed binaries carry no kernels for this GPU's compute capability: a wheel built for other "
+                "architectures (or a too-new torch for an old GPU).")  # fmt: skip
+        kind, where = "cuda_error", f"sm_{sm}" if sm else (site(pl.tb) or "the installed CUDA binaries")
+    return Cause("error", kind, title, what, evidence=[quote(h.line)] + pl.evidence(), fixes=fx, where=where,
+                 phase=pl.phase or "init", rank=pl.rank, line=h.no, score=40.0)  # fmt: skip
 
 
 _NEXT_GPU = re.compile(r"^\s*Your (.+?) GPU has compute capability ([\d.]+?)\.?(?:\s|$)")

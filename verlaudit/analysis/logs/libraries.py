@@ -120,12 +120,22 @@ _OWNER = [
 _ATTR_OWNER = {"weight_loader": "vllm"}
 
 
+# a model architecture the installed library predates: vLLM's "Model architectures ['X'] are not supported for
+# now", transformers' "model type `qwen3` but Transformers does not recognize this architecture" (its KeyError: 'qwen3')
+_ARCH = re.compile(
+    r"Model architectures? \[?'?(?P<arch>\w+)'?\]? (?:are|is) not supported"
+    r"|model type `(?P<mtype>[\w-]+)` but Transformers does not recognize this architecture"
+)
+
+
 def detect(line: LogLine) -> list[Hit]:
     """API, engine-feature, engine-limit and FSDP flattening messages in one line."""
     text = line.text
-    if not _HAS(text):
+    if not _HAS(text) and "not supported" not in text and "does not recognize this arch" not in text:
         return []
     out = []
+    if m := _ARCH.search(text):
+        out.append(Hit("unknown_arch", line, {"arch": m["arch"] or m["mtype"], "lib": "vllm" if m["arch"] else "transformers"}))
     for rule, pat in _API:
         m = pat.search(text)
         if m:
@@ -191,7 +201,33 @@ def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
 
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
+def _arch(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    arch, lib = h.fields["arch"], h.fields["lib"]
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "version_mismatch",
+        f"The installed {lib} does not know the model architecture {arch}: a release older than the model",
+        f"{lib} looks the model's architecture up in its own registry; {arch} is not in the installed release, "
+        "which predates the model (or serves it under another class).",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx,
+                    advice(f"pip install -U {lib}: a release that lists {arch} (its supported-models page / release "
+                           "notes name the first one)"),
+                    advice(f"if the framework pins {lib}, upgrade the framework to a release that pins a {lib} with "
+                           f"{arch}")),  # fmt: skip
+        where=f"{lib} ({arch})",
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+        data={"callee": lib, "name": arch},
+    )
+
+
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    if (arch := facts.first("unknown_arch")) is not None:
+        return _arch(facts, ctx, arch)
     dropped = facts.first("dropped_request")
     if dropped is not None:
         return _dropped_request(facts, ctx, dropped)
