@@ -324,3 +324,11 @@ def test_an_architecture_the_library_predates_is_a_version_mismatch_naming_it(tm
     text = ("ValueError: The checkpoint you are trying to load has model type `gemma9` but Transformers does not "
             "recognize this architecture.")  # fmt: skip
     assert diagnose_text(tmp_path, text).causes[0].where == "transformers (gemma9)"
+
+
+def test_an_oom_in_the_engines_own_process_is_a_generation_oom_with_the_engines_keys(tmp_path: Path) -> None:
+    text = ("[2025-03-01 09:00:00 TP1] Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 1.50 GiB. GPU 1 has a total capacity of 79.10 GiB of which 0.90 GiB is free.")  # fmt: skip
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.kind == "oom" and c.phase == "generate" and "SGLang scheduler TP1" in c.where
+    assert c.fixes[0].key == "--mem-fraction-static"

@@ -44,7 +44,7 @@ _MARKERS = {
         r"|can be stored in KV cache|No available memory for the cache blocks"
         r"|To serve at least one request with the models?'s max seq len|desired GPU memory utilization"
         r"|Bfloat16 is only supported on GPUs with compute capability|There is no module or parameter named"),
-    "sglang": re.compile(r"sglang|--mem-fraction-static|--max-running-requests|alloc_req_slots"),
+    "sglang": re.compile(r"sglang|--mem-fraction-static|--max-running-requests|alloc_req_slots|TP\d+\] Scheduler hit an exception"),
     "ray": re.compile(r"\bray\.exceptions\b|\(raylet\)|\bray::|ray/_private"),
     "pytorch": re.compile(r"torch[./]distributed[./]elastic|\btorchrun\b|ProcessGroupNCCL|\bcolossalai\b"),
 }  # fmt: skip
@@ -76,7 +76,7 @@ _HINTS = {
     "deepspeed": hints("deepspeed", "deepscale", "DeepSpeed", "stage", "loss_scaler", "zero_optimization"),
     "vllm": hints("vllm", "LLMEngine", "EngineCore", "INFO", "WARNING", "ERROR", "DEBUG", "KV cache",
                   "cache blocks", "max seq len", "GPU memory utilization", "Bfloat16", "module or parameter"),
-    "sglang": hints("sglang", "--mem-fraction-static", "--max-running-requests", "alloc_req_slots"),
+    "sglang": hints("sglang", "--mem-fraction-static", "--max-running-requests", "alloc_req_slots", "Scheduler hit"),
     "ray": hints("ray",),
     "pytorch": hints("elastic", "torchrun", "ProcessGroupNCCL", "colossalai"),
 }  # fmt: skip

@@ -111,6 +111,20 @@ _BUDGET = re.compile(
 # source line of one, or a line of a call chain pasted above the OOM (`from_parallel_logits_to_logprobs`,
 # `log_softmax(`, `entropy_from_logits`); a pass's own method (compute_log_prob) names no such function
 _VOCAB_FN = re.compile(r"\b(\w*(?:log_softmax|logits_to_\w+|_from_logits|from_parallel_logits)\w*)\b")
+# the inference engine's own processes: SGLang's scheduler ("[... TP0] Scheduler hit an exception"), vLLM's engine
+# core and workers (EngineCore_DP0, VllmWorker, RayWorkerWrapper, "[core.py:..]" lines)
+_ENGINE_PROC = re.compile(
+    r"\bTP\d+(?: EP\d+)?\] Scheduler hit an exception|\bEngineCore(?:_DP\d+)?\b|\bVllmWorker\b|RayWorkerWrapper"
+    r"|\[core\.py:\d+\]|\bsglang::scheduler"
+)
+
+
+def _engine_name(matched: str) -> str:
+    if "Scheduler" in matched:
+        return f"SGLang scheduler {matched.split(']', 1)[0]}"
+    return "vLLM engine core" if "core.py" in matched else f"vLLM {matched}"
+
+
 VOCAB_SHARE = 0.1
 """One allocation above this share of the GPU in an OOM is a whole-vocabulary tensor (logits, log-softmax,
 entropy of a micro-batch x sequence x vocab, in fp32): the pass that makes it wants chunking."""
@@ -250,6 +264,9 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     allocator = re.search(r"([\w-]+allocator)\.cpp", first.line.text)
     wake = bool(allocator) or any(f.func == "wake_up" for f in (pl.tb.frames if pl.tb else []))
     phase = "weight_sync" if wake else pl.phase
+    engine = _ENGINE_PROC.search(f"{first.line.source or ''} {first.line.text}")
+    if phase is None and engine:
+        phase, pl.phase_why = "generate", "raised in the inference engine's own process"
     what = "The GPU ran out of memory."
     frag, alloc = oom.get("reserved_unallocated_gib"), oom.get("allocated_gib")
     fragmented = frag is not None and alloc is not None and frag > 0.2 * max(alloc, 1e-9)
@@ -299,7 +316,8 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=ev,
         fixes=_with_vocab(fixes(ctx, *_vocab_fixes(phase, vocab)), _oom_fixes(phase, ctx, fragmented, facts), vocab),
-        where=pl.culprit(allocator[1] if allocator else None, vocab and _vocab_where(vocab, ctx)),
+        where=pl.culprit(allocator[1] if allocator else None, vocab and _vocab_where(vocab, ctx),
+                         engine and _engine_name(engine[0])),
         phase=phase,
         rank=pl.rank,
         line=first.no,
