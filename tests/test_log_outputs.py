@@ -332,3 +332,10 @@ def test_an_oom_in_the_engines_own_process_is_a_generation_oom_with_the_engines_
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.kind == "oom" and c.phase == "generate" and "SGLang scheduler TP1" in c.where
     assert c.fixes[0].key == "--mem-fraction-static"
+
+
+def test_a_check_that_names_its_settings_in_prose_is_a_configuration_check(tmp_path: Path) -> None:
+    text = "ValueError: Number of key value heads (6) must be divisible by pipeline parallel size (4)."
+    c = diagnose_text(tmp_path, text).causes[0]
+    assert c.title.startswith("Configuration check failed") and "pipeline_parallel_size" in c.where
+    assert "key_value_heads=6" in c.where and "change pipeline_parallel_size so the check holds" in fix_text(c)
