@@ -115,7 +115,6 @@ def explain_text(text: str) -> list[Cause]:
         scan.feed(no, line)
     facts, ctx = scan.facts(), LogContext(None)
     causes = [c for family in FAMILIES for c in family(facts, ctx)]
-    advice.attach(causes, facts)
     for c in causes:
         tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
         c.phase = phases.trainer_phase(c.phase, [f.func for f in tb.frames] if tb else ())
