@@ -3,9 +3,9 @@ timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``e
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
 features and limits, FSDP's dtype flattening), ``checks`` (a failed configuration check, its keys resolved
-to the ones the user sets), with ``frameworks`` (which framework, the settings it printed,
-the fix vocabulary) and ``phases`` (the phase from frames). Each family has a per-line ``detect`` and a
-pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
+to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
+``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
+from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
     scan = new_scan()
     for no, line in enumerate(lines, 1):
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
+    advice,
     checks,
     distributed,
     engines,
@@ -38,6 +39,7 @@ from verlaudit.analysis.logs import (
     frameworks,
     libraries,
     memory,
+    outputs,
     phases,
     scaling,
 )
@@ -54,6 +56,8 @@ DETECTORS = (
     exceptions.detect,
     libraries.detect,
     checks.detect,
+    outputs.detect,
+    advice.detect,
 )
 FAMILIES = (
     distributed.explain,
@@ -63,6 +67,7 @@ FAMILIES = (
     exceptions.explain,
     libraries.explain,
     checks.explain,
+    outputs.explain,
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
@@ -93,6 +98,7 @@ def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     ctx = frameworks.context(facts.markers, facts.settings)
     causes = [c for family in FAMILIES for c in family(facts, ctx)]
     causes += unrecognised(facts, causes)
+    advice.attach(causes, facts)
     for c in causes:
         c.framework = ctx.framework
     return causes, ctx

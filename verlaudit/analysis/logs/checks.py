@@ -27,7 +27,7 @@ _PAIR = re.compile(
     r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?:\s*=\s*|\s*\(\s*|:\s*|\s+)(-?\d+(?:\.\d+)?)(?![\w.])"
 )
 _NAME = re.compile(r"(?<![\w/])(?:[A-Za-z_]\w*\.)*([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(/])")
-_ASSERT = re.compile(r"^\s*assert\s+(?P<expr>.+?)(?:,\s*(?:f?[\"'].*|\\)?)?\s*\\?$")
+_ASSERT = re.compile(r"^\s*(?:>\s+)?assert\s+(?P<expr>.+?)(?:,\s*(?:f?[\"'].*|\\)?)?\s*\\?$")
 # an engine's own arguments: a log of no known framework that names one names the engine's key, not verl's
 _ENGINE_ARGS = frozenset(
     {"max_model_len", "max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization"}
@@ -82,10 +82,27 @@ def resolve(name: str, value: str | None, ctx: LogContext, phase: str | None) ->
 
 
 # long: reads the names, their numbers, the asserted expression and the advice of one check message
+# a setting named in prose with its number in parentheses: "tensor parallel size (3)", "number of attention heads
+# (40)": the words joined as the key would be spelled (leading "total" / "number of" / "the" dropped)
+_PROSE_PAIR = re.compile(r"((?:[A-Za-z]+ ){1,4}[A-Za-z]+) \((-?\d+(?:\.\d+)?)\)")
+_PROSE_DROP = re.compile(r"^(?:(?:the|total|number|of|a|an|your|given|got|must|be|is|by|than|to)\s+)+", re.I)
+
+
+def _prose_pairs(msg: str) -> dict[str, str]:
+    out = {}
+    for phrase, value in _PROSE_PAIR.findall(msg):
+        words = _PROSE_DROP.sub("", phrase.lower()).split()[-3:]
+        while words and words[0] in ("divisible", "by", "than", "of", "to", "smaller", "larger", "greater", "less"):
+            words = words[1:]
+        if len(words) >= 2:
+            out["_".join(words)] = value
+    return out
+
+
 def _check(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause | None:
     msg = h.fields.get("msg") or ""
     expr = _asserted(facts, h)
-    pairs = {n: v for n, v in _PAIR.findall(msg)}
+    pairs = {n: v for n, v in _PAIR.findall(msg)} or _prose_pairs(msg)
     names: list[str] = []
     for n in [*pairs, *_NAME.findall(msg), *(_NAME.findall(expr) if expr else [])]:
         if n not in names and n not in _NOT_KEYS:

@@ -30,6 +30,10 @@ _RULES = [
     ("watchdog_error", re.compile(
         r"(?:Process group|NCCL) watchdog thread terminated with exception: "
         r"(?!\[Rank \d+\] Watchdog caught)(.+)")),
+    # the rank whose watchdog fired first signals the others to dump (its own line may come after theirs)
+    ("dump_from", re.compile(r"Received a dump signal due to a collective timeout from\s+rank (\d+)")),
+    # Python logging's default format ("date time - INFO - accelerate.accelerator - Saving ..."): what a rank did last
+    ("logged", re.compile(r"^[\d/:., -]+ - (?:INFO|WARNING|DEBUG) - ([A-Za-z_][\w.]*\.[\w.]+) - (.{4,160})$")),
     ("nccl_takedown", re.compile(
         r"\[Rank (\d+)\] To avoid data inconsistency, we are taking the entire process down")),
     ("gloo_timeout", re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")),
@@ -98,7 +102,7 @@ _KEYS = (
     "NCCL", "Watchdog", "watchdog", "gloo", "Timed out", "monitoredBarrier", "exitcode", "Signal", "SIG",
     "Killed", "137", "return code", "signal", "Ray", "ray::", "actor", "worker", "CUDA error", "Triton Error",
     "clients", "Heartbeat", "nccl", "rank", "noticed that process", "srun: error", "subprocess",
-    "Main process received", "PC: @", "Fatal Python",
+    "Main process received", "PC: @", "Fatal Python", " - INFO - ", " - WARNING - ", " - DEBUG - ",
 )  # fmt: skip
 
 
@@ -116,9 +120,7 @@ def detect(line: LogLine) -> list[Hit]:
         if m:
             want = 8 if rule == "actor_died" else 4 if rule == "faulthandler" else 0
             out.append(Hit(rule, line, {"groups": m.groups()}, want=want))
-    if any(
-        h.rule == "nccl_timeout" for h in out
-    ):  # "terminated with exception: [Rank 1] Watchdog caught ..." twice
+    if any(h.rule == "nccl_timeout" for h in out):  # "terminated with exception: [Rank 1] Watchdog caught" twice
         out = [h for h in out if h.rule != "watchdog_error"]
     elif _CUT.search(text):  # the watchdog's line cut by a paste's hard wrap: rejoined in `_rejoined`
         out.append(Hit("nccl_timeout_cut", line, {}, want=2))
@@ -220,6 +222,11 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
                 f"no timeout printed by rank(s) {', '.join(map(str, silent[:16]))} (of 0-{max(reported)}): "
                 "if their output is in this log, look there for the first failure"
             )
+        dump = facts.first("dump_from")
+        if dump and not w.diverged and w.culprit == order[0] and int(dump.fields["groups"][0]) != w.culprit:
+            w.culprit = int(dump.fields["groups"][0])  # the first to time out, whatever order the lines came in
+            w.title = w.title.replace(f"rank {order[0]} ", f"rank {w.culprit} (the first to time out) ", 1)
+            w.evidence.append(f"{quote(dump.line, 200)}: rank {w.culprit} timed out first")
         if len(order) > 1:
             w.evidence.append(
                 f"{len(order)} ranks timed out ({', '.join(map(str, order[:16]))}); rank {order[0]} "
@@ -275,8 +282,7 @@ def _named_waits(facts: LogFacts, w: _Wait) -> None:
 _COLLECTIVE_WHAT = (
     "A collective did not complete on every rank within the timeout, so the watchdog aborted it and took the "
     "process down. The timeout is a symptom: one rank never joined, because it died, hung or took another "
-    "code "
-    "path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
+    "code path. Look for that rank's own error earlier in the log (an OOM, an exception, a kill)."
 )
 
 
@@ -321,13 +327,7 @@ def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
 
 def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
     first = facts.first(
-        "nccl_timeout",
-        "gloo_timeout",
-        "barrier_from",
-        "barrier_failed",
-        "store_timeout",
-        "store_clients",
-        "heartbeat",
+        "nccl_timeout", "gloo_timeout", "barrier_from", "barrier_failed", "store_timeout", "store_clients", "heartbeat"
     )
     if first is None:
         return None
@@ -347,11 +347,7 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f"SeqNum {EARLY_SEQ} or less: one of the process group's first collectives, at start-up"
         )
     if w.at_init:
-        w.title += (
-            ""
-            if "setup" in w.title or "Rendezvous" in w.title
-            else " at start-up (no collective ever completed)"
-        )
+        w.title += "" if "setup" in w.title or "Rendezvous" in w.title else " at start-up (no collective ever completed)"
     elif phase and pl.phase_why:
         w.title += f" during {phase if pl.phase_why.startswith('activity') else pl.phase_why}"
     what = _COLLECTIVE_WHAT
@@ -366,6 +362,9 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
             "per rank made them issue different collective sequences."
         )
     fx = _collective_fixes(ctx, w, phase)
+    last = [h for h in facts.of("logged") if 0 < first.no - h.no <= 60]
+    if last and pl.tb is None:  # no stack: the logger of the last line before the hang says what the job was doing
+        w.evidence.append(f"last logged before the timeout: {quote(last[-1].line, 200)}")
     return Cause(
         "error",
         "nccl_timeout",
@@ -373,7 +372,9 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=w.evidence + pl.evidence(),
         fixes=fx,
-        where=f"rank {w.culprit}" if w.culprit is not None else pl.culprit(frame=False),
+        where=(f"rank {w.culprit}" if w.culprit is not None else pl.culprit(frame=False) or "")
+        + (f" (last logged by {last[-1].fields['groups'][0]}: {last[-1].fields['groups'][1][:60]})"
+           if last and pl.tb is None else "") or None,
         phase=phase,
         rank=w.culprit,
         line=first.no,

@@ -26,6 +26,13 @@ _RULES = [
         r"a supported "
         r"device|Current CUDA Device does not support bfloat16|type bf16 not supported in this "
         r"architecture")),
+    # a kernel or library refusing this GPU's generation: FlashAttention-2 below Ampere, a bf16 GEMM cuBLAS has no
+    # kernel for, a wheel built without kernels for this architecture
+    ("gpu_too_old", re.compile(
+        r"(FlashAttention(?:-?2)? only supports Ampere GPUs or newer)"
+        r"|(CUBLAS_STATUS_NOT_SUPPORTED when calling `?cublas\w*\(.*CUDA_R_16BF)"
+        r"|(no kernel image is available for execution on the device"
+        r"|CUDA capability sm_(\d+) is not compatible with the current PyTorch installation)")),
     ("gpu_name", re.compile(r"\b(Tesla V100|V100|T4|Tesla P100|P40|RTX 20\d0|Quadro RTX \d+|TITAN V)\b")),
     ("engine_method_error", re.compile(r"Error executing method '?(\w+)'?\. This might cause deadlock")),
     ("engine_error", re.compile(
@@ -58,6 +65,10 @@ _RULES = [
                                 r"(?:shape|size)")),
 ]  # fmt: skip
 _KEYS = (
+    "Ampere",
+    "no kernel image",
+    "CUBLAS_STATUS_NOT_SUPPORTED",
+    "is not compatible with the current PyTorch",
     "f16",
     "bf16",
     "Bfloat16",
@@ -97,12 +108,22 @@ _SYNC = re.compile(
 _HAS = hints(*_KEYS)
 
 
+# a setting assigned a bf16 value, in the syntax the log wrote it: `mixed_precision = "bf16"`, `--dtype bfloat16`,
+# `dtype=torch.bfloat16` (an engine's config dump), `torch_dtype: bf16`: the fix repeats it with fp16
+_BF16_ASSIGN = re.compile(
+    r"(?<![\w.-])(?:--[a-z][\w-]*[ =]|[A-Za-z_][\w.]*\s*[:=]\s*)([\"']?)(?:torch\.)?(?:bf16|bfloat16)\1(?![\w-])"
+)
+_ASSIGN_ORDER = ("mixed_precision", "dtype", "precision")
+
+
 def detect(line: LogLine) -> list[Hit]:
     """Engine and hardware-support messages in one line."""
     text = line.text
     if not _HAS(text):
         return []
     out = []
+    for m in list(_BF16_ASSIGN.finditer(text))[:2]:
+        out.append(Hit("bf16_assign", line, {"text": m[0]}))
     for rule, pat in _RULES:
         m = pat.search(text)
         if m:
@@ -119,7 +140,42 @@ def detect(line: LogLine) -> list[Hit]:
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """bf16 on an old GPU, engine runtime errors, weight-sync failures."""
-    return [c for c in (_bf16(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+    return [c for c in (_bf16(facts, ctx), _too_old(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+
+
+def _too_old(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    """A kernel the GPU's generation lacks: FlashAttention-2 (Ampere and newer), cuBLAS's bf16 GEMM (a bf16
+    dtype problem: the bf16 reading's fixes), a build without this architecture's kernels."""
+    h = facts.first("gpu_too_old")
+    if h is None or facts.first("bf16_unsupported"):
+        return None
+    flash, gemm, build, sm = h.fields["groups"]
+    gpu = facts.first("gpu_name")
+    on = f" ({gpu.fields['groups'][0]})" if gpu else ""
+    pl = place(facts, h.line)
+    if flash or gemm:
+        title = (f"FlashAttention-2 needs an Ampere-or-newer GPU{on}" if flash
+                 else f"cuBLAS has no bf16 GEMM for this GPU{on}: bf16 needs compute capability >= 8.0")
+        fx = fixes(
+            ctx,
+            *(_fp16_as_written(facts) if gemm else []),
+            advice("load the model with attn_implementation='sdpa' (or 'eager') instead of 'flash_attention_2', or "
+                   "uninstall flash-attn so the framework falls back") if flash else None,
+            ("fp16_instead_of_bf16", "fp16 instead of bf16 on this GPU", "precision.preset: fp16") if gemm else None,
+        )  # fmt: skip
+        what = ("The kernel the run asked for does not exist for this GPU generation (pre-Ampere: V100, T4, RTX 20xx): "
+                "the setting must change, not the code.")  # fmt: skip
+        kind, where = "dtype_unsupported", "flash_attention_2 (attn_implementation)" if flash else "bf16 GEMM (cuBLAS)"
+    else:
+        title = "CUDA: no kernel image for this GPU" + (f" (sm_{sm})" if sm else on) + ": a build without its architecture"
+        fx = fixes(ctx, advice(
+            "install a torch (and compiled extensions: flash-attn, vLLM, apex) built for this GPU's architecture and "
+            "CUDA version (the matching wheel; from source: TORCH_CUDA_ARCH_LIST with its compute capability)"))
+        what = ("The installed binaries carry no kernels for this GPU's compute capability: a wheel built for other "
+                "architectures (or a too-new torch for an old GPU).")  # fmt: skip
+        kind, where = "cuda_error", f"sm_{sm}" if sm else (site(pl.tb) or "the installed CUDA binaries")
+    return Cause("error", kind, title, what, evidence=[quote(h.line)] + pl.evidence(), fixes=fx, where=where,
+                 phase=pl.phase or "init", rank=pl.rank, line=h.no, score=40.0)  # fmt: skip
 
 
 _NEXT_GPU = re.compile(r"^\s*Your (.+?) GPU has compute capability ([\d.]+?)\.?(?:\s|$)")
@@ -146,6 +202,7 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
     fx = fixes(
         ctx,
+        *_fp16_as_written(facts),
         ("fp16_instead_of_bf16", "fp16 instead of bf16 on this GPU", "precision.preset: fp16"),
         advice(
             'a DeepSpeed config with "bf16": {"enabled": "auto"} follows the trainer\'s bf16 / fp16 '
@@ -170,6 +227,22 @@ def _bf16(facts: LogFacts, ctx: LogContext) -> Cause | None:
         score=45.0,
         data={"gpu": gpu, "compute_capability": cc},
     )
+
+
+def _fp16_as_written(facts: LogFacts) -> list:
+    """The log's own bf16 assignments (the causing key first: mixed_precision, then a dtype), rewritten with
+    fp16 in the same syntax."""
+    seen = {h.fields["text"]: h for h in facts.of("bf16_assign")}
+
+    def rank(text: str) -> int:
+        key = re.split(r"[\s:=]", text.lstrip("-"), maxsplit=1)[0].lower()
+        return next((i for i, k in enumerate(_ASSIGN_ORDER) if k in key), len(_ASSIGN_ORDER)) + ("save" in key) * 9
+
+    out = []
+    for text in sorted(seen, key=rank)[:2]:
+        new = re.sub(r"bfloat16|bf16", lambda m: "float16" if m[0] == "bfloat16" else "fp16", text)
+        out.append(advice(f"{new} where the log sets {text} (line {seen[text].no}): this GPU has no bf16"))
+    return out
 
 
 # the trainer's update call into the engine (a plain model load at start-up runs load_weights too)

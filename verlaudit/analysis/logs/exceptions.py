@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
-from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes
+from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes, pinned_pair
 from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
@@ -519,6 +519,15 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
                 f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
                 f"release written for the installed {pkg}"
             )
+    # a package the framework installs through an extra of its own (NeMo-RL's `uv run --extra mcore` brings
+    # nemo and megatron; `trl[vllm]`): the extra, not the bare package, which may be another project of the name
+    framework = next(
+        (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
+        (ctx.framework or "").replace("-", "_"),
+    )
+    extra = pinned_pair(framework, pkg) if h.rule in ("missing", "cannot_import") else None
+    if extra is not None and h.rule == "missing":
+        where += f" ({framework} installs it with {extra.why.split(':', 1)[0]})"
     # a library that logs its own import failure as a WARNING carries on without the part (vLLM's "Failed to
     # import from vllm._C with ImportError(...)"): a degraded run, not the error that ended it
     warned = (h.line.level or "").upper().startswith("W") and not any(
@@ -530,7 +539,7 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         title,
         what,
         evidence=[quote(x.line) for x in hits[:3]] + pl.evidence(),
-        fixes=fixes(ctx, advice(fix_text), advice(_RAY_ENV) if in_ray else None),
+        fixes=fixes(ctx, extra, advice(fix_text), advice(_RAY_ENV) if in_ray else None),
         where=where,
         phase="init",
         rank=pl.rank,

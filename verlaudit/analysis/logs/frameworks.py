@@ -44,7 +44,7 @@ _MARKERS = {
         r"|can be stored in KV cache|No available memory for the cache blocks"
         r"|To serve at least one request with the models?'s max seq len|desired GPU memory utilization"
         r"|Bfloat16 is only supported on GPUs with compute capability|There is no module or parameter named"),
-    "sglang": re.compile(r"sglang|--mem-fraction-static|--max-running-requests|alloc_req_slots"),
+    "sglang": re.compile(r"sglang|--mem-fraction-static|--max-running-requests|alloc_req_slots|TP\d+\] Scheduler hit an exception"),
     "ray": re.compile(r"\bray\.exceptions\b|\(raylet\)|\bray::|ray/_private"),
     "pytorch": re.compile(r"torch[./]distributed[./]elastic|\btorchrun\b|ProcessGroupNCCL|\bcolossalai\b"),
 }  # fmt: skip
@@ -76,7 +76,7 @@ _HINTS = {
     "deepspeed": hints("deepspeed", "deepscale", "DeepSpeed", "stage", "loss_scaler", "zero_optimization"),
     "vllm": hints("vllm", "LLMEngine", "EngineCore", "INFO", "WARNING", "ERROR", "DEBUG", "KV cache",
                   "cache blocks", "max seq len", "GPU memory utilization", "Bfloat16", "module or parameter"),
-    "sglang": hints("sglang", "--mem-fraction-static", "--max-running-requests", "alloc_req_slots"),
+    "sglang": hints("sglang", "--mem-fraction-static", "--max-running-requests", "alloc_req_slots", "Scheduler hit"),
     "ray": hints("ray",),
     "pytorch": hints("elastic", "torchrun", "ProcessGroupNCCL", "colossalai"),
 }  # fmt: skip
@@ -252,7 +252,7 @@ _SPELLING: dict[str, dict[str, str]] = {
         "accelerate": "accelerate launch --mixed_precision fp16",
         "deepspeed": "bf16.enabled=false, fp16.enabled=true",
         "openrlhf": "drop --bf16 (fp16 with loss scaling)",
-        "vllm": "dtype=half (--dtype half)",
+        "vllm": 'dtype=half: LLM(dtype="float16") (--dtype half)',
         "sglang": "--dtype half",
     },
     "bf16_instead_of_fp16": {
@@ -306,6 +306,8 @@ _PLAIN = {
     "max_num_seqs": "the engine's max_num_seqs",
     "enforce_eager": "the engine's enforce_eager=True",
     "response_length": "the maximum response length",
+    "entropy_chunking": "log-probs / entropy computed over chunks of the sequence (NeMo-RL policy.logprob_chunk_size, "
+    "verl entropy_from_logits_with_chunking, slime --log-probs-chunk-size)",
     "fp16_instead_of_bf16": "fp16 (or fp32) instead of bf16",
     "bf16_instead_of_fp16": "bf16 mixed precision instead of fp16",
     "collective_timeout": "the process group's timeout",
@@ -391,3 +393,20 @@ def names(items: Iterable[str]) -> str:
     """``a, b and c``."""
     items = list(items)
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1] if items else ""
+
+
+# a framework's install extra that pins the engine / library release it was written for (their install guides;
+# a shell such as zsh wants the brackets quoted)
+EXTRAS = {
+    "trl": {"vllm": "pip install trl[vllm]", "deepspeed": "pip install trl[deepspeed]", "peft": "pip install trl[peft]"},
+    "openrlhf": {"vllm": "pip install openrlhf[vllm]"},
+    "verl": {"vllm": "pip install verl[vllm]", "sglang": "pip install verl[sglang]"},
+    "nemo_rl": {"vllm": "uv run --extra vllm", "megatron": "uv run --extra mcore", "nemo": "uv run --extra mcore"},
+    "llamafactory": {"vllm": "pip install -e .[vllm]", "deepspeed": "pip install -e .[deepspeed]"},
+}  # fmt: skip
+
+
+def pinned_pair(caller: str | None, callee: str | None) -> Fix | None:
+    """The caller framework's install extra for the callee, where it publishes one."""
+    cmd = EXTRAS.get(caller or "", {}).get(callee or "")
+    return advice(f"{cmd}: installs the {callee} release {caller} pins with it") if cmd else None

@@ -27,7 +27,7 @@ import re
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs.engines import update_frames
-from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
+from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes, pinned_pair
 from verlaudit.analysis.logs.lines import LogLine, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
 from verlaudit.dtypes import dtype_name
@@ -120,12 +120,22 @@ _OWNER = [
 _ATTR_OWNER = {"weight_loader": "vllm"}
 
 
+# a model architecture the installed library predates: vLLM's "Model architectures ['X'] are not supported for
+# now", transformers' "model type `qwen3` but Transformers does not recognize this architecture" (its KeyError: 'qwen3')
+_ARCH = re.compile(
+    r"Model architectures? \[?'?(?P<arch>\w+)'?\]? (?:are|is) not supported"
+    r"|model type `(?P<mtype>[\w-]+)` but Transformers does not recognize this architecture"
+)
+
+
 def detect(line: LogLine) -> list[Hit]:
     """API, engine-feature, engine-limit and FSDP flattening messages in one line."""
     text = line.text
-    if not _HAS(text):
+    if not _HAS(text) and "not supported" not in text and "does not recognize this arch" not in text:
         return []
     out = []
+    if m := _ARCH.search(text):
+        out.append(Hit("unknown_arch", line, {"arch": m["arch"] or m["mtype"], "lib": "vllm" if m["arch"] else "transformers"}))
     for rule, pat in _API:
         m = pat.search(text)
         if m:
@@ -177,9 +187,47 @@ def owner(name: str, libs: list[str]) -> str | None:
     return None
 
 
+def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
+    """A version of ``pkg`` the traceback's paths name (an environment called ``..._vllm_0.6.3``, an egg or
+    dist-info directory ``vllm-0.6.3``): the release the environment was meant to hold."""
+    if tb is None or not pkg:
+        return None
+    pat = re.compile(rf"(?<![A-Za-z]){re.escape(pkg)}[-_=]v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)(?![\d.])", re.I)
+    for f in tb.frames:
+        if m := pat.search(f.path):
+            return m[1]
+    return None
+
+
 # (they share the frames' reading and differ in what they name and fix)
 # long: three families of API message: a keyword, a module attribute, an engine method
+def _arch(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
+    arch, lib = h.fields["arch"], h.fields["lib"]
+    pl = place(facts, h.line)
+    return Cause(
+        "error",
+        "version_mismatch",
+        f"The installed {lib} does not know the model architecture {arch}: a release older than the model",
+        f"{lib} looks the model's architecture up in its own registry; {arch} is not in the installed release, "
+        "which predates the model (or serves it under another class).",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(ctx,
+                    advice(f"pip install -U {lib}: a release that lists {arch} (its supported-models page / release "
+                           "notes name the first one)"),
+                    advice(f"if the framework pins {lib}, upgrade the framework to a release that pins a {lib} with "
+                           f"{arch}")),  # fmt: skip
+        where=f"{lib} ({arch})",
+        phase=pl.phase or "init",
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+        data={"callee": lib, "name": arch},
+    )
+
+
 def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    if (arch := facts.first("unknown_arch")) is not None:
+        return _arch(facts, ctx, arch)
     dropped = facts.first("dropped_request")
     if dropped is not None:
         return _dropped_request(facts, ctx, dropped)
@@ -222,6 +270,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     pair = [p for p in (caller, callee) if p]
     where = " -> ".join(pair) if pair else name
     pins = " and ".join(pair) if pair else "the two libraries"
+    named = callee or caller  # (a library whose own frames raised: the one whose release the paths name)
+    meant = _path_version(pl.tb, named)
     return Cause(
         "error",
         "version_mismatch",
@@ -232,6 +282,10 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence() + ([f"libraries in the traceback: {', '.join(libs)}"] if libs else []),
         fixes=fixes(
             ctx,
+            pinned_pair(caller, callee),
+            advice(f"the paths name {named} {meant}: if that is the release meant, reinstall it cleanly (pip "
+                   f"uninstall {named}; pip install '{named}=={meant}'): a stale or mixed install holds another "
+                   "release's files") if meant else None,
             advice(f"install the versions of {pins} that {caller or 'the framework'} pins (its requirements / "
                    f"setup.py; pip install '{callee or 'the library'}==<the pinned version>'), or upgrade "
                    f"{caller or 'the framework'} to a release written for the installed {callee or 'library'}"),

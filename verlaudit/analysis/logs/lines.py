@@ -221,7 +221,8 @@ def failure_signal(line: LogLine) -> str | None:
 # ---- what a message advises
 _ADVICE = re.compile(
     r"^(?:you (?:can|may|should|might)|consider|try|please|set|increase|decrease|reduce|lower|raise|use|pass|"
-    r"install|upgrade|downgrade|make sure|ensure|to (?:proceed|fix|avoid|resolve)\b)",
+    r"install|upgrade|downgrade|make sure|ensure|"
+    r"to (?:proceed|fix|avoid|resolve|adjust|change|disable|enable|increase|decrease|reduce|lower|raise|allow|work around)\b)",
     re.I,
 )
 _ADVISED = re.compile(
@@ -234,7 +235,7 @@ def message_advice(message: str) -> tuple[list[str], list[str]]:
     many messages say their own fix ("To proceed regardless, set RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.
     Consider ... --shm-size in Docker.")."""
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", message) if s.strip()]
-    advice = [s for s in sentences if _ADVICE.match(s) or re.search(r"\byou can set\b|\bconsider\b", s, re.I)]
+    advice = [s for s in sentences if _ADVICE.match(s) or re.search(r"\byou can set\b|\bconsider\b|\bset the environment variable\b", s, re.I)]
     names: list[str] = []
     for s in advice:
         for n in _ADVISED.findall(s):

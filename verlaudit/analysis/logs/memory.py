@@ -101,6 +101,38 @@ _KV = [
         r"larger than the profiled value (-\d+|0)\b|Available KV cache memory: (-[\d.]+|0(?:\.0+)?) GiB"
         r"|GPU KV cache size: (-?0|-[\d,]+) tokens|KV Cache is allocated\. #tokens: (0|-\d+)\b")),
 ]  # fmt: skip
+# vLLM's memory budget at start (V0 and early V1 workers): the share of the card the engine takes for weights,
+# activations and KV cache; the CUDA graphs it captures next (and NCCL buffers, the CUDA context of other
+# processes) allocate outside it
+_BUDGET = re.compile(
+    r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
+)
+# a function that turns a whole [batch, seq, vocab] logits tensor into log-probs or entropy, named by a frame, the
+# source line of one, or a line of a call chain pasted above the OOM (`from_parallel_logits_to_logprobs`,
+# `log_softmax(`, `entropy_from_logits`); a pass's own method (compute_log_prob) names no such function
+_VOCAB_FN = re.compile(r"\b(\w*(?:log_softmax|logits_to_\w+|_from_logits|from_parallel_logits)\w*)\b")
+# the inference engine's own processes: SGLang's scheduler ("[... TP0] Scheduler hit an exception"), vLLM's engine
+# core and workers (EngineCore_DP0, VllmWorker, RayWorkerWrapper, "[core.py:..]" lines)
+_ENGINE_PROC = re.compile(
+    r"\bTP\d+(?: EP\d+)?\] Scheduler hit an exception|\bEngineCore(?:_DP\d+)?\b|\bVllmWorker\b|RayWorkerWrapper"
+    r"|\[core\.py:\d+\]|\bsglang::scheduler"
+)
+
+
+def _engine_name(matched: str) -> str:
+    if "Scheduler" in matched:
+        return f"SGLang scheduler {matched.split(']', 1)[0]}"
+    return "vLLM engine core" if "core.py" in matched else f"vLLM {matched}"
+
+
+VOCAB_SHARE = 0.1
+"""One allocation above this share of the GPU in an OOM is a whole-vocabulary tensor (logits, log-softmax,
+entropy of a micro-batch x sequence x vocab, in fp32): the pass that makes it wants chunking."""
+_CAPTURE = re.compile(r"Capturing (?:cudagraphs|CUDA graphs?)", re.I)
+HEADROOM_GIB = 1.0
+"""Memory left outside vLLM's budget below which CUDA-graph capture (typically 0.2-2 GiB, more with many batch
+sizes) and the CUDA context / NCCL buffers have no room: vLLM's own hint says to lower gpu_memory_utilization
+when capture runs out of memory."""
 _MONITOR = re.compile(
     r"Memory on the node \([^)]*\)(?: where the \w+ (?:\((?P<detail>[^()]*)\) )?was running)? was "
     r"(?P<used>[\d.]+)GB / (?P<total>[\d.]+)GB \((?P<frac>[\d.]+)\), which exceeds the memory usage "
@@ -133,6 +165,11 @@ _HAS = hints(
     "OOM",
     "profiled value",
     "ray::",
+    "cudagraph",
+    "CUDA graph",
+    "log_",
+    "logprob",
+    "entropy",
 )
 
 
@@ -149,11 +186,17 @@ def detect(line: LogLine) -> list[Hit]:
     m = _MONITOR.search(text)
     if m:
         out.append(Hit("host_monitor", line, m.groupdict(), want=14))
+    if m := _BUDGET.search(text):
+        out.append(Hit("vllm_budget", line, {"groups": m.groups()}))
+    if _CAPTURE.search(text):
+        out.append(Hit("graph_capture", line, {}))
+    if ("log" in text or "entropy" in text) and (m := _VOCAB_FN.search(text)):
+        out.append(Hit("vocab_fn", line, {"fn": m[1]}))
     for rule, pat in _HOST:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, {"groups": m.groups()}))
-    if any(h.rule not in ("kv_blocks", "kv_nonpositive") for h in out):
+    if any(h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out):
         return out
     oom = None if "memory on the node" in text.lower() else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
@@ -164,7 +207,49 @@ def detect(line: LogLine) -> list[Hit]:
 # ---- causes
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """CUDA OOM, host OOM and KV-cache causes of a log."""
-    return [c for c in (_cuda_oom(facts, ctx), _host_oom(facts, ctx), *_kv_cache(facts, ctx)) if c]
+    found = [c for c in (_cuda_oom(facts, ctx), _host_oom(facts, ctx), *_kv_cache(facts, ctx)) if c]
+    return found + [c for c in [_headroom(facts, ctx)] if c]
+
+
+def _headroom(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    """vLLM's memory budget leaving less than ``HEADROOM_GIB`` of the card outside it while CUDA graphs are
+    captured (not with enforce_eager): a warning on its own, the likely reason of a CUDA OOM at capture or
+    in the first decoding steps (the OOM's own cause comes first where the log shows one)."""
+    budget, capture = facts.first("vllm_budget"), facts.first("graph_capture")
+    # (a capture line outweighs an enforce_eager=True read from vLLM's own hint "set 'enforce_eager=True'")
+    if budget is None or (capture is None and str(ctx.settings.get("enforce_eager", "")).lower() == "true"):
+        return None
+    total, util, _ = (float(x) for x in budget.fields["groups"])
+    left = total * (1.0 - util)
+    if not 0.0 < util < 1.0 or left >= HEADROOM_GIB:
+        return None
+    ev = [quote(budget.line), f"outside the budget: {total:g} GiB x (1 - {util:g}) = {left:.2f} GiB"]
+    if capture is not None:
+        ev.append(quote(capture.line, 200))
+    pl = place(facts, budget.line)
+    return Cause(
+        "warning",
+        "oom",
+        f"vLLM's gpu_memory_utilization {util:g} leaves {left:.2f} GiB of the {total:g} GiB GPU outside its "
+        "budget: CUDA-graph capture has no room",
+        "vLLM takes gpu_memory_utilization x the GPU's memory for the weights, the profiled activations and "
+        "the KV cache (the cache gets all the rest of that budget); CUDA-graph capture, the CUDA context and "
+        f"NCCL buffers allocate outside it. Under {HEADROOM_GIB:g} GiB is left for them here, so capture (or "
+        "the first decoding steps) runs out of memory, or another process on the GPU does.",
+        evidence=ev + pl.evidence(),
+        fixes=fixes(
+            ctx,
+            ("rollout_memory", f"lower it (e.g. {max(0.5, round(util - 0.08, 2)):g}): leave 1-2 GiB outside it"),
+            ("enforce_eager", "no CUDA-graph capture, so nothing is allocated outside the budget"),
+            ("max_num_seqs", "fewer sequences per step: fewer and smaller graphs to capture"),
+            ("max_model_len", "a shorter context if the cache must shrink"),
+        ),
+        where="vllm gpu_memory_utilization",
+        phase="init",
+        rank=pl.rank,
+        line=budget.no,
+        score=20.0,
+    )
 
 
 def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -179,6 +264,9 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     allocator = re.search(r"([\w-]+allocator)\.cpp", first.line.text)
     wake = bool(allocator) or any(f.func == "wake_up" for f in (pl.tb.frames if pl.tb else []))
     phase = "weight_sync" if wake else pl.phase
+    engine = _ENGINE_PROC.search(f"{first.line.source or ''} {first.line.text}")
+    if phase is None and engine:
+        phase, pl.phase_why = "generate", "raised in the inference engine's own process"
     what = "The GPU ran out of memory."
     frag, alloc = oom.get("reserved_unallocated_gib"), oom.get("allocated_gib")
     fragmented = frag is not None and alloc is not None and frag > 0.2 * max(alloc, 1e-9)
@@ -191,6 +279,12 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what += (
             f" A single {tried:.3g} GiB allocation ({tried / total:.0%} of the GPU): usually logits / "
             "log-softmax / entropy of a whole micro-batch x sequence x vocab in fp32."
+        )
+    vocab = _vocab_pass(facts, first, tried, total)
+    if vocab:
+        what += (
+            f" The allocation comes from {vocab}, which turns a whole micro-batch x sequence x vocabulary of logits "
+            "into log-probs / entropy at once: chunk that computation (or shrink its micro-batch)."
         )
     what += _PHASE_WHAT.get(phase or "", "")
     ev = [quote(first.line)] + ([quote(detailed.line)] if detailed is not first else [])
@@ -221,8 +315,9 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         title,
         what,
         evidence=ev,
-        fixes=_oom_fixes(phase, ctx, fragmented, facts),
-        where=pl.culprit(allocator[1] if allocator else None),
+        fixes=_with_vocab(fixes(ctx, *_vocab_fixes(phase, vocab)), _oom_fixes(phase, ctx, fragmented, facts), vocab),
+        where=pl.culprit(allocator[1] if allocator else None, vocab and _vocab_where(vocab, ctx),
+                         engine and _engine_name(engine[0])),
         phase=phase,
         rank=pl.rank,
         line=first.no,
@@ -234,6 +329,50 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
             "measures per phase"
         ],
     )
+
+
+def _vocab_pass(facts: LogFacts, oom: Hit, tried: float | None, total: float | None) -> str | None:
+    """The log-prob / log-softmax / entropy function an OOM came from (a frame of its traceback, a call-chain
+    line up to 15 lines above it), else "a whole-vocabulary tensor" when one allocation is over ``VOCAB_SHARE``
+    of the GPU; None otherwise."""
+    tb = facts.traceback_near(oom.no, oom.line.rank)
+    for f in reversed(tb.frames if tb else []):
+        if _VOCAB_FN.search(f"{f.func} {f.code or ''}"):
+            return f.func  # (the function, or the one whose line calls it)
+    frames = {ln for t in facts.tracebacks for ln in range(t.start, t.end + 1) if t.frames}
+    near = [h for h in facts.of("vocab_fn") if 0 <= oom.no - h.no <= 15 and h.no not in frames]
+    if near:
+        return near[-1].fields["fn"]
+    if tried and total and tried > VOCAB_SHARE * total:
+        return "a whole-vocabulary tensor"
+    return None
+
+
+def _vocab_where(vocab: str, ctx: LogContext) -> str:
+    f = fixes(ctx, ("entropy_chunking", ""))
+    key = (f[0].key or f[0].verl) if f and (f[0].key or f[0].verl) else None
+    return f"{vocab} (full-vocab logits" + (f"; chunked by {key}" if key else "") + ")"
+
+
+def _with_vocab(first: list[Fix], rest: list[Fix], vocab: str | None) -> list[Fix]:
+    """The vocab-tensor fixes first where a function was named; after the phase's first fix where only the
+    allocation's size suggests one (the phase's micro-batch is then as likely the lever)."""
+    keys = {(f.verl, f.key) for f in rest}
+    first = [f for f in first if (f.verl, f.key) not in keys or f.verl is f.key is None]
+    if vocab and vocab.startswith("a whole"):
+        return rest[:1] + first + rest[1:]
+    return first + [f for f in rest if f not in first]
+
+
+def _vocab_fixes(phase: str | None, vocab: str | None) -> list:
+    if not vocab:
+        return []
+    return [
+        ("entropy_chunking", "log-probs / entropy over chunks of the sequence instead of one fp32 [batch x seq x "
+         "vocab] tensor"),
+        ("logprob_micro_batch", "fewer sequences per log-prob micro-batch: the vocab tensor shrinks with it")
+        if phase != "update" else ("train_micro_batch", "fewer sequences per micro-batch: the vocab tensor shrinks"),
+    ]  # fmt: skip
 
 
 _PHASE_TITLE = {
