@@ -100,6 +100,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_position": "a reward model whose score depends on where the padding is, not on the tokens it scores",
         "reward_constant": "a reward that is one value for every response of the batch: it reads nothing of them",
         "reward_inverted": "a reward or preference that ranks the task's own correct answers below its wrong ones",
+        # cfg24: a numeric key outside its sane range, confirmed by the run (`verlaudit.audit.config_ranges`)
+        "config_off": "a coefficient set to 0 (or near it) that removes a trained component's loss: it never trains",
+        "config_saturation": "a loss temperature (DPO beta) so large that the loss saturates: no gradient or an exploding loss",
+        "config_truncation": "an importance-sampling threshold that truncates every on-policy token's weight",
+        "config_scaler": "a loss-scaler setting (growth interval, initial scale) that keeps the scale overflowing or underflowing",
+        "config_loss_scale": "a loss divisor far from the response length: the loss and its gradients scaled out of range",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -582,6 +588,23 @@ REWARD_INVERTED = _f(
     "reward/inverted",
     "reward_inverted",
     "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
+)
+# cfg24: numeric keys outside their sane range (verlaudit/audit/config_ranges.py), confirmed by the run's
+# metrics in verlaudit/analysis/diagnose/config_cause.py
+CONFIG_COEF_ZERO = _f(
+    "config/coefficient_zero", "config_off", "a loss coefficient of 0 removes a trained component's gradient"
+)
+CONFIG_SATURATED = _f(
+    "config/loss_saturated", "config_saturation", "a DPO beta so large that beta x margin saturates the sigmoid"
+)
+CONFIG_IS_TRUNCATION = _f(
+    "config/is_threshold", "config_truncation", "a truncation threshold below 1 that truncates every IS weight"
+)
+CONFIG_SCALER = _f(
+    "config/loss_scaler", "config_scaler", "a GradScaler growth interval or initial scale that keeps it overflowing"
+)
+CONFIG_LOSS_SCALE_FACTOR = _f(
+    "config/loss_scale_factor", "config_loss_scale", "a loss divisor far from the response length"
 )
 
 # ---------------------------------------------------------------- failures
