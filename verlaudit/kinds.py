@@ -125,6 +125,8 @@ SYMPTOM_CLASSES: Mapping[str, str] = MappingProxyType(
         "audit_gap": "part of the audit did not run (not a problem of the run)",
         "log_failure": "a foreign log's own failure: the first error that is not the echo of another",
         "log_cascade": "a foreign log's error that follows from another (a rank's exit, a raised-again error)",
+        # cfg24: the reward's trend over the run (`verlaudit.analysis.diagnose.trajectory`)
+        "reward_trend": "the reward collapsing or its variance exploding over the run",
         "other": "none of the above (a kind nobody classed)",
     }
 )
@@ -638,6 +640,9 @@ _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond 
 _c("override_storage", "override_storage", "precision.overrides stores a role's weights below the preset's")
 _c("override_compute", "override_compute", "precision.overrides computes a role below the preset's dtype")
 _c("override_scaling", "override_scaling", "precision.overrides departs from the preset's loss scaling")
+# cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
+_c("reward_collapse", "reward_trend", "the reward fell and stayed down")
+_c("reward_variance", "reward_trend", "the reward's variance exploded")
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
 """The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""

@@ -159,6 +159,10 @@ RANGES: tuple[Range, ...] = (
 """Every numeric key with a range; a row with ``kind`` is checked by `setup_findings`."""
 
 
+EMITTED = (K.CONFIG_COEF_ZERO, K.CONFIG_SATURATED, K.CONFIG_IS_TRUNCATION, K.CONFIG_SCALER, K.CONFIG_LOSS_SCALE_FACTOR)
+"""The kinds the rows with a ``kind`` write (the others are ``checked_by`` their own check)."""
+
+
 def _value(config: Cfg, key: str, role: str, policy: Mapping[str, Any]) -> Any:
     section, _, name = key.partition(".")
     if section == "precision":
@@ -172,7 +176,7 @@ def _rows_for(config: Cfg, policy: Mapping[str, Any]) -> list[tuple[Range, str]]
     name = algo.get("name")
     out: list[tuple[Range, str]] = []
     for row in RANGES:
-        if row.kind is None:
+        if row.kind not in EMITTED:
             continue
         if row.key == "algo.vf_coef" and not (name == "ppo" and estimator(algo) == "gae"):
             continue
@@ -197,9 +201,17 @@ def _rows_for(config: Cfg, policy: Mapping[str, Any]) -> list[tuple[Range, str]]
 
 def _is_bounds(spec: Any) -> tuple[float | None, float | None]:
     """rollout_is_threshold as (lower, upper): a number C is (None, C), ``"lo_hi"`` is (lo, hi)."""
-    if isinstance(spec, str) and "_" in spec:
-        lo, _, hi = spec.partition("_")
-        return number(lo), number(hi)
+    def num(x: str) -> float | None:
+        try:
+            return float(x)
+        except ValueError:
+            return None
+
+    if isinstance(spec, str):
+        if "_" in spec:
+            lo, _, hi = spec.partition("_")
+            return num(lo), num(hi)
+        return None, num(spec)
     return None, number(spec)
 
 
@@ -260,10 +272,14 @@ def _check(row: Range, role: str, config: Cfg, policy: Mapping[str, Any]) -> Fin
         lower, upper = _is_bounds((config.get("rollout_correction") or {}).get("rollout_is_threshold"))
         if upper is None:
             return None
-        if upper < 1.0 or (lower is not None and lower > 1.0):
-            fix = "0.5_2.0" if lower is not None else row.default
-            return _finding(row, role, "low", upper if lower is None or upper < 1.0 else lower,
-                            row.low.format(value=upper), fix, row.key)  # fmt: skip
+        if lower is None and upper < 1.0:
+            return _finding(row, role, "low", upper, row.low.format(value=upper), row.default, row.key)
+        if lower is not None and (upper < 1.0 or lower > 1.0):
+            text = (
+                f"IcePop's bounds [{lower:g}, {upper:g}] exclude the on-policy ratio 1: every token whose "
+                "rollout and trainer probabilities agree gets weight 0, so the policy gradient is (almost) gone"
+            )
+            return _finding(row, role, "low", upper if upper < 1.0 else lower, text, "0.5_2.0", row.key)
         return None
     if value is None:
         return None
