@@ -71,11 +71,13 @@ def test_the_defaults_are_inside_every_range(name, preset):
 
 def test_every_emitted_row_fixes_inside_its_range_and_never_to_the_value_it_has():
     for row in R.RANGES:
-        assert (row.kind is None) == (row.checked_by is not None), row.key
+        assert row.kind is not None or row.checked_by is not None, row.key
         assert row.kind is None or row.kind in R.EMITTED
         assert row.source
     cases = [
         _config({"name": "ppo", "vf_coef": 0.0}),
+        _config({"name": "grpo", "use_kl_loss": True, "kl_loss_coef": 0.0}),
+        _config({"name": "ppo", "use_kl_in_reward": True, "kl_coef": 0.0}),
         _config({"name": "dpo", "beta": 50.0}),
         _config({"name": "grpo"}, correction={"rollout_is": "token", "rollout_is_threshold": 0.01}),
         _config({"name": "ppo"}, preset="fp16", overrides={"actor": {"growth_interval": 1}}),
@@ -179,3 +181,16 @@ def test_the_confirmation_tests():
     assert confirmed({"metric": "m", "test": "absmax_at_least", "bound": 5.0}, [(0, 0.0), (1, -5.5)])
     assert not confirmed({"metric": "m", "test": "absmax_at_least", "bound": 5.0}, [(0, float("nan"))])
     assert not confirmed({"metric": "m", "test": "any_above", "bound": 0.0}, [])
+
+
+def test_a_kl_switched_on_at_zero_is_information_until_the_policy_drifts():
+    tc = _config({"name": "grpo", "use_kl_loss": True, "kl_loss_coef": 0.0})
+    found, policy = _found(tc)
+    assert [(f.kind, f.where) for f in found] == [(K.CONFIG_COEF_ZERO, "algo.kl_loss_coef")]
+    near = [{"step": s, "rollout/kl_ref": 0.01 * s} for s in range(3)]
+    assert not any(c.where == "algo.kl_loss_coef" for c in diagnose_run(_run(tc, found, policy, near)).causes)
+    far = [{"step": s, "rollout/kl_ref": 0.8 * s} for s in range(3)]
+    first = diagnose_run(_run(tc, found, policy, far)).causes[0]
+    assert first.where == "algo.kl_loss_coef" and first.fixes[0].suite == "algo.kl_loss_coef: 0.001"
+    # the KL switched off is not a zero coefficient
+    assert R.setup_findings({"algo": {"name": "grpo", "use_kl_loss": False, "kl_loss_coef": 0.0}}, {}) == []

@@ -87,6 +87,10 @@ _MARGIN = Confirm(
 )
 _DPO_LOSS = Confirm("actor/loss", "absmax_at_least", 2.0 * math.log(2.0), "the DPO loss, log 2 at the start")
 
+_KL_DRIFT = Confirm(
+    "rollout/kl_ref", "absmax_at_least", 1.0, "the policy's KL from the reference, a nat per token or more"
+)
+
 GROWTH_INTERVAL_LOW = 100
 """growth_interval below which the dynamic scale doubles often enough that the overflow it climbs into
 skips 1 % of the steps or more (one skip per growth_interval steps at equilibrium): torch's GradScaler
@@ -141,6 +145,20 @@ RANGES: tuple[Range, ...] = (
         kind=K.CONFIG_LOSS_SCALE_FACTOR,
         confirm_low=(_SKIPS, _NONFINITE_GRADS), confirm_high=(_UNDERFLOW,),
     ),
+    # a KL switched on with a coefficient of 0: the reference is built and scored, and holds nothing back
+    # (the high side is `K.KL_DOMINATES`'s, read from the run)
+    Range(
+        "algo.kl_coef", 0.001, 1e-6, None, "verl algorithm.kl_ctrl.kl_coef 0.001",
+        low="use_kl_in_reward with a KL coefficient of {value:g}: the reference is computed at every step but "
+        "its penalty is 0, so nothing keeps the policy near it",
+        kind=K.CONFIG_COEF_ZERO, checked_by=K.KL_DOMINATES, confirm_low=(_KL_DRIFT,),
+    ),
+    Range(
+        "algo.kl_loss_coef", 0.001, 1e-6, None, "verl actor.kl_loss_coef 0.001",
+        low="use_kl_loss with a KL loss coefficient of {value:g}: the reference is computed at every step but "
+        "the KL term is multiplied by 0, so nothing keeps the policy near it",
+        kind=K.CONFIG_COEF_ZERO, checked_by=K.KL_DOMINATES, confirm_low=(_KL_DRIFT,),
+    ),
     # ---- the record of the range; each key has its own check (checked_by)
     Range("algo.lr", 1e-6, 1e-7, 1e-3, "verl actor.optim.lr 1e-6", checked_by=K.WEIGHT_GROWTH),
     Range("algo.critic_lr", 1e-5, 1e-7, 1e-3, "verl critic.optim.lr 1e-5", checked_by=K.WEIGHT_GROWTH),
@@ -148,8 +166,6 @@ RANGES: tuple[Range, ...] = (
     Range("algo.gamma", 1.0, 0.99, 1.0, "verl algorithm.gamma 1.0", checked_by=K.DISCOUNT),
     Range("algo.lam", 1.0, 0.9, 1.0, "verl algorithm.lam 1.0", checked_by=K.DISCOUNT),
     Range("algo.clip_ratio", 0.2, 0.05, 0.5, "verl actor.clip_ratio 0.2", checked_by=K.CLIP_SATURATED),
-    Range("algo.kl_coef", 0.001, 0.0, 0.1, "verl algorithm.kl_ctrl.kl_coef 0.001", checked_by=K.KL_DOMINATES),
-    Range("algo.kl_loss_coef", 0.001, 0.0, 0.1, "verl actor.kl_loss_coef 0.001", checked_by=K.KL_DOMINATES),
     Range("algo.kl_ctrl_horizon", 10000, 1000, None, "verl algorithm.kl_ctrl.horizon 10000", checked_by=K.KL_CONTROLLER),
     Range("algo.entropy_coef", 0.0, 0.0, 0.01, "verl actor.entropy_coeff 0", checked_by=K.ENTROPY_DOMINATES),
     Range("algo.label_smoothing", 0.0, 0.0, 0.3, "TRL DPOConfig.label_smoothing 0", checked_by=K.LABEL_SMOOTHING),
@@ -181,6 +197,10 @@ def _rows_for(config: Cfg, policy: Mapping[str, Any]) -> list[tuple[Range, str]]
         if row.key == "algo.vf_coef" and not (name == "ppo" and estimator(algo) == "gae"):
             continue
         if row.key == "algo.beta" and name != "dpo":
+            continue
+        if row.key == "algo.kl_coef" and not (name != "dpo" and algo.get("use_kl_in_reward")):
+            continue
+        if row.key == "algo.kl_loss_coef" and not (name != "dpo" and algo.get("use_kl_loss")):
             continue
         if row.key.startswith("rollout_correction.") and not (config.get("rollout_correction") or {}).get("rollout_is"):
             continue
