@@ -115,7 +115,11 @@ def test_a_huge_dpo_beta_is_confirmed_by_the_saturated_loss_only():
     blown = [{"step": 0, "actor/loss": 0.693, "rewards/margins": 0.0},
              {"step": 1, "actor/loss": 27.0, "rewards/margins": -5.7}]  # fmt: skip
     first = diagnose_run(_run(tc, found, policy, blown)).causes[0]
-    assert first.where == "algo.beta" and first.severity == "warning" and first.fixes[0].suite == "algo.beta: 0.1"
+    assert (
+        first.where == "algo.beta"
+        and first.severity == "warning"
+        and first.fixes[0].suite == "algo.beta: 0.1"
+    )
     calm = [{"step": s, "actor/loss": 0.69, "rewards/margins": 0.1} for s in range(2)]
     d = diagnose_run(_run(tc, found, policy, calm))
     assert d.causes == [] or d.causes[0].where != "algo.beta"
@@ -133,7 +137,10 @@ def test_an_is_threshold_below_one_truncates_every_token():
     tc2 = _config({"name": "grpo"}, correction={"rollout_is": "token", "rollout_is_threshold": "1.5_3.0"})
     assert [f.kind for f in _found(tc2)[0]] == [K.CONFIG_IS_TRUNCATION]
     # not enabled: the threshold is not read
-    assert R.setup_findings({"algo": {"name": "grpo"}, "rollout_correction": {"rollout_is_threshold": 0.01}}, {}) == []
+    assert (
+        R.setup_findings({"algo": {"name": "grpo"}, "rollout_correction": {"rollout_is_threshold": 0.01}}, {})
+        == []
+    )
 
 
 def test_a_growth_interval_of_one_heads_the_skipped_steps_it_causes():
@@ -151,7 +158,9 @@ def test_a_growth_interval_of_one_heads_the_skipped_steps_it_causes():
     assert skips and all(c.consequence_of == first.title and not c.fixes for c in skips)
     # the preset's own interval under fp16, and bf16 (no scaler): nothing to say
     assert _found(_config({"name": "ppo"}, preset="fp16"))[0] == []
-    assert _found(_config({"name": "ppo"}, preset="bf16", overrides={"actor": {"growth_interval": 1}}))[0] == []
+    assert (
+        _found(_config({"name": "ppo"}, preset="bf16", overrides={"actor": {"growth_interval": 1}}))[0] == []
+    )
 
 
 def test_a_tiny_loss_scale_factor_is_harmless_without_fp16_and_a_cause_with_it():
@@ -168,7 +177,12 @@ def test_a_tiny_loss_scale_factor_is_harmless_without_fp16_and_a_cause_with_it()
     fb, pb = _found(tcb)
     assert not any(c.where == "algo.loss_scale_factor" for c in diagnose_run(_run(tcb, fb, pb, calm)).causes)
     # another aggregation does not read it
-    assert R.setup_findings({"algo": {**algo, "loss_agg_mode": "token-mean"}, "data": {"response_length": 8}}, {}) == []
+    assert (
+        R.setup_findings(
+            {"algo": {**algo, "loss_agg_mode": "token-mean"}, "data": {"response_length": 8}}, {}
+        )
+        == []
+    )
 
 
 def test_the_confirmation_tests():

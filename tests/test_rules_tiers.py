@@ -42,7 +42,9 @@ def _cause(kind, cls, step, phase, sev="warning", role="actor", fix=None):
 def test_a_data_finding_heads_the_missing_signal_it_explains():
     # the symptom is an error ranked first; the data finding found at the rollout explains it
     silent = _cause("no_signal", "no_signal", 0, "reward", sev="error", fix="algo.group_size: 8")
-    prompts = _cause(f"finding:{K.TOKENIZER_SPECIAL_IDS}", "tokenizer_ids", 0, "rollout", fix="model.tokenizer: <yours>")
+    prompts = _cause(
+        f"finding:{K.TOKENIZER_SPECIAL_IDS}", "tokenizer_ids", 0, "rollout", fix="model.tokenizer: <yours>"
+    )
     out = order_by_root([silent, prompts])
     assert out[0] is prompts and out[0].severity == "error"
     assert out[1].consequence_of == prompts.title and out[1].fixes == []

@@ -597,13 +597,19 @@ CONFIG_COEF_ZERO = _f(
     "config/coefficient_zero", "config_off", "a loss coefficient of 0 removes a trained component's gradient"
 )
 CONFIG_SATURATED = _f(
-    "config/loss_saturated", "config_saturation", "a DPO beta so large that beta x margin saturates the sigmoid"
+    "config/loss_saturated",
+    "config_saturation",
+    "a DPO beta so large that beta x margin saturates the sigmoid",
 )
 CONFIG_IS_TRUNCATION = _f(
-    "config/is_threshold", "config_truncation", "a truncation threshold below 1 that truncates every IS weight"
+    "config/is_threshold",
+    "config_truncation",
+    "a truncation threshold below 1 that truncates every IS weight",
 )
 CONFIG_SCALER = _f(
-    "config/loss_scaler", "config_scaler", "a GradScaler growth interval or initial scale that keeps it overflowing"
+    "config/loss_scaler",
+    "config_scaler",
+    "a GradScaler growth interval or initial scale that keeps it overflowing",
 )
 CONFIG_LOSS_SCALE_FACTOR = _f(
     "config/loss_scale_factor", "config_loss_scale", "a loss divisor far from the response length"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from verlaudit import kinds as K
@@ -64,14 +64,22 @@ class Confirm:
     means: str
 
     def as_dict(self, role: str) -> dict[str, Any]:
-        return {"metric": self.metric.format(role=role), "test": self.test, "bound": self.bound, "means": self.means}
+        return {
+            "metric": self.metric.format(role=role),
+            "test": self.test,
+            "bound": self.bound,
+            "means": self.means,
+        }
 
 
 _ZERO_GRAD = Confirm("critic/grad_norm", "all_at_most", 0.0, "the critic's gradient norm is 0 at every step")
 _SKIPS = Confirm("{role}/skipped", "any_above", 0.0, "the loss scaler skipped optimizer steps on overflow")
 _NONFINITE_GRADS = Confirm("numerics/{role}/nonfinite_grads", "any_above", 0.0, "gradients were NaN/Inf")
 _UNDERFLOW = Confirm(
-    "numerics/{role}/grad_underflow_frac", "mean_at_least", 0.05, "gradients flushed below fp16's smallest normal"
+    "numerics/{role}/grad_underflow_frac",
+    "mean_at_least",
+    0.05,
+    "gradients flushed below fp16's smallest normal",
 )
 _IS_HIGH = Confirm(
     "rollout_corr/rollout_is_ratio_fraction_high",
@@ -80,10 +88,16 @@ _IS_HIGH = Confirm(
     "the share of tokens whose importance ratio exceeds the threshold (their weight truncated to it)",
 )
 _IS_OOB = Confirm(
-    "rollout_corr/rollout_is_oob_ratio", "mean_at_least", 0.5, "the share of tokens outside the IS bounds (weight 0)"
+    "rollout_corr/rollout_is_oob_ratio",
+    "mean_at_least",
+    0.5,
+    "the share of tokens outside the IS bounds (weight 0)",
 )
 _MARGIN = Confirm(
-    "rewards/margins", "absmax_at_least", 5.0, "beta x the log-ratio margin, past which the sigmoid is saturated"
+    "rewards/margins",
+    "absmax_at_least",
+    5.0,
+    "beta x the log-ratio margin, past which the sigmoid is saturated",
 )
 _DPO_LOSS = Confirm("actor/loss", "absmax_at_least", 2.0 * math.log(2.0), "the DPO loss, log 2 at the start")
 
@@ -101,81 +115,146 @@ LOSS_SCALE_FACTOR_SPAN = 10.0
 RANGES: tuple[Range, ...] = (
     # ---- emitted here
     Range(
-        "algo.vf_coef", 1.0, 0.01, None, "verl's critic loss has no coefficient (1); TRL PPOConfig.vf_coef 0.1",
+        "algo.vf_coef",
+        1.0,
+        0.01,
+        None,
+        "verl's critic loss has no coefficient (1); TRL PPOConfig.vf_coef 0.1",
         low="the critic's loss is multiplied by {value:g}: its gradient is 0, the critic never trains and the "
         "GAE advantages come from the value function's random initialisation",
-        kind=K.CONFIG_COEF_ZERO, severity="error", confirm_low=(_ZERO_GRAD,),
+        kind=K.CONFIG_COEF_ZERO,
+        severity="error",
+        confirm_low=(_ZERO_GRAD,),
     ),
     Range(
-        "algo.beta", 0.1, 0.01, 2.0, "TRL DPOConfig.beta 0.1; the DPO paper 0.1-0.5",
+        "algo.beta",
+        0.1,
+        0.01,
+        2.0,
+        "TRL DPOConfig.beta 0.1; the DPO paper 0.1-0.5",
         high="beta {value:g} makes the DPO loss sigmoid(beta x margin) so sharp that the first steps' margins "
         "saturate it: its gradient vanishes on the right side and explodes the loss on the wrong one",
         low="beta {value:g} makes the implicit reward beta x log-ratio so small that the loss stays at log 2",
-        kind=K.CONFIG_SATURATED, confirm_high=(_MARGIN, _DPO_LOSS),
+        kind=K.CONFIG_SATURATED,
+        confirm_high=(_MARGIN, _DPO_LOSS),
     ),
     Range(
-        "rollout_correction.rollout_is_threshold", 2.0, 1.0, None,
+        "rollout_correction.rollout_is_threshold",
+        2.0,
+        1.0,
+        None,
         "verl algorithm.rollout_correction.rollout_is_threshold 2.0 (TIS; IcePop lower_upper around 1)",
         low="the truncated importance weight min(ratio, C) with C = {value:g} below 1: an on-policy token "
         "(ratio ~1) is truncated to C, so every token's policy gradient is scaled by C (or zeroed, IcePop's "
         "bounds) against the terms it is not applied to (the KL loss, the entropy)",
-        kind=K.CONFIG_IS_TRUNCATION, confirm_low=(_IS_HIGH, _IS_OOB),
+        kind=K.CONFIG_IS_TRUNCATION,
+        confirm_low=(_IS_HIGH, _IS_OOB),
     ),
     Range(
-        "precision.{role}.growth_interval", 2000, GROWTH_INTERVAL_LOW, None,
+        "precision.{role}.growth_interval",
+        2000,
+        GROWTH_INTERVAL_LOW,
+        None,
         "torch.amp.GradScaler(growth_interval=2000); DeepSpeed fp16.loss_scale_window 1000",
         low="the dynamic loss scale doubles after every {value:g} finite step(s): it climbs into overflow, "
         "backs off and climbs again, so a share ~1/{value:g} of the optimizer steps is skipped",
-        kind=K.CONFIG_SCALER, confirm_low=(_SKIPS, _NONFINITE_GRADS),
+        kind=K.CONFIG_SCALER,
+        confirm_low=(_SKIPS, _NONFINITE_GRADS),
     ),
     Range(
-        "precision.{role}.init_scale", 2.0**16, 1.0, 2.0**24, "torch.amp.GradScaler(init_scale=65536)",
+        "precision.{role}.init_scale",
+        2.0**16,
+        1.0,
+        2.0**24,
+        "torch.amp.GradScaler(init_scale=65536)",
         low="a loss scale of {value:g} below 1 multiplies the fp16 gradients down: small ones underflow to 0",
         high="a loss scale of {value:g} overflows the first fp16 backwards: the scaler skips steps until it "
         "has halved its way down",
-        kind=K.CONFIG_SCALER, confirm_low=(_UNDERFLOW,), confirm_high=(_SKIPS,),
+        kind=K.CONFIG_SCALER,
+        confirm_low=(_UNDERFLOW,),
+        confirm_high=(_SKIPS,),
     ),
     Range(
-        "algo.loss_scale_factor", None, None, None,
+        "algo.loss_scale_factor",
+        None,
+        None,
+        None,
         "verl actor.loss_scale_factor (seq-mean-token-sum-norm's divisor; unset: the response length)",
         low="the summed token losses are divided by {value:g} instead of the response length {length:g}: the "
         "loss and its gradients are {ratio:.3g}x the intended size, beyond fp16's range once scaled",
         high="the summed token losses are divided by {value:g} instead of the response length {length:g}: the "
         "loss and its gradients are {ratio:.3g}x the intended size, below fp16's smallest normal once scaled",
         kind=K.CONFIG_LOSS_SCALE_FACTOR,
-        confirm_low=(_SKIPS, _NONFINITE_GRADS), confirm_high=(_UNDERFLOW,),
+        confirm_low=(_SKIPS, _NONFINITE_GRADS),
+        confirm_high=(_UNDERFLOW,),
     ),
     # a KL switched on with a coefficient of 0: the reference is built and scored, and holds nothing back
     # (the high side is `K.KL_DOMINATES`'s, read from the run)
     Range(
-        "algo.kl_coef", 0.001, 1e-6, None, "verl algorithm.kl_ctrl.kl_coef 0.001",
+        "algo.kl_coef",
+        0.001,
+        1e-6,
+        None,
+        "verl algorithm.kl_ctrl.kl_coef 0.001",
         low="use_kl_in_reward with a KL coefficient of {value:g}: the reference is computed at every step but "
         "its penalty is 0, so nothing keeps the policy near it",
-        kind=K.CONFIG_COEF_ZERO, checked_by=K.KL_DOMINATES, confirm_low=(_KL_DRIFT,),
+        kind=K.CONFIG_COEF_ZERO,
+        checked_by=K.KL_DOMINATES,
+        confirm_low=(_KL_DRIFT,),
     ),
     Range(
-        "algo.kl_loss_coef", 0.001, 1e-6, None, "verl actor.kl_loss_coef 0.001",
+        "algo.kl_loss_coef",
+        0.001,
+        1e-6,
+        None,
+        "verl actor.kl_loss_coef 0.001",
         low="use_kl_loss with a KL loss coefficient of {value:g}: the reference is computed at every step but "
         "the KL term is multiplied by 0, so nothing keeps the policy near it",
-        kind=K.CONFIG_COEF_ZERO, checked_by=K.KL_DOMINATES, confirm_low=(_KL_DRIFT,),
+        kind=K.CONFIG_COEF_ZERO,
+        checked_by=K.KL_DOMINATES,
+        confirm_low=(_KL_DRIFT,),
     ),
     # ---- the record of the range; each key has its own check (checked_by)
     Range("algo.lr", 1e-6, 1e-7, 1e-3, "verl actor.optim.lr 1e-6", checked_by=K.WEIGHT_GROWTH),
     Range("algo.critic_lr", 1e-5, 1e-7, 1e-3, "verl critic.optim.lr 1e-5", checked_by=K.WEIGHT_GROWTH),
-    Range("algo.weight_decay", 0.01, 0.0, 0.1, "verl actor.optim.weight_decay 0.01", checked_by=K.WEIGHT_DECAY),
+    Range(
+        "algo.weight_decay", 0.01, 0.0, 0.1, "verl actor.optim.weight_decay 0.01", checked_by=K.WEIGHT_DECAY
+    ),
     Range("algo.gamma", 1.0, 0.99, 1.0, "verl algorithm.gamma 1.0", checked_by=K.DISCOUNT),
     Range("algo.lam", 1.0, 0.9, 1.0, "verl algorithm.lam 1.0", checked_by=K.DISCOUNT),
     Range("algo.clip_ratio", 0.2, 0.05, 0.5, "verl actor.clip_ratio 0.2", checked_by=K.CLIP_SATURATED),
-    Range("algo.kl_ctrl_horizon", 10000, 1000, None, "verl algorithm.kl_ctrl.horizon 10000", checked_by=K.KL_CONTROLLER),
+    Range(
+        "algo.kl_ctrl_horizon",
+        10000,
+        1000,
+        None,
+        "verl algorithm.kl_ctrl.horizon 10000",
+        checked_by=K.KL_CONTROLLER,
+    ),
     Range("algo.entropy_coef", 0.0, 0.0, 0.01, "verl actor.entropy_coeff 0", checked_by=K.ENTROPY_DOMINATES),
-    Range("algo.label_smoothing", 0.0, 0.0, 0.3, "TRL DPOConfig.label_smoothing 0", checked_by=K.LABEL_SMOOTHING),
+    Range(
+        "algo.label_smoothing", 0.0, 0.0, 0.3, "TRL DPOConfig.label_smoothing 0", checked_by=K.LABEL_SMOOTHING
+    ),
     Range("algo.ppo_epochs", 1, 1, 4, "verl actor.ppo_epochs 1", checked_by=K.STALE_UPDATES),
-    Range("algo.group_size", 4, 2, None, "verl actor_rollout_ref.rollout.n (GRPO 4-16)", checked_by=K.NO_GROUP_BASELINE),
+    Range(
+        "algo.group_size",
+        4,
+        2,
+        None,
+        "verl actor_rollout_ref.rollout.n (GRPO 4-16)",
+        checked_by=K.NO_GROUP_BASELINE,
+    ),
 )
 """Every numeric key with a range; a row with ``kind`` is checked by `setup_findings`."""
 
 
-EMITTED = (K.CONFIG_COEF_ZERO, K.CONFIG_SATURATED, K.CONFIG_IS_TRUNCATION, K.CONFIG_SCALER, K.CONFIG_LOSS_SCALE_FACTOR)
+EMITTED = (
+    K.CONFIG_COEF_ZERO,
+    K.CONFIG_SATURATED,
+    K.CONFIG_IS_TRUNCATION,
+    K.CONFIG_SCALER,
+    K.CONFIG_LOSS_SCALE_FACTOR,
+)
 """The kinds the rows with a ``kind`` write (the others are ``checked_by`` their own check)."""
 
 
@@ -202,9 +281,13 @@ def _rows_for(config: Cfg, policy: Mapping[str, Any]) -> list[tuple[Range, str]]
             continue
         if row.key == "algo.kl_loss_coef" and not (name != "dpo" and algo.get("use_kl_loss")):
             continue
-        if row.key.startswith("rollout_correction.") and not (config.get("rollout_correction") or {}).get("rollout_is"):
+        if row.key.startswith("rollout_correction.") and not (config.get("rollout_correction") or {}).get(
+            "rollout_is"
+        ):
             continue
-        if row.key == "algo.loss_scale_factor" and (name == "dpo" or algo.get("loss_agg_mode") != "seq-mean-token-sum-norm"):
+        if row.key == "algo.loss_scale_factor" and (
+            name == "dpo" or algo.get("loss_agg_mode") != "seq-mean-token-sum-norm"
+        ):
             continue
         if row.key.startswith("precision."):
             for role, p in policy.items():
@@ -221,6 +304,7 @@ def _rows_for(config: Cfg, policy: Mapping[str, Any]) -> list[tuple[Range, str]]
 
 def _is_bounds(spec: Any) -> tuple[float | None, float | None]:
     """rollout_is_threshold as (lower, upper): a number C is (None, C), ``"lo_hi"`` is (lo, hi)."""
+
     def num(x: str) -> float | None:
         try:
             return float(x)
@@ -235,11 +319,15 @@ def _is_bounds(spec: Any) -> tuple[float | None, float | None]:
     return None, number(spec)
 
 
-def _finding(row: Range, role: str, side: str, value: float, text: str, fix_value: Any, where: str) -> Finding:
+def _finding(
+    row: Range, role: str, side: str, value: float, text: str, fix_value: Any, where: str
+) -> Finding:
     confirms = row.confirm_low if side == "low" else row.confirm_high
     bound = row.lo if side == "low" else row.hi
-    inside = f"at least {bound:g}" if side == "low" and bound is not None else (
-        f"at most {bound:g}" if bound is not None else "inside its range"
+    inside = (
+        f"at least {bound:g}"
+        if side == "low" and bound is not None
+        else (f"at most {bound:g}" if bound is not None else "inside its range")
     )
     suite = f"{where}: {fix_value:g}" if isinstance(fix_value, (int, float)) else f"{where}: {fix_value}"
     return Finding(
@@ -269,7 +357,13 @@ def _range_words(row: Range, where: str) -> str:
         return f"within {LOSS_SCALE_FACTOR_SPAN:g}x of data.response_length"
     if row.lo is not None and row.hi is not None:
         return f"{row.lo:g} to {row.hi:g}"
-    return f"at least {row.lo:g}" if row.lo is not None else f"at most {row.hi:g}" if row.hi is not None else "any"
+    return (
+        f"at least {row.lo:g}"
+        if row.lo is not None
+        else f"at most {row.hi:g}"
+        if row.hi is not None
+        else "any"
+    )
 
 
 def _verl_words(where: str, value: Any) -> str:
@@ -316,9 +410,12 @@ def _check(row: Range, role: str, config: Cfg, policy: Mapping[str, Any]) -> Fin
         side = "low" if ratio > 1 else "high"
         text = (row.low if side == "low" else row.high).format(value=value, length=length, ratio=ratio)
         f = _finding(row, role, side, value, text, int(length), where)
-        f.observed["bound"] = length / LOSS_SCALE_FACTOR_SPAN if side == "low" else length * LOSS_SCALE_FACTOR_SPAN
+        f.observed["bound"] = (
+            length / LOSS_SCALE_FACTOR_SPAN if side == "low" else length * LOSS_SCALE_FACTOR_SPAN
+        )
         return dataclasses.replace(
-            f, expected=f"{where} within {LOSS_SCALE_FACTOR_SPAN:g}x of data.response_length {length:g} (or unset)"
+            f,
+            expected=f"{where} within {LOSS_SCALE_FACTOR_SPAN:g}x of data.response_length {length:g} (or unset)",
         )
     if row.lo is not None and value < row.lo and row.low:
         fix = row.default if row.default is not None and row.default != value else row.lo
@@ -339,5 +436,3 @@ def setup_findings(config: Cfg, policy: Mapping[str, Any] | None = None) -> list
         if f is not None:
             out.append(f)
     return out
-
-

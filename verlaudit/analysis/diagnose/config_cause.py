@@ -20,12 +20,19 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.runview import fmt
 from verlaudit.rundir import RunDir
 
+
 def _v(x: Any) -> str:
     return fmt(float(x)) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
 RANGE_KINDS = frozenset(
-    {K.CONFIG_COEF_ZERO, K.CONFIG_SATURATED, K.CONFIG_IS_TRUNCATION, K.CONFIG_SCALER, K.CONFIG_LOSS_SCALE_FACTOR}
+    {
+        K.CONFIG_COEF_ZERO,
+        K.CONFIG_SATURATED,
+        K.CONFIG_IS_TRUNCATION,
+        K.CONFIG_SCALER,
+        K.CONFIG_LOSS_SCALE_FACTOR,
+    }
 )
 
 
@@ -46,11 +53,15 @@ def confirmed(test: Mapping[str, Any], series: Sequence[tuple[int, float]]) -> s
     if kind == "mean_at_least":
         mean = sum(values) / n
         if mean >= bound:
-            return f"{metric} averages {fmt(mean)} over {n} steps, at least {fmt(bound)} ({test.get('means')})"
+            return (
+                f"{metric} averages {fmt(mean)} over {n} steps, at least {fmt(bound)} ({test.get('means')})"
+            )
     if kind == "absmax_at_least":
         s, v = max(series, key=lambda sv: abs(sv[1]) if sv[1] == sv[1] else -1.0)
         if abs(v) >= bound:
-            return f"{metric} reaches {fmt(v)} at step {s}, |value| at least {fmt(bound)} ({test.get('means')})"
+            return (
+                f"{metric} reaches {fmt(v)} at step {s}, |value| at least {fmt(bound)} ({test.get('means')})"
+            )
     return None
 
 
