@@ -105,6 +105,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "loop_graph": "an own loop's loss with no autograd graph to the policy (built from no-grad log-probs)",
         "loop_objective": "an own loop's update that lowers the log-probs of the responses with positive advantage",
         "loop_optimizer": "an own loop's optimizer that does not hold (all of) the trained model's parameters",
+        # cfg24: a numeric key outside its sane range, confirmed by the run (`verlaudit.audit.config_ranges`)
+        "config_off": "a coefficient set to 0 (or near it) that removes a trained component's loss: it never trains",
+        "config_saturation": "a loss temperature (DPO beta) so large that the loss saturates: no gradient or an exploding loss",
+        "config_truncation": "an importance-sampling threshold that truncates every on-policy token's weight",
+        "config_scaler": "a loss-scaler setting (growth interval, initial scale) that keeps the scale overflowing or underflowing",
+        "config_loss_scale": "a loss divisor far from the response length: the loss and its gradients scaled out of range",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -124,6 +130,8 @@ SYMPTOM_CLASSES: Mapping[str, str] = MappingProxyType(
         "audit_gap": "part of the audit did not run (not a problem of the run)",
         "log_failure": "a foreign log's own failure: the first error that is not the echo of another",
         "log_cascade": "a foreign log's error that follows from another (a rank's exit, a raised-again error)",
+        # cfg24: the reward's trend over the run (`verlaudit.analysis.diagnose.trajectory`)
+        "reward_trend": "the reward collapsing or its variance exploding over the run",
         "other": "none of the above (a kind nobody classed)",
     }
 )
@@ -588,6 +596,29 @@ REWARD_INVERTED = _f(
     "reward_inverted",
     "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
 )
+# cfg24: numeric keys outside their sane range (verlaudit/audit/config_ranges.py), confirmed by the run's
+# metrics in verlaudit/analysis/diagnose/config_cause.py
+CONFIG_COEF_ZERO = _f(
+    "config/coefficient_zero", "config_off", "a loss coefficient of 0 removes a trained component's gradient"
+)
+CONFIG_SATURATED = _f(
+    "config/loss_saturated",
+    "config_saturation",
+    "a DPO beta so large that beta x margin saturates the sigmoid",
+)
+CONFIG_IS_TRUNCATION = _f(
+    "config/is_threshold",
+    "config_truncation",
+    "a truncation threshold below 1 that truncates every IS weight",
+)
+CONFIG_SCALER = _f(
+    "config/loss_scaler",
+    "config_scaler",
+    "a GradScaler growth interval or initial scale that keeps it overflowing",
+)
+CONFIG_LOSS_SCALE_FACTOR = _f(
+    "config/loss_scale_factor", "config_loss_scale", "a loss divisor far from the response length"
+)
 
 # ---------------------------------------------------------------- loop24: an own loop's protocol
 # (`verlaudit.integrations.loop_protocol`, `loop_direction`)
@@ -673,6 +704,9 @@ _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond 
 _c("override_storage", "override_storage", "precision.overrides stores a role's weights below the preset's")
 _c("override_compute", "override_compute", "precision.overrides computes a role below the preset's dtype")
 _c("override_scaling", "override_scaling", "precision.overrides departs from the preset's loss scaling")
+# cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
+_c("reward_collapse", "reward_trend", "the reward fell and stayed down")
+_c("reward_variance", "reward_trend", "the reward's variance exploded")
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
 """The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""

@@ -32,6 +32,7 @@ from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
     config_checks,
+    config_ranges,
     dtype_checks,
     dynamics,
     errors,
@@ -176,6 +177,9 @@ class Auditor(Observer):
         # settings that make a loss or an update degenerate by construction, named before the first step
         configured = config_checks.setup_findings(config or {})
         self.findings.extend(configured)
+        # numeric keys outside their sane range: information until diagnose sees the run confirm it
+        roles = (policy.to_dict().get("roles") or {}) if hasattr(policy, "to_dict") else {}
+        self.findings.extend(config_ranges.setup_findings(config or {}, roles))
         self.dynamics = dynamics.DynamicsWatch(
             algo,
             rollout=(config or {}).get("rollout"),

@@ -39,6 +39,7 @@ from verlaudit.analysis.causes import (
     rank,
 )
 from verlaudit.analysis.diagnose import fixcheck
+from verlaudit.analysis.diagnose.config_cause import range_causes
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
 from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
@@ -487,6 +488,7 @@ ANALYSES = (
     mismatch_causes,
     _finding_causes,
     override_causes,
+    range_causes,
 )
 
 

@@ -324,9 +324,88 @@ RULES: dict[tuple[str, str], Rule] = {
 in tests/test_rules.py."""
 
 
+# ---------------------------------------------------------------- cfg24: causal order by tier
+# Beside the pairs above, one general rule: a cause of an earlier tier (what the user's setup code did to
+# a model, then a suite key, then the data and the plug-ins, then the training dynamics) explains a
+# symptom of the training outcome when it acts on what the symptom is about (its *channel*): a key that
+# scales the loss or the scaler explains skipped steps and overflows; a tokenizer or data problem that
+# takes the information from the prompts or the responses explains rewards that do not vary. The pairs
+# stay for the relations between causes and for the same-role constraints; the tiers order a root that
+# no pair names above the symptom it produced, instead of the symptom coming first.
+
+TIERS = ("setup", "config", "data", "dynamics", "symptom")
+"""setup > config > data/plug-in > dynamics > symptom: a cause of an earlier tier can explain a later one."""
+
+GRADIENT_SCALE, REWARD_SIGNAL, UPDATE = "gradient_scale", "reward_signal", "update"
+"""Channels: the size of the loss and its gradients (overflow, underflow, NaN); the reward's information
+about the response (no variance within groups, one reward for all); whether the trained weights move."""
+
+TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
+    # setup (model.setup and what a checkpoint directory left)
+    "setup_dtype": ("setup", frozenset({GRADIENT_SCALE, UPDATE})),
+    "setup_trainable": ("setup", frozenset({UPDATE})),
+    "setup_graph": ("setup", frozenset({UPDATE})),
+    "setup_load": ("setup", frozenset({REWARD_SIGNAL})),
+    "newly_initialised": ("setup", frozenset({REWARD_SIGNAL})),
+    # suite keys
+    "config_off": ("config", frozenset({UPDATE})),
+    "config_saturation": ("config", frozenset({GRADIENT_SCALE})),
+    "config_truncation": ("config", frozenset({UPDATE})),
+    "config_scaler": ("config", frozenset({GRADIENT_SCALE})),
+    "config_loss_scale": ("config", frozenset({GRADIENT_SCALE})),
+    "override_scaling": ("config", frozenset({GRADIENT_SCALE})),
+    "override_storage": ("config", frozenset({GRADIENT_SCALE, UPDATE})),
+    "override_compute": ("config", frozenset({GRADIENT_SCALE, REWARD_SIGNAL})),
+    "sampling": ("config", frozenset({REWARD_SIGNAL})),
+    "group_size": ("config", frozenset({REWARD_SIGNAL})),
+    "label_smoothing": ("config", frozenset({UPDATE})),
+    "weight_decay": ("config", frozenset({UPDATE})),
+    # data, tokenizer and plug-ins
+    "tokenizer_ids": ("data", frozenset({REWARD_SIGNAL})),
+    "vocab": ("data", frozenset({REWARD_SIGNAL})),
+    "truncation": ("data", frozenset({REWARD_SIGNAL})),
+    "identical_pairs": ("data", frozenset({REWARD_SIGNAL, UPDATE})),
+    "empty_response": ("data", frozenset({REWARD_SIGNAL})),
+    "prompt_eos": ("data", frozenset({REWARD_SIGNAL})),
+    "response_eos": ("data", frozenset({REWARD_SIGNAL})),
+    "row_order": ("data", frozenset({REWARD_SIGNAL})),
+    "mask_padding": ("data", frozenset({REWARD_SIGNAL})),
+    "padding": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_position": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_inverted": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_integer": ("data", frozenset({REWARD_SIGNAL})),
+    "plugin_precision": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_model_dtype": ("data", frozenset({REWARD_SIGNAL})),
+    # training dynamics
+    "learning_rate": ("dynamics", frozenset({GRADIENT_SCALE})),
+    # symptoms of the training outcome
+    "overflow": ("symptom", frozenset({GRADIENT_SCALE})),
+    "grad_underflow": ("symptom", frozenset({GRADIENT_SCALE})),
+    "nonfinite": ("symptom", frozenset({GRADIENT_SCALE})),
+    "update_underflow": ("symptom", frozenset({UPDATE})),
+    "no_signal": ("symptom", frozenset({REWARD_SIGNAL})),
+    "reward_constant": ("symptom", frozenset({REWARD_SIGNAL})),
+    "reward_trend": ("symptom", frozenset({REWARD_SIGNAL})),
+}
+"""class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
+
+
+def by_tier(root: str, symptom: str) -> Rule | None:
+    """The general rule: ``root`` of an earlier tier than the ``symptom`` (a symptom-tier class) that
+    shares one of its channels explains it."""
+    r, s = TIER_CHANNELS.get(root), TIER_CHANNELS.get(symptom)
+    if r is None or s is None or s[0] != "symptom" or TIERS.index(r[0]) >= TIERS.index(s[0]):
+        return None
+    shared = sorted(r[1] & s[1])
+    if not shared:
+        return None
+    return Rule(f"a {r[0]} cause that acts on the {shared[0].replace('_', ' ')} produces this {symptom}")
+
+
 def explains(root: str, symptom: str) -> Rule | None:
-    """The rule by which a ``root`` class produces a ``symptom`` class, or None."""
-    return RULES.get((root, symptom))
+    """The rule by which a ``root`` class produces a ``symptom`` class (a pair of `RULES`, else the
+    tier rule `by_tier`), or None."""
+    return RULES.get((root, symptom)) or by_tier(root, symptom)
 
 
 # ---------------------------------------------------------------- chains over causes
