@@ -100,6 +100,15 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_position": "a reward model whose score depends on where the padding is, not on the tokens it scores",
         "reward_constant": "a reward that is one value for every response of the batch: it reads nothing of them",
         "reward_inverted": "a reward or preference that ranks the task's own correct answers below its wrong ones",
+        # model24: the tokenizer and the loaded model against each other (`verlaudit.audit.model_checks`)
+        "tokenizer_vocab": "a tokenizer that numbers its tokens otherwise than the one the model was trained with",
+        "tokenizer_decode": "a tokenizer whose decode does not give back the text it encoded",
+        "chat_template": "a chat template that leaves the message's content out of the prompt",
+        "weights_untrained": "a checkpoint that predicts the task's answers no better than their token frequencies",
+        "setup_remap": "the user's model.setup loaded a checkpoint's tensors under other names (layers reordered)",
+        "hook_output": "a forward hook a setup registered that changes the model's output (its scale, its values)",
+        "mask_ignored": "a model whose outputs for real tokens change with padding: the attention mask is ignored",
+        "value_offset": "a critic whose values start far outside the rewards' range (a value head's bias or scale)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -582,6 +591,54 @@ REWARD_INVERTED = _f(
     "reward/inverted",
     "reward_inverted",
     "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
+)
+
+# ---------------------------------------------------------------- model24: tokenizer, checkpoint and setup forwards
+# (`verlaudit.audit.model_checks`, `verlaudit.audit.setup_changes`)
+TOKENIZER_VOCAB = _f(
+    "model/tokenizer_vocab",
+    "tokenizer_vocab",
+    "model.tokenizer gives tokens other ids than the tokenizer saved with model.path",
+)
+TOKENIZER_DECODE = _f(
+    "model/tokenizer_round_trip",
+    "tokenizer_decode",
+    "decode(encode(text)) differs from the text for the task's prompts or answers",
+)
+CHAT_TEMPLATE_CONTENT = _f(
+    "model/chat_template_content",
+    "chat_template",
+    "the chat template renders a message without its content",
+)
+WEIGHTS_UNTRAINED = _f(
+    "model/checkpoint_untrained",
+    "weights_untrained",
+    "the loaded policy predicts the task's answers no better than their token frequencies",
+)
+SETUP_LOAD_REMAPPED = _f(
+    "setup/load_remapped",
+    "setup_remap",
+    "model.setup loaded a checkpoint's tensors into parameters of other names (same shapes)",
+)
+SETUP_HOOK_OUTPUT = _f(
+    "setup/hook_output",
+    "hook_output",
+    "a forward hook model.setup registered changes the model's output",
+)
+SETUP_MASK_IGNORED = _f(
+    "setup/mask_ignored",
+    "mask_ignored",
+    "after model.setup the real tokens' outputs change with padding: the attention mask is not honoured",
+)
+PADDING_DEPENDENT = _f(
+    "model/padding_dependent",
+    "mask_ignored",
+    "the real tokens' outputs change with padding: the attention mask is not honoured",
+)
+SETUP_VALUE_OFFSET = _f(
+    "setup/value_offset",
+    "value_offset",
+    "after model.setup the critic's values start far outside the task's reward range",
 )
 
 # ---------------------------------------------------------------- failures
