@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 
 import pytest
@@ -88,12 +89,12 @@ def ours(fs):
 
 
 # ---------------------------------------------------------------- setups a user could write
-TRAINED = {}
+ENV = "VERLAUDIT_TEST_TRAINED_LM"
 
 
 def load_swapped_qk(model, role, tokenizer):
     """A converter that maps the checkpoint's q_proj to k_proj and back (same shapes with these heads)."""
-    src = AutoModelForCausalLM.from_pretrained(TRAINED["path"])
+    src = AutoModelForCausalLM.from_pretrained(os.environ[ENV])
     swap = {"q_proj": "k_proj", "k_proj": "q_proj"}
     state = {}
     for k, v in src.state_dict().items():
@@ -103,7 +104,7 @@ def load_swapped_qk(model, role, tokenizer):
 
 
 def load_faithfully(model, role, tokenizer):
-    src = AutoModelForCausalLM.from_pretrained(TRAINED["path"])
+    src = AutoModelForCausalLM.from_pretrained(os.environ[ENV])
     model.load_state_dict(dict(src.state_dict()), strict=True)
 
 
@@ -149,7 +150,7 @@ def value_small(model, role, tokenizer):
 
 # ---------------------------------------------------------------- the checks
 def test_a_setup_that_loads_tensors_under_other_names_is_named(trained):
-    TRAINED["path"] = trained
+    os.environ[ENV] = trained
     out = run_setup({"actor": load_swapped_qk}, {"actor": lm()})
     fs = ours(setup_changes.findings({}, out, resolve_policy("fp32"), {"vocab_size": len(tok())}, TRAINABLE_ROLES))
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_LOAD_REMAPPED, "error")], fs
@@ -160,7 +161,7 @@ def test_a_setup_that_loads_tensors_under_other_names_is_named(trained):
 
 
 def test_a_faithful_load_and_its_trained_policy_are_silent(trained):
-    TRAINED["path"] = trained
+    os.environ[ENV] = trained
     out = run_setup({"actor": load_faithfully}, {"actor": lm()})
     fs = setup_changes.findings({}, out, resolve_policy("fp32"), {"vocab_size": len(tok())}, TRAINABLE_ROLES)
     assert ours(fs) == []
