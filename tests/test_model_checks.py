@@ -35,6 +35,7 @@ OURS = {
     K.SETUP_MASK_IGNORED,
     K.PADDING_DEPENDENT,
     K.SETUP_VALUE_OFFSET,
+    K.SETUP_ZERO_GRADIENT,
 }
 
 
@@ -148,7 +149,46 @@ def value_small(model, role, tokenizer):
         model.value_head.bias.zero_()
 
 
+class Bottleneck(torch.nn.Module):
+    """A residual bottleneck adapter after an MLP: ``x + up(down(x))``."""
+
+    def __init__(self, mlp, zero_down: bool):
+        super().__init__()
+        self.mlp = mlp
+        h = mlp.down_proj.out_features
+        self.down = torch.nn.Parameter(torch.zeros(4, h) if zero_down else torch.randn(4, h) * 0.02)
+        self.up = torch.nn.Parameter(torch.zeros(h, 4))
+
+    def forward(self, x):
+        y = self.mlp(x)
+        return y + (y @ self.down.t()) @ self.up.t()
+
+
+def _adapters(model, zero_down):
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        layer.mlp = Bottleneck(layer.mlp, zero_down)
+
+
+def zero_adapters(model, role, tokenizer):
+    _adapters(model, True)
+
+
+def adapters(model, role, tokenizer):
+    _adapters(model, False)
+
+
 # ---------------------------------------------------------------- the checks
+def test_adapters_whose_factors_both_start_at_zero_get_no_gradient():
+    out = run_setup({"actor": zero_adapters}, {"actor": lm()})
+    fs = ours(model_checks.findings(CONFIG, out, tok()))
+    assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_ZERO_GRADIENT, "error")], fs
+    assert "mlp.down" in fs[0].message and "zero_adapters" in fs[0].where and "init" in fs[0].fix
+    out = run_setup({"actor": adapters}, {"actor": lm()})
+    assert ours(model_checks.findings(CONFIG, out, tok())) == []
+
+
+
 def test_a_setup_that_loads_tensors_under_other_names_is_named(trained):
     os.environ[ENV] = trained
     out = run_setup({"actor": load_swapped_qk}, {"actor": lm()})

@@ -109,6 +109,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "hook_output": "a forward hook a setup registered that changes the model's output (its scale, its values)",
         "mask_ignored": "a model whose outputs for real tokens change with padding: the attention mask is ignored",
         "value_offset": "a critic whose values start far outside the rewards' range (a value head's bias or scale)",
+        "setup_zero_grad": "the user's model.setup left a role whose trainable tensors all get a zero gradient",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -634,6 +635,11 @@ PADDING_DEPENDENT = _f(
     "model/padding_dependent",
     "mask_ignored",
     "the real tokens' outputs change with padding: the attention mask is not honoured",
+)
+SETUP_ZERO_GRADIENT = _f(
+    "setup/zero_gradient",
+    "setup_zero_grad",
+    "after model.setup no trainable tensor of a role gets a gradient (factors initialised to zero)",
 )
 SETUP_VALUE_OFFSET = _f(
     "setup/value_offset",

@@ -356,6 +356,57 @@ def value_finding(config: Mapping[str, Any], critic: nn.Module, ids, mask) -> Fi
     return _f(K.SETUP_VALUE_OFFSET, "warning", "critic", who, msg, fix, {"mean": mean, "std": float(vals.std())})
 
 
+def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding | None:
+    """``setup/zero_gradient``: after a setup, not one of a trainable role's trainable tensors gets a
+    gradient from its output on the task's text (a product of factors that all start at zero, a head
+    that multiplies by a zero): the optimizer never moves it. One backward into `torch.autograd.grad`
+    (the parameters' ``.grad`` untouched), at setup only."""
+    from trainer.logprobs import _accepts, attention_inputs
+
+    who = _who(model)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if who is None or not params:
+        return None
+    was = [(m, m.training) for m in model.modules()]
+    devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
+    try:
+        model.eval()
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            if _accepts(model, "use_cache"):
+                out = _out(model(input_ids=ids, use_cache=False, **attention_inputs(model, mask)))
+            else:
+                out = _out(model(input_ids=ids, attention_mask=mask))
+            if out is None or not out.requires_grad:
+                return None  # no graph at all: `setup/no_graph` says so
+            sel = out.float()[mask.bool()]
+            loss = (torch.log_softmax(sel, -1).mean() if sel.dim() == 2 else sel.mean())
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    except Exception:
+        return None
+    finally:
+        for m, t in was:
+            m.training = t
+    if any(g is not None and bool((g != 0).any()) for g in grads):
+        return None
+    zeros = [n for n, p in params if not bool((p.detach() != 0).any())]
+    shown = ", ".join(zeros[:4]) + (f" and {len(zeros) - 4} more" if len(zeros) > 4 else "")
+    msg = (
+        f"after {who} none of the {role}'s {len(params)} trainable tensors gets a gradient: every one is exactly "
+        "0 on the task's text, so the update is 0 and the policy never moves"
+        + (
+            f"; {len(zeros)} of them are all zeros ({shown}): factors initialised to zero give each other a zero "
+            "gradient (the gradient of one is proportional to the other)"
+            if zeros
+            else ""
+        )
+    )
+    fix = (
+        f"initialise one factor of each product randomly in {who} (lora_a ~ kaiming_uniform / normal init, "
+        "lora_b may start at zero): the product starts at 0 but its gradient does not"
+    )
+    return _f(K.SETUP_ZERO_GRADIENT, "error", role, who, msg, fix, {"trainable": len(params), "zero_valued": zeros[:6]})
+
+
 def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokenizer: Any) -> list[Finding]:
     """The tokenizer's findings (`verlaudit.audit.tokenizer_checks`), then each role's forwards on the task's text."""
     pairs = tokenizer_checks.texts(config)
@@ -375,6 +426,9 @@ def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokeniz
         if role == "actor":
             explained = any(f.kind in (K.TOKENIZER_VOCAB, K.SETUP_MASK_IGNORED, K.PADDING_DEPENDENT) for f in out)
             found = untrained_finding(config, model, ids, mask, answer, explained)
+            out += [found] if found else []
+        if role in ("actor", "critic"):
+            found = zero_grad_finding(role, model, ids, mask, answer)
             out += [found] if found else []
         if role == "critic":
             found = value_finding(config, model, ids, mask)
