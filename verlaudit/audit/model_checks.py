@@ -93,9 +93,13 @@ def _out(out: Any) -> torch.Tensor | None:
     return None
 
 
-def forward(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, hooks: bool = True) -> torch.Tensor | None:
+def forward(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, hooks: bool = True, plain: bool = False
+) -> torch.Tensor | None:
     """The role's output (fp32) on ``ids`` as the trainer calls it (`trainer.logprobs.attention_inputs`
-    for a causal LM), no grad, eval mode, RNG restored; ``hooks=False`` sets the user's forward hooks aside."""
+    for a causal LM), no grad, eval mode, RNG restored; ``hooks=False`` sets the user's forward hooks aside;
+    ``plain``: a causal LM called with ids and mask alone, as generation and other callers do (no
+    position ids, from which the library can rebuild the sequences' bounds without the mask)."""
     from trainer.logprobs import _accepts, attention_inputs
 
     kept = []
@@ -112,7 +116,8 @@ def forward(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, *, hooks: b
         model.eval()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             if _accepts(model, "use_cache"):
-                out = model(input_ids=ids, use_cache=False, **attention_inputs(model, mask))
+                attn = {"attention_mask": mask} if plain else attention_inputs(model, mask)
+                out = model(input_ids=ids, use_cache=False, **attn)
             else:
                 out = model(input_ids=ids, attention_mask=mask)
         t = _out(out)
@@ -154,8 +159,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _padding_change(model: nn.Module, ids, mask, *, hooks: bool) -> float | None:
     """Mean relative change of a row's real-token outputs between the padded batch and the row alone,
-    over the `PAD_ROWS` most padded rows."""
-    padded = forward(model, ids, mask, hooks=hooks)
+    over the `PAD_ROWS` most padded rows, the worst of the trainer's call and the `plain` one."""
+    got = [_padding_change_of(model, ids, mask, hooks=hooks, plain=plain) for plain in (False, True)]
+    return None if got[0] is None else max(g for g in got if g is not None)
+
+
+def _padding_change_of(model: nn.Module, ids, mask, *, hooks: bool, plain: bool) -> float | None:
+    padded = forward(model, ids, mask, hooks=hooks, plain=plain)
     if padded is None:
         return None
     order = sorted(range(ids.shape[0]), key=lambda i: int(mask[i].sum()))[:PAD_ROWS]
@@ -164,7 +174,7 @@ def _padding_change(model: nn.Module, ids, mask, *, hooks: bool) -> float | None
         real = mask[i].bool()
         if bool(real.all()):
             continue
-        alone = forward(model, ids[i : i + 1, real], mask[i : i + 1, real], hooks=hooks)
+        alone = forward(model, ids[i : i + 1, real], mask[i : i + 1, real], hooks=hooks, plain=plain)
         if alone is None:
             return None
         worst = max(worst, _rel(padded[i, real], alone[0]))
