@@ -36,6 +36,7 @@ OURS = {
     K.PADDING_DEPENDENT,
     K.SETUP_VALUE_OFFSET,
     K.SETUP_ZERO_GRADIENT,
+    K.SETUP_ROLES_DIFFER,
 }
 
 
@@ -178,7 +179,32 @@ def adapters(model, role, tokenizer):
     _adapters(model, False)
 
 
+def softcapped_head(model, role, tokenizer):
+    """The head's forward replaced (no hook): a muP-style output multiplier of 4 on the logits."""
+    head = model.lm_head
+    plain = head.forward
+    head.forward = lambda x: 4.0 * plain(x)
+
+
+def same_cap_both(model, role, tokenizer):
+    softcapped_head(model, role, tokenizer)
+
+
 # ---------------------------------------------------------------- the checks
+def test_a_reference_whose_forward_a_setup_patched_is_not_the_actors_start():
+    actor = lm()
+    models = {"actor": actor, "reference": copy.deepcopy(actor).eval().requires_grad_(False)}
+    out = run_setup({"reference": softcapped_head}, models)
+    fs = ours(model_checks.findings(CONFIG, out, tok()))
+    assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_ROLES_DIFFER, "warning")], fs
+    assert "softcapped_head" in fs[0].where and "KL" in fs[0].message
+    actor = lm()
+    models = {"actor": actor, "reference": copy.deepcopy(actor).eval().requires_grad_(False)}
+    out = run_setup({"actor": same_cap_both, "reference": same_cap_both}, models)
+    assert ours(model_checks.findings(CONFIG, out, tok())) == []
+
+
+
 def test_adapters_whose_factors_both_start_at_zero_get_no_gradient():
     out = run_setup({"actor": zero_adapters}, {"actor": lm()})
     fs = ours(model_checks.findings(CONFIG, out, tok()))

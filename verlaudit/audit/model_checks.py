@@ -422,6 +422,50 @@ def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding
     return _f(K.SETUP_ZERO_GRADIENT, "error", role, who, msg, fix, {"trainable": len(params), "zero_valued": zeros[:6]})
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    coarse = a.dtype if a.element_size() < b.element_size() else b.dtype
+    return bool(torch.equal(a.detach().to(dtype=coarse), b.detach().to(device=a.device, dtype=coarse)))
+
+
+def roles_forward_finding(models: Mapping[str, nn.Module], ids, mask, found: Sequence[Finding]) -> Finding | None:
+    """``setup/roles_differ`` when, after a setup on the actor or the reference, their weights are
+    equal but their log-probs on the task's text are not: the setup changed how one of them computes
+    (a patched ``forward``, a module attribute, a wrapper) and the KL to the reference is not 0 at step 0.
+    Left to the other checks when a hook, the padding or the buffers / config comparison explains it."""
+    actor, ref = models.get("actor"), models.get("reference")
+    if actor is None or ref is None:
+        return None
+    who = _who(ref) or _who(actor)
+    explained = {K.SETUP_HOOK_OUTPUT, K.SETUP_MASK_IGNORED, K.PADDING_DEPENDENT}
+    if who is None or any(f.kind in explained for f in found) or "roles" in (_aspects(ref) | _aspects(actor)):
+        return None
+    sa, sr = actor.state_dict(), ref.state_dict()
+    common = set(sa) & set(sr)
+    if not common or any(not _same(sa[k], sr[k]) for k in common):
+        return None  # the weights differ: the reference check (`model/reference_not_actor`) says where
+    la, lr = forward(actor, ids, mask), forward(ref, ids, mask)
+    if la is None or lr is None or la.shape != lr.shape or la.dim() != 3:
+        return None
+    real = mask.bool()
+    pa, pr = torch.log_softmax(la[real], -1), torch.log_softmax(lr[real], -1)
+    if not (bool(torch.isfinite(pa).all()) and bool(torch.isfinite(pr).all())):
+        return None
+    change = _rel(pr, pa)
+    if change <= max(_tol(actor), _tol(ref), HOOK_CHANGE):
+        return None
+    kl = float((pa.exp() * (pa - pr)).sum(-1).mean())
+    msg = (
+        f"after {who} the reference's log-probs on the task's text differ from the actor's by {change:.1%} (mean "
+        f"relative; KL {kl:.3g} per token) although their weights are equal: the setup changed how one of them "
+        "computes (a patched forward, a module attribute, a wrapper), so the reference is not the actor's "
+        "starting policy and the KL is not 0 at step 0"
+    )
+    fix = f"apply the same change to both roles or remove it from {who}: the reference must compute as the actor starts"
+    return _f(K.SETUP_ROLES_DIFFER, "warning", "reference", who, msg, fix, {"change": change, "kl": kl})
+
+
 def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokenizer: Any) -> list[Finding]:
     """The tokenizer's findings (`verlaudit.audit.tokenizer_checks`), then each role's forwards on the task's text."""
     pairs = tokenizer_checks.texts(config)
@@ -448,4 +492,10 @@ def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokeniz
         if role == "critic":
             found = value_finding(config, model, ids, mask)
             out += [found] if found else []
+    actor = models.get("actor")
+    p = next(actor.parameters(), None) if actor is not None else None
+    got = batch(tokenizer, pairs, p.device) if p is not None and type(p).__name__ != "DTensor" else None
+    if got is not None:
+        found = roles_forward_finding(models, got[0], got[1], out)
+        out += [found] if found else []
     return out
