@@ -356,3 +356,23 @@ def test_the_checks_leave_the_models_as_they_were():
     assert model.training and not ref.training
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_round_trip_reads_verl_files_too(tmp_path):
+    import pandas as pd
+
+    rows = [{"prompt": [{"role": "user", "content": f"{a}*{b}="}], "data_source": "x",
+             "reward_model": {"style": "rule", "ground_truth": str(a * b)}} for a in range(2, 6) for b in range(3, 7)]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(tmp_path / "rows.parquet")
+    config = {"data": {"train_files": str(tmp_path / "rows.parquet")}}
+    t = tok()
+    t.save_pretrained(tmp_path / "tok")
+    spec = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    spec["decoder"] = None
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
+    from transformers import AutoTokenizer
+
+    spaced = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    fs = tokenizer_checks.findings(config, spaced, None)
+    assert [f.kind for f in fs] == [K.TOKENIZER_DECODE] and "'2*3=' -> '2 * 3 ='" in fs[0].message, fs
+    assert tokenizer_checks.findings(config, t, None) == []

@@ -42,6 +42,30 @@ def texts(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
     return [(ex["prompt"], ex["answer"]) for ex in task.make_examples(SAMPLES, seed=0)]
 
 
+def verl_texts(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
+    """(the messages' content, the ground truth) of the first rows of verl files, for the round trip
+    only (a ground truth is not text a checkpoint must predict); None when they cannot be read."""
+    data = config.get("data") or {}
+    files = data.get("train_files")
+    if not files:
+        return None
+    try:
+        from trainer.verl_data import load_rows
+
+        rows = load_rows([files] if isinstance(files, str) else list(files))[:SAMPLES]
+        key = data.get("prompt_key") or "prompt"
+        out = []
+        for row in rows:
+            msgs = row.get(key)
+            msgs = msgs.tolist() if hasattr(msgs, "tolist") else msgs
+            text = "\n".join(str(m.get("content", "")) for m in msgs or [] if isinstance(m, Mapping))
+            truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), Mapping) else None
+            out.append((text, truth if isinstance(truth, str) else ""))
+        return [(t, a) for t, a in out if t] or None
+    except Exception:  # the trainer reports unreadable files itself
+        return None
+
+
 def source(config: Mapping[str, Any]) -> str:
     """Where the run's tokenizer came from, as the suite key and directory (`trainer.models.load_tokenizer`'s
     order: model.tokenizer, else model.path when it holds one, else the project's)."""
@@ -105,7 +129,7 @@ def round_trip(config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[
         return None
     bad: list[tuple[str, str]] = []
     checked = 0
-    for text in [t for pair in pairs for t in pair]:
+    for text in [t for pair in pairs for t in pair if t]:
         try:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             back = tokenizer.decode(ids, skip_special_tokens=True)
@@ -177,5 +201,6 @@ def findings(config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[st
     """The tokenizer's findings at setup (`vocab_mismatch`, `round_trip`, `chat_template`)."""
     if tokenizer is None:
         return []
+    pairs = pairs if pairs else verl_texts(config)
     found = [vocab_mismatch(config, tokenizer), round_trip(config, tokenizer, pairs), chat_template(config, tokenizer)]
     return [f for f in found if f is not None]
