@@ -193,7 +193,7 @@ def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
     pad_bare = _padding_change(model, ids, mask, hooks=False) if hooks else pad
     real = mask.bool()
     if pad > tol and (pad_bare is not None and pad_bare <= tol and hooks):
-        what = f"its forward hook(s) {'; '.join(hooks[:3])}"
+        what = f"the forward hook(s) {'; '.join(hooks[:3])}"
         msg = (
             f"{what} make the {role}'s outputs depend on padding: a left-padded row's real tokens get outputs "
             f"{pad:.1%} (mean relative) away from the same row alone, {pad_bare:.2g} without the hook(s): the "
@@ -372,16 +372,17 @@ def value_finding(config: Mapping[str, Any], critic: nn.Module, ids, mask) -> Fi
 
 
 def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding | None:
-    """``setup/zero_gradient``: after a setup, not one of a trainable role's trainable tensors gets a
-    gradient from its output on the task's text (a product of factors that all start at zero, a head
-    that multiplies by a zero): the optimizer never moves it. One backward into `torch.autograd.grad`
-    (the parameters' ``.grad`` untouched), at setup only."""
+    """``setup/zero_gradient``: after a setup that left trainable tensors at all zeros, not one of the
+    role's trainable tensors gets a gradient from its output on the task's text (factors of a product
+    that all start at zero): the optimizer never moves it. One backward into `torch.autograd.grad` (the
+    parameters' ``.grad`` untouched), at setup only, and only when some trainable tensor is all zeros."""
     from trainer.logprobs import _accepts, attention_inputs
 
     who = _who(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if who is None or not params:
-        return None
+    zeros = [n for n, p in params if not bool((p.detach() != 0).any())]
+    if who is None or not params or not zeros:
+        return None  # a product gets a zero gradient from a factor that is zero: none, no backward
     was = [(m, m.training) for m in model.modules()]
     devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
     try:
@@ -403,7 +404,6 @@ def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding
             m.training = t
     if any(g is not None and bool((g != 0).any()) for g in grads):
         return None
-    zeros = [n for n, p in params if not bool((p.detach() != 0).any())]
     shown = ", ".join(zeros[:4]) + (f" and {len(zeros) - 4} more" if len(zeros) > 4 else "")
     msg = (
         f"after {who} none of the {role}'s {len(params)} trainable tensors gets a gradient: every one is exactly "
