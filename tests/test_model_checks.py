@@ -204,7 +204,6 @@ def test_a_reference_whose_forward_a_setup_patched_is_not_the_actors_start():
     assert ours(model_checks.findings(CONFIG, out, tok())) == []
 
 
-
 def test_adapters_whose_factors_both_start_at_zero_get_no_gradient():
     out = run_setup({"actor": zero_adapters}, {"actor": lm()})
     fs = ours(model_checks.findings(CONFIG, out, tok()))
@@ -214,11 +213,12 @@ def test_adapters_whose_factors_both_start_at_zero_get_no_gradient():
     assert ours(model_checks.findings(CONFIG, out, tok())) == []
 
 
-
 def test_a_setup_that_loads_tensors_under_other_names_is_named(trained):
     os.environ[ENV] = trained
     out = run_setup({"actor": load_swapped_qk}, {"actor": lm()})
-    fs = ours(setup_changes.findings({}, out, resolve_policy("fp32"), {"vocab_size": len(tok())}, TRAINABLE_ROLES))
+    fs = ours(
+        setup_changes.findings({}, out, resolve_policy("fp32"), {"vocab_size": len(tok())}, TRAINABLE_ROLES)
+    )
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_LOAD_REMAPPED, "error")], fs
     assert "k_proj" in fs[0].message and "load_swapped_qk" in fs[0].where and "mapping" in fs[0].fix
     # the task's text says the same: the loaded policy does not know the answers
@@ -274,7 +274,9 @@ def test_a_hook_that_replaces_the_mask_is_named_and_a_clean_model_is_padding_inv
     out = run_setup({"actor": dense_attention}, {"actor": lm(dtype=dtype)})
     fs = ours(model_checks.findings(CONFIG, out, tok()))
     assert [(f.kind, f.severity) for f in fs] == [(K.SETUP_MASK_IGNORED, "error")], fs
-    assert "attention_mask" in fs[0].message and "dense_attention" in fs[0].where and "_ones_mask" in fs[0].fix
+    assert (
+        "attention_mask" in fs[0].message and "dense_attention" in fs[0].where and "_ones_mask" in fs[0].fix
+    )
     clean = {"actor": lm(dtype=dtype), "reference": lm(dtype=dtype).eval()}
     assert ours(model_checks.findings(CONFIG, clean, tok())) == []
 
@@ -343,7 +345,9 @@ def test_a_chat_template_that_drops_the_content_is_named():
     fs = tokenizer_checks.findings(verl, t, None)
     assert [(f.kind, f.severity) for f in fs] == [(K.CHAT_TEMPLATE_CONTENT, "error")], fs
     assert "'message'" in fs[0].message and "content" in fs[0].fix
-    t.chat_template = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    t.chat_template = (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    )
     assert tokenizer_checks.findings(verl, t, None) == []
 
 

@@ -673,7 +673,13 @@ def apply_setup(
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
     from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
-    from trainer.setup_probe import loads_into, moved_or_none, pretrained_into, recording_loads, recording_pretrained
+    from trainer.setup_probe import (
+        loads_into,
+        moved_or_none,
+        pretrained_into,
+        recording_loads,
+        recording_pretrained,
+    )
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)

@@ -108,7 +108,9 @@ def loads_into(model: nn.Module, calls: list[tuple[nn.Module, dict[str, Any]]]) 
     loaded too), each with the submodule's name (``module``)."""
     where = {id(m): n for n, m in model.named_modules()}
     return [
-        {"module": where[id(m)], **{k: v for k, v in c.items() if k != _GIVEN}} for m, c in calls if id(m) in where
+        {"module": where[id(m)], **{k: v for k, v in c.items() if k != _GIVEN}}
+        for m, c in calls
+        if id(m) in where
     ]
 
 

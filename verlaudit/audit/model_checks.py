@@ -149,7 +149,9 @@ def _hook_names(model: nn.Module) -> list[str]:
             except (TypeError, OSError):
                 at = getattr(fn, "__module__", "?")
             kind = "pre-hook" if h in m._forward_pre_hooks.values() else "hook"
-            out.append(f"{at} ({getattr(fn, '__qualname__', type(fn).__name__)}, forward {kind} on {name or 'the model'})")
+            out.append(
+                f"{at} ({getattr(fn, '__qualname__', type(fn).__name__)}, forward {kind} on {name or 'the model'})"
+            )
     return out
 
 
@@ -204,7 +206,17 @@ def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
             "attention_mask on: the mask must reach the attention of every forward"
         )
         kind = K.SETUP_MASK_IGNORED if who else K.PADDING_DEPENDENT
-        out.append(_f(kind, "error", role, who or hooks[0], msg, fix, {"change": pad, "bare": pad_bare, "hooks": hooks}))
+        out.append(
+            _f(
+                kind,
+                "error",
+                role,
+                who or hooks[0],
+                msg,
+                fix,
+                {"change": pad, "bare": pad_bare, "hooks": hooks},
+            )
+        )
     elif pad > tol:
         impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
         msg = (
@@ -212,9 +224,8 @@ def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
             f"(mean relative) away from the same row alone (attention {impl}): the attention_mask is not "
             "honoured, so every forward attends to the padding of the prompts"
         )
-        fix = (
-            f"make the {role}'s forward use the attention_mask it is given"
-            + (f" (check what {who} changed in its attention or forward)" if who else "")
+        fix = f"make the {role}'s forward use the attention_mask it is given" + (
+            f" (check what {who} changed in its attention or forward)" if who else ""
         )
         kind = K.SETUP_MASK_IGNORED if who else K.PADDING_DEPENDENT
         out.append(_f(kind, "error", role, who or role, msg, fix, {"change": pad, "attn": impl}))
@@ -232,7 +243,8 @@ def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
     c = float((a * b).sum() / (b * b).sum().clamp_min(1e-30))
     scaled = _rel(a, c * b) <= tol
     how = (
-        f"it multiplies the output by {c:.3g}" + (f" (a temperature of {1 / c:.3g} on the logits)" if role != "critic" else "")
+        f"it multiplies the output by {c:.3g}"
+        + (f" (a temperature of {1 / c:.3g} on the logits)" if role != "critic" else "")
         if scaled
         else f"it changes the output by {change:.1%} (mean relative)"
     )
@@ -247,7 +259,17 @@ def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
     )
     fix = f"remove the hook from {who or 'the code that registered it'} ({hooks[0]}): the {role}'s logits must be the model's own"
     kind = K.SETUP_HOOK_OUTPUT
-    out.append(_f(kind, "warning", role, who or hooks[0], msg, fix, {"change": change, "scale": c if scaled else None, "hooks": hooks}))
+    out.append(
+        _f(
+            kind,
+            "warning",
+            role,
+            who or hooks[0],
+            msg,
+            fix,
+            {"change": change, "scale": c if scaled else None, "hooks": hooks},
+        )
+    )
     return out
 
 
@@ -287,7 +309,9 @@ def _checkpoint_keys(path: str) -> set[str] | None:
         return None
 
 
-def untrained_finding(config: Mapping[str, Any], actor: nn.Module, ids, mask, answer, explained: bool) -> Finding | None:
+def untrained_finding(
+    config: Mapping[str, Any], actor: nn.Module, ids, mask, answer, explained: bool
+) -> Finding | None:
     """``model/checkpoint_untrained`` for a policy whose weights came from a checkpoint (model.path, or a
     setup that loaded some) when its answer NLL is no better than the answers' token frequencies."""
     model_cfg = config.get("model") or {}
@@ -316,7 +340,9 @@ def untrained_finding(config: Mapping[str, Any], actor: nn.Module, ids, mask, an
         fix = f"check the state dict {who} loads: every tensor under its own name and layer index, nothing left at init"
     elif model_cfg.get("tokenizer") and nll > uniform:
         where = f"model.tokenizer ({model_cfg['tokenizer']})"
-        msg = f"{ev}, worse than uniform: the ids of model.tokenizer are not the ones the model was trained on"
+        msg = (
+            f"{ev}, worse than uniform: the ids of model.tokenizer are not the ones the model was trained on"
+        )
         fix = "use the tokenizer the model was trained with (the one saved with model.path)"
     elif tied and keys is not None and not any(k.endswith("lm_head.weight") for k in keys):
         where = f"model.path ({path}) tie_word_embeddings"
@@ -368,7 +394,9 @@ def value_finding(config: Mapping[str, Any], critic: nn.Module, ids, mask) -> Fi
         f"initialise the value head small in {who}: bias zero, weight ~ N(0, 1/(10 sqrt(hidden))) (the "
         "trainer's own init); a reward model's score bias or scale does not fit this task's returns"
     )
-    return _f(K.SETUP_VALUE_OFFSET, "warning", "critic", who, msg, fix, {"mean": mean, "std": float(vals.std())})
+    return _f(
+        K.SETUP_VALUE_OFFSET, "warning", "critic", who, msg, fix, {"mean": mean, "std": float(vals.std())}
+    )
 
 
 def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding | None:
@@ -395,7 +423,7 @@ def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding
             if out is None or not out.requires_grad:
                 return None  # no graph at all: `setup/no_graph` says so
             sel = out.float()[mask.bool()]
-            loss = (torch.log_softmax(sel, -1).mean() if sel.dim() == 2 else sel.mean())
+            loss = torch.log_softmax(sel, -1).mean() if sel.dim() == 2 else sel.mean()
             grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
     except Exception:
         return None
@@ -419,7 +447,15 @@ def zero_grad_finding(role: str, model: nn.Module, ids, mask, answer) -> Finding
         f"initialise one factor of each product randomly in {who} (lora_a ~ kaiming_uniform / normal init, "
         "lora_b may start at zero): the product starts at 0 but its gradient does not"
     )
-    return _f(K.SETUP_ZERO_GRADIENT, "error", role, who, msg, fix, {"trainable": len(params), "zero_valued": zeros[:6]})
+    return _f(
+        K.SETUP_ZERO_GRADIENT,
+        "error",
+        role,
+        who,
+        msg,
+        fix,
+        {"trainable": len(params), "zero_valued": zeros[:6]},
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -429,7 +465,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.detach().to(dtype=coarse), b.detach().to(device=a.device, dtype=coarse)))
 
 
-def roles_forward_finding(models: Mapping[str, nn.Module], ids, mask, found: Sequence[Finding]) -> Finding | None:
+def roles_forward_finding(
+    models: Mapping[str, nn.Module], ids, mask, found: Sequence[Finding]
+) -> Finding | None:
     """``setup/roles_differ`` when, after a setup on the actor or the reference, their weights are
     equal but their log-probs on the task's text are not: the setup changed how one of them computes
     (a patched ``forward``, a module attribute, a wrapper) and the KL to the reference is not 0 at step 0.
@@ -483,7 +521,9 @@ def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokeniz
         ids, mask, answer = got
         out += hook_findings(role, model, ids, mask)
         if role == "actor":
-            explained = any(f.kind in (K.TOKENIZER_VOCAB, K.SETUP_MASK_IGNORED, K.PADDING_DEPENDENT) for f in out)
+            explained = any(
+                f.kind in (K.TOKENIZER_VOCAB, K.SETUP_MASK_IGNORED, K.PADDING_DEPENDENT) for f in out
+            )
             found = untrained_finding(config, model, ids, mask, answer, explained)
             out += [found] if found else []
         if role in ("actor", "critic"):

@@ -59,7 +59,11 @@ def verl_texts(config: Mapping[str, Any]) -> list[tuple[str, str]] | None:
             msgs = row.get(key)
             msgs = msgs.tolist() if hasattr(msgs, "tolist") else msgs
             text = "\n".join(str(m.get("content", "")) for m in msgs or [] if isinstance(m, Mapping))
-            truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), Mapping) else None
+            truth = (
+                (row.get("reward_model") or {}).get("ground_truth")
+                if isinstance(row.get("reward_model"), Mapping)
+                else None
+            )
             out.append((text, truth if isinstance(truth, str) else ""))
         return [(t, a) for t, a in out if t] or None
     except Exception:  # the trainer reports unreadable files itself
@@ -94,7 +98,12 @@ def vocab_mismatch(config: Mapping[str, Any], tokenizer: Any) -> Finding | None:
     the tokens they share other ids."""
     model = config.get("model") or {}
     path, tok_dir = model.get("path"), model.get("tokenizer")
-    if not path or not tok_dir or os.path.abspath(path) == os.path.abspath(tok_dir) or not _has_tokenizer(path):
+    if (
+        not path
+        or not tok_dir
+        or os.path.abspath(path) == os.path.abspath(tok_dir)
+        or not _has_tokenizer(path)
+    ):
         return None
     try:
         from transformers import AutoTokenizer
@@ -118,11 +127,17 @@ def vocab_mismatch(config: Mapping[str, Any], tokenizer: Any) -> Finding | None:
         f"use the tokenizer the model was trained with: unset model.tokenizer (model.path {path} holds it) or "
         "point model.tokenizer at the same tokenizer directory"
     )
-    obs = {"differ": len(differ), "shared": len(shared), "examples": [[t, theirs[t], ours[t]] for t in differ[:6]]}
+    obs = {
+        "differ": len(differ),
+        "shared": len(shared),
+        "examples": [[t, theirs[t], ours[t]] for t in differ[:6]],
+    }
     return _finding(K.TOKENIZER_VOCAB, "error", f"model.tokenizer ({tok_dir})", msg, fix, obs)
 
 
-def round_trip(config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[str, str]] | None) -> Finding | None:
+def round_trip(
+    config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[str, str]] | None
+) -> Finding | None:
     """``model/tokenizer_round_trip`` when decode(encode(text)) is not the text (ends stripped) for at
     least `ROUND_TRIP_SHARE` of the task's prompts and answers."""
     if not pairs:
@@ -197,10 +212,16 @@ def chat_template(config: Mapping[str, Any], tokenizer: Any) -> Finding | None:
     return _finding(K.CHAT_TEMPLATE_CONTENT, "error", where, msg, fix, {"rendered": text, "fields": fields})
 
 
-def findings(config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[str, str]] | None) -> list[Finding]:
+def findings(
+    config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[str, str]] | None
+) -> list[Finding]:
     """The tokenizer's findings at setup (`vocab_mismatch`, `round_trip`, `chat_template`)."""
     if tokenizer is None:
         return []
     pairs = pairs if pairs else verl_texts(config)
-    found = [vocab_mismatch(config, tokenizer), round_trip(config, tokenizer, pairs), chat_template(config, tokenizer)]
+    found = [
+        vocab_mismatch(config, tokenizer),
+        round_trip(config, tokenizer, pairs),
+        chat_template(config, tokenizer),
+    ]
     return [f for f in found if f is not None]

@@ -307,11 +307,15 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     # model24: the tokenizer, the checkpoint and a setup's forwards against the task's text (model_checks)
     **{
-        ("tokenizer_vocab", s): Rule("the model reads other ids than it was trained on: its answers are wrong")
+        ("tokenizer_vocab", s): Rule(
+            "the model reads other ids than it was trained on: its answers are wrong"
+        )
         for s in ("no_signal", "reward_constant", "reference", "mismatch")
     },
     **{
-        ("tokenizer_decode", s): Rule("the reward reads decoded text that differs from what the model produced")
+        ("tokenizer_decode", s): Rule(
+            "the reward reads decoded text that differs from what the model produced"
+        )
         for s in ("no_signal", "reward_constant")
     },
     **{
@@ -327,7 +331,9 @@ RULES: dict[tuple[str, str], Rule] = {
         for s in ("reference", "mismatch", "no_signal")
     },
     **{
-        ("mask_ignored", s): Rule("a forward that attends to padding computes other log-probs for the same tokens")
+        ("mask_ignored", s): Rule(
+            "a forward that attends to padding computes other log-probs for the same tokens"
+        )
         for s in ("reference", "mismatch", "no_signal", "reward_constant")
     },
     **{
@@ -335,7 +341,9 @@ RULES: dict[tuple[str, str], Rule] = {
         for s in ("no_signal", "reward_constant", "reference")
     },
     **{
-        ("setup_zero_grad", s): Rule("trainable tensors with zero gradient never move the policy", same_role=True)
+        ("setup_zero_grad", s): Rule(
+            "trainable tensors with zero gradient never move the policy", same_role=True
+        )
         for s in ("no_signal", "update_underflow")
     },
     ("setup_zero_grad", "reference"): Rule(
