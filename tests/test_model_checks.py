@@ -380,3 +380,19 @@ def test_the_round_trip_reads_verl_files_too(tmp_path):
     fs = tokenizer_checks.findings(config, spaced, None)
     assert [f.kind for f in fs] == [K.TOKENIZER_DECODE] and "'2*3=' -> '2 * 3 ='" in fs[0].message, fs
     assert tokenizer_checks.findings(config, t, None) == []
+
+
+def test_a_checkpoint_saved_with_its_layers_swapped_does_not_know_the_task(trained, tmp_path):
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            (tmp_path / f).write_text(open(f"{trained}/{f}").read())
+        except FileNotFoundError:
+            pass
+    state = load_file(f"{trained}/model.safetensors")
+    swapped = {k.replace("layers.0.", "layers.@.").replace("layers.1.", "layers.0.").replace("layers.@.", "layers.1."): v
+               for k, v in state.items()}  # fmt: skip
+    save_file(swapped, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    fs = ours(model_checks.findings({**CONFIG, "model": {"path": str(tmp_path)}}, {"actor": model}, tok()))
+    assert [(f.kind, f.severity) for f in fs] == [(K.WEIGHTS_UNTRAINED, "error")], fs
+    assert fs[0].where == f"model.path ({tmp_path})" and "layer order" in fs[0].message

@@ -295,6 +295,10 @@ def _nll(model: nn.Module, ids, mask, answer) -> tuple[float, float, float] | No
     return nll, float(-(freq * freq.log()).sum()), math.log(logits.shape[-1])
 
 
+_CONFIG_FIELDS = ("rope_theta", "rms_norm_eps", "hidden_act", "tie_word_embeddings", "num_hidden_layers")
+"""Config fields that change what a checkpoint computes, quoted when it does not know its task."""
+
+
 def _checkpoint_keys(path: str) -> set[str] | None:
     try:
         from safetensors import safe_open
@@ -318,6 +322,9 @@ def untrained_finding(
     path = model_cfg.get("path")
     aspects = _aspects(actor)
     loaded = bool(aspects & {"load", "pretrained", "remapped"})
+    report = getattr(actor, "load_report", None)
+    if isinstance(report, Mapping) and report.get("missing", 0) + report.get("mismatched", 0) > 0:
+        return None  # weights the checkpoint lacked: `model/newly_initialised` names them
     if explained or "remapped" in aspects or not (path or loaded):
         return None
     got = _nll(actor, ids, mask, answer)
@@ -358,8 +365,18 @@ def untrained_finding(
         )
     else:
         where = f"model.path ({path})"
-        msg = f"{ev}: the checkpoint in model.path ({path}) does not hold the trained model's weights"
-        fix = f"check the checkpoint in {path}: the weights of the model you trained, under their own names"
+        fields = ", ".join(
+            f"{k}={getattr(cfg, k)!r}" for k in _CONFIG_FIELDS if getattr(cfg, k, None) is not None
+        )
+        msg = (
+            f"{ev}: the checkpoint in model.path ({path}) does not compute as the trained model did: its "
+            f"weights (names, layer order, dtype) or its config.json ({fields}) are not the ones it was "
+            "trained with"
+        )
+        fix = (
+            f"check the checkpoint in {path}: the weights of the model you trained under their own names, and "
+            "the config.json it was trained with (rope_theta, rms_norm_eps, hidden_act, tie_word_embeddings)"
+        )
     obs = {"nll": round(nll, 4), "unigram": round(unigram, 4), "uniform": round(uniform, 4)}
     return _f(K.WEIGHTS_UNTRAINED, "error", "actor", where, msg, fix, obs)
 
