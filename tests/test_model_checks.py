@@ -396,3 +396,13 @@ def test_a_checkpoint_saved_with_its_layers_swapped_does_not_know_the_task(train
     fs = ours(model_checks.findings({**CONFIG, "model": {"path": str(tmp_path)}}, {"actor": model}, tok()))
     assert [(f.kind, f.severity) for f in fs] == [(K.WEIGHTS_UNTRAINED, "error")], fs
     assert fs[0].where == f"model.path ({tmp_path})" and "layer order" in fs[0].message
+
+
+def test_a_model_with_absolute_positions_is_padding_invariant_as_the_trainer_calls_it():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    t = tok()
+    torch.manual_seed(0)
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(t), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                     bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id))  # fmt: skip
+    assert ours(model_checks.findings(CONFIG, {"actor": gpt.train()}, t)) == []

@@ -162,8 +162,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _padding_change(model: nn.Module, ids, mask, *, hooks: bool) -> float | None:
     """Mean relative change of a row's real-token outputs between the padded batch and the row alone,
     over the `PAD_ROWS` most padded rows, the worst of the trainer's call and the `plain` one."""
-    got = [_padding_change_of(model, ids, mask, hooks=hooks, plain=plain) for plain in (False, True)]
+    plains = (False, True) if _rotary(model) else (False,)  # absolute positions shift with padding
+    got = [_padding_change_of(model, ids, mask, hooks=hooks, plain=plain) for plain in plains]
     return None if got[0] is None else max(g for g in got if g is not None)
+
+
+def _rotary(model: nn.Module) -> bool:
+    """Whether positions enter only relatively (rotary embeddings): then a left-padded row called
+    without position ids computes the same for its real tokens, as long as the mask is honoured."""
+    return any(name.endswith("rotary_emb") for name, _ in model.named_modules())
 
 
 def _padding_change_of(model: nn.Module, ids, mask, *, hooks: bool, plain: bool) -> float | None:
