@@ -406,3 +406,16 @@ def test_a_model_with_absolute_positions_is_padding_invariant_as_the_trainer_cal
     gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(t), n_embd=32, n_layer=2, n_head=2, n_positions=64,
                                      bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id))  # fmt: skip
     assert ours(model_checks.findings(CONFIG, {"actor": gpt.train()}, t)) == []
+
+
+def test_a_user_hooks_side_effects_during_the_checks_are_undone():
+    model = lm()
+    rot = model.model.rotary_emb
+
+    def cast_and_count(module, args):
+        rot.inv_freq = rot.inv_freq.to(torch.bfloat16)
+        module.calls = getattr(module, "calls", 0) + 1
+
+    model.register_forward_pre_hook(cast_and_count)
+    model_checks.findings(CONFIG, {"actor": model}, tok())
+    assert rot.inv_freq.dtype == torch.float32 and not hasattr(model, "calls")

@@ -19,10 +19,11 @@ the model's training mode put back), none at step time. Exercised by `pytest tes
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -528,7 +529,42 @@ def roles_forward_finding(
     return _f(K.SETUP_ROLES_DIFFER, "warning", "reference", who, msg, fix, {"change": change, "kl": kl})
 
 
+@contextlib.contextmanager
+def kept_state(models: Sequence[nn.Module]) -> Iterator[None]:
+    """Within the block the models may run their user hooks; after it every module's attributes, its
+    buffers (rebound or changed in place) and its training mode are what they were: a hook that casts a
+    buffer on its first call, or counts its calls on the module, does so in the run, not in the audit's
+    forwards. (Module-level state of the user's own file is beyond reach.)"""
+    saved = []
+    for model in models:
+        for m in model.modules():
+            bufs = dict(m._buffers)
+            values = {k: b.detach().clone() for k, b in bufs.items() if isinstance(b, torch.Tensor)}
+            saved.append((m, dict(m.__dict__), bufs, values))
+    try:
+        yield
+    finally:
+        for m, attrs, bufs, values in saved:
+            m.__dict__.clear()
+            m.__dict__.update(attrs)
+            m._buffers.clear()
+            m._buffers.update(bufs)
+            with torch.no_grad():
+                for k, v in values.items():
+                    b = bufs[k]
+                    if b.shape == v.shape and not torch.equal(b, v):
+                        b.copy_(v)
+
+
 def findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokenizer: Any) -> list[Finding]:
+    """The tokenizer's findings (`verlaudit.audit.tokenizer_checks`), then each role's forwards on the
+    task's text, with the models' state kept (`kept_state`)."""
+    roles = [m for r, m in models.items() if r in ROLES and isinstance(m, nn.Module)]
+    with kept_state(roles):
+        return _findings(config, models, tokenizer)
+
+
+def _findings(config: Mapping[str, Any], models: Mapping[str, nn.Module], tokenizer: Any) -> list[Finding]:
     """The tokenizer's findings (`verlaudit.audit.tokenizer_checks`), then each role's forwards on the task's text."""
     pairs = tokenizer_checks.texts(config)
     out = tokenizer_checks.findings(config, tokenizer, pairs)
