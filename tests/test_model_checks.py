@@ -419,3 +419,22 @@ def test_a_user_hooks_side_effects_during_the_checks_are_undone():
     model.register_forward_pre_hook(cast_and_count)
     model_checks.findings(CONFIG, {"actor": model}, tok())
     assert rot.inv_freq.dtype == torch.float32 and not hasattr(model, "calls")
+
+
+CALLS = {"n": 0}
+
+
+def test_a_hook_that_acts_on_its_third_call_still_does_so_in_the_run():
+    model = lm()
+    rot = model.model.rotary_emb
+    seen = {"n": 0}
+
+    def third_call(module, args):
+        seen["n"] += 1
+        CALLS["n"] += 1
+        if seen["n"] == 3:
+            rot.inv_freq = rot.inv_freq.to(torch.bfloat16)
+
+    model.register_forward_pre_hook(third_call)
+    model_checks.findings(CONFIG, {"actor": model}, tok())
+    assert seen == {"n": 0} and CALLS == {"n": 0} and rot.inv_freq.dtype == torch.float32

@@ -20,6 +20,7 @@ the model's training mode put back), none at step time. Exercised by `pytest tes
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 import os
@@ -303,6 +304,9 @@ def _nll(model: nn.Module, ids, mask, answer) -> tuple[float, float, float] | No
     return nll, float(-(freq * freq.log()).sum()), math.log(logits.shape[-1])
 
 
+RANDOM_BAND = 0.1
+"""An answer NLL within this share of log(vocab) is a never-trained checkpoint's (random init), left alone:
+a trained one loaded wrong keeps part of what it learnt (below) or is confidently wrong (above)."""
 _CONFIG_FIELDS = ("rope_theta", "rms_norm_eps", "hidden_act", "tie_word_embeddings", "num_hidden_layers")
 """Config fields that change what a checkpoint computes, quoted when it does not know its task."""
 
@@ -339,8 +343,8 @@ def untrained_finding(
     if got is None:
         return None
     nll, unigram, uniform = got
-    if nll <= unigram:
-        return None
+    if nll <= unigram or abs(nll - uniform) <= RANDOM_BAND * uniform:
+        return None  # it knows the task; or it is an untrained checkpoint (a random init is no loading fault)
     ev = (
         f"the policy's NLL of the task's answers is {nll:.2f} nats per token, no better than the "
         f"{unigram:.2f} of the answers' own token frequencies (a random model: about {uniform:.2f})"
@@ -529,6 +533,62 @@ def roles_forward_finding(
     return _f(K.SETUP_ROLES_DIFFER, "warning", "reference", who, msg, fix, {"change": change, "kl": kl})
 
 
+def _put_back(get, put, value) -> None:
+    """Restores a saved copy, in place for a dict / list the hook mutated (others may hold it)."""
+    now = get()
+    if isinstance(now, dict) and isinstance(value, dict):
+        now.clear()
+        now.update(value)
+    elif isinstance(now, list) and isinstance(value, list):
+        now[:] = value
+    else:
+        put(value)
+
+
+def _hook_state(h: Any):
+    """A function that puts back the state a user hook can reach and change: its closure's cells, its
+    attributes, its object's attributes (a bound method or a callable object), the globals it names.
+    A hook that counts its calls (to act on the third) then counts the run's calls, not the audit's."""
+    fn = getattr(h, "func", h)
+    owner = getattr(fn, "__self__", None) or (fn if not inspect.isfunction(fn) else None)
+    fn = getattr(fn, "__func__", fn)
+    if owner is not None and not inspect.isfunction(fn):
+        fn = vars(type(owner)).get("__call__", fn)
+    if isinstance(owner, nn.Module):
+        owner = None  # a module's own attributes: `kept_state` puts them back
+    saved: list[tuple[Any, Any, Any]] = []
+
+    def keep(get, put):
+        try:
+            saved.append((get, put, copy.deepcopy(get())))
+        except Exception:  # a value that cannot be copied (a lock, a handle): left as it is
+            pass
+
+    for cell in getattr(fn, "__closure__", None) or ():
+        keep(lambda c=cell: c.cell_contents, lambda v, c=cell: setattr(c, "cell_contents", v))
+    for obj in (fn, owner):
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and not isinstance(obj, type):
+            for k in list(d):
+                keep(lambda d=d, k=k: d[k], lambda v, d=d, k=k: d.__setitem__(k, v))
+    g = getattr(fn, "__globals__", None)
+    code = getattr(fn, "__code__", None)
+    if isinstance(g, dict) and code is not None:
+        for name in code.co_names:
+            v = g.get(name)
+            if name in g and not (inspect.ismodule(v) or callable(v) or isinstance(v, type)):
+                keep(lambda g=g, n=name: g[n], lambda v, g=g, n=name: g.__setitem__(n, v))
+
+    def restore() -> None:
+        for get, put, value in saved:
+            try:
+                _put_back(get, put, value)
+            except Exception:
+                pass
+
+    return restore
+
+
 @contextlib.contextmanager
 def kept_state(models: Sequence[nn.Module]) -> Iterator[None]:
     """Within the block the models may run their user hooks; after it every module's attributes, its
@@ -536,14 +596,19 @@ def kept_state(models: Sequence[nn.Module]) -> Iterator[None]:
     buffer on its first call, or counts its calls on the module, does so in the run, not in the audit's
     forwards. (Module-level state of the user's own file is beyond reach.)"""
     saved = []
+    hooks = []
     for model in models:
         for m in model.modules():
+            hooks += [h for h in [*m._forward_pre_hooks.values(), *m._forward_hooks.values()] if _user(h)]
             bufs = dict(m._buffers)
             values = {k: b.detach().clone() for k, b in bufs.items() if isinstance(b, torch.Tensor)}
             saved.append((m, dict(m.__dict__), bufs, values))
+    reach = [_hook_state(h) for h in hooks]
     try:
         yield
     finally:
+        for restore in reach:
+            restore()
         for m, attrs, bufs, values in saved:
             m.__dict__.clear()
             m.__dict__.update(attrs)
