@@ -438,3 +438,6 @@ def test_a_hook_that_acts_on_its_third_call_still_does_so_in_the_run():
     model.register_forward_pre_hook(third_call)
     model_checks.findings(CONFIG, {"actor": model}, tok())
     assert seen == {"n": 0} and CALLS == {"n": 0} and rot.inv_freq.dtype == torch.float32
+    for _ in range(3):  # the run's third forward: the hook still holds the model's own rotary module
+        model(input_ids=torch.tensor([[1, 5, 6]]))
+    assert rot.inv_freq.dtype == torch.bfloat16 and model.model.rotary_emb is rot

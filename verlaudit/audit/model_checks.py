@@ -541,6 +541,9 @@ def _put_back(get, put, value) -> None:
         now.update(value)
     elif isinstance(now, list) and isinstance(value, list):
         now[:] = value
+    elif isinstance(now, set) and isinstance(value, set):
+        now.clear()
+        now.update(value)
     else:
         put(value)
 
@@ -559,10 +562,16 @@ def _hook_state(h: Any):
     saved: list[tuple[Any, Any, Any]] = []
 
     def keep(get, put):
+        # plain values and shallow copies of containers: the objects a hook points at (the model's own
+        # modules, tensors) keep their identity; a counter in them is put back
         try:
-            saved.append((get, put, copy.deepcopy(get())))
-        except Exception:  # a value that cannot be copied (a lock, a handle): left as it is
-            pass
+            v = get()
+        except Exception:
+            return
+        if isinstance(v, (dict, list, set)):
+            saved.append((get, put, copy.copy(v)))
+        elif isinstance(v, (int, float, bool, str, bytes, tuple, frozenset, type(None))):
+            saved.append((get, put, v))
 
     for cell in getattr(fn, "__closure__", None) or ():
         keep(lambda c=cell: c.cell_contents, lambda v, c=cell: setattr(c, "cell_contents", v))
