@@ -204,6 +204,20 @@ ROOTS = {
     "reward_position": lambda st, ph, role: Records([finding(K.REWARD_POSITION, step=st, phase=ph, role="reward",
                                                              where="model.reward_model (rm.py:load)",
                                                              observed={"rows_changed": 6, "rows": 8})]),
+    # model24: the tokenizer, the checkpoint and a setup's forwards (verlaudit.audit.model_checks)
+    "tokenizer_vocab": lambda st, ph, role: Records([finding(K.TOKENIZER_VOCAB, step=st, phase=ph, role=role,
+                                                             where="model.tokenizer (/tok)", observed={"differ": 60})]),
+    "tokenizer_decode": lambda st, ph, role: Records([finding(K.TOKENIZER_DECODE, step=st, phase=ph, role=role,
+                                                              where="model.tokenizer (/tok)", observed={"changed": 32})]),
+    "chat_template": lambda st, ph, role: Records([finding(K.CHAT_TEMPLATE_CONTENT, step=st, phase=ph, role=role,
+                                                           where="model.tokenizer (/tok)", observed={"fields": ["text"]})]),
+    "weights_untrained": lambda st, ph, role: Records([finding(K.WEIGHTS_UNTRAINED, step=st, phase=ph, role=role,
+                                                               where="model.path (/ckpt)", observed={"nll": 3.5})]),
+    "hook_output": lambda st, ph, role: Records([finding(K.SETUP_HOOK_OUTPUT, step=st, phase=ph, role=role,
+                                                         where="model.setup (s.py:f)", severity="warning",
+                                                         observed={"scale": 1.43})]),
+    "mask_ignored": lambda st, ph, role: Records([finding(K.PADDING_DEPENDENT, step=st, phase=ph, role=role,
+                                                          where="actor", observed={"change": 0.3})]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -307,6 +321,13 @@ def _is_setup_root(root: str) -> bool:
         "reward_model_dtype",
         "tied_weights",
         "newly_initialised",
+        # model24: recorded at setup (verlaudit.audit.model_checks)
+        "tokenizer_vocab",
+        "tokenizer_decode",
+        "chat_template",
+        "weights_untrained",
+        "hook_output",
+        "mask_ignored",
     )
 
 

@@ -673,7 +673,13 @@ def apply_setup(
     function is re-raised with the plug-in and role named."""
     from trainer.plugins import resolve_callable
     from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
-    from trainer.setup_probe import loads_into, pretrained_into, recording_loads, recording_pretrained
+    from trainer.setup_probe import (
+        loads_into,
+        moved_or_none,
+        pretrained_into,
+        recording_loads,
+        recording_pretrained,
+    )
 
     plugins = model_cfg.setup_plugins()
     out = dict(models)
@@ -704,6 +710,8 @@ def apply_setup(
                 out[role], loads_into(out[role], loads), len(tokenizer), trains=role in TRAINABLE_ROLES
             )
             found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
+            moved = moved_or_none(out[role], loads, pretrained)
+            found += [{"aspect": "remapped", **moved}] if moved else []
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
             wrote[role] = written(before, after)

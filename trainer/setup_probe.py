@@ -84,6 +84,13 @@ def recording_loads() -> Iterator[list[tuple[nn.Module, dict[str, Any]]]]:
                         "missing_names": missing[:_LIST],
                         "unexpected_names": unexpected[:_LIST],
                         "prefix": _prefix(missing, unexpected),
+                        # where each given tensor's storage lives (no copy): `moved_tensors` matches
+                        # them against the checkpoints the setup read; stripped from the record
+                        _GIVEN: {
+                            str(k): v.data_ptr()
+                            for k, v in list(state_dict.items())[:_GIVEN_MAX]
+                            if isinstance(v, torch.Tensor) and v.numel() > 1
+                        },
                     },
                 )
             )
@@ -100,7 +107,68 @@ def loads_into(model: nn.Module, calls: list[tuple[nn.Module, dict[str, Any]]]) 
     """The recorded loads into ``model`` or one of its submodules (a head the setup built and then
     loaded too), each with the submodule's name (``module``)."""
     where = {id(m): n for n, m in model.named_modules()}
-    return [{"module": where[id(m)], **c} for m, c in calls if id(m) in where]
+    return [
+        {"module": where[id(m)], **{k: v for k, v in c.items() if k != _GIVEN}}
+        for m, c in calls
+        if id(m) in where
+    ]
+
+
+_GIVEN = "_given"
+"""The private field of a recorded load: the given keys' storage pointers."""
+_GIVEN_MAX = 4096
+"""Tensors of one state dict whose storage is noted (a state dict of more is matched on its first ones)."""
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Whether two state-dict keys name the same tensor, up to a prefix one of them carries (a backbone's
+    ``layers.0.x`` is its causal LM's ``model.layers.0.x``)."""
+    return a == b or a.endswith("." + b) or b.endswith("." + a)
+
+
+def moved_tensors(
+    model: nn.Module,
+    loads: list[tuple[nn.Module, dict[str, Any]]],
+    pretrained: list[tuple[nn.Module, dict[str, Any], str]],
+) -> dict[str, Any] | None:
+    """The tensors of a checkpoint a setup read (``from_pretrained``, `recording_pretrained`) that its
+    ``load_state_dict`` into ``model`` put under another name than the checkpoint's own: a converter
+    whose name map permutes layers (``layers.i -> layers.L-1-i``), swaps q/k or heads. Same shapes, so a
+    strict load passes and the model computes something else. Matched by storage (the state dict's
+    tensors are the checkpoint's, no copy); None when nothing moved."""
+    where = {id(m) for m in model.modules()}
+    sources: dict[int, tuple[set[str], str]] = {}
+    for src, _info, path in pretrained:
+        if id(src) in where:
+            continue  # the model itself (or a part of it) loaded in place
+        for name, t in src.state_dict().items():
+            if t.numel() > 1:
+                sources.setdefault(t.data_ptr(), (set(), path))[0].add(name)
+    if not sources:
+        return None
+    moved, matched, path = [], 0, None
+    for m, c in loads:
+        if id(m) not in where:
+            continue
+        for key, ptr in (c.get(_GIVEN) or {}).items():
+            hit = sources.get(ptr)
+            if hit is None:
+                continue
+            matched += 1
+            if not any(_same_name(key, n) for n in hit[0]):
+                moved.append([key, sorted(hit[0])[0]])
+                path = hit[1]
+    if not moved:
+        return None
+    return {"count": len(moved), "matched": matched, "pairs": moved[:_LIST], "source": path}
+
+
+def moved_or_none(model: nn.Module, loads: Any, pretrained: Any) -> dict[str, Any] | None:
+    """`moved_tensors`, or None when it cannot read the models (the record is never why a run stops)."""
+    try:
+        return moved_tensors(model, loads, pretrained)
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager

@@ -111,6 +111,16 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "config_truncation": "an importance-sampling threshold that truncates every on-policy token's weight",
         "config_scaler": "a loss-scaler setting (growth interval, initial scale) that keeps the scale overflowing or underflowing",
         "config_loss_scale": "a loss divisor far from the response length: the loss and its gradients scaled out of range",
+        # model24: the tokenizer and the loaded model against each other (`verlaudit.audit.model_checks`)
+        "tokenizer_vocab": "a tokenizer that numbers its tokens otherwise than the one the model was trained with",
+        "tokenizer_decode": "a tokenizer whose decode does not give back the text it encoded",
+        "chat_template": "a chat template that leaves the message's content out of the prompt",
+        "weights_untrained": "a checkpoint that predicts the task's answers no better than their token frequencies",
+        "setup_remap": "the user's model.setup loaded a checkpoint's tensors under other names (layers reordered)",
+        "hook_output": "a forward hook a setup registered that changes the model's output (its scale, its values)",
+        "mask_ignored": "a model whose outputs for real tokens change with padding: the attention mask is ignored",
+        "value_offset": "a critic whose values start far outside the rewards' range (a value head's bias or scale)",
+        "setup_zero_grad": "the user's model.setup left a role whose trainable tensors all get a zero gradient",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -671,6 +681,59 @@ LOOP_UPDATE_AGAINST_ADVANTAGE = _f(
     "loop/update_against_advantage",
     "loop_objective",
     "optimizer steps that lower the log-probs of responses with positive advantage (flipped loss sign)",
+)
+
+# ---------------------------------------------------------------- model24: tokenizer, checkpoint and setup forwards
+# (`verlaudit.audit.model_checks`, `verlaudit.audit.setup_changes`)
+TOKENIZER_VOCAB = _f(
+    "model/tokenizer_vocab",
+    "tokenizer_vocab",
+    "model.tokenizer gives tokens other ids than the tokenizer saved with model.path",
+)
+TOKENIZER_DECODE = _f(
+    "model/tokenizer_round_trip",
+    "tokenizer_decode",
+    "decode(encode(text)) differs from the text for the task's prompts or answers",
+)
+CHAT_TEMPLATE_CONTENT = _f(
+    "model/chat_template_content",
+    "chat_template",
+    "the chat template renders a message without its content",
+)
+WEIGHTS_UNTRAINED = _f(
+    "model/checkpoint_untrained",
+    "weights_untrained",
+    "the loaded policy predicts the task's answers no better than their token frequencies",
+)
+SETUP_LOAD_REMAPPED = _f(
+    "setup/load_remapped",
+    "setup_remap",
+    "model.setup loaded a checkpoint's tensors into parameters of other names (same shapes)",
+)
+SETUP_HOOK_OUTPUT = _f(
+    "setup/hook_output",
+    "hook_output",
+    "a forward hook model.setup registered changes the model's output",
+)
+SETUP_MASK_IGNORED = _f(
+    "setup/mask_ignored",
+    "mask_ignored",
+    "after model.setup the real tokens' outputs change with padding: the attention mask is not honoured",
+)
+PADDING_DEPENDENT = _f(
+    "model/padding_dependent",
+    "mask_ignored",
+    "the real tokens' outputs change with padding: the attention mask is not honoured",
+)
+SETUP_ZERO_GRADIENT = _f(
+    "setup/zero_gradient",
+    "setup_zero_grad",
+    "after model.setup no trainable tensor of a role gets a gradient (factors initialised to zero)",
+)
+SETUP_VALUE_OFFSET = _f(
+    "setup/value_offset",
+    "value_offset",
+    "after model.setup the critic's values start far outside the task's reward range",
 )
 
 # ---------------------------------------------------------------- failures

@@ -39,6 +39,7 @@ from verlaudit.audit import (
     gradhealth,
     invariants,
     invariants_reward,
+    model_checks,
     nonfinite,
     numerics,
     opcount,
@@ -174,6 +175,8 @@ class Auditor(Observer):
         self.findings.extend(
             setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
         )
+        # model24: the tokenizer and each role's forward on the task's own text, before any step
+        self.findings.extend(model_checks.findings(config or {}, self.models, tokenizer_info.get("tokenizer")))
         # settings that make a loss or an update degenerate by construction, named before the first step
         configured = config_checks.setup_findings(config or {})
         self.findings.extend(configured)

@@ -392,9 +392,28 @@ def _probe_findings(rec: Mapping[str, Any], who: str, role: str) -> list[Finding
             out.append(_finding(K.SETUP_NO_GRAPH, role, who, *_graph(c, who, role), c))
         elif aspect == "unregistered":
             out.append(_finding(K.SETUP_UNREGISTERED, role, who, *_unregistered(c, who, role), c))
+        elif aspect == "remapped":
+            out.append(_finding(K.SETUP_LOAD_REMAPPED, role, who, *_remapped(c, who, role), c))
         elif aspect == "pretrained":
             out.append(_newly_initialised(c, role, [role], who))
         elif aspect == "roles" and role == (c.get("setup") or [role])[0]:
             got = _roles(c, who, role)
             out.append(_finding(K.SETUP_ROLES_DIFFER, role, who, *got, c))
     return out
+
+
+def _remapped(c: Mapping[str, Any], who: str, role: str):
+    """A checkpoint's tensors loaded under other names than its own (`trainer.setup_probe.moved_tensors`)."""
+    pairs = "; ".join(f"{into} <- {frm}" for into, frm in c["pairs"][:3])
+    layers = any(".layers." in f".{a}" or ".h." in f".{a}" for a, _ in c["pairs"])
+    msg = (
+        f"{who} loaded {c['count']} of the {c['matched']} tensors it took from the checkpoint {c.get('source')} "
+        f"into the {role}'s parameters of other names ({pairs}): same shapes, so the load passed, but "
+        + ("the decoder layers run in another order" if layers else "the tensors sit in other places")
+        + f" and the {role} is not the checkpoint's model"
+    )
+    fix = (
+        f"fix the key mapping in {who}: each checkpoint tensor must load into the parameter of its own name "
+        "(layers.i -> layers.i: check the converter's layer index / order)"
+    )
+    return "error", msg, fix, c["pairs"][0][0] if c["pairs"] else None

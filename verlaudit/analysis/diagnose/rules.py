@@ -313,6 +313,50 @@ RULES: dict[tuple[str, str], Rule] = {
     ("loop_optimizer", "update_underflow"): Rule(
         "weights the optimizer does not hold keep their gradients and never change"
     ),
+    # model24: the tokenizer, the checkpoint and a setup's forwards against the task's text (model_checks)
+    **{
+        ("tokenizer_vocab", s): Rule(
+            "the model reads other ids than it was trained on: its answers are wrong"
+        )
+        for s in ("no_signal", "reward_constant", "reference", "mismatch")
+    },
+    **{
+        ("tokenizer_decode", s): Rule(
+            "the reward reads decoded text that differs from what the model produced"
+        )
+        for s in ("no_signal", "reward_constant")
+    },
+    **{
+        ("chat_template", s): Rule("a template without the content makes every prompt the same frame")
+        for s in ("no_signal", "reward_constant")
+    },
+    **{
+        ("weights_untrained", s): Rule("a policy that does not know the task scores the same low reward")
+        for s in ("no_signal", "reward_constant", "reference")
+    },
+    **{
+        ("hook_output", s): Rule("a hooked output is not the model's: its log-probs differ from step 0")
+        for s in ("reference", "mismatch", "no_signal")
+    },
+    **{
+        ("mask_ignored", s): Rule(
+            "a forward that attends to padding computes other log-probs for the same tokens"
+        )
+        for s in ("reference", "mismatch", "no_signal", "reward_constant")
+    },
+    **{
+        ("setup_remap", s): Rule("a checkpoint loaded into the wrong parameters is not the trained policy")
+        for s in ("no_signal", "reward_constant", "reference")
+    },
+    **{
+        ("setup_zero_grad", s): Rule(
+            "trainable tensors with zero gradient never move the policy", same_role=True
+        )
+        for s in ("no_signal", "update_underflow")
+    },
+    ("setup_zero_grad", "reference"): Rule(
+        "the setup that added the zero-initialised tensors added parameters the reference does not have"
+    ),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
