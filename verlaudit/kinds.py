@@ -100,6 +100,15 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_position": "a reward model whose score depends on where the padding is, not on the tokens it scores",
         "reward_constant": "a reward that is one value for every response of the batch: it reads nothing of them",
         "reward_inverted": "a reward or preference that ranks the task's own correct answers below its wrong ones",
+        # data24: the examples' invariants and the reward's intervention probes (`invariants_examples`, `invariants_reward`)
+        "reward_batch": "a reward whose score of a response depends on the other responses of the batch",
+        "reward_row_order": "rewards that follow the row's position in the batch, not the response in it",
+        "answer_leak": "prompts that already hold the answer the reward checks (a leaked target)",
+        "duplicate_rows": "distinct dataset rows that are the same example (one object aliased, or copies)",
+        "completion_prompt": "preference completions that repeat the prompt (the whole conversation in chosen/rejected)",
+        "empty_prompt": "examples whose prompt is empty (the policy generates from nothing)",
+        "response_length": "a response length shorter than the task's answers: every response is cut",
+        "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -582,6 +591,44 @@ REWARD_INVERTED = _f(
     "reward/inverted",
     "reward_inverted",
     "the reward (or the preference pairs) ranks the task's correct answers below wrong ones",
+)
+
+# ---------------------------------------------------------------- data24: examples' invariants, reward probes
+REWARD_BATCH_DEPENDENT = _f(
+    "reward/batch_dependent",
+    "reward_batch",
+    "the same rows scored in another batch composition get other rewards (normalised across the batch)",
+)
+REWARD_FOLLOWS_ROW = _f(
+    "reward/follows_row",
+    "reward_row_order",
+    "the rewards rise (or fall) with the row index, step after step: sorted, not aligned with the responses",
+)
+PROMPT_HAS_ANSWER = _f(
+    "data/prompt_has_answer",
+    "answer_leak",
+    "the prompts the policy sees hold the examples' answers",
+)
+DUPLICATE_ROWS = _f(
+    "data/duplicate_rows",
+    "duplicate_rows",
+    "most rows of a batch are one example (the same object or the same text)",
+)
+COMPLETION_REPEATS_PROMPT = _f(
+    "data/completion_repeats_prompt",
+    "completion_prompt",
+    "chosen and rejected completions start with the prompt itself",
+)
+EMPTY_PROMPTS = _f("data/empty_prompts", "empty_prompt", "examples whose prompt text is empty or blank")
+RESPONSE_SHORTER_THAN_ANSWER = _f(
+    "data/response_shorter_than_answer",
+    "response_length",
+    "data.response_length is below the token count of most answers plus eos",
+)
+ANSWERS_LOW_PRECISION = _f(
+    "data/answers_low_precision",
+    "data_precision",
+    "the examples' numeric answers all lie on a fp16/bf16 grid (rounded through a low-precision float)",
 )
 
 # ---------------------------------------------------------------- failures

@@ -37,6 +37,7 @@ from verlaudit.audit import (
     errors,
     gradhealth,
     invariants,
+    invariants_examples,
     invariants_reward,
     nonfinite,
     numerics,
@@ -126,6 +127,8 @@ class Auditor(Observer):
         """This step's (identical groups, groups, reward source), from its last reward."""
         self.reward_watch = invariants_reward.RewardWatch()
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
+        self.example_watch = invariants_examples.ExampleWatch()
+        """The examples' invariants (data24): empty prompts, duplicate rows, leaked answers, rounded answers."""
 
     # -- context manager -------------------------------------------------------------------------
     _frozen = False
@@ -310,6 +313,16 @@ class Auditor(Observer):
                     examples=examples,
                     data=(self.config or {}).get("data") or {},
                     **self.context.where(),
+                )
+            )
+            self.findings.extend(
+                self.example_watch.findings(
+                    batch,
+                    examples=examples,
+                    tokenizer_info=self.tokenizer_info,
+                    data=(self.config or {}).get("data") or {},
+                    source=source,
+                    ctx={"role": role, **self.context.where()},
                 )
             )
 

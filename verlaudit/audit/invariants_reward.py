@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from verlaudit import kinds as K
-from verlaudit.audit import reward_signal
+from verlaudit.audit import probes_reward, reward_signal
 from verlaudit.audit.invariants_data import builtin_task
 from verlaudit.rundir import Finding
 
@@ -250,6 +250,7 @@ class RewardWatch:
     def __init__(self) -> None:
         self.constant = reward_signal.ConstantWatch()
         self.agreement = TaskAgreement()
+        self.row_order = probes_reward.RowOrder()  # data24
         self.found: set[str] = set()
 
     def findings(
@@ -287,6 +288,8 @@ class RewardWatch:
                 data=data,
                 ctx=where,
             )
+        if source.startswith("function:"):  # data24: rewards sorted by row, every step (a comparison)
+            out += self.row_order.observe(rewards, where=reward_signal.reward_key(data), ctx=where)
         if not sampled:
             self.found.update(f.kind for f in out)
             return out
@@ -302,6 +305,12 @@ class RewardWatch:
                     pad_token_id=pad_token_id,
                     source=source,
                     ctx=where,
+                )
+        if K.REWARD_BATCH_DEPENDENT not in self.found and callable(rescore):  # data24: batch composition
+            ids, mask = context.get("input_ids"), context.get("attention_mask")
+            if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor):
+                out += probes_reward.batch_findings(
+                    rewards, input_ids=ids, attention_mask=mask, rescore=rescore, source=source, ctx=where
                 )
         self.found.update(f.kind for f in out)
         return out
