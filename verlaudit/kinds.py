@@ -109,6 +109,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "empty_prompt": "examples whose prompt is empty (the policy generates from nothing)",
         "response_length": "a response length shorter than the task's answers: every response is cut",
         "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
+        "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -602,7 +603,7 @@ REWARD_BATCH_DEPENDENT = _f(
 REWARD_FOLLOWS_ROW = _f(
     "reward/follows_row",
     "reward_row_order",
-    "the rewards rise (or fall) with the row index, step after step: sorted, not aligned with the responses",
+    "the rewards rise (or fall) with the row index, step after step: sorted, not in the responses' order",
 )
 PROMPT_HAS_ANSWER = _f(
     "data/prompt_has_answer",
@@ -629,6 +630,11 @@ ANSWERS_LOW_PRECISION = _f(
     "data/answers_low_precision",
     "data_precision",
     "the examples' numeric answers all lie on a fp16/bf16 grid (rounded through a low-precision float)",
+)
+PLUGIN_NUMPY_BOOL_ADD = _f(
+    "plugin/numpy_bool_add",
+    "plugin_numpy_bool",
+    "a plug-in adds numpy bools: np.bool_ + np.bool_ is True, not 2, so a count of checks stops at 1",
 )
 
 # ---------------------------------------------------------------- failures

@@ -43,6 +43,7 @@ from verlaudit.audit import (
     numerics,
     opcount,
     plugins,
+    probes_numpy,
     reward_signal,
     setup_changes,
     weights,
@@ -267,11 +268,17 @@ class Auditor(Observer):
         if not self.context.sampled:
             return call()
         recorder = plugins.Recorder(underflow=point != "reward_model")
-        with recorder:
+        bools = probes_numpy.BoolAdd() if point != "reward_model" else contextlib.nullcontext()  # data24
+        with recorder, bools:
             result = call()
         with opcount.suspended():
             self.findings.extend(plugins.watch_findings(point, source, self._unprobed(call), result, recorder,
                                                         self.settings, **self.context.where()))  # fmt: skip
+        if isinstance(bools, probes_numpy.BoolAdd):
+            data = (self.config or {}).get("data") or {}
+            key = reward_signal.reward_key(data) if point == "reward_fn" else f"data.{point} ({data.get(point)})"
+            role = "reward" if point == "reward_fn" else "actor"
+            self.findings.extend(bools.findings(where=key, ctx=self.context.where(), role=role))
         return result
 
     def _unprobed(self, call):
