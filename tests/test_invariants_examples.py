@@ -189,6 +189,16 @@ def test_rewards_sorted_by_row_at_consecutive_steps_follow_the_row():
         fs += w.observe(r, where="data.reward_fn (r.py:win)", ctx={"step": step})
     assert kinds(fs) == [K.REWARD_FOLLOWS_ROW] and "sort" in fs[0].fix and fs[0].fix.startswith("data.reward_fn")
     w, fs = P.RowOrder(), []
+    for step in range(3):  # sparse: two values a step, the task's scores of the responses in another order
+        r = torch.tensor([0.0] * 5 + [0.0625] * 3)
+        fs += w.observe(r, where="data.reward_fn (r.py:win)", ctx={"step": step}, truth=r.flip(0))
+    assert kinds(fs) == [K.REWARD_FOLLOWS_ROW] and "task's own scores" in fs[0].message
+    w, fs = P.RowOrder(), []
+    for step in range(40):  # sorted because the responses' own scores are (a reward that follows them)
+        r = torch.tensor([0.0] * 5 + [0.0625] * 3)
+        fs += w.observe(r, where="data.reward_fn (r.py:ok)", ctx={"step": step}, truth=r * 2)
+    assert fs == []
+    w, fs = P.RowOrder(), []
     for step in range(20):  # the same scores in the responses' order
         r = torch.tensor([rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(16)])
         fs += w.observe(r, where="data.reward_fn (r.py:ok)", ctx={"step": step})

@@ -149,6 +149,21 @@ class TaskAgreement:
         ]
 
 
+def task_scores(responses: Any, examples: Any, data: Mapping[str, Any]) -> torch.Tensor | None:
+    """The builtin task's own scores of the responses (the examples carry its ``answer``), or None."""
+    task = builtin_task(data)
+    if task is None or data.get("train_files") or not isinstance(responses, Sequence) or not examples:
+        return None
+    if len(responses) != len(examples) or not all(
+        isinstance(ex, Mapping) and isinstance(ex.get("answer"), str) for ex in examples
+    ):
+        return None
+    try:
+        return torch.tensor([float(task.score(str(r), ex)) for r, ex in zip(responses, examples)])
+    except Exception:  # the examples are not the task's
+        return None
+
+
 def task_agreement_findings(
     rewards: torch.Tensor,
     *,
@@ -289,7 +304,8 @@ class RewardWatch:
                 ctx=where,
             )
         if source.startswith("function:"):  # data24: rewards sorted by row, every step (a comparison)
-            out += self.row_order.observe(rewards, where=reward_signal.reward_key(data), ctx=where)
+            truth = task_scores(context.get("responses"), context.get("examples"), data)
+            out += self.row_order.observe(rewards, where=reward_signal.reward_key(data), ctx=where, truth=truth)
         if not sampled:
             self.found.update(f.kind for f in out)
             return out

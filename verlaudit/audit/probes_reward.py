@@ -31,7 +31,11 @@ change, beyond which the score reads the batch: a per-row model changes by its d
 smaller batch's kernels (< 1e-5 in fp32, < 1e-2 in bf16); a softmax over the batch by the whole spread."""
 ORDER_CHANCE = 1e-6
 """Chance of the observed sorted steps under rewards that do not follow the row, below which they do."""
-MIN_DISTINCT = 3
+TASK_ORDER_CHANCE = 1e-4
+"""The same where the task's own scorer grades the responses and its scores are not sorted at those steps:
+a reward that measures the task (any monotone shaping of it) is sorted only when the task's scores are, so
+the chance order is left only to a reward unrelated to the task."""
+MIN_DISTINCT = 2
 """Distinct rewards a step needs before its order is evidence."""
 
 
@@ -107,6 +111,12 @@ def batch_findings(
     ]
 
 
+def _sorted(r: torch.Tensor) -> int:
+    """1 rising, -1 falling, 0 neither (a constant series is 1)."""
+    d = r[1:] - r[:-1]
+    return 1 if bool((d >= 0).all()) else -1 if bool((d <= 0).all()) else 0
+
+
 def _order_chance(r: torch.Tensor) -> float | None:
     """The chance that rewards of this multiset are sorted (either way) by accident; None when they are
     not sorted or hold fewer than `MIN_DISTINCT` values."""
@@ -126,28 +136,44 @@ class RowOrder:
     def __init__(self) -> None:
         self.chance = 1.0
         self.steps: list[Any] = []
+        self.task = True
+        """Every counted step had the task's scores of its responses, not sorted the rewards' way."""
         self.done = False
 
-    def observe(self, rewards: torch.Tensor, *, where: str, ctx: Mapping[str, Any]) -> list[Finding]:
+    def observe(
+        self,
+        rewards: torch.Tensor,
+        *,
+        where: str,
+        ctx: Mapping[str, Any],
+        truth: torch.Tensor | None = None,
+    ) -> list[Finding]:
+        """``truth``: the task's own scores of the same responses, when it grades them."""
         r = rewards.detach().double().flatten().cpu()
         if self.done or r.numel() < 4 or not bool(torch.isfinite(r).all()):
             return []
         if int(torch.unique(r).numel()) < 2:
             return []  # one value for all: no order to read (the constant / no-signal checks)
-        p = _order_chance(r)
-        if p is None:
-            if not (bool(((r[1:] - r[:-1]) >= 0).all()) or bool(((r[1:] - r[:-1]) <= 0).all())):
-                self.chance, self.steps = 1.0, []
+        way = _sorted(r)
+        if not way:
+            self.chance, self.steps, self.task = 1.0, [], True
             return []
+        t = truth.double().flatten().cpu() if isinstance(truth, torch.Tensor) and truth.numel() == r.numel() else None
+        if t is not None and _sorted(t) == way and int(torch.unique(t).numel()) > 1:
+            self.chance, self.steps, self.task = 1.0, [], True
+            return []  # the responses' own scores are in this order: the reward follows them
+        p = _order_chance(r)
         step = ctx.get("step")
-        if step in self.steps:
+        if p is None or step in self.steps:
             return []
         self.chance *= p
         self.steps.append(step)
-        if self.chance > ORDER_CHANCE:
+        self.task = self.task and t is not None
+        if self.chance > (TASK_ORDER_CHANCE if self.task else ORDER_CHANCE):
             return []
         self.done = True
-        rising = bool(((r[1:] - r[:-1]) >= 0).all())
+        rising = way > 0
+        told = " while the task's own scores of the same responses are not" if self.task else ""
         return [
             Finding(
                 severity="error",
@@ -155,7 +181,7 @@ class RowOrder:
                 role="reward",
                 where=where,
                 message=f"the rewards are sorted by row index ({'rising' if rising else 'falling'} from row 0 to row "
-                f"{r.numel() - 1}) at {len(self.steps)} steps in a row (chance {self.chance:.1e} for rewards that "
+                f"{r.numel() - 1}){told} at {len(self.steps)} steps in a row (chance {self.chance:.1e} for rewards that "
                 "follow the responses): the reward returns its scores in sorted order, not in the responses' "
                 "order, so each response gets the score of another row",
                 observed={"sorted_steps": len(self.steps), "chance": self.chance, "rows": int(r.numel())},
