@@ -214,3 +214,27 @@ def test_a_uint8_mask_inverted_with_tilde_says_bitwise_and_how_to_build_the_mask
     fs = I.mask_findings({"input_ids": b["input_ids"], "attention_mask": torch.ones_like(is_pad)},
                          tokenizer_info=info(), where="collator:c", ctx={})  # fmt: skip
     assert kinds(fs) == [K.MASK_COVERS_PADDING] and "bitwise" not in fs[0].message
+
+
+def test_rewards_normalised_over_the_batch_carry_a_signature_step_after_step():
+    g = torch.Generator().manual_seed(4)
+    for make, sig in (
+        (lambda x: x.softmax(0), "softmax"),
+        (lambda x: (x - x.mean()) / x.std(), "zscore"),
+        (lambda x: x.argsort().argsort().double() / (x.numel() - 1), "rank"),
+    ):
+        w, fs = P.BatchNormalised(), []
+        for step in range(2):
+            fs += w.observe(make(torch.randn(12, generator=g, dtype=torch.float64)), where="data.reward_fn (n.py:f)",
+                            ctx={"step": step})  # fmt: skip
+        assert kinds(fs) == [K.REWARD_BATCH_DEPENDENT] and fs[0].observed["signature"] == sig, sig
+    w, fs = P.BatchNormalised(), []
+    rng = random.Random(2)
+    for step in range(30):  # partial credit, sparse binary with one success, raw scores
+        fs += w.observe(torch.tensor([rng.choice([0.0, 0.0625, 0.25, 0.5, 1.0]) for _ in range(16)]), where="r",
+                        ctx={"step": step})  # fmt: skip
+        one = torch.zeros(8)
+        one[rng.randrange(8)] = 1.0
+        fs += w.observe(one, where="r", ctx={"step": step})
+        fs += w.observe(torch.randn(8, generator=g), where="r", ctx={"step": step})
+    assert fs == []

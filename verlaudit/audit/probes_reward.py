@@ -173,7 +173,7 @@ class RowOrder:
             return []
         self.done = True
         rising = way > 0
-        told = " while the task's own scores of the same responses are not" if self.task else ""
+        told = " (the task's own scores of the same responses are not)" if self.task else ""
         return [
             Finding(
                 severity="error",
@@ -181,13 +181,89 @@ class RowOrder:
                 role="reward",
                 where=where,
                 message=f"the rewards are sorted by row index ({'rising' if rising else 'falling'} from row 0 to row "
-                f"{r.numel() - 1}){told} at {len(self.steps)} steps in a row (chance {self.chance:.1e} for rewards that "
+                f"{r.numel() - 1}) at {len(self.steps)} steps in a row{told} (chance {self.chance:.1e} for rewards that "
                 "follow the responses): the reward returns its scores in sorted order, not in the responses' "
                 "order, so each response gets the score of another row",
                 observed={"sorted_steps": len(self.steps), "chance": self.chance, "rows": int(r.numel())},
                 expected="row i's reward is response i's score (no order with the row index)",
-                fix=f"{where.split(' (')[0]}: return the scores in the responses' order: clip or rank them in place "
+                fix=f"{where}: return the scores in the responses' order: clip or rank them in place "
                 "(np.clip(scores, lo, hi)), not np.sort(scores); unsort if a sorted copy is needed",
+                **ctx,
+            )
+        ]
+
+
+NORMALISED_STEPS = 2
+"""Steps in a row whose rewards carry one signature of a normalisation over the batch before it is a
+finding (a reward that reads only its response reaches a sum of exactly 1, a mean of exactly 0 with a std
+of exactly 1, or exact ranks at one step by coincidence at most)."""
+
+
+def _signature(r: torch.Tensor) -> str | None:
+    """Which normalisation over the batch these rewards show exactly: ``softmax`` (all strictly inside
+    (0, 1), three or more distinct values, summing to 1), ``zscore`` (mean 0, std 1), ``rank`` (the values
+    are 0..n-1, 1..n or their scaling to [0, 1]); None for none."""
+    n = r.numel()
+    if n < 4 or int(torch.unique(r).numel()) < 3:
+        return None
+    if bool(((r > 0) & (r < 1)).all()) and abs(float(r.sum()) - 1.0) < 1e-5:
+        return "softmax"
+    if abs(float(r.mean())) < 1e-5 and min(abs(float(r.std(correction=c)) - 1.0) for c in (0, 1)) < 1e-4:
+        return "zscore"
+    s = torch.sort(r).values
+    ranks = torch.arange(n, dtype=r.dtype)
+    if any(bool(torch.allclose(s, g, atol=1e-6, rtol=0)) for g in (ranks, ranks + 1, ranks / (n - 1))):
+        return "rank"
+    return None
+
+
+_HOW = {
+    "softmax": ("the rewards of each batch are all inside (0, 1) and sum to 1", "a softmax (or a division by "
+                "the sum) over the batch"),
+    "zscore": ("the rewards of each batch have mean 0 and standard deviation 1", "a z-score over the batch "
+               "((r - mean) / std)"),
+    "rank": ("the rewards of each batch are exactly the ranks 0..n-1 (or 1..n, or their scaling to [0, 1])",
+             "a rank transform over the batch"),
+}  # fmt: skip
+
+
+class BatchNormalised:
+    """Rewards that carry one normalisation's signature at `NORMALISED_STEPS` steps in a row
+    (``reward/batch_dependent``), found once."""
+
+    def __init__(self) -> None:
+        self.run: list[tuple[Any, str]] = []
+        self.done = False
+
+    def observe(self, rewards: torch.Tensor, *, where: str, ctx: Mapping[str, Any]) -> list[Finding]:
+        r = rewards.detach().double().flatten().cpu()
+        if self.done or not bool(torch.isfinite(r).all()):
+            return []
+        sig = _signature(r)
+        step = ctx.get("step")
+        if sig is None or (self.run and self.run[-1][1] != sig):
+            self.run = [] if sig is None else [(step, sig)]
+            return []
+        if self.run and self.run[-1][0] == step:
+            return []
+        self.run.append((step, sig))
+        if len(self.run) < NORMALISED_STEPS:
+            return []
+        self.done = True
+        seen, how = _HOW[sig]
+        return [
+            Finding(
+                severity="error",
+                kind=K.REWARD_BATCH_DEPENDENT,
+                role="reward",
+                where=where,
+                message=f"{seen} at {len(self.run)} steps in a row ({r.numel()} responses a step): the reward is "
+                f"normalised across the batch ({how}), so each response's reward depends on the other responses "
+                "it is batched with, not on the response alone",
+                observed={"signature": sig, "steps": len(self.run), "rows": int(r.numel())},
+                expected="each row's score independent of the other rows",
+                fix=f"{where}: score each response alone and return the raw scores: remove {how} (the advantage "
+                "estimator already normalises; for class probabilities take softmax(dim=-1) over the classes)",
                 **ctx,
             )
         ]
