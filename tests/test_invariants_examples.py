@@ -238,3 +238,21 @@ def test_rewards_normalised_over_the_batch_carry_a_signature_step_after_step():
         fs += w.observe(one, where="r", ctx={"step": step})
         fs += w.observe(torch.randn(8, generator=g), where="r", ctx={"step": step})
     assert fs == []
+
+
+def test_prompt_rows_the_collator_left_without_their_text_name_the_collator():
+    ex = sort_examples()
+    batch = prompt_batch(ex)
+    batch["input_ids"][2:4] = PAD  # two rows hold only padding (and are attended: the collator's mask)
+    fs = run(batch, ex, tok=CharTok())
+    assert kinds(fs) == [K.EMPTY_PROMPTS] and fs[0].where == "collator:my.py:coll"
+    assert fs[0].observed["empty_rows"] == 2
+
+
+def test_a_preference_prompt_that_holds_its_chosen_completion_is_a_leak():
+    ex = TASKS["sort"].make_pairs(sort_examples(), 1)
+    leaky = [{**e, "prompt": f"{e['prompt']} ({e['chosen']})"} for e in ex]
+    fs = run({}, leaky, data={"dataset": "pairs.py:leaky"})
+    assert kinds(fs) == [K.PROMPT_HAS_ANSWER] and "pairs.py:leaky" in fs[0].where
+    copy = TASKS["copy"].make_pairs(TASKS["copy"].make_examples(8, 1), 1)  # the copy task's prompts hold it
+    assert run({}, copy, data={"task": "copy"}) == []

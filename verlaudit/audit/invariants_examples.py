@@ -57,15 +57,55 @@ def _text(ex: Any, key: str) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _empty_rows(batch, texts, *, tokenizer_info, where, source, ctx) -> list[Finding]:
+    """Prompt rows with no attended token but special ones (pad, bos, eos) where the example's text is not
+    empty: the collator dropped the text."""
+    part = _prompt_part(batch)
+    if part is None or part[0].shape[0] != len(texts):
+        return []
+    special = {tokenizer_info.get(k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")} - {None}
+    bare = [i for i, r in enumerate(_rows(*part)) if not [t for t in r if t not in special]]
+    if not bare:
+        return []
+    b = len(texts)
+    return [
+        Finding(
+            severity="error",
+            kind=K.EMPTY_PROMPTS,
+            where=where,
+            message=f"{len(bare)} of {b} prompt rows the collator {source} returned hold no token of their text (only "
+            "padding or special tokens attended) although the examples' prompts are not empty: those responses are "
+            "generated from nothing and rewarded against an answer the policy cannot know",
+            observed={"empty_rows": len(bare), "batch": b, "first_row": bare[0]},
+            expected="every prompt row holds its example's tokens",
+            fix=f"{source}: encode each example's prompt into its row (check the field it reads and the cut that "
+            "keeps prompt_length tokens: keep the prompt's tokens, not the padding)",
+            **ctx,
+        )
+    ]
+
+
 def empty_prompt_findings(
-    examples: Sequence[Mapping[str, Any]], *, data: Mapping[str, Any], ctx: Mapping[str, Any]
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    data: Mapping[str, Any],
+    ctx: Mapping[str, Any],
+    batch: Mapping[str, Any] | None = None,
+    tokenizer_info: Mapping[str, Any] | None = None,
+    source: str = "the collator",
 ) -> list[Finding]:
-    """``data/empty_prompts`` when examples of the batch carry a blank prompt text."""
+    """``data/empty_prompts`` when examples of the batch carry a blank prompt text (the dataset), or their
+    collated rows hold none of their tokens (the collator)."""
+    where = f"collator:{source}"
+    tokenizer_info = tokenizer_info or {}
+    batch = batch or {}
     texts = [_text(ex, "prompt") for ex in examples]
     if not examples or any(t is None for t in texts):
         return []
     empty = [i for i, t in enumerate(texts) if not t.strip()]
-    if not empty or len(empty) == len(texts) and len(texts) < MIN_ROWS:
+    if not empty:
+        return _empty_rows(batch, texts, tokenizer_info=tokenizer_info, where=where, source=source, ctx=ctx)
+    if len(empty) == len(texts) and len(texts) < MIN_ROWS:
         return []
     at = _data_source(data)
     b = len(texts)
@@ -210,9 +250,9 @@ def answer_leak_findings(
     b = len(examples)
     if b < MIN_ROWS or any(a is None or not a.strip() for a in answers) or any(p is None for p in prompts):
         return []
-    if any(_text(ex, "chosen") is not None for ex in examples):
-        return []  # a DPO pair's answer is its chosen side, compared by the pair checks
     task = builtin_task(data)
+    if any(_text(ex, "chosen") is not None for ex in examples):
+        return _chosen_leak(examples, data=data, task=task, ctx=ctx)
     texts = sum(a in p for a, p in zip(answers, prompts))
     tok = tokenizer_info.get("tokenizer")
     part = _prompt_part(batch)
@@ -254,6 +294,32 @@ def answer_leak_findings(
             observed={"rows_with_answer": rows_hit, "texts_with_answer": texts, "batch": b},
             expected="prompts that do not contain the answer",
             fix=fix,
+            **ctx,
+        )
+    ]
+
+
+def _chosen_leak(examples, *, data, task, ctx) -> list[Finding]:
+    """A DPO pair whose prompt text holds its chosen completion (and not its rejected one): the preferred
+    side is readable from the input, where the task's own prompts never hold their answer."""
+    rows = [(_text(ex, "prompt"), _text(ex, "chosen"), _text(ex, "rejected")) for ex in examples]
+    if any(t is None for r in rows for t in r) or task is None or _task_share(task) >= 0.1:
+        return []
+    hit = [r for r in rows if len(r[1].strip()) >= 2 and r[1] in r[0] and r[2] not in r[0] and r[1] not in r[2]]
+    if len(hit) < LEAK_SHARE * len(rows):
+        return []
+    at = _data_source(data)
+    return [
+        Finding(
+            severity="error",
+            kind=K.PROMPT_HAS_ANSWER,
+            where=at,
+            message=f"{len(hit)} of {len(rows)} preference pairs hold their chosen completion inside the prompt "
+            f"(prompt {hit[0][0]!r}, chosen {hit[0][1]!r}) and not the rejected one: the preferred answer is "
+            "leaked in the input, so the preference is learnt as 'copy the prompt', not as the task",
+            observed={"pairs_with_chosen_in_prompt": len(hit), "pairs": len(rows)},
+            expected="prompts that do not contain the chosen completion",
+            fix=f"{at}: build each prompt without its answer / chosen completion (remove it from the prompt text)",
             **ctx,
         )
     ]
@@ -385,7 +451,9 @@ class ExampleWatch:
         where = f"collator:{source}"
         out: list[Finding] = []
         checks = {
-            K.EMPTY_PROMPTS: lambda: empty_prompt_findings(examples, data=data, ctx=ctx),
+            K.EMPTY_PROMPTS: lambda: empty_prompt_findings(
+                examples, data=data, ctx=ctx, batch=batch, tokenizer_info=tokenizer_info, source=source
+            ),
             K.DUPLICATE_ROWS: lambda: duplicate_findings(examples, data=data, ctx=ctx),
             K.COMPLETION_REPEATS_PROMPT: lambda: completion_prompt_findings(examples, data=data, ctx=ctx),
             K.PROMPT_HAS_ANSWER: lambda: answer_leak_findings(
