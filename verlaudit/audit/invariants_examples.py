@@ -393,7 +393,10 @@ class LowPrecisionAnswers:
             a = _text(ex, "answer")
             if a is None or not a.strip().lstrip("-").isdigit():
                 continue
-            self.values.add(int(a))
+            try:
+                self.values.add(int(a))
+            except ValueError:  # digits int() does not read (superscripts): not a number column
+                continue
         for name, bits, exact in _GRIDS:
             if name in self.off:
                 continue
