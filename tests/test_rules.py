@@ -218,6 +218,18 @@ ROOTS = {
                                                          observed={"scale": 1.43})]),
     "mask_ignored": lambda st, ph, role: Records([finding(K.PADDING_DEPENDENT, step=st, phase=ph, role=role,
                                                           where="actor", observed={"change": 0.3})]),
+    # data24: the examples' invariants and the reward's probes
+    "completion_prompt": lambda st, ph, role: Records([finding(K.COMPLETION_REPEATS_PROMPT, step=st, phase=ph,
+                                                               role=role, where="data.dataset (d.py:pairs)",
+                                                               observed={"pairs_repeating_prompt": 8})]),
+    "plugin_numpy_bool": lambda st, ph, role: Records([finding(K.PLUGIN_NUMPY_BOOL_ADD, step=st, phase=ph,
+                                                               role="reward", severity="warning",
+                                                               where="data.reward_fn (r.py:f) r.py:9 (f)",
+                                                               observed={"calls_undercounted": 3})]),
+    "response_length": lambda st, ph, role: Records([finding(K.RESPONSE_SHORTER_THAN_ANSWER, step=st, phase=ph,
+                                                             role=role, where="data.response_length (3)",
+                                                             severity="warning",
+                                                             observed={"response_length": 3, "longest_needed": 5})]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -274,6 +286,8 @@ SYMPTOMS = {
     "reward_constant": lambda role: Records([finding(K.REWARD_CONSTANT, phase="reward", role="reward",
                                                      where="model.reward_model (rm.py:load)", severity="warning",
                                                      observed={"values": [0.3], "steps": 2})]),
+    "identical_pairs": lambda role: Records([finding(K.IDENTICAL_PAIRS, role=role, where="data.response_length",
+                                                     observed={"identical_pairs": 6, "batch": 8})]),
 }  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward", "newly_initialised": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""

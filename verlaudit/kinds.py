@@ -121,6 +121,16 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "mask_ignored": "a model whose outputs for real tokens change with padding: the attention mask is ignored",
         "value_offset": "a critic whose values start far outside the rewards' range (a value head's bias or scale)",
         "setup_zero_grad": "the user's model.setup left a role whose trainable tensors all get a zero gradient",
+        # data24: the examples' invariants and the reward's intervention probes (`invariants_examples`, `invariants_reward`)
+        "reward_batch": "a reward whose score of a response depends on the other responses of the batch",
+        "reward_row_order": "rewards that follow the row's position in the batch, not the response in it",
+        "answer_leak": "prompts that already hold the answer the reward checks (a leaked target)",
+        "duplicate_rows": "distinct dataset rows that are the same example (one object aliased, or copies)",
+        "completion_prompt": "preference completions that repeat the prompt (the whole conversation in chosen/rejected)",
+        "empty_prompt": "examples whose prompt is empty (the policy generates from nothing)",
+        "response_length": "a response length shorter than the task's answers: every response is cut",
+        "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
+        "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""
@@ -734,6 +744,49 @@ SETUP_VALUE_OFFSET = _f(
     "setup/value_offset",
     "value_offset",
     "after model.setup the critic's values start far outside the task's reward range",
+)
+
+# ---------------------------------------------------------------- data24: examples' invariants, reward probes
+REWARD_BATCH_DEPENDENT = _f(
+    "reward/batch_dependent",
+    "reward_batch",
+    "the same rows scored in another batch composition get other rewards (normalised across the batch)",
+)
+REWARD_FOLLOWS_ROW = _f(
+    "reward/follows_row",
+    "reward_row_order",
+    "the rewards rise (or fall) with the row index, step after step: sorted, not in the responses' order",
+)
+PROMPT_HAS_ANSWER = _f(
+    "data/prompt_has_answer",
+    "answer_leak",
+    "the prompts the policy sees hold the examples' answers",
+)
+DUPLICATE_ROWS = _f(
+    "data/duplicate_rows",
+    "duplicate_rows",
+    "most rows of a batch are one example (the same object or the same text)",
+)
+COMPLETION_REPEATS_PROMPT = _f(
+    "data/completion_repeats_prompt",
+    "completion_prompt",
+    "chosen and rejected completions start with the prompt itself",
+)
+EMPTY_PROMPTS = _f("data/empty_prompts", "empty_prompt", "examples whose prompt text is empty or blank")
+RESPONSE_SHORTER_THAN_ANSWER = _f(
+    "data/response_shorter_than_answer",
+    "response_length",
+    "data.response_length is below the token count of most answers plus eos",
+)
+ANSWERS_LOW_PRECISION = _f(
+    "data/answers_low_precision",
+    "data_precision",
+    "the examples' numeric answers all lie on a fp16/bf16 grid (rounded through a low-precision float)",
+)
+PLUGIN_NUMPY_BOOL_ADD = _f(
+    "plugin/numpy_bool_add",
+    "plugin_numpy_bool",
+    "a plug-in adds numpy bools: np.bool_ + np.bool_ is True, not 2, so a count of checks stops at 1",
 )
 
 # ---------------------------------------------------------------- failures

@@ -38,12 +38,14 @@ from verlaudit.audit import (
     errors,
     gradhealth,
     invariants,
+    invariants_examples,
     invariants_reward,
     model_checks,
     nonfinite,
     numerics,
     opcount,
     plugins,
+    probes_numpy,
     reward_signal,
     setup_changes,
     weights,
@@ -128,6 +130,8 @@ class Auditor(Observer):
         """This step's (identical groups, groups, reward source), from its last reward."""
         self.reward_watch = invariants_reward.RewardWatch()
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
+        self.example_watch = invariants_examples.ExampleWatch()
+        """The examples' invariants (data24): empty prompts, duplicate rows, leaked answers, rounded answers."""
 
     # -- context manager -------------------------------------------------------------------------
     _frozen = False
@@ -271,11 +275,17 @@ class Auditor(Observer):
         if not self.context.sampled:
             return call()
         recorder = plugins.Recorder(underflow=point != "reward_model")
-        with recorder:
+        bools = probes_numpy.BoolAdd() if point != "reward_model" else contextlib.nullcontext()  # data24
+        with recorder, bools:
             result = call()
         with opcount.suspended():
             self.findings.extend(plugins.watch_findings(point, source, self._unprobed(call), result, recorder,
                                                         self.settings, **self.context.where()))  # fmt: skip
+        if isinstance(bools, probes_numpy.BoolAdd):
+            data = (self.config or {}).get("data") or {}
+            key = reward_signal.reward_key(data) if point == "reward_fn" else f"data.{point} ({data.get(point)})"
+            role = "reward" if point == "reward_fn" else "actor"
+            self.findings.extend(bools.findings(where=key, ctx=self.context.where(), role=role))
         return result
 
     def _unprobed(self, call):
@@ -317,6 +327,16 @@ class Auditor(Observer):
                     examples=examples,
                     data=(self.config or {}).get("data") or {},
                     **self.context.where(),
+                )
+            )
+            self.findings.extend(
+                self.example_watch.findings(
+                    batch,
+                    examples=examples,
+                    tokenizer_info=self.tokenizer_info,
+                    data=(self.config or {}).get("data") or {},
+                    source=source,
+                    ctx={"role": role, **self.context.where()},
                 )
             )
 

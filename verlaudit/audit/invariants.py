@@ -90,6 +90,14 @@ def _covered(ids: torch.Tensor, mask: torch.Tensor, pad: int, special: bool) -> 
     return edge & mask.bool()
 
 
+def _not_binary(mask: torch.Tensor) -> str:
+    """The values of an integer mask other than 0 and 1, as text ('' when it is 0/1 or bool)."""
+    if mask.dtype == torch.bool or not mask.numel():
+        return ""
+    vals = [int(v) for v in torch.unique(mask).tolist() if int(v) not in (0, 1)]
+    return ", ".join(str(v) for v in vals[:4]) if vals else ""
+
+
 def mask_findings(
     batch: Mapping[str, Any], *, tokenizer_info: Mapping[str, Any], where: str, ctx: Mapping[str, Any]
 ) -> list[Finding]:
@@ -113,6 +121,20 @@ def mask_findings(
             continue
         rows = int(covered.any(dim=1).sum())
         note = " (pad == eos: the eos next to each row's content is not counted)" if special else ""
+        fix = (
+            f"set {mk} to 0 on padding: build it from each row's unpadded length "
+            "(1 on the tokens, 0 on the pad ids added to reach the batch's length)"
+        )
+        odd = _not_binary(mask)  # data24: a mask inverted with ~ on an integer dtype is bitwise, not logical
+        if odd:
+            note += (
+                f"; {mk} is {str(mask.dtype).removeprefix('torch.')} holding {odd} (not 0 or 1): ~ on an integer "
+                "mask is bitwise (~0 = 255, ~1 = 254 on uint8), so every position is non-zero and nothing is masked"
+            )
+            fix = (
+                f"build {mk} as a 0/1 mask: (input_ids != pad_token_id).long(), or invert a bool mask with "
+                "logical_not / 1 - mask, not ~ on uint8 / int"
+            )
         out.append(
             Finding(
                 severity="error",
@@ -122,8 +144,7 @@ def mask_findings(
                 f"rows{note}: the model attends to padding, so its log-probs depend on the padded length",
                 observed={"pad_tokens_attended": n, "rows": rows, "batch": int(ids.shape[0])},
                 expected=0,
-                fix=f"set {mk} to 0 on padding: build it from each row's unpadded length "
-                "(1 on the tokens, 0 on the pad ids added to reach the batch's length)",
+                fix=fix,
                 **ctx,
             )
         )

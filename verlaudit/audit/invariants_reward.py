@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from verlaudit import kinds as K
-from verlaudit.audit import reward_signal
+from verlaudit.audit import probes_reward, reward_signal
 from verlaudit.audit.invariants_data import builtin_task
 from verlaudit.rundir import Finding
 
@@ -149,6 +149,21 @@ class TaskAgreement:
         ]
 
 
+def task_scores(responses: Any, examples: Any, data: Mapping[str, Any]) -> torch.Tensor | None:
+    """The builtin task's own scores of the responses (the examples carry its ``answer``), or None."""
+    task = builtin_task(data)
+    if task is None or data.get("train_files") or not isinstance(responses, Sequence) or not examples:
+        return None
+    if len(responses) != len(examples) or not all(
+        isinstance(ex, Mapping) and isinstance(ex.get("answer"), str) for ex in examples
+    ):
+        return None
+    try:
+        return torch.tensor([float(task.score(str(r), ex)) for r, ex in zip(responses, examples)])
+    except Exception:  # the examples are not the task's
+        return None
+
+
 def task_agreement_findings(
     rewards: torch.Tensor,
     *,
@@ -250,6 +265,8 @@ class RewardWatch:
     def __init__(self) -> None:
         self.constant = reward_signal.ConstantWatch()
         self.agreement = TaskAgreement()
+        self.row_order = probes_reward.RowOrder()  # data24
+        self.normalised = probes_reward.BatchNormalised()
         self.found: set[str] = set()
 
     def findings(
@@ -287,6 +304,12 @@ class RewardWatch:
                 data=data,
                 ctx=where,
             )
+        if source.startswith("function:"):  # data24: rewards sorted by row, every step (a comparison)
+            truth = task_scores(context.get("responses"), context.get("examples"), data)
+            out += self.row_order.observe(rewards, where=reward_signal.reward_key(data), ctx=where, truth=truth)
+        if K.REWARD_BATCH_DEPENDENT not in self.found:  # data24: a normalisation over the batch, every step
+            at = reward_signal.reward_key(data) if source.startswith("function:") else f"model.reward_model ({spec})"
+            out += self.normalised.observe(rewards, where=at, ctx=where)
         if not sampled:
             self.found.update(f.kind for f in out)
             return out
@@ -302,6 +325,12 @@ class RewardWatch:
                     pad_token_id=pad_token_id,
                     source=source,
                     ctx=where,
+                )
+        if K.REWARD_BATCH_DEPENDENT not in self.found and callable(rescore):  # data24: batch composition
+            ids, mask = context.get("input_ids"), context.get("attention_mask")
+            if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor):
+                out += probes_reward.batch_findings(
+                    rewards, input_ids=ids, attention_mask=mask, rescore=rescore, source=source, ctx=where
                 )
         self.found.update(f.kind for f in out)
         return out

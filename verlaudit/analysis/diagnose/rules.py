@@ -357,6 +357,13 @@ RULES: dict[tuple[str, str], Rule] = {
     ("setup_zero_grad", "reference"): Rule(
         "the setup that added the zero-initialised tensors added parameters the reference does not have"
     ),
+    # data24: the examples' invariants and the reward's probes (`invariants_examples`, `probes_*`)
+    ("completion_prompt", "identical_pairs"): Rule(
+        "completions that repeat the prompt share it: cut to the response length, both sides are its copy"
+    ),
+    ("plugin_numpy_bool", "no_signal"): Rule("a sum of numpy bools takes two values: a group's scores tie"),
+    ("plugin_numpy_bool", "reward_constant"): Rule("a sum of numpy bools takes two values: a batch's scores tie"),
+    ("response_length", "no_signal"): Rule("responses cut before the answer can be complete score alike"),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),
     # foreign logs (`verlaudit.analysis.logs.classify`): the classes a log can tell
