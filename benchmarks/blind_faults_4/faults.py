@@ -325,10 +325,11 @@ FAULTS: list[dict[str, Any]] = [
        ["fp32", "float32", "override", "reward"], "error",
        variant={"precision": {"overrides": {"reward": {"param_dtype": "fp16", "compute_dtype": "fp16"}}}}),
     _f("critic_bf16_offset_returns", 6, "precision.overrides.critic", "ppo", "fp32",
-       {"data": {"reward_fn": RW + "offset_credit_reward"}},
+       {"data": {"reward_fn": RW + "offset_credit_reward"},
+        "model": {"setup": {"critic": SU + "value_bias_at_mean_return"}}},
        "an fp32 run whose critic is overridden to bf16 (parameters and compute) while the returns are "
-       "50 + credit: bf16's spacing at 50 is 0.25, the value head cannot represent values to better than "
-       "the whole credit range, so the values (and advantages) are rounded to quarter steps",
+       "50 + credit (the value head warm-started at the mean return): bf16's spacing at 50 is 0.25, so "
+       "the values (and advantages) are rounded to quarter steps of a signal that spans 1",
        [["critic", "value"], BF16 + ["round", "precision", "resolution", "spacing"]],
        ["overrides.critic", "precision.overrides", "critic"],
        ["fp32", "float32", "override", "critic"], "warning",

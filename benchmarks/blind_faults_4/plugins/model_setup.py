@@ -92,6 +92,17 @@ def lora_policy(model, role, tokenizer):
             setattr(layer.self_attn, name, LoRALinear(getattr(layer.self_attn, name)))
 
 
+MEAN_RETURN = 50.5
+"""The mean return of the reward in use (50 + credit), measured on an earlier run."""
+
+
+def value_bias_at_mean_return(model, role, tokenizer):
+    """Warm-start the value head at the mean return: bias = the mean, small weights."""
+    with torch.no_grad():
+        model.value_head.weight.normal_(0.0, 0.02)
+        model.value_head.bias.fill_(MEAN_RETURN)
+
+
 def zero_bias_value_head(model, role, tokenizer):
     """The value head re-initialised with a zero bias and small weights (a correct setup, for a control)."""
     with torch.no_grad():
