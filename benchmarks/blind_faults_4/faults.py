@@ -193,8 +193,9 @@ FAULTS: list[dict[str, Any]] = [
        ["use_kl_loss", "use_kl_in_reward"], "warning"),
     _f("dpo_robust_eps_near_half", 3, "algo.label_smoothing", "dpo", "fp32",
        {"algo": {"dpo_loss": "robust", "label_smoothing": 0.45}},
-       "robust DPO with label_smoothing 0.45 divides by 1 - 2 x 0.45 = 0.1: the loss is 10x larger and "
-       "its flipped-label term is unbounded below, so the loss goes negative and the margins run away",
+       "robust DPO with label_smoothing 0.45 divides by 1 - 2 x 0.45 = 0.1: the loss is 10x as steep in "
+       "the margin as plain DPO's (its flipped-label term, weighted 0.45 / 0.1, is unbounded below), so "
+       "every margin change moves the loss ten times as much",
        [["label_smoothing", "label smoothing", "robust", "smoothing"]],
        ["label_smoothing", "dpo_loss", "robust"], ["label_smoothing"], "warning"),
     _f("grpo_std_norm_tiebreak", 3, "algo.norm_adv_by_std_in_grpo", "grpo", "fp32",
