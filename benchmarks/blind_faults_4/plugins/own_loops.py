@@ -172,6 +172,7 @@ def loop_logprobs_shifted(out_dir):
         right = _token_logp(logits.detach(), seq)
         ev["notes"].setdefault("loop_vs_rollout_logp_abs", []).append(float((logp.detach() - rollout_logp).abs().mean()))
         ev["notes"].setdefault("aligned_vs_rollout_logp_abs", []).append(float((right - rollout_logp).abs().mean()))
+        ev["notes"].setdefault("loop_vs_aligned_logp_abs", []).append(float((logp.detach() - right).abs().mean()))
         loss = _reinforce_loss(logp, rewards)
         opt.zero_grad()
         loss.backward()
