@@ -111,6 +111,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("verlaudit.plan",),
     # the shared vocabularies: run-directory names, dtypes, finding kinds, verl's keys
     ("verlaudit.rundir", "verlaudit.dtypes", "verlaudit.kinds", "verlaudit.verl_keys", "verlaudit"),
+    # the classes finding kinds are filed under (the registry's own table, split out for length)
+    ("verlaudit.kind_classes",),
     # the trainer, which knows nothing of verlaudit
     ("trainer",),
 )  # fmt: skip

@@ -28,7 +28,13 @@ class CharTok:
 
 
 def info(tok=None):
-    return {"pad_token_id": PAD, "eos_token_id": EOS, "vocab_size": 200, "padding_side": "left", "tokenizer": tok}
+    return {
+        "pad_token_id": PAD,
+        "eos_token_id": EOS,
+        "vocab_size": 200,
+        "padding_side": "left",
+        "tokenizer": tok,
+    }
 
 
 def left(rows, length):
@@ -44,7 +50,9 @@ def left(rows, length):
 def run(batch, examples, data=None, tok=None):
     w = E.ExampleWatch()
     data = {"task": "sort", "response_length": 8, **(data or {})}
-    return w.findings(batch, examples=examples, tokenizer_info=info(tok), data=data, source="my.py:coll", ctx={})
+    return w.findings(
+        batch, examples=examples, tokenizer_info=info(tok), data=data, source="my.py:coll", ctx={}
+    )
 
 
 def kinds(fs):
@@ -149,7 +157,9 @@ def test_integer_answers_rounded_through_fp16_or_bf16_are_found_pooled_over_batc
             assert len(got) == 1 and got[0].observed["grid"] in ("fp16", "bf16") and "t.py:f" in got[0].where
     bf = torch.tensor([float(v) for v in range(300, 4000, 37)]).to(torch.bfloat16).tolist()
     ex = [{"prompt": "x", "answer": str(int(v))} for v in bf]
-    fs = run({}, ex[:4]) + E.ExampleWatch().findings({}, examples=ex, tokenizer_info=info(), data={}, source="c", ctx={})
+    fs = run({}, ex[:4]) + E.ExampleWatch().findings(
+        {}, examples=ex, tokenizer_info=info(), data={}, source="c", ctx={}
+    )
     assert [f.observed["grid"] for f in fs if f.kind == K.ANSWERS_LOW_PRECISION] == ["bf16"]
 
 
@@ -187,7 +197,9 @@ def test_rewards_sorted_by_row_at_consecutive_steps_follow_the_row():
     for step in range(4):
         r = torch.tensor(sorted(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0]) for _ in range(16)))
         fs += w.observe(r, where="data.reward_fn (r.py:win)", ctx={"step": step})
-    assert kinds(fs) == [K.REWARD_FOLLOWS_ROW] and "sort" in fs[0].fix and fs[0].fix.startswith("data.reward_fn")
+    assert (
+        kinds(fs) == [K.REWARD_FOLLOWS_ROW] and "sort" in fs[0].fix and fs[0].fix.startswith("data.reward_fn")
+    )
     w, fs = P.RowOrder(), []
     for step in range(3):  # sparse: two values a step, the task's scores of the responses in another order
         r = torch.tensor([0.0] * 5 + [0.0625] * 3)
@@ -210,7 +222,9 @@ def test_a_uint8_mask_inverted_with_tilde_says_bitwise_and_how_to_build_the_mask
     is_pad = (b["input_ids"] == PAD).to(torch.uint8)
     fs = I.mask_findings({"input_ids": b["input_ids"], "attention_mask": ~is_pad}, tokenizer_info=info(),
                          where="collator:c", ctx={})  # fmt: skip
-    assert kinds(fs) == [K.MASK_COVERS_PADDING] and "bitwise" in fs[0].message and "!= pad_token_id" in fs[0].fix
+    assert (
+        kinds(fs) == [K.MASK_COVERS_PADDING] and "bitwise" in fs[0].message and "!= pad_token_id" in fs[0].fix
+    )
     fs = I.mask_findings({"input_ids": b["input_ids"], "attention_mask": torch.ones_like(is_pad)},
                          tokenizer_info=info(), where="collator:c", ctx={})  # fmt: skip
     assert kinds(fs) == [K.MASK_COVERS_PADDING] and "bitwise" not in fs[0].message

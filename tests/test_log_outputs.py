@@ -21,7 +21,9 @@ def fix_text(cause) -> str:
 
 
 # ---- outputs against a reference
-def test_a_failed_tolerance_assertion_is_a_mismatch_naming_the_model_and_the_compared_values(tmp_path: Path) -> None:
+def test_a_failed_tolerance_assertion_is_a_mismatch_naming_the_model_and_the_compared_values(
+    tmp_path: Path,
+) -> None:
     text = "\n".join(
         [
             "tests/models/test_embed.py::test_cosine[org/tiny-embedder] FAILED",
@@ -115,9 +117,9 @@ def test_a_budget_that_leaves_no_room_for_graph_capture_is_an_oom_warning(tmp_pa
 
 
 def test_a_budget_with_room_or_without_graphs_is_quiet(tmp_path: Path) -> None:
-    assert diagnose_text(tmp_path, "\n".join([BUDGET.format(total=79.1, util=0.9, want=71.19), CAPTURE])).verdict == (
-        "clean"
-    )
+    assert diagnose_text(
+        tmp_path, "\n".join([BUDGET.format(total=79.1, util=0.9, want=71.19), CAPTURE])
+    ).verdict == ("clean")
     eager = "Initializing an LLM engine with config: model='m', enforce_eager=True, dtype=bfloat16"
     tight = BUDGET.format(total=23.65, util=0.97, want=22.94)
     assert diagnose_text(tmp_path, "\n".join([eager, tight])).verdict == "clean"
@@ -167,7 +169,11 @@ def test_the_advice_printed_next_to_a_failure_comes_first_among_its_fixes(tmp_pa
 
 
 def test_advice_far_from_the_failure_or_a_source_line_is_not_attached(tmp_path: Path) -> None:
-    far = [NCCL_ERR, *(f"step {i}: loss 0.5" for i in range(30)), "Set the environment variable `FOO_LIMIT=3`."]
+    far = [
+        NCCL_ERR,
+        *(f"step {i}: loss 0.5" for i in range(30)),
+        "Set the environment variable `FOO_LIMIT=3`.",
+    ]
     c = diagnose_text(tmp_path, "\n".join(far)).causes[0]
     assert "FOO_LIMIT" not in fix_text(c)
     code = [NCCL_ERR, "    raise DistBackendError(msg, case_name=case_name)"]
@@ -240,7 +246,9 @@ def test_a_module_a_framework_installs_through_an_extra_names_the_extra(tmp_path
 
 
 # ---- an OOM in a whole-vocabulary log-prob / entropy computation
-def test_an_oom_in_a_log_softmax_over_the_vocab_names_the_function_and_the_chunking_key(tmp_path: Path) -> None:
+def test_an_oom_in_a_log_softmax_over_the_vocab_names_the_function_and_the_chunking_key(
+    tmp_path: Path,
+) -> None:
     text = "\n".join(
         [
             "(DTensorPolicyWorker pid=77) nemo_rl.algorithms.grpo: training step 1",
@@ -303,7 +311,9 @@ def test_flash_attention_on_a_pre_ampere_gpu_is_unsupported_with_the_attention_f
     assert "attn_implementation='sdpa'" in fix_text(c)
 
 
-def test_a_bf16_gemm_cublas_refuses_is_unsupported_and_a_missing_arch_build_is_a_cuda_error(tmp_path: Path) -> None:
+def test_a_bf16_gemm_cublas_refuses_is_unsupported_and_a_missing_arch_build_is_a_cuda_error(
+    tmp_path: Path,
+) -> None:
     gemm = ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx(handle, opa, opb, m, n, "
             "k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, CUDA_R_32F, "
             "CUBLAS_GEMM_DEFAULT_TENSOR_OP)`")  # fmt: skip
@@ -338,4 +348,6 @@ def test_a_check_that_names_its_settings_in_prose_is_a_configuration_check(tmp_p
     text = "ValueError: Number of key value heads (6) must be divisible by pipeline parallel size (4)."
     c = diagnose_text(tmp_path, text).causes[0]
     assert c.title.startswith("Configuration check failed") and "pipeline_parallel_size" in c.where
-    assert "key_value_heads=6" in c.where and "change pipeline_parallel_size so the check holds" in fix_text(c)
+    assert "key_value_heads=6" in c.where and "change pipeline_parallel_size so the check holds" in fix_text(
+        c
+    )

@@ -276,7 +276,9 @@ def test_a_pytest_failure_line_is_a_failure_not_a_clean_log(tmp_path):
     text = "  assert st_main_score - vllm_main_score < atol\n  E       AssertionError\n"
     # (a tolerance in the asserted expression makes it a comparison with a reference: logs.outputs)
     assert ("error", "mismatch") in problems(tmp_path, text)
-    assert ("error", "exception") in problems(tmp_path, "  assert len(rows) == n_rows\n  E       AssertionError\n")
+    assert ("error", "exception") in problems(
+        tmp_path, "  assert len(rows) == n_rows\n  E       AssertionError\n"
+    )
     # a line that only starts with the letter E is no pytest failure
     assert problems(tmp_path, "Epoch 3: loss 0.41\nE stands for epoch in this table\n") == []
 

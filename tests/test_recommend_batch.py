@@ -118,8 +118,9 @@ def test_recommend_leaves_out_the_weight_gradient_comparison():
 
 
 SLEEPY_WORKER = """
-import json, sys, time
+import json, signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as worker.run sets it
 run_dir = Path(sys.argv[1]).parent
 (run_dir / "worker.log").write_text("started")
 try:

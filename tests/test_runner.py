@@ -273,8 +273,15 @@ def test_ctrl_c_stops_the_child_keeps_what_was_written_and_exits_130(tmp_path):
         "--audit-level",
         "off",
     ]
+    # as from a terminal: a test run from a shell's background job inherits SIGINT ignored
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = out / "fp32" / "metrics.jsonl"
     deadline = time.monotonic() + 300

@@ -180,7 +180,9 @@ class Auditor(Observer):
             setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
         )
         # model24: the tokenizer and each role's forward on the task's own text, before any step
-        self.findings.extend(model_checks.findings(config or {}, self.models, tokenizer_info.get("tokenizer")))
+        self.findings.extend(
+            model_checks.findings(config or {}, self.models, tokenizer_info.get("tokenizer"))
+        )
         # settings that make a loss or an update degenerate by construction, named before the first step
         configured = config_checks.setup_findings(config or {})
         self.findings.extend(configured)
@@ -283,7 +285,11 @@ class Auditor(Observer):
                                                         self.settings, **self.context.where()))  # fmt: skip
         if isinstance(bools, probes_numpy.BoolAdd):
             data = (self.config or {}).get("data") or {}
-            key = reward_signal.reward_key(data) if point == "reward_fn" else f"data.{point} ({data.get(point)})"
+            key = (
+                reward_signal.reward_key(data)
+                if point == "reward_fn"
+                else f"data.{point} ({data.get(point)})"
+            )
             role = "reward" if point == "reward_fn" else "actor"
             self.findings.extend(bools.findings(where=key, ctx=self.context.where(), role=role))
         return result

@@ -185,7 +185,10 @@ def completion_prompt_findings(
     hit = [
         (p, c, r)
         for p, c, r in rows
-        if len(p.strip()) >= 2 and c.startswith(p) and r.startswith(p) and (len(c) > len(p) or len(r) > len(p))
+        if len(p.strip()) >= 2
+        and c.startswith(p)
+        and r.startswith(p)
+        and (len(c) > len(p) or len(r) > len(p))
     ]
     if len(hit) < LEAK_SHARE * len(rows):
         return []
@@ -305,7 +308,9 @@ def _chosen_leak(examples, *, data, task, ctx) -> list[Finding]:
     rows = [(_text(ex, "prompt"), _text(ex, "chosen"), _text(ex, "rejected")) for ex in examples]
     if any(t is None for r in rows for t in r) or task is None or _task_share(task) >= 0.1:
         return []
-    hit = [r for r in rows if len(r[1].strip()) >= 2 and r[1] in r[0] and r[2] not in r[0] and r[1] not in r[2]]
+    hit = [
+        r for r in rows if len(r[1].strip()) >= 2 and r[1] in r[0] and r[2] not in r[0] and r[1] not in r[2]
+    ]
     if len(hit) < LEAK_SHARE * len(rows):
         return []
     at = _data_source(data)
@@ -357,7 +362,12 @@ def response_length_findings(
             message=f"data.response_length is {rl} tokens, but {over} of {len(need)} answers need more (the answer's "
             f"tokens plus eos: up to {longest}): every such response is truncated before it can be complete or end "
             "with eos, so the reward cannot reach its maximum and the policy never learns to stop",
-            observed={"response_length": rl, "answers_longer": over, "answers": len(need), "longest_needed": longest},
+            observed={
+                "response_length": rl,
+                "answers_longer": over,
+                "answers": len(need),
+                "longest_needed": longest,
+            },
             expected=f"data.response_length >= {longest}",
             fix=f"data.response_length: set it to at least {longest} (the longest answer in tokens plus eos; "
             f"it is {rl}), so a response can hold the whole answer and its eos",
@@ -472,4 +482,3 @@ class ExampleWatch:
                 out += check()
         self.found.update(f.kind for f in out)
         return out
-

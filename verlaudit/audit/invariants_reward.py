@@ -306,9 +306,15 @@ class RewardWatch:
             )
         if source.startswith("function:"):  # data24: rewards sorted by row, every step (a comparison)
             truth = task_scores(context.get("responses"), context.get("examples"), data)
-            out += self.row_order.observe(rewards, where=reward_signal.reward_key(data), ctx=where, truth=truth)
+            out += self.row_order.observe(
+                rewards, where=reward_signal.reward_key(data), ctx=where, truth=truth
+            )
         if K.REWARD_BATCH_DEPENDENT not in self.found:  # data24: a normalisation over the batch, every step
-            at = reward_signal.reward_key(data) if source.startswith("function:") else f"model.reward_model ({spec})"
+            at = (
+                reward_signal.reward_key(data)
+                if source.startswith("function:")
+                else f"model.reward_model ({spec})"
+            )
             out += self.normalised.observe(rewards, where=at, ctx=where)
         if not sampled:
             self.found.update(f.kind for f in out)

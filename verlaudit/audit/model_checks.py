@@ -192,6 +192,7 @@ def _padding_change_of(model: nn.Module, ids, mask, *, hooks: bool, plain: bool)
     return worst
 
 
+# long: the two forwards (hooks on / off, padded / alone) and their findings share the role's inputs and state
 def hook_findings(role: str, model: nn.Module, ids, mask) -> list[Finding]:
     """``setup/hook_output`` and ``setup/mask_ignored`` / ``model/padding_dependent`` for one role."""
     hooks = _hook_names(model)

@@ -30,8 +30,7 @@ from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
 _OURS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (torch, trainer, sys.modules["verlaudit"])
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, trainer, sys.modules["verlaudit"])
 )
 _LIBRARY = os.sep + "site-packages" + os.sep
 _KIND: dict[str, bool] = {}
@@ -76,7 +75,9 @@ def _chains(code) -> list[tuple[int, list[str], str]]:
                 inner.add(id(sub))
         names = [n.id for n in leaves if isinstance(n, ast.Name)]
         if len(names) >= 2:
-            out.append((first + node.lineno - 1, names, ast.get_source_segment(src, node) or " + ".join(names)))
+            out.append(
+                (first + node.lineno - 1, names, ast.get_source_segment(src, node) or " + ".join(names))
+            )
     _CHAINS[code] = out
     return out
 
@@ -129,7 +130,14 @@ class BoolAdd:
             key = (frame.f_code.co_filename, line)
             h = self.hits.setdefault(
                 key,
-                {"function": frame.f_code.co_name, "text": text, "names": used, "calls": 0, "differ": 0, "most": 0},
+                {
+                    "function": frame.f_code.co_name,
+                    "text": text,
+                    "names": used,
+                    "calls": 0,
+                    "differ": 0,
+                    "most": 0,
+                },
             )
             count = sum(bools[n] for n in used)
             h["calls"] += 1

@@ -11,7 +11,7 @@
   follow the row, not the response in it. Each sorted step has the chance ``2 / (multinomial of its
   ties)`` of a chance order; the steps' chances multiply until they are below `ORDER_CHANCE`.
 
-Exercised by `pytest tests/test_probes_reward.py`.
+Exercised by `pytest tests/test_invariants_examples.py`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ def batch_findings(
     if not bool(torch.isfinite(a).all()):
         return []
     h = b // 2
-    parts = [_scored(rescore, input_ids[s], attention_mask[s], len(range(b)[s])) for s in (slice(0, h), slice(h, b))]
+    parts = [
+        _scored(rescore, input_ids[s], attention_mask[s], len(range(b)[s]))
+        for s in (slice(0, h), slice(h, b))
+    ]
     if any(p is None for p in parts):
         return []
     again = torch.cat(parts)
@@ -88,7 +91,9 @@ def batch_findings(
     total = float(a.sum())
     how = ""
     if abs(total - 1.0) < 1e-3:
-        how = "; the batch's scores sum to 1 (a softmax over the batch dimension, dim=0, not over the classes)"
+        how = (
+            "; the batch's scores sum to 1 (a softmax over the batch dimension, dim=0, not over the classes)"
+        )
     elif abs(float(a.mean())) < 1e-3 * max(1.0, mag) and abs(float(a.std()) - 1.0) < 0.05:
         how = "; the batch's scores have mean 0 and std 1 (normalised over the batch)"
     model = source.removeprefix("model:")
@@ -158,7 +163,11 @@ class RowOrder:
         if not way:
             self.chance, self.steps, self.task = 1.0, [], True
             return []
-        t = truth.double().flatten().cpu() if isinstance(truth, torch.Tensor) and truth.numel() == r.numel() else None
+        t = (
+            truth.double().flatten().cpu()
+            if isinstance(truth, torch.Tensor) and truth.numel() == r.numel()
+            else None
+        )
         if t is not None and _sorted(t) == way and int(torch.unique(t).numel()) > 1:
             self.chance, self.steps, self.task = 1.0, [], True
             return []  # the responses' own scores are in this order: the reward follows them

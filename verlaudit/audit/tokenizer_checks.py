@@ -10,7 +10,7 @@
   field verl's messages do not carry): every prompt is the template's frame alone.
 
 Each names the directory the tokenizer came from. `texts` (the builtin task's own prompts and answers)
-is shared with `verlaudit.audit.model_checks`. Exercised by `pytest tests/test_tokenizer_checks.py`.
+is shared with `verlaudit.audit.model_checks`. Exercised by `pytest tests/test_model_checks.py`.
 """
 
 from __future__ import annotations

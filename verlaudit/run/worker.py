@@ -192,6 +192,9 @@ def run(spec: RunSpec) -> int:
     )
     observer = Fanout([injector, auditor]) if injector else auditor
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # the runner stops a run with SIGINT first: a worker started from a shell's background job inherits
+    # SIGINT ignored (and Python then installs no KeyboardInterrupt handler), so it is set here
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _train(spec, Resolved(dist=info, policy=spec.policy), auditor, observer, writer)
     except BaseException as e:  # every failure becomes a status, then exit 1; nothing is swallowed silently
@@ -217,6 +220,7 @@ def run(spec: RunSpec) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         if injector is not None:
             injector.remove()
         writer.close()

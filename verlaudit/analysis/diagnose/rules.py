@@ -362,7 +362,9 @@ RULES: dict[tuple[str, str], Rule] = {
         "completions that repeat the prompt share it: cut to the response length, both sides are its copy"
     ),
     ("plugin_numpy_bool", "no_signal"): Rule("a sum of numpy bools takes two values: a group's scores tie"),
-    ("plugin_numpy_bool", "reward_constant"): Rule("a sum of numpy bools takes two values: a batch's scores tie"),
+    ("plugin_numpy_bool", "reward_constant"): Rule(
+        "a sum of numpy bools takes two values: a batch's scores tie"
+    ),
     ("response_length", "no_signal"): Rule("responses cut before the answer can be complete score alike"),
     # numerics
     ("overflow", "nonfinite"): Rule("an fp16 overflow is an Inf, and Inf - Inf is NaN"),

@@ -58,7 +58,9 @@ def detect(line: LogLine) -> list[Hit]:
 
 
 def _fix_text(c: Cause) -> str:
-    return " ".join(f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}" for f in c.fixes)
+    return " ".join(
+        f"{f.suite or ''} {f.verl or ''} {getattr(f, 'key', None) or ''} {f.why}" for f in c.fixes
+    )
 
 
 def attach(causes: Sequence[Cause], facts: LogFacts) -> None:
@@ -81,7 +83,9 @@ def attach(causes: Sequence[Cause], facts: LogFacts) -> None:
                 continue
             for s in h.fields["sentences"]:
                 if s not in have:
-                    (look if _LOOK.search(s) else new).append(Fix(None, None, f"the message's own advice: {s[:300]}"))
+                    (look if _LOOK.search(s) else new).append(
+                        Fix(None, None, f"the message's own advice: {s[:300]}")
+                    )
                     have += " " + s
         if new or look:
             c.fixes[:0] = new[:3]

@@ -92,7 +92,17 @@ def _prose_pairs(msg: str) -> dict[str, str]:
     out = {}
     for phrase, value in _PROSE_PAIR.findall(msg):
         words = _PROSE_DROP.sub("", phrase.lower()).split()[-3:]
-        while words and words[0] in ("divisible", "by", "than", "of", "to", "smaller", "larger", "greater", "less"):
+        while words and words[0] in (
+            "divisible",
+            "by",
+            "than",
+            "of",
+            "to",
+            "smaller",
+            "larger",
+            "greater",
+            "less",
+        ):
             words = words[1:]
         if len(words) >= 2:
             out["_".join(words)] = value

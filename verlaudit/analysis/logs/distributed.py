@@ -120,7 +120,9 @@ def detect(line: LogLine) -> list[Hit]:
         if m:
             want = 8 if rule == "actor_died" else 4 if rule == "faulthandler" else 0
             out.append(Hit(rule, line, {"groups": m.groups()}, want=want))
-    if any(h.rule == "nccl_timeout" for h in out):  # "terminated with exception: [Rank 1] Watchdog caught" twice
+    if any(
+        h.rule == "nccl_timeout" for h in out
+    ):  # "terminated with exception: [Rank 1] Watchdog caught" twice
         out = [h for h in out if h.rule != "watchdog_error"]
     elif _CUT.search(text):  # the watchdog's line cut by a paste's hard wrap: rejoined in `_rejoined`
         out.append(Hit("nccl_timeout_cut", line, {}, want=2))
@@ -224,7 +226,9 @@ def _watchdog(facts: LogFacts, w: _Wait) -> None:
             )
         dump = facts.first("dump_from")
         if dump and not w.diverged and w.culprit == order[0] and int(dump.fields["groups"][0]) != w.culprit:
-            w.culprit = int(dump.fields["groups"][0])  # the first to time out, whatever order the lines came in
+            w.culprit = int(
+                dump.fields["groups"][0]
+            )  # the first to time out, whatever order the lines came in
             w.title = w.title.replace(f"rank {order[0]} ", f"rank {w.culprit} (the first to time out) ", 1)
             w.evidence.append(f"{quote(dump.line, 200)}: rank {w.culprit} timed out first")
         if len(order) > 1:
@@ -327,7 +331,13 @@ def _collective_fixes(ctx: LogContext, w: _Wait, phase: str | None) -> list:
 
 def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
     first = facts.first(
-        "nccl_timeout", "gloo_timeout", "barrier_from", "barrier_failed", "store_timeout", "store_clients", "heartbeat"
+        "nccl_timeout",
+        "gloo_timeout",
+        "barrier_from",
+        "barrier_failed",
+        "store_timeout",
+        "store_clients",
+        "heartbeat",
     )
     if first is None:
         return None
@@ -347,7 +357,11 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f"SeqNum {EARLY_SEQ} or less: one of the process group's first collectives, at start-up"
         )
     if w.at_init:
-        w.title += "" if "setup" in w.title or "Rendezvous" in w.title else " at start-up (no collective ever completed)"
+        w.title += (
+            ""
+            if "setup" in w.title or "Rendezvous" in w.title
+            else " at start-up (no collective ever completed)"
+        )
     elif phase and pl.phase_why:
         w.title += f" during {phase if pl.phase_why.startswith('activity') else pl.phase_why}"
     what = _COLLECTIVE_WHAT
@@ -363,7 +377,9 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )
     fx = _collective_fixes(ctx, w, phase)
     last = [h for h in facts.of("logged") if 0 < first.no - h.no <= 60]
-    if last and pl.tb is None:  # no stack: the logger of the last line before the hang says what the job was doing
+    if (
+        last and pl.tb is None
+    ):  # no stack: the logger of the last line before the hang says what the job was doing
         w.evidence.append(f"last logged before the timeout: {quote(last[-1].line, 200)}")
     return Cause(
         "error",
@@ -373,8 +389,12 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=w.evidence + pl.evidence(),
         fixes=fx,
         where=(f"rank {w.culprit}" if w.culprit is not None else pl.culprit(frame=False) or "")
-        + (f" (last logged by {last[-1].fields['groups'][0]}: {last[-1].fields['groups'][1][:60]})"
-           if last and pl.tb is None else "") or None,
+        + (
+            f" (last logged by {last[-1].fields['groups'][0]}: {last[-1].fields['groups'][1][:60]})"
+            if last and pl.tb is None
+            else ""
+        )
+        or None,
         phase=phase,
         rank=w.culprit,
         line=first.no,

@@ -140,7 +140,11 @@ def detect(line: LogLine) -> list[Hit]:
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """bf16 on an old GPU, engine runtime errors, weight-sync failures."""
-    return [c for c in (_bf16(facts, ctx), _too_old(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx)) if c]
+    return [
+        c
+        for c in (_bf16(facts, ctx), _too_old(facts, ctx), _weight_sync(facts, ctx), _engine(facts, ctx))
+        if c
+    ]
 
 
 def _too_old(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -154,8 +158,11 @@ def _too_old(facts: LogFacts, ctx: LogContext) -> Cause | None:
     on = f" ({gpu.fields['groups'][0]})" if gpu else ""
     pl = place(facts, h.line)
     if flash or gemm:
-        title = (f"FlashAttention-2 needs an Ampere-or-newer GPU{on}" if flash
-                 else f"cuBLAS has no bf16 GEMM for this GPU{on}: bf16 needs compute capability >= 8.0")
+        title = (
+            f"FlashAttention-2 needs an Ampere-or-newer GPU{on}"
+            if flash
+            else f"cuBLAS has no bf16 GEMM for this GPU{on}: bf16 needs compute capability >= 8.0"
+        )
         fx = fixes(
             ctx,
             *(_fp16_as_written(facts) if gemm else []),
@@ -165,12 +172,23 @@ def _too_old(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )  # fmt: skip
         what = ("The kernel the run asked for does not exist for this GPU generation (pre-Ampere: V100, T4, RTX 20xx): "
                 "the setting must change, not the code.")  # fmt: skip
-        kind, where = "dtype_unsupported", "flash_attention_2 (attn_implementation)" if flash else "bf16 GEMM (cuBLAS)"
+        kind, where = (
+            "dtype_unsupported",
+            "flash_attention_2 (attn_implementation)" if flash else "bf16 GEMM (cuBLAS)",
+        )
     else:
-        title = "CUDA: no kernel image for this GPU" + (f" (sm_{sm})" if sm else on) + ": a build without its architecture"
-        fx = fixes(ctx, advice(
-            "install a torch (and compiled extensions: flash-attn, vLLM, apex) built for this GPU's architecture and "
-            "CUDA version (the matching wheel; from source: TORCH_CUDA_ARCH_LIST with its compute capability)"))
+        title = (
+            "CUDA: no kernel image for this GPU"
+            + (f" (sm_{sm})" if sm else on)
+            + ": a build without its architecture"
+        )
+        fx = fixes(
+            ctx,
+            advice(
+                "install a torch (and compiled extensions: flash-attn, vLLM, apex) built for this GPU's architecture and "
+                "CUDA version (the matching wheel; from source: TORCH_CUDA_ARCH_LIST with its compute capability)"
+            ),
+        )
         what = ("The installed binaries carry no kernels for this GPU's compute capability: a wheel built for other "
                 "architectures (or a too-new torch for an old GPU).")  # fmt: skip
         kind, where = "cuda_error", f"sm_{sm}" if sm else (site(pl.tb) or "the installed CUDA binaries")
@@ -236,7 +254,10 @@ def _fp16_as_written(facts: LogFacts) -> list:
 
     def rank(text: str) -> int:
         key = re.split(r"[\s:=]", text.lstrip("-"), maxsplit=1)[0].lower()
-        return next((i for i, k in enumerate(_ASSIGN_ORDER) if k in key), len(_ASSIGN_ORDER)) + ("save" in key) * 9
+        return (
+            next((i for i, k in enumerate(_ASSIGN_ORDER) if k in key), len(_ASSIGN_ORDER))
+            + ("save" in key) * 9
+        )
 
     out = []
     for text in sorted(seen, key=rank)[:2]:

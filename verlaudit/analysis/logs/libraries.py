@@ -135,7 +135,13 @@ def detect(line: LogLine) -> list[Hit]:
         return []
     out = []
     if m := _ARCH.search(text):
-        out.append(Hit("unknown_arch", line, {"arch": m["arch"] or m["mtype"], "lib": "vllm" if m["arch"] else "transformers"}))
+        out.append(
+            Hit(
+                "unknown_arch",
+                line,
+                {"arch": m["arch"] or m["mtype"], "lib": "vllm" if m["arch"] else "transformers"},
+            )
+        )
     for rule, pat in _API:
         m = pat.search(text)
         if m:
@@ -192,7 +198,9 @@ def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
     dist-info directory ``vllm-0.6.3``): the release the environment was meant to hold."""
     if tb is None or not pkg:
         return None
-    pat = re.compile(rf"(?<![A-Za-z]){re.escape(pkg)}[-_=]v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)(?![\d.])", re.I)
+    pat = re.compile(
+        rf"(?<![A-Za-z]){re.escape(pkg)}[-_=]v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)(?![\d.])", re.I
+    )
     for f in tb.frames:
         if m := pat.search(f.path):
             return m[1]
@@ -211,11 +219,17 @@ def _arch(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
         f"{lib} looks the model's architecture up in its own registry; {arch} is not in the installed release, "
         "which predates the model (or serves it under another class).",
         evidence=[quote(h.line)] + pl.evidence(),
-        fixes=fixes(ctx,
-                    advice(f"pip install -U {lib}: a release that lists {arch} (its supported-models page / release "
-                           "notes name the first one)"),
-                    advice(f"if the framework pins {lib}, upgrade the framework to a release that pins a {lib} with "
-                           f"{arch}")),  # fmt: skip
+        fixes=fixes(
+            ctx,
+            advice(
+                f"pip install -U {lib}: a release that lists {arch} (its supported-models page / release "
+                "notes name the first one)"
+            ),
+            advice(
+                f"if the framework pins {lib}, upgrade the framework to a release that pins a {lib} with "
+                f"{arch}"
+            ),
+        ),  # fmt: skip
         where=f"{lib} ({arch})",
         phase=pl.phase or "init",
         rank=pl.rank,

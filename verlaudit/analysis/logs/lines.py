@@ -235,7 +235,12 @@ def message_advice(message: str) -> tuple[list[str], list[str]]:
     many messages say their own fix ("To proceed regardless, set RAY_OBJECT_STORE_ALLOW_SLOW_STORAGE=1.
     Consider ... --shm-size in Docker.")."""
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", message) if s.strip()]
-    advice = [s for s in sentences if _ADVICE.match(s) or re.search(r"\byou can set\b|\bconsider\b|\bset the environment variable\b", s, re.I)]
+    advice = [
+        s
+        for s in sentences
+        if _ADVICE.match(s)
+        or re.search(r"\byou can set\b|\bconsider\b|\bset the environment variable\b", s, re.I)
+    ]
     names: list[str] = []
     for s in advice:
         for n in _ADVISED.findall(s):

@@ -196,7 +196,9 @@ def detect(line: LogLine) -> list[Hit]:
         m = pat.search(text)
         if m:
             out.append(Hit(rule, line, {"groups": m.groups()}))
-    if any(h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out):
+    if any(
+        h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out
+    ):
         return out
     oom = None if "memory on the node" in text.lower() else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
@@ -239,7 +241,10 @@ def _headroom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=ev + pl.evidence(),
         fixes=fixes(
             ctx,
-            ("rollout_memory", f"lower it (e.g. {max(0.5, round(util - 0.08, 2)):g}): leave 1-2 GiB outside it"),
+            (
+                "rollout_memory",
+                f"lower it (e.g. {max(0.5, round(util - 0.08, 2)):g}): leave 1-2 GiB outside it",
+            ),
             ("enforce_eager", "no CUDA-graph capture, so nothing is allocated outside the budget"),
             ("max_num_seqs", "fewer sequences per step: fewer and smaller graphs to capture"),
             ("max_model_len", "a shorter context if the cache must shrink"),
@@ -252,6 +257,7 @@ def _headroom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+# long: one CUDA OOM cause from every fact its message gives (phase, fragmentation, one huge allocation, a whole-vocabulary tensor, the device and who shares it)
 def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("cuda_oom")
     if not hits:
@@ -315,9 +321,14 @@ def _cuda_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         title,
         what,
         evidence=ev,
-        fixes=_with_vocab(fixes(ctx, *_vocab_fixes(phase, vocab)), _oom_fixes(phase, ctx, fragmented, facts), vocab),
-        where=pl.culprit(allocator[1] if allocator else None, vocab and _vocab_where(vocab, ctx),
-                         engine and _engine_name(engine[0])),
+        fixes=_with_vocab(
+            fixes(ctx, *_vocab_fixes(phase, vocab)), _oom_fixes(phase, ctx, fragmented, facts), vocab
+        ),
+        where=pl.culprit(
+            allocator[1] if allocator else None,
+            vocab and _vocab_where(vocab, ctx),
+            engine and _engine_name(engine[0]),
+        ),
         phase=phase,
         rank=pl.rank,
         line=first.no,

@@ -29,7 +29,9 @@ from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _LABELLED = re.compile(r"^\s*(?:[>|*-]\s*)?(?P<label>[A-Za-z][\w .-]{0,38}?)\s*:\s+(?P<text>\S.*?)\s*$")
 _REF_WORDS = frozenset({"ref", "reference", "baseline", "golden", "hf", "transformers", "eager", "fp32"})
-_TOLERANCE = re.compile(r"\b(?:a|r)?tol(?:erance)?\b|\beps(?:ilon)?\b|\bthreshold\b|\bmargin\b|isclose|allclose")
+_TOLERANCE = re.compile(
+    r"\b(?:a|r)?tol(?:erance)?\b|\beps(?:ilon)?\b|\bthreshold\b|\bmargin\b|isclose|allclose"
+)
 _TESTING = re.compile(
     r"Tensor-likes are not (?:close|equal)|Mismatched elements: (\d+) / (\d+)|Not equal to tolerance"
     r"|Arrays are not (?:almost )?equal|Greatest (?:absolute|relative) difference: ([-\w.+]+)"
@@ -54,7 +56,9 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(Hit("model_named", line, {"model": m[1]}))
     elif (m := _LABELLED.match(text)) and not text.lstrip().startswith(("File ", "Traceback")):
         label = m["label"].strip()
-        if "  " not in label and not re.search(r"(?:Error|Exception|Warning)$|^(?:INFO|WARNING|ERROR|DEBUG)\b", label):
+        if "  " not in label and not re.search(
+            r"(?:Error|Exception|Warning)$|^(?:INFO|WARNING|ERROR|DEBUG)\b", label
+        ):
             out.append(Hit("labelled", line, {"label": label, "text": m["text"]}))
     return out
 
@@ -127,9 +131,17 @@ def _tolerance(facts: LogFacts, ctx: LogContext) -> Cause | None:
         where = ", ".join(x for x in [model and f"model {model}", " vs ".join(sides[:2])] if x) or None
         shown = "; ".join(f"{label} {value}" for label, value in numbers[:4])
         pl = place(facts, h.line)
-        ev = [quote(h.line)] + ([f"asserted: {expr}"] if expr else []) + ([quote(at.line)] if at is not h else [])
+        ev = (
+            [quote(h.line)]
+            + ([f"asserted: {expr}"] if expr else [])
+            + ([quote(at.line)] if at is not h else [])
+        )
         ev += [f"printed: {shown}"] if shown else []
-        half = [x for x in facts.of("labelled") if abs(x.no - h.no) <= 15 and re.search(r"float16|bfloat16|fp16|bf16", x.fields["text"])]
+        half = [
+            x
+            for x in facts.of("labelled")
+            if abs(x.no - h.no) <= 15 and re.search(r"float16|bfloat16|fp16|bf16", x.fields["text"])
+        ]
         if half:
             ev.append(f"a compared side runs in half precision: {quote(half[0].line, 160)}")
         return Cause(
@@ -157,7 +169,11 @@ def _diverged(facts: LogFacts, ctx: LogContext) -> Cause | None:
     rows = facts.of("labelled")
     pairs = []
     for a, b in zip(rows, rows[1:]):
-        if b.no - a.no > 2 or a.fields["label"] == b.fields["label"] or _is_ref(a.fields["label"]) == _is_ref(b.fields["label"]):
+        if (
+            b.no - a.no > 2
+            or a.fields["label"] == b.fields["label"]
+            or _is_ref(a.fields["label"]) == _is_ref(b.fields["label"])
+        ):
             continue
         ref, other = (a, b) if _is_ref(a.fields["label"]) else (b, a)
         rw, ow = ref.fields["text"].split(), other.fields["text"].split()
@@ -170,8 +186,8 @@ def _diverged(facts: LogFacts, ctx: LogContext) -> Cause | None:
     rl, ol = ref.fields["label"], other.fields["label"]
     ev = [
         f"line {other.no}: {ol} leaves {rl} after word {same}: "
-        f"...{' '.join(ref.fields['text'].split()[max(0, same - 3):same + 3])!r} vs "
-        f"...{' '.join(other.fields['text'].split()[max(0, same - 3):same + 3])!r}"
+        f"...{' '.join(ref.fields['text'].split()[max(0, same - 3) : same + 3])!r} vs "
+        f"...{' '.join(other.fields['text'].split()[max(0, same - 3) : same + 3])!r}"
         for ref, other, same in pairs[:3]
     ]
     model = _model_near(facts, other.no, 40)

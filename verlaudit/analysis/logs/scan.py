@@ -258,7 +258,9 @@ class LogScan:
             if m["inner"] and msg.startswith("ray::"):  # RayTaskError(X): ray::A.b() -- frames follow
                 tb.task, tb.inner = msg[5:].split("(", 1)[0], m["inner"]
                 # the actor's repr names the module that defines it (`repr=<slime.backends.x.Actor object`)
-                if (mod := re.search(r"repr=<((?:[A-Za-z_]\w*\.)+)[A-Za-z_]\w* object", msg)) and "." in mod[1][:-1]:
+                if (mod := re.search(r"repr=<((?:[A-Za-z_]\w*\.)+)[A-Za-z_]\w* object", msg)) and "." in mod[
+                    1
+                ][:-1]:
                     tb.task += f" ({mod[1][:-1]})"
                 self.open[key] = tb
                 return
