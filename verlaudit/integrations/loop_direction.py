@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
+from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.rundir import Finding
 
 MAX_PROBES = 6
@@ -37,10 +38,9 @@ CHUNK = 4
 
 
 def _logits(output: Any) -> torch.Tensor | None:
-    t = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
-    if t is None and isinstance(output, (tuple, list)) and output:
-        t = output[0]
-    return t if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() == 3 else None
+    """The forward's [batch, length, vocab] logits (`loop_checks.output_tensor` of three dimensions), else None."""
+    t = output_tensor(output)
+    return t if t is not None and t.dim() == 3 else None
 
 
 class DirectionProbe:
