@@ -32,6 +32,7 @@ from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
     config_checks,
+    config_pairs,
     config_ranges,
     dtype_checks,
     dynamics,
@@ -189,6 +190,8 @@ class Auditor(Observer):
         # numeric keys outside their sane range: information until diagnose sees the run confirm it
         roles = (policy.to_dict().get("roles") or {}) if hasattr(policy, "to_dict") else {}
         self.findings.extend(config_ranges.setup_findings(config or {}, roles))
+        # combo: keys wrong in combination (one penalty twice, a scale key of another loss type, ...)
+        self.findings.extend(config_pairs.setup_findings(config or {}, roles))
         self.dynamics = dynamics.DynamicsWatch(
             algo,
             rollout=(config or {}).get("rollout"),
@@ -409,6 +412,9 @@ class Auditor(Observer):
             ):  # the step's last reward is its sampled rows' (ReMax scores its baseline first)
                 self._groups = (*counted, source)
                 self.numbers.put(reward_signal.METRIC, counted[0] / counted[1])
+                tiny = reward_signal.tiny_std_groups(r, self.group_size)  # combo: std normalisation's input
+                if tiny is not None:
+                    self.numbers.put(reward_signal.TINY_STD_METRIC, tiny)
 
     @_uncounted
     def on_forward(self, *, role, name, output) -> None:

@@ -41,6 +41,7 @@ from verlaudit.analysis.causes import (
 from verlaudit.analysis.diagnose import fixcheck
 from verlaudit.analysis.diagnose.config_cause import range_causes
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
+from verlaudit.analysis.diagnose.pair_cause import combo_causes
 from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
     cfg,
@@ -489,6 +490,7 @@ ANALYSES = (
     _finding_causes,
     override_causes,
     range_causes,
+    combo_causes,  # combo: keys wrong together, resolution lost at a 16-bit boundary
 )
 
 
