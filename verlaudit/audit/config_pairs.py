@@ -29,9 +29,10 @@ Rows:
 - ``config/temperature_dtype``: the sampled log-probs are log_softmax(logits / T); logits rounded to a
   16-bit float carry an error of half the dtype's spacing at their magnitude, and dividing by T multiplies
   it by 1 / T: at T 0.1 the rollout's and the trainer's log-probs differ 10x as much as at T 1.
-- ``config/adv_norm_tiny_std``: GRPO's std normalisation (``norm_adv_by_std_in_grpo``) divides each group's
-  reward deviations by the group's std: rewards that differ within a group only by a tie-break or noise
-  (std below `reward_signal.TINY_GROUP_STD`) get advantages of +-1, the same as a right-vs-wrong group.
+
+GRPO's std normalisation over groups whose rewards differ by a tie-break is not a key pair but a key and
+the run's rewards: `verlaudit.analysis.diagnose.pair_cause.adv_norm_causes` reads it from the audit's
+``reward/tiny_std_group_frac`` (`verlaudit.audit.reward_signal.tiny_std_groups`).
 
 Exercised by `pytest tests/test_config_pairs.py`.
 """
@@ -45,8 +46,7 @@ from typing import Any
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.audit.config_ranges import Confirm
-from verlaudit.audit.dynamics import batch_rows, estimator, number
-from verlaudit.audit.reward_signal import TINY_GROUP_STD, TINY_STD_METRIC
+from verlaudit.audit.dynamics import batch_rows, number
 from verlaudit.rundir import Finding
 
 Cfg = Mapping[str, Any]
@@ -70,13 +70,6 @@ _IPO_LOSS = Confirm(
     "absmax_at_least",
     1.0 / (4.0 * IPO_TAU_LOW**2),
     "the IPO loss, (margin - 1 / (2 tau))^2: 1 / (4 tau^2) at a zero margin",
-)
-_TINY_STD = Confirm(
-    TINY_STD_METRIC,
-    "mean_at_least",
-    0.25,
-    f"the share of groups whose rewards differ by a std below {TINY_GROUP_STD:g} (advantages +-1 after "
-    "the std division)",
 )
 _MISMATCH = Confirm(
     "rollout_corr/abs_diff_mean",
@@ -318,30 +311,6 @@ def temperature_dtype(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
     )
 
 
-def adv_norm_tiny_std(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
-    algo = config.get("algo") or {}
-    if algo.get("name") != "grpo" or estimator(algo) not in ("grpo", "grpo_vectorized"):
-        return None
-    if algo.get("norm_adv_by_std_in_grpo", True) is False:
-        return None
-    return _finding(
-        K.CONFIG_ADV_NORM_TINY_STD,
-        "algo.norm_adv_by_std_in_grpo",
-        "GRPO's std normalisation (algo.norm_adv_by_std_in_grpo true) divides each group's reward deviations "
-        f"by the group's std: groups whose rewards differ only by a std below {TINY_GROUP_STD:g} (a tie-break, "
-        "float noise) get advantages of +-1, as large as a right-versus-wrong group's, so the policy is "
-        "trained on a difference the reward does not mean",
-        values={"norm_adv_by_std_in_grpo": True, "adv_estimator": estimator(algo)},
-        fix_key="algo.norm_adv_by_std_in_grpo",
-        fix_value=False,
-        fix_why="Dr.GRPO's unnormalised advantages keep tiny reward differences tiny; or make the reward's "
-        "tie-break a tie (no std to divide)",
-        source="verl algorithm.norm_adv_by_std_in_grpo; Liu et al. 2025 (Dr. GRPO: the std division's bias)",
-        confirm=(_TINY_STD,),
-        expected=f"non-identical groups' reward std well above {TINY_GROUP_STD:g}",
-    )
-
-
 PAIRS: tuple[Pair, ...] = (
     Pair("kl_twice", ("algo.use_kl_in_reward", "algo.use_kl_loss"), "verl docs", kl_twice),
     Pair("robust_eps", ("algo.dpo_loss", "algo.label_smoothing"), "robust DPO", robust_eps),
@@ -354,9 +323,6 @@ PAIRS: tuple[Pair, ...] = (
         "softmax",
         temperature_dtype,
     ),
-    Pair(
-        "adv_norm_tiny_std", ("algo.norm_adv_by_std_in_grpo", TINY_STD_METRIC), "Dr. GRPO", adv_norm_tiny_std
-    ),
 )
 """Every conditional invariant between keys (module docstring)."""
 
@@ -367,7 +333,6 @@ EMITTED = (
     K.CONFIG_LOSS_SCALE_FACTOR,
     K.CONFIG_CLIP_ZERO_WIDTH,
     K.CONFIG_TEMPERATURE_DTYPE,
-    K.CONFIG_ADV_NORM_TINY_STD,
 )
 
 

@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 
 from verlaudit import kinds as K
+from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.config_cause import confirmed
 from verlaudit.analysis.diagnose.runview import cfg, fmt, role_policy
@@ -37,7 +38,6 @@ PAIR_KINDS = frozenset(
         K.CONFIG_LOSS_SCALE_FACTOR,
         K.CONFIG_CLIP_ZERO_WIDTH,
         K.CONFIG_TEMPERATURE_DTYPE,
-        K.CONFIG_ADV_NORM_TINY_STD,
     }
 )
 
@@ -78,6 +78,60 @@ def pair_causes(run: RunDir) -> list[Cause]:
             )
         )
     return out
+
+
+# ---------------------------------------------------------------- std normalisation of tiny spreads
+
+TINY_STD_METRIC = "reward/tiny_std_group_frac"
+"""The audit's share of GRPO groups whose rewards differ with a std below 1e-3
+(`verlaudit.audit.reward_signal.tiny_std_groups`)."""
+TINY_STD_SHARE = 0.25
+"""The mean share of such groups from which the std division trains on them: a quarter of the batch's
+groups with advantages of +-1 made from differences of less than 1e-3."""
+STD_ESTIMATORS = ("grpo", "grpo_vectorized")
+"""The estimators that read ``norm_adv_by_std_in_grpo`` (verl's GRPO outcome advantage)."""
+
+
+def adv_norm_causes(run: RunDir) -> list[Cause]:
+    """``config/adv_norm_tiny_std``: GRPO's std normalisation on, and a quarter of the groups or more
+    (mean over the steps) differing by a std below 1e-3, which the division turns into +-1."""
+    if cfg(run, "algo", "name") != "grpo" or cfg(run, "algo", "norm_adv_by_std_in_grpo") is False:
+        return []
+    if (cfg(run, "algo", "adv_estimator") or "grpo") not in STD_ESTIMATORS:
+        return []
+    test = {"metric": TINY_STD_METRIC, "test": "mean_at_least", "bound": TINY_STD_SHARE,
+            "means": "the share of groups whose rewards differ by a std below 1e-3"}  # fmt: skip
+    line = confirmed(test, run.series(TINY_STD_METRIC))
+    if line is None:
+        return []
+    key = "algo.norm_adv_by_std_in_grpo"
+    return [
+        Cause(
+            "warning",
+            f"finding:{K.CONFIG_ADV_NORM_TINY_STD}",
+            f"{K.CONFIG_ADV_NORM_TINY_STD}: {key} divides the group advantages by a std near 0 (reward "
+            "differences of a tie-break or noise become +-1)",
+            "GRPO's std normalisation (algo.norm_adv_by_std_in_grpo true) divides each group's reward deviations "
+            "by the group's std; groups whose rewards differ only by a std below 1e-3 (a tie-break, float "
+            "noise, a length bonus while no response is right) get advantages of +-1, as large as a right-vs-"
+            "wrong group's, so the policy is trained on a difference the reward does not mean",
+            evidence=[line],
+            fixes=[
+                Fix(
+                    f"{key}: false",
+                    V.algo_override("norm_adv_by_std_in_grpo", False),
+                    "Dr.GRPO's unnormalised advantages keep a tiny reward difference tiny; or make the reward's "
+                    "tie-break a tie (equal rewards: no std to divide by)",
+                )
+            ],
+            step=None,
+            where=key,
+            phase=None,
+            role="actor",
+            cls=K.class_of(K.CONFIG_ADV_NORM_TINY_STD),
+            seq=-1.0,
+        )
+    ]
 
 
 # ---------------------------------------------------------------- resolution at a 16-bit boundary
@@ -210,4 +264,4 @@ def resolution_causes(run: RunDir) -> list[Cause]:
 
 def combo_causes(run: RunDir) -> Sequence[Cause]:
     """Both analyses of this module, for `verlaudit.analysis.diagnose.diagnosis.ANALYSES`."""
-    return [*pair_causes(run), *resolution_causes(run)]
+    return [*pair_causes(run), *adv_norm_causes(run), *resolution_causes(run)]
