@@ -95,13 +95,17 @@ def test_robust_dpo_near_half_is_steep_and_unbounded_and_a_small_eps_is_not():
     assert found[0].kind == K.LABEL_SMOOTHING and found[0].observed["loss_scale"] == pytest.approx(10.0)
     assert causes[0].fixes[0].suite == "algo.label_smoothing: 0.1"
     assert _found(_config({"name": "dpo", "dpo_loss": "robust", "label_smoothing": 0.1})) == []
-    assert _found(_config({"name": "dpo", "dpo_loss": "sigmoid", "label_smoothing": 0.45})) == []  # cDPO's own
+    assert (
+        _found(_config({"name": "dpo", "dpo_loss": "sigmoid", "label_smoothing": 0.45})) == []
+    )  # cDPO's own
 
 
 def test_an_ipo_tau_set_like_a_dpo_beta_is_confirmed_by_the_loss_it_starts_at():
     tc = _config({"name": "dpo", "dpo_loss": "ipo", "beta": 0.005}, preset="bf16")
     found, causes = _cause(tc, [{"actor/loss": 9950.0}, {"actor/loss": 9700.0}])
-    assert found[0].kind == K.CONFIG_LOSS_TYPE_SCALE and found[0].observed["target_margin"] == pytest.approx(100)
+    assert found[0].kind == K.CONFIG_LOSS_TYPE_SCALE and found[0].observed["target_margin"] == pytest.approx(
+        100
+    )
     assert causes[0].where == "algo.beta" and causes[0].fixes[0].suite == "algo.beta: 0.1"
     assert PC.combo_causes(_run(tc, found, [{"actor/loss": 3.0}])) == []  # not what the run shows
     assert _found(_config({"name": "dpo", "dpo_loss": "ipo", "beta": 0.1})) == []
@@ -113,16 +117,18 @@ def test_a_token_sum_under_fp16_loss_scaling_heads_the_skipped_steps_it_causes()
             "mini_batch_size": 16, "micro_batch_size": 8}  # fmt: skip
     tc = _config(algo, preset="fp16", data={"response_length": 8})
     found = _found(tc)
-    assert [f.kind for f in found] == [K.CONFIG_LOSS_SCALE_FACTOR]
+    assert [f.kind for f in found] == [K.CONFIG_LOSS_AGG_FP16]
     assert found[0].observed["loss_magnitude_factor"] == 128
     metrics = [
         {"actor/skipped": 1.0, "actor/loss_scale": 2.0 ** (15 - i), "numerics/actor/nonfinite_grads": 100}
         for i in range(4)
     ]
     top = diagnose_run(_run(tc, found, metrics)).causes[0]
-    assert top.kind == f"finding:{K.CONFIG_LOSS_SCALE_FACTOR}" and top.where == "algo.loss_agg_mode"
+    assert top.kind == f"finding:{K.CONFIG_LOSS_AGG_FP16}" and top.where == "algo.loss_agg_mode"
     assert top.fixes[0].suite == "algo.loss_agg_mode: token-mean"
-    assert _found(_config(algo, preset="bf16", data={"response_length": 8})) == []  # no loss scale to overflow
+    assert (
+        _found(_config(algo, preset="bf16", data={"response_length": 8})) == []
+    )  # no loss scale to overflow
 
 
 def test_a_zero_width_clip_bound_is_named():
@@ -134,7 +140,9 @@ def test_a_zero_width_clip_bound_is_named():
 def test_a_low_temperature_over_bf16_rollout_logits_needs_a_measured_difference():
     tc = _config({"name": "grpo", "temperature": 0.1}, preset="bf16")
     found = _found(tc)
-    assert found[0].kind == K.CONFIG_TEMPERATURE_DTYPE and found[0].observed["amplification"] == pytest.approx(10)
+    assert found[0].kind == K.CONFIG_TEMPERATURE_DTYPE and found[0].observed[
+        "amplification"
+    ] == pytest.approx(10)
     (c,) = PC.combo_causes(_run(tc, found, [{"rollout_corr/abs_diff_mean": 0.0067}] * 3))
     assert "temperature" in c.title and c.fixes[0].suite == "precision.overrides.rollout.compute_dtype: fp32"
     assert PC.combo_causes(_run(tc, found, [{"rollout_corr/abs_diff_mean": 0.0}] * 3)) == []  # same kernels
@@ -151,7 +159,10 @@ def test_tiny_std_groups_counts_groups_that_differ_by_a_tie_break_only():
 def test_grpo_std_normalisation_of_tie_breaks_is_a_cause_and_dr_grpo_is_not():
     tc = _config({"name": "grpo"})
     (c,) = PC.combo_causes(_run(tc, metrics=[{PC.TINY_STD_METRIC: 1.0}] * 3))
-    assert c.where == "algo.norm_adv_by_std_in_grpo" and c.fixes[0].suite == "algo.norm_adv_by_std_in_grpo: false"
+    assert (
+        c.where == "algo.norm_adv_by_std_in_grpo"
+        and c.fixes[0].suite == "algo.norm_adv_by_std_in_grpo: false"
+    )
     assert PC.combo_causes(_run(tc, metrics=[{PC.TINY_STD_METRIC: 0.0}] * 3)) == []
     off = _config({"name": "grpo", "norm_adv_by_std_in_grpo": False})
     assert PC.combo_causes(_run(off, metrics=[{PC.TINY_STD_METRIC: 1.0}] * 3)) == []
@@ -171,4 +182,7 @@ def test_offset_values_in_a_bf16_critic_lose_their_resolution_and_centred_ones_d
     centred = [{"critic/values/mean": 0.3, "critic/returns/std": 0.1}] * 3
     assert PC.resolution_causes(_run(tc, metrics=centred)) == []
     assert PC.resolution_causes(_run(_config({"name": "ppo"}), metrics=offset)) == []  # an fp32 critic
-    assert PC.resolution_causes(_run(tc, metrics=[{"critic/values/mean": 50.0, "critic/returns/std": 0.0}])) == []
+    assert (
+        PC.resolution_causes(_run(tc, metrics=[{"critic/values/mean": 50.0, "critic/returns/std": 0.0}]))
+        == []
+    )

@@ -664,6 +664,11 @@ CONFIG_LOSS_TYPE_SCALE = _f(
     "config_combination",
     "a loss's scale key read with another loss type's meaning (IPO's tau set like DPO's beta)",
 )
+CONFIG_LOSS_AGG_FP16 = _f(
+    "config/loss_agg_fp16",
+    "config_loss_scale",
+    "a token-sum loss aggregation under fp16 loss scaling: the loss is tokens x a mean's, its gradients overflow",
+)
 CONFIG_CLIP_ZERO_WIDTH = _f(
     "config/clip_zero_width",
     "config_combination",
@@ -678,6 +683,11 @@ CONFIG_ADV_NORM_TINY_STD = _f(
     "config/adv_norm_tiny_std",
     "advantage_norm",
     "GRPO's std normalisation dividing by a group std near 0: reward differences of noise become +-1",
+)
+PRECISION_WEIGHT_GRID = _f(
+    "precision/weight_grid",
+    "precision_resolution",
+    "weights rounded onto a grid whose step exceeds the typical weight: most of a tensor exactly 0",
 )
 PRECISION_RESOLUTION = _f(
     "precision/resolution",

@@ -47,6 +47,7 @@ from verlaudit.audit import (
     opcount,
     plugins,
     probes_numpy,
+    resolution,
     reward_signal,
     setup_changes,
     weights,
@@ -128,6 +129,7 @@ class Auditor(Observer):
         self.group_size = 0
         """GRPO's responses per prompt (0: the run has no groups), for `reward_signal`."""
         self._groups: tuple[int, int, str] | None = None
+        self._grid_seen: set[int] = set()  # combo: the models whose weights `resolution` read
         """This step's (identical groups, groups, reward source), from its last reward."""
         self.reward_watch = invariants_reward.RewardWatch()
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
@@ -203,6 +205,11 @@ class Auditor(Observer):
         if "actor" in self.models:
             self.findings.extend(
                 boundaries.check_tokenizer_eos(self.config, self.models["actor"], tokenizer_info)
+            )
+        for role, model in self.models.items():  # combo: weights a coarse grid zeroed (a quantised load)
+            self._grid_seen.add(id(model))
+            self.findings.extend(
+                resolution.weight_grid(role, model, resolution.source_key(config or {}, role))
             )
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
@@ -396,6 +403,10 @@ class Auditor(Observer):
                 **where,
             )
         )
+        if model is not None and id(model) not in self._grid_seen:  # combo: weights a coarse grid zeroed
+            self._grid_seen.add(id(model))
+            source = resolution.source_key(self.config or {}, "reward")
+            self.findings.extend(resolution.weight_grid("reward", model, source))
         if model is not None and self.policy is not None:
             self.findings.extend(
                 dtype_checks.check_param_storage(

@@ -21,7 +21,7 @@ Rows:
 - ``config/loss_type_scale``: IPO reads ``beta`` as tau and regresses the per-token log-ratio margin onto
   1 / (2 tau) (Azar et al. 2023; TRL's ``ipo``): a tau set like a small DPO beta asks for a margin of tens
   of nats per token, and the squared loss starts at 1 / (4 tau^2).
-- ``config/loss_scale_factor`` (aggregation): ``loss_agg_mode`` token-sum / seq-mean-token-sum under fp16
+- ``config/loss_agg_fp16``: ``loss_agg_mode`` token-sum / seq-mean-token-sum under fp16
   loss scaling: the loss is a sum over the mini-batch's tokens (or a sequence's), not a mean, so it and
   its gradients are that many times larger and overflow fp16 once multiplied by the loss scale.
 - ``config/clip_zero_width``: ``clip_ratio_low`` / ``clip_ratio_high`` 0 makes that bound 1 - 0 = 1 (1 + 0):
@@ -236,7 +236,7 @@ def sum_under_fp16(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
     scale = number(actor.get("init_scale")) or 65536.0
     what = f"{int(rows)} rows x {length} tokens" if mode == "token-sum" else f"{length} tokens of a sequence"
     return _finding(
-        K.CONFIG_LOSS_SCALE_FACTOR,
+        K.CONFIG_LOSS_AGG_FP16,
         "algo.loss_agg_mode",
         f"algo.loss_agg_mode {mode} under fp16 loss scaling ({actor.get('loss_scaling')}, init scale "
         f"{scale:g}): the actor loss is summed over up to {what} = {tokens} instead of averaged, so the loss "
@@ -330,7 +330,7 @@ EMITTED = (
     K.CONFIG_PENALTY_TWICE,
     K.LABEL_SMOOTHING,
     K.CONFIG_LOSS_TYPE_SCALE,
-    K.CONFIG_LOSS_SCALE_FACTOR,
+    K.CONFIG_LOSS_AGG_FP16,
     K.CONFIG_CLIP_ZERO_WIDTH,
     K.CONFIG_TEMPERATURE_DTYPE,
 )

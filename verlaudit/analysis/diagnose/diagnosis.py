@@ -460,7 +460,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         key = top.where  # model.setup.<role> (file.py:function)
     elif top.kind in (*_MODULE_DTYPE_KINDS, *_SETUP_CHANGES) and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
-    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
+    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE, K.PRECISION_WEIGHT_GRID):
         field = _WEIGHT_SOURCES.get(top.role or "", "model.path")
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)

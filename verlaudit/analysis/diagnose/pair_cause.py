@@ -35,7 +35,7 @@ PAIR_KINDS = frozenset(
         K.CONFIG_PENALTY_TWICE,
         K.LABEL_SMOOTHING,
         K.CONFIG_LOSS_TYPE_SCALE,
-        K.CONFIG_LOSS_SCALE_FACTOR,
+        K.CONFIG_LOSS_AGG_FP16,
         K.CONFIG_CLIP_ZERO_WIDTH,
         K.CONFIG_TEMPERATURE_DTYPE,
     }
@@ -55,6 +55,10 @@ def pair_causes(run: RunDir) -> list[Cause]:
             if isinstance(test, dict) and (line := confirmed(test, run.series(str(test.get("metric")))))
         ]
         if not lines and not obs.get("by_construction"):
+            continue
+        if f.kind == K.CONFIG_CLIP_ZERO_WIDTH and any(
+            g.kind == K.CLIP_SATURATED and g.where == f.where for g in run.findings
+        ):  # the run measured the clipping itself: `dynamics/clip_saturated` says it with the fraction
             continue
         why = f.fix or ""
         verl = why.split("(verl: ", 1)[1].split(")", 1)[0] if "(verl: " in why else None
