@@ -667,7 +667,7 @@ CONFIG_LOSS_TYPE_SCALE = _f(
 CONFIG_LOSS_AGG_FP16 = _f(
     "config/loss_agg_fp16",
     "config_loss_scale",
-    "a token-sum loss aggregation under fp16 loss scaling: the loss is tokens x a mean's, its gradients overflow",
+    "a token-sum loss under fp16 loss scaling: tokens x a mean's size, its scaled gradients overflow",
 )
 CONFIG_CLIP_ZERO_WIDTH = _f(
     "config/clip_zero_width",
@@ -679,20 +679,10 @@ CONFIG_TEMPERATURE_DTYPE = _f(
     "config_combination",
     "a low sampling temperature over fp16/bf16 rollout logits: their rounding is amplified 1 / T",
 )
-CONFIG_ADV_NORM_TINY_STD = _f(
-    "config/adv_norm_tiny_std",
-    "advantage_norm",
-    "GRPO's std normalisation dividing by a group std near 0: reward differences of noise become +-1",
-)
 PRECISION_WEIGHT_GRID = _f(
     "precision/weight_grid",
     "precision_resolution",
     "weights rounded onto a grid whose step exceeds the typical weight: most of a tensor exactly 0",
-)
-PRECISION_RESOLUTION = _f(
-    "precision/resolution",
-    "precision_resolution",
-    "a tensor carried in fp16/bf16 whose spread is within a few units of the dtype's spacing at its magnitude",
 )
 
 # ---------------------------------------------------------------- failures
@@ -729,6 +719,17 @@ _c("override_scaling", "override_scaling", "precision.overrides departs from the
 # cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
 _c("reward_collapse", "reward_trend", "the reward fell and stayed down")
 _c("reward_variance", "reward_trend", "the reward's variance exploded")
+# combo: read from the run's metrics (`verlaudit.analysis.diagnose.pair_cause`)
+ADV_NORM_TINY_STD = _c(
+    "adv_norm_tiny_std",
+    "advantage_norm",
+    "GRPO's std normalisation dividing by a group std near 0: reward differences of noise become +-1",
+)
+RESOLUTION_LOST = _c(
+    "resolution_lost",
+    "precision_resolution",
+    "a tensor in fp16/bf16 whose spread is within a few units of the dtype's spacing at its magnitude",
+)
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
 """The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""

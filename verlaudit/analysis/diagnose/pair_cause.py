@@ -112,8 +112,8 @@ def adv_norm_causes(run: RunDir) -> list[Cause]:
     return [
         Cause(
             "warning",
-            f"finding:{K.CONFIG_ADV_NORM_TINY_STD}",
-            f"{K.CONFIG_ADV_NORM_TINY_STD}: {key} divides the group advantages by a std near 0 (reward "
+            K.ADV_NORM_TINY_STD,
+            f"{K.ADV_NORM_TINY_STD}: {key} divides the group advantages by a std near 0 (reward "
             "differences of a tie-break or noise become +-1)",
             "GRPO's std normalisation (algo.norm_adv_by_std_in_grpo true) divides each group's reward deviations "
             "by the group's std; groups whose rewards differ only by a std below 1e-3 (a tie-break, float "
@@ -132,7 +132,7 @@ def adv_norm_causes(run: RunDir) -> list[Cause]:
             where=key,
             phase=None,
             role="actor",
-            cls=K.class_of(K.CONFIG_ADV_NORM_TINY_STD),
+            cls=K.cause_class(K.ADV_NORM_TINY_STD),
             seq=-1.0,
         )
     ]
@@ -237,8 +237,8 @@ def resolution_causes(run: RunDir) -> list[Cause]:
         out.append(
             Cause(
                 "warning",
-                f"finding:{K.PRECISION_RESOLUTION}",
-                f"{K.PRECISION_RESOLUTION}: {t.name} lose their resolution in {dtype} ({key}): spacing "
+                K.RESOLUTION_LOST,
+                f"{K.RESOLUTION_LOST}: {t.name} lose their resolution in {dtype} ({key}): spacing "
                 f"{fmt(unit)} at magnitude {fmt(abs(mag))} vs a spread of {fmt(spread)}",
                 what,
                 evidence=[
@@ -259,7 +259,7 @@ def resolution_causes(run: RunDir) -> list[Cause]:
                 where=key,
                 phase=None,
                 role=t.role,
-                cls=K.class_of(K.PRECISION_RESOLUTION),
+                cls=K.cause_class(K.RESOLUTION_LOST),
                 seq=-1.0,
             )
         )
