@@ -250,7 +250,7 @@ def resolution_causes(run: RunDir) -> list[Cause]:
                     Fix(
                         f"{key}: {{param_dtype: fp32, compute_dtype: fp32}}",
                         None,
-                        f"keep the {t.role}'s output in fp32 (float32: spacing {fmt(abs(mag) * 2.0**-23)} at "
+                        f"keep the {t.role}'s output in fp32 (float32: spacing {fmt(2.0 ** (math.floor(math.log2(abs(mag))) - 23))} at "
                         f"{fmt(abs(mag))}); or centre the values (subtract the mean return / score offset) so "
                         f"{dtype}'s spacing shrinks with their magnitude",
                     )
