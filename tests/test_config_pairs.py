@@ -186,3 +186,11 @@ def test_offset_values_in_a_bf16_critic_lose_their_resolution_and_centred_ones_d
         PC.resolution_causes(_run(tc, metrics=[{"critic/values/mean": 50.0, "critic/returns/std": 0.0}]))
         == []
     )
+
+
+def test_reinforce_plus_plus_whitening_of_a_tiny_batch_std_is_a_cause():
+    tc = _config({"name": "grpo", "adv_estimator": "reinforce_plus_plus"})
+    (c,) = PC.combo_causes(_run(tc, metrics=[{"reward/std": 2e-4}] * 3))
+    assert c.where == "algo.adv_estimator" and c.fixes[0].suite == "algo.adv_estimator: rloo"
+    assert PC.combo_causes(_run(tc, metrics=[{"reward/std": 0.0}] * 3)) == []  # no signal: not this
+    assert PC.combo_causes(_run(tc, metrics=[{"reward/std": 0.4}] * 3)) == []

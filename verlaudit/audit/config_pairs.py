@@ -56,8 +56,9 @@ ROBUST_EPS_HIGH = 1.0 / 3.0
 IPO_TAU_LOW = 0.02
 """IPO's tau below which its target margin 1 / (2 tau) is over 25 nats per token: 5x what TRL's default
 (beta 0.1: a margin of 5) asks for; the loss then starts at 1 / (4 tau^2) = 625 or more."""
-TEMPERATURE_LOW = 0.5
-"""A sampling temperature from which 1 / T doubles (or more) the rounding of 16-bit logits."""
+TEMPERATURE_LOW = 0.3
+"""A sampling temperature from which 1 / T multiplies the rounding of 16-bit logits by 3.3 or more (RL
+rollouts sample at 0.6-1.0; verl's default 1.0)."""
 SUM_TOKENS_HIGH = 32
 """Tokens summed into one loss (token-sum: the mini-batch's; seq-mean-token-sum: a sequence's) from
 which the loss is 32x or more a token-mean's: 5 doublings of the loss scale lost to overflow."""

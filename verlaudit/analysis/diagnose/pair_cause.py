@@ -14,7 +14,9 @@ scores a reward model's outputs rank) is more than `RESOLUTION_UNITS` of the dty
 magnitude; an offset signal (returns around 50 with a std of 0.1 in bf16, whose spacing at 50 is 0.25)
 is rounded to a few steps of its own spread. The cause names the tensor, the role, the magnitude, the
 spacing and the fix (that role in fp32 through ``precision.overrides.<role>``, or centre the values).
-Both read only the run directory. Exercised by `pytest tests/test_config_pairs.py`.
+`adv_norm_causes` reads an advantage normalisation that divides by a std the run's rewards make tiny:
+GRPO's group std (the audit's ``reward/tiny_std_group_frac``), REINFORCE++'s batch whitening
+(``reward/std``). All read only the run directory. Exercised by `pytest tests/test_config_pairs.py`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.config_cause import confirmed
 from verlaudit.analysis.diagnose.runview import cfg, fmt, role_policy
 from verlaudit.rundir import RunDir
+
+MAJORITY = 0.5
+"""The share of recorded steps that must show a metric-read cause (one noisy step is not a run)."""
 
 PAIR_KINDS = frozenset(
     {
@@ -92,50 +97,76 @@ TINY_STD_METRIC = "reward/tiny_std_group_frac"
 TINY_STD_SHARE = 0.25
 """The mean share of such groups from which the std division trains on them: a quarter of the batch's
 groups with advantages of +-1 made from differences of less than 1e-3."""
-STD_ESTIMATORS = ("grpo", "grpo_vectorized")
-"""The estimators that read ``norm_adv_by_std_in_grpo`` (verl's GRPO outcome advantage)."""
+STD_ESTIMATORS = ("grpo", "grpo_vectorized", "gdpo")
+"""The estimators that read ``norm_adv_by_std_in_grpo`` (verl's GRPO outcome advantage, GDPO's per part)."""
+
+
+BATCH_WHITENED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+"""The estimators that whiten the advantages over the batch (divide by the batch's std)."""
+TINY_BATCH_STD = 1e-3
+"""A batch reward std (``reward/std``) under which the whitening multiplies the reward differences by
+1000 or more (the bound of `TINY_STD_METRIC`'s groups, over the batch)."""
+
+
+def _adv_cause(key: str, fix: Fix, line: str, divides: str) -> Cause:
+    return Cause(
+        "warning",
+        K.ADV_NORM_TINY_STD,
+        f"{K.ADV_NORM_TINY_STD}: {key} divides the advantages by a reward std near 0 ({divides}: reward "
+        "differences of a tie-break or noise become +-1)",
+        f"the advantage normalisation ({key}) divides the reward deviations by their std ({divides}); rewards "
+        "that differ only by a std below 1e-3 (a tie-break, float noise, a length bonus while no response is "
+        "right) get advantages of +-1, as large as a right-vs-wrong difference's, so the policy is trained on "
+        "a difference the reward does not mean",
+        evidence=[line],
+        fixes=[fix],
+        step=None,
+        where=key,
+        phase=None,
+        role="actor",
+        cls=K.cause_class(K.ADV_NORM_TINY_STD),
+        seq=-1.0,
+    )
 
 
 def adv_norm_causes(run: RunDir) -> list[Cause]:
-    """``config/adv_norm_tiny_std``: GRPO's std normalisation on, and a quarter of the groups or more
-    (mean over the steps) differing by a std below 1e-3, which the division turns into +-1."""
-    if cfg(run, "algo", "name") != "grpo" or cfg(run, "algo", "norm_adv_by_std_in_grpo") is False:
+    """``adv_norm_tiny_std``: an advantage normalisation that divides by a std the run's rewards make
+    tiny: GRPO's per-group std (`TINY_STD_METRIC` at least `TINY_STD_SHARE` on average), or the batch
+    whitening of REINFORCE++ (``reward/std`` between 0 and `TINY_BATCH_STD` at most steps)."""
+    if cfg(run, "algo", "name") != "grpo":
         return []
-    if (cfg(run, "algo", "adv_estimator") or "grpo") not in STD_ESTIMATORS:
-        return []
-    test = {"metric": TINY_STD_METRIC, "test": "mean_at_least", "bound": TINY_STD_SHARE,
-            "means": "the share of groups whose rewards differ by a std below 1e-3"}  # fmt: skip
-    line = confirmed(test, run.series(TINY_STD_METRIC))
-    if line is None:
-        return []
-    key = "algo.norm_adv_by_std_in_grpo"
-    return [
-        Cause(
-            "warning",
-            K.ADV_NORM_TINY_STD,
-            f"{K.ADV_NORM_TINY_STD}: {key} divides the group advantages by a std near 0 (reward "
-            "differences of a tie-break or noise become +-1)",
-            "GRPO's std normalisation (algo.norm_adv_by_std_in_grpo true) divides each group's reward deviations "
-            "by the group's std; groups whose rewards differ only by a std below 1e-3 (a tie-break, float "
-            "noise, a length bonus while no response is right) get advantages of +-1, as large as a right-vs-"
-            "wrong group's, so the policy is trained on a difference the reward does not mean",
-            evidence=[line],
-            fixes=[
-                Fix(
-                    f"{key}: false",
-                    V.algo_override("norm_adv_by_std_in_grpo", False),
-                    "Dr.GRPO's unnormalised advantages keep a tiny reward difference tiny; or make the reward's "
-                    "tie-break a tie (equal rewards: no std to divide by)",
-                )
-            ],
-            step=None,
-            where=key,
-            phase=None,
-            role="actor",
-            cls=K.cause_class(K.ADV_NORM_TINY_STD),
-            seq=-1.0,
+    est = cfg(run, "algo", "adv_estimator") or "grpo"
+    if est in STD_ESTIMATORS and cfg(run, "algo", "norm_adv_by_std_in_grpo") is not False:
+        test = {"metric": TINY_STD_METRIC, "test": "mean_at_least", "bound": TINY_STD_SHARE,
+                "means": "the share of groups whose rewards differ by a std below 1e-3"}  # fmt: skip
+        line = confirmed(test, run.series(TINY_STD_METRIC))
+        if line is None:
+            return []
+        key = "algo.norm_adv_by_std_in_grpo"
+        fix = Fix(
+            f"{key}: false",
+            V.algo_override("norm_adv_by_std_in_grpo", False),
+            "Dr.GRPO's unnormalised advantages keep a tiny reward difference tiny; or make the reward's "
+            "tie-break a tie (equal rewards: no std to divide by)",
         )
-    ]
+        return [_adv_cause(key, fix, line, "each group's std")]
+    if est in BATCH_WHITENED:
+        stds = [v for _, v in run.series("reward/std") if v == v]
+        tiny = [v for v in stds if 0.0 < v < TINY_BATCH_STD]
+        if not stds or len(tiny) < MAJORITY * len(stds):
+            return []
+        line = (
+            f"reward/std between 0 and {TINY_BATCH_STD:g} at {len(tiny)} of {len(stds)} steps "
+            f"(largest {fmt(max(tiny))}): the batch whitening divides by it"
+        )
+        fix = Fix(
+            "algo.adv_estimator: rloo",
+            V.algo_override("adv_estimator", "rloo"),
+            f"{est} whitens the advantages over the batch; RLOO's leave-one-out baseline does not divide by "
+            "the std, so a tiny reward difference stays tiny (or make the reward's tie-break a tie)",
+        )
+        return [_adv_cause("algo.adv_estimator", fix, line, "the batch's std")]
+    return []
 
 
 # ---------------------------------------------------------------- resolution at a 16-bit boundary
@@ -146,8 +177,6 @@ RESOLUTION_UNITS = 2.0
 """A spread below this many units of the spacing at the tensor's magnitude is rounded to a handful of
 values: at 2 units a normal spread's values fall on ~4-8 grid points, at 0.5 on one or two. Clean runs'
 tensors sit near 0 (values, scores of order 1 with spreads of 0.1-1): their spread is hundreds of units."""
-MAJORITY = 0.5
-"""The share of recorded steps that must show it (one noisy step is not a run)."""
 
 
 @dataclasses.dataclass(frozen=True)
