@@ -175,17 +175,29 @@ def test_the_spacing_of_the_16_bit_floats():
 
 def test_offset_values_in_a_bf16_critic_lose_their_resolution_and_centred_ones_do_not():
     bf16 = {"critic": {"param_dtype": "bf16", "compute_dtype": "bf16"}}
-    tc = _config({"name": "ppo"}, overrides=bf16)
-    offset = [{"critic/values/mean": 50.3, "critic/returns/std": 0.1, "critic/score/std": 0.08}] * 3
+    shape = {"response_length": 8}
+    tc = _config({"name": "ppo", "batch_size": 8, "mini_batch_size": 8}, overrides=bf16, data=shape)
+    offset = [{"critic/values/mean": 50.3, "critic/values/std": 0.14, "critic/returns/std": 0.1}] * 3
     (c,) = PC.resolution_causes(_run(tc, metrics=offset))
     assert c.where == "precision.overrides.critic" and "0.25" in c.title and "fp32" in c.fixes[0].suite
-    centred = [{"critic/values/mean": 0.3, "critic/returns/std": 0.1}] * 3
+    centred = [{"critic/values/mean": 0.3, "critic/values/std": 0.1, "critic/returns/std": 0.1}] * 3
     assert PC.resolution_causes(_run(tc, metrics=centred)) == []
-    assert PC.resolution_causes(_run(_config({"name": "ppo"}), metrics=offset)) == []  # an fp32 critic
-    assert (
-        PC.resolution_causes(_run(tc, metrics=[{"critic/values/mean": 50.0, "critic/returns/std": 0.0}]))
-        == []
-    )
+    fp32 = _config({"name": "ppo", "batch_size": 8, "mini_batch_size": 8}, data=shape)
+    assert PC.resolution_causes(_run(fp32, metrics=offset)) == []  # an fp32 critic
+    flat = [{"critic/values/mean": 50.0, "critic/values/std": 0.0, "critic/returns/std": 0.0}]
+    assert PC.resolution_causes(_run(tc, metrics=flat)) == []
+
+
+def test_scores_finer_than_the_roles_grid_were_not_rounded_to_it():
+    rm = {"model": {"reward_model": "rm.py:load"}}
+    tc = _config({"name": "grpo", "batch_size": 2, "group_size": 4}, preset="bf16-pure", **rm)
+    # std 0.003 at 40 cannot be 8 values on bf16's 0.25 grid (smallest nonzero std 0.083): kept in fp32
+    fine = [{"critic/score/mean": 40.17, "critic/score/std": 0.003, "reward/std": 0.0028}] * 3
+    assert PC.resolution_causes(_run(tc, metrics=fine)) == []
+    rounded = [{"critic/score/mean": 40.17, "critic/score/std": 0.12, "reward/std": 0.11}] * 3
+    (c,) = PC.resolution_causes(_run(tc, metrics=rounded))
+    assert c.where == "precision.overrides.reward" and c.role == "reward"
+    assert PC.grid_min_std(0.25, 8) == pytest.approx(0.25 * 7**0.5 / 8)
 
 
 def test_reinforce_plus_plus_whitening_of_a_tiny_batch_std_is_a_cause():

@@ -8,8 +8,9 @@ cause at its row's severity when the run confirms it (or by construction), stamp
 that sets one of the keys to a value it does not have.
 
 `resolution_causes` checks one invariant for every tensor of `TENSORS`: a tensor a role computes in
-fp16 / bf16 (its ``compute_dtype`` or ``param_dtype``, the lower) keeps the information it carries only
-while its spread (the std of the signal it must represent: the returns a critic's values predict, the
+fp16 / bf16 (its ``compute_dtype`` or ``param_dtype``, the lower) and that is on that dtype's grid (its own
+std is 0 or at least the smallest a grid allows, `grid_min_std`: a reward model whose head upcasts to fp32
+is not) keeps the information it carries only while its spread (the std of the signal it must represent: the returns a critic's values predict, the
 scores a reward model's outputs rank) is more than `RESOLUTION_UNITS` of the dtype's spacing at its
 magnitude; an offset signal (returns around 50 with a std of 0.1 in bf16, whose spacing at 50 is 0.25)
 is rounded to a few steps of its own spread. The cause names the tensor, the role, the magnitude, the
@@ -181,30 +182,59 @@ tensors sit near 0 (values, scores of order 1 with spreads of 0.1-1): their spre
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-    """A tensor a role computes: its magnitude metric (the mean of its values), the metrics of the
-    spread of the signal it carries (the largest recorded is used: the generous reading), and the suite
-    key whose being set means the role really computes it."""
+    """A tensor a role computes: its magnitude metric (the mean of its values), its own std metric, the
+    metrics of the spread of the signal it carries (the largest recorded is used: the generous reading),
+    what one value is (``tokens``: one per response token, ``rows``: one per response), and the suite key
+    whose being set means the role really computes it."""
 
     name: str
     role: str
     magnitude: str
+    own: str
     spreads: tuple[str, ...]
+    per: str = "rows"
     needs: tuple[str, ...] = ()
 
 
 TENSORS: tuple[Tensor, ...] = (
     Tensor(
-        "the critic's values", "critic", "critic/values/mean", ("critic/returns/std", "critic/values/std")
+        "the critic's values",
+        "critic",
+        "critic/values/mean",
+        "critic/values/std",
+        ("critic/returns/std", "critic/values/std"),
+        per="tokens",
     ),
     Tensor(
         "the reward model's scores",
         "reward",
         "critic/score/mean",
+        "critic/score/std",
         ("critic/score/std", "reward/std"),
-        ("model", "reward_model"),
+        needs=("model", "reward_model"),
     ),
 )
 """Every tensor checked (class docstring); extend by a row, not by a check."""
+
+
+def grid_min_std(unit: float, n: int) -> float:
+    """The smallest nonzero std of ``n`` values on a grid of spacing ``unit`` (all equal but one, one step
+    off): unit x sqrt(n - 1) / n. A tensor whose std is nonzero and below it is not on that grid: its
+    role kept it finer than the dtype (an fp32 head, an upcast before the output)."""
+    return unit * math.sqrt(max(n - 1, 1)) / max(n, 1)
+
+
+def _count(run: RunDir, per: str) -> int | None:
+    algo = cfg(run, "algo") or {}
+    try:
+        rows = int(algo.get("batch_size") or 0) * (
+            int(algo.get("group_size") or 1) if algo.get("name") == "grpo" else 1
+        )
+        length = int(cfg(run, "data", "response_length") or 0)
+    except (TypeError, ValueError):
+        return None
+    n = rows * length if per == "tokens" else rows
+    return n if n >= 2 else None
 
 
 def spacing(dtype: str, x: float) -> float | None:
@@ -222,8 +252,11 @@ def _dtype(run: RunDir, role: str) -> str | None:
 
 
 def _lost(run: RunDir, t: Tensor, dtype: str) -> tuple[list[tuple[int, float, float, float]], int] | None:
-    mags = dict(run.series(t.magnitude))
+    mags, own = dict(run.series(t.magnitude)), dict(run.series(t.own))
     spreads = [dict(run.series(m)) for m in t.spreads]
+    n = _count(run, t.per)
+    if n is None:
+        return None
     steps = sorted(mags)
     rows = []
     for s in steps:
@@ -232,7 +265,10 @@ def _lost(run: RunDir, t: Tensor, dtype: str) -> tuple[list[tuple[int, float, fl
         if not sp or mag != mag:
             continue
         spread, unit = max(sp), spacing(dtype, mag)
-        if unit is None or spread <= 0:
+        mine = own.get(s)
+        if unit is None or spread <= 0 or mine is None or mine != mine:
+            continue
+        if 0 < mine < grid_min_std(unit, n):  # finer than the grid: not rounded to this dtype at all
             continue
         rows.append((s, mag, spread, unit))
     if not rows:
