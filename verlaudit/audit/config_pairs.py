@@ -296,9 +296,10 @@ def temperature_dtype(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
         "algo.temperature",
         f"algo.temperature {temp:g} with the rollout's logits in {dtype} (precision of the rollout role): the "
         f"log-probs are log_softmax(logits / {temp:g}), and the logits' rounding ({dtype}: a relative "
-        f"{rel:.2g} of their magnitude) is multiplied by 1 / T = {1 / temp:.3g}, so the rollout's and the "
-        f"trainer's log-probs differ ~{1 / temp:.3g}x as much as at temperature 1: a rollout/trainer mismatch "
-        "(off-policy tokens) made by the temperature",
+        f"{rel:.2g} of their magnitude) is multiplied by 1 / T = {1 / temp:.3g} in the logits the softmax sees, "
+        f"so the rollout's and the trainer's logits disagree by up to {1 / temp:.3g}x what they would at "
+        "temperature 1 (predicted from the dtype; the measured log-prob difference is the confirmation): a "
+        "rollout/trainer mismatch (off-policy tokens) that the temperature amplifies",
         role="rollout",
         values={"temperature": temp, "rollout_compute_dtype": dtype},
         fix_key="precision.overrides.rollout.compute_dtype",
