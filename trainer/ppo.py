@@ -164,6 +164,8 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                 "critic/advantages/mean": float(L.masked_mean(advantages, mask)),
                 "critic/returns/mean": float(L.masked_mean(returns, mask)),
                 "critic/values/mean": float(L.masked_mean(values, mask)),
+                "critic/returns/std": float(L.masked_var(returns, mask).clamp(min=0.0).sqrt()),
+                "critic/values/std": float(L.masked_var(values, mask).clamp(min=0.0).sqrt()),
                 "response_length/mean": float(mask.float().sum(-1).mean()),
             }
         )

@@ -120,6 +120,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "response_length": "a response length shorter than the task's answers: every response is cut",
         "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
         "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
+        # combo: keys wrong in combination, and resolution lost at a low-precision boundary
+        "config_combination": "settings each valid alone and wrong together (a penalty twice, a scale key of another loss)",
+        "advantage_norm": "an advantage normalisation dividing by a statistic that is (near) 0 for the run's rewards",
+        "precision_resolution": "a tensor in fp16/bf16 whose spread is within a few units of the dtype's spacing",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

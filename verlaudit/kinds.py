@@ -652,6 +652,39 @@ PLUGIN_NUMPY_BOOL_ADD = _f(
     "a plug-in adds numpy bools: np.bool_ + np.bool_ is True, not 2, so a count of checks stops at 1",
 )
 
+# ---------------------------------------------------------------- combo: keys wrong in combination
+# (verlaudit/audit/config_pairs.py) and a tensor's spread under its dtype's spacing (diagnose/resolution.py)
+CONFIG_PENALTY_TWICE = _f(
+    "config/penalty_twice",
+    "config_combination",
+    "one penalty applied twice: the KL to the reference both in the reward and in the actor loss",
+)
+CONFIG_LOSS_TYPE_SCALE = _f(
+    "config/loss_type_scale",
+    "config_combination",
+    "a loss's scale key read with another loss type's meaning (IPO's tau set like DPO's beta)",
+)
+CONFIG_LOSS_AGG_FP16 = _f(
+    "config/loss_agg_fp16",
+    "config_loss_scale",
+    "a token-sum loss under fp16 loss scaling: tokens x a mean's size, its scaled gradients overflow",
+)
+CONFIG_CLIP_ZERO_WIDTH = _f(
+    "config/clip_zero_width",
+    "config_combination",
+    "a clip bound of zero width: clip_ratio_low / _high 0 clips every token on that side at ratio 1",
+)
+CONFIG_TEMPERATURE_DTYPE = _f(
+    "config/temperature_dtype",
+    "config_combination",
+    "a low sampling temperature over fp16/bf16 rollout logits: their rounding is amplified 1 / T",
+)
+PRECISION_WEIGHT_GRID = _f(
+    "precision/weight_grid",
+    "precision_resolution",
+    "weights rounded onto a grid whose step exceeds the typical weight: most of a tensor exactly 0",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")
@@ -686,6 +719,17 @@ _c("override_scaling", "override_scaling", "precision.overrides departs from the
 # cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
 _c("reward_collapse", "reward_trend", "the reward fell and stayed down")
 _c("reward_variance", "reward_trend", "the reward's variance exploded")
+# combo: read from the run's metrics (`verlaudit.analysis.diagnose.pair_cause`)
+ADV_NORM_TINY_STD = _c(
+    "adv_norm_tiny_std",
+    "advantage_norm",
+    "GRPO's std normalisation dividing by a group std near 0: reward differences of noise become +-1",
+)
+RESOLUTION_LOST = _c(
+    "resolution_lost",
+    "precision_resolution",
+    "a tensor in fp16/bf16 whose spread is within a few units of the dtype's spacing at its magnitude",
+)
 
 CAUSES: Mapping[str, Kind] = MappingProxyType(_CAUSES)
 """The run analyses' cause kinds, by name (a kind not here is classed ``other``)."""

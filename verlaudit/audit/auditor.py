@@ -32,6 +32,7 @@ from verlaudit import kinds as K
 from verlaudit.audit import (
     boundaries,
     config_checks,
+    config_pairs,
     config_ranges,
     dtype_checks,
     dynamics,
@@ -46,6 +47,7 @@ from verlaudit.audit import (
     opcount,
     plugins,
     probes_numpy,
+    resolution,
     reward_signal,
     setup_changes,
     weights,
@@ -127,6 +129,7 @@ class Auditor(Observer):
         self.group_size = 0
         """GRPO's responses per prompt (0: the run has no groups), for `reward_signal`."""
         self._groups: tuple[int, int, str] | None = None
+        self._grid_seen: set[int] = set()  # combo: the models whose weights `resolution` read
         """This step's (identical groups, groups, reward source), from its last reward."""
         self.reward_watch = invariants_reward.RewardWatch()
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
@@ -189,6 +192,8 @@ class Auditor(Observer):
         # numeric keys outside their sane range: information until diagnose sees the run confirm it
         roles = (policy.to_dict().get("roles") or {}) if hasattr(policy, "to_dict") else {}
         self.findings.extend(config_ranges.setup_findings(config or {}, roles))
+        # combo: keys wrong in combination (one penalty twice, a scale key of another loss type, ...)
+        self.findings.extend(config_pairs.setup_findings(config or {}, roles))
         self.dynamics = dynamics.DynamicsWatch(
             algo,
             rollout=(config or {}).get("rollout"),
@@ -200,6 +205,11 @@ class Auditor(Observer):
         if "actor" in self.models:
             self.findings.extend(
                 boundaries.check_tokenizer_eos(self.config, self.models["actor"], tokenizer_info)
+            )
+        for role, model in self.models.items():  # combo: weights a coarse grid zeroed (a quantised load)
+            self._grid_seen.add(id(model))
+            self.findings.extend(
+                resolution.weight_grid(role, model, resolution.source_key(config or {}, role))
             )
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
@@ -393,6 +403,10 @@ class Auditor(Observer):
                 **where,
             )
         )
+        if model is not None and id(model) not in self._grid_seen:  # combo: weights a coarse grid zeroed
+            self._grid_seen.add(id(model))
+            source = resolution.source_key(self.config or {}, "reward")
+            self.findings.extend(resolution.weight_grid("reward", model, source))
         if model is not None and self.policy is not None:
             self.findings.extend(
                 dtype_checks.check_param_storage(
@@ -409,6 +423,9 @@ class Auditor(Observer):
             ):  # the step's last reward is its sampled rows' (ReMax scores its baseline first)
                 self._groups = (*counted, source)
                 self.numbers.put(reward_signal.METRIC, counted[0] / counted[1])
+                tiny = reward_signal.tiny_std_groups(r, self.group_size)  # combo: std normalisation's input
+                if tiny is not None:
+                    self.numbers.put(reward_signal.TINY_STD_METRIC, tiny)
 
     @_uncounted
     def on_forward(self, *, role, name, output) -> None:

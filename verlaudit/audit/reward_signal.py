@@ -29,6 +29,27 @@ def reward_groups(rewards: torch.Tensor, group_size: int) -> tuple[int, int] | N
     return int(same.sum()), int(g.shape[0])
 
 
+TINY_STD_METRIC = "reward/tiny_std_group_frac"
+"""combo: the share of GRPO groups whose rewards differ (not identical) with a std below `TINY_GROUP_STD`."""
+TINY_GROUP_STD = 1e-3
+"""A group std under which GRPO's std normalisation multiplies the group's reward differences by 1000 or
+more: a 0/1 correctness reward's non-identical groups have a std of 0.43 or more (group of 4), a reward
+model's scores differ by far more than this unless the differences are tie-breaks or float noise."""
+
+
+def tiny_std_groups(rewards: torch.Tensor, group_size: int) -> float | None:
+    """The share of groups (laid out group by group) whose rewards are not all equal (`reward_groups`'
+    tolerance) and whose std is below `TINY_GROUP_STD`; None when the rewards are not whole groups."""
+    n = rewards.numel()
+    if group_size < 2 or n == 0 or n % group_size:
+        return None
+    g = rewards.detach().double().reshape(-1, group_size)
+    spread = g.amax(dim=1) - g.amin(dim=1)
+    differ = spread > 1e-6 * g.abs().amax(dim=1).clamp(min=1.0)
+    tiny = differ & (g.std(dim=1, unbiased=True) < TINY_GROUP_STD)
+    return float(tiny.sum()) / float(g.shape[0])
+
+
 def no_signal_finding(
     identical: int,
     groups: int,

@@ -41,6 +41,7 @@ from verlaudit.analysis.causes import (
 from verlaudit.analysis.diagnose import fixcheck
 from verlaudit.analysis.diagnose.config_cause import range_causes
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
+from verlaudit.analysis.diagnose.pair_cause import combo_causes
 from verlaudit.analysis.diagnose.rules import LAST, Event, Moment, chains, moment_words, severity_max
 from verlaudit.analysis.diagnose.runview import (
     cfg,
@@ -459,7 +460,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         key = top.where  # model.setup.<role> (file.py:function)
     elif top.kind in (*_MODULE_DTYPE_KINDS, *_SETUP_CHANGES) and setup_plugin(run, top.role):
         key = f"model.setup ({setup_plugin(run, top.role)})"
-    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE):
+    elif top.kind in (K.WEIGHT_NONFINITE, K.WEIGHT_OUTLIER, K.REWARD_MODEL_DTYPE, K.PRECISION_WEIGHT_GRID):
         field = _WEIGHT_SOURCES.get(top.role or "", "model.path")
         source = cfg(run, *field.split("."))
         plugin = setup_plugin(run, top.role)
@@ -489,6 +490,7 @@ ANALYSES = (
     _finding_causes,
     override_causes,
     range_causes,
+    combo_causes,  # combo: keys wrong together, resolution lost at a 16-bit boundary
 )
 
 

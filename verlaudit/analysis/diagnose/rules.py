@@ -439,6 +439,10 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "no_signal": ("symptom", frozenset({REWARD_SIGNAL})),
     "reward_constant": ("symptom", frozenset({REWARD_SIGNAL})),
     "reward_trend": ("symptom", frozenset({REWARD_SIGNAL})),
+    # combo: keys wrong together (`verlaudit.audit.config_pairs`), resolution lost in fp16/bf16
+    "config_combination": ("config", frozenset({GRADIENT_SCALE, UPDATE})),
+    "advantage_norm": ("config", frozenset({REWARD_SIGNAL})),
+    "precision_resolution": ("config", frozenset({REWARD_SIGNAL, UPDATE})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
