@@ -120,6 +120,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "response_length": "a response length shorter than the task's answers: every response is cut",
         "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
         "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
+        # setupg: what a setup changed in what a model computes (`verlaudit.audit.setup_effect`)
+        "setup_settings": "the user's model.setup changed modules' settings (a norm's eps): the model computes otherwise",
+        "setup_interface": "the user's model.setup returned a wrapper lacking the model's members (generate, config)",
+        "setup_adapter": "the user's model.setup added adapters that do not start at zero: another model at init",
+        "setup_collapse": "the user's model.setup made distinct inputs give one output (a clamp, a rounding hook)",
+        "setup_shared": "the user's model.setup made two roles share parameter tensors (an aliased trunk)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -652,6 +652,34 @@ PLUGIN_NUMPY_BOOL_ADD = _f(
     "a plug-in adds numpy bools: np.bool_ + np.bool_ is True, not 2, so a count of checks stops at 1",
 )
 
+# ---------------------------------------------------------------- setupg: what a setup changed in what a model computes
+# (`trainer.setup_effect`, `verlaudit.audit.setup_effect`)
+SETUP_SETTINGS = _f(
+    "setup/module_settings",
+    "setup_settings",
+    "model.setup changed plain settings of modules or the config (a norm's eps, a scaling) of a built model",
+)
+SETUP_INTERFACE = _f(
+    "setup/interface_lost",
+    "setup_interface",
+    "model.setup returned a module (a wrapper) lacking members of the model it replaced (generate, config)",
+)
+SETUP_ADAPTER_INIT = _f(
+    "setup/adapter_init",
+    "setup_adapter",
+    "model.setup added parameters (adapters) that do not start at zero: the model's output moved at init",
+)
+SETUP_COLLAPSED = _f(
+    "setup/outputs_collapsed",
+    "setup_collapse",
+    "after model.setup distinct inputs give (nearly) one output value: a clamp or rounding saturates them",
+)
+SETUP_SHARED = _f(
+    "setup/shared_params",
+    "setup_shared",
+    "after model.setup two roles share parameter tensors they did not share before (an aliased trunk)",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")
