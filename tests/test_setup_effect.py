@@ -183,10 +183,11 @@ def test_the_setups_users_normally_write_stay_quiet(fn, roles):
 
 
 def test_the_probe_restores_training_mode_and_rng():
+    models = {"actor": lm()}
     torch.manual_seed(5)
     want = torch.rand(3)
     torch.manual_seed(5)
-    out, _ = setup_models(big_eps, ("actor",))
+    out = apply_setup(models, ModelConfig(setup="tests.test_setup_effect:big_eps"), Tok())
     assert torch.equal(torch.rand(3), want) and out["actor"].training
     assert all(m.training for m in out["actor"].modules())
 
