@@ -67,7 +67,9 @@ class Adapter(nn.Module):
         super().__init__()
         self.base = base
         self.a = nn.Parameter(torch.randn(4, base.in_features) * 0.3)
-        self.b = nn.Parameter(torch.zeros(base.out_features, 4) if zero_b else torch.randn(base.out_features, 4))
+        self.b = nn.Parameter(
+            torch.zeros(base.out_features, 4) if zero_b else torch.randn(base.out_features, 4)
+        )
 
     def forward(self, x):
         return self.base(x) + 8.0 * (x @ self.a.t()) @ self.b.t()

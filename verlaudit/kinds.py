@@ -657,12 +657,12 @@ PLUGIN_NUMPY_BOOL_ADD = _f(
 SETUP_SETTINGS = _f(
     "setup/module_settings",
     "setup_settings",
-    "model.setup changed plain settings of modules or the config (a norm's eps, a scaling) of a built model",
+    "model.setup changed plain settings of modules or the config (a norm's eps, a scaling)",
 )
 SETUP_INTERFACE = _f(
     "setup/interface_lost",
     "setup_interface",
-    "model.setup returned a module (a wrapper) lacking members of the model it replaced (generate, config)",
+    "model.setup returned a module (a wrapper) lacking members of the model it replaced (generate)",
 )
 SETUP_ADAPTER_INIT = _f(
     "setup/adapter_init",
