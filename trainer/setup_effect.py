@@ -176,7 +176,7 @@ def _settings_change(a: dict[tuple[str, str], Any], b: dict[tuple[str, str], Any
 def _interface_change(pre: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:
     if pre["id"] == id(model):
         return None
-    lost = pre["members"] - _members(model)
+    lost = {n for n in sorted(pre["members"] - _members(model))[:400] if not _reachable(model, n)}
     if not lost:
         return None
     first = [n for n in INTERFACE if n in lost]
@@ -189,6 +189,15 @@ def _interface_change(pre: dict[str, Any], model: nn.Module) -> dict[str, Any] |
         "count": len(lost),
         "inner": next((n for n, m in model.named_children() if _members(m) >= set(first)), None),
     }
+
+
+def _reachable(model: nn.Module, name: str) -> bool:
+    """Whether ``model.name`` resolves after all (a wrapper whose ``__getattr__`` forwards to the model)."""
+    try:
+        getattr(model, name)
+    except Exception:
+        return False
+    return True
 
 
 def _added(pre: dict[str, Any], model: nn.Module) -> dict[str, Any] | None:
@@ -282,6 +291,15 @@ def shared(
             if not common:
                 continue
             params_a = {p.data_ptr(): p for p in models[a].parameters()}
+            params_b = {p.data_ptr(): p for p in models[b].parameters()}
+            # a tensor trained in a role that trains: its updates reach the other role (frozen bases
+            # shared by an adapter policy and its reference are a saving, not a fault)
+            trained = [
+                c for c in common
+                if (a in trainable and params_a[c].requires_grad) or (b in trainable and params_b[c].requires_grad)
+            ]  # fmt: skip
+            if not trained:
+                continue
             out.append(
                 {
                     "aspect": "shared",
@@ -294,6 +312,7 @@ def shared(
                         sorted(now[b][c] for c in common)[:_LIST],
                     ],
                     "trains": [r for r in (a, b) if r in trainable],
+                    "trained": len(trained),
                 }
             )
     return out

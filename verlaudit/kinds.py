@@ -679,6 +679,11 @@ SETUP_SHARED = _f(
     "setup_shared",
     "after model.setup two roles share parameter tensors they did not share before (an aliased trunk)",
 )
+CHAT_TEMPLATE_GENERATION = _f(
+    "model/chat_template_generation_prompt",
+    "chat_template",
+    "the chat template renders the same prompt with add_generation_prompt: no assistant turn is opened",
+)
 
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")

@@ -92,7 +92,8 @@ def _settings(c: Mapping[str, Any], fn, who: str, role: str):
 def _interface(c: Mapping[str, Any], who: str, role: str, trains: bool):
     lost = _names(c["lost"], c["count"])
     calls = [n for n in ("generate", "config", "get_input_embeddings") if n in c.get("lost_interface", [])]
-    fatal = role == "actor" and bool(calls) or (trains and "config" in calls)
+    calls = calls if role == "actor" else []  # the other roles' models are only called forward
+    fatal = role == "actor" and bool(calls)
     msg = (
         f"{who} returned a {c['after_type']} module in place of the {role}'s {c['before_type']}: the wrapper "
         f"lacks {lost} of the model it replaced"
@@ -109,7 +110,9 @@ def _interface(c: Mapping[str, Any], who: str, role: str, trains: bool):
         f"must forward generate / config and the embeddings to the wrapped model (e.g. a __getattr__ that "
         "falls back to it)"
     )
-    return ("error" if fatal else "warning"), msg, fix, c.get("inner")
+    # a role the trainer only calls forward on (reference, critic, reward) may be wrapped: a fact that
+    # explains a failure that follows, not a fault of its own
+    return ("error" if fatal else "info"), msg, fix, c.get("inner")
 
 
 def _adapter(c: Mapping[str, Any], fn, who: str, role: str):
@@ -217,8 +220,12 @@ def findings(models: Mapping[str, nn.Module], trainable_roles) -> list[Finding]:
                     K.SETUP_ADAPTER_INIT, *_lead(_adapter(by["added"], fn, who, role), role, who), by["added"]
                 )
             )
+        # a trainable role's outputs tied at init (a value head started at zero) train apart; a frozen
+        # role's, or ones a hook or a setting keeps tied, stay so
+        lasting = role not in trainable_roles or any(k in by for k in ("hooks", "settings", "modules"))
         if (
-            fn
+            lasting
+            and fn
             and fn.get("finite")
             and fn["distinct_before"] >= 4
             and fn["distinct"] * COLLAPSE <= fn["distinct_before"]
