@@ -126,6 +126,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_adapter": "the user's model.setup added adapters that do not start at zero: another model at init",
         "setup_collapse": "the user's model.setup made distinct inputs give one output (a clamp, a rounding hook)",
         "setup_shared": "the user's model.setup made two roles share parameter tensors (an aliased trunk)",
+        "special_doubled": "prompts that start with a special token (bos) twice: the collator added one the tokenizer adds",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

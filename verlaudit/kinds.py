@@ -684,6 +684,11 @@ CHAT_TEMPLATE_GENERATION = _f(
     "chat_template",
     "the chat template renders the same prompt with add_generation_prompt: no assistant turn is opened",
 )
+SPECIAL_TOKEN_DOUBLED = _f(
+    "data/special_token_doubled",
+    "special_doubled",
+    "most prompt rows start with a special token (bos) twice where the tokenizer adds it once",
+)
 
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")

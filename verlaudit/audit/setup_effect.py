@@ -233,7 +233,14 @@ def findings(models: Mapping[str, nn.Module], trainable_roles) -> list[Finding]:
             got = _collapsed(fn, by.get("hooks"), by.get("settings"), who, role)
             out.append(_finding(K.SETUP_COLLAPSED, *_lead(got, role, who), fn))
         for c in rec["changes"]:
-            if isinstance(c, Mapping) and c.get("aspect") == "shared" and tuple(c["roles"]) not in pairs:
+            # two trained roles; a frozen role that holds a trained one's tensors is
+            # `invariants_data.shared_role_findings`' (model/frozen_role_shared)
+            if (
+                isinstance(c, Mapping)
+                and c.get("aspect") == "shared"
+                and len(c.get("trains") or []) == 2
+                and tuple(c["roles"]) not in pairs
+            ):
                 pairs.add(tuple(c["roles"]))
                 sev, msg, fix, module = _shared(c, who)
                 out.append(_finding(K.SETUP_SHARED, sev, c["roles"][1], who, msg, fix, module, c))

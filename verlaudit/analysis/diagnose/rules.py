@@ -393,6 +393,12 @@ RULES: dict[tuple[str, str], Rule] = {
         ("setup_shared", s): Rule("parameters shared by two roles are stepped by both roles' updates")
         for s in ("reference", "mismatch", "weights_outlier", "learning_rate", "exception")
     },
+    **{
+        ("special_doubled", s): Rule(
+            "a prompt format the model was never trained on: its answers are off-task"
+        )
+        for s in ("no_signal", "reward_constant", "mismatch")
+    },
 }
 """(root class, symptom class) -> why the root produces the symptom. One rule per line, each tested
 in tests/test_rules.py."""
@@ -465,6 +471,7 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "setup_adapter": ("setup", frozenset({REWARD_SIGNAL})),
     "setup_collapse": ("setup", frozenset({REWARD_SIGNAL})),
     "setup_shared": ("setup", frozenset({REWARD_SIGNAL, GRADIENT_SCALE, UPDATE})),
+    "special_doubled": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
