@@ -715,16 +715,18 @@ def apply_setup(
             found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
             moved = moved_or_none(out[role], loads, pretrained)
             found += [{"aspect": "remapped", **moved}] if moved else []
-            found += _snapshot_or_none(out[role], lambda m, pre=pre: E.after(pre, m, len(tokenizer))) or []
+            trains = role in TRAINABLE_ROLES
+            found += (
+                _snapshot_or_none(
+                    out[role], lambda m, p=pre, t=trains: E.after(p, m, len(tokenizer), trains=t)
+                )
+                or []
+            )
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
             wrote[role] = written(before, after)
     _compare_roles(out, wrote, SETUP_CHANGES_ATTR)
-    for pair in _snapshot_or_none(out, lambda ms: E.shared(ptrs, ms, TRAINABLE_ROLES)) or []:
-        for role in pair["roles"]:  # on each role whose setup ran: the setup that made them share
-            rec = getattr(out[role], SETUP_CHANGES_ATTR, None)
-            if isinstance(rec, dict):
-                rec["changes"].append(pair)
+    _snapshot_or_none(out, lambda ms: E.add_shared(ptrs, ms, TRAINABLE_ROLES, SETUP_CHANGES_ATTR))
     return out
 
 

@@ -12,8 +12,9 @@ handed on and returns one plain dict per aspect (``settings``, ``interface``, ``
 after every role's setup. `verlaudit.audit.setup_effect` turns them into findings.
 
 Cost: two no-grad forwards of a probe batch of 8 x 6 tokens per role that has a setup (eval mode,
-the RNG restored, training modes put back; the model's own hooks run, since what a setup hooked is
-part of what it changed), and a walk over the modules' attributes. Exercised by `pytest
+the RNG restored, training modes put back, the model's hooks set aside: a user hook may count calls;
+only a frozen role's hooks that the setup added run, once, since a scorer's clamp is what it changed),
+and a walk over the modules' attributes. Exercised by `pytest
 tests/test_setup_effect.py`.
 """
 
@@ -117,9 +118,28 @@ def _eval(model: nn.Module):
             m.training = t
 
 
-def probe_output(model: nn.Module, vocab: int) -> torch.Tensor | None:
-    """The model's output (logits, values, scores) on the probe batch, as fp32 on the CPU; None when
-    it cannot run (another signature, a sharded or meta model)."""
+@contextlib.contextmanager
+def _hooks_aside(model: nn.Module, aside: bool):
+    """The model's forward hooks set aside (a user hook may count calls or keep state) when ``aside``."""
+    mods = list(model.modules()) if aside else []
+    kept = [(m._forward_hooks, m._forward_pre_hooks) for m in mods]
+    for m in mods:
+        m._forward_hooks, m._forward_pre_hooks = type(m._forward_hooks)(), type(m._forward_pre_hooks)()
+    try:
+        yield
+    finally:
+        for m, (fwd, pre) in zip(mods, kept, strict=True):
+            m._forward_hooks, m._forward_pre_hooks = fwd, pre
+
+
+def _hook_count(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def probe_output(model: nn.Module, vocab: int, *, hooks: bool = False) -> torch.Tensor | None:
+    """The model's output (logits, values, scores) on the probe batch, as fp32 on the CPU, its forward
+    hooks set aside unless ``hooks``; None when it cannot run (another signature, a sharded or meta
+    model)."""
     params = list(model.parameters())
     if not params or _distributed_or_meta(model):
         return None
@@ -128,7 +148,12 @@ def probe_output(model: nn.Module, vocab: int) -> torch.Tensor | None:
     ids = torch.randint(1, max(2, int(vocab)), (PROBE_ROWS, PROBE_LEN), generator=gen).to(dev)
     devices = [dev.index or 0] if dev.type == "cuda" else []
     try:
-        with _eval(model), torch.random.fork_rng(devices=devices), torch.no_grad():
+        with (
+            _eval(model),
+            _hooks_aside(model, not hooks),
+            torch.random.fork_rng(devices=devices),
+            torch.no_grad(),
+        ):
             t = _output_tensor(model(input_ids=ids, attention_mask=torch.ones_like(ids)))
     except Exception:  # a user module with another signature: no probe, never a failed run
         return None
@@ -142,6 +167,7 @@ def before(model: nn.Module, vocab: int) -> dict[str, Any]:
         "members": _members(model),
         "params": {id(p) for p in model.parameters()},
         "output": probe_output(model, vocab),
+        "hooks": _hook_count(model),
         "id": id(model),
         "type": type(model).__name__,
     }
@@ -244,11 +270,14 @@ def compare_outputs(a: torch.Tensor | None, b: torch.Tensor | None) -> dict[str,
     }
 
 
-def after(pre: dict[str, Any] | None, model: nn.Module, vocab: int) -> list[dict[str, Any]]:
-    """The aspects of the setup's change that `before` can show (module docstring)."""
+def after(pre: dict[str, Any] | None, model: nn.Module, vocab: int, *, trains: bool) -> list[dict[str, Any]]:
+    """The aspects of the setup's change that `before` can show (module docstring). The output is
+    compared with the hooks set aside, except for a frozen role the setup hooked (a scorer's clamp):
+    its hooks run once, on the probe batch."""
     if pre is None:
         return []
-    moved = compare_outputs(pre["output"], probe_output(model, vocab))
+    hooked = not trains and _hook_count(model) > pre["hooks"]
+    moved = compare_outputs(pre["output"], probe_output(model, vocab, hooks=hooked))
     if (
         moved is not None
         and moved["finite"]
@@ -316,3 +345,17 @@ def shared(
                 }
             )
     return out
+
+
+def add_shared(
+    before_ptrs: Mapping[str, Mapping[int, str]],
+    models: Mapping[str, nn.Module],
+    trainable: tuple[str, ...],
+    attr: str,
+) -> None:
+    """`shared` added to the setup record (``attr``) of each role of a pair whose setup ran."""
+    for pair in shared(before_ptrs, models, trainable):
+        for role in pair["roles"]:
+            rec = getattr(models[role], attr, None)
+            if isinstance(rec, dict):
+                rec["changes"].append(pair)
