@@ -345,8 +345,9 @@ def test_a_chat_template_that_drops_the_content_is_named():
     fs = tokenizer_checks.findings(verl, t, None)
     assert [(f.kind, f.severity) for f in fs] == [(K.CHAT_TEMPLATE_CONTENT, "error")], fs
     assert "'message'" in fs[0].message and "content" in fs[0].fix
-    t.chat_template = (
+    t.chat_template = (  # setupg: with the generation prompt (one without it is its own finding)
         "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
     )
     assert tokenizer_checks.findings(verl, t, None) == []
 

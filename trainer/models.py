@@ -671,6 +671,7 @@ def apply_setup(
     ``fn(model, role, tokenizer)`` and may change the model in place (returning None) or return the
     module that replaces it. Returns the (possibly replaced) models. An exception inside the user's
     function is re-raised with the plug-in and role named."""
+    from trainer import setup_effect as E
     from trainer.plugins import resolve_callable
     from trainer.setup_diff import SETUP_CHANGES_ATTR, changes, snapshot, written
     from trainer.setup_probe import (
@@ -685,6 +686,7 @@ def apply_setup(
     out = dict(models)
     loaded: dict[str, Any] = {}  # one import per plug-in: its module's state is shared by the roles
     wrote: dict[str, set[str]] = {}
+    ptrs = _snapshot_or_none(models, E.pointers) or {}
     for role, model in models.items():
         spec = plugins.get(role, plugins.get("*"))
         if spec is None:
@@ -692,6 +694,7 @@ def apply_setup(
         where = "model.setup" if isinstance(model_cfg.setup, str) else f"model.setup.{role}"
         fn = loaded[spec] = loaded.get(spec) or resolve_callable(spec, where)
         before = _snapshot_or_none(model, snapshot)
+        pre = _snapshot_or_none(model, lambda m: E.before(m, len(tokenizer)))
         try:
             with recording_loads() as loads, recording_pretrained() as pretrained:
                 result = fn(model, role, tokenizer)
@@ -712,10 +715,18 @@ def apply_setup(
             found += [{"aspect": "pretrained", **r} for r in pretrained_into(out[role], pretrained, where)]
             moved = moved_or_none(out[role], loads, pretrained)
             found += [{"aspect": "remapped", **moved}] if moved else []
+            trains = role in TRAINABLE_ROLES
+            found += (
+                _snapshot_or_none(
+                    out[role], lambda m, p=pre, t=trains: E.after(p, m, len(tokenizer), trains=t)
+                )
+                or []
+            )
             record = {"key": where, "spec": spec, "role": role, "changes": found}
             setattr(out[role], SETUP_CHANGES_ATTR, record)
             wrote[role] = written(before, after)
     _compare_roles(out, wrote, SETUP_CHANGES_ATTR)
+    _snapshot_or_none(out, lambda ms: E.add_shared(ptrs, ms, TRAINABLE_ROLES, SETUP_CHANGES_ATTR))
     return out
 
 

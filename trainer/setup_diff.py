@@ -191,7 +191,10 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any
     for change in (_dtype_change(before, after), _trainable_change(before, after)):
         if change is not None:
             out.append(change)
-    if (before["rows_in"], before["rows_out"]) != (after["rows_in"], after["rows_out"]):
+    gone = (
+        after["rows_in"] is None and after["rows_out"] is None
+    )  # a wrapper without embeddings: not a resize
+    if not gone and (before["rows_in"], before["rows_out"]) != (after["rows_in"], after["rows_out"]):
         out.append(
             {
                 "aspect": "vocab",

@@ -446,6 +446,7 @@ def compare_roles(models: Mapping[str, nn.Module], written: Mapping[str, set[str
         only = sorted(set(ta) ^ set(tb))
         ca, cb = _config_fields(ma), _config_fields(mb)
         config = {k: [ca.get(k), cb.get(k)] for k in sorted(set(ca) | set(cb)) if ca.get(k) != cb.get(k)}
+        config = config if ca and cb else {}  # a module without a config (a wrapper) is another finding's
         config |= _module_settings(ma, mb)
         if not differ and not config:
             continue  # a tensor one role has alone (an adapter, a head) is not a disagreement

@@ -124,6 +124,13 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "config_combination": "settings each valid alone and wrong together (a penalty twice, a scale key of another loss)",
         "advantage_norm": "an advantage normalisation dividing by a statistic that is (near) 0 for the run's rewards",
         "precision_resolution": "a tensor in fp16/bf16 whose spread is within a few units of the dtype's spacing",
+        # setupg: what a setup changed in what a model computes (`verlaudit.audit.setup_effect`)
+        "setup_settings": "the user's model.setup changed modules' settings (a norm's eps): the model computes otherwise",
+        "setup_interface": "the user's model.setup returned a wrapper lacking the model's members (generate, config)",
+        "setup_adapter": "the user's model.setup added adapters that do not start at zero: another model at init",
+        "setup_collapse": "the user's model.setup made distinct inputs give one output (a clamp, a rounding hook)",
+        "setup_shared": "the user's model.setup made two roles share parameter tensors (an aliased trunk)",
+        "special_doubled": "prompts that start with a special token (bos) twice: the collator added one the tokenizer adds",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -685,6 +685,44 @@ PRECISION_WEIGHT_GRID = _f(
     "weights rounded onto a grid whose step exceeds the typical weight: most of a tensor exactly 0",
 )
 
+# ---------------------------------------------------------------- setupg: what a setup changed in what a model computes
+# (`trainer.setup_effect`, `verlaudit.audit.setup_effect`)
+SETUP_SETTINGS = _f(
+    "setup/module_settings",
+    "setup_settings",
+    "model.setup changed plain settings of modules or the config (a norm's eps, a scaling)",
+)
+SETUP_INTERFACE = _f(
+    "setup/interface_lost",
+    "setup_interface",
+    "model.setup returned a module (a wrapper) lacking members of the model it replaced (generate)",
+)
+SETUP_ADAPTER_INIT = _f(
+    "setup/adapter_init",
+    "setup_adapter",
+    "model.setup added parameters (adapters) that do not start at zero: the model's output moved at init",
+)
+SETUP_COLLAPSED = _f(
+    "setup/outputs_collapsed",
+    "setup_collapse",
+    "after model.setup distinct inputs give (nearly) one output value: a clamp or rounding saturates them",
+)
+SETUP_SHARED = _f(
+    "setup/shared_params",
+    "setup_shared",
+    "after model.setup two roles share parameter tensors they did not share before (an aliased trunk)",
+)
+CHAT_TEMPLATE_GENERATION = _f(
+    "model/chat_template_generation_prompt",
+    "chat_template",
+    "the chat template renders the same prompt with add_generation_prompt: no assistant turn is opened",
+)
+SPECIAL_TOKEN_DOUBLED = _f(
+    "data/special_token_doubled",
+    "special_doubled",
+    "most prompt rows start with a special token (bos) twice where the tokenizer adds it once",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")

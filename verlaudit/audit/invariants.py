@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import invariants_data, rounding
+from verlaudit.audit import invariants_data, rounding, special_tokens
 from verlaudit.rundir import Finding
 
 TRUNCATION_KEY = "prompt_truncation"
@@ -396,6 +396,9 @@ def batch_findings(
             batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx, examples=examples, data=data
         ),
         *truncation_findings(batch, where=where, ctx=ctx),
+        *special_tokens.doubled_findings(  # setupg
+            batch, tokenizer_info=tokenizer_info, examples=examples, where=where, ctx=ctx
+        ),
         *invariants_data.data_batch_findings(
             batch,
             tokenizer_info=tokenizer_info,

@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from verlaudit import kinds as K
+from verlaudit.audit import setup_effect
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
@@ -374,7 +375,7 @@ def findings(
                 _finding(K.SETUP_MODE, role, who, *_mode(by["mode"], who, role, trainable), by["mode"])
             )
         out += _probe_findings(rec, who, role)
-    return out + load_findings(models)
+    return out + load_findings(models) + setup_effect.findings(models, trainable_roles)
 
 
 def _probe_findings(rec: Mapping[str, Any], who: str, role: str) -> list[Finding]:

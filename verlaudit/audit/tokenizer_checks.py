@@ -216,6 +216,8 @@ def findings(
     config: Mapping[str, Any], tokenizer: Any, pairs: Sequence[tuple[str, str]] | None
 ) -> list[Finding]:
     """The tokenizer's findings at setup (`vocab_mismatch`, `round_trip`, `chat_template`)."""
+    from verlaudit.audit.template_checks import generation_prompt
+
     if tokenizer is None:
         return []
     pairs = pairs if pairs else verl_texts(config)
@@ -223,5 +225,6 @@ def findings(
         vocab_mismatch(config, tokenizer),
         round_trip(config, tokenizer, pairs),
         chat_template(config, tokenizer),
+        generation_prompt(config, tokenizer, source(config)),  # setupg
     ]
     return [f for f in found if f is not None]

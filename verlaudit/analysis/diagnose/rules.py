@@ -372,6 +372,33 @@ RULES: dict[tuple[str, str], Rule] = {
     (FAILURE, CASCADE_CLASS): Rule(
         "a rank that failed first makes the others time out; a dead worker makes its callers fail"
     ),
+    # setupg: what a setup changed in what a model computes (`verlaudit.audit.setup_effect`)
+    **{
+        ("setup_interface", s): Rule("the module the setup returned lacks the members the trainer calls")
+        for s in ("exception", "reference", "vocab", "tied_weights", "setup_roles")
+    },
+    **{
+        ("setup_settings", s): Rule("a module setting the setup changed makes the model compute otherwise")
+        for s in ("reference", "mismatch", "hook_output", "weights_untrained", "precision_excess")
+    },
+    **{
+        ("setup_adapter", s): Rule("adapters that do not start at zero make the actor another model at init")
+        for s in ("reference", "mismatch", "kl_penalty")
+    },
+    **{
+        ("setup_collapse", s): Rule("outputs saturated by the setup are one value for every input")
+        for s in ("reward_constant", "no_signal", "user_hook", "setup_hooks")
+    },
+    **{
+        ("setup_shared", s): Rule("parameters shared by two roles are stepped by both roles' updates")
+        for s in ("reference", "mismatch", "weights_outlier", "learning_rate", "exception")
+    },
+    **{
+        ("special_doubled", s): Rule(
+            "a prompt format the model was never trained on: its answers are off-task"
+        )
+        for s in ("no_signal", "reward_constant", "mismatch")
+    },
 }
 """(root class, symptom class) -> why the root produces the symptom. One rule per line, each tested
 in tests/test_rules.py."""
@@ -443,6 +470,12 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "config_combination": ("config", frozenset({GRADIENT_SCALE, UPDATE})),
     "advantage_norm": ("config", frozenset({REWARD_SIGNAL})),
     "precision_resolution": ("config", frozenset({REWARD_SIGNAL, UPDATE})),
+    # setupg: what a setup changed in what a model computes
+    "setup_settings": ("setup", frozenset({REWARD_SIGNAL, GRADIENT_SCALE})),
+    "setup_adapter": ("setup", frozenset({REWARD_SIGNAL})),
+    "setup_collapse": ("setup", frozenset({REWARD_SIGNAL})),
+    "setup_shared": ("setup", frozenset({REWARD_SIGNAL, GRADIENT_SCALE, UPDATE})),
+    "special_doubled": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 

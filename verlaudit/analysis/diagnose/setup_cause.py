@@ -41,6 +41,11 @@ SETUP_CLASSES = frozenset(
     }
 )
 """Classes of the ``setup/*`` findings (`verlaudit.kinds`)."""
+EFFECT_CLASSES = frozenset(
+    {"setup_settings", "setup_interface", "setup_adapter", "setup_collapse", "setup_shared"}
+)
+"""setupg: classes of what a setup changed in what a model computes (`verlaudit.audit.setup_effect`):
+roots in their own words (they say what is wrong), dropped like the others when info and unexplaining."""
 STATE_CLASSES = frozenset(
     {
         "param_dtype",
@@ -218,7 +223,7 @@ def explains_nothing(c: Cause) -> bool:
         c.severity == "info"
         and not c.chain
         and c.consequence_of is None
-        and ((c.cls or "") in SETUP_CLASSES or c.kind.startswith("override_"))
+        and ((c.cls or "") in SETUP_CLASSES | EFFECT_CLASSES or c.kind.startswith("override_"))
     )
 
 
