@@ -120,6 +120,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "response_length": "a response length shorter than the task's answers: every response is cut",
         "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
         "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
+        # loopg: an own loop's update checked against its loss (`verlaudit.integrations.loop_update`, `loop_tokens`)
+        "loop_order": "an own loop that clips or changes its gradients after the optimizer step that used them",
+        "loop_loss_tokens": "an own loop's loss that reads prompt or padding positions, not only the response",
+        "loop_alignment": "an own loop's log-probs read from the wrong position (shifted by one against the tokens)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -652,6 +652,34 @@ PLUGIN_NUMPY_BOOL_ADD = _f(
     "a plug-in adds numpy bools: np.bool_ + np.bool_ is True, not 2, so a count of checks stops at 1",
 )
 
+# ---------------------------------------------------------------- loopg: an own loop's update against its loss
+# (`verlaudit.integrations.loop_update`, `loop_tokens`)
+LOOP_GRADS_AFTER_STEP = _f(
+    "loop/grads_after_step",
+    "loop_order",
+    "gradients clipped or changed after the optimizer step that used them: the step saw the unprocessed ones",
+)
+LOOP_PARAMS_OUTSIDE_OPTIMIZER = _f(
+    "loop/params_outside_optimizer",
+    "loop_optimizer",
+    "trained parameters that get gradients at a step but are in no optimizer (replaced after it was built)",
+)
+LOOP_OPTIMIZER_STALE_PARAMS = _f(
+    "loop/optimizer_stale_params",
+    "loop_optimizer",
+    "optimizer param groups holding tensors the watched model no longer has (a module replaced)",
+)
+LOOP_LOSS_OUTSIDE_RESPONSE = _f(
+    "loop/loss_outside_response",
+    "loop_loss_tokens",
+    "an own loop's loss with a gradient at prompt or padding positions: it does not read only response tokens",
+)
+LOOP_LOGPROBS_MISALIGNED = _f(
+    "loop/logprobs_misaligned",
+    "loop_alignment",
+    "an own loop's loss reads at position t another token's log-prob than the next token t+1 (shifted)",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")
