@@ -657,12 +657,12 @@ PLUGIN_NUMPY_BOOL_ADD = _f(
 LOOP_GRADS_AFTER_STEP = _f(
     "loop/grads_after_step",
     "loop_order",
-    "gradients clipped or changed after the optimizer step that used them: the step saw the unprocessed ones",
+    "gradients clipped or changed after the optimizer step that used them (the step saw unprocessed ones)",
 )
 LOOP_PARAMS_OUTSIDE_OPTIMIZER = _f(
     "loop/params_outside_optimizer",
     "loop_optimizer",
-    "trained parameters that get gradients at a step but are in no optimizer (replaced after it was built)",
+    "trained parameters with gradients at a step that no optimizer holds (replaced after it was built)",
 )
 LOOP_OPTIMIZER_STALE_PARAMS = _f(
     "loop/optimizer_stale_params",
@@ -672,7 +672,7 @@ LOOP_OPTIMIZER_STALE_PARAMS = _f(
 LOOP_LOSS_OUTSIDE_RESPONSE = _f(
     "loop/loss_outside_response",
     "loop_loss_tokens",
-    "an own loop's loss with a gradient at prompt or padding positions: it does not read only response tokens",
+    "an own loop's loss with a gradient at prompt or padding positions, not only at the response's",
 )
 LOOP_LOGPROBS_MISALIGNED = _f(
     "loop/logprobs_misaligned",
