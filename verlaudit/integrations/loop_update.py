@@ -169,6 +169,8 @@ class UpdateAudit:
     def _membership(self, role: str, line: str | None) -> Finding | None:
         held = {id(p) for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]}
         in_models = {id(p) for m in self.models.values() for p in m.parameters()}
+        if not any(id(p) in held for p in self.models[role].parameters()):
+            return None  # an optimizer of another model altogether: `loop_protocol` said so at entry
         outside = []
         with torch.no_grad():
             for name, p in self.models[role].named_parameters():
@@ -280,12 +282,15 @@ def _outside_finding(
         else ""
     )
     return Finding(
-        severity="error",
+        # the optimizer's old tensors prove a replacement; without them leaving some out may be meant (but
+        # their gradients still pile up, never cleared by the optimizer's zero_grad)
+        severity="error" if stale else "warning",
         kind=K.LOOP_PARAMS_OUTSIDE_OPTIMIZER,
         message=f"trained parameters not in the optimizer: {first} of the {role} has a gradient at the optimizer "
         f"step at {_at(line)} but no param group of any watched optimizer holds it ({len(outside)} tensor(s), "
         f"{share:.1%} of the trainable weights: {mods}): it gets gradients and never updates -- the optimizer "
-        f"was built before {first} was replaced or added{old}",
+        f"was built before {first} was replaced or added{old}, or it was left out without "
+        "requires_grad_(False)",
         role=role,
         where=f"{first} of the {role}, not in its optimizer (step at {_at(line)})",
         observed={
