@@ -83,7 +83,7 @@ class TokenAudit:
 
     @property
     def done(self) -> bool:
-        return self.checked >= CHECKED or len(self.reported) >= 2
+        return self.checked >= CHECKED or bool(self.reported)
 
     def on_prompts(self, ids: Any) -> None:
         """The prompts the loop generates from (ids, left-padded to one width)."""
@@ -117,11 +117,18 @@ class TokenAudit:
             mask = None
         self.checked += 1
         width = self._prompt_width(ids)
-        hook = functools.partial(self._on_grad, ids.detach(), None if mask is None else mask.detach(), width, line)
+        hook = functools.partial(
+            self._on_grad, ids.detach(), None if mask is None else mask.detach(), width, line
+        )
         logits.register_hook(hook)
 
     def _on_grad(
-        self, ids: torch.Tensor, mask: torch.Tensor | None, width: int | None, line: str | None, g: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        width: int | None,
+        line: str | None,
+        g: torch.Tensor,
     ) -> None:
         try:
             with torch.no_grad():
@@ -131,7 +138,12 @@ class TokenAudit:
         self.add(finding)
 
     def _read(
-        self, ids: torch.Tensor, mask: torch.Tensor | None, width: int | None, line: str | None, g: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        width: int | None,
+        line: str | None,
+        g: torch.Tensor,
     ) -> Finding | None:
         if tuple(g.shape[:2]) != tuple(ids.shape):
             return None
@@ -165,8 +177,8 @@ class TokenAudit:
                 self.role, off if share[off] >= ALIGNED else None, share, n_peaked, read, width, loss_line, line,
                 self.where(),
             )  # fmt: skip
-        if width is None or K.LOOP_LOSS_OUTSIDE_RESPONSE in self.reported:
-            return None
+        if width is None or self.reported:
+            return None  # a misalignment puts the read positions off too: one fault, one finding
         tgt_pad = torch.zeros_like(read)
         if mask is not None:
             tgt_pad[:, :-1] = mask.to(read.device)[:, 1:] == 0
@@ -266,13 +278,15 @@ def _outside_finding(
     in_prompt[:, width - 1 :] = False
     later = pads & ~in_prompt
     if prompt.any():
-        padded = f", {int(in_prompt.sum()) / rows:.0f} of them padding" if in_prompt.any() else ""
+        padded = (
+            f"; {int(in_prompt.sum())} of the {int(prompt.sum())} read are padding" if in_prompt.any() else ""
+        )
         parts.append(
             f"{int(prompt.sum()) / rows:.0f} prompt position(s) per row (positions {_row_reads(prompt)} predict prompt "
             f"tokens{padded})"
         )
     if later.any():
-        parts.append(f"{int(later.sum()) / rows:.0f} response padding position(s) per row (attention mask 0)")
+        parts.append(f"{int(later.sum())} response padding position(s) (attention mask 0)")
     if last.any():
         parts.append(f"the last position {T - 1}, which predicts no token")
     return Finding(

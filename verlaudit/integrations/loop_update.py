@@ -180,7 +180,9 @@ class UpdateAudit:
         if outside:
             self._reported.add((role, K.LOOP_PARAMS_OUTSIDE_OPTIMIZER))
             trainable = [p for p in self.models[role].parameters() if p.requires_grad]
-            return _outside_finding(role, outside, trainable, stale, line, self.steps.get(role, 0), self.where())
+            return _outside_finding(
+                role, outside, trainable, stale, line, self.steps.get(role, 0), self.where()
+            )
         if stale and any(p.grad is not None for p in self._opt_params(role)):
             if (role, K.LOOP_OPTIMIZER_STALE_PARAMS) in self._reported:
                 return None
@@ -246,7 +248,12 @@ def _after_step_finding(
         "scaling or a mask in the wrong order), so no update sees it",
         role=role,
         where=f"gradients after optimizer.step at {_at(step_line)}",
-        observed={"tensors_changed": changed, "tensors": total, "norm_at_step": n_before, "norm_after": n_after},
+        observed={
+            "tensors_changed": changed,
+            "tensors": total,
+            "norm_at_step": n_before,
+            "norm_after": n_after,
+        },
         expected="gradients unchanged from the step until they are cleared",
         fix=f"move the gradient processing before optimizer.step() at {_at(step_line)}: the order is backward, "
         "unscale, clip / scale / mask, step, zero_grad",
@@ -308,7 +315,9 @@ def _outside_finding(
     )
 
 
-def _stale_finding(role: str, stale: list[torch.Tensor], total: int, line: str | None, where: dict) -> Finding:
+def _stale_finding(
+    role: str, stale: list[torch.Tensor], total: int, line: str | None, where: dict
+) -> Finding:
     return Finding(
         severity="warning",
         kind=K.LOOP_OPTIMIZER_STALE_PARAMS,
@@ -317,7 +326,11 @@ def _stale_finding(role: str, stale: list[torch.Tensor], total: int, line: str |
         "steps tensors nothing uses",
         role=role,
         where=f"optimizer of the {role} (step at {_at(line)})",
-        observed={"stale_tensors": len(stale), "tensors": total, "shapes": [list(p.shape) for p in stale][:10]},
+        observed={
+            "stale_tensors": len(stale),
+            "tensors": total,
+            "shapes": [list(p.shape) for p in stale][:10],
+        },
         expected="an optimizer over the watched model's current parameters",
         fix="build the optimizer after the model's last change of modules (torch.optim.AdamW(model.parameters(), "
         "...) once the model is final)",
