@@ -72,8 +72,14 @@ def unmasked_logp(logits, seq, mask):  # the right positions, but the response's
     return right_logp(logits, seq, mask)[0], None
 
 
+def generate(model, prompts, mask):
+    """A loop's own sampling: one no-grad forward on the prompts (its prefill), then the batch's responses."""
+    with torch.no_grad():
+        model(input_ids=prompts, attention_mask=mask)
+
+
 def rl_loop(path, logp_fn, *, steps=3, micro=1, autocast=None, scaler=None, response_pad=False, prompts=True,
-            precision="fp32"):  # fmt: skip
+            precision="fp32", sample=False):  # fmt: skip
     model = TinyLM()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with verlaudit.watch(model, opt, scaler=scaler, out_dir=path, precision=precision) as w:
@@ -81,6 +87,8 @@ def rl_loop(path, logp_fn, *, steps=3, micro=1, autocast=None, scaler=None, resp
             seq, mask = batch(step, response_pad=response_pad)
             if prompts:
                 w.batch({"input_ids": seq[:, :PROMPT], "attention_mask": mask[:, :PROMPT]})
+            if sample:
+                generate(model, seq[:, :PROMPT], mask[:, :PROMPT])
             rewards = w.reward((seq[:, PROMPT:] == 3).float().mean(-1) + 0.1 * torch.arange(ROWS) / ROWS)
             adv = rewards - rewards.mean()
             opt.zero_grad()
@@ -116,6 +124,16 @@ def test_a_loss_over_the_whole_sequence_reads_the_prompt_and_its_padding(tmp_pat
     assert "4 of the 24 read are padding" in f.message and "P - 1" in f.fix and "response mask" in f.fix
     (d,) = diagnose_path(tmp_path / "run")
     assert d.causes[0].kind == "finding:loop/loss_outside_response", [c.title for c in d.causes]
+
+
+def test_without_the_prompts_passed_a_generate_prefill_gives_them(tmp_path):
+    rl_loop(tmp_path / "run", whole_logp, prompts=False, sample=True)
+    (f,) = found(tmp_path / "run", "loop/loss_outside_response")
+    assert f.observed["prompt_width"] == PROMPT
+    rl_loop(tmp_path / "clean", right_logp, prompts=False, sample=True)
+    assert kinds(tmp_path / "clean") == []
+    rl_loop(tmp_path / "unknown", whole_logp, prompts=False)  # no prompts known: no position to tell
+    assert kinds(tmp_path / "unknown") == []
 
 
 def test_unmasked_response_padding_is_read_and_the_masked_loss_is_clean(tmp_path):

@@ -11,7 +11,8 @@ off):
   loss reads (a masked or sliced-away position gets exactly 0). When the forward's ids start with the
   prompts the loop passed (`Watch.batch`'s ``input_ids``, or `Watch.rollout`'s ``prompt_ids``), every
   position that predicts a prompt token, a padding token (attention mask 0) or nothing at all (the
-  last) must have a zero gradient: a loss averaged over the whole sequence, a mask of the wrong length
+  last) must have a zero gradient (the prompts are also read from the prefill forward of a ``generate``
+  on the trained model, so a loop that passes none is checked too): a loss averaged over the whole sequence, a mask of the wrong length
   or side, or an off-by-one in the mask puts gradient there (`LOOP_LOSS_OUTSIDE_RESPONSE`).
 * **The log-probs are aligned with the tokens.** The gradient of ``log_softmax(logits[t])[y]`` with
   respect to ``logits[t]`` is ``e_y - softmax``: its largest entry (in magnitude) is at ``y``, the token
@@ -29,6 +30,7 @@ forwards per role. Exercised by `pytest tests/test_loop_tokens.py`.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +58,18 @@ def _hash_rows(ids: torch.Tensor) -> list[int]:
     return (ids.long() * w.to(ids.device)[None, :]).sum(-1).tolist()
 
 
+def _in_generate(depth: int = 40) -> bool:
+    """Whether a ``generate`` (transformers' GenerationMixin, or a loop's own of that name) is on the stack."""
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return False
+        if f.f_code.co_name == "generate":
+            return True
+        f = f.f_back
+    return False
+
+
 def _span(cols: torch.Tensor) -> str:
     """``a..b`` of the column indices a row reads."""
     idx = cols.nonzero().flatten().tolist()
@@ -77,7 +91,8 @@ class TokenAudit:
         loss_line: Callable[[], str | None],
     ) -> None:
         self.role, self.add, self.where, self.loss_line = role, add, where, loss_line
-        self.prompts: tuple[int, set[int]] | None = None
+        self.prompts: dict[int, set[int]] = {}
+        """prompt width -> the hashes of the prompt rows last seen at that width."""
         self.checked = 0
         self.reported: set[str] = set()
 
@@ -86,21 +101,31 @@ class TokenAudit:
         return self.checked >= CHECKED or bool(self.reported)
 
     def on_prompts(self, ids: Any) -> None:
-        """The prompts the loop generates from (ids, left-padded to one width)."""
+        """The prompts the loop generates from (ids, left-padded to one width): the latest of each width."""
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point() and ids.shape[1]:
-            self.prompts = (int(ids.shape[1]), set(_hash_rows(ids.detach())))
+            width = int(ids.shape[1])
+            self.prompts.pop(width, None)
+            self.prompts[width] = set(_hash_rows(ids.detach()))
+            while len(self.prompts) > 4:
+                self.prompts.pop(next(iter(self.prompts)))
 
     def _prompt_width(self, ids: torch.Tensor) -> int | None:
-        if self.prompts is None:
-            return None
-        width, rows = self.prompts
-        if ids.shape[1] <= width:
-            return None  # the forward is on the prompts themselves (an SFT loop): no response to tell
-        return width if all(h in rows for h in _hash_rows(ids[:, :width])) else None
+        """The widest known prompt width below the forward's whose prompts start every row, else None (a
+        forward on the prompts themselves, an SFT loop: no response to tell)."""
+        for width in sorted((w for w in self.prompts if w < ids.shape[1]), reverse=True):
+            if all(h in self.prompts[width] for h in _hash_rows(ids[:, :width])):
+                return width
+        return None
 
     def on_forward(self, args: Any, kwargs: dict, output: Any, line: str | None) -> None:
-        """A forward of the trained model: hooks the gradient of its logits (with gradients only)."""
-        if self.done or not torch.is_grad_enabled():
+        """A forward of the trained model: hooks the gradient of its logits (with gradients); a
+        generation's prefill (no gradients, inside ``generate``) gives the prompts."""
+        if self.done:
+            return
+        if not torch.is_grad_enabled():
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] > 1 and _in_generate():
+                self.on_prompts(ids)
             return
         logits = output_tensor(output)
         ids = kwargs.get("input_ids", args[0] if args else None)
