@@ -85,7 +85,7 @@ def test_a_clip_after_the_step_is_an_error_naming_its_line_and_one_before_it_is_
     (f,) = found(tmp_path / "after", "loop/grads_after_step")
     assert f.severity == "error" and "test_loop_update.py" in f.where and "clip_grad_norm_" in f.where
     assert f.observed["grad_norm_at_step"] > 0.01 and abs(f.observed["grad_norm_after_clip"] - 0.01) < 1e-4
-    assert "before the step" in f.fix
+    assert "before the step" in f.fix and "loop/clip_before_backward" not in kinds(tmp_path / "after")
     (d,) = diagnose_path(tmp_path / "after")
     assert d.causes[0].kind == "finding:loop/grads_after_step", [c.title for c in d.causes]
     loop(tmp_path / "before", clip_before)
@@ -104,6 +104,31 @@ def test_a_clip_after_the_step_that_changed_nothing_is_still_out_of_order(tmp_pa
     loop(tmp_path / "run", loose)
     (f,) = found(tmp_path / "run", "loop/grads_after_step")
     assert f.severity == "warning" and f.observed["tensors_changed"] == 0 and "changed nothing" in f.message
+
+
+def test_a_clip_before_the_backward_is_out_of_order_and_a_clip_per_micro_batch_is_not(tmp_path):
+    def clip_first(model, opt, i):
+        opt.zero_grad()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)  # on last step's cleared gradients
+        loss = loss_of(model, i)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def clip_each(model, opt, i):
+        opt.zero_grad()
+        for k in range(2):
+            (loss_of(model, 10 * i + k) / 2).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the last one follows the last backward
+        opt.step()
+        return loss_of(model, i).detach()
+
+    loop(tmp_path / "first", clip_first)
+    (f,) = found(tmp_path / "first", "loop/clip_before_backward")
+    assert f.observed["backwards_after_clip"] == 1 and "clip_grad_norm_" in f.where
+    assert "loop/grads_after_step" not in kinds(tmp_path / "first")
+    loop(tmp_path / "each", clip_each)
+    assert kinds(tmp_path / "each") == []
 
 
 def test_gradients_scaled_in_place_after_the_step_are_named_by_the_step(tmp_path):

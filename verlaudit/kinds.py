@@ -659,6 +659,11 @@ LOOP_GRADS_AFTER_STEP = _f(
     "loop_order",
     "gradients clipped or changed after the optimizer step that used them (the step saw unprocessed ones)",
 )
+LOOP_CLIP_BEFORE_BACKWARD = _f(
+    "loop/clip_before_backward",
+    "loop_order",
+    "a clip followed by a backward before the step: the step applies gradients the clip never saw",
+)
 LOOP_PARAMS_OUTSIDE_OPTIMIZER = _f(
     "loop/params_outside_optimizer",
     "loop_optimizer",

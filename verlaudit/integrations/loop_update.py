@@ -12,7 +12,8 @@ reads them against what a correct step is, whatever the loop's wording:
   that moment changed gradients the step had already applied: a clip after ``optimizer.step()`` bounds
   nothing. A clip seen by the tap in that interval is named with its line; any other change (an in-place
   ``p.grad.mul_``) with the step's line. A clip that changed nothing there (the norm below its limit) is
-  still out of order, and said so.
+  still out of order, and said so. The other way round, a clip followed by a ``backward`` before the step
+  (clip, backward, step) leaves the step with gradients the clip never saw.
 * **Every trained parameter is in the optimizer, every optimizer tensor in the model.** At each step,
   a trainable parameter of the watched model that holds a non-zero gradient but is in no watched
   optimizer gets gradients and never changes (a head replaced, or a module added, after the optimizer
@@ -87,6 +88,10 @@ class UpdateAudit:
         """role -> the arguments of a clip-after-step finding whose clip changed nothing (said at the end
         unless a later one changes the gradients)."""
         self._reported: set[tuple[str, str]] = set()
+        self.backwards = 0
+        """``backward()`` calls so far (a clip must follow the last one before its step)."""
+        self._last_clip: dict[str, tuple[str, Any, str | None, int]] = {}
+        """role -> (function, limit, line, backwards before it) of the last clip since its last step."""
 
     def _opt_params(self, role: str) -> list[torch.Tensor]:
         return [p for g in self.optimizers[role].param_groups for p in g["params"]]
@@ -94,13 +99,19 @@ class UpdateAudit:
     # -- the watch's optimizer hooks ------------------------------------------------------------
     def before_step(self, role: str, line: str | None) -> None:
         """At ``role``'s optimizer step (pre-hook): gradients changed since the last step (never
-        cleared), and the optimizer's membership."""
+        cleared), a clip that a backward followed, and the optimizer's membership."""
         self._compare(role, f"optimizer.step() at {_at(line)}")
+        clip = self._last_clip.pop(role, None)
+        done = {(role, K.LOOP_GRADS_AFTER_STEP), (role, K.LOOP_CLIP_BEFORE_BACKWARD)} & self._reported
+        if clip is not None and self.backwards > clip[3] and not done:
+            self._reported.add((role, K.LOOP_CLIP_BEFORE_BACKWARD))
+            self.add(_clip_before_backward_finding(role, clip, self.backwards - clip[3], line, self.where()))
         if (role, K.LOOP_PARAMS_OUTSIDE_OPTIMIZER) not in self._reported:
             self.add(self._membership(role, line))
 
     def after_step(self, role: str, line: str | None) -> None:
         self.steps[role] = self.steps.get(role, 0) + 1
+        self._last_clip.pop(role, None)
         self._print.pop(role, None)
         if self._audited.get(role, 0) >= AUDITED_STEPS or (role, K.LOOP_GRADS_AFTER_STEP) in self._reported:
             return
@@ -120,11 +131,16 @@ class UpdateAudit:
     # -- `loop_calls` ------------------------------------------------------------------------------
     def on_clip(self, name: str, params: list[torch.Tensor], limit: Any, line: str | None) -> None:
         ids = {id(p) for p in params if isinstance(p, torch.Tensor)}
-        for role in self._print:
-            if ids & {id(p) for p in self._opt_params(role)} and role not in self._clips:
-                self._clips[role] = (name, limit, line)
+        for role in self.optimizers:
+            if not ids & {id(p) for p in self._opt_params(role)}:
+                continue
+            if role in self._print:  # between its step and the next clearing: after the step
+                self._clips.setdefault(role, (name, limit, line))
+            else:
+                self._last_clip[role] = (name, limit, line, self.backwards)
 
     def on_backward(self, loss: torch.Tensor, line: str | None) -> None:
+        self.backwards += 1
         for role in list(self._print):
             self._compare(role, f"the next backward() at {_at(line)}")
 
@@ -257,6 +273,27 @@ def _after_step_finding(
         expected="gradients unchanged from the step until they are cleared",
         fix=f"move the gradient processing before optimizer.step() at {_at(step_line)}: the order is backward, "
         "unscale, clip / scale / mask, step, zero_grad",
+        **where,
+    )
+
+
+def _clip_before_backward_finding(
+    role: str, clip: tuple[str, Any, str | None, int], after: int, step_line: str | None, where: dict
+) -> Finding:
+    name, limit, line, _ = clip
+    lim = f"{float(limit):g}" if isinstance(limit, (int, float)) else "its limit"
+    return Finding(
+        severity="error",
+        kind=K.LOOP_CLIP_BEFORE_BACKWARD,
+        message=f"gradient clipping out of order: {name}({lim}) at {_at(line)} ran before {after} backward() "
+        f"call(s) that added to the {role}'s gradients ahead of its optimizer.step() at {_at(step_line)}: the step "
+        "applies gradients the clip never saw, so it bounds no update",
+        role=role,
+        where=f"{name} at {_at(line)} (before the backward)",
+        observed={"clip_line": line, "step_line": step_line, "backwards_after_clip": after},
+        expected="backward -> (scaler.unscale_) -> clip -> optimizer.step -> zero_grad",
+        fix=f"at {_at(line)}: clip after the last loss.backward() of the step and before optimizer.step() (at "
+        f"{_at(step_line)}): the order is backward, scaler.unscale_(opt) under a GradScaler, clip, step, zero_grad",
         **where,
     )
 
