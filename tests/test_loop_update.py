@@ -163,6 +163,15 @@ def test_correct_loops_stay_clean(tmp_path):
         opt.zero_grad(set_to_none=False)
         return loss
 
+    def clear_by_hand(model, opt, i):
+        loss = loss_of(model, i)
+        loss.backward()
+        opt.step()
+        for p in model.parameters():  # cleared in place, not through zero_grad
+            p.grad.zero_()
+        return loss
+
+    loop(tmp_path / "by_hand", clear_by_hand)
     loop(tmp_path / "accumulate", accumulate)
     loop(tmp_path / "clear_after", step_then_clear)
     scaler = torch.amp.GradScaler("cpu")
@@ -184,7 +193,7 @@ def test_correct_loops_stay_clean(tmp_path):
         p.requires_grad_(False)
     base.mid.bias.requires_grad_(True)  # the one trained part, as with an adapter
     loop(tmp_path / "adapter", clip_before, model=base)
-    for name in ("accumulate", "clear_after", "fp16", "adapter"):
+    for name in ("by_hand", "accumulate", "clear_after", "fp16", "adapter"):
         assert kinds(tmp_path / name) == [], name
 
 

@@ -171,7 +171,7 @@ class UpdateAudit:
         else:
             _, now = _norms([params[k] for k in keep])
             was = before[keep]
-            changed = int((now != was).sum())
+            changed = int(((now != was) & (now > 0)).sum())  # zeroed in place is cleared, not changed
             n_before, n_after = float(was.norm()), float(now.norm())
         if not changed and clip is None:
             return
