@@ -163,6 +163,18 @@ def test_log_probs_read_two_positions_early_are_a_shift_the_other_way_even_witho
     assert f.observed["shift"].startswith("-1") and f.observed["prompt_width"] is None
 
 
+def test_a_mask_one_token_late_leaves_out_the_first_response_token(tmp_path):
+    def late_mask(
+        logits, seq, mask
+    ):  # the right log-probs, multiplied by the mask of the positions after them
+        lp, m = right_logp(logits, seq, mask)
+        return lp, torch.cat([torch.zeros(m.shape[0], 1), m[:, :-1]], 1)
+
+    rl_loop(tmp_path / "run", late_mask)
+    (f,) = found(tmp_path / "run", "loop/loss_skips_first_token")
+    assert f.observed["prompt_width"] == PROMPT and "attention_mask[:, P:]" in f.fix
+
+
 def test_correct_loops_stay_clean(tmp_path):
     rl_loop(tmp_path / "plain", right_logp)
     rl_loop(tmp_path / "accumulated", right_logp, micro=2)

@@ -131,6 +131,34 @@ def test_a_clip_before_the_backward_is_out_of_order_and_a_clip_per_micro_batch_i
     assert kinds(tmp_path / "each") == []
 
 
+def test_a_second_step_on_the_same_gradients_is_an_error_and_a_closure_step_is_not(tmp_path):
+    def twice(model, opt, i):
+        opt.zero_grad()
+        loss = loss_of(model, i)
+        loss.backward()
+        opt.step()
+        opt.step()  # e.g. a step in the loop body and another in a helper it calls
+        return loss
+
+    loop(tmp_path / "twice", twice)
+    (f,) = found(tmp_path / "twice", "loop/step_repeated")
+    assert f.severity == "error" and "test_loop_update.py" in f.where
+    model = TinyLM()
+    lbfgs = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
+
+    def closure_step(model, opt, i):
+        def closure():
+            opt.zero_grad()
+            loss = loss_of(model, i)
+            loss.backward()
+            return loss
+
+        return opt.step(closure)
+
+    loop(tmp_path / "lbfgs", closure_step, model=model, opt=lbfgs)
+    assert kinds(tmp_path / "lbfgs") == []
+
+
 def test_gradients_scaled_in_place_after_the_step_are_named_by_the_step(tmp_path):
     def scale_after(model, opt, i):
         opt.zero_grad()

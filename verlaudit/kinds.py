@@ -679,6 +679,16 @@ LOOP_LOSS_OUTSIDE_RESPONSE = _f(
     "loop_loss_tokens",
     "an own loop's loss with a gradient at prompt or padding positions, not only at the response's",
 )
+LOOP_LOSS_SKIPS_FIRST_TOKEN = _f(
+    "loop/loss_skips_first_token",
+    "loop_loss_tokens",
+    "an own loop's loss with no gradient at the first response token in any row: a mask or slice off by one",
+)
+LOOP_STEP_REPEATED = _f(
+    "loop/step_repeated",
+    "loop_order",
+    "an optimizer step on gradients a previous step already applied (no backward between the two)",
+)
 LOOP_LOGPROBS_MISALIGNED = _f(
     "loop/logprobs_misaligned",
     "loop_alignment",

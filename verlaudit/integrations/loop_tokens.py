@@ -13,7 +13,8 @@ off):
   position that predicts a prompt token, a padding token (attention mask 0) or nothing at all (the
   last) must have a zero gradient (the prompts are also read from the prefill forward of a ``generate``
   on the trained model, so a loop that passes none is checked too): a loss averaged over the whole sequence, a mask of the wrong length
-  or side, or an off-by-one in the mask puts gradient there (`LOOP_LOSS_OUTSIDE_RESPONSE`).
+  or side, or an off-by-one in the mask puts gradient there (`LOOP_LOSS_OUTSIDE_RESPONSE`); an off-by-one
+  the other way leaves the first response token with no gradient in every row (`LOOP_LOSS_SKIPS_FIRST_TOKEN`).
 * **The log-probs are aligned with the tokens.** The gradient of ``log_softmax(logits[t])[y]`` with
   respect to ``logits[t]`` is ``e_y - softmax``: its largest entry (in magnitude) is at ``y``, the token
   whose log-prob the loss read there, and it holds half the row's absolute sum. Where the gradient is
@@ -211,10 +212,16 @@ class TokenAudit:
         prompt[:, width - 1 :] = False
         pads = read & tgt_pad
         last = read[:, -1]
-        if not (prompt.any() or pads.any() or last.any()):
-            return None
-        self.reported.add(K.LOOP_LOSS_OUTSIDE_RESPONSE)
-        return _outside_finding(self.role, read, prompt, pads, last, width, loss_line, line, self.where())
+        if prompt.any() or pads.any() or last.any():
+            self.reported.add(K.LOOP_LOSS_OUTSIDE_RESPONSE)
+            return _outside_finding(self.role, read, prompt, pads, last, width, loss_line, line, self.where())
+        # the other end: the first response token (predicted at width - 1) left out of every row that reads
+        rows = read.any(-1)
+        if width + 1 < T and int(rows.sum()) >= 2 and (mask is None or bool((mask[rows, width] != 0).all())):
+            if not bool(read[rows, width - 1].any()) and bool(read[rows, width].all()):
+                self.reported.add(K.LOOP_LOSS_SKIPS_FIRST_TOKEN)
+                return _first_token_finding(self.role, read, width, loss_line, line, self.where())
+        return None
 
 
 # ---------------------------------------------------------------- the findings
@@ -281,6 +288,29 @@ def _misaligned_finding(
         fix=f"at {_at(loss_line)}: align the log-probs -- the logits at position t predict token t+1, so take "
         "logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None]); for the response, logits[:, P - 1 : -1] "
         "gathered at ids[:, P:]" + (f" (P = {width}, the prompt width)" if width is not None else ""),
+        **where,
+    )
+
+
+def _first_token_finding(
+    role: str, read: torch.Tensor, width: int, loss_line: str | None, fwd_line: str | None, where: dict
+) -> Finding:
+    T = read.shape[1]
+    return Finding(
+        severity="error",
+        kind=K.LOOP_LOSS_SKIPS_FIRST_TOKEN,
+        message=f"the loss at {_at(loss_line)} leaves out the first response token of every row: its gradient w.r.t. "
+        f"the logits of the forward at {_at(fwd_line)} is zero at position {width - 1} (which predicts the first "
+        f"response token, ids[{width}]) and non-zero from {width} on (a row reads {_row_reads(read)} of the "
+        f"response positions {width - 1}..{T - 2}): a response mask or slice off by one, so the first token of "
+        "each response is never trained",
+        role=role,
+        where=f"response mask of the loss at {_at(loss_line)}",
+        observed={"prompt_width": width, "sequence_length": T, "first_response_position_read": False},
+        expected=f"a gradient at every response position {width - 1}..{T - 2}",
+        fix=f"at {_at(loss_line)}: the response's log-probs are logits[:, P - 1 : -1] gathered at ids[:, P:] (P = "
+        f"{width}), and the response mask is the mask of ids[:, P:] (attention_mask[:, P:]): align the mask with "
+        "the log-probs it multiplies",
         **where,
     )
 

@@ -13,7 +13,9 @@ reads them against what a correct step is, whatever the loop's wording:
   nothing. A clip seen by the tap in that interval is named with its line; any other change (an in-place
   ``p.grad.mul_``) with the step's line. A clip that changed nothing there (the norm below its limit) is
   still out of order, and said so. The other way round, a clip followed by a ``backward`` before the step
-  (clip, backward, step) leaves the step with gradients the clip never saw.
+  (clip, backward, step) leaves the step with gradients the clip never saw; and a step with no backward
+  since the last one, on gradients not cleared, applies the same update twice (a step with a closure,
+  LBFGS, computes its own and is left alone).
 * **Every trained parameter is in the optimizer, every optimizer tensor in the model.** At each step,
   a trainable parameter of the watched model that holds a non-zero gradient but is in no watched
   optimizer gets gradients and never changes (a head replaced, or a module added, after the optimizer
@@ -89,6 +91,8 @@ class UpdateAudit:
         unless a later one changes the gradients)."""
         self._reported: set[tuple[str, str]] = set()
         self.backwards = 0
+        self._last_step: dict[str, tuple[str | None, int]] = {}
+        """role -> (line, backwards before it) of its last optimizer step."""
         """``backward()`` calls so far (a clip must follow the last one before its step)."""
         self._last_clip: dict[str, tuple[str, Any, str | None, int]] = {}
         """role -> (function, limit, line, backwards before it) of the last clip since its last step."""
@@ -97,10 +101,25 @@ class UpdateAudit:
         return [p for g in self.optimizers[role].param_groups for p in g["params"]]
 
     # -- the watch's optimizer hooks ------------------------------------------------------------
-    def before_step(self, role: str, line: str | None) -> None:
+    def before_step(self, role: str, line: str | None, closure: bool = False) -> None:
         """At ``role``'s optimizer step (pre-hook): gradients changed since the last step (never
-        cleared), a clip that a backward followed, and the optimizer's membership."""
+        cleared), a step again on the gradients the last one applied, a clip that a backward followed,
+        and the optimizer's membership. ``closure``: the step computes its own gradients (LBFGS)."""
+        entry = self._print.get(role)
         self._compare(role, f"optimizer.step() at {_at(line)}")
+        last = self._last_step.get(role)
+        if (
+            not closure
+            and entry is not None
+            and last is not None
+            and last[1] == self.backwards
+            and (role, K.LOOP_STEP_REPEATED) not in self._reported
+        ):
+            params, norms, _ = entry
+            held = [k for k, p in enumerate(params) if p.grad is not None]
+            if held and bool((_norms([params[k] for k in held])[1] > 0).any()):
+                self._reported.add((role, K.LOOP_STEP_REPEATED))
+                self.add(_repeated_finding(role, last[0], line, self.where()))
         clip = self._last_clip.pop(role, None)
         done = {(role, K.LOOP_GRADS_AFTER_STEP), (role, K.LOOP_CLIP_BEFORE_BACKWARD)} & self._reported
         if clip is not None and self.backwards > clip[3] and not done:
@@ -112,6 +131,7 @@ class UpdateAudit:
     def after_step(self, role: str, line: str | None) -> None:
         self.steps[role] = self.steps.get(role, 0) + 1
         self._last_clip.pop(role, None)
+        self._last_step[role] = (line, self.backwards)
         self._print.pop(role, None)
         if self._audited.get(role, 0) >= AUDITED_STEPS or (role, K.LOOP_GRADS_AFTER_STEP) in self._reported:
             return
@@ -273,6 +293,23 @@ def _after_step_finding(
         expected="gradients unchanged from the step until they are cleared",
         fix=f"move the gradient processing before optimizer.step() at {_at(step_line)}: the order is backward, "
         "unscale, clip / scale / mask, step, zero_grad",
+        **where,
+    )
+
+
+def _repeated_finding(role: str, prev: str | None, line: str | None, where: dict) -> Finding:
+    return Finding(
+        severity="error",
+        kind=K.LOOP_STEP_REPEATED,
+        message=f"the {role}'s optimizer.step() at {_at(line)} ran again on the gradients its step at {_at(prev)} had "
+        "already applied: no backward() between the two and the gradients were not cleared, so each update is "
+        "applied twice (or more) per batch",
+        role=role,
+        where=f"optimizer step at {_at(line)} (again, no backward since {_at(prev)})",
+        observed={"previous_step": prev, "backwards_between": 0},
+        expected="one optimizer.step() per backward pass (or per accumulated group of them)",
+        fix=f"call optimizer.step() once per update: remove the extra step at {_at(line)} (or put a backward of a "
+        "new batch before it); with gradient accumulation, step once after the micro-batches",
         **where,
     )
 

@@ -372,14 +372,15 @@ class Watch:
         cleared = self._protocol.cleared_line(role) if self._protocol is not None else None
         other = self._protocol is not None and self._protocol.holds_none(role)  # named at entry
         empty = loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer))
-        if empty and not other:
+        closure = len(args) > 1 or kwargs.get("closure") is not None  # args[0] is the optimizer
+        if empty and not other and not closure:  # a closure (LBFGS) computes its gradients in the step
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
         elif cleared and not other and self._protocol is not None:
             self._add(self._protocol.discarded_finding(role, line))
         for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
             self._add(finding)
         if self._update is not None:
-            self._update.before_step(role, line)
+            self._update.before_step(role, line, closure=closure)
         if role in self._probes:
             self._probes[role].before_step()
         # under a GradScaler the tap reported the scaled gradients at unscale_; these are unscaled
