@@ -682,7 +682,7 @@ LOOP_LOSS_OUTSIDE_RESPONSE = _f(
 LOOP_LOSS_SKIPS_FIRST_TOKEN = _f(
     "loop/loss_skips_first_token",
     "loop_loss_tokens",
-    "an own loop's loss with no gradient at the first response token in any row: a mask or slice off by one",
+    "an own loop's loss with no gradient at any row's first response token (a mask or slice off by one)",
 )
 LOOP_STEP_REPEATED = _f(
     "loop/step_repeated",
