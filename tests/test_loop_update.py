@@ -254,6 +254,15 @@ def test_a_head_replaced_after_the_optimizer_is_named_and_its_uncleared_gradient
     loop(tmp_path / "untied", plain, model=TinyLM(tied=False), before=replace_head)
     (f,) = found(tmp_path / "untied", "loop/params_outside_optimizer")
     assert f.severity == "error" and f.observed["stale_optimizer_tensors"] == 1
+    assert "loop/optimizer_stale_params" not in kinds(tmp_path / "untied")  # one fault, one finding
+
+    def frozen_head(model, opt):  # the replacement frozen: only the old tensor in the optimizer tells
+        replace_head(model, opt)
+        model.head.weight.requires_grad_(False)
+
+    loop(tmp_path / "stale", plain, model=TinyLM(tied=False), before=frozen_head)
+    (f,) = found(tmp_path / "stale", "loop/optimizer_stale_params")
+    assert f.severity == "warning" and f.observed["stale_tensors"] == 1
 
 
 def test_without_the_update_audit_a_replaced_head_is_only_a_symptom(tmp_path, monkeypatch):

@@ -90,6 +90,8 @@ class UpdateAudit:
         """role -> the arguments of a clip-after-step finding whose clip changed nothing (said at the end
         unless a later one changes the gradients)."""
         self._reported: set[tuple[str, str]] = set()
+        self._stale: dict[str, tuple] = {}
+        """role -> the optimizer's tensors no model has (first seen), said at the end if alone."""
         self.backwards = 0
         self._last_step: dict[str, tuple[str | None, int]] = {}
         """role -> (line, backwards before it) of its last optimizer step."""
@@ -143,6 +145,9 @@ class UpdateAudit:
     def finish(self) -> None:
         for role in list(self._print):
             self._compare(role, "the end of the watched block")
+        for role, (stale, total, line, where) in self._stale.items():
+            if (role, K.LOOP_PARAMS_OUTSIDE_OPTIMIZER) not in self._reported:
+                self.add(_stale_finding(role, stale, total, line, where))
         for role, args in self._quiet.items():
             if (role, K.LOOP_GRADS_AFTER_STEP) not in self._reported:
                 self._reported.add((role, K.LOOP_GRADS_AFTER_STEP))
@@ -220,10 +225,8 @@ class UpdateAudit:
                 role, outside, trainable, stale, line, self.steps.get(role, 0), self.where()
             )
         if stale and any(p.grad is not None for p in self._opt_params(role)):
-            if (role, K.LOOP_OPTIMIZER_STALE_PARAMS) in self._reported:
-                return None
-            self._reported.add((role, K.LOOP_OPTIMIZER_STALE_PARAMS))
-            return _stale_finding(role, stale, len(self._opt_params(role)), line, self.where())
+            # said at the end unless a parameter outside the optimizer (the replacement) is found by then
+            self._stale.setdefault(role, (stale, len(self._opt_params(role)), line, self.where()))
         return None
 
 
@@ -370,8 +373,8 @@ def _outside_finding(
         message=f"trained parameters not in the optimizer: {first} of the {role} has a gradient at the optimizer "
         f"step at {_at(line)} but no param group of any watched optimizer holds it ({len(outside)} tensor(s), "
         f"{share:.1%} of the trainable weights: {mods}): it gets gradients and never updates -- the optimizer "
-        f"was built before {first} was replaced or added{old}, or it was left out without "
-        "requires_grad_(False)",
+        f"was built before {first} was replaced or added{old}"
+        + ("" if stale else f" (or {first} was left out of it without requires_grad_(False))"),
         role=role,
         where=f"{first} of the {role}, not in its optimizer (step at {_at(line)})",
         observed={
