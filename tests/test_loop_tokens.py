@@ -175,6 +175,16 @@ def test_a_mask_one_token_late_leaves_out_the_first_response_token(tmp_path):
     assert f.observed["prompt_width"] == PROMPT and "attention_mask[:, P:]" in f.fix
 
 
+def test_log_probs_gathered_at_other_rows_ids_are_misaligned_with_no_shift_to_name(tmp_path):
+    def other_rows(logits, seq, mask):  # each row's log-probs gathered at the next row's response
+        lp = logits[:, PROMPT - 1 : -1].float().log_softmax(-1)
+        return lp.gather(-1, seq.roll(1, 0)[:, PROMPT:, None]).squeeze(-1), mask[:, PROMPT:].float()
+
+    rl_loop(tmp_path / "run", other_rows)
+    (f,) = found(tmp_path / "run", "loop/logprobs_misaligned")
+    assert f.observed["shift"].startswith("unknown") and f.observed["peak_at_offset"]["0"] < 0.2
+
+
 def test_correct_loops_stay_clean(tmp_path):
     rl_loop(tmp_path / "plain", right_logp)
     rl_loop(tmp_path / "accumulated", right_logp, micro=2)

@@ -118,7 +118,7 @@ class TokenAudit:
                 return width
         return None
 
-    def on_forward(self, args: Any, kwargs: dict, output: Any, line: str | None) -> None:
+    def on_forward(self, module: Any, args: Any, kwargs: dict, output: Any, line: str | None) -> None:
         """A forward of the trained model: hooks the gradient of its logits (with gradients); a
         generation's prefill (no gradients, inside ``generate``) gives the prompts."""
         if self.done:
@@ -128,6 +128,10 @@ class TokenAudit:
             if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] > 1 and _in_generate():
                 self.on_prompts(ids)
             return
+        if "decoder_input_ids" in kwargs or getattr(
+            getattr(module, "config", None), "is_encoder_decoder", False
+        ):
+            return  # the logits are the decoder's, the input ids the encoder's
         logits = output_tensor(output)
         ids = kwargs.get("input_ids", args[0] if args else None)
         if logits is None or logits.dim() != 3 or not logits.requires_grad:

@@ -357,7 +357,7 @@ class Watch:
     def _tokens_check(self, role: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         """A trained model's forward: which tokens the loss built on its logits reads (`loop_tokens`)."""
         if role in self._tokens and not self._probing():
-            self._tokens[role].on_forward(args, kwargs, output, _user_line())
+            self._tokens[role].on_forward(module, args, kwargs, output, _user_line())
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
