@@ -93,9 +93,9 @@ class UpdateAudit:
         self._stale: dict[str, tuple] = {}
         """role -> the optimizer's tensors no model has (first seen), said at the end if alone."""
         self.backwards = 0
+        """``backward()`` calls so far (a clip must follow the last one before its step)."""
         self._last_step: dict[str, tuple[str | None, int]] = {}
         """role -> (line, backwards before it) of its last optimizer step."""
-        """``backward()`` calls so far (a clip must follow the last one before its step)."""
         self._last_clip: dict[str, tuple[str, Any, str | None, int]] = {}
         """role -> (function, limit, line, backwards before it) of the last clip since its last step."""
 
