@@ -230,6 +230,13 @@ ROOTS = {
                                                              role=role, where="data.response_length (3)",
                                                              severity="warning",
                                                              observed={"response_length": 3, "longest_needed": 5})]),
+    # loopg: an own loop's update against its loss (verlaudit.integrations.loop_update, loop_tokens)
+    "loop_order": lambda st, ph, role: Records([finding(K.LOOP_GRADS_AFTER_STEP, step=st, phase=ph, role=role,
+                                                        where="clip_grad_norm_ at loop.py:9 (after optimizer.step)")]),
+    "loop_alignment": lambda st, ph, role: Records([finding(K.LOOP_LOGPROBS_MISALIGNED, step=st, phase=ph,
+                                                            role=role, where="token log-probs of the loss at loop.py:8")]),
+    "loop_loss_tokens": lambda st, ph, role: Records([finding(K.LOOP_LOSS_OUTSIDE_RESPONSE, step=st, phase=ph,
+                                                              role=role, where="loss at loop.py:8: prompt tokens")]),
 }  # fmt: skip
 
 # the symptom side of each rule (at step 0 unless it follows an fp16 skip run), for a role
@@ -288,6 +295,11 @@ SYMPTOMS = {
                                                      observed={"values": [0.3], "steps": 2})]),
     "identical_pairs": lambda role: Records([finding(K.IDENTICAL_PAIRS, role=role, where="data.response_length",
                                                      observed={"identical_pairs": 6, "batch": 8})]),
+    # loopg: what an own loop's root explains (verlaudit.integrations.loop_protocol, loop_direction)
+    "loop_cadence": lambda role: Records([finding(K.LOOP_GRADS_NOT_CLEARED, phase="actor_update", role=role,
+                                                  where="optimizer step at loop.py:10 (step)")]),
+    "loop_objective": lambda role: Records([finding(K.LOOP_UPDATE_AGAINST_ADVANTAGE, phase="actor_update",
+                                                    role=role, where="policy-gradient loss at loop.py:8")]),
 }  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward", "newly_initialised": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""

@@ -131,6 +131,10 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_collapse": "the user's model.setup made distinct inputs give one output (a clamp, a rounding hook)",
         "setup_shared": "the user's model.setup made two roles share parameter tensors (an aliased trunk)",
         "special_doubled": "prompts that start with a special token (bos) twice: the collator added one the tokenizer adds",
+        # loopg: an own loop's update checked against its loss (`verlaudit.integrations.loop_update`, `loop_tokens`)
+        "loop_order": "an own loop that clips or changes its gradients after the optimizer step that used them",
+        "loop_loss_tokens": "an own loop's loss that reads prompt or padding positions, not only the response",
+        "loop_alignment": "an own loop's log-probs read from the wrong position (shifted by one against the tokens)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -723,6 +723,49 @@ SPECIAL_TOKEN_DOUBLED = _f(
     "most prompt rows start with a special token (bos) twice where the tokenizer adds it once",
 )
 
+# ---------------------------------------------------------------- loopg: an own loop's update against its loss
+# (`verlaudit.integrations.loop_update`, `loop_tokens`)
+LOOP_GRADS_AFTER_STEP = _f(
+    "loop/grads_after_step",
+    "loop_order",
+    "gradients clipped or changed after the optimizer step that used them (the step saw unprocessed ones)",
+)
+LOOP_CLIP_BEFORE_BACKWARD = _f(
+    "loop/clip_before_backward",
+    "loop_order",
+    "a clip followed by a backward before the step: the step applies gradients the clip never saw",
+)
+LOOP_PARAMS_OUTSIDE_OPTIMIZER = _f(
+    "loop/params_outside_optimizer",
+    "loop_optimizer",
+    "trained parameters with gradients at a step that no optimizer holds (replaced after it was built)",
+)
+LOOP_OPTIMIZER_STALE_PARAMS = _f(
+    "loop/optimizer_stale_params",
+    "loop_optimizer",
+    "optimizer param groups holding tensors the watched model no longer has (a module replaced)",
+)
+LOOP_LOSS_OUTSIDE_RESPONSE = _f(
+    "loop/loss_outside_response",
+    "loop_loss_tokens",
+    "an own loop's loss with a gradient at prompt or padding positions, not only at the response's",
+)
+LOOP_LOSS_SKIPS_FIRST_TOKEN = _f(
+    "loop/loss_skips_first_token",
+    "loop_loss_tokens",
+    "an own loop's loss with no gradient at any row's first response token (a mask or slice off by one)",
+)
+LOOP_STEP_REPEATED = _f(
+    "loop/step_repeated",
+    "loop_order",
+    "an optimizer step on gradients a previous step already applied (no backward between the two)",
+)
+LOOP_LOGPROBS_MISALIGNED = _f(
+    "loop/logprobs_misaligned",
+    "loop_alignment",
+    "an own loop's loss reads at position t another token's log-prob than the next token t+1 (shifted)",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")

@@ -93,7 +93,8 @@ class LoopProtocol:
             for p in self.models[role].parameters():
                 if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
                     self._handles.append(p.register_post_accumulate_grad_hook(self._reach(role)))
-                    self._handles.append(p.register_hook(self._incoming(role, p)))
+                    if id(p) in self._params[role]:  # one outside it is `loop_update`'s (never cleared by it)
+                        self._handles.append(p.register_hook(self._incoming(role, p)))
 
     def _incoming(self, role: str, p: torch.Tensor) -> Callable[[torch.Tensor], None]:
         """A tensor hook (before the gradient is accumulated into ``p.grad``): the first of each step

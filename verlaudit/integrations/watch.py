@@ -45,6 +45,8 @@ from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
 from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
+from verlaudit.integrations.loop_tokens import TokenAudit
+from verlaudit.integrations.loop_update import UpdateAudit
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
 
 
@@ -133,6 +135,10 @@ class Watch:
         self._protocol: LoopProtocol | None = None
         self._probes: dict[str, DirectionProbe] = {}
         """role -> whether its updates move it toward the advantage (`loop_direction`)."""
+        self._update: UpdateAudit | None = None
+        """Whether each step is the update of the loss (`loop_update`)."""
+        self._tokens: dict[str, TokenAudit] = {}
+        """role -> which tokens its loss reads, at which positions (`loop_tokens`)."""
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -180,11 +186,18 @@ class Watch:
             where=self._where,
         )
         loop_calls.install(self._protocol)
+        self._update = UpdateAudit(self.models, self.optimizers, add=self._add, where=self._where)
+        loop_calls.install(self._update)
         for finding in self._protocol.setup():
             self._add(finding)
         for role in self.optimizers:
             if self.settings.level != "off":
                 self._probes[role] = DirectionProbe(role, self.models[role])
+                self._tokens[role] = TokenAudit(
+                    role, add=self._add, where=self._where, loss_line=self._loss_line
+                )
+                tokens = loop_checks.Hook(functools.partial(self._tokens_check, role))
+                self._handles.append(self.models[role].register_forward_hook(tokens, with_kwargs=True))
         for role, model in self.models.items():
             seen = loop_checks.Hook(functools.partial(self._forward_seen, role))
             self._handles.append(model.register_forward_pre_hook(seen, with_kwargs=True))
@@ -203,6 +216,10 @@ class Watch:
                 self._add(self._protocol.finish())
             loop_calls.remove(self._protocol)
             self._protocol.remove()
+        if self._update is not None:
+            if exc is None:
+                self._update.finish()
+            loop_calls.remove(self._update)
         for h in self._handles + self._forward_hooks:
             h.remove()
         self._handles.clear()
@@ -334,6 +351,14 @@ class Watch:
         if self._protocol is not None:
             self._protocol.depth = max(0, self._protocol.depth - 1)
 
+    def _loss_line(self) -> str | None:
+        return self._protocol.loss_line if self._protocol is not None else None
+
+    def _tokens_check(self, role: str, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        """A trained model's forward: which tokens the loss built on its logits reads (`loop_tokens`)."""
+        if role in self._tokens and not self._probing():
+            self._tokens[role].on_forward(module, args, kwargs, output, _user_line())
+
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
 
@@ -347,12 +372,15 @@ class Watch:
         cleared = self._protocol.cleared_line(role) if self._protocol is not None else None
         other = self._protocol is not None and self._protocol.holds_none(role)  # named at entry
         empty = loop_checks.has_no_grads(optimizer) or (cleared and loop_checks.all_grads_zero(optimizer))
-        if empty and not other:
+        closure = len(args) > 1 or kwargs.get("closure") is not None  # args[0] is the optimizer
+        if empty and not other and not closure:  # a closure (LBFGS) computes its gradients in the step
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
         elif cleared and not other and self._protocol is not None:
             self._add(self._protocol.discarded_finding(role, line))
         for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
             self._add(finding)
+        if self._update is not None:
+            self._update.before_step(role, line, closure=closure)
         if role in self._probes:
             self._probes[role].before_step()
         # under a GradScaler the tap reported the scaled gradients at unscale_; these are unscaled
@@ -362,6 +390,8 @@ class Watch:
     def _post_step(self, role: str, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._protocol is not None:
             self._protocol.after_step(role)
+        if self._update is not None:
+            self._update.after_step(role, _user_line())
         if role in self._probes:
             line = self._protocol.loss_line if self._protocol is not None else None
             self._add(self._probes[role].after_step(line, self._where()))
@@ -422,6 +452,8 @@ class Watch:
         s.auditor.on_batch(role=role, batch=batch, source=source or "user")
         if role in self._probes:
             self._probes[role].on_batch(batch)
+        if role in self._tokens and hasattr(batch, "get"):
+            self._tokens[role].on_prompts(batch.get("input_ids"))
 
     def reward(
         self,
@@ -471,6 +503,8 @@ class Watch:
                 f"Watch.rollout(...): missing {', '.join(missing)}; pass them as keyword arguments"
             )
         s.auditor.on_rollout(**payload)
+        if "actor" in self._tokens:
+            self._tokens["actor"].on_prompts(payload.get("prompt_ids"))
 
     def forward(self, name: str, output: torch.Tensor, *, role: str = "actor") -> None:
         """A forward result crossing into the algorithm (``logprobs``, ``ref_logprobs``, ``values``)."""

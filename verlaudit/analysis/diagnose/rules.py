@@ -399,6 +399,17 @@ RULES: dict[tuple[str, str], Rule] = {
         )
         for s in ("no_signal", "reward_constant", "mismatch")
     },
+    # loopg: an own loop's update checked against its loss (`verlaudit.integrations.loop_update`, `loop_tokens`)
+    ("loop_optimizer", "loop_cadence"): Rule(
+        "gradients of parameters no optimizer holds are never cleared by its zero_grad: they pile up"
+    ),
+    **{
+        (root, "loop_objective"): Rule(
+            "a loss that reads other tokens than the response's next ones moves the log-probs it does not measure"
+        )
+        for root in ("loop_alignment", "loop_loss_tokens")
+    },
+    ("loop_order", "overflow"): Rule("a clip after the step never bounds the update that overflows"),
 }
 """(root class, symptom class) -> why the root produces the symptom. One rule per line, each tested
 in tests/test_rules.py."""
@@ -476,6 +487,11 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "setup_collapse": ("setup", frozenset({REWARD_SIGNAL})),
     "setup_shared": ("setup", frozenset({REWARD_SIGNAL, GRADIENT_SCALE, UPDATE})),
     "special_doubled": ("data", frozenset({REWARD_SIGNAL})),
+    # loopg: an own loop's code is the user's, like a plug-in: what it gets wrong explains the outcome
+    "loop_optimizer": ("data", frozenset({UPDATE})),
+    "loop_order": ("data", frozenset({UPDATE, GRADIENT_SCALE})),
+    "loop_alignment": ("data", frozenset({UPDATE, REWARD_SIGNAL})),
+    "loop_loss_tokens": ("data", frozenset({UPDATE, REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
