@@ -120,6 +120,11 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "response_length": "a response length shorter than the task's answers: every response is cut",
         "data_precision": "dataset values stored in a low-precision float (answers rounded to fp16/bf16 spacing)",
         "plugin_numpy_bool": "user plug-in code that adds numpy bools (+ is a logical or): a count that stops at 1",
+        # rfprobe: the reward function's contract, probed in a forked copy of the process
+        "reward_stateful": "a reward function whose score of a row changes from call to call (state, randomness)",
+        "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",
+        "reward_unscored": "a reward function that does not score the reference answer above a wrong one",
+        "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

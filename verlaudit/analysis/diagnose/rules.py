@@ -439,6 +439,12 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "no_signal": ("symptom", frozenset({REWARD_SIGNAL})),
     "reward_constant": ("symptom", frozenset({REWARD_SIGNAL})),
     "reward_trend": ("symptom", frozenset({REWARD_SIGNAL})),
+    # rfprobe: the reward function's contract (`verlaudit.audit.probes_fork`, `probes_answer`)
+    "reward_batch": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_stateful": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_mutates": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_unscored": ("data", frozenset({REWARD_SIGNAL})),
+    "answer_form": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
