@@ -183,6 +183,9 @@ def test_in_fork_keeps_the_parent_state_and_skips_failures():
     assert not ok and "ZeroDivisionError" in why
     ok, why = probes_fork.in_fork(lambda: time.sleep(5), timeout=0.3)
     assert not ok and "longer" in why
+    assert probes_fork.in_fork(lambda: 1)[0] is False  # after a hang, no more children for this process
+    probes_fork._STOPPED.clear()
+    assert probes_fork.in_fork(lambda: 1) == (True, 1)
 
 
 @pytest.mark.parametrize("fn", [exact, verify_like, counting, group_bonus_right, caches, positional])
@@ -253,7 +256,8 @@ def test_a_reward_that_reads_something_else_gets_no_claim():
 
 @pytest.mark.parametrize(
     ("answers", "word"),
-    [([" 31", " 7", " 12", " 45"], "strip"), (["31.0", "7.0", "12.0", "45.0"], "Int64"), (["３１", "７", "１２", "４５"], "NFKC")],
+    [([" 31", " 7", " 12", " 45"], "strip"), (["31.0", "7.0", "12.0", "45.0"], "Int64"), (["３１", "７", "１２", "４５"], "NFKC"),
+     (["3.1e+06", "7e+06", "1.2e+07", "4.5e+06"], "str(int(x))")],
 )
 def test_answers_in_a_form_a_response_does_not_write_are_a_data_finding(answers, word):
     found, _ = probe(positional, _examples(answers), responses=["0"] * 16)

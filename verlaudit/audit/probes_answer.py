@@ -47,6 +47,7 @@ FORMATS: tuple[tuple[str, Callable[[str], str]], ...] = (
 MOST = 0.5
 """Share of the probed rows a verdict needs (right above wrong; the canonical form below the raw one)."""
 _INT_FLOAT = re.compile(r"^(-?\d+)\.0+$")
+_EXPONENT = re.compile(r"^-?\d+(?:\.\d+)?[eE][+-]?\d+$")
 _FLOAT = re.compile(r"^-?\d*\.\d+$")
 
 
@@ -75,7 +76,11 @@ def canonical(text: str) -> str:
     """The form a correct response writes: NFKC, stripped, an integer-valued float as the integer."""
     t = unicodedata.normalize("NFKC", text).strip()
     m = _INT_FLOAT.match(t)
-    return m.group(1) if m else t
+    if m:
+        return m.group(1)
+    if _EXPONENT.match(t) and float(t).is_integer() and abs(float(t)) < 1e18:
+        return str(int(float(t)))  # 7.77778e+06: a response writes digits, not exponents
+    return t
 
 
 def _form(raw: str, canon: str) -> tuple[str, str]:
@@ -92,6 +97,12 @@ def _form(raw: str, canon: str) -> tuple[str, str]:
             "integers written as float text ('.0': a column read as float64)",
             "keep the answer column as text or integers (read it with dtype=str, or .astype('Int64') before "
             "str()), so that 4444 is '4444', not '4444.0'",
+        )
+    if _EXPONENT.match(raw.strip()):
+        return (
+            "numbers written in exponent notation (a format such as f'{x:g}' keeps 6 significant digits and "
+            "writes 7777777 as '7.77778e+06')",
+            "write integer answers as integers (str(int(x)) or f'{x:d}'), not through a float format",
         )
     return ("another form than its canonical one", "write the answers in the form a correct response has")
 

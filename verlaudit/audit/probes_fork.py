@@ -46,8 +46,11 @@ from typing import Any
 from verlaudit import kinds as K
 from verlaudit.rundir import Finding
 
-TIMEOUT_S = 20.0
-"""Seconds a probe child may take before it is killed (the probe is then skipped)."""
+TIMEOUT_S = 10.0
+"""Seconds a probe child may take before it is killed (the probe is then skipped, and every later probe
+of the process with it: a child that hangs on a lock another thread held at the fork hangs again)."""
+_STOPPED: list[str] = []
+"""Why the probes stopped for this process (a child timed out), once."""
 REL_TOL = 1e-3
 """A reward moved when it differs by more than this fraction of the real rewards' scale (the largest
 |reward|): a normaliser, a limit or a mixed group moves rewards by a share of their scale; a reduction
@@ -67,6 +70,8 @@ def in_fork(fn: Callable[[], Any], *, timeout: float = TIMEOUT_S) -> tuple[bool,
     untouched by whatever ``fn`` does."""
     if not can_fork():
         return False, "os.fork is not available on this platform"
+    if _STOPPED:
+        return False, _STOPPED[0]
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -123,6 +128,7 @@ def in_fork(fn: Callable[[], Any], *, timeout: float = TIMEOUT_S) -> tuple[bool,
         except OSError:
             pass
     if not ok:
+        _STOPPED.append(f"a probe took longer than {timeout:g} s: the reward probes stopped for this run")
         return False, f"the probe took longer than {timeout:g} s"
     try:
         done, value = pickle.loads(b"".join(chunks))
