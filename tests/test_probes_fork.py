@@ -344,3 +344,12 @@ def test_clean_tiny_runs_have_no_probe_finding(algo, preset):
     found = {f.kind for f in a.findings.all()}
     assert not found & PROBE_KINDS, found
     assert K.REWARD_ANSWER_SCORES in found  # the probe ran on the builtin task's reward
+
+
+def constant(prompts, responses, examples):
+    return [0.5] * len(responses)
+
+
+def test_a_reward_of_one_value_for_everything_is_left_to_the_constant_checks():
+    found, _ = probe(constant)
+    assert K.REWARD_ANSWER_UNSCORED not in found and K.REWARD_ANSWER_SCORES not in found
