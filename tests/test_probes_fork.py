@@ -164,7 +164,11 @@ def probe(fn, examples=None, group=G, responses=None):
     call = functools.partial(fn, prompts, responses, examples)
     p = probes_run.RewardProbe()
     after = p.before(
-        call, source=f"function:t.py:{fn.__name__}", data={"reward_fn": "t.py:f"}, group_size=group, ctx={"step": 0}
+        call,
+        source=f"function:t.py:{fn.__name__}",
+        data={"reward_fn": "t.py:f"},
+        group_size=group,
+        ctx={"step": 0},
     )
     assert after is not None
     found = after(call())
@@ -256,8 +260,12 @@ def test_a_reward_that_reads_something_else_gets_no_claim():
 
 @pytest.mark.parametrize(
     ("answers", "word"),
-    [([" 31", " 7", " 12", " 45"], "strip"), (["31.0", "7.0", "12.0", "45.0"], "Int64"), (["３１", "７", "１２", "４５"], "NFKC"),
-     (["3.1e+06", "7e+06", "1.2e+07", "4.5e+06"], "str(int(x))")],
+    [
+        ([" 31", " 7", " 12", " 45"], "strip"),
+        (["31.0", "7.0", "12.0", "45.0"], "Int64"),
+        (["３１", "７", "１２", "４５"], "NFKC"),
+        (["3.1e+06", "7e+06", "1.2e+07", "4.5e+06"], "str(int(x))"),
+    ],
 )
 def test_answers_in_a_form_a_response_does_not_write_are_a_data_finding(answers, word):
     found, _ = probe(positional, _examples(answers), responses=["0"] * 16)
@@ -273,7 +281,9 @@ def test_probes_run_on_the_first_calls_only_and_can_be_turned_off():
     for i, expect in ((0, True), (1, False)):
         after = p.before(call, source="function:f", data={}, group_size=G, ctx={"step": i})
         assert bool(after(call())) is expect  # the snapshot stays; the forks only on the first call
-    assert probes_run.RewardProbe(enabled=False).before(call, source="f", data={}, group_size=G, ctx={}) is None
+    assert (
+        probes_run.RewardProbe(enabled=False).before(call, source="f", data={}, group_size=G, ctx={}) is None
+    )
     assert probes_fork.bound_inputs(lambda: 1) is None
     with pytest.raises(ValueError, match="audit.probe_plugins"):
         AuditSettings(probe_plugins="yes")
@@ -337,7 +347,13 @@ def test_clean_tiny_runs_have_no_probe_finding(algo, preset):
     data = copy.deepcopy(TINY)
     data["precision"] = {"preset": preset}
     if algo == "grpo":
-        data["algo"] = {"name": "grpo", "batch_size": 2, "mini_batch_size": 4, "micro_batch_size": 4, "group_size": 2}
+        data["algo"] = {
+            "name": "grpo",
+            "batch_size": 2,
+            "mini_batch_size": 4,
+            "micro_batch_size": 4,
+            "group_size": 2,
+        }
     a = Auditor(settings=AuditSettings(level="full", full_steps=1, every=0))
     with a:
         train(TrainConfig.from_dict(data), a)

@@ -185,6 +185,7 @@ def precompute_answers(fn: Callable, prompts: list, examples: list, *, group_siz
     return pre
 
 
+# long: one verdict over the probe's scores, then the hints that name why the reward cannot fire, each worded in place
 def judge_answers(
     pre: Mapping[str, Any],
     real: list[float],

@@ -339,6 +339,7 @@ def precompute_contract(
     return out
 
 
+# long: three probes' verdicts in their order of precedence (repeat, then order, then batch size), each a worded finding
 def judge_contract(
     pre: Mapping[str, Any], real: list[float], *, source: str, fn_name: str, ctx: Mapping[str, Any]
 ) -> tuple[list[Finding], dict[str, Any]]:
