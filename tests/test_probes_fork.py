@@ -369,3 +369,14 @@ def constant(prompts, responses, examples):
 def test_a_reward_of_one_value_for_everything_is_left_to_the_constant_checks():
     found, _ = probe(constant)
     assert K.REWARD_ANSWER_UNSCORED not in found and K.REWARD_ANSWER_SCORES not in found
+
+
+@pytest.mark.parametrize(
+    "root", ["reward_batch", "reward_stateful", "reward_mutates", "reward_unscored", "answer_form"]
+)
+def test_a_probe_finding_explains_the_reward_symptoms(root):
+    from verlaudit.analysis.diagnose.rules import explains
+
+    for symptom in ("no_signal", "reward_constant", "reward_trend"):
+        assert explains(root, symptom) is not None, (root, symptom)
+    assert explains("no_signal", root) is None
