@@ -380,3 +380,31 @@ def test_a_probe_finding_explains_the_reward_symptoms(root):
     for symptom in ("no_signal", "reward_constant", "reward_trend"):
         assert explains(root, symptom) is not None, (root, symptom)
     assert explains("no_signal", root) is None
+
+
+def clipped_but_sorted(prompts, responses, examples):
+    return np.sort(np.clip(np.array(positional(prompts, responses, examples)), 0.1, 0.9)).tolist()
+
+
+_MEMO: dict = {}
+
+
+def memo_by_prompt(prompts, responses, examples):
+    out = []
+    for p, r, e in zip(prompts, responses, examples):
+        if p not in _MEMO:
+            _MEMO[p] = positional([p], [r], [e])[0]
+        out.append(_MEMO[p])
+    return out
+
+
+def test_sorted_scores_and_a_cache_by_prompt_are_told_apart():
+    found, _ = probe(clipped_but_sorted, group=1, responses=[str(i) * 2 for i in range(16)])
+    f = found[K.REWARD_FOLLOWS_POSITION]
+    assert "sorted" in f.message and "np.sort" in f.fix
+    _MEMO.clear()
+    rs = [["31", "3", "0", "x"][i % 4] if i // 4 == 0 else ["x", "7", "0", "x"][i % 4] for i in range(8)]
+    exs = _examples(["31", "7"])
+    found, _ = probe(memo_by_prompt, exs, responses=rs)
+    f = found[K.REWARD_FOLLOWS_POSITION]
+    assert "cache" in f.message and "prompt" in f.fix

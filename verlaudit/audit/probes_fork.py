@@ -389,6 +389,7 @@ def judge_contract(
             expected = [real[i] for i in perm]
             moved = _moved(got, expected, scale)
             if len(moved) >= MIN_MOVED:
+                shape, fix = _order_shape(real, got, pre["group"])
                 out.append(
                     Finding(
                         severity="error",
@@ -399,12 +400,10 @@ def judge_contract(
                         f"are reordered (each group's responses shuffled, the groups moved as blocks): "
                         f"{len(moved)} of {n} rows' rewards did not follow their row "
                         f"({_pairs(expected, got, moved, perm)}): a row's reward depends on its position or on "
-                        "the rows beside it (a reshape of the batch into another layout than [prompts, "
-                        "group], an index into the batch)",
+                        f"the rows beside it ({shape})",
                         observed={"rows_moved": len(moved), "rows": n, "group_size": pre["group"]},
                         expected="each row's reward follows its row under any reordering",
-                        fix="compute each row's reward from that row alone; group the batch as [prompts, group] "
-                        "(reshape(-1, group_size), the group's rows consecutive) where a group statistic is meant",
+                        fix=fix,
                         **ctx,
                     )
                 )
@@ -446,6 +445,38 @@ def judge_contract(
 
 CONTRACT_KINDS = (K.REWARD_NOT_REPEATABLE, K.REWARD_FOLLOWS_POSITION, K.REWARD_BATCH_SIZE)
 """The kinds after which the answer probe is not read (the reward does not follow its rows)."""
+
+
+def _order_shape(real: Sequence[float], got: Sequence[float], group: int) -> tuple[str, str]:
+    """What the reordered call's rewards look like, and the fix that goes with it: one value per group (the
+    group's first row's: a cache keyed on the prompt), returned sorted (both calls' rewards in ascending or
+    descending order), else a layout or an index into the batch."""
+
+    def monotone(x: Sequence[float]) -> bool:
+        return all(a <= b for a, b in zip(x, x[1:])) or all(a >= b for a, b in zip(x, x[1:]))
+
+    if group > 1:
+        blocks = [got[i : i + group] for i in range(0, len(got), group)]
+        real_blocks = [real[i : i + group] for i in range(0, len(real), group)]
+        if all(len(set(b)) == 1 for b in blocks) and all(len(set(b)) == 1 for b in real_blocks):
+            return (
+                "every response of a group gets one reward, the group's first row's in either order: a "
+                "score cached by the prompt (or by the example) and reused for the group's other responses",
+                "key any cache of scores by the response as well as the prompt (or drop the cache): a memo "
+                "keyed on the prompt alone gives every later response to it the first response's score",
+            )
+    if len(real) > 2 and monotone(real) and monotone(got) and len(set(real)) > 1:
+        return (
+            "the rewards come back sorted, in both orders of the rows: the scores are returned after a sort, "
+            "not in the responses' order",
+            "return the scores in the rows' order: keep the batch's order through any clip / winsorise "
+            "(np.clip on the scores, not np.sort), or unsort with the argsort's inverse",
+        )
+    return (
+        "a reshape of the batch into another layout than [prompts, group], an index into the batch",
+        "compute each row's reward from its own prompt, response and example; group the batch as [prompts, "
+        "group] (reshape(-1, group_size), the group's rows consecutive) where a group statistic is meant",
+    )
 
 
 def _pairs(
