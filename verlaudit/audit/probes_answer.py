@@ -1,7 +1,7 @@
 """Does the reward follow the answer? The reference answer handed to the reward function as the response.
 
-Each probe call runs in a forked child (`verlaudit.audit.probes_fork.in_fork`) from the state before the
-real call, on the real batch's prompts and examples, with the responses replaced:
+The probe's calls run in one forked child (`verlaudit.audit.probes_fork.in_fork`) from the state before
+the real call, on the real batch's prompts and examples, with the responses replaced:
 
 - the reference answer (the example's ``answer``, or verl's ``reward_model.ground_truth``) as text, raw and
   in the formats a task's reward extracts it from (``#### a``, ``\\boxed{a}``, ``The answer is a.``); the
@@ -28,6 +28,7 @@ Exercised by `pytest tests/test_probes_fork.py`.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import unicodedata
@@ -139,7 +140,15 @@ def _narrow(text: str) -> dict[str, str]:
 
 
 def precompute_answers(fn: Callable, prompts: list, examples: list, *, group_size: int) -> dict[str, Any]:
-    """The answer probe's calls of one batch, each in a child forked now (before the real call)."""
+    """The answer probe's calls of one batch, all in one child forked now (before the real call); an empty
+    probe when the child fails. One child, not one per call: a reward whose calls change its state is
+    the contract probes' finding, and the answer probe is not read then (`probes_run`)."""
+    ok, pre = in_fork(lambda: _answers(fn, prompts, examples, group_size=group_size))
+    return pre if ok else {"rows": [], "refs": []}
+
+
+def _answers(fn: Callable, prompts: list, examples: list, *, group_size: int) -> dict[str, Any]:
+    """`precompute_answers`' calls, made in the child."""
     refs = [reference(ex) for ex in examples]
     rows = [i for i, r in enumerate(refs) if r is not None]
     n = len(examples)
@@ -150,8 +159,10 @@ def precompute_answers(fn: Callable, prompts: list, examples: list, *, group_siz
     pre["texts"] = texts
 
     def score(responses: list[str], exs: list | None = None) -> list[float] | None:
-        ok, got = in_fork(lambda: scores(fn(list(prompts), list(responses), list(exs or examples)), n))
-        return got if ok else None
+        try:  # the child's own examples: a copy, whatever the call does to them
+            return scores(fn(list(prompts), list(responses), copy.deepcopy(list(exs or examples))), n)
+        except Exception:
+            return None
 
     by_format: dict[str, list[float]] = {}
     for name, fmt in FORMATS:
