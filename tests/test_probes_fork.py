@@ -408,3 +408,18 @@ def test_sorted_scores_and_a_cache_by_prompt_are_told_apart():
     found, _ = probe(memo_by_prompt, exs, responses=rs)
     f = found[K.REWARD_FOLLOWS_POSITION]
     assert "cache" in f.message and "prompt" in f.fix
+
+
+def bf16_features(prompts, responses, examples):
+    """A correct learned-style score computed batched in bf16: its rows must not move with the batch size."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, generator=g).bfloat16()
+    feats = torch.stack([torch.tensor([float((hash(r) >> k) & 1) for k in range(64)]) for r in responses])
+    return (feats.bfloat16() @ w).float().tolist()
+
+
+def test_a_batched_bf16_score_is_not_batch_dependent():
+    found, _ = probe(bf16_features)
+    assert not set(found) & {K.REWARD_BATCH_SIZE, K.REWARD_FOLLOWS_POSITION, K.REWARD_NOT_REPEATABLE}, found
