@@ -20,7 +20,7 @@ What it says (`judge_answers`, on `precompute_answers`' scores):
   rounded through float32 / float16 (a ground truth compared for exact equality after a narrower float);
 - the raw answer scores but its canonical form (stripped, NFKC, an integer-valued float written as an
   integer) scores less in most rows where they differ: the data's answers carry a form a correct
-  response will not have (a leading space, full-width digits, "4444.0"): ``data/answer_form``, naming
+  response will not have (a leading space, full-width digits, "12.0"): ``data/answer_form``, naming
   the dataset.
 
 Exercised by `pytest tests/test_probes_fork.py`.
@@ -80,7 +80,7 @@ def canonical(text: str) -> str:
     if m:
         return m.group(1)
     if _EXPONENT.match(t) and float(t).is_integer() and abs(float(t)) < 1e18:
-        return str(int(float(t)))  # 7.77778e+06: a response writes digits, not exponents
+        return str(int(float(t)))  # a response writes digits, not an exponent
     return t
 
 
@@ -97,12 +97,12 @@ def _form(raw: str, canon: str) -> tuple[str, str]:
         return (
             "integers written as float text ('.0': a column read as float64)",
             "keep the answer column as text or integers (read it with dtype=str, or .astype('Int64') before "
-            "str()), so that 4444 is '4444', not '4444.0'",
+            "str()), so that an integer is written without a trailing '.0'",
         )
     if _EXPONENT.match(raw.strip()):
         return (
-            "numbers written in exponent notation (a format such as f'{x:g}' keeps 6 significant digits and "
-            "writes 7777777 as '7.77778e+06')",
+            "numbers written in exponent notation (a float format such as f'{x:g}' keeps 6 significant "
+            "digits and switches to an exponent past them)",
             "write integer answers as integers (str(int(x)) or f'{x:d}'), not through a float format",
         )
     return ("another form than its canonical one", "write the answers in the form a correct response has")
