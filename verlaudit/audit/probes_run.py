@@ -6,8 +6,9 @@ calls of the run, keeps the inputs. `RewardProbe.after` takes the real call's re
 compared with the snapshot, then the forked probes' answers judged against the real rewards
 (`probes_fork.judge_contract`, `probes_answer.judge_answers`). The children are forked and awaited in
 `before` (`probes_fork.precompute_contract`, `probes_answer.precompute_answers`), so each starts from
-the state the real call starts from; only their comparison waits for the real call. Without ``os.fork`` the probes are skipped and the run's events say
-so once (``probe_skipped``); their cost is written as an event (``reward_probe`` with ``seconds``).
+the state the real call starts from; only their comparison waits for the real call. Without ``os.fork``
+the probes are skipped and the run's events say so once (``probe_skipped``); their cost is written as an
+event (``reward_probe`` with ``seconds``). The examples' snapshot is taken on every audited call.
 ``audit.probe_plugins: false`` turns them off. Exercised by `pytest tests/test_probes_fork.py`.
 """
 
