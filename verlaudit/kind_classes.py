@@ -135,6 +135,11 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "loop_order": "an own loop that clips or changes its gradients after the optimizer step that used them",
         "loop_loss_tokens": "an own loop's loss that reads prompt or padding positions, not only the response",
         "loop_alignment": "an own loop's log-probs read from the wrong position (shifted by one against the tokens)",
+        # rfprobe: the reward function's contract, probed in a forked copy of the process
+        "reward_stateful": "a reward function whose score of a row changes from call to call (state, randomness)",
+        "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",
+        "reward_unscored": "a reward function that does not score the reference answer above a wrong one",
+        "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

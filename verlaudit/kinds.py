@@ -766,6 +766,43 @@ LOOP_LOGPROBS_MISALIGNED = _f(
     "an own loop's loss reads at position t another token's log-prob than the next token t+1 (shifted)",
 )
 
+# ---------------------------------------------------------------- rfprobe: reward functions probed in a fork (`probes_fork`, `probes_answer`)
+REWARD_NOT_REPEATABLE = _f(
+    "reward/not_repeatable",
+    "reward_stateful",
+    "the reward function scores the same batch differently when called twice (state or randomness)",
+)
+REWARD_FOLLOWS_POSITION = _f(
+    "reward/follows_position",
+    "reward_batch",
+    "a row's reward changes when the batch's rows are reordered: it follows the position, not the row",
+)
+REWARD_BATCH_SIZE = _f(
+    "reward/batch_size_dependent",
+    "reward_batch",
+    "the same rows scored in a smaller batch (halves, one group at a time) get other rewards",
+)
+REWARD_MUTATES_EXAMPLES = _f(
+    "reward/mutates_examples",
+    "reward_mutates",
+    "the reward function removed or rewrote fields of the examples it was handed",
+)
+REWARD_ANSWER_SCORES = _f(
+    "reward/answer_scores",
+    "reward_unscored",
+    "info: the reference answer as the response scores above a wrong answer (the reward can fire)",
+)
+REWARD_ANSWER_UNSCORED = _f(
+    "reward/answer_unscored",
+    "reward_unscored",
+    "the reference answer as the response scores no more than a wrong answer: the reward cannot fire",
+)
+ANSWER_FORM = _f(
+    "data/answer_form",
+    "answer_form",
+    "the answers' canonical form (stripped, NFKC, integer text) scores below their raw form",
+)
+
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")

@@ -48,6 +48,7 @@ from verlaudit.audit import (
     plugins,
     probes_numpy,
     resolution,
+    probes_run,
     reward_signal,
     setup_changes,
     weights,
@@ -133,6 +134,8 @@ class Auditor(Observer):
         """This step's (identical groups, groups, reward source), from its last reward."""
         self.reward_watch = invariants_reward.RewardWatch()
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
+        self.reward_probe = probes_run.RewardProbe(enabled=getattr(self.settings, "probe_plugins", True))
+        """rfprobe: the reward function's contract, probed in forked copies of the process."""
         self.example_watch = invariants_examples.ExampleWatch()
         """The examples' invariants (data24): empty prompts, duplicate rows, leaked answers, rounded answers."""
 
@@ -288,8 +291,12 @@ class Auditor(Observer):
             return call()
         recorder = plugins.Recorder(underflow=point != "reward_model")
         bools = probes_numpy.BoolAdd() if point != "reward_model" else contextlib.nullcontext()  # data24
+        probed = self._reward_probe_before(point, source, call)  # rfprobe: forks before the real call
         with recorder, bools:
             result = call()
+        if probed is not None:
+            self.findings.extend(probed(result))
+            self._probe_events()
         with opcount.suspended():
             self.findings.extend(plugins.watch_findings(point, source, self._unprobed(call), result, recorder,
                                                         self.settings, **self.context.where()))  # fmt: skip
@@ -303,6 +310,25 @@ class Auditor(Observer):
             role = "reward" if point == "reward_fn" else "actor"
             self.findings.extend(bools.findings(where=key, ctx=self.context.where(), role=role))
         return result
+
+    def _reward_probe_before(self, point, source, call):
+        """rfprobe: the reward function's contract probed in forked children (`probes_run`), or None."""
+        if point != "reward_fn":
+            return None
+        with opcount.suspended():
+            return self.reward_probe.before(
+                call,
+                source=source,
+                data=(self.config or {}).get("data") or {},
+                group_size=self.group_size,
+                ctx=self.context.where(),
+            )
+
+    def _probe_events(self) -> None:
+        if self.writer is not None:
+            for kind, data in self.reward_probe.events:
+                self.writer.event(kind, **data)
+        self.reward_probe.events.clear()
 
     def _unprobed(self, call):
         """``call`` with the module probes off: the higher-precision repeat of a plug-in (its inputs

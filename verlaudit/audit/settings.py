@@ -64,6 +64,15 @@ class AuditSettings(_Section):
     Without it their calls are still watched (the first op that produced a NaN/inf, fp16/bf16 ops, ids
     held in floats, with their lines); a reward model's forward is always re-run in fp32 (a pure forward)."""
 
+    probe_plugins: bool = True
+    """On the first two sampled full-audit steps, probe the reward function's contract in forked copies of the
+    process (`verlaudit.audit.probes_fork`, `probes_answer`): the same batch twice, reordered, in halves and
+    one group at a time must give each row the same reward; each row's reference answer as the response
+    must score above a wrong answer, its canonical form as the raw one. The children start from the state
+    the real call starts from and exit after; the run never sees their calls. Skipped without os.fork
+    (said once in events.jsonl) and for calls that fail in the child. ``false`` turns it off (a reward
+    that calls a paid service: each probe call is a request)."""
+
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"audit.level: {self.level!r}; expected one of {', '.join(LEVELS)}")
@@ -84,6 +93,11 @@ class AuditSettings(_Section):
         if not isinstance(self.shadow_param_grads, bool):
             raise ValueError(
                 f"audit.shadow_param_grads: expected true or false, got {self.shadow_param_grads!r}"
+            )
+        if not isinstance(self.probe_plugins, bool):
+            raise ValueError(
+                f"audit.probe_plugins: expected true or false, got {self.probe_plugins!r} (false turns the "
+                "reward function's forked probes off)"
             )
         if not isinstance(self.rerun_plugins, bool):
             raise ValueError(f"audit.rerun_plugins: expected true or false, got {self.rerun_plugins!r}")

@@ -492,6 +492,12 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "loop_order": ("data", frozenset({UPDATE, GRADIENT_SCALE})),
     "loop_alignment": ("data", frozenset({UPDATE, REWARD_SIGNAL})),
     "loop_loss_tokens": ("data", frozenset({UPDATE, REWARD_SIGNAL})),
+    # rfprobe: the reward function's contract (`verlaudit.audit.probes_fork`, `probes_answer`)
+    "reward_batch": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_stateful": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_mutates": ("data", frozenset({REWARD_SIGNAL})),
+    "reward_unscored": ("data", frozenset({REWARD_SIGNAL})),
+    "answer_form": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 

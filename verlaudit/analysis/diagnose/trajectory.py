@@ -12,6 +12,7 @@ import math
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.diagnose import answer_probe
 from verlaudit.analysis.diagnose.rules import LAST
 from verlaudit.analysis.diagnose.runview import cfg, fmt, role_policy, user_hook_fix
 from verlaudit.rundir import RunDir
@@ -338,19 +339,25 @@ def no_signal_causes(run: RunDir) -> list[Cause]:
         Fix("algo.temperature: 1.0", V.TEMPERATURE, "more diverse responses within a group"),
     ]
     return [
-        Cause(
-            "error" if every else "warning",
-            "no_signal",
-            f"No learning signal: rewards identical within every group at {len(silent)} of {recorded} steps",
-            "GRPO's advantages are each reward minus its group's mean: when every response of a group gets "
-            "the same reward they are all zero, the policy loss is zero and the policy does not learn.",
-            evidence=ev,
-            fixes=fixes,
-            step=step,
-            where=(f"{key} ({source})" if key == "data.reward_fn_key" else first.where if first else source),
-            phase="reward",
-            role="reward",
-            cls="no_signal",
-            data={"silent_steps": silent, "recorded_steps": recorded},
+        answer_probe.settle(
+            run, _no_signal_cause(run, every, silent, recorded, ev, fixes, step, key, source, first), silent
         )
     ]
+
+
+def _no_signal_cause(run, every, silent, recorded, ev, fixes, step, key, source, first) -> Cause:
+    return Cause(
+        "error" if every else "warning",
+        "no_signal",
+        f"No learning signal: rewards identical within every group at {len(silent)} of {recorded} steps",
+        "GRPO's advantages are each reward minus its group's mean: when every response of a group gets "
+        "the same reward they are all zero, the policy loss is zero and the policy does not learn.",
+        evidence=ev,
+        fixes=fixes,
+        step=step,
+        where=(f"{key} ({source})" if key == "data.reward_fn_key" else first.where if first else source),
+        phase="reward",
+        role="reward",
+        cls="no_signal",
+        data={"silent_steps": silent, "recorded_steps": recorded},
+    )
