@@ -11,6 +11,10 @@
   reward varies within the batch (a logged reward std above 0, or none logged) and the learning rate is
   not 0: no gradient reaches the weights, so the policy never moves (`no_update`); an error from three
   logged steps, a warning below.
+- ``collapse`` too, with no trigger: a supervised loss (no reward, KL, advantage or preference metric logged
+  beside it) of exactly 0.0 at the last two logged steps or more, from the first logged step or after a
+  loss of at least `ABRUPT` (not one that converged through the printer's rounding): no token counted, or
+  the loss was lost in its reduction (`zero_loss`, from the logsg branch).
 - ``mismatch``: a rollout-vs-trainer mismatch or importance-sampling metric of any framework
   (`vocab.MISMATCH`) outside its published bound at two logged steps or more (at the only one, for a
   log of one step): a warning, with the fix spelled for the log's framework.
@@ -22,6 +26,7 @@ Pure functions of the table and the log's context. Exercised by
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -247,6 +252,68 @@ def no_signal(t: MetricTable, ctx: LogContext) -> Cause | None:
     )  # fmt: skip
 
 
+# an RL objective's metrics beside its loss: a reward, a KL, an advantage, a value, DPO's chosen / rejected
+# log-probs, PPO's ratio / clip fraction; a log without any of them trains a supervised (cross-entropy) loss
+_RL_NAMES = re.compile(
+    r"reward|(?:^|[/_])kl(?:$|[/_])|advantage|logps|chosen|rejected|score|returns?(?:$|[/_])|vf_|value|critic"
+    r"|ratio|clipfrac|clip_frac|pg_|policy_loss|num_generations|completion",
+    re.I,
+)
+ABRUPT = 1e-3
+"""The loss before a run of exact zeros at or above this is a drop, not a convergence hidden by rounding (the HF
+Trainer prints the loss to 4 decimals)."""
+
+
+def zero_loss(t: MetricTable, ctx: LogContext) -> Cause | None:
+    """A supervised loss of exactly 0.0 to the last logged step (module docstring)."""
+    loss = _series(t, "loss")
+    run = _tail(loss, lambda v: v == 0.0, None)
+    if len(run) < 2 or any(_RL_NAMES.search(k) for k in t.names):
+        return None
+    before = [v for s, _, v in loss if s < run[0][0]]
+    if before and not (math.isfinite(before[-1]) and before[-1] >= ABRUPT):
+        return None  # a NaN before it (the non-finite rule's), or a loss that converged through rounding
+    key = t.keys.get("loss", "loss")
+    since = "from the first logged step" if not before else f"from step {run[0][0]} (after {before[-1]:.4g})"
+    ev = [f"line {run[0][1]}: step {run[0][0]}: {key} = 0.0, and at every logged step to step {run[-1][0]} "
+          f"({len(run)} logged step(s))" + ("" if before else ": it was never non-zero")]  # fmt: skip
+    grad = [p for p in _series(t, "grad_norm") if p[0] >= run[0][0]]
+    if grad and all(v == 0.0 for _, _, v in grad):
+        ev.append(
+            f"{t.keys.get('grad_norm', 'grad_norm')} = 0.0 at the same steps: nothing reaches the weights"
+        )
+    elif grad and all(math.isfinite(v) and v > 0 for _, _, v in grad):
+        ev.append(f"{t.keys.get('grad_norm', 'grad_norm')} > 0 at the same steps: the loss reported is not the "
+                  "one differentiated (its reduction across accumulation steps or ranks lost it)")  # fmt: skip
+    ev.append("no reward, KL, advantage or preference metric is logged: a supervised (cross-entropy) loss, which is "
+              "exactly 0 only when no token counts")  # fmt: skip
+    return Cause(
+        "error",
+        "collapse",
+        f"Loss exactly 0 {since}: the objective carries no signal",
+        "A cross-entropy loss is strictly positive on any token it counts; printed as exactly 0.0 at every step "
+        "it means no token counted (every label masked: the prompt mask or the completion-only collator covers "
+        "the whole sequence, or truncation cut the answer off), or the loss was lost on its way to the log "
+        "(its reduction across gradient-accumulation steps or sharded ranks, a mixed-precision overflow flushed "
+        "to 0). The model does not learn either way.",
+        evidence=ev,
+        step=run[0][0],
+        where=key,
+        phase="update",
+        line=run[0][1],
+        score=31.0,
+        fixes=fixes(
+            ctx,
+            advice("print one batch's labels: if every label is -100 (the ignore index) the mask or the truncation "
+                   "(max_length / max_seq_length) removes the answer; fix the collator's response template or raise "
+                   "the length"),
+        ),
+        unknown=["whether no token counted or the loss was lost in its reduction: print the count of labels "
+                 "!= -100 of one batch and the loss before the trainer reduces it"],
+        data={"signals": ["loss_zero"], "trigger_step": None},
+    )  # fmt: skip
+
+
 def vocab_names(kinds: list[str]) -> str:
     words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
     items = [words[k] for k in kinds]
@@ -332,7 +399,8 @@ def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
 def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
     """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
     the usual precursor)."""
-    fell, off = collapse(t, ctx) or no_update(t, ctx) or no_signal(t, ctx), mismatch(t, ctx)
+    fell = collapse(t, ctx) or no_update(t, ctx) or no_signal(t, ctx) or zero_loss(t, ctx)
+    off = mismatch(t, ctx)
     if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
         fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
     return [c for c in (fell, off) if c]

