@@ -76,3 +76,58 @@ def test_dpo_loss_zero_with_preference_metrics_is_not_this_rule(tmp_path):
         for i in range(4)
     )
     assert all(k != "collapse" for _, k, _ in bad_verdicts(tmp_path, log))
+
+
+# ---- weight sync placed by the names of the frames and of the requests --------------------------
+
+
+def test_frames_that_broadcast_weights_place_an_unknown_failure_in_the_weight_sync(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/work/rl/workers/policy_worker.py", line 412, in push_params_to_generation\n'
+        "    t = p.full_tensor()\n"
+        '  File "/usr/lib/python3.11/site-packages/torch/distributed/tensor/_api.py", line 570, in full_tensor\n'
+        "    redist = self.redistribute(\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "weight_sync" and c.phase == "weight_sync"
+
+
+def test_phase_of_a_name_with_a_sync_verb_and_a_weight_noun():
+    from verlaudit.analysis.logs.phases import phase_of_name
+
+    assert phase_of_name("broadcast_params_for_collective") == "weight_sync"
+    assert phase_of_name("_update_bucket_weights") == "weight_sync"
+    assert phase_of_name("refit_policy_generation") == "weight_sync"
+    assert phase_of_name("update_lr_schedule") is None  # a verb without a weight noun
+
+
+def test_engine_failure_right_after_a_weight_update_request_is_a_weight_sync(tmp_path):
+    log = (
+        '[TP0] INFO:     127.0.0.1:5000 - "POST /update_weights_from_distributed HTTP/1.1" 200 OK\n'
+        "[TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/opt/sglang/srt/managers/scheduler.py", line 100, in run_scheduler_process\n'
+        "    scheduler.event_loop_normal()\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "weight_sync" and c.where == "update_weights_from_distributed"
+
+
+def test_engine_failure_in_the_decode_long_after_a_weight_update_stays_an_engine_error(tmp_path):
+    log = '"POST /update_weights_from_tensor HTTP/1.1" 200 OK\n' + "Decode batch. #running-req: 8\n" * 20
+    log += (
+        "Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/opt/sglang/srt/managers/scheduler.py", line 100, in run_batch\n'
+        "    out = self.model_runner.forward(batch)\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    assert first(tmp_path, log).kind != "weight_sync"
+
+
+def test_a_weight_update_request_that_succeeded_is_healthy(tmp_path):
+    log = (
+        '127.0.0.1:5000 - "POST /update_weights_from_tensor HTTP/1.1" 200 OK\n'
+        "Cache flushed successfully!\n"
+        "step:3 - actor/pg_loss:0.012 - actor/grad_norm:0.41 - critic/score/mean:0.5\n"
+    )
+    assert bad_verdicts(tmp_path, log) == []
