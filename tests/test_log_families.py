@@ -131,3 +131,18 @@ def test_a_weight_update_request_that_succeeded_is_healthy(tmp_path):
         "step:3 - actor/pg_loss:0.012 - actor/grad_norm:0.41 - critic/score/mean:0.5\n"
     )
     assert bad_verdicts(tmp_path, log) == []
+
+
+# ---- "A and B must have the same dtype", any kernel ---------------------------------------------
+
+
+def test_any_pair_of_operands_that_must_share_a_dtype_is_a_dtype_error_naming_both(tmp_path):
+    log = "    o, lse = fused_rope_attn.fwd(\nRuntimeError: q and v must have the same dtype\n"
+    c = first(tmp_path, log)
+    assert c.kind == "dtype_error" and "q and v" in c.title
+    assert c.where == "fused_rope_attn.fwd"  # the call of the source line the paste kept
+
+
+def test_a_dtype_pair_with_its_dtypes_names_them(tmp_path):
+    c = first(tmp_path, "RuntimeError: x and weight should be the same dtype, but got Half and Float\n")
+    assert c.kind == "dtype_error" and "fp16" in c.title and "fp32" in c.title

@@ -84,6 +84,8 @@ def detect(line: LogLine) -> list[Hit]:
                 "what": d.what,
             }
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
+    if text.startswith("    ") and (mc := _BARE_CALL.search(text)):  # a frame's source line (its frame cut)
+        out.append(Hit("code_call", line, {"call": mc[1]}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=1))
     if "_dynamo.config." in text and (
@@ -133,7 +135,7 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
 
 
 _OPERAND = re.compile(r"\b(\w+)\.dtype:?\s*((?:c10::)?[\w:.]+)")
-_PAIR = re.compile(r"\b(mat1|self|m1|input|query|vectors)\b and (\w+) (?:must|to) have the same dtype")
+_PAIR = re.compile(r"\b([A-Za-z_]\w*) and (\w+) (?:must|should|to) (?:have|be) (?:the )?same dtype")
 
 
 def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
@@ -154,11 +156,22 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
     return f"Dtype error: {observed or '?'} where {expected or '?'} was expected"
 
 
-def _operands_where(where: str | None, tb) -> str | None:
+# the call a source line makes, its result assigned or not (`out, q = flash_attn_cuda.varlen_fwd(`)
+_BARE_CALL = re.compile(r"^\s+(?:[\w\[\], .]+=\s*)?(?:return\s+)?([A-Za-z_][\w.]*)\(")
+
+
+def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: int = 0) -> str | None:
     """A dtype error's place with the operands its op got (`scan.site`): the message names the dtypes,
-    the frame names the tensors."""
+    the frame names the tensors; a paste cut to the source line above the message names the call."""
     at = site(tb)
-    return f"{where or tb.frames[-1].func} ({at})" if at else where
+    if at:
+        return f"{where or tb.frames[-1].func} ({at})"
+    if facts is not None and (tb is None or not tb.frames):
+        calls = [h for h in facts.of("code_call") if 0 < no - h.no <= 2]
+        if calls:
+            call = calls[-1].fields["call"]
+            return f"{where} / {call}" if where else call
+    return where
 
 
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -229,7 +242,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=_operands_where(pl.culprit(), pl.tb),
+        where=_operands_where(pl.culprit(), pl.tb, facts, h.no),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
