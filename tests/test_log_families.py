@@ -146,3 +146,31 @@ def test_any_pair_of_operands_that_must_share_a_dtype_is_a_dtype_error_naming_bo
 def test_a_dtype_pair_with_its_dtypes_names_them(tmp_path):
     c = first(tmp_path, "RuntimeError: x and weight should be the same dtype, but got Half and Float\n")
     assert c.kind == "dtype_error" and "fp16" in c.title and "fp32" in c.title
+
+
+# ---- torchrun's SIGKILL summary, however the paste laid it out ----------------------------------
+
+
+def test_child_failed_with_exitcode_minus_9_run_together_is_a_kill_of_that_rank(tmp_path):
+    log = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "train_sft.py FAILED\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "host-a\n"
+        "rank5 (local rank: 1)exitcode: -9 (pid: 4242)error file: <N/A>\n"
+        "traceback : signal 9 (SIGKILL) received by PID 4242\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "killed" and "SIGKILL" in c.title and "rank 5" in (c.where or c.title)
+
+
+def test_child_failed_with_exitcode_1_is_not_a_kill(tmp_path):
+    log = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "Root Cause (first observed failure):\n"
+        "  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : 1 (pid: 77)\n"
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+    )
+    assert first(tmp_path, log).kind != "killed"

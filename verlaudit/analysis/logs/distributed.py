@@ -69,10 +69,12 @@ _RULES = [
     ("launcher_exit", re.compile(
         r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
         r"|interrupted by signal (\d+): (SIG\w+)")),
-    ("elastic_rank", re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")),
-    ("elastic_exit", re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
+    # torch elastic's Root Cause table, its fields on their own lines or (a paste that lost its line breaks)
+    # run together: "rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>"
+    ("elastic_rank", re.compile(r"(?:^\s*|\b)rank\s*:?\s*(\d+) \(local[_ ]rank: (\d+)\)")),
+    ("elastic_exit", re.compile(r"(?:^\s*|(?<=\))|\b)exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
     ("signal", re.compile(
-        r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
+        r"[Ss]ignal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
     # a launcher reporting a child that ended on a signal: MPI's "mpirun noticed that process rank 1 with PID
     # 77 on node n1 exited on signal 9 (Killed)", slurm's "srun: error: n1: task 3: Killed"
