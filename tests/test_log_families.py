@@ -174,3 +174,35 @@ def test_child_failed_with_exitcode_1_is_not_a_kill(tmp_path):
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
     )
     assert first(tmp_path, log).kind != "killed"
+
+
+# ---- an engine refusing a mode or feature as configured -----------------------------------------
+
+
+def test_engine_feature_restricted_by_its_own_check_names_the_argument(tmp_path):
+    c = first(tmp_path, "ValueError: Chunked prefill is not supported with pipeline parallelism yet.\n")
+    assert c.kind == "engine_feature" and c.where == "enable_chunked_prefill"
+    assert any(f.key == "enable_chunked_prefill=False" for f in c.fixes)
+
+
+def test_engine_mode_assertion_is_an_engine_feature(tmp_path):
+    c = first(tmp_path, "AssertionError: Prefix caching can only be used with the paged KV-cache layout.\n")
+    assert c.kind == "engine_feature" and c.where == "enable_prefix_caching"
+
+
+def test_a_feature_other_libraries_have_needs_an_engine_in_the_log(tmp_path):
+    # LoRA restricted by a trainer library (no engine frame, no engine in the log): not this family
+    log = "ValueError: LoRA is not supported with gradient checkpointing in this trainer.\n"
+    assert first(tmp_path, log).kind != "engine_feature"
+    eng = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/site-packages/vllm/config.py", line 900, in verify\n'
+        "    raise ValueError(\n"
+        "ValueError: LoRA is not supported with speculative decoding.\n"
+    )
+    assert first(tmp_path, eng).kind == "engine_feature"
+
+
+def test_a_feature_named_in_an_info_line_is_no_finding(tmp_path):
+    log = "INFO 05-01 config.py:1200] Chunked prefill is enabled with max_num_batched_tokens=8192.\n"
+    assert bad_verdicts(tmp_path, log) == []
