@@ -206,3 +206,31 @@ def test_a_feature_other_libraries_have_needs_an_engine_in_the_log(tmp_path):
 def test_a_feature_named_in_an_info_line_is_no_finding(tmp_path):
     log = "INFO 05-01 config.py:1200] Chunked prefill is enabled with max_num_batched_tokens=8192.\n"
     assert bad_verdicts(tmp_path, log) == []
+
+
+# ---- a signature error inside the user's own code is not a version mismatch ---------------------
+
+
+def test_missing_argument_raised_in_the_users_own_frame_is_an_exception_naming_its_file(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.10/site-packages/ray/_private/function_manager.py", line 563, in executor\n'
+        "    return method(actor, *args, **kwargs)\n"
+        '  File "/home/u/gridsearch/jobs/sweep_actor.py", line 31, in launch\n'
+        "    cfg = Point(x)\n"
+        "TypeError: __new__() missing 1 required positional argument: 'y'\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "exception" and "jobs/sweep_actor.py" in c.where
+
+
+def test_missing_argument_raised_in_a_librarys_frame_stays_a_version_mismatch(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 9, in main\n'
+        "    trainer.train()\n"
+        '  File "/usr/lib/python3.10/site-packages/trl/trainer/grpo_trainer.py", line 700, in train\n'
+        "    out = self.llm.generate(prompts)\n"
+        "TypeError: generate() missing 1 required positional argument: 'sampling_params'\n"
+    )
+    assert first(tmp_path, log).kind == "version_mismatch"

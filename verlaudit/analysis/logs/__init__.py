@@ -228,6 +228,9 @@ def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tupl
     ev += [f"also: {quote(s[1], 160)}" for s in signals[1:3] if s[1].no != line.no]
     advised, named = message_advice(line.text)
     where = pl.culprit(_library(pl.tb)) or (", ".join(named) if named else None)
+    if pl.tb is not None and (own := pl.tb.user_frames()):  # the file of the user's frame that raised it
+        short = "/".join(own[-1].path.replace("\\", "/").split("/")[-2:])
+        where = f"{where} / {short}" if where and short not in where else where or short
     title = f"Unrecognised failure: {line.text.strip()[:200]}"
     return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
 

@@ -280,6 +280,8 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         name = h.fields["callee"]
         callee = owner(name, libs) or next((p for p in libs[1:2]), None)
         what = f"{name}() " + ("does not take" if h.rule == "unexpected_kwarg" else "requires") + f" '{arg}'"
+    if _own_call(pl.tb, h, callee):
+        return None  # the user's own code called a function of its own with another signature: an exception
     caller = next((p for p in libs if p != callee), None)
     pair = [p for p in (caller, callee) if p]
     where = " -> ".join(pair) if pair else name
@@ -319,6 +321,16 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         score=44.0,
         data={"caller": caller, "callee": callee, "name": name, "argument": arg},
     )  # fmt: skip
+
+
+def _own_call(tb: Traceback | None, h: Hit, callee: str | None) -> bool:
+    """Whether a signature error is a call inside the user's own code (logsg branch): the innermost frame, where
+    a TypeError about a call's arguments is raised, is the user's, and no library is known to define the callee
+    (``__new__() missing 1 required positional argument`` in a script's own function). A mismatch between
+    libraries is raised in a library's frame, or names a library's class."""
+    if h.rule != "missing_arg" or tb is None or not tb.frames or callee is not None:
+        return False
+    return not tb.frames[-1].library
 
 
 def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:
