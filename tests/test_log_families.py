@@ -234,3 +234,48 @@ def test_missing_argument_raised_in_a_librarys_frame_stays_a_version_mismatch(tm
         "TypeError: generate() missing 1 required positional argument: 'sampling_params'\n"
     )
     assert first(tmp_path, log).kind == "version_mismatch"
+
+
+# ---- torch's argument parser rejecting a library's call -----------------------------------------
+
+
+def _lib_call(message: str, path: str) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/run.py", line 40, in <module>\n'
+        "    stats = trainer.step(q, r, s)\n"
+        f'  File "/opt/py/lib/python3.10/site-packages/{path}", line 88, in pooled_mean\n'
+        "    return (x * m).mean(dim=dim) / m.mean(dim=dim)\n"
+        f"{message}\n"
+    )
+
+
+def test_named_dimension_error_from_a_librarys_frame_is_a_version_mismatch_with_torch(tmp_path):
+    c = first(
+        tmp_path,
+        _lib_call("RuntimeError: Please look up dimensions by name, got: name = None.", "rlkit/ops.py"),
+    )
+    assert c.kind == "version_mismatch" and c.where.startswith("rlkit -> torch")
+    assert any("pip install --upgrade rlkit torch" in f.why for f in c.fixes)
+
+
+def test_invalid_combination_of_arguments_from_a_librarys_frame_is_a_version_mismatch(tmp_path):
+    msg = "TypeError: mean() received an invalid combination of arguments - got (dim=NoneType, ), but expected ..."
+    assert first(tmp_path, _lib_call(msg, "rlkit/ops.py")).kind == "version_mismatch"
+
+
+def test_the_same_rejection_in_the_users_own_frame_is_not_a_version_mismatch(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/run.py", line 40, in <module>\n'
+        "    y = x.sum(axis=None)\n"
+        "RuntimeError: Please look up dimensions by name, got: name = None.\n"
+    )
+    assert first(tmp_path, log).kind != "version_mismatch"
+
+
+def test_a_return_statement_is_not_the_call_a_frame_makes():
+    from verlaudit.analysis.logs.lines import Frame
+
+    assert Frame("a.py", 1, "f", "return (a * b).sum(dim=0)").call() != "return"
+    assert Frame("a.py", 1, "f", "return self.model.generate(x)").call() == "self.model.generate"
