@@ -279,3 +279,30 @@ def test_a_return_statement_is_not_the_call_a_frame_makes():
 
     assert Frame("a.py", 1, "f", "return (a * b).sum(dim=0)").call() != "return"
     assert Frame("a.py", 1, "f", "return self.model.generate(x)").call() == "self.model.generate"
+
+
+# ---- placement, not NCCL: two ranks on one GPU; an engine being built is no weight sync -----------
+
+
+def test_duplicate_gpu_is_a_placement_error_of_the_two_ranks(tmp_path):
+    log = (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, "
+        "NCCL version 2.21.5\n"
+        "Last error:\n"
+        "Duplicate GPU detected : rank 3 and rank 2 both on CUDA device 41000\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "exception" and "rank 3 and rank 2" in c.where and c.rank == 3
+
+
+def test_a_failure_while_the_rollout_engine_is_built_is_not_a_weight_sync(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/rl/workers/fsdp_workers.py", line 419, in init_model\n'
+        "    self.rollout, self.rollout_sharding_manager = self._build_rollout()\n"
+        '  File "/w/engine/srt/utils.py", line 863, in broadcast_pyobj\n'
+        "    dist.broadcast(size, src=src, group=group)\n"
+        "RuntimeError: No backend type associated with device type cpu\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "exception" and "broadcast_pyobj" in c.where

@@ -321,6 +321,8 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
     traceback shows the sync frames), or a KeyError quoted next to such a traceback."""
     for tb in facts.tracebacks:
         exc = tb.exc.text.strip() if tb.exc else ""
+        if (tb.phase() or ("",))[0] == "init":  # building the engine (init_model), not a sync (logsg branch)
+            continue
         if re.search(
             r"out of memory|NCCL|OutOfMemory", exc, re.I
         ):  # an OOM or a timeout in sync: not a mismatch
