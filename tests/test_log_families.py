@@ -306,3 +306,28 @@ def test_a_failure_while_the_rollout_engine_is_built_is_not_a_weight_sync(tmp_pa
     )
     c = first(tmp_path, log)
     assert c.kind == "exception" and "broadcast_pyobj" in c.where
+
+
+# ---- placement: a collective or a DTensor op refused for where its tensors live -----------------
+
+
+def test_placement_collective_on_a_device_its_group_has_no_backend_for(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/app/sync.py", line 12, in share_seed\n'
+        "    torch.distributed.all_reduce(seed_t, group=grp)\n"
+        '  File "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2500, in all_reduce\n'
+        "    work = group.allreduce([tensor], opts)\n"
+        "RuntimeError: No backend type associated with device type cuda\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "exception" and "torch.distributed.all_reduce" in c.title
+    assert "share_seed" in c.where and any("group with a cuda backend" in f.why for f in c.fixes)
+
+
+def test_placement_dtensor_op_without_a_mesh(tmp_path):
+    c = first(
+        tmp_path, "AssertionError: found no DeviceMesh from dtensor args for c10d.allreduce_.default!\n"
+    )
+    assert c.kind == "exception" and "c10d.allreduce_" in c.where
+    assert any("do not call allreduce on DTensor" in f.why for f in c.fixes)

@@ -2,7 +2,8 @@
 timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``engines`` (vLLM /
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
-features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``checks`` (a failed configuration check, its keys resolved
+features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``placement`` (a
+collective or DTensor op refused for where its tensors live), ``checks`` (a failed configuration check, its keys resolved
 to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
 ``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
 from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
@@ -42,6 +43,7 @@ from verlaudit.analysis.logs import (
     memory,
     outputs,
     phases,
+    placement,
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
@@ -60,6 +62,7 @@ DETECTORS = (
     outputs.detect,
     advice.detect,
     features.detect,  # logsg branch
+    placement.detect,  # logsg branch
 )
 FAMILIES = (
     distributed.explain,
@@ -71,6 +74,7 @@ FAMILIES = (
     checks.explain,
     outputs.explain,
     features.explain,  # logsg branch
+    placement.explain,  # logsg branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
