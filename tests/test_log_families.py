@@ -331,3 +331,29 @@ def test_placement_dtensor_op_without_a_mesh(tmp_path):
     )
     assert c.kind == "exception" and "c10d.allreduce_" in c.where
     assert any("do not call allreduce on DTensor" in f.why for f in c.fixes)
+
+
+# ---- imports: the file that imports, both remedies of a name the package lacks -------------------
+
+
+def test_missing_module_names_the_file_whose_import_failed(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/proj/rlpkg/workers/mcore_worker.py", line 60, in <module>\n'
+        "    from megacore.ft import tolerance\n"
+        "ModuleNotFoundError: No module named 'megacore'\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "import_error" and "rlpkg/workers/mcore_worker.py" in c.where
+
+
+def test_a_name_the_package_does_not_export_gives_both_directions_as_commands(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/proj/app/pipe.py", line 3, in <module>\n'
+        "    from accelerate import PartialState\n"
+        "ImportError: cannot import name 'PartialState' from 'accelerate' (/usr/lib/python3/site-packages/accelerate/__init__.py)\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "version_mismatch"
+    assert any("pip install --upgrade accelerate" in f.why and "pin accelerate" in f.why for f in c.fixes)

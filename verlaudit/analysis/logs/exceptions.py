@@ -507,6 +507,15 @@ _RAY_ENV = (
 )
 
 
+def _importer(tb) -> str | None:
+    """``pkg/mod/file.py``: the user's file whose import statement failed (the innermost frame whose source line
+    imports), the module that needs the package (logsg branch)."""
+    for f in reversed(tb.frames if tb else []):
+        if f.code and re.match(r"\s*(?:from\s+[\w.]+\s+)?import\b", f.code) and not f.library:
+            return "/".join(f.path.replace("\\", "/").split("/")[-4:])
+    return None
+
+
 def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("missing", "cannot_import", "symbol", "shared_lib", "wrapped")
     if not hits:
@@ -538,6 +547,14 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
         (ctx.framework or "").replace("-", "_"),
     )
+    if h.rule in ("missing", "cannot_import") and (imp := _importer(pl.tb)):
+        where += f" (imported by {imp})"
+    if h.rule == "cannot_import":  # which side is older the log rarely says: both remedies, as commands
+        name, pip = h.fields["groups"][0], pkg.replace("_", "-")
+        fix_text += (
+            f"; if the installed {pkg} predates {name}: pip install --upgrade {pip}; if it removed {name}: pin "
+            f"{pip} to the release the importing code was written for"
+        )
     extra = pinned_pair(framework, pkg) if h.rule in ("missing", "cannot_import") else None
     if extra is not None and h.rule == "missing":
         where += f" ({framework} installs it with {extra.why.split(':', 1)[0]})"
