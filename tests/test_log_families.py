@@ -357,3 +357,19 @@ def test_a_name_the_package_does_not_export_gives_both_directions_as_commands(tm
     c = first(tmp_path, log)
     assert c.kind == "version_mismatch"
     assert any("pip install --upgrade accelerate" in f.why and "pin accelerate" in f.why for f in c.fixes)
+
+
+# ---- culprits: a constructor by the class its caller builds; where a CUDA fault surfaced ---------
+
+
+def test_a_fault_raised_in_a_constructor_names_the_class_and_where_it_surfaced(tmp_path):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/eng/runner.py", line 468, in init_graphs\n'
+        "    self.graph_runner = GraphCaptureRunner(self)\n"
+        '  File "/w/eng/graph_runner.py", line 148, in __init__\n'
+        "    raise Exception(\n"
+        "Exception: Capture failed: CUDA error: an illegal memory access was encountered\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "cuda_error" and "surfaced in GraphCaptureRunner.__init__" in c.where

@@ -533,6 +533,9 @@ def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
             " ".join(x.line.text for x in facts.of("engine_error")) + (h.line.source or ""),
         )
     )
+    # where it surfaced (not the faulting kernel): the frame the fault's error was raised in (logsg branch)
+    at = pl.tb.culprit() if pl.tb else None
+    surfaced = f"surfaced in {at}" if at else None
     return Cause(
         "error",
         "cuda_error",
@@ -559,7 +562,7 @@ def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
             if m and "assert" in m[1]
             else None,
         ),
-        where=pl.culprit(frame=False),
+        where=" / ".join(x for x in (pl.culprit(frame=False), surfaced) if x) or None,
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
