@@ -373,3 +373,25 @@ def test_a_fault_raised_in_a_constructor_names_the_class_and_where_it_surfaced(t
     )
     c = first(tmp_path, log)
     assert c.kind == "cuda_error" and "surfaced in GraphCaptureRunner.__init__" in c.where
+
+
+def test_host_oom_names_the_class_of_the_actor_the_monitor_killed(tmp_path):
+    log = (
+        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n"
+        "        class_name: build.<locals>.ShardWriterActor\n"
+        "        pid: 77\n"
+        "The actor is dead because its worker process has died. Worker exit type: USER_ERROR Worker exit "
+        "detail: Task was killed due to the node running low on memory.\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "oom_host" and "actor ShardWriterActor" in c.where
+
+
+def test_a_compiler_backend_import_names_the_whole_module(tmp_path):
+    log = (
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:\n"
+        "ImportError: cannot import name 'kernel_key' from 'tritonish.runtime.cache' "
+        "(/usr/lib/python3/site-packages/tritonish/runtime/cache.py)\n"
+    )
+    c = first(tmp_path, log)
+    assert "tritonish.runtime.cache" in c.where

@@ -406,7 +406,13 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
     off = _compile_off(said)
     fx = advised + ([off] if off else []) + fx
-    where = op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit()
+    where = (
+        op[0]
+        if op
+        else f"{inner.fields['groups'][1]} ({inner.fields['groups'][0]})"
+        if inner
+        else pl.culprit()
+    )
     return Cause(
         "error",
         "compile_error",
@@ -536,6 +542,8 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
             None,
         )
         kind, where = "version_mismatch", f"{importer} -> {pkg}" if importer else pkg
+        if "." in h.fields["groups"][1]:  # the module that lacks the name, whole (logsg branch)
+            where += f" ({h.fields['groups'][1]}.{h.fields['groups'][0]})"
         if importer:
             fix_text = (
                 f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
