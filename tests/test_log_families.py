@@ -395,3 +395,31 @@ def test_a_compiler_backend_import_names_the_whole_module(tmp_path):
     )
     c = first(tmp_path, log)
     assert "tritonish.runtime.cache" in c.where
+
+
+# ---- collapse without a NaN: the reward frozen below where it was, with another signal ------------
+
+
+def _verl(rows) -> str:
+    return "".join(
+        f"step:{i + 1} - actor/pg_loss:{loss} - actor/grad_norm:{g} - critic/score/mean:{r} - actor/entropy:{e}\n"
+        for i, (loss, g, r, e) in enumerate(rows)
+    )
+
+
+def test_reward_frozen_below_its_best_with_entropy_at_zero_is_a_collapse(tmp_path):
+    rows = [(0.05, 0.9, 0.3 + i / 20, 1.2) for i in range(6)] + [(0.01, 0.8, 0.125, 0.004)] * 4
+    c = first(tmp_path, _verl(rows))
+    assert c.kind == "collapse" and "reward frozen" in c.title and "entropy collapsing" in c.title
+
+
+def test_reward_saturated_at_its_best_is_healthy(tmp_path):
+    rows = [(0.05, 0.9, 0.5 + i / 12, 1.2 - i / 10) for i in range(7)] + [(0.0, 0.0, 1.0, 0.05)] * 4
+    assert bad_verdicts(tmp_path, _verl(rows)) == []
+
+
+def test_entropy_collapse_with_zero_loss_alone_is_not_a_collapse(tmp_path):
+    rows = [(0.05, 0.9, 0.3 + i / 20, 1.2) for i in range(6)] + [
+        (0.0, 0.0, 0.6 + i / 50, 0.004) for i in range(4)
+    ]
+    assert all(k != "collapse" for _, k, _ in bad_verdicts(tmp_path, _verl(rows)))

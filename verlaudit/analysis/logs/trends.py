@@ -85,6 +85,18 @@ def _tail(points: list[Point], pred, after_step: int | None) -> list[Point]:
     return run[::-1]
 
 
+def _flat_tail(points: list[Point], after_step: int | None) -> list[Point]:
+    """The run of identical finite values at the end of ``points`` (from ``after_step`` on), when the values
+    before it varied and reached higher (logsg branch): a reward that stopped moving below where it was."""
+    if len(points) < 2 or not math.isfinite(points[-1][2]):
+        return []
+    last = points[-1][2]
+    run = _tail(points, lambda v: v == last, after_step)
+    before = [v for s, _, v in points if s < (run[0][0] if run else 0) and math.isfinite(v)]
+    # varied before, and frozen below its best: a reward stuck at its maximum is a saturated run, not a collapse
+    return run if len(set(before)) >= 2 and last < max(before) else []
+
+
 def _changed(points: list[Point], run: list[Point], pred) -> bool:
     """Whether the values before the run were not already in the run's state."""
     before = [v for s, _, v in points if s < run[0][0] and math.isfinite(v)]
@@ -123,8 +135,15 @@ def collapse(t: MetricTable, ctx: LogContext) -> Cause | None:
         if len(run) >= max(need, 2) and _changed(ent, run, lambda v: v < ENTROPY_FALL * e0):
             found.append(("entropy", f"entropy {run[-1][2]:.3g} at step {run[-1][0]}, below "
                                      f"{ENTROPY_FALL:g}x its early {e0:.3g} from step {run[0][0]}", run[0]))  # fmt: skip
+    if "reward" not in {k for k, _, _ in found}:  # a reward frozen at one value (not 0) to the end
+        run = _flat_tail(reward, t_step)
+        if len(run) >= max(need, 3):
+            found.append(("flat", f"reward {run[0][2]:.4g} at every logged step from step {run[0][0]} to step "
+                                  f"{run[-1][0]} ({len(run)} logged step(s)) after varying before", run[0]))  # fmt: skip
     kinds = {k for k, _, _ in found}
-    if not (trig and found) and not ("reward" in kinds and len(kinds) >= 2):
+    # no gradient trigger: the reward's fall (to 0, or frozen below where it was: logsg branch) with another signal;
+    # an entropy at 0 with a loss of 0 alone is also a run that solved everything (GRPO: no advantage left)
+    if not (trig and found) and not (kinds & {"reward", "flat"} and len(kinds) >= 2):
         return None
     start = grad[trig[0]] if trig else min((p for _, _, p in found), key=lambda p: p[1])
     ev = ([trig[1]] if trig else []) + [f"line {p[1]}: step {p[0]}: {text}" for _, text, p in found]
@@ -315,7 +334,8 @@ def zero_loss(t: MetricTable, ctx: LogContext) -> Cause | None:
 
 
 def vocab_names(kinds: list[str]) -> str:
-    words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
+    words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing",
+             "flat": "reward frozen"}  # fmt: skip
     items = [words[k] for k in kinds]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
