@@ -423,3 +423,13 @@ def test_entropy_collapse_with_zero_loss_alone_is_not_a_collapse(tmp_path):
         (0.0, 0.0, 0.6 + i / 50, 0.004) for i in range(4)
     ]
     assert all(k != "collapse" for _, k, _ in bad_verdicts(tmp_path, _verl(rows)))
+
+
+def test_a_ray_actor_death_whose_cause_is_a_library_types_missing_attribute_is_a_version_mismatch(tmp_path):
+    log = (
+        "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+        "ray::_Engine.__init__() (pid=5, ip=1.2.3.4) AttributeError: 'vllm.config.ModelConfig' object has no "
+        "attribute 'hf_text_config'\n"
+    )
+    c = first(tmp_path, log)
+    assert c.kind == "version_mismatch" and c.where.startswith("vllm")

@@ -39,7 +39,8 @@ _API = [
     ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
-    ("object_attr", re.compile(r"(?:AttributeError: |^)'(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
+    # (a class named with its module, ``'torch.dtype' object``: the module's package defines it; logsg branch)
+    ("object_attr", re.compile(r"(?:AttributeError: |^|\s)'(?P<cls>[\w.]+)' object has no attribute '(?P<arg>\w+)'")),
     # logsg branch: a call whose arguments the callee's signature does not take in the installed release: too
     # many positionals, or torch's argument parser rejecting the call (no overload takes these arguments; a None
     # where the installed torch reads a dimension name); a version pair when a library's frame made the call
@@ -121,6 +122,11 @@ _OWNER = [
 ]  # fmt: skip
 
 
+# packages whose dotted class names a message may print whole (logsg branch)
+_PACKAGES = frozenset({"torch", "vllm", "sglang", "transformers", "peft", "trl", "accelerate", "deepspeed", "ray",
+                       "verl", "openrlhf", "nemo_rl", "megatron", "flash_attn", "triton", "numpy", "datasets"})  # fmt: skip
+
+
 # attributes a library attaches to objects of another: vLLM sets ``weight_loader`` on every torch Parameter
 # of its model classes, so a Parameter without one is a checkpoint tensor the installed vLLM's model class
 # does not define (a model or layout newer than the vLLM release)
@@ -197,7 +203,8 @@ def owner(name: str, libs: list[str]) -> str | None:
     for pat, pkg in _OWNER:
         if pat.match(head):
             return pkg
-    return None
+    # a class its message names with its module (``torch.dtype``, ``vllm.config.ModelConfig``): that package
+    return head if "." in name and head in _PACKAGES else None
 
 
 def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
