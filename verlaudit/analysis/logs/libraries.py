@@ -40,7 +40,7 @@ _API = [
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
     # (a class named with its module, ``'torch.dtype' object``: the module's package defines it; logsg branch)
-    ("object_attr", re.compile(r"(?:AttributeError: |^|\s)'(?P<cls>[\w.]+)' object has no attribute '(?P<arg>\w+)'")),
+    ("object_attr", re.compile(r"(?:AttributeError: |^)'(?P<cls>[\w.]+)' object has no attribute '(?P<arg>\w+)'")),
     # logsg branch: a call whose arguments the callee's signature does not take in the installed release: too
     # many positionals, or torch's argument parser rejecting the call (no overload takes these arguments; a None
     # where the installed torch reads a dimension name); a version pair when a library's frame made the call
