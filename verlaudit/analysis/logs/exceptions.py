@@ -406,13 +406,8 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
     off = _compile_off(said)
     fx = advised + ([off] if off else []) + fx
-    where = (
-        op[0]
-        if op
-        else f"{inner.fields['groups'][1]} ({inner.fields['groups'][0]})"
-        if inner
-        else pl.culprit()
-    )
+    g = inner.fields["groups"] if inner else ()
+    where = op[0] if op else f"{g[1]} ({g[0]})" if g else pl.culprit()
     return Cause(
         "error",
         "compile_error",

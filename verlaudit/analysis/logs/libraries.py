@@ -280,29 +280,12 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         # (under the trainer's weight update into the engine it is the weight sync's failure: engines)
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
-    if h is None:
-        return None
+    if h is None or h.rule == "arg_parser":
+        return _arg_parser(facts, ctx, h) if h else None
     pl = place(facts, h.line)
     libs = _libraries(pl.tb)
     arg = h.fields["arg"]
-    if h.rule == "arg_parser":
-        return _arg_parser(facts, ctx, h)
-    if h.rule == "module_attr":
-        callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
-        what = f"module {h.fields['mod']} has no {arg}"
-    elif h.rule == "object_attr":
-        cls = h.fields["cls"]
-        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
-        what = f"{cls} has no attribute '{arg}'"
-    else:
-        name = h.fields["callee"]
-        callee = owner(name, libs) or next((p for p in libs[1:2]), None)
-        verb = {"unexpected_kwarg": "does not take", "positional_count": "does not take"}.get(
-            h.rule, "requires"
-        )
-        what = f"{name}() {verb} " + (
-            f"{arg} positional arguments" if h.rule == "positional_count" else f"'{arg}'"
-        )
+    callee, name, what = _api_names(h, libs)
     if _own_call(pl.tb, h, callee):
         return None  # the user's own code called a function of its own with another signature: an exception
     caller = next((p for p in libs if p != callee), None)
@@ -344,6 +327,28 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         score=44.0,
         data={"caller": caller, "callee": callee, "name": name, "argument": arg},
     )  # fmt: skip
+
+
+def _api_names(h: Hit, libs: list[str]) -> tuple[str | None, str, str]:
+    """(the callee package, the name the message names, what it says) of an API message."""
+    arg = h.fields["arg"]
+    if h.rule == "module_attr":
+        callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
+        what = f"module {h.fields['mod']} has no {arg}"
+    elif h.rule == "object_attr":
+        cls = h.fields["cls"]
+        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
+        what = f"{cls} has no attribute '{arg}'"
+    else:
+        name = h.fields["callee"]
+        callee = owner(name, libs) or next((p for p in libs[1:2]), None)
+        verb = {"unexpected_kwarg": "does not take", "positional_count": "does not take"}.get(
+            h.rule, "requires"
+        )
+        what = f"{name}() {verb} " + (
+            f"{arg} positional arguments" if h.rule == "positional_count" else f"'{arg}'"
+        )
+    return callee, name, what
 
 
 def _own_call(tb: Traceback | None, h: Hit, callee: str | None) -> bool:
