@@ -91,6 +91,9 @@ MESSAGES = [
     # torch/csrc/autograd: a gradient outside the parameter's grad_dtype (FSDP2 mixed precision sets it)
     ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with grad_dtype 'Float'.",
      "grad_dtype", "bf16", "fp32"),
+    # logsg branch: any kernel's "A and B must have the same dtype" check (flash-attn's varlen forward)
+    ("query and key must have the same dtype", "same_dtype", None, None),
+    ("x and weight should be the same dtype, but got Half and Float", "same_dtype", "fp16", "fp32"),
 ]  # fmt: skip
 IDS = [f"{w}-{i}" for i, (_, w, _, _) in enumerate(MESSAGES)]
 

@@ -152,7 +152,11 @@ def test_a_compile_failure_on_a_backend_import_names_the_library_pair(tmp_path):
         "(/usr/lib/python3.10/dist-packages/triton/compiler/compiler.py)\n"
     )
     c = first(tmp_path, log)
-    assert c.kind == "compile_error" and c.where == "triton (triton_key)" and "triton==" in c.fixes[0].why
+    assert (
+        c.kind == "compile_error"
+        and c.where == "triton.compiler.compiler (triton_key)"
+        and "triton==" in c.fixes[0].why
+    )
     # a compile failure of the traced code itself names no library
     c = first(
         tmp_path,

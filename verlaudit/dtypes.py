@@ -274,6 +274,21 @@ WORDINGS: tuple[Wording, ...] = (
         "MixedPrecisionPolicy fixes each parameter's gradient dtype when it initialises, lazily at the first "
         "forward; a parameter frozen or unfrozen after that gets gradients in the compute dtype).",
     ),
+    # logsg branch: any kernel's check that two named operands share one dtype, in the shape every such check
+    # takes ("query and key must have the same dtype" of flash-attn's varlen forward, "x and weight must have
+    # the same dtype", "q and k should be the same dtype"); after the specific wordings, which win a tie
+    Wording(
+        "same_dtype",
+        "same dtype",
+        "any kernel's operand check (flash-attn csrc/flash_attn/flash_api.cpp TORCH_CHECK(q_dtype == k_dtype); "
+        "fused kernels' TORCH_CHECKs of the same shape)",
+        re.compile(
+            rf"\b(?P<a>[A-Za-z_]\w*) and (?P<b>[A-Za-z_]\w*) (?:must|should|to) (?:have|be) (?:the )?same dtypes?"
+            rf"(?:,? but (?:got|found):? (?P<obs>{_T})(?: and | != | vs\.? )(?P<exp>{_T}))?"
+        ),
+        "A kernel received two operands it needs in one dtype in different dtypes (a tensor kept or cast in "
+        "another dtype than the ones it meets: a KV cache, a LoRA-merged or upcast weight, a rotary output).",
+    ),
 )
 _BY_NAME = {w.name: w for w in WORDINGS}
 

@@ -2,7 +2,8 @@
 timeouts, kills, Ray actor deaths), ``memory`` (CUDA vs host OOM, KV cache), ``engines`` (vLLM /
 SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex), ``exceptions``
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
-features and limits, FSDP's dtype flattening), ``checks`` (a failed configuration check, its keys resolved
+features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``placement`` (a
+collective or DTensor op refused for where its tensors live), ``checks`` (a failed configuration check, its keys resolved
 to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
 ``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
 from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
@@ -36,11 +37,13 @@ from verlaudit.analysis.logs import (
     distributed,
     engines,
     exceptions,
+    features,
     frameworks,
     libraries,
     memory,
     outputs,
     phases,
+    placement,
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
@@ -58,6 +61,8 @@ DETECTORS = (
     checks.detect,
     outputs.detect,
     advice.detect,
+    features.detect,  # logsg branch
+    placement.detect,  # logsg branch
 )
 FAMILIES = (
     distributed.explain,
@@ -68,6 +73,8 @@ FAMILIES = (
     libraries.explain,
     checks.explain,
     outputs.explain,
+    features.explain,  # logsg branch
+    placement.explain,  # logsg branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
@@ -225,6 +232,9 @@ def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tupl
     ev += [f"also: {quote(s[1], 160)}" for s in signals[1:3] if s[1].no != line.no]
     advised, named = message_advice(line.text)
     where = pl.culprit(_library(pl.tb)) or (", ".join(named) if named else None)
+    if pl.tb is not None and (own := pl.tb.user_frames()):  # the file of the user's frame that raised it
+        short = "/".join(own[-1].path.replace("\\", "/").split("/")[-2:])
+        where = f"{where} / {short}" if where and short not in where else where or short
     title = f"Unrecognised failure: {line.text.strip()[:200]}"
     return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
 

@@ -69,10 +69,12 @@ _RULES = [
     ("launcher_exit", re.compile(
         r"sigkill_handler\] exits with return code = (-?\d+)|(?:exited with|exit) code (137)\b"
         r"|interrupted by signal (\d+): (SIG\w+)")),
-    ("elastic_rank", re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")),
-    ("elastic_exit", re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
+    # torch elastic's Root Cause table, its fields on their own lines or (a paste that lost its line breaks)
+    # run together: "rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>"
+    ("elastic_rank", re.compile(r"(?:^\s*|\b)rank\s*:?\s*(\d+) \(local[_ ]rank: (\d+)\)")),
+    ("elastic_exit", re.compile(r"(?:^\s*|(?<=\))|\b)exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")),
     ("signal", re.compile(
-        r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
+        r"[Ss]ignal (\d+) \((SIG\w+)\) received by PID (\d+)|died with <Signals\.(SIG\w+): (\d+)>")),
     ("sigterm_sent", re.compile(r"Sending process (\d+) closing signal (SIG\w+)")),
     # a launcher reporting a child that ended on a signal: MPI's "mpirun noticed that process rank 1 with PID
     # 77 on node n1 exited on signal 9 (Killed)", slurm's "srun: error: n1: task 3: Killed"
@@ -97,6 +99,9 @@ _RULES = [
     ("native_pc", re.compile(r"\bPC: @\s+0x[0-9a-f]+\s+\S+\s+([A-Za-z_][\w:~<>]*)\(")),
     ("faulthandler", re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point "
                                 r"exception|Illegal instruction)")),
+    # NCCL refusing two ranks of one communicator on one GPU (its init check): the ranks' GPU placement
+    ("nccl_duplicate_gpu", re.compile(r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device "
+                                      r"(\w+)")),
     ("worker_exit", re.compile(r"Worker exit type: (\w+),? Worker exit detail: ([^.]+\.?)")),
 ]  # fmt: skip
 _KEYS = (
@@ -154,7 +159,7 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     facts = _rejoined(facts)
     causes = [
         _collective(facts, ctx),
-        _nccl_error(facts, ctx),
+        _duplicate_gpu(facts, ctx) or _nccl_error(facts, ctx),
         _cuda_fault(facts, ctx),
         deaths.killed(facts, ctx),
         deaths.ray_died(facts, ctx),
@@ -404,6 +409,47 @@ def _collective(facts: LogFacts, ctx: LogContext) -> Cause | None:
     )
 
 
+def _duplicate_gpu(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    """NCCL's "Duplicate GPU detected : rank a and rank b both on CUDA device d" (logsg branch): not a failure of
+    NCCL or of the network but of the placement of the ranks on GPUs: two ranks of one communicator were given one
+    device (each process's visible devices, its local rank -> device mapping, or the scheduler placing them)."""
+    h = facts.first("nccl_duplicate_gpu")
+    if h is None:
+        return None
+    a, b, dev = h.fields["groups"]
+    pl = place(facts, h.line)
+    ray = ctx.framework in ("verl", "openrlhf", "nemo-rl", "ray") or ctx.shows("ray")
+    return Cause(
+        "error",
+        "exception",
+        f"Two ranks on one GPU: rank {a} and rank {b} both on CUDA device {dev}; NCCL refuses the communicator",
+        "NCCL builds a communicator over one GPU per rank and refuses two ranks on one device. The ranks were "
+        "placed wrongly: each process set the same device (a fixed cuda:N or torch.cuda.set_device of the global "
+        "rank on a node with fewer GPUs), its CUDA_VISIBLE_DEVICES shows the same GPU to both, or the scheduler "
+        "that starts the workers (Ray's GPU assignment, srun's binding) gave both the same GPU.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(
+            ctx,
+            advice(
+                "give each rank its own device: torch.cuda.set_device(local_rank) (not the global rank), and "
+                "check CUDA_VISIBLE_DEVICES as each process sees it (print it with the rank)"
+            ),
+            advice(
+                "the workers are Ray actors: Ray sets each actor's CUDA_VISIBLE_DEVICES from its num_gpus; "
+                "check the placement (ray status) and the ray release the framework pins (pip install "
+                "--upgrade ray where an old Ray mis-assigns GPUs)"
+            )
+            if ray
+            else None,
+        ),  # fmt: skip
+        where=f"rank {a} and rank {b} on CUDA device {dev}" + (" (placed by Ray)" if ray else ""),
+        phase=pl.phase or "init",
+        rank=int(a),
+        line=h.no,
+        score=38.0,
+    )
+
+
 def _nccl_error(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("nccl_error")
     if h is None or facts.count("nccl_timeout", "gloo_timeout"):
@@ -487,6 +533,9 @@ def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
             " ".join(x.line.text for x in facts.of("engine_error")) + (h.line.source or ""),
         )
     )
+    # where it surfaced (not the faulting kernel): the frame the fault's error was raised in (logsg branch)
+    at = pl.tb.culprit() if pl.tb else None
+    surfaced = f"surfaced in {at}" if at else None
     return Cause(
         "error",
         "cuda_error",
@@ -513,7 +562,7 @@ def _cuda_fault(facts: LogFacts, ctx: LogContext) -> Cause | None:
             if m and "assert" in m[1]
             else None,
         ),
-        where=pl.culprit(frame=False),
+        where=" / ".join(x for x in (pl.culprit(frame=False), surfaced) if x) or None,
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,

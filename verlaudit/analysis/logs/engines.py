@@ -58,6 +58,10 @@ _RULES = [
     # an engine's weight loader refusing a tensor's layout for a live parameter, in its own words (vLLM's fused-MoE
     # loader: "shard_dim=0 is not a valid data dimension for a 3D tensor"; its default loader: "Attempted to load
     # weight (torch.Size([..])) into parameter (torch.Size([..]))")
+    # a line naming a weight-update call the trainer makes into the engine (a request to its endpoint, a log of
+    # the call): an engine failure right after it failed that sync (logsg branch)
+    ("weight_update_call", re.compile(r"\b((?:update|sync|broadcast|send|push)_\w*?(?:weights?|params?|parameters)"
+                                      r"(?:_\w+)?)\b")),
     ("loader_layout", re.compile(r"shard_dim=\d+ is not a valid data dimension for a \d+D tensor"
                                  r"|Attempted to load weight \(torch\.Size\(\[[\d, ]*\]\)\) into parameter")),
     ("weight_named", re.compile(r"\bWeight name:? '?(?P<n>[\w.]+\w)'?|size mismatch for (?P<m>[\w.]+\w): copying a "
@@ -92,6 +96,8 @@ _KEYS = (
     "update weights",
     "update_weights",
     "Weight name",
+    "_weight",
+    "_param",
     "size mismatch for",
     "shard_dim",
     "Attempted to load weight",
@@ -315,6 +321,8 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
     traceback shows the sync frames), or a KeyError quoted next to such a traceback."""
     for tb in facts.tracebacks:
         exc = tb.exc.text.strip() if tb.exc else ""
+        if (tb.phase() or ("",))[0] == "init":  # building the engine (init_model), not a sync (logsg branch)
+            continue
         if re.search(
             r"out of memory|NCCL|OutOfMemory", exc, re.I
         ):  # an OOM or a timeout in sync: not a mismatch
@@ -374,6 +382,8 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
         return err, m[1] if m else None, title, failed
     if failed is not None:
         return failed.line, None, "Weight sync into the inference engine failed", failed
+    if (after := _after_update_call(facts)) is not None:
+        return after
     layout = facts.first("loader_layout")
     tb = facts.traceback_near(layout.no) if layout else None
     # the same refusal under the engine's first load of a checkpoint (no sync frame) is the model's, not the sync's
@@ -388,6 +398,24 @@ def _sync_failure(facts: LogFacts) -> tuple[LogLine, str | None, str, Hit | None
         f"Weight sync: the engine's loader refused the tensor's layout: {text[:160]}",
         None,
     )
+
+
+AFTER_CALL = 12
+"""Lines between a weight-update call and an engine failure that failed it."""
+
+
+def _after_update_call(facts: LogFacts) -> tuple[LogLine, str, str, Hit | None] | None:
+    """An engine's own failure (its scheduler or worker raised) within `AFTER_CALL` lines after a line naming
+    a weight-update call into it, with no frame of its own that places it elsewhere: that sync failed."""
+    calls = [h for h in facts.of("weight_update_call") if not h.line.text.lstrip().startswith("File ")]
+    for err in facts.of("engine_error", "engine_method_error"):
+        before = [c for c in calls if 0 <= err.no - c.no <= AFTER_CALL]
+        tb = facts.traceback_near(err.no + 1)
+        elsewhere = tb is not None and (p := tb.phase()) is not None and p[0] != "weight_sync"
+        if before and not elsewhere:
+            call = before[-1].fields["groups"][0]
+            return err.line, call, f"Weight sync failed: the engine raised right after {call}", None
+    return None
 
 
 _LOAD = re.compile(r"load_model|initialize_model|_initialize_kv_caches|from_pretrained|init_device")

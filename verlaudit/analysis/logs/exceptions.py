@@ -84,6 +84,8 @@ def detect(line: LogLine) -> list[Hit]:
                 "what": d.what,
             }
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
+    if text.startswith("    ") and (mc := _BARE_CALL.search(text)):  # a frame's source line (its frame cut)
+        out.append(Hit("code_call", line, {"call": mc[1]}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=1))
     if "_dynamo.config." in text and (
@@ -133,7 +135,7 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
 
 
 _OPERAND = re.compile(r"\b(\w+)\.dtype:?\s*((?:c10::)?[\w:.]+)")
-_PAIR = re.compile(r"\b(mat1|self|m1|input|query|vectors)\b and (\w+) (?:must|to) have the same dtype")
+_PAIR = re.compile(r"\b([A-Za-z_]\w*) and (\w+) (?:must|should|to) (?:have|be) (?:the )?same dtype")
 
 
 def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
@@ -154,11 +156,22 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
     return f"Dtype error: {observed or '?'} where {expected or '?'} was expected"
 
 
-def _operands_where(where: str | None, tb) -> str | None:
+# the call a source line makes, its result assigned or not (`out, q = flash_attn_cuda.varlen_fwd(`)
+_BARE_CALL = re.compile(r"^\s+(?:[\w\[\], .]+=\s*)?(?:return\s+)?([A-Za-z_][\w.]*)\(")
+
+
+def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: int = 0) -> str | None:
     """A dtype error's place with the operands its op got (`scan.site`): the message names the dtypes,
-    the frame names the tensors."""
+    the frame names the tensors; a paste cut to the source line above the message names the call."""
     at = site(tb)
-    return f"{where or tb.frames[-1].func} ({at})" if at else where
+    if at:
+        return f"{where or tb.frames[-1].func} ({at})"
+    if facts is not None and (tb is None or not tb.frames):
+        calls = [h for h in facts.of("code_call") if 0 < no - h.no <= 2]
+        if calls:
+            call = calls[-1].fields["call"]
+            return f"{where} / {call}" if where else call
+    return where
 
 
 def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
@@ -229,7 +242,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=_operands_where(pl.culprit(), pl.tb),
+        where=_operands_where(pl.culprit(), pl.tb, facts, h.no),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -393,7 +406,8 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         fx = [rollout_fix, layer_fix] if decode else ([layer_fix, rollout_fix] if verlish else [trace])
     off = _compile_off(said)
     fx = advised + ([off] if off else []) + fx
-    where = op[0] if op else f"{lib} ({inner.fields['groups'][0]})" if inner else pl.culprit()
+    g = inner.fields["groups"] if inner else ()
+    where = op[0] if op else f"{g[1]} ({g[0]})" if g else pl.culprit()
     return Cause(
         "error",
         "compile_error",
@@ -494,6 +508,15 @@ _RAY_ENV = (
 )
 
 
+def _importer(tb) -> str | None:
+    """``pkg/mod/file.py``: the user's file whose import statement failed (the innermost frame whose source line
+    imports), the module that needs the package (logsg branch)."""
+    for f in reversed(tb.frames if tb else []):
+        if f.code and re.match(r"\s*(?:from\s+[\w.]+\s+)?import\b", f.code) and not f.library:
+            return "/".join(f.path.replace("\\", "/").split("/")[-4:])
+    return None
+
+
 def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("missing", "cannot_import", "symbol", "shared_lib", "wrapped")
     if not hits:
@@ -514,6 +537,8 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
             None,
         )
         kind, where = "version_mismatch", f"{importer} -> {pkg}" if importer else pkg
+        if "." in h.fields["groups"][1]:  # the module that lacks the name, whole (logsg branch)
+            where += f" ({h.fields['groups'][1]}.{h.fields['groups'][0]})"
         if importer:
             fix_text = (
                 f"install the {pkg} version {importer} pins (its requirements / setup), or a {importer} "
@@ -525,6 +550,14 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
         (ctx.framework or "").replace("-", "_"),
     )
+    if h.rule in ("missing", "cannot_import") and (imp := _importer(pl.tb)):
+        where += f" (imported by {imp})"
+    if h.rule == "cannot_import":  # which side is older the log rarely says: both remedies, as commands
+        name, pip = h.fields["groups"][0], pkg.replace("_", "-")
+        fix_text += (
+            f"; if the installed {pkg} predates {name}: pip install --upgrade {pip}; if it removed {name}: pin "
+            f"{pip} to the release the importing code was written for"
+        )
     extra = pinned_pair(framework, pkg) if h.rule in ("missing", "cannot_import") else None
     if extra is not None and h.rule == "missing":
         where += f" ({framework} installs it with {extra.why.split(':', 1)[0]})"

@@ -39,7 +39,15 @@ _API = [
     ("missing_arg", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) missing \d+ required (?:positional|keyword-only) "
                                r"arguments?: '(?P<arg>\w+)'")),
     ("module_attr", re.compile(r"AttributeError: module '(?P<mod>[\w.]+)' has no attribute '(?P<arg>\w+)'")),
-    ("object_attr", re.compile(r"(?:AttributeError: |^)'(?P<cls>\w+)' object has no attribute '(?P<arg>\w+)'")),
+    # (a class named with its module, ``'torch.dtype' object``: the module's package defines it; logsg branch)
+    ("object_attr", re.compile(r"(?:AttributeError: |^)'(?P<cls>[\w.]+)' object has no attribute '(?P<arg>\w+)'")),
+    # logsg branch: a call whose arguments the callee's signature does not take in the installed release: too
+    # many positionals, or torch's argument parser rejecting the call (no overload takes these arguments; a None
+    # where the installed torch reads a dimension name); a version pair when a library's frame made the call
+    ("positional_count", re.compile(r"TypeError: (?P<callee>[\w.<>]+)\(\) takes (?:from \d+ to )?\d+ positional "
+                                    r"arguments? but (?P<arg>\d+) (?:were|was) given")),
+    ("arg_parser", re.compile(r"(?P<callee>[\w.]+)\(\) received an invalid combination of arguments"
+                              r"|Please look up dimensions by name, got: name = (?P<arg>None)")),
     # transformers' require_version / dependency_versions_check, and pip's resolver
     ("required_version", re.compile(r"(?P<arg>[A-Za-z][\w.-]*)(?P<spec>[<>=!~][^ ]*) is required for [^,]*, but found "
                                     r"(?P<mod>[A-Za-z][\w.-]*)==(?P<found>[\w.+-]+)")),
@@ -83,7 +91,7 @@ _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
     "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
-    "Invalid object", "404",
+    "Invalid object", "404", "invalid combination", "look up dimensions", "positional argument",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
     r"Worker|Engine|Runner|Executor|^LLM$|Scheduler|Server|Rollout|Generator|Client", re.I
@@ -112,6 +120,11 @@ _OWNER = [
     (re.compile(r"^(?:FullyShardedDataParallel|FSDP|fully_shard|MixedPrecision\w*|DTensor|DeviceMesh)\b"), "torch"),
     (re.compile(r"^(?:Dataset|DatasetDict|load_dataset)\b"), "datasets"),
 ]  # fmt: skip
+
+
+# packages whose dotted class names a message may print whole (logsg branch)
+_PACKAGES = frozenset({"torch", "vllm", "sglang", "transformers", "peft", "trl", "accelerate", "deepspeed", "ray",
+                       "verl", "openrlhf", "nemo_rl", "megatron", "flash_attn", "triton", "numpy", "datasets"})  # fmt: skip
 
 
 # attributes a library attaches to objects of another: vLLM sets ``weight_loader`` on every torch Parameter
@@ -190,7 +203,8 @@ def owner(name: str, libs: list[str]) -> str | None:
     for pat, pkg in _OWNER:
         if pat.match(head):
             return pkg
-    return None
+    # a class its message names with its module (``torch.dtype``, ``vllm.config.ModelConfig``): that package
+    return head if "." in name and head in _PACKAGES else None
 
 
 def _path_version(tb: Traceback | None, pkg: str | None) -> str | None:
@@ -251,7 +265,9 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
     req = facts.first("required_version", "pip_conflict")
     if req is not None:
         return _required(facts, ctx, req)
-    h = facts.first("unexpected_kwarg", "missing_arg", "module_attr", "object_attr")
+    h = facts.first(
+        "unexpected_kwarg", "missing_arg", "module_attr", "object_attr", "positional_count", "arg_parser"
+    )
     while h is not None and h.rule == "object_attr":
         cls, attr = h.fields["cls"], h.fields["arg"]
         if _ENGINE_CLASS.search(cls) and (
@@ -264,22 +280,14 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         # (under the trainer's weight update into the engine it is the weight sync's failure: engines)
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
-    if h is None:
-        return None
+    if h is None or h.rule == "arg_parser":
+        return _arg_parser(facts, ctx, h) if h else None
     pl = place(facts, h.line)
     libs = _libraries(pl.tb)
     arg = h.fields["arg"]
-    if h.rule == "module_attr":
-        callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
-        what = f"module {h.fields['mod']} has no {arg}"
-    elif h.rule == "object_attr":
-        cls = h.fields["cls"]
-        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
-        what = f"{cls} has no attribute '{arg}'"
-    else:
-        name = h.fields["callee"]
-        callee = owner(name, libs) or next((p for p in libs[1:2]), None)
-        what = f"{name}() " + ("does not take" if h.rule == "unexpected_kwarg" else "requires") + f" '{arg}'"
+    callee, name, what = _api_names(h, libs)
+    if _own_call(pl.tb, h, callee):
+        return None  # the user's own code called a function of its own with another signature: an exception
     caller = next((p for p in libs if p != callee), None)
     pair = [p for p in (caller, callee) if p]
     where = " -> ".join(pair) if pair else name
@@ -319,6 +327,82 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
         score=44.0,
         data={"caller": caller, "callee": callee, "name": name, "argument": arg},
     )  # fmt: skip
+
+
+def _api_names(h: Hit, libs: list[str]) -> tuple[str | None, str, str]:
+    """(the callee package, the name the message names, what it says) of an API message."""
+    arg = h.fields["arg"]
+    if h.rule == "module_attr":
+        callee, name = h.fields["mod"].split(".")[0], f"{h.fields['mod']}.{arg}"
+        what = f"module {h.fields['mod']} has no {arg}"
+    elif h.rule == "object_attr":
+        cls = h.fields["cls"]
+        callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
+        what = f"{cls} has no attribute '{arg}'"
+    else:
+        name = h.fields["callee"]
+        callee = owner(name, libs) or next((p for p in libs[1:2]), None)
+        verb = {"unexpected_kwarg": "does not take", "positional_count": "does not take"}.get(
+            h.rule, "requires"
+        )
+        what = f"{name}() {verb} " + (
+            f"{arg} positional arguments" if h.rule == "positional_count" else f"'{arg}'"
+        )
+    return callee, name, what
+
+
+def _own_call(tb: Traceback | None, h: Hit, callee: str | None) -> bool:
+    """Whether a signature error is a call inside the user's own code (logsg branch): the innermost frame, where
+    a TypeError about a call's arguments is raised, is the user's, and no library is known to define the callee
+    (``__new__() missing 1 required positional argument`` in a script's own function). A mismatch between
+    libraries is raised in a library's frame, or names a library's class."""
+    if h.rule not in ("missing_arg", "positional_count") or tb is None or not tb.frames or callee is not None:
+        return False
+    return not tb.frames[-1].library
+
+
+def _arg_parser(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause | None:
+    """Torch's argument parser rejecting a call a library's frame made (logsg branch): the library was written
+    for another torch. From the user's own frame it is the user's call, not a pair: no cause here."""
+    pl = place(facts, h.line)
+    frames = pl.tb.frames if pl.tb else []
+    if not frames or not frames[-1].library:
+        return None
+    inner = frames[-1]
+    caller = package_of(inner.path)
+    if caller in (None, "torch"):
+        return None
+    op = h.fields.get("callee") or inner.call() or "a torch op"
+    at = _frame_of(pl.tb, caller)
+    msg = h.line.text.strip()
+    return Cause(
+        "error",
+        "version_mismatch",
+        f"Version mismatch between {caller} and torch: torch rejects the arguments {caller} passes to {op}",
+        f"{caller}'s code ({at or inner.func}) calls {op} with arguments the installed torch's signature does not "
+        f"take ({msg[:120]}): {caller} was written for another torch release (an argument form the installed "
+        "torch reads differently, e.g. a None where it now parses a dimension name).",
+        evidence=[quote(h.line)]
+        + pl.evidence()
+        + [f"libraries in the traceback: {', '.join(_libraries(pl.tb))}"],
+        fixes=fixes(
+            ctx,
+            advice(
+                f"pip install --upgrade {caller} torch: a {caller} release written for the installed torch (or "
+                f"the torch its requirements pin)"
+            ),
+            advice(
+                f"or pin torch to the release the installed {caller} was tested with (its requirements / setup)"
+            ),
+        ),  # fmt: skip
+        unknown=[f"which versions are installed: run `pip list | grep -i -E '{caller}|torch'`"],
+        where=f"{caller} -> torch ({at or inner.func}: {op})",
+        phase=pl.phase,
+        rank=pl.rank,
+        line=h.no,
+        score=44.0,
+        data={"caller": caller, "callee": "torch", "name": op, "argument": h.fields.get("arg")},
+    )
 
 
 def _required(facts: LogFacts, ctx: LogContext, h: Hit) -> Cause:

@@ -139,7 +139,10 @@ _FRAME = re.compile(
     r'^\s*(?:File\s+)?"?(?P<path>[^"\s][^"]*?\.pyx?|<[^>]+>)"?, line (?P<ln>\d+), in (?P<func>[\w.<>]+)'
 )
 _FLIGHT = re.compile(r"^\s*#\d+ (?P<func>[\w.<>]+) from (?P<path>\S+\.py):(?P<ln>\d+)")
-_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_CALL = re.compile(
+    r"(?<![\w.])(?!(?:return|yield|await|if|elif|while|for|in|not|and|or|is|lambda|assert|with|del|else)\b)"
+    r"([A-Za-z_][\w.]*)\s*\("
+)  # a keyword before a parenthesis (`return (a * b).sum(`) is no call (logsg branch)
 _CARET = re.compile(r"^\s*[\^~]+\s*$")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
+from verlaudit.analysis.logs.deaths import _dead_actor
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
 from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.phases import phase_of_name
@@ -529,7 +530,7 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         what,
         evidence=[quote(h.line) for h in hits[:3]] + table + pl.evidence(),
         fixes=fx,
-        where=top or killed,
+        where=" / ".join(x for x in (top or killed, _killed_actor(facts)) if x) or None,
         phase=pl.phase,
         rank=pl.rank,
         line=hits[0].no,
@@ -691,3 +692,10 @@ def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
         line=h.no,
         score=44.0,
     )
+
+
+def _killed_actor(facts: LogFacts) -> str | None:
+    """The class of the Ray actor whose worker the monitor killed, as its death message prints it
+    (``class_name: monitor_memory_usage.<locals>.MemoryMonitorActor``) (logsg branch)."""
+    cls = _dead_actor(facts).get("class_name")
+    return f"actor {cls.rsplit('.', 1)[-1]}" if cls else None

@@ -139,6 +139,13 @@ _NAMES = {
     ),
 }
 _BY_NAME = {name: phase for phase, names in _NAMES.items() for name in names}
+# a name that moves weights somewhere is the weight sync whatever the framework calls it
+# (broadcast_weights_for_collective, _update_bucket_weights, send_params_to_engine, refit_policy_generation):
+# one of these verbs and one of these nouns among its words (logsg branch)
+_SYNC_VERBS = frozenset(
+    {"update", "sync", "broadcast", "send", "push", "refit", "receive", "recv", "transfer"}
+)
+_SYNC_NOUNS = frozenset({"weight", "weights", "param", "params", "parameters", "tensor", "tensors", "bucket"})
 _ROLE_PREFIX = re.compile(r"^(actor_rollout_ref_|actor_rollout_|actor_|critic_|ref_|rollout_)")
 
 
@@ -152,12 +159,15 @@ def phase_of_name(name: str | None) -> str | None:
     if name not in _BY_NAME and role and role.end() < len(name):
         inner = phase_of_name(name[role.end() :])
         return "reference" if inner == "logprob" and role[1] == "ref_" else inner
+    words = set(name.lower().split("_"))
     while name:
         if name in _BY_NAME:
             return _BY_NAME[name]
         if "_" not in name.strip("_"):
-            return None
+            break
         name = name.rsplit("_", 1)[0]  # generate_sequences_loop -> generate_sequences
+    if words & _SYNC_VERBS and (words & _SYNC_NOUNS or "refit" in words):
+        return "weight_sync"
     return None
 
 
@@ -187,7 +197,7 @@ _ACTIVITY = [
         re.compile(r"\bSaving (?:model )?checkpoint\b|\bSaving model\b|\bsave_checkpoint\b", re.I),
     ),
     ("init", re.compile(r"\bLoading checkpoint shards\b")),
-    ("weight_sync", re.compile(r"seconds to wake up\b|\bupdate_weights\b")),
+    ("weight_sync", re.compile(r"seconds to wake up\b|\bupdate_weights\w*")),
     ("generate", re.compile(r"\bProcessed prompts\b|\bgenerate_sequences\b|^\[rollout \d+ / \d+\]")),
 ]
 

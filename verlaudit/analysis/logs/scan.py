@@ -99,8 +99,21 @@ class Traceback:
         frames = self.user_frames() or self.frames
         for f in reversed(frames):
             if f.func not in _WRAPPERS and f.call() not in _HANDOFFS:
-                return f.where()
+                return self._constructed(f) or f.where()
         return None
+
+    def _constructed(self, f: Frame) -> str | None:
+        """``CudaGraphRunner.__init__``: a constructor frame named by the class its caller's line builds (a frame
+        names its function, not its class; the caller's ``CudaGraphRunner(self)`` does) (logsg branch)."""
+        if f.func != "__init__" or f not in self.frames:
+            return None
+        i = self.frames.index(f)
+        call = self.frames[i - 1].call() if i > 0 else None
+        cls = call.rsplit(".", 1)[-1] if call else ""
+        if not cls[:1].isupper():
+            return None
+        inner = f.call()
+        return f"{cls}.__init__" + (f": {inner}" if inner and inner.rsplit(".", 1)[-1] != "__init__" else "")
 
     def phase(self) -> tuple[str, str] | None:
         """From the frames; else from the Ray task it came from

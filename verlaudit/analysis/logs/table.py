@@ -167,6 +167,9 @@ class MetricTable:
         self._header: list[str] | None = None  # a table's column names
         self._step_header: int | None = None
         self.formats: dict[str, int] = {}
+        self.names: set[str] = set()
+        """Every numeric metric name the records held (bounded): what tells an RL objective's log (a reward,
+        a KL, an advantage logged beside the loss) from a supervised one's."""
 
     # ---- the records
     def _emit(self, rec: dict[str, Any] | None, out: list[dict[str, Any]]) -> None:
@@ -182,6 +185,8 @@ class MetricTable:
         for k, v in rec.items():
             if k.startswith("_") or k == "step" or not isinstance(v, float):
                 continue
+            if len(self.names) < 256:
+                self.names.add(k)
             ours = vocab.canonical(k)
             if ours is None or self.keys.setdefault(ours, k) != k:  # one log name feeds one series
                 continue

@@ -11,6 +11,10 @@
   reward varies within the batch (a logged reward std above 0, or none logged) and the learning rate is
   not 0: no gradient reaches the weights, so the policy never moves (`no_update`); an error from three
   logged steps, a warning below.
+- ``collapse`` too, with no trigger: a supervised loss (no reward, KL, advantage or preference metric logged
+  beside it) of exactly 0.0 at the last two logged steps or more, from the first logged step or after a
+  loss of at least `ABRUPT` (not one that converged through the printer's rounding): no token counted, or
+  the loss was lost in its reduction (`zero_loss`, from the logsg branch).
 - ``mismatch``: a rollout-vs-trainer mismatch or importance-sampling metric of any framework
   (`vocab.MISMATCH`) outside its published bound at two logged steps or more (at the only one, for a
   log of one step): a warning, with the fix spelled for the log's framework.
@@ -22,6 +26,7 @@ Pure functions of the table and the log's context. Exercised by
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -80,6 +85,18 @@ def _tail(points: list[Point], pred, after_step: int | None) -> list[Point]:
     return run[::-1]
 
 
+def _flat_tail(points: list[Point], after_step: int | None) -> list[Point]:
+    """The run of identical finite values at the end of ``points`` (from ``after_step`` on), when the values
+    before it varied and reached higher (logsg branch): a reward that stopped moving below where it was."""
+    if len(points) < 2 or not math.isfinite(points[-1][2]):
+        return []
+    last = points[-1][2]
+    run = _tail(points, lambda v: v == last, after_step)
+    before = [v for s, _, v in points if s < (run[0][0] if run else 0) and math.isfinite(v)]
+    # varied before, and frozen below its best: a reward stuck at its maximum is a saturated run, not a collapse
+    return run if len(set(before)) >= 2 and last < max(before) else []
+
+
 def _changed(points: list[Point], run: list[Point], pred) -> bool:
     """Whether the values before the run were not already in the run's state."""
     before = [v for s, _, v in points if s < run[0][0] and math.isfinite(v)]
@@ -118,8 +135,15 @@ def collapse(t: MetricTable, ctx: LogContext) -> Cause | None:
         if len(run) >= max(need, 2) and _changed(ent, run, lambda v: v < ENTROPY_FALL * e0):
             found.append(("entropy", f"entropy {run[-1][2]:.3g} at step {run[-1][0]}, below "
                                      f"{ENTROPY_FALL:g}x its early {e0:.3g} from step {run[0][0]}", run[0]))  # fmt: skip
+    if "reward" not in {k for k, _, _ in found}:  # a reward frozen at one value (not 0) to the end
+        run = _flat_tail(reward, t_step)
+        if len(run) >= max(need, 3):
+            found.append(("flat", f"reward {run[0][2]:.4g} at every logged step from step {run[0][0]} to step "
+                                  f"{run[-1][0]} ({len(run)} logged step(s)) after varying before", run[0]))  # fmt: skip
     kinds = {k for k, _, _ in found}
-    if not (trig and found) and not ("reward" in kinds and len(kinds) >= 2):
+    # no gradient trigger: the reward's fall (to 0, or frozen below where it was: logsg branch) with another signal;
+    # an entropy at 0 with a loss of 0 alone is also a run that solved everything (GRPO: no advantage left)
+    if not (trig and found) and not (kinds & {"reward", "flat"} and len(kinds) >= 2):
         return None
     start = grad[trig[0]] if trig else min((p for _, _, p in found), key=lambda p: p[1])
     ev = ([trig[1]] if trig else []) + [f"line {p[1]}: step {p[0]}: {text}" for _, text, p in found]
@@ -247,8 +271,71 @@ def no_signal(t: MetricTable, ctx: LogContext) -> Cause | None:
     )  # fmt: skip
 
 
+# an RL objective's metrics beside its loss: a reward, a KL, an advantage, a value, DPO's chosen / rejected
+# log-probs, PPO's ratio / clip fraction; a log without any of them trains a supervised (cross-entropy) loss
+_RL_NAMES = re.compile(
+    r"reward|(?:^|[/_])kl(?:$|[/_])|advantage|logps|chosen|rejected|score|returns?(?:$|[/_])|vf_|value|critic"
+    r"|ratio|clipfrac|clip_frac|pg_|policy_loss|num_generations|completion",
+    re.I,
+)
+ABRUPT = 1e-3
+"""The loss before a run of exact zeros at or above this is a drop, not a convergence hidden by rounding (the HF
+Trainer prints the loss to 4 decimals)."""
+
+
+def zero_loss(t: MetricTable, ctx: LogContext) -> Cause | None:
+    """A supervised loss of exactly 0.0 to the last logged step (module docstring)."""
+    loss = _series(t, "loss")
+    run = _tail(loss, lambda v: v == 0.0, None)
+    if len(run) < 2 or any(_RL_NAMES.search(k) for k in t.names):
+        return None
+    before = [v for s, _, v in loss if s < run[0][0]]
+    if before and not (math.isfinite(before[-1]) and before[-1] >= ABRUPT):
+        return None  # a NaN before it (the non-finite rule's), or a loss that converged through rounding
+    key = t.keys.get("loss", "loss")
+    since = "from the first logged step" if not before else f"from step {run[0][0]} (after {before[-1]:.4g})"
+    ev = [f"line {run[0][1]}: step {run[0][0]}: {key} = 0.0, and at every logged step to step {run[-1][0]} "
+          f"({len(run)} logged step(s))" + ("" if before else ": it was never non-zero")]  # fmt: skip
+    grad = [p for p in _series(t, "grad_norm") if p[0] >= run[0][0]]
+    if grad and all(v == 0.0 for _, _, v in grad):
+        ev.append(
+            f"{t.keys.get('grad_norm', 'grad_norm')} = 0.0 at the same steps: nothing reaches the weights"
+        )
+    elif grad and all(math.isfinite(v) and v > 0 for _, _, v in grad):
+        ev.append(f"{t.keys.get('grad_norm', 'grad_norm')} > 0 at the same steps: the loss reported is not the "
+                  "one differentiated (its reduction across accumulation steps or ranks lost it)")  # fmt: skip
+    ev.append("no reward, KL, advantage or preference metric is logged: a supervised (cross-entropy) loss, which is "
+              "exactly 0 only when no token counts")  # fmt: skip
+    return Cause(
+        "error",
+        "collapse",
+        f"Loss exactly 0 {since}: the objective carries no signal",
+        "A cross-entropy loss is strictly positive on any token it counts; printed as exactly 0.0 at every step "
+        "it means no token counted (every label masked: the prompt mask or the completion-only collator covers "
+        "the whole sequence, or truncation cut the answer off), or the loss was lost on its way to the log "
+        "(its reduction across gradient-accumulation steps or sharded ranks, a mixed-precision overflow flushed "
+        "to 0). The model does not learn either way.",
+        evidence=ev,
+        step=run[0][0],
+        where=key,
+        phase="update",
+        line=run[0][1],
+        score=31.0,
+        fixes=fixes(
+            ctx,
+            advice("print one batch's labels: if every label is -100 (the ignore index) the mask or the truncation "
+                   "(max_length / max_seq_length) removes the answer; fix the collator's response template or raise "
+                   "the length"),
+        ),
+        unknown=["whether no token counted or the loss was lost in its reduction: print the count of labels "
+                 "!= -100 of one batch and the loss before the trainer reduces it"],
+        data={"signals": ["loss_zero"], "trigger_step": None},
+    )  # fmt: skip
+
+
 def vocab_names(kinds: list[str]) -> str:
-    words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing"}
+    words = {"reward": "reward to 0", "loss": "loss exactly 0", "entropy": "entropy collapsing",
+             "flat": "reward frozen"}  # fmt: skip
     items = [words[k] for k in kinds]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -332,7 +419,8 @@ def mismatch(t: MetricTable, ctx: LogContext) -> Cause | None:
 def causes(t: MetricTable, ctx: LogContext) -> list[Cause]:
     """The table's causes: a collapse, a mismatch (named in the collapse's evidence when it came first:
     the usual precursor)."""
-    fell, off = collapse(t, ctx) or no_update(t, ctx) or no_signal(t, ctx), mismatch(t, ctx)
+    fell = collapse(t, ctx) or no_update(t, ctx) or no_signal(t, ctx) or zero_loss(t, ctx)
+    off = mismatch(t, ctx)
     if fell and off and off.line is not None and fell.line is not None and off.line <= fell.line:
         fell.evidence.append(f"preceded by: {off.title} (line {off.line})")
     return [c for c in (fell, off) if c]
