@@ -111,7 +111,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("verlaudit.plan",),
     # the shared vocabularies: run-directory names, dtypes, finding kinds, verl's keys
     ("verlaudit.rundir", "verlaudit.dtypes", "verlaudit.kinds", "verlaudit.verl_keys", "verlaudit"),
-    # the classes finding kinds are filed under (the registry's own table, split out for length)
+    # the own loop's finding kinds (re-exported by verlaudit.kinds), the registry's machinery, and the
+    # classes finding kinds are filed under (the registry's parts, split out for length)
+    ("verlaudit.kinds_loop",),
+    ("verlaudit.kind_registry",),
     ("verlaudit.kind_classes",),
     # the trainer, which knows nothing of verlaudit
     ("trainer",),

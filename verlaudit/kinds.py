@@ -10,46 +10,48 @@ cause kinds (`CAUSES`: ``dtype_error``, ``oom``, ``killed`` ...) are registered 
 
 Run directories written before the kinds were split carry the old catch-alls (``boundary/collator``,
 ``boundary/reward``, ...); `verlaudit.rundir` maps them to these kinds when it reads findings.jsonl.
-This module imports only its class table (`verlaudit.kind_classes`) from verlaudit. `pytest tests/test_kinds.py` fails on a kind the audit
+Its machinery (`Kind`, the tables) is `verlaudit.kind_registry`; the own loop's kinds are
+`verlaudit.kinds_loop` (split out for length, re-exported here). This module imports only those and its
+class table (`verlaudit.kind_classes`) from verlaudit. `pytest tests/test_kinds.py` fails on a kind the audit
 writes that is not registered here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from verlaudit.kind_classes import CLASSES, ROOT_CLASSES, SYMPTOM_CLASSES  # noqa: F401  (re-exported: the classes live beside)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """One registered kind: its name as written, its root-cause class, and what it means."""
-
-    name: str
-    cls: str
-    meaning: str
-
-
-_FINDINGS: dict[str, Kind] = {}
-_CAUSES: dict[str, Kind] = {}
-
-
-def _register(table: dict[str, Kind], name: str, cls: str, meaning: str) -> str:
-    if name in table:
-        raise ValueError(f"verlaudit.kinds: {name!r} registered twice")
-    if cls not in CLASSES:
-        raise ValueError(
-            f"verlaudit.kinds: {name!r}: unknown class {cls!r}; expected one of {', '.join(CLASSES)}"
-        )
-    table[name] = Kind(name, cls, meaning)
-    return name
-
-
-def _f(name: str, cls: str, meaning: str) -> str:
-    return _register(_FINDINGS, name, cls, meaning)
-
+from verlaudit.kind_registry import _CAUSES, _FINDINGS, Kind, _c, _f  # noqa: F401  (Kind is re-exported)
+from verlaudit.kinds_loop import (  # noqa: F401  (re-exported: the own loop's kinds live beside)
+    LOOP_AUTOCAST_INACTIVE,
+    LOOP_CLIP_BEFORE_BACKWARD,
+    LOOP_CLIP_SCALED,
+    LOOP_COMPUTE_BELOW_CONTRACT,
+    LOOP_FP16_NO_SCALER,
+    LOOP_GRADS_AFTER_STEP,
+    LOOP_GRADS_NOT_CLEARED,
+    LOOP_LOGPROBS_LOW_PRECISION,
+    LOOP_LOGPROBS_MISALIGNED,
+    LOOP_LOSS_NO_GRAPH,
+    LOOP_LOSS_OUTSIDE_RESPONSE,
+    LOOP_LOSS_SKIPS_FIRST_TOKEN,
+    LOOP_OPTIMIZER_PARAMS,
+    LOOP_OPTIMIZER_STALE_PARAMS,
+    LOOP_PARAMS_OUTSIDE_OPTIMIZER,
+    LOOP_SCALER_BYPASSED,
+    LOOP_SCALER_NOT_UPDATED,
+    LOOP_SCHEDULER_CADENCE,
+    LOOP_STEP_REPEATED,
+    LOOP_STEP_WITHOUT_GRADS,
+    LOOP_UNSCALE_TWICE,
+    LOOP_UNSCALED_BACKWARD,
+    LOOP_UPDATE_AGAINST_ADVANTAGE,
+    LOOP_WEIGHT_ROUND_TRIP,
+    LOOP_ZERO_GRAD_IN_ACCUMULATION,
+    PLUGIN_INT_WRAP,
+    PLUGIN_ROUND_TRIP,
+)
 
 # ---------------------------------------------------------------- the collator's batch
 COLLATOR_NOT_TENSOR = _f(
@@ -381,52 +383,6 @@ REJECTION_SATURATED = _f(
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
 
-# ---------------------------------------------------------------- plug24: the user's own loop
-# (`verlaudit.integrations.loop_checks`) and integer arithmetic inside plug-ins (`verlaudit.audit.plugins`)
-LOOP_UNSCALED_BACKWARD = _f(
-    "loop/unscaled_backward",
-    "loop_scaling",
-    "scaler.step with no scaler.scale(loss) since the last update: the backward ran on the unscaled loss",
-)
-LOOP_SCALER_BYPASSED = _f(
-    "loop/scaler_bypassed",
-    "loop_scaling",
-    "optimizer.step() outside scaler.step after a scaled backward: the gradients carry the loss scale",
-)
-LOOP_FP16_NO_SCALER = _f(
-    "loop/fp16_no_scaler", "loop_scaling", "an fp16 autocast forward of a trained model with no GradScaler"
-)
-LOOP_STEP_WITHOUT_GRADS = _f(
-    "loop/step_without_grads",
-    "loop_scaling",
-    "an optimizer step with no gradient on any parameter (zero_grad between backward and step)",
-)
-LOOP_AUTOCAST_INACTIVE = _f(
-    "loop/autocast_inactive",
-    "autocast_device",
-    "an autocast region around a forward that does nothing for it (another device type, or disabled)",
-)
-LOOP_WEIGHT_ROUND_TRIP = _f(
-    "loop/weight_round_trip",
-    "round_trip",
-    "a trained model cast from its storage dtype to fp16/bf16 and back: its master weights rounded",
-)
-LOOP_COMPUTE_BELOW_CONTRACT = _f(
-    "loop/compute_below_contract",
-    "compute_dtype",
-    "an own loop's forward returned a narrower dtype than its declared contract computes in",
-)
-PLUGIN_ROUND_TRIP = _f(
-    "plugin/round_trip",
-    "plugin_precision",
-    "values a reward function or collator cast to fp16/bf16 and straight back up: rounded, not computed",
-)
-PLUGIN_INT_WRAP = _f(
-    "plugin/int_wrap",
-    "plugin_precision",
-    "integer arithmetic in a plug-in that wrapped around (a narrow torch integer dtype, a numpy scalar)",
-)
-
 # ---------------------------------------------------------------- where precision is lost (audit level full)
 FP16_UNDERFLOW = _f(
     "precision/fp16_underflow",
@@ -501,59 +457,6 @@ CONFIG_SCALER = _f(
 )
 CONFIG_LOSS_SCALE_FACTOR = _f(
     "config/loss_scale_factor", "config_loss_scale", "a loss divisor far from the response length"
-)
-
-# ---------------------------------------------------------------- loop24: an own loop's protocol
-# (`verlaudit.integrations.loop_protocol`, `loop_direction`)
-LOOP_CLIP_SCALED = _f(
-    "loop/clip_scaled_grads",
-    "loop_scaling",
-    "clip_grad_norm_ / clip_grad_value_ on gradients still carrying the GradScaler's scale (no unscale_)",
-)
-LOOP_SCALER_NOT_UPDATED = _f(
-    "loop/scaler_not_updated",
-    "loop_scaling",
-    "a GradScaler stepped again (or to the end) with no scaler.update() after its step",
-)
-LOOP_UNSCALE_TWICE = _f(
-    "loop/unscale_twice",
-    "loop_scaling",
-    "scaler.unscale_ called again on an optimizer already unscaled since the scaler's last update",
-)
-LOOP_SCHEDULER_CADENCE = _f(
-    "loop/scheduler_cadence",
-    "loop_cadence",
-    "an LR scheduler stepped more than once per optimizer step (per micro-batch): its schedule runs fast",
-)
-LOOP_GRADS_NOT_CLEARED = _f(
-    "loop/grads_not_cleared",
-    "loop_cadence",
-    "no zero_grad between optimizer steps: each backward adds to the last step's gradients",
-)
-LOOP_ZERO_GRAD_IN_ACCUMULATION = _f(
-    "loop/zero_grad_in_accumulation",
-    "loop_cadence",
-    "zero_grad between the micro-batches of one optimizer step: earlier micro-batches' gradients lost",
-)
-LOOP_OPTIMIZER_PARAMS = _f(
-    "loop/optimizer_params",
-    "loop_optimizer",
-    "an own loop's optimizer that does not hold the watched model's trainable parameters",
-)
-LOOP_LOSS_NO_GRAPH = _f(
-    "loop/loss_without_graph",
-    "loop_graph",
-    "backward() on a loss with no autograd graph (log-probs from a no-grad forward, or detached)",
-)
-LOOP_LOGPROBS_LOW_PRECISION = _f(
-    "loop/logprobs_low_precision",
-    "island_dtype",
-    "a log_softmax / logsumexp in the user's loop returning fp16/bf16 log-probs under an fp32 contract",
-)
-LOOP_UPDATE_AGAINST_ADVANTAGE = _f(
-    "loop/update_against_advantage",
-    "loop_objective",
-    "optimizer steps that lower the log-probs of responses with positive advantage (flipped loss sign)",
 )
 
 # ---------------------------------------------------------------- model24: tokenizer, checkpoint and setup forwards
@@ -723,49 +626,6 @@ SPECIAL_TOKEN_DOUBLED = _f(
     "most prompt rows start with a special token (bos) twice where the tokenizer adds it once",
 )
 
-# ---------------------------------------------------------------- loopg: an own loop's update against its loss
-# (`verlaudit.integrations.loop_update`, `loop_tokens`)
-LOOP_GRADS_AFTER_STEP = _f(
-    "loop/grads_after_step",
-    "loop_order",
-    "gradients clipped or changed after the optimizer step that used them (the step saw unprocessed ones)",
-)
-LOOP_CLIP_BEFORE_BACKWARD = _f(
-    "loop/clip_before_backward",
-    "loop_order",
-    "a clip followed by a backward before the step: the step applies gradients the clip never saw",
-)
-LOOP_PARAMS_OUTSIDE_OPTIMIZER = _f(
-    "loop/params_outside_optimizer",
-    "loop_optimizer",
-    "trained parameters with gradients at a step that no optimizer holds (replaced after it was built)",
-)
-LOOP_OPTIMIZER_STALE_PARAMS = _f(
-    "loop/optimizer_stale_params",
-    "loop_optimizer",
-    "optimizer param groups holding tensors the watched model no longer has (a module replaced)",
-)
-LOOP_LOSS_OUTSIDE_RESPONSE = _f(
-    "loop/loss_outside_response",
-    "loop_loss_tokens",
-    "an own loop's loss with a gradient at prompt or padding positions, not only at the response's",
-)
-LOOP_LOSS_SKIPS_FIRST_TOKEN = _f(
-    "loop/loss_skips_first_token",
-    "loop_loss_tokens",
-    "an own loop's loss with no gradient at any row's first response token (a mask or slice off by one)",
-)
-LOOP_STEP_REPEATED = _f(
-    "loop/step_repeated",
-    "loop_order",
-    "an optimizer step on gradients a previous step already applied (no backward between the two)",
-)
-LOOP_LOGPROBS_MISALIGNED = _f(
-    "loop/logprobs_misaligned",
-    "loop_alignment",
-    "an own loop's loss reads at position t another token's log-prob than the next token t+1 (shifted)",
-)
-
 # ---------------------------------------------------------------- rfprobe: reward functions probed in a fork (`probes_fork`, `probes_answer`)
 REWARD_NOT_REPEATABLE = _f(
     "reward/not_repeatable",
@@ -809,10 +669,6 @@ OOM = _f("memory/oom", "oom", "the run ran out of memory")
 
 FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)
 """Every finding kind the audit writes, by name."""
-
-
-def _c(name: str, cls: str, meaning: str) -> str:
-    return _register(_CAUSES, name, cls, meaning)
 
 
 # the run analyses' causes (`verlaudit.analysis.causes.Cause.kind`); a cause made from a finding is
