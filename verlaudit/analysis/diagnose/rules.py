@@ -393,12 +393,6 @@ RULES: dict[tuple[str, str], Rule] = {
         ("setup_shared", s): Rule("parameters shared by two roles are stepped by both roles' updates")
         for s in ("reference", "mismatch", "weights_outlier", "learning_rate", "exception")
     },
-    **{
-        ("special_doubled", s): Rule(
-            "a prompt format the model was never trained on: its answers are off-task"
-        )
-        for s in ("no_signal", "reward_constant", "mismatch")
-    },
 }
 """(root class, symptom class) -> why the root produces the symptom. One rule per line, each tested
 in tests/test_rules.py."""
