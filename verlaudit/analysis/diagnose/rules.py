@@ -393,12 +393,6 @@ RULES: dict[tuple[str, str], Rule] = {
         ("setup_shared", s): Rule("parameters shared by two roles are stepped by both roles' updates")
         for s in ("reference", "mismatch", "weights_outlier", "learning_rate", "exception")
     },
-    **{
-        ("special_doubled", s): Rule(
-            "a prompt format the model was never trained on: its answers are off-task"
-        )
-        for s in ("no_signal", "reward_constant", "mismatch")
-    },
     # loopg: an own loop's update checked against its loss (`verlaudit.integrations.loop_update`, `loop_tokens`)
     ("loop_optimizer", "loop_cadence"): Rule(
         "gradients of parameters no optimizer holds are never cleared by its zero_grad: they pile up"
