@@ -92,6 +92,21 @@ def test_a_clip_after_the_step_is_an_error_naming_its_line_and_one_before_it_is_
     assert kinds(tmp_path / "before") == []
 
 
+def test_a_clip_after_a_first_step_without_gradients_is_still_a_clip_after_the_step(tmp_path):
+    def first_zero(model, opt, i):  # step 0's loss is constant (no gradient), as when every reward ties
+        opt.zero_grad()
+        loss = loss_of(model, i) * (i > 0)
+        loss.backward()
+        opt.step()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        return loss
+
+    loop(tmp_path / "run", first_zero)
+    assert kinds(tmp_path / "run") == ["loop/grads_after_step"]
+    (f,) = found(tmp_path / "run", "loop/grads_after_step")
+    assert f.severity == "error"
+
+
 def test_a_clip_after_the_step_that_changed_nothing_is_still_out_of_order(tmp_path):
     def loose(model, opt, i):
         opt.zero_grad()

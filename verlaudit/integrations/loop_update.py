@@ -96,6 +96,8 @@ class UpdateAudit:
         """``backward()`` calls so far (a clip must follow the last one before its step)."""
         self._last_step: dict[str, tuple[str | None, int]] = {}
         """role -> (line, backwards before it) of its last optimizer step."""
+        self._cleared: set[str] = set()
+        """Roles whose gradients a zero_grad cleared since their last step."""
         self._last_clip: dict[str, tuple[str, Any, str | None, int]] = {}
         """role -> (function, limit, line, backwards before it) of the last clip since its last step."""
 
@@ -134,13 +136,15 @@ class UpdateAudit:
         self.steps[role] = self.steps.get(role, 0) + 1
         self._last_clip.pop(role, None)
         self._last_step[role] = (line, self.backwards)
+        self._cleared.discard(role)
         self._print.pop(role, None)
         if self._audited.get(role, 0) >= AUDITED_STEPS or (role, K.LOOP_GRADS_AFTER_STEP) in self._reported:
             return
         params, norms = _norms(self._opt_params(role))
-        if params and bool((norms > 0).any()):  # a step with gradients (a zero one tells nothing of a clip)
-            self._audited[role] = self._audited.get(role, 0) + 1
+        if params:
             self._print[role] = (params, norms, line)
+            if bool((norms > 0).any()):  # a step with gradients (a zero one tells nothing of a clip)
+                self._audited[role] = self._audited.get(role, 0) + 1
 
     def finish(self) -> None:
         for role in list(self._print):
@@ -161,7 +165,7 @@ class UpdateAudit:
                 continue
             if role in self._print:  # between its step and the next clearing: after the step
                 self._clips.setdefault(role, (name, limit, line))
-            else:
+            elif role not in self.steps or role in self._cleared:  # on cleared gradients, before the backward
                 self._last_clip[role] = (name, limit, line, self.backwards)
 
     def on_backward(self, loss: torch.Tensor, line: str | None) -> None:
@@ -170,9 +174,11 @@ class UpdateAudit:
             self._compare(role, f"the next backward() at {_at(line)}")
 
     def on_zero_grad(self, owner: Any, line: str | None) -> None:
-        for role in list(self._print):
+        for role in self.optimizers:
             if owner is self.optimizers[role] or owner is self.models.get(role):
-                self._compare(role, f"zero_grad() at {_at(line)}")
+                self._cleared.add(role)
+                if role in self._print:
+                    self._compare(role, f"zero_grad() at {_at(line)}")
 
     def on_scheduler_step(self, scheduler: Any, line: str | None) -> None:
         """Not read here (`loop_protocol` checks the scheduler's cadence)."""
