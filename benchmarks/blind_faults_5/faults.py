@@ -220,12 +220,13 @@ FAULTS: list[dict[str, Any]] = [
        ["bypass_mode", "loss_type", "rollout_correction", "ppo_epochs"],
        ["ppo_clip", "loss_type", "ppo_epochs", "bypass"], "warning"),
     # ------------------------------------------------------------ 4. setup-time changes by user code
-    _f("setup_relu_mlp", 4, "model.setup", "dpo", "fp32",
-       {"model": {**SFT, "setup": SU + "relu_mlp"}},
-       "the setup swaps every MLP's SiLU for ReLU on the SFT checkpoint (every role): the weights were "
-       "trained with SiLU, the policy being trained is no longer the SFT model",
-       [["act", "relu", "silu", "activation", "module"], ["setup", "changed", "replaced", "model", "checkpoint"]],
-       ["relu_mlp", "model_setup.py", "setup"], ["silu", "act_fn", "remove", "activation"], "error"),
+    _f("setup_head_scaled", 4, "model.setup", "dpo", "fp32",
+       {"model": {**SFT, "setup": SU + "calibrated_head"}},
+       "the setup multiplies the SFT checkpoint's output-head weights by 0.1 on every role (a calibration "
+       "temperature of 10 baked into the head): the policy's logits are divided by 10, its next-token "
+       "distributions nearly flat, it is no longer the SFT model",
+       [["head", "lm_head", "logit", "scale", "calibrat", "weight"], ["setup", "changed", "model", "checkpoint"]],
+       ["calibrated_head", "model_setup.py", "setup"], ["head", "remove", "temperature", "calibrat"], "error"),
     _f("setup_unscaled_attention", 4, "model.setup", "grpo", "bf16",
        {"model": {**SFT, "setup": SU + "unscaled_attention"}},
        "the setup sets every attention layer's scaling to 1.0 (ported from code that folds 1/sqrt(d) into "
@@ -233,23 +234,23 @@ FAULTS: list[dict[str, Any]] = [
        [["scaling", "attention", "scale", "sqrt"], ["setup", "changed", "model", "checkpoint", "attribute"]],
        ["unscaled_attention", "model_setup.py", "setup"], ["scaling", "head_dim", "sqrt", "remove"], "error"),
     _f("setup_init_weights_wipes", 4, "model.setup.actor", "ppo", "fp32",
-       {"model": {**SFT, "setup": {"actor": SU + "init_value_friendly_weights"}}},
-       "the actor setup calls model.apply(model._init_weights) on the loaded SFT checkpoint: every weight is "
-       "re-initialised at random, the actor starts from scratch while the reference and critic are the SFT "
-       "model",
+       {"model": {**SFT, "setup": {"actor": SU + "fresh_linear_layers"}}},
+       "the actor setup calls reset_parameters() on every nn.Linear of the loaded SFT checkpoint (meant for a "
+       "new head): every projection and the output head are re-initialised at random, the actor starts from "
+       "scratch while the reference and critic are the SFT model",
        [["init", "reinit", "random", "wiped", "overwrit"], ["weight", "setup", "actor", "checkpoint",
                                                             "reference"]],
-       ["init_value_friendly_weights", "model_setup.py", "setup"], ["_init_weights", "init", "remove", "apply"],
+       ["fresh_linear_layers", "model_setup.py", "setup"], ["reset_parameters", "init", "remove", "head only"],
        "error"),
     _f("setup_reentrant_ckpt_frozen_embed", 4, "model.setup.actor", "grpo", "fp32",
        {"model": {"setup": {"actor": SU + "checkpointed_frozen_embeddings"}}},
-       "the actor setup freezes the embeddings and enables HF gradient checkpointing with use_reentrant=True: "
-       "no input of the checkpointed decoder layers requires grad, so the layers get no gradient; only "
-       "the final norm and lm_head train",
+       "the actor setup freezes the embeddings and wraps every decoder layer in its own reentrant "
+       "torch.utils.checkpoint: no input of the checkpointed layers requires grad, so their output has no "
+       "graph and the layers get no gradient; only the final norm and lm_head train",
        [["checkpoint", "reentrant", "no grad", "gradient", "zero grad"], ["layer", "decoder", "embedding",
                                                                         "frozen", "parameter"]],
        ["checkpointed_frozen_embeddings", "model_setup.py", "setup"],
-       ["use_reentrant", "enable_input_require_grads", "reentrant", "requires_grad"], "error"),
+       ["use_reentrant", "enable_input_require_grads", "reentrant", "requires_grad", "checkpoint"], "error"),
     _f("setup_embed_scale_hook", 4, "model.setup", "dpo", "bf16-pure",
        {"model": {**SFT, "setup": SU + "normalised_embeddings"}},
        "the setup registers a forward hook scaling the input embeddings by sqrt(hidden_size) = 8 (Gemma's "

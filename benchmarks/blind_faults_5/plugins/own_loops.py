@@ -110,6 +110,7 @@ def _loop(name, out_dir, *, precision, step_fn, lr=1e-3, scaler=None, opt_fn=Non
             with w.phase("rollout"):
                 seq, rollout_logp = (rollout_fn or _rollout)(model, tok, batch, step)
             rewards = digit_reward(tok, seq, ex)
+            ev.setdefault("reward_std", []).append(float(rewards.std()))
             w.reward(rewards, source="own_loops.digit_reward")
             before = _snapshot(model)
             with w.phase("actor_update"):
