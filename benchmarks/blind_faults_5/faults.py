@@ -132,8 +132,8 @@ FAULTS: list[dict[str, Any]] = [
     _f("rows_float_repr_truth", 1, "data.train_files", "grpo", "bf16",
        {"data": {**VERL, "train_files": "{assets.float_sum_rows}", "compute_score": VS + "exact_score"}},
        "the export script wrote each ground truth as str(a / 10 + b / 10) in binary floating point: "
-       "0.1 + 0.2 is '0.30000000000000004', 0.1 + 0.7 '0.7999999999999999', so a third of the rows have a "
-       "truth no response can match",
+       "0.1 + 0.2 is '0.30000000000000004', 0.2 + 0.4 '0.6000000000000001', so about a quarter of the rows "
+       "have a truth no response can match",
        [["float", "repr", "binary", "round", "representation", "precision", "0.3000"], ["ground_truth", "truth",
                                                                                           "answer", "label"]],
        ["float_sum_rows", "train_files", "ground_truth"],

@@ -299,12 +299,25 @@ def check_max_grad_norm_tiny(rd, assets):
 
 
 def check_clip_ratio_high_typo(rd, assets):
+    import math as _m
+
+    from trainer.losses import PolicyLossParams, ppo_policy_loss
+
+    def grad_at(ratio: float, high: float) -> float:
+        lp = torch.tensor([[_m.log(ratio)]], requires_grad=True)
+        out = ppo_policy_loss(lp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+                              PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=high))  # fmt: skip
+        out.loss.backward()
+        return float(lp.grad.abs().sum())
+
+    g_typo = {r: grad_at(r, 2.8) for r in (1.5, 3.0)}
+    g_meant = {r: grad_at(r, 0.28) for r in (1.5, 3.0)}
     ms = metrics(rd)
-    cf, lo, kl = series(ms, "actor/pg_clipfrac"), series(ms, "actor/pg_clipfrac_lower"), series(ms, "actor/ppo_kl")
-    upper = [a - b for a, b in zip(cf, lo)]
-    ok = bool(cf) and max(abs(u) for u in upper) < 1e-6 and bool(kl) and max(abs(k) for k in kl) > 0 and _state(rd) == "completed"
-    return ok, (f"upper-clip fraction (pg_clipfrac - pg_clipfrac_lower) {_fmt(upper)} over 4 epochs, ppo_kl {_fmt(kl)} "
-                f"(the 2-epoch probe with the default clip: clipfrac 0.24); run {_state(rd)}")  # fmt: skip
+    kl = series(ms, "actor/ppo_kl")
+    ok = all(g > 0 for g in g_typo.values()) and all(g == 0 for g in g_meant.values()) and _state(rd) == "completed"
+    return ok, (f"the trainer's vanilla loss, positive advantage: gradient at ratio 1.5 / 3.0 {g_typo[1.5]:.3g} / "
+                f"{g_typo[3.0]:.3g} with clip_ratio_high 2.8 (0 / 0 with 0.28: clipped); run {_state(rd)} over 4 epochs, "
+                f"ppo_kl {_fmt(kl)}")  # fmt: skip
 
 
 def check_cliprange_value_zero(rd, assets):
