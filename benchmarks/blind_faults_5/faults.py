@@ -322,20 +322,22 @@ FAULTS: list[dict[str, Any]] = [
        [["critic", "value"], ["overflow", "skip", "scale", "inf"] + FP16],
        ["precision.preset", "points_reward", "rewards.py", "reward_fn", "critic"],
        ["bf16", "normali", "scale the reward", "reward scale"], "warning"),
-    _f("reward_fp16_probability_rm", 6, "precision.overrides.reward", "ppo", "fp32",
+    _f("reward_override_ignored_by_loader", 6, "precision.overrides.reward", "ppo", "fp32",
        {"model": {"reward_model": RM + "load_calibrated_probability_scorer"}},
-       "an fp32 run whose reward role is overridden to fp16, with an RM that returns probabilities ~0.9997: "
-       "fp16's spacing just below 1 is 4.9e-4, so the sigmoid's outputs round to one or two values and "
-       "the rewards are (nearly) constant",
-       [["reward"], FP16 + ["round", "resolution", "spacing", "precision"]],
-       ["overrides.reward", "precision.overrides", "reward"],
-       ["fp32", "float32", "override", "logit"], "error",
+       "the suite overrides the reward role to fp16 (parameters and compute, to halve its memory), but the "
+       "reward model comes from a user loader that builds it in fp32 and never reads the role's dtype; the "
+       "trainer leaves a loader's module as returned, so the configured fp16 reward role runs in fp32 "
+       "(configured and effective precision differ; had the cast happened, fp16 would round this RM's "
+       "probabilities ~0.9997 to one value)",
+       [["reward"], ["fp32", "float32", "configured", "effective", "contract", "dtype", "policy", "override"]],
+       ["load_calibrated_probability_scorer", "reward_models.py", "overrides.reward", "reward_model"],
+       ["cast", ".half()", ".to(", "dtype", "loader", "override"], "warning",
        variant={"precision": {"overrides": {"reward": {"param_dtype": "fp16", "compute_dtype": "fp16"}}}}),
     # ------------------------------------------------------------ 7. the user's own loop
     _f("loop_optimizer_on_reference_copy", 7, LOOP, "grpo", "fp32", {},
        "the loop makes a reference copy of the policy and builds the optimizer from ref.parameters(): the "
        "optimizer holds none of the trained model's parameters, the policy never changes (its gradients "
-       "pile up, never cleared) and the reference is the one 'updated'",
+       "pile up, never cleared; zero_grad clears the reference's, which get none)",
        [["optimizer"], ["parameter", "param", "none of", "reference", "copy", "not in"]],
        ["own_loops", "loop_optimizer_on_reference_copy", "optimizer"],
        ["model.parameters", "optimizer", "param"], "error", loop="loop_optimizer_on_reference_copy"),

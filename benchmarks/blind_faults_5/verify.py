@@ -490,18 +490,20 @@ def check_fp16_critic_points_reward(rd, assets):
     return ok, f"critic/skipped {_fmt(sk)}, critic/loss_scale {_fmt(sc)}, returns/mean {_fmt(ret)}; run {_state(rd)}"
 
 
-def check_reward_fp16_probability_rm(rd, assets):
+def check_reward_override_ignored_by_loader(rd, assets):
     tok = char_tok()
     ids, mask = _rand_batch()
     rm = plugin("reward_models", "load_calibrated_probability_scorer")(tok, "cpu")
+    dtypes = sorted({str(p.dtype) for p in rm.parameters()})
     with torch.no_grad():
         s32 = rm(ids, mask)
         s16 = rm.half()(ids, mask).float()
     std = _score_std(metrics(rd))
-    ok = torch.unique(s32).numel() >= 16 and torch.unique(s16).numel() <= 3 and _state(rd) == "completed"
-    return ok, (f"32 random responses: {torch.unique(s32).numel()} distinct fp32 probabilities "
-                f"({float(s32.min()):.6f}..{float(s32.max()):.6f}), fp16 {sorted(set(s16.tolist()))}; run {_state(rd)}, "
-                f"score std {_fmt(std)}")  # fmt: skip
+    ok = dtypes == ["torch.float32"] and torch.unique(s16).numel() <= 2 and bool(std) and min(std) > 0 \
+        and _state(rd) == "completed"
+    return ok, (f"the loader's module holds {dtypes} parameters; 32 random responses: {torch.unique(s32).numel()} distinct "
+                f"probabilities in fp32, {sorted(set(s16.tolist()))} in fp16; the run's score std {_fmt(std)} "
+                f"(non-zero: the scores were computed in fp32, not the configured fp16); run {_state(rd)}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- 7. own loops
@@ -510,8 +512,10 @@ def check_reward_fp16_probability_rm(rd, assets):
 def check_loop_optimizer_on_reference_copy(rd, assets):
     ev = evidence(rd)
     n = ev.get("notes", {})
-    ok = ev.get("total_change") == 0.0 and max(n.get("policy_grad_norm", [0])) > 0 and max(n.get("ref_change", [0])) > 0
-    return ok, f"policy total change {ev.get('total_change')}, policy grad norms {_fmt(n.get('policy_grad_norm', []))}, reference change {_fmt(n.get('ref_change', []))}; error {ev.get('error')}"
+    ok = ev.get("total_change") == 0.0 and max(n.get("policy_grad_norm", [0])) > 0 and not ev.get("error")
+    return ok, (f"policy total change {ev.get('total_change')} over {len(ev.get('loss', []))} steps while its grad norms "
+                f"are {_fmt(n.get('policy_grad_norm', []))} (never cleared); reference change {_fmt(n.get('ref_change', []))} "
+                f"(no gradient reaches it); error {ev.get('error')}")  # fmt: skip
 
 
 def check_loop_double_step(rd, assets):
@@ -533,8 +537,10 @@ def check_loop_stale_rollout_copy(rd, assets):
     ev = evidence(rd)
     n = ev.get("notes", {})
     d, ch = n.get("policy_vs_sampler_logp_abs", []), n.get("sampler_change", [])
-    ok = len(d) >= 3 and d[0] < 1e-4 and d[-1] > d[0] + 1e-3 and max(ch) == 0 and ev.get("total_change", 0) > 0
-    return ok, f"mean |policy logp - sampler logp| per step {_fmt(d)}; sampler weight change {_fmt(ch)}, policy change {ev.get('total_change')}"
+    ok = len(d) >= 3 and d[-1] > 5 * d[0] and max(ch) == 0 and ev.get("total_change", 0) > 0
+    return ok, (f"mean |policy logp - sampler logp| per step {_fmt(d)} (step 0: the same weights; the gap there is "
+                f"generate's position ids and eos masking); sampler weight change {_fmt(ch)}, policy change "
+                f"{ev.get('total_change')}")  # fmt: skip
 
 
 def check_loop_inference_mode_tensors(rd, assets):
@@ -548,7 +554,7 @@ def check_loop_temperature_not_applied(rd, assets):
     ev = evidence(rd)
     n = ev.get("notes", {})
     a, b, c = n.get("loop_vs_rollout_logp_abs", []), n.get("tempered_vs_rollout_logp_abs", []), n.get("clipped_fraction", [])
-    ok = bool(a) and a[0] > 0.05 and b[0] < 1e-3 and c[0] > 0.05
+    ok = bool(a) and a[0] > 0.05 and a[0] > 5 * b[0] and c[0] > 0.05
     return ok, (f"first update: mean |loop logp - rollout logp| {_fmt(a[:1])} vs {_fmt(b[:1])} at the rollout's temperature; "
                 f"clipped fraction before any update {_fmt(c[:1])} (all steps {_fmt(c)})")  # fmt: skip
 

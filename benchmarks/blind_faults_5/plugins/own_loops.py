@@ -298,7 +298,7 @@ def loop_temperature_not_applied(out_dir):
         opt.step()
         return loss
 
-    return _loop("loop_temperature_not_applied", out_dir, precision="fp32", step_fn=step)
+    return _loop("loop_temperature_not_applied", out_dir, precision="fp32", step_fn=step, rollout_fn=rollout)
 
 
 def loop_optimizer_recreated(out_dir):
