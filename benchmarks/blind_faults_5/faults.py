@@ -394,13 +394,13 @@ _CTL: dict[str, dict[str, Any]] = {
     "grpo_fp16": {"seed": 56, "data": {"collator": CO + "left_padded_prompts"}},
     "grpo_bf16": {"seed": 57, "data": {"response_length": 6}},
     "grpo_bf16_pure": {"seed": 58, "algo": {"ppo_epochs": 2}},
-    "dpo_fp32": {"seed": 59, "algo": {"dpo_loss": "ipo", "beta": 0.5}},
+    "dpo_fp32": {"seed": 59, "algo": {"beta": 0.2}},
     "dpo_fp16": {"seed": 60, "data": {"dataset": DS + "clean_pairs"}},
     "dpo_bf16": {"seed": 61, "model": SFT},
     "dpo_bf16_pure": {"seed": 62, "algo": {"batch_size": 4, "mini_batch_size": 4, "micro_batch_size": 2}},
 }  # fmt: skip
 """Per-control variations from the previous benches' controls: seeds, batch and group sizes, tasks, a
-correct plug-in of some kinds (dataset, reward function, collator), an SFT checkpoint, another DPO loss."""
+correct plug-in of some kinds (dataset, reward function, collator), an SFT checkpoint, another DPO beta."""
 
 CONTROLS: list[dict[str, Any]] = [
     {"name": f"ctl_{algo}_{preset.replace('-', '_')}", "algo": algo, "preset": preset,
