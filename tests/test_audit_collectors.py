@@ -40,7 +40,7 @@ def test_settings_round_trip(level, full_steps, every):
         ({"every": True}, "audit.every: expected an integer"),
         (
             {"colour": 1},
-            "audit.colour: unknown key; expected one of every, full_steps, level, opcount_steps, rerun_plugins, shadow, shadow_matmul, shadow_param_grads, shadow_rows",
+            "audit.colour: unknown key; expected one of every, full_steps, level, opcount_steps, probe_plugins, rerun_plugins, shadow, shadow_matmul, shadow_param_grads, shadow_rows",
         ),
         ([1], "audit: expected a mapping"),
     ],

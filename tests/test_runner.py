@@ -151,6 +151,7 @@ def test_spec_follows_the_worker_contract(tmp_path):
         "shadow_param_grads": True,
         "shadow_matmul": "fp32",
         "rerun_plugins": False,
+        "probe_plugins": True,
         "opcount_steps": 1,
     }
     assert set(spec["emulation"]) == {"target", "memory_cap_gb", "reason"}

@@ -37,6 +37,12 @@ LEVELS_MAX = 1 << 15
 
 
 def _on_grid(t: torch.Tensor) -> dict[str, Any] | None:
+    to_local = getattr(
+        t, "to_local", None
+    )  # an FSDP2 DTensor: this rank's shard (a grid is a grid in any shard)
+    t = to_local() if callable(to_local) else t
+    if t.is_meta:
+        return None
     v = t.detach().reshape(-1)[:SAMPLE].double().cpu()
     n = v.numel()
     if n < MIN_VALUES or not bool(torch.isfinite(v).all()):
