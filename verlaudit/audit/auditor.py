@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -182,21 +183,19 @@ class Auditor(Observer):
         self.group_size = int(algo.get("group_size") or 0) if algo.get("name") == "grpo" else 0
         self.growth = weights.GrowthWatch({"actor": algo.get("lr"), "critic": algo.get("critic_lr")})
         # what the user's model.setup changed first: diagnose names it as the culprit of what follows
-        self.findings.extend(
-            setup_changes.findings(config or {}, self.models, policy, tokenizer_info, TRAINABLE_ROLES)
-        )
+        self._check("setup_changes", setup_changes.findings, config or {}, self.models, policy, tokenizer_info,
+                    TRAINABLE_ROLES)  # fmt: skip
         # model24: the tokenizer and each role's forward on the task's own text, before any step
-        self.findings.extend(
-            model_checks.findings(config or {}, self.models, tokenizer_info.get("tokenizer"))
+        self._check(
+            "model_checks", model_checks.findings, config or {}, self.models, tokenizer_info.get("tokenizer")
         )
         # settings that make a loss or an update degenerate by construction, named before the first step
-        configured = config_checks.setup_findings(config or {})
-        self.findings.extend(configured)
+        configured = self._check("config_checks", config_checks.setup_findings, config or {})
         # numeric keys outside their sane range: information until diagnose sees the run confirm it
         roles = (policy.to_dict().get("roles") or {}) if hasattr(policy, "to_dict") else {}
-        self.findings.extend(config_ranges.setup_findings(config or {}, roles))
+        self._check("config_ranges", config_ranges.setup_findings, config or {}, roles)
         # combo: keys wrong in combination (one penalty twice, a scale key of another loss type, ...)
-        self.findings.extend(config_pairs.setup_findings(config or {}, roles))
+        self._check("config_pairs", config_pairs.setup_findings, config or {}, roles)
         self.dynamics = dynamics.DynamicsWatch(
             algo,
             rollout=(config or {}).get("rollout"),
@@ -204,19 +203,23 @@ class Auditor(Observer):
             reported={f.kind for f in configured},
         )
         self._model_state(step=None)
-        self.findings.extend(invariants.setup_findings(config or {}, self.models, TRAINABLE_ROLES))
+        self._check("invariants", invariants.setup_findings, config or {}, self.models, TRAINABLE_ROLES)
         if "actor" in self.models:
-            self.findings.extend(
-                boundaries.check_tokenizer_eos(self.config, self.models["actor"], tokenizer_info)
+            self._check(
+                "tokenizer_eos",
+                boundaries.check_tokenizer_eos,
+                self.config,
+                self.models["actor"],
+                tokenizer_info,
             )
         for role, model in self.models.items():  # combo: weights a coarse grid zeroed (a quantised load)
             self._grid_seen.add(id(model))
-            self.findings.extend(
-                resolution.weight_grid(role, model, resolution.source_key(config or {}, role))
+            self._check(
+                "weight_grid", resolution.weight_grid, role, model, resolution.source_key(config or {}, role)
             )
         self.dtype_watch = weights.DtypeWatch(self.models)
         for role, model in self.models.items():  # before the probe adds its own hooks
-            self.findings.extend(weights.user_hooks(role, model))
+            self._check("user_hooks", weights.user_hooks, role, model)
         if self.settings.level == "full":
             self.probe = ModuleProbe(
                 models, policy=policy, context=self.context, sink=self.findings, provenance=self.provenance
@@ -225,6 +228,23 @@ class Auditor(Observer):
                 self.watch = PrecisionWatch(
                     models, policy, self.settings, self.context, self.numbers, self.writer
                 )
+
+    def _check(self, name: str, check: Callable[..., list], *args: Any) -> list:
+        """Runs one setup-time check and keeps its findings. A check that raises is the audit's own bug, not
+        the user's: it is reported (stderr and an ``audit_check_failed`` event naming the check and the error)
+        and the run goes on without that check's findings, never killed by it."""
+        try:
+            found = list(check(*args))
+        except Exception as exc:  # noqa: BLE001  (any exception of a check: the run must not die of it)
+            msg = f"{type(exc).__name__}: {exc}"[:500]
+            print(
+                f"verlaudit: the audit's setup check {name!r} failed and was skipped ({msg})", file=sys.stderr
+            )
+            if self.writer is not None:
+                self.writer.event("audit_check_failed", check=name, error=msg)
+            return []
+        self.findings.extend(found)
+        return found
 
     def on_step_start(self, step: int) -> None:
         self.context.start_step(step, sampled=self.settings.is_full(step))
@@ -432,7 +452,7 @@ class Auditor(Observer):
         if model is not None and id(model) not in self._grid_seen:  # combo: weights a coarse grid zeroed
             self._grid_seen.add(id(model))
             source = resolution.source_key(self.config or {}, "reward")
-            self.findings.extend(resolution.weight_grid("reward", model, source))
+            self._check("weight_grid", resolution.weight_grid, "reward", model, source)
         if model is not None and self.policy is not None:
             self.findings.extend(
                 dtype_checks.check_param_storage(
