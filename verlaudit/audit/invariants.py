@@ -426,11 +426,6 @@ def setup_plugin(config: Mapping[str, Any], role: str) -> tuple[str, str] | None
     return None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)  # an FSDP2 DTensor: this rank's shard
-    return to_local() if callable(to_local) else t
-
-
 def _u(dtype: torch.dtype) -> float:
     try:
         return rounding.unit_roundoff(dtype)
@@ -450,7 +445,7 @@ def reference_divergence(actor: nn.Module, reference: nn.Module) -> dict[str, An
             if r is None:
                 missing.append(name)
                 continue
-            a, b = _local(p.detach()), _local(r.detach())
+            a, b = invariants_data.local_shard(p.detach()), invariants_data.local_shard(r.detach())
             if a.shape != b.shape:
                 shape.append(name)
                 continue

@@ -471,10 +471,16 @@ def data_batch_findings(
 # ---------------------------------------------------------------- setup: roles that share storage
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or this rank's shard when ``t`` is an FSDP2 DTensor (which many ops cannot index)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def _storages(model: nn.Module) -> dict[int, str]:
     out: dict[int, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        local = p.to_local() if callable(getattr(p, "to_local", None)) else p
+        local = local_shard(p)
         if local.is_meta or not local.numel():
             continue
         out.setdefault(local.untyped_storage().data_ptr(), name)

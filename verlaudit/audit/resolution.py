@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
+from verlaudit.audit.invariants_data import local_shard
 from verlaudit.rundir import Finding
 
 ZERO_SHARE = 0.75
@@ -37,10 +38,7 @@ LEVELS_MAX = 1 << 15
 
 
 def _on_grid(t: torch.Tensor) -> dict[str, Any] | None:
-    to_local = getattr(
-        t, "to_local", None
-    )  # an FSDP2 DTensor: this rank's shard (a grid is a grid in any shard)
-    t = to_local() if callable(to_local) else t
+    t = local_shard(t)  # an FSDP2 DTensor: this rank's shard (a grid is a grid in any shard)
     if t.is_meta:
         return None
     v = t.detach().reshape(-1)[:SAMPLE].double().cpu()
