@@ -60,3 +60,83 @@ def test_without_a_failing_check_no_event_is_written():
         train(TrainConfig.from_dict(CONFIG), a)
     assert a.failure is None
     assert [k for k, _ in a.writer.seen if k == "audit_check_failed"] == []
+
+
+# -- per-step checks, hooks and dispatch modes (guard12) ---------------------------------------------------
+
+
+class Writer(Events):
+    """Also keeps the metrics lines: a step whose checks raised still writes its line."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def metrics(self, step, line):
+        self.lines.append((step, dict(line)))
+
+
+GRPO = {
+    **CONFIG,
+    "steps": 2,
+    "algo": {**CONFIG["algo"], "name": "grpo", "group_size": 2},
+    "data": {**CONFIG["data"], "reward_fn": "tests.fault_plugins:float64_reward"},
+}
+
+
+def _run(config, **settings):
+    a = Auditor(settings=AuditSettings(level="full", full_steps=2, every=0, **settings))
+    a.writer = Writer()
+    with a:
+        train(TrainConfig.from_dict(config), a)
+    return a
+
+
+def _failed(a):
+    return {d["check"]: d for k, d in a.writer.seen if k == "audit_check_failed"}
+
+
+@pytest.mark.parametrize(
+    "target, name",
+    [
+        ("verlaudit.audit.boundaries.check_rollout", "on_rollout"),  # an observer method's check
+        ("verlaudit.audit.invariants_reward.RewardWatch.findings", "on_reward"),
+        ("verlaudit.audit.dtype_checks.check_grad_dtypes", "on_backward"),
+        ("verlaudit.audit.mismatch.MismatchWatch.step_end", "on_step_end"),  # the step's bookend: line kept
+        (
+            "verlaudit.audit.plugins.Recorder._record",
+            "plugin recorder",
+        ),  # a dispatch mode, inside the user's call
+        ("verlaudit.audit.probes.ModuleProbe._post_call", "module probe"),  # a forward hook, inside the model
+        ("verlaudit.audit.plugins.watch_findings", "_after_plugin_call"),
+    ],
+)
+def test_a_raising_step_check_does_not_kill_the_run(monkeypatch, capsys, target, name):
+    monkeypatch.setattr(target, _boom)
+    a = _run(GRPO)
+    assert a.failure is None
+    failed = _failed(a)
+    assert list(failed) == [name], failed
+    assert "planted bug in a check" in failed[name]["error"]
+    assert f"{name!r} failed and was skipped" in capsys.readouterr().err
+    assert [s for s, _ in a.writer.lines] == [0, 1]  # every step's metrics line, written once
+    assert all("actor/loss" in line or "actor/pg_loss" in line for _, line in a.writer.lines)
+    assert a.last_completed_step == 1
+
+
+def test_the_users_own_exception_still_fails_the_run():
+    """Only the audit's work is guarded: a reward function that raises fails the run as it would unaudited."""
+    config = {**GRPO, "data": {**GRPO["data"], "reward_fn": "tests.fault_plugins:raising_reward"}}
+    a = Auditor(settings=AuditSettings(level="full", full_steps=2, every=0))
+    a.writer = Writer()
+    with pytest.raises(KeyError):
+        with a:
+            train(TrainConfig.from_dict(config), a)
+    assert a.failure is not None and a.failure.get("phase") == "reward"
+    assert _failed(a) == {}
+
+
+def test_a_clean_run_reports_no_guarded_failure():
+    a = _run(GRPO)
+    assert a.failure is None and _failed(a) == {}
+    assert a.writer.lines and all(line["audit/full"] == 1.0 for _, line in a.writer.lines)

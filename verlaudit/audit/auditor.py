@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -54,6 +53,7 @@ from verlaudit.audit import (
     setup_changes,
     weights,
 )
+from verlaudit.audit import guard as audit_guard
 from verlaudit.audit.context import PhaseTimer, StepContext
 from verlaudit.audit.failure import failure_findings, failure_status
 from verlaudit.audit.findings import FindingLog
@@ -68,15 +68,31 @@ from verlaudit.audit.settings import AuditSettings
 from verlaudit.rundir import GRADHEALTH, RunWriter
 
 
-def _uncounted(method: Callable) -> Callable:
-    """The audit's own work in an observer method is not counted as the model's ops (`opcount`)."""
+def _guarded(*, keep_on: bool = False, uncounted: bool = True, fallback: str | None = None) -> Callable:
+    """An observer method of the audit that raises is the audit's bug: reported once (`guard.Guard`) and
+    left out for the rest of the run (``keep_on``: tried again each step, as the step's bookends must be);
+    ``fallback`` names the method that does what the run needs of it anyway (the step's metrics line).
+    ``uncounted``: the audit's own work in the method is not counted as the model's ops (`opcount`)."""
 
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with opcount.suspended():
-            return method(*args, **kwargs)
+    def wrap(method: Callable) -> Callable:
+        name = method.__name__
 
-    return wrapper
+        @functools.wraps(method)
+        def wrapper(self: Auditor, *args: Any, **kwargs: Any) -> Any:
+            if not keep_on and self.guard.off(name):
+                return None
+            try:
+                with opcount.suspended() if uncounted else contextlib.nullcontext():
+                    return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001  (any bug of the audit: the user's run goes on)
+                self.guard.report(name, exc, step=self.context.step)
+                if fallback is not None:
+                    getattr(self, fallback)(*args, **kwargs)
+                return None
+
+        return wrapper
+
+    return wrap
 
 
 class Auditor(Observer):
@@ -91,6 +107,9 @@ class Auditor(Observer):
         memory_interval: float = 0.01,
     ) -> None:
         self.writer = writer
+        self.guard = audit_guard.Guard(lambda: self.writer)
+        """The audit's own failures: each reported once, the run never killed by one (`guard`)."""
+        self._outer_guard: audit_guard.Guard | None = None
         self.settings = settings or AuditSettings()
         self.device = torch.device(device)
         self.context = StepContext()
@@ -145,6 +164,7 @@ class Auditor(Observer):
     """Whether this auditor froze the heap (`heap_freeze`) and owes the thaw."""
 
     def __enter__(self) -> Auditor:
+        self._outer_guard = audit_guard.activate(self.guard)
         self.memory.start()
         return self
 
@@ -158,6 +178,9 @@ class Auditor(Observer):
             self._probe_hooks(on=False)
             self.memory.stop()
             self.findings.flush()
+            if self._outer_guard is not None:
+                audit_guard.restore(self._outer_guard)
+                self._outer_guard = None
             if self._frozen:
                 self._frozen = False
                 heap_thaw()
@@ -169,6 +192,7 @@ class Auditor(Observer):
         return self.settings.level != "off" and self.policy is not None
 
     # -- observer protocol ------------------------------------------------------------------------
+    @_guarded(uncounted=False)
     def on_setup(self, *, config, policy, models, tokenizer_info) -> None:
         self.policy, self.models, self.tokenizer_info = policy, dict(models), dict(tokenizer_info)
         self.config = dict(config or {})
@@ -236,16 +260,12 @@ class Auditor(Observer):
         try:
             found = list(check(*args))
         except Exception as exc:  # noqa: BLE001  (any exception of a check: the run must not die of it)
-            msg = f"{type(exc).__name__}: {exc}"[:500]
-            print(
-                f"verlaudit: the audit's setup check {name!r} failed and was skipped ({msg})", file=sys.stderr
-            )
-            if self.writer is not None:
-                self.writer.event("audit_check_failed", check=name, error=msg)
+            self.guard.report(name, exc, what="setup check")
             return []
         self.findings.extend(found)
         return found
 
+    @_guarded(keep_on=True, uncounted=False)
     def on_step_start(self, step: int) -> None:
         self.context.start_step(step, sampled=self.settings.is_full(step))
         self.timer.reset()
@@ -307,16 +327,28 @@ class Auditor(Observer):
     def plugin_call(self, point, source, call):
         """On sampled full-audit steps, the call runs under `plugins.Recorder` (and again under
         `plugins.Promote` for a reward model, or with ``audit.rerun_plugins``); its findings are recorded."""
-        if not self.context.sampled:
+        if not self.context.sampled or self.guard.off("plugin_call"):
             return call()
-        recorder = plugins.Recorder(underflow=point != "reward_model")
-        bools = probes_numpy.BoolAdd() if point != "reward_model" else contextlib.nullcontext()  # data24
-        probed = self._reward_probe_before(point, source, call)  # rfprobe: forks before the real call
+        try:  # the audit's work before the call: a bug of it runs the call plain (the user's own raises)
+            recorder = plugins.Recorder(underflow=point != "reward_model")
+            bools = probes_numpy.BoolAdd() if point != "reward_model" else contextlib.nullcontext()  # data24
+            probed = self._reward_probe_before(point, source, call)  # rfprobe: forks before the real call
+        except Exception as exc:  # noqa: BLE001
+            self.guard.report("plugin_call", exc, step=self.context.step)
+            return call()
         with recorder, bools:
             result = call()
+        self._after_plugin_call(point, source, call, result, recorder, bools, probed)
+        return result
+
+    @_guarded(uncounted=False)
+    def _after_plugin_call(self, point, source, call, result, recorder, bools, probed) -> None:
+        """What the recorder and the probes saw of a plug-in's call, as findings (guarded: see above)."""
         if probed is not None:
             self.findings.extend(probed(result))
             self._probe_events()
+        if recorder.broken:
+            return  # the recorder's own bug left its record half-made (reported): no findings from it
         with opcount.suspended():
             self.findings.extend(plugins.watch_findings(point, source, self._unprobed(call), result, recorder,
                                                         self.settings, **self.context.where()))  # fmt: skip
@@ -329,7 +361,6 @@ class Auditor(Observer):
             )
             role = "reward" if point == "reward_fn" else "actor"
             self.findings.extend(bools.findings(where=key, ctx=self.context.where(), role=role))
-        return result
 
     def _reward_probe_before(self, point, source, call):
         """rfprobe: the reward function's contract probed in forked children (`probes_run`), or None."""
@@ -367,7 +398,7 @@ class Auditor(Observer):
 
         return quiet
 
-    @_uncounted
+    @_guarded()
     def on_batch(self, *, role, batch, source, examples=()) -> None:
         if self.settings.level != "off":
             self.findings.extend(
@@ -402,7 +433,7 @@ class Auditor(Observer):
                 )
             )
 
-    @_uncounted
+    @_guarded()
     def on_rollout(self, **payload: Any) -> None:  # Observer.on_rollout's keywords, checked as they are
         if self.settings.level == "off":
             return
@@ -417,12 +448,12 @@ class Auditor(Observer):
         if self.dynamics is not None:
             self.findings.extend(self.dynamics.rollout(payload, vocab=self.model_vocab_size, **where))
 
-    @_uncounted
+    @_guarded()
     def on_weight_sync(self, **record: Any) -> None:  # Observer.on_weight_sync's keywords
         if self.settings.level != "off":
             self.findings.extend(self.mismatch.weight_sync(record, **self.context.where()))
 
-    @_uncounted
+    @_guarded()
     def on_reward(self, *, source, raw, rewards, expected_shape, model, context=None) -> None:
         if self.settings.level == "off":
             return
@@ -473,7 +504,7 @@ class Auditor(Observer):
                 if tiny is not None:
                     self.numbers.put(reward_signal.TINY_STD_METRIC, tiny)
 
-    @_uncounted
+    @_guarded()
     def on_forward(self, *, role, name, output) -> None:
         if not self._checking:
             return
@@ -483,7 +514,7 @@ class Auditor(Observer):
         )
         self.checks.boundary(role, name, output, **where)
 
-    @_uncounted
+    @_guarded()
     def on_loss(self, *, role, loss, terms) -> None:
         self.context.in_backward = True  # forwards until on_backward are checkpoint recomputes
         if not self._checking:
@@ -499,7 +530,7 @@ class Auditor(Observer):
                 self.findings.extend(dtype_checks.check_boundary_output(role, name, t, policy, **where))
         self.checks.loss(role, loss, terms, **where)
 
-    @_uncounted
+    @_guarded()
     def on_backward(self, *, role, model, loss_scale) -> None:
         self.context.in_backward = False
         if not self._checking:
@@ -511,12 +542,12 @@ class Auditor(Observer):
         if self.context.sampled:
             self.findings.extend(self.opt_watch.backward(role, params, policy))
 
-    @_uncounted
+    @_guarded()
     def on_before_optimizer_step(self, *, role, model, optimizer) -> None:
         if self._checking:
             self.opt_watch.before_step(role, model)
 
-    @_uncounted
+    @_guarded()
     def on_optimizer_step(self, *, role, model, optimizer, scaler_state, skipped, grad_norm) -> None:
         if not self._checking:
             return
@@ -542,7 +573,7 @@ class Auditor(Observer):
         )
         self.findings.extend(found)
 
-    @_uncounted
+    @_guarded(keep_on=True, fallback="_plain_step_end")
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
         self._settle()
         if self._groups is not None:
@@ -583,9 +614,25 @@ class Auditor(Observer):
         )
         if self.writer is not None:
             self.writer.metrics(step, line)
+        self._line_step = step
         self.findings.flush()
         self.last_completed_step = step
         self._step_hooks.close()
+
+    _line_step: int | None = None
+    """The last step whose metrics line was written (the fallback below writes it once)."""
+
+    def _plain_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
+        """`on_step_end` after a check of it raised: the step's metrics line (without the audit's numbers)
+        and its findings are still written, and the step counts as completed."""
+        self._step_hooks.close()
+        if self.writer is not None and self._line_step != step:
+            counts = self.findings.take_step_counts()
+            line = step_line(metrics, memory={}, timing={}, audit=None, counts=counts, sampled=False)
+            self.writer.metrics(step, line)
+        self._line_step = step
+        self.findings.flush()
+        self.last_completed_step = step
 
     def _write_update_rows(self) -> None:
         """The per-module lost-update table of the step's measured optimizer steps (gradhealth.jsonl)."""

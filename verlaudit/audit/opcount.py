@@ -203,14 +203,23 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not is_suspended():
-            got = classify(func, args, kwargs, out)
-            if got is not None:
-                who, pas = self._where()
-                role, name, kind = who if who is not None else (None, "", "")
-                op = func.overloadpacket.__name__
-                self.counts[(role, name, kind, getattr(self.ctx, "phase", None), pas, *got, op)] += 1
+        if not is_suspended() and not self.broken:
+            try:
+                got = classify(func, args, kwargs, out)
+                if got is not None:
+                    who, pas = self._where()
+                    role, name, kind = who if who is not None else (None, "", "")
+                    op = func.overloadpacket.__name__
+                    self.counts[(role, name, kind, getattr(self.ctx, "phase", None), pas, *got, op)] += 1
+            except Exception as exc:  # noqa: BLE001  (the counter's bug: the user's op already ran)
+                self.broken = True
+                from verlaudit.audit import guard
+
+                guard.report("op counter", exc)
         return out
+
+    broken = False
+    """The counter's bookkeeping raised once: it counts nothing more this run (`guard`)."""
 
     def take(self, step: int | None) -> list[dict[str, Any]]:
         """This period's counts as records, one per distinct key, and a fresh count."""

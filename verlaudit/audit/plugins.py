@@ -36,7 +36,6 @@ tests/test_plugin_wrap_and_rank.py`.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import weakref
 from collections import Counter
@@ -47,9 +46,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import trainer
 from verlaudit import kinds as K
+from verlaudit.audit import guard as audit_guard
 from verlaudit.audit import opcount
+from verlaudit.audit.frames import user_frame  # noqa: F401  (where it was first: loops import it here)
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
@@ -58,52 +58,8 @@ NARROW_INTS = (torch.uint8, torch.int8, torch.int16)
 """Integer dtypes whose arithmetic wraps within the values a length, a count or a sum reaches."""
 _INT_ARITH = frozenset({"add", "sub", "rsub", "mul", "neg", "abs", "pow", "sum", "cumsum", "prod", "cumprod"})
 """Integer ops recomputed in int64 when they write a narrow integer dtype (`Recorder`)."""
-_VERLAUDIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP_DIRS = tuple(
-    d + os.sep for d in (os.path.dirname(torch.__file__), os.path.dirname(trainer.__file__), _VERLAUDIT)
-)
-"""torch, the trainer and verlaudit: frames that are not the user's."""
-_THIS = os.path.abspath(__file__)
-_LIBRARY = os.sep + "site-packages" + os.sep
 KEEP_LINES = 3
 """Distinct user lines kept per finding."""
-
-
-def user_frame(depth: int = 2) -> str | None:
-    """``file:line (function)`` of the innermost frame outside torch, trainer and verlaudit, else of
-    the innermost outside torch and this module (a built-in plug-in of the trainer), else None."""
-    f = sys._getframe(depth)
-    fallback = None
-    while f is not None:
-        kind = _FILES.get(f.f_code.co_filename)
-        if kind is None:
-            kind = _FILES[f.f_code.co_filename] = _file_kind(f.f_code.co_filename)
-        if kind == "user":
-            return f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
-        if fallback is None and kind == "ours":
-            fallback = f"{_rel(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
-        f = f.f_back
-    return fallback
-
-
-_FILES: dict[str, str] = {}
-"""co_filename -> ``user``, ``ours`` (the trainer's or verlaudit's, not this module) or ``torch``: one
-path test per file, not per frame and op."""
-
-
-def _file_kind(name: str) -> str:
-    path = os.path.abspath(name)
-    if path.startswith(_SKIP_DIRS[0]) or path == _THIS or name.startswith("<") or _LIBRARY in path:
-        return "torch"  # an installed library (transformers' Module.to) is not where the user's line is
-    return "ours" if path.startswith(_SKIP_DIRS) else "user"
-
-
-def _rel(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
 
 
 def _floats(tree: Any) -> list[torch.Tensor]:
@@ -209,29 +165,52 @@ class Recorder(TorchDispatchMode):
         """Values cast to fp16/bf16 and back up (rounded, nothing computed in between), first few."""
         self.ops = 0
 
+    broken = False
+    """The recorder's own bookkeeping raised once (`guard`): the user's ops then run unrecorded."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        op = func.overloadpacket.__name__
         wide = None
-        if op.rstrip("_") in _INT_ARITH and opcount.suspension_depth() <= self._depth:
-            wide = self._int64_reference(func, args, kwargs)  # before an in-place op overwrites its input
+        if not self.broken:
+            try:
+                op = func.overloadpacket.__name__
+                if op.rstrip("_") in _INT_ARITH and opcount.suspension_depth() <= self._depth:
+                    wide = self._int64_reference(
+                        func, args, kwargs
+                    )  # before an in-place op overwrites its input
+            except Exception as exc:  # noqa: BLE001  (the audit's bug: the user's op still runs)
+                self._broke(exc)
         out = func(*args, **kwargs)
+        if not self.broken:
+            try:
+                self._record(func, args, kwargs, out, wide)
+            except Exception as exc:  # noqa: BLE001
+                self._broke(exc)
+        return out
+
+    def _broke(self, exc: Exception) -> None:
+        self.broken = True
+        audit_guard.report("plugin recorder", exc)
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, wide: Any) -> None:
+        """What one op of the plug-in's call did: dtypes, low-precision maxima, non-finite outputs."""
+        op = func.overloadpacket.__name__
         if opcount.suspension_depth() > self._depth:
-            return out  # the audit's own work inside the call (not the rollout phase's suspension)
+            return  # the audit's own work inside the call (not the rollout phase's suspension)
         if wide is not None:
             self._check_wrap(op, out, wide)
         outs = _floats(out)
         if not outs:
             if func.overloadpacket.__name__ in opcount.CAST and _ints(out):
                 self._float_to_int(func, args, kwargs)
-            return out
+            return
         with opcount.suspended():
             self.ops += 1
             dtype = outs[0].dtype
             self.dtypes[dtype_name(dtype) or str(dtype)] += 1
             op = func.overloadpacket.__name__
             if func.is_view:
-                return out
+                return
             line = user_frame(depth=2)
             if op in opcount.CAST:
                 self._round_trip(args, outs[0], line)
@@ -261,7 +240,6 @@ class Recorder(TorchDispatchMode):
             if ints:
                 amax = torch.stack([t.abs().max().to(torch.float64) for t in ints]).max()
                 self._ints.append((op, line, name, amax))
-        return out
 
     def __enter__(self) -> Recorder:
         self._depth = opcount.suspension_depth()

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from trainer.precision import PrecisionPolicy
+from verlaudit.audit import guard as audit_guard
 from verlaudit.audit import opcount
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.dtype_checks import ModuleCall, check_module_call, module_kind
@@ -138,8 +139,15 @@ class ModuleProbe:
         state.suspended = depth + 1
         try:
             return self._pre_call(module, args, kwargs)
+        except Exception as exc:  # noqa: BLE001  (the probe's bug: off for the run, the forward goes on)
+            self._broke(exc)
+            return None
         finally:
             state.suspended = depth
+
+    def _broke(self, exc: Exception) -> None:
+        self.active = False
+        audit_guard.report("module probe", exc)
 
     def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         ins = _floats(args, kwargs)
@@ -175,6 +183,8 @@ class ModuleProbe:
         state.suspended = depth + 1
         try:
             self._post_call(module, args, kwargs, output, in_amaxes)
+        except Exception as exc:  # noqa: BLE001
+            self._broke(exc)
         finally:
             state.suspended = depth
 
@@ -206,9 +216,11 @@ class ModuleProbe:
             state.suspended = depth + 1
             try:
                 (amax,) = of([grad])
+                self._record(GradCall(received, eff, name, amax, grad.dtype, ctx.step, ctx.phase))
+            except Exception as exc:  # noqa: BLE001  (in the user's backward: never raise from here)
+                self._broke(exc)
             finally:
                 state.suspended = depth
-            self._record(GradCall(received, eff, name, amax, grad.dtype, ctx.step, ctx.phase))
 
         return hook
 

@@ -44,6 +44,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from verlaudit.audit import guard as audit_guard
 from verlaudit.audit import opcount
 from verlaudit.audit.dtype_checks import module_kind
 from verlaudit.audit.rounding import (  # noqa: F401  (the shadow's names for them, as before)
@@ -265,7 +266,12 @@ class ShadowProbe:
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         with opcount.suspended():  # the shadow's work is not the model's ops
-            return self._pre_call(module, args, kwargs)
+            try:
+                return self._pre_call(module, args, kwargs)
+            except Exception as exc:  # noqa: BLE001  (the shadow's bug: it stands aside, the forward goes on)
+                self._pass = None
+                audit_guard.report("fp32 shadow", exc)
+                return None
 
     def _pre_call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._skip():
@@ -320,7 +326,11 @@ class ShadowProbe:
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         with opcount.suspended():
-            self._post_call(module, output)
+            try:
+                self._post_call(module, output)
+            except Exception as exc:  # noqa: BLE001
+                self._pass = None
+                audit_guard.report("fp32 shadow", exc)
 
     def _post_call(self, module: nn.Module, output: Any) -> None:
         p = self._pass
