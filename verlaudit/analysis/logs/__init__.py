@@ -103,12 +103,23 @@ def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     log's context (framework, settings). Not yet ordered: the root-cause rules order them
     (`verlaudit.analysis.diagnose.diagnosis.order_by_root`, with ``classify``)."""
     ctx = frameworks.context(facts.markers, facts.settings)
-    causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    causes = _without_shadowed([c for family in FAMILIES for c in family(facts, ctx)])
     causes += unrecognised(facts, causes)
     advice.attach(causes, facts)
     for c in causes:
         c.framework = ctx.framework
     return causes, ctx
+
+
+def _without_shadowed(causes: list[Cause]) -> list[Cause]:
+    """Drops a cause a family read only from where an exception was raised (``data["by_frames"]``: an exception
+    inside the compiler stack) when another family's error explains the same line by its message."""
+    said = {
+        c.line
+        for c in causes
+        if c.severity == "error" and not c.data.get("by_frames") and c.kind != "exception"
+    }
+    return [c for c in causes if not (c.data.get("by_frames") and c.line in said)]
 
 
 def explain_text(text: str) -> list[Cause]:

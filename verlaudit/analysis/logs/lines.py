@@ -41,6 +41,7 @@ _PREFIX = re.compile(
     # traceback's indentation after it stays the traceback's)
     | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[?[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
+    | (?P<tick>`{1,3}(?=[A-Za-z_]))                                                 # `RuntimeError: ...` (a code span)
     | \s*E\s{3,}(?=\S)                                                              # pytest's failure lines: E   AssertionError
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
@@ -66,7 +67,7 @@ def parse_line(no: int, raw: str) -> LogLine:
     """``raw`` as a LogLine: launcher prefixes (any order, repeated) stripped and remembered."""
     text = _ANSI.sub("", raw[:MAX_TEXT].rstrip("\r\n"))
     rank = source = vlevel = None
-    pos = 0
+    pos, tick = 0, False
     while True:
         m = _PREFIX.match(text, pos)
         if not m or m.end() == pos:
@@ -77,8 +78,11 @@ def parse_line(no: int, raw: str) -> LogLine:
             rank = int(m["rank"] or m["local"])
         if m["vlevel"]:
             vlevel = m["vlevel"]
+        tick = tick or bool(m["tick"])
         pos = m.end()
     text = text[pos:]
+    if tick:  # the code span's closing backticks
+        text = text.rstrip().rstrip("`")
     if rank is None:  # a rank prefix glued to a progress bar: `... 10.54s/it][rank2]:[E225 ...`
         m = _GLUED_RANK.search(text)
         if m:
@@ -218,7 +222,16 @@ def failure_signal(line: LogLine) -> str | None:
         return "hang"
     if line.level in ("E", "F", "ERROR", "CRITICAL", "FATAL") or text.startswith("Error executing job"):
         return "error"
+    if text.startswith("{") and '"error' in text and _HTTP_ERROR.search(text):
+        return "error"
     return None
+
+
+# an OpenAI-compatible server's error body (vLLM, SGLang, TGI): {"object":"error","message":...,"code":400},
+# {"error": {"message": ..., "type": "BadRequestError"}}, {"error":"Input validation error: ..."}
+_HTTP_ERROR = re.compile(
+    r'^\{\s*"(?:object|status)"\s*:\s*"error"|^\{\s*"error"\s*:\s*[{"]|"type"\s*:\s*"\w*Error"'
+)
 
 
 # ---- what a message advises

@@ -149,8 +149,14 @@ _HOST = [
     # a row of the monitor's "PID MEM(GB) COMMAND" table of the largest users, largest first
     ("host_top_row", re.compile(r"^\s*\d+\s+[\d.]+\s+ray::(\w+)")),
     ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
-    ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
-                               r"invoked oom-killer|oom-kill:")),
+    # the kernel's OOM killer in its every release's words (dmesg, /var/log/messages, journalctl): "Out of memory: Kill
+    # process N (name) score S or sacrifice child" (older), "Out of memory: Killed process N (name)", "Killed process N
+    # (name) total-vm:...", "oom_reaper: reaped process N (name)"; a cgroup's, a container's (Kubernetes' OOMKilled,
+    # Docker's exit with OOMKilled true) and Slurm's ("Detected 1 oom-kill event(s) in StepId=...") report of it
+    ("host_kernel", re.compile(r"Out of memory: Kill(?:ed)? process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
+                               r"invoked oom-killer|oom-kill:|\bKilled process (\d+) \(([^)]+)\) total-vm:"
+                               r"|oom_reaper: reaped process (\d+) \(([^)]+)\)|\bOOMKilled\b|\"OOMKilled\":\s*true"
+                               r"|Detected \d+ oom[-_]kill events?|Out of memory and no killable processes")),
 ]  # fmt: skip
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
@@ -163,6 +169,10 @@ _HAS = hints(
     "KV Cache",
     "max seq len",
     "oom-kill",
+    "oom_kill",
+    "oom_reaper",
+    "OOMKilled",
+    "total-vm:",
     "OOM",
     "profiled value",
     "ray::",
@@ -488,8 +498,11 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     row = facts.first("host_top_row")
     if top is None and row is not None and abs(row.no - hits[0].no) <= 20:  # the table without its header
         top, table = row.fields["groups"][0], [quote(row.line)]
-    if kernel and kernel.fields["groups"][1]:
-        killed = killed or kernel.fields["groups"][1]
+    named = [g for k in facts.of("host_kernel") for g in k.fields["groups"][1::2] if g]
+    if (
+        kernel and named
+    ):  # the kill's own line names the process (the "invoked oom-killer" line above it does not)
+        killed = killed or named[0]
     pl = place(facts, hits[0].line)
     if pl.phase is None and phase_hint:
         pl.phase, pl.phase_why = phase_hint, "the killed / largest processes' methods"

@@ -1,0 +1,278 @@
+"""Session 12's log families, each with members other than the corpus item that showed it (synthetic logs,
+written here in each tool's own words): the kernel's OOM killer in its releases' and containers' words, a
+non-finite metric named in a sentence or in a column no rule names, torch.compile failures told only by where
+they were raised, an engine's context limit in vLLM's, SGLang's and TGI's words, a weight sync / refit that
+failed in a trainer's own words, an exception pasted in a code span; and healthy lines that must stay clean.
+Run: `pytest tests/test_log_families12.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+
+def diagnose(tmp_path: Path, text: str, name: str = "train.log"):
+    p = tmp_path / name
+    p.write_text(text)
+    (d,) = diagnose_path(p)
+    return d
+
+
+def first(tmp_path: Path, text: str):
+    d = diagnose(tmp_path, text)
+    assert d.verdict != "clean" and d.causes, d.summary
+    return d.causes[0]
+
+
+def assert_healthy(tmp_path: Path, text: str) -> None:
+    d = diagnose(tmp_path, text)
+    bad = [(c.severity, c.kind, c.title) for c in d.causes if c.severity in ("error", "warning")]
+    assert bad == [], bad
+
+
+# ---- host OOM: the kernel's OOM killer and its reporters ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, killed",
+    [
+        # dmesg of a recent kernel
+        (
+            "[1234567.890123] python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0\n"
+            "[1234567.890456] Out of memory: Killed process 4242 (python) total-vm:98765432kB, anon-rss:87654321kB\n",
+            "python",
+        ),
+        # an older kernel's two lines in /var/log/messages
+        (
+            "Jan  3 01:02:03 node7 kernel: Out of memory: Kill process 777 (torchrun) score 901 or sacrifice child\n"
+            "Jan  3 01:02:03 node7 kernel: Killed process 778 (torchrun) total-vm:1234kB, anon-rss:1000kB\n",
+            "torchrun",
+        ),
+        # the reaper line alone, as journalctl shows it
+        (
+            "kernel: oom_reaper: reaped process 31337 (pt_main_thread), now anon-rss:0kB, file-rss:0kB\n",
+            "pt_main_thread",
+        ),
+        # Slurm's report of the kill, after the job's own last line
+        (
+            "step 40 loss 1.23\nslurmstepd: error: Detected 1 oom-kill event(s) in StepId=12345.0. Some of your "
+            "processes may have been killed by the cgroup out-of-memory handler.\n",
+            None,
+        ),
+        # Kubernetes' pod status
+        ("    Last State:     Terminated\n      Reason:       OOMKilled\n      Exit Code:    137\n", None),
+    ],
+)
+def test_kernel_oom_killer_is_host_oom(tmp_path, text, killed):
+    c = first(tmp_path, text)
+    assert c.kind == "oom_host" and c.severity == "error"
+    if killed:
+        assert killed in c.title
+
+
+# ---- non-finite metrics named in sentences, and in columns no rule names ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, metric",
+    [
+        ("(WorkerDict pid=1) WARN: grad_norm is not finite: nan\n", "grad_norm"),
+        ("2025-01-01 12:00:00 WARNING loss is nan, skipping logging\n", "loss"),
+        ("[rank0]: NaN detected in policy_loss at step 17\n", "policy_loss"),
+        ("found inf in gradient norm\n", "gradient norm"),
+        ("Warning: reward became -inf for 3 samples\n", "reward"),
+    ],
+)
+def test_nonfinite_metric_in_a_sentence_names_it(tmp_path, line, metric):
+    c = first(tmp_path, "step 1 ok\n" + line)
+    assert c.kind == "nonfinite" and c.line == 2
+    assert metric in (c.where or "") and metric in c.title
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        # a reporter's markdown table, one run per column
+        "| Step | run_a |\n|---|---|\n| 10 | 1.61 |\n| 11 | 1.51 |\n| 12 | NaN |\n",
+        # a rich / box table
+        "┃ step ┃ value_head ┃\n│ 1 │ 0.50 │\n│ 2 │ 0.40 │\n│ 3 │ nan │\n",
+        # tabulate's plain grid
+        "+------+--------+\n| step | critic |\n+======+========+\n| 1 | 3.2 |\n| 2 | inf |\n",
+    ],
+)
+def test_column_that_turns_nonfinite_is_named(tmp_path, table):
+    c = first(tmp_path, table)
+    assert c.kind == "nonfinite"
+    col = [w for w in ("run_a", "value_head", "critic") if w in table][0]
+    assert c.where == col and col in c.title
+
+
+def test_nonfinite_timing_columns_and_a_first_nan_stay_clean(tmp_path):
+    # a throughput that is inf on the first step (no time elapsed) and a running average shown as (nan): no failure
+    assert_healthy(
+        tmp_path,
+        "| step | tokens_per_sec | loss |\n|---|---|---|\n| 1 | inf | 2.1 |\n| 2 | 1200.5 | 2.0 |\n"
+        "| 3 | inf | 1.9 |\n",
+    )
+    assert_healthy(tmp_path, "INFO Train: [0/300][4050/5004] loss 3.2572 (3.3279) grad_norm 1.0323 (nan)\n")
+
+
+# ---- torch.compile failures told by where they were raised -------------------------------------------------
+
+_SITE = "/usr/lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # an AssertionError in Dynamo's variable tracker
+        "Traceback (most recent call last):\n"
+        f'  File "{_SITE}/torch/_dynamo/variables/builder.py", line 400, in wrap\n'
+        "    assert isinstance(value, Foo)\nAssertionError: weird_type\n",
+        # a KeyError inside an FX pass
+        "Traceback (most recent call last):\n"
+        f'  File "{_SITE}/torch/fx/passes/shape_prop.py", line 12, in run_node\n'
+        "    return self.env[n]\nKeyError: 'add_3'\n",
+        # a Triton compiler error
+        "triton.compiler.errors.CompilationError: at 12:4: def kernel(x_ptr):\n",
+        # Inductor's generated guard on a tensor's layout
+        "AssertionError: expected size 64==64, stride 1==128 at dim=0\n",
+        # an unfamiliar exception with Dynamo's trailer under it
+        'ValueError: something odd happened\n\nSet TORCH_LOGS="+dynamo" and TORCHDYNAMO_VERBOSE=1 for more information\n',
+    ],
+)
+def test_compile_failure_by_frames_and_trailers(tmp_path, text):
+    c = first(tmp_path, text)
+    assert c.kind == "compile_error"
+
+
+def test_compile_culprit_is_the_traced_user_frame(tmp_path):
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{_SITE}/torch/_dynamo/symbolic_convert.py", line 10, in step\n'
+        "    self.dispatch(inst)\nAssertionError: builtin_function_or_method\n\nfrom user code:\n"
+        '   File "/home/u/proj/mypkg/model.py", line 85, in forward\n'
+        "    out = combine_parts(\n\nSet torch._dynamo.config.verbose=True for more information\n"
+    )
+    c = first(tmp_path, text)
+    assert c.kind == "compile_error" and "mypkg/model.py:85" in c.where and "combine_parts" in c.where
+
+
+def test_oom_inside_a_compiled_graph_stays_an_oom(tmp_path):
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{_SITE}/torch/_inductor/output_code.py", line 10, in __call__\n'
+        "    return self.current_callable(inputs)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 1.00 GiB is free.\n"
+    )
+    assert first(tmp_path, text).kind == "oom"
+
+
+# ---- engine context limits -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, shown, flag",
+    [
+        (
+            '{"object":"error","message":"The input (9000 tokens) is longer than the model\\\'s context length '
+            '(8192 tokens).","type":"BadRequestError","param":null,"code":400}\n',
+            "context_length",
+            "--context-length",
+        ),
+        (
+            "openai.BadRequestError: Error code: 400 - Requested token count exceeds the model's maximum context "
+            "length of 4096 tokens. You requested a total of 5000 tokens\n",
+            "context_length",
+            "--context-length",
+        ),
+        (
+            '{"error":"Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 '
+            '`inputs` tokens and 200 `max_new_tokens`","error_type":"validation"}\n',
+            "max_total_tokens",
+            "--max-total-tokens",
+        ),
+        (
+            "huggingface_hub.errors.ValidationError: Input validation error: `inputs` must have less than 1024 "
+            "tokens. Given: 2000\n",
+            "max_input_tokens",
+            "--max-input-tokens",
+        ),
+    ],
+)
+def test_engine_context_limits_in_each_engines_words(tmp_path, line, shown, flag):
+    c = first(tmp_path, line)
+    assert c.kind == "engine_limit" and c.severity == "error"
+    assert shown in c.where and any(flag in f.why for f in c.fixes)
+
+
+def test_server_error_body_is_a_failure(tmp_path):
+    c = first(
+        tmp_path, '{"object":"error","message":"Something broke","type":"InternalServerError","code":500}\n'
+    )
+    assert c.severity == "error"
+
+
+# ---- weight sync / refit failures in a trainer's words --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Updating weights for the generation policy failed during refit\n",
+        "ERROR: Failed to update weights in the rollout engine: connection reset\n",
+        "RuntimeError: weight sync failed on 3 of 8 workers\n",
+        "Refit failed: timeout waiting for workers\n",
+    ],
+)
+def test_weight_sync_failed_in_words(tmp_path, line):
+    c = first(tmp_path, line)
+    assert c.kind == "weight_sync" and c.phase == "weight_sync"
+
+
+def test_vllm_config_not_set_names_its_fix(tmp_path):
+    c = first(
+        tmp_path,
+        "Current vLLM config is not set.\nUpdating weights for the generation policy failed during refit\n",
+    )
+    assert c.kind == "weight_sync" and "set_current_vllm_config" in c.where
+    assert any("set_current_vllm_config" in f.why for f in c.fixes)
+
+
+def test_vllm_config_warning_alone_is_not_a_failure(tmp_path):
+    assert_healthy(
+        tmp_path, "WARNING 01-01 00:00:00 [config.py:10] Current vLLM config is not set.\nINFO ok\n"
+    )
+
+
+# ---- an exception pasted in a code span ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "`RuntimeError: Tensors of the same index must be on the same device and the same dtype`\n",
+        "``ValueError: bad value``\n",
+        "`KeyError: 'input_ids'`\n",
+    ],
+)
+def test_exception_in_backticks_is_a_failure(tmp_path, line):
+    c = first(tmp_path, line)
+    assert c.severity == "error" and not c.title.endswith("`")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "INFO 0 errors, 0 warnings\n",
+        "WARNING weight update retried after a transient failure; weights updated\n",
+        "```\nINFO step 1 loss 0.5\n```\n",
+        '{"step": 3, "loss": 0.5, "error_rate": 0.0}\n',
+    ],
+)
+def test_healthy_lines_stay_clean(tmp_path, text):
+    assert_healthy(tmp_path, text)
