@@ -276,3 +276,40 @@ def test_exception_in_backticks_is_a_failure(tmp_path, line):
 )
 def test_healthy_lines_stay_clean(tmp_path, text):
     assert_healthy(tmp_path, text)
+
+
+# ---- failure lines without a traceback: never clean -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Exception: the reward server returned nothing\n",
+        "Error: CUDA driver version is insufficient for CUDA runtime version\n",
+        "error: unrecognized arguments: --foo\n",
+        "srun: error: node12: task 3: Exited with exit code 1\n",
+        "CUDA error: device-side assert triggered\n",
+        "train.sh: line 12:  4242 Bus error               (core dumped) python train.py\n",
+        "Illegal instruction (core dumped)\n",
+        "2024-01-01 12:00:00,123 - __main__ - ERROR - Training failed: boom\n",
+        "2024-01-01 12:00:00.123 | ERROR    | trainer:step:42 - the rollout returned no samples\n",
+        "2024-01-01 12:00:00 ERROR could not reach the reward model\n",
+    ],
+)
+def test_failure_lines_without_a_traceback_are_never_clean(tmp_path, line):
+    d = diagnose(tmp_path, "step 1 loss 0.5\n" + line)
+    assert d.verdict != "clean" and any(c.severity == "error" and c.line == 2 for c in d.causes), d.causes
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2024-01-01 12:00:00,123 - __main__ - INFO - 0 errors in 10 batches\n",
+        "2024-01-01 12:00:00.123 | WARNING  | trainer:step:42 - error rate 0.0\n",
+        "fatal: not a git repository (or any of the parent directories): .git\n",
+        "error_count: 0\n",
+        "Errors: none\n",
+    ],
+)
+def test_benign_lines_naming_errors_stay_clean(tmp_path, line):
+    assert_healthy(tmp_path, "step 1 loss 0.5\n" + line)

@@ -57,6 +57,15 @@ _LEVEL = re.compile(
 )
 
 
+# the level of Python logging's default format and loguru's, after the timestamp that starts the line:
+# "2024-01-01 12:00:00,123 - __main__ - ERROR - msg", "2024-01-01 12:00:00.123 | ERROR    | mod:fn:42 - msg",
+# "2024-01-01 12:00:00 ERROR msg", "12:00:00 ERROR msg"
+_MID_LEVEL = re.compile(
+    r"^(?:\d{4}-\d{2}-\d{2}[ T][\d:.,]+\S*|\d{2}:\d{2}:\d{2}[\d.,]*)\s*(?:[-|]\s*(?:[\w.<>-]+\s*[-|]\s*)?)?\[?"
+    r"(?P<name>ERROR|CRITICAL|FATAL|WARNING|WARN|INFO|DEBUG)\b"
+)
+
+
 def hints(*words: str) -> Callable[[str], re.Match | None]:
     """A cheap test run before a family's regexes: whether a line holds any of ``words`` (one C-level
     search instead of a Python loop over substrings, for every line of a long log)."""
@@ -89,6 +98,8 @@ def parse_line(no: int, raw: str) -> LogLine:
             rank, text = int(m[1]), text[m.end() :]
     lv = _LEVEL.match(text.lstrip())
     level = (lv["glog"] or lv["name"]) if lv else vlevel
+    if level is None and text[:1].isdigit() and (mid := _MID_LEVEL.match(text)):
+        level = mid["name"]
     return LogLine(no, text, rank, source, level)
 
 
@@ -164,7 +175,8 @@ def is_code_line(text: str) -> bool:
 
 # ---- failure signals
 EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed)\w*)"
+    # (a bare `Exception: msg` / `Error: msg` too: Python's `raise Exception(...)`, a tool's own error line)
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed)\w*|Exception|Error))"
     r"(?:\((?P<inner>[\w.]+)\))?(?::\s*(?P<msg>.*))?$"
 )
 _EXIT = re.compile(
@@ -178,6 +190,8 @@ _KILL = re.compile(
     r"terminate called after throwing|Killing subprocess \d+|exited on signal \d+|srun: error: \S+: tasks? [\d,-]+: "
     # a native crash's own report: abseil's failure-signal handler (Ray, JAX), Python's faulthandler
     r"|\*\*\* SIG[A-Z]+ received at\b|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
+    # the shell's report of a process a signal ended
+    r"|^(?:[\w./-]+: line \d+:\s+\d+ )?(?:Bus error|Illegal instruction|Floating point exception|Aborted)(?: \(core dumped\))?\b"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
@@ -188,6 +202,10 @@ _HANG = re.compile(
 
 
 _KILL_HINTS = hints(
+    "Bus error",
+    "Illegal instruction",
+    "Floating point exception",
+    "Aborted",
     "Killed",
     "Signal",
     "SIGKILL",
@@ -224,7 +242,14 @@ def failure_signal(line: LogLine) -> str | None:
         return "error"
     if text.startswith("{") and '"error' in text and _HTTP_ERROR.search(text):
         return "error"
+    if ("rror" in text[:40] or "FATAL" in text[:40]) and _ERROR_LINE.match(text):
+        return "error"
     return None
+
+
+# a tool's or a library's own error line without a logging level: "error: ...", "srun: error: ...", "CUDA error: ...",
+# "NCCL error: ...", "FATAL: ..." (git's lowercase "fatal:" is left out: frameworks call git and print its refusals)
+_ERROR_LINE = re.compile(r"^(?:[\w./-]+: )?(?:error|(?:CUDA|NCCL|cuDNN|CUBLAS|HIP|MPI) error|FATAL)(?:\[\w+\])?: \S")
 
 
 # an OpenAI-compatible server's error body (vLLM, SGLang, TGI): {"object":"error","message":...,"code":400},
