@@ -313,3 +313,69 @@ def test_failure_lines_without_a_traceback_are_never_clean(tmp_path, line):
 )
 def test_benign_lines_naming_errors_stay_clean(tmp_path, line):
     assert_healthy(tmp_path, "step 1 loss 0.5\n" + line)
+
+
+# ---- an engine's configuration check, told by its frames -------------------------------------------------
+
+_VLLM = "/usr/lib/python3.10/site-packages/vllm"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the paste cut at the call into the check
+        "Traceback (most recent call last):\n"
+        f'  File "{_VLLM}/entrypoints/llm.py", line 242, in __init__\n'
+        "    self.llm_engine = self.engine_class.from_engine_args(\n"
+        f'  File "{_VLLM}/engine/llm_engine.py", line 481, in from_engine_args\n'
+        "    engine_config = engine_args.create_engine_config(usage_context)\n",
+        # a message no rule knows, raised in a config class's __post_init__
+        "Traceback (most recent call last):\n"
+        f'  File "{_VLLM}/config.py", line 900, in __post_init__\n'
+        "    raise ValueError(msg)\nValueError: frobnication level 3 is out of range on this platform\n",
+        # SGLang's server-argument check
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.10/site-packages/sglang/srt/server_args.py", line 300, in check_server_args\n'
+        "    assert self.foo\nAssertionError: the bar option needs the baz backend\n",
+    ],
+)
+def test_engine_configuration_check_is_an_engine_feature(tmp_path, text):
+    c = first(tmp_path, text)
+    assert c.kind == "engine_feature" and c.title.startswith("Engine refused its configuration")
+
+
+# ---- culprits the lines name --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        (
+            "torch.matmul(feats, self.proj_weight)\nRuntimeError: expected mat1 and mat2 to have the same dtype, but "
+            "got: float != c10::Half\n",
+            "self.proj_weight",
+        ),
+        (
+            "---> 12     out = self.head.linear(hidden, bias)\nRuntimeError: expected mat1 and mat2 to have the same "
+            "dtype, but got: float != c10::BFloat16\n",
+            "hidden, bias",
+        ),
+        (
+            "    y = F.linear(x_in, w_q)\nRuntimeError: expected scalar type BFloat16 but found Float\n",
+            "x_in, w_q",
+        ),
+    ],
+)
+def test_dtype_error_names_the_pasted_calls_operands(tmp_path, text, named):
+    c = first(tmp_path, text)
+    assert c.kind == "dtype_error" and named in c.where
+
+
+@pytest.mark.parametrize("cls", ["CriticModelRayActor", "RewardWorker", "VllmGenerationWorker"])
+def test_dead_ray_actor_is_named_by_its_class(tmp_path, cls):
+    text = (
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+        f"        class_name: {cls}\n        actor_id: 66075e4f\n        pid: 1234\n"
+    )
+    c = first(tmp_path, text)
+    assert c.kind == "ray_actor_died" and cls in c.where and cls in c.title

@@ -27,6 +27,7 @@ Exercised by ``pytest tests/test_log_rules.py tests/test_log_corpus.py``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -186,6 +187,22 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     }[sig]
     fixes = [Fix(None, None, f"the message's own advice: {a}") for a in advised]
     kind = "weight_sync" if phase == "weight_sync" else "exception"
+    checker = _engine_config_frame(facts.traceback_near(no, rank) if no is not None else tb)
+    if (
+        kind == "exception" and checker is not None
+    ):  # the engine's own check of the configuration it was given
+        kind = "engine_feature"
+        title = "Engine refused its configuration: " + title.removeprefix("Unrecognised failure: ")
+        ev.append(f"raised while the engine checked its configuration ({checker})")
+        what += (
+            f" It was raised while the inference engine built and checked its configuration ({checker}): the engine "
+            "(its release, its platform build: CUDA / ROCm / CPU) refuses a mode, feature or value the setup asks for."
+        )
+        fixes.append(
+            Fix(None, None, f"read the check in {checker}: turn off the feature it refuses (sleep mode, prefix "
+                "caching, chunked prefill, CUDA graphs, a parallel layout) or use an engine release / platform build "
+                "that supports it (the one the trainer pins)")
+        )  # fmt: skip
     if kind == "weight_sync":  # the engine's load_weights under the trainer's update call
         title = "Weight sync failed: " + title.removeprefix("Unrecognised failure: ")
         ev.append("phase weight_sync: the frames run the trainer's weight update into the rollout engine")
@@ -248,6 +265,24 @@ def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tupl
         where = f"{where} / {short}" if where and short not in where else where or short
     title = f"Unrecognised failure: {line.text.strip()[:200]}"
     return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
+
+
+_ENGINE_CONFIG = re.compile(
+    r"^(?:create_engine_config|_verify_\w+|verify_\w+|check_and_update_config|__post_init__|_check_\w+|"
+    r"check_server_args|_handle_\w+_args)$"
+)
+
+
+def _engine_config_frame(tb: Traceback | None) -> str | None:
+    """``package func (path:line)`` of the innermost frame of an inference engine (vLLM, SGLang) that builds or
+    checks its configuration (``create_engine_config``, ``_verify_*``, ``__post_init__`` of a config class)."""
+    for f in reversed(tb.frames if tb else []):
+        pkg = package_of(f.path)
+        if pkg in ("vllm", "sglang"):  # the frame's function, or the call its line makes (a paste cut there)
+            call = (f.call() or "").rsplit(".", 1)[-1]
+            name = f.func if _ENGINE_CONFIG.match(f.func) else call if _ENGINE_CONFIG.match(call) else None
+            return f"{pkg} {name} ({f.path.rsplit('/', 1)[-1]}:{f.lineno})" if name else None
+    return None
 
 
 def _library(tb: Traceback | None) -> str | None:

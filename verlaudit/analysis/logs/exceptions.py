@@ -96,7 +96,9 @@ def detect(line: LogLine) -> list[Hit]:
             }
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
     if text.startswith("    ") and (mc := _BARE_CALL.search(text)):  # a frame's source line (its frame cut)
-        out.append(Hit("code_call", line, {"call": mc[1]}))
+        out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
+    elif "(" in text and (mc := _PASTED_CALL.match(text)):  # IPython's `---> 67 ...`, or the line pasted bare
+        out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=8))
     if "_dynamo.config." in text and (
@@ -171,6 +173,21 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
 
 # the call a source line makes, its result assigned or not (`out, q = flash_attn_cuda.varlen_fwd(`)
 _BARE_CALL = re.compile(r"^\s+(?:[\w\[\], .]+=\s*)?(?:return\s+)?([A-Za-z_][\w.]*)\(")
+# a source line a reporter pasted above the error without its frame: IPython's marked line (`---> 67     return f(`)
+# or the statement alone (`torch.matmul(a, self.w)`, `out = self.proj(x)`): a dotted call, not prose
+_PASTED_CALL = re.compile(
+    r"^(?:-*>\s*\d+\s+)?(?:[\w\[\], .]+=\s*)?(?:return\s+)?((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|[a-z_]\w*_\w*)\("
+)
+
+
+def _args(text: str, start: int) -> str | None:
+    """The arguments a call's source line passes, when they close on that line (``a, self.w``)."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    args = text[start : i - 1].strip() if depth == 0 else ""
+    return args[:120] or None
 
 
 def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: int = 0) -> str | None:
@@ -182,7 +199,8 @@ def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: in
     if facts is not None and (tb is None or not tb.frames):
         calls = [h for h in facts.of("code_call") if 0 < no - h.no <= 2]
         if calls:
-            call = calls[-1].fields["call"]
+            c = calls[-1].fields
+            call = c["call"] + (f"({c['args']})" if c.get("args") else "")
             return f"{where} / {call}" if where else call
     return where
 

@@ -249,7 +249,9 @@ def failure_signal(line: LogLine) -> str | None:
 
 # a tool's or a library's own error line without a logging level: "error: ...", "srun: error: ...", "CUDA error: ...",
 # "NCCL error: ...", "FATAL: ..." (git's lowercase "fatal:" is left out: frameworks call git and print its refusals)
-_ERROR_LINE = re.compile(r"^(?:[\w./-]+: )?(?:error|(?:CUDA|NCCL|cuDNN|CUBLAS|HIP|MPI) error|FATAL)(?:\[\w+\])?: \S")
+_ERROR_LINE = re.compile(
+    r"^(?:[\w./-]+: )?(?:error|(?:CUDA|NCCL|cuDNN|CUBLAS|HIP|MPI) error|FATAL)(?:\[\w+\])?: \S"
+)
 
 
 # an OpenAI-compatible server's error body (vLLM, SGLang, TGI): {"object":"error","message":...,"code":400},
