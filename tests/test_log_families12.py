@@ -379,3 +379,20 @@ def test_dead_ray_actor_is_named_by_its_class(tmp_path, cls):
     )
     c = first(tmp_path, text)
     assert c.kind == "ray_actor_died" and cls in c.where and cls in c.title
+
+
+@pytest.mark.parametrize(
+    "line, how",
+    [
+        (
+            "RuntimeError: unscale_() has already been called on this optimizer since the last update().\n",
+            "once per",
+        ),
+        ("RuntimeError: step() has already been called since the last update().\n", "once per"),
+        ("AssertionError: No inf checks were recorded for this optimizer.\n", "reaches the optimizer"),
+    ],
+)
+def test_gradscaler_call_order(tmp_path, line, how):
+    c = first(tmp_path, line)
+    assert c.kind == "exception" and "GradScaler" in c.where and "scaler.update()" in c.fixes[0].why
+    assert how in c.fixes[0].why
