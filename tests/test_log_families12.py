@@ -396,3 +396,62 @@ def test_gradscaler_call_order(tmp_path, line, how):
     c = first(tmp_path, line)
     assert c.kind == "exception" and "GradScaler" in c.where and "scaler.update()" in c.fixes[0].why
     assert how in c.fixes[0].why
+
+
+@pytest.mark.parametrize(
+    "fn, forward, singular",
+    [
+        ("LogBackward0", "torch.log", True),
+        ("SqrtBackward0", "torch.sqrt", True),
+        ("LogSigmoidBackward0", "torch.nn.functional.logsigmoid", False),
+        ("DivBackward0", "torch.div", True),
+        ("SoftplusBackward0", "torch.softplus", False),
+    ],
+)
+def test_anomaly_backward_is_named_with_its_forward_op(tmp_path, fn, forward, singular):
+    c = first(tmp_path, f"RuntimeError: Function '{fn}' returned nan values in its 0th output.\n")
+    assert c.kind == "nonfinite" and fn in c.where and forward in c.where
+    assert ("derivative is infinite" in c.where) == singular
+
+
+# ---- metrics in every shape: a non-finite loss / grad-norm / reward / KL names the metric and its role ------------
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        # rich's two-column table
+        (
+            "┏━━━━━━━━━━━━━━┳━━━━━━━┓\n┃ metric       ┃ value ┃\n┡━━━━━━━━━━━━━━╇━━━━━━━┩\n│ train/loss   │ nan  │\n"
+            "│ train/grad_norm │ 0.5 │\n└──────────────┴───────┘\n",
+            "train/loss",
+        ),
+        # DeepSpeed-style progress lines
+        ("steps: 10 loss: 2.3010 iter time (s): 0.512\nsteps: 20 loss: nan iter time (s): 0.511\n", "loss"),
+        # per-rank prefixed key=value pairs with a role
+        (
+            "[rank3]: Epoch 1 | Iter 20 | critic/value_loss=nan | actor/pg_loss=0.12\n",
+            "critic",
+        ),
+        # tabulate's grid with a role column
+        (
+            "+------+-------------+----------+\n| step | actor/loss  | reward   |\n+------+-------------+----------+\n"
+            "| 1    | 0.51        | 0.10     |\n| 2    | nan         | 0.12     |\n",
+            "actor",
+        ),
+        # two Ray processes interleaved, verl's step lines in one of them
+        (
+            "(TaskRunner pid=1) step:1 - actor/pg_loss:0.1 - critic/vf_loss:0.3\n(WorkerDict pid=2, ip=10.0.0.2) hi\n"
+            "(TaskRunner pid=1) step:2 - actor/pg_loss:0.1 - critic/vf_loss:inf\n",
+            "critic",
+        ),
+        # a KL in TRL's PPO dict
+        ("Step 5: {'policy/approxkl': nan, 'objective/kl': 0.1}\n", "policy"),
+        # JSON lines with a float step
+        ('{"step": 1, "train/reward": 0.5}\n{"step": 2, "train/reward": NaN}\n', "train/reward"),
+    ],
+)
+def test_nonfinite_metric_in_every_shape_names_it(tmp_path, text, named):
+    c = first(tmp_path, text)
+    assert c.kind in ("nonfinite", "collapse") and named in c.where
+    assert ".0" not in c.title  # steps are integers

@@ -82,6 +82,35 @@ def parse_metric_lines(text: str) -> list[dict[str, Any]]:
     return out + t.finish()
 
 
+# autograd's backward functions are named for the forward op (`Log1PBackward0` is torch.log1p's): the forward names
+# a reader knows, where they differ from the snake_case of the name
+_FORWARD = {
+    "Log1P": "torch.log1p", "LogSigmoid": "torch.nn.functional.logsigmoid", "LogSoftmax": "torch.log_softmax",
+    "Div": "division (torch.div)", "Mul": "multiplication (torch.mul)", "LinalgVectorNorm": "torch.linalg.vector_norm",
+    "Norm": "torch.norm", "NllLoss": "torch.nn.functional.nll_loss", "BinaryCrossEntropy": "torch.nn.functional.binary_cross_entropy",
+    "Mm": "torch.mm", "Bmm": "torch.bmm", "Addmm": "torch.addmm (a linear layer)", "Xlogy": "torch.xlogy",
+}  # fmt: skip
+# ops whose backward is infinite at a point of their input (log at 0, log1p at -1, sqrt at 0, division by ~0, ...)
+_SINGULAR = frozenset({"Log", "Log1P", "Log2", "Log10", "Sqrt", "Rsqrt", "Div", "Pow", "Norm", "LinalgVectorNorm", "Acos",
+                       "Asin", "Atanh", "Reciprocal", "Xlogy", "Atan2"})  # fmt: skip
+
+
+def backward_of(fn: str) -> str:
+    """``Log1PBackward0 (the backward of torch.log1p)``: an autograd function with the forward op it belongs to."""
+    m = re.match(r"^([A-Z]\w*?)Backward\d*$", fn)
+    if m is None:
+        return fn
+    op = m[1]
+    forward = _FORWARD.get(op) or "torch." + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op).lower()
+    singular = " at an input where its derivative is infinite" if op in _SINGULAR else ""
+    return f"{fn} (the backward of {forward}{singular})"
+
+
+_ROLES = frozenset({"actor", "critic", "ref", "reference", "rollout", "policy", "value", "reward_model", "rm", "teacher",
+                    "student", "generator", "discriminator", "ppo_actor", "ppo_critic"})  # fmt: skip
+"""Metric prefixes that name a model's role (verl's ``critic/``, OpenRLHF's ``actor/``), not a section."""
+
+
 class Nonfinite:
     """Non-finite evidence: the first record with a non-finite metric (fed record by record), and
     from blocks of lines the first ``loss=nan`` no record covers, anomaly mode's backward function
@@ -166,12 +195,17 @@ class Nonfinite:
     def causes(self, ctx: LogContext | None = None) -> list[Cause]:
         ctx = ctx or LogContext(None)
         ev, step, backward_only, where, role, first_line = [], None, False, None, None, None
+        metrics = None  # the non-finite metrics' own names: the place when no role or producer names one
         if self.first_bad is not None:
             i, rec, bad = self.first_bad
             step, first_line = rec["step"], rec["_line"]
             roles = {k.split("/", 1)[0] for k in bad if "/" in k}
             role = roles.pop() if len(roles) == 1 and all("/" in k for k in bad) else None
-            where = role
+            role = (
+                role if role and vocab.norm(role) in _ROLES else None
+            )  # `train/`, `eval/` are sections, not roles
+            where = role  # (the metrics' own names are the place where no role prefixes them: `metrics`)
+            metrics = ", ".join(bad[:3])
             ev.append(f"line {rec['_line']}: step {step}: first non-finite metrics {', '.join(bad[:6])}")
             # only the gradient norm, on the first logged step, with a finite loss: made in the backward
             losses = [v for k, v in rec.items() if "loss" in k and isinstance(v, float)]
@@ -191,7 +225,7 @@ class Nonfinite:
                       "from the line, with no iteration counted as skipped)")  # fmt: skip
             first_line = first_line or int(self.dropped.split(":", 1)[0].removeprefix("line "))
         if self.anomaly:
-            where = self.anomaly[1]
+            where = backward_of(self.anomaly[1])
             first_line = first_line or self.anomaly[0]
             ev.append(f"line {self.anomaly[0]}: anomaly mode: backward function {where} produced NaN")
         if self.sampling:
@@ -222,7 +256,7 @@ class Nonfinite:
                     *fx,
                 ]  # fmt: skip
             return [Cause("error", "nonfinite", f"NaN gradient norm from the first logged step ({step}) with a finite loss",
-                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where, score=30.0, fixes=fx,
+                          BACKWARD_NAN_WHAT, evidence=ev, step=step, where=where or metrics, score=30.0, fixes=fx,
                           phase="update", line=first_line,
                           unknown=["which op made the NaN: rerun with torch.autograd.set_detect_anomaly(True) for one "
                                    "step, or under `verlaudit run` with audit level full"])]  # fmt: skip
@@ -237,7 +271,7 @@ class Nonfinite:
         title += f" in the {role}" if role and not self.anomaly else ""
         return [
             Cause("error", "nonfinite", title, "Training values became NaN/Inf.", evidence=ev, step=step,
-                  where=where, score=30.0, fixes=_nonfinite_fixes(ctx, role), phase="update", line=first_line,
+                  where=where or metrics, score=30.0, fixes=_nonfinite_fixes(ctx, role), phase="update", line=first_line,
                   unknown=["the first module that produced the NaN (a log only shows the loss); rerun under "
                            "`verlaudit run` with audit level full for the producer module",
                            "the loss-scale history, unless the framework logged it"])

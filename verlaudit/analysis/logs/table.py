@@ -180,6 +180,10 @@ class MetricTable:
         if rec["step"] is None:
             self.ordinal += 1
             rec["step"] = self.ordinal
+        elif isinstance(rec["step"], float) and math.isfinite(
+            rec["step"]
+        ):  # a table's or a JSON line's `step: 2.0`
+            rec["step"] = int(rec["step"])
         self.records += 1
         self.formats[rec["_source"]] = self.formats.get(rec["_source"], 0) + 1
         self.last = rec
