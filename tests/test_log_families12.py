@@ -455,3 +455,69 @@ def test_nonfinite_metric_in_every_shape_names_it(tmp_path, text, named):
     c = first(tmp_path, text)
     assert c.kind in ("nonfinite", "collapse") and named in c.where
     assert ".0" not in c.title  # steps are integers
+
+
+# ---- host OOM told by the process's own allocation ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:83] data. DefaultCPUAllocator: not enough memory: you tried to "
+        "allocate 34359738368 bytes.\n",
+        "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes. Error code "
+        "12 (Cannot allocate memory)\n",
+        "OSError: [Errno 12] Cannot allocate memory\n",
+        "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 12.0 GiB for an array with shape (3, 1073741824)\n",
+        "MemoryError\n",
+        "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
+    ],
+)
+def test_host_allocation_failure_is_host_oom(tmp_path, line):
+    c = first(tmp_path, line)
+    assert c.kind == "oom_host" and c.title.startswith("Host RAM exhausted")
+
+
+def test_gpu_oom_in_other_words_stays_a_gpu_oom(tmp_path):
+    assert first(tmp_path, "RuntimeError: CUDA error: out of memory\n").kind == "oom"
+    text = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB\n"
+    assert first(tmp_path, text).kind == "oom"
+
+
+# ---- a dataset too small for one batch / one optimizer step -------------------------------------------------
+
+_TRAINER = (
+    '  File "/usr/lib/python3/site-packages/transformers/trainer.py", line 2100, in _inner_training_loop\n'
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ValueError: num_samples should be a positive integer value, but got num_samples=0\n",
+        "Traceback (most recent call last):\n"
+        + _TRAINER
+        + "    num_update_steps_per_epoch = len_dataloader // args.gradient_accumulation_steps\n"
+        "ZeroDivisionError: integer division or modulo by zero\n",
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/transformers/optimization.py", line 90, in lr_lambda\n'
+        "    return max(0.0, float(num_training_steps - current_step) / float(max(1, num_training_steps - w)))\n"
+        "ZeroDivisionError: float division by zero\n",
+        "ValueError: The training dataset is empty after filtering\n",
+        "RuntimeError: batch_size (64) is larger than the number of samples (10)\n",
+    ],
+)
+def test_dataset_too_small_for_a_step(tmp_path, text):
+    c = first(tmp_path, text)
+    assert c.kind == "exception" and c.title.startswith("The dataset is too small")
+    assert any("gradient_accumulation_steps" in f.why for f in c.fixes)
+
+
+def test_zero_division_in_user_code_is_not_a_dataset_size(tmp_path):
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/reward.py", line 10, in accuracy\n    return hits / total\n'
+        "ZeroDivisionError: division by zero\n"
+    )
+    c = first(tmp_path, text)
+    assert not c.title.startswith("The dataset is too small")

@@ -35,6 +35,7 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     advice,
     checks,
+    datasize,
     distributed,
     engines,
     exceptions,
@@ -64,6 +65,7 @@ DETECTORS = (
     advice.detect,
     features.detect,  # logsg branch
     placement.detect,  # logsg branch
+    datasize.detect,  # logs12 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -76,6 +78,7 @@ FAMILIES = (
     outputs.explain,
     features.explain,  # logsg branch
     placement.explain,  # logsg branch
+    datasize.explain,  # logs12 branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes

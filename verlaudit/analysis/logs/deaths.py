@@ -233,6 +233,7 @@ def _dead_actor(facts: LogFacts) -> dict[str, str]:
     return fields
 
 
+# long: one reading of a dead actor: its fields, the task, the native crash and the phase, then one cause
 def ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     died = facts.of("actor_died", "worker_died")
     tasks = [

@@ -407,6 +407,7 @@ def compiled_exception(facts: LogFacts) -> Hit | None:
     return None
 
 
+# long: one compile cause from its message or its frames: the op, the backend import, the traced frame, the advice
 def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("compile_error")
     by_frames = h is None

@@ -153,6 +153,10 @@ _HOST = [
     # process N (name) score S or sacrifice child" (older), "Out of memory: Killed process N (name)", "Killed process N
     # (name) total-vm:...", "oom_reaper: reaped process N (name)"; a cgroup's, a container's (Kubernetes' OOMKilled,
     # Docker's exit with OOMKilled true) and Slurm's ("Detected 1 oom-kill event(s) in StepId=...") report of it
+    # the process's own allocation in host memory failing: PyTorch's CPU allocator, ENOMEM, numpy, C++'s bad_alloc
+    ("host_alloc", re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)[^\n]*"
+                              r"|\[Errno 12\] Cannot allocate memory|^MemoryError\b[^\n]*|\bstd::bad_alloc\b"
+                              r"|Unable to allocate [\d.]+ [KMGT]i?B for an array")),
     ("host_kernel", re.compile(r"Out of memory: Kill(?:ed)? process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
                                r"invoked oom-killer|oom-kill:|\bKilled process (\d+) \(([^)]+)\) total-vm:"
                                r"|oom_reaper: reaped process (\d+) \(([^)]+)\)|\bOOMKilled\b|\"OOMKilled\":\s*true"
@@ -173,6 +177,9 @@ _HAS = hints(
     "oom_reaper",
     "OOMKilled",
     "total-vm:",
+    "allocate",
+    "MemoryError",
+    "bad_alloc",
     "OOM",
     "profiled value",
     "ray::",
@@ -490,7 +497,7 @@ def _monitor(mon: Hit) -> tuple[str, str | None, str | None, list[str], str | No
 
 
 def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
-    hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel")
+    hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel", "host_alloc")
     if not hits:
         return None
     mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
@@ -507,7 +514,8 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if pl.phase is None and phase_hint:
         pl.phase, pl.phase_why = phase_hint, "the killed / largest processes' methods"
     ray = mon or facts.count("host_raylet", "host_task_killed")
-    who = "Ray's memory monitor" if ray else "the kernel's OOM killer"
+    alloc = not (ray or kernel) and facts.first("host_alloc") is not None
+    who = "Ray's memory monitor" if ray else "the kernel's OOM killer" if not alloc else "the allocator"
     what = (
         f"Host (CPU) memory ran out and {who} killed a process: this is not a CUDA OOM, GPU settings do not "
         "help. The killed process is the most recently scheduled one, not necessarily the one that grew"
@@ -536,10 +544,17 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         advice("run fewer worker processes per node, or give the node more RAM"),
         ("host_memory_threshold", "only if the node has headroom the monitor does not count (a stopgap)"),
     )
+    if alloc:  # no process was killed: the process's own allocation in host memory failed
+        what = (
+            "Host (CPU) memory ran out: the process's own allocation in host RAM failed (PyTorch's CPU allocator, "
+            "the kernel's ENOMEM, numpy, C++'s bad_alloc): this is not a CUDA OOM, GPU settings do not help."
+        )
     return Cause(
         "error",
         "oom_host",
-        f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
+        f"Host RAM exhausted: {hits[0].line.text.strip()[:140]}"
+        if alloc
+        else f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
         what,
         evidence=[quote(h.line) for h in hits[:3]] + table + pl.evidence(),
         fixes=fx,

@@ -192,6 +192,7 @@ class Nonfinite:
             if m and _MEGATRON_APPLIED.search(line) and not _MEGATRON_LOSS.search(line):
                 self.dropped = f"line {ln}: iteration {m[1]}: Megatron's iteration line prints no loss: {line.strip()[:160]}"
 
+    # long: one cause from every kind of non-finite evidence (records, columns, sentences, anomaly mode, sampling)
     def causes(self, ctx: LogContext | None = None) -> list[Cause]:
         ctx = ctx or LogContext(None)
         ev, step, backward_only, where, role, first_line = [], None, False, None, None, None
