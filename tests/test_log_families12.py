@@ -521,3 +521,55 @@ def test_zero_division_in_user_code_is_not_a_dataset_size(tmp_path):
     )
     c = first(tmp_path, text)
     assert not c.title.startswith("The dataset is too small")
+
+
+@pytest.mark.parametrize(
+    "line, flag",
+    [
+        (
+            "Not enough memory to handle 4096 prefill tokens. You need to decrease `--max-batch-prefill-tokens`\n",
+            "--max-batch-prefill-tokens",
+        ),
+        (
+            "RuntimeError: Not enough memory to handle 16000 total tokens with 4096 prefill tokens\n",
+            "--max-batch-total-tokens",
+        ),
+    ],
+)
+def test_tgi_warmup_memory_is_a_kv_cache_budget(tmp_path, line, flag):
+    c = first(tmp_path, line)
+    assert c.kind == "oom_kv_cache" and c.where == flag
+
+
+# ---- the model part a message names is the culprit --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, part",
+    [
+        (
+            "RuntimeError: Error(s) in loading state_dict for Gemma3ForConditionalGeneration:\n\tsize mismatch for "
+            "model.vision_tower.post_layernorm.weight: copying a param with shape torch.Size([1152]) from checkpoint, the "
+            "shape in current model is torch.Size([1024]).\n",
+            "model.vision_tower.post_layernorm.weight",
+        ),
+        (
+            "RuntimeError: expected scalar type Float but found BFloat16\nThe above error occurred in module "
+            "model.vision_tower.encoder.layers.0.mlp.fc1\n",
+            "model.vision_tower.encoder.layers.0.mlp.fc1",
+        ),
+        (
+            "ValueError: parameter language_model.layers.12.self_attn.q_proj.weight has no gradient\n",
+            "language_model.layers.12.self_attn.q_proj.weight",
+        ),
+    ],
+)
+def test_model_part_named_by_the_message_is_the_culprit(tmp_path, text, part):
+    c = first(tmp_path, text)
+    assert part in c.where
+
+
+def test_library_paths_are_not_model_parts(tmp_path):
+    text = "ValueError: Unrecognized configuration class transformers.models.qwen3.configuration_qwen3.Qwen3Config\n"
+    c = first(tmp_path, text)
+    assert "configuration_qwen3" not in (c.where or "")

@@ -266,6 +266,10 @@ def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tupl
     if pl.tb is not None and (own := pl.tb.user_frames()):  # the file of the user's frame that raised it
         short = "/".join(own[-1].path.replace("\\", "/").split("/")[-2:])
         where = f"{where} / {short}" if where and short not in where else where or short
+    # the model part the message (or the lines that continue it) names: a parameter in a shape error, a module path
+    part = next((h.fields["path"] for h in facts.of("module_path") if 0 <= h.no - line.no <= 4), None)
+    if part and part not in (where or ""):
+        where = f"{part} / {where}" if where else part
     title = f"Unrecognised failure: {line.text.strip()[:200]}"
     return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
 

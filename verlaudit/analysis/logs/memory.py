@@ -94,6 +94,8 @@ _KV = [
                                   r"is less "
                                   r"than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")),
     ("kv_sglang", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")),
+    # TGI's warm-up: the batch it is configured to prefill does not fit next to the weights
+    ("kv_tgi", re.compile(r"Not enough memory to handle (\d+) (prefill|total) tokens")),
     ("kv_blocks", re.compile(r"# (?:GPU|cuda) blocks: (\d+)")),
     # the engine's own KV-cache capacity at start, non-positive: nothing is left for the cache after the
     # weights (SGLang's "max_total_tokens=N is larger than the profiled value -561981", vLLM V1's "Available KV
@@ -182,6 +184,7 @@ _HAS = hints(
     "bad_alloc",
     "OOM",
     "profiled value",
+    "Not enough memory",
     "ray::",
     "cudagraph",
     "CUDA graph",
@@ -568,9 +571,9 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
 
 
 def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
-    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang") or facts.first(
-        "kv_nonpositive"
-    )
+    hit = facts.first(
+        "kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang", "kv_tgi"
+    ) or facts.first("kv_nonpositive")
     if hit is not None:
         return [_kv_cause(hit, facts, ctx)]
     blocks = facts.first("kv_blocks")
@@ -688,6 +691,17 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
             "leaves less for activations); a shorter context needs less.",
             [_RAISE, _LOWER_LEN],
         )
+    if h.rule == "kv_tgi":
+        n, what_tokens = g
+        flag = "--max-batch-prefill-tokens" if what_tokens == "prefill" else "--max-batch-total-tokens"
+        return (
+            f"TGI: not enough GPU memory for {n} {what_tokens} tokens at warm-up",
+            flag,
+            "Text Generation Inference warms up with its largest configured batch; the memory left after the weights "
+            "does not hold it (activations and KV cache of that many tokens).",
+            [advice(f"decrease {flag} (and --max-total-tokens / --max-input-tokens with it), or give each shard more "
+                    "memory: more shards (--num-shard), quantised weights (--quantize)")],
+        )  # fmt: skip
     return _kv_max_len_title(h), "max_model_len", _MAX_LEN_WHAT, [_LOWER_LEN, _RAISE]
 
 
@@ -700,7 +714,9 @@ def _engine_of(h: Hit) -> str:
 
 def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
     title, where, what, remedies = _kv_reading(h)
-    if h.rule != "kv_sglang" and not where.startswith("--"):  # the engine whose key it is (vLLM's messages)
+    if h.rule not in ("kv_sglang", "kv_tgi") and not where.startswith(
+        "--"
+    ):  # the engine whose key it is (vLLM's messages)
         where = f"{'sglang' if _engine_of(h) == 'sglang' else 'vllm'} {where}"
     pl = place(facts, h.line)
     ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []
