@@ -573,3 +573,16 @@ def test_library_paths_are_not_model_parts(tmp_path):
     text = "ValueError: Unrecognized configuration class transformers.models.qwen3.configuration_qwen3.Qwen3Config\n"
     c = first(tmp_path, text)
     assert "configuration_qwen3" not in (c.where or "")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "INFO 01-01 00:00:00 [async_llm.py:300] Aborted request cmpl-1234.\n",
+        "WARNING Validation dataset is empty, skipping evaluation\n",
+        "WARNING weight sync failed on attempt 1/3, retrying\nINFO weights synced\n",
+        "Aborted request 17 by the client\n",
+    ],
+)
+def test_benign_lines_near_new_families_stay_clean(tmp_path, text):
+    assert_healthy(tmp_path, "step 1 loss 0.5\n" + text)

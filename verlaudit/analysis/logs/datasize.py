@@ -20,7 +20,7 @@ import re
 
 from verlaudit.analysis.causes import Cause
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes
-from verlaudit.analysis.logs.lines import LogLine, hints
+from verlaudit.analysis.logs.lines import LogLine, failure_signal, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _MESSAGES = re.compile(
@@ -40,7 +40,8 @@ _LOOP = re.compile(
 
 def detect(line: LogLine) -> list[Hit]:
     text = line.text
-    if _HAS(text) and (m := _MESSAGES.search(text)):
+    # only where the line reports a failure: "Validation dataset is empty, skipping evaluation" is a note
+    if _HAS(text) and (m := _MESSAGES.search(text)) and failure_signal(line) is not None:
         return [Hit("data_too_small", line, {"said": m[0]})]
     return []
 

@@ -158,6 +158,12 @@ def detect(line: LogLine) -> list[Hit]:
                 fields["method"] = m[1]
             if rule == "engine_worker_died":
                 fields["method"] = m[1] or m[2]
+            if (
+                rule == "weight_sync_failed"
+                and m[1] is None
+                and re.search(r"\bretr(?:y|ying|ied)\b", text, re.I)
+            ):
+                continue  # "weight update failed, retrying": a retry is not the failure (its last attempt would say so)
             # a GPU sentence the line lacks may follow on the next line
             want = 1 if rule == "bf16_unsupported" and m.lastindex is None else 0
             out.append(Hit(rule, line, fields, want=want))

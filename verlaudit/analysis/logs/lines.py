@@ -191,7 +191,9 @@ _KILL = re.compile(
     # a native crash's own report: abseil's failure-signal handler (Ray, JAX), Python's faulthandler
     r"|\*\*\* SIG[A-Z]+ received at\b|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
     # the shell's report of a process a signal ended
-    r"|^(?:[\w./-]+: line \d+:\s+\d+ )?(?:Bus error|Illegal instruction|Floating point exception|Aborted)(?: \(core dumped\))?\b"
+    # (the whole line: vLLM's "Aborted request cmpl-1" is no crash)
+    r"|^(?:[\w./-]+: line \d+:\s+\d+ )?(?:Bus error|Illegal instruction|Floating point exception|Aborted)"
+    r"(?: \(core dumped\))?(?:\s+\S*python\S*(?: .*)?)?\s*$"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
