@@ -586,3 +586,47 @@ def test_library_paths_are_not_model_parts(tmp_path):
 )
 def test_benign_lines_near_new_families_stay_clean(tmp_path, text):
     assert_healthy(tmp_path, "step 1 loss 0.5\n" + text)
+
+
+# ---- recovered errors: a traceback Python ignored, or one a retry loop logged before the run went on ---------
+
+_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3/site-packages/requests/adapters.py", line 10, in send\n'
+    "    raise ConnectionError(e)\n"
+    "requests.exceptions.ConnectionError: Read timed out.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "step 1 loss 0.5\nWARNING:root:Request failed, retrying in 2s (attempt 1/5)\n"
+        + _TB
+        + "INFO:root:Request succeeded on attempt 2\nstep 2 loss 0.4\n",
+        "step 1 loss 0.5\n" + _TB + "WARNING: will retry the reward call\nstep 2 loss 0.4\n",
+        "step 1 loss 0.5\nException ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f>\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py", line 1479, in __del__\n'
+        "    self._shutdown_workers()\nAssertionError: can only test a child process\nstep 2 loss 0.4\n",
+        "epoch 1 done\nfalling back to the slow tokenizer\n" + _TB + "epoch 2 done\n",
+    ],
+)
+def test_recovered_tracebacks_stay_clean(tmp_path, text):
+    assert_healthy(tmp_path, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the retries ran out: the log ends on the traceback
+        "step 1 loss 0.5\nWARNING retrying (1/3)\n" + _TB + "WARNING retrying (2/3)\n" + _TB,
+        # a retry note, but nothing went on after the failure
+        "step 1 loss 0.5\nWARNING retrying (3/3)\n" + _TB + "Shutting down\n",
+        # no retry note at all
+        "step 1 loss 0.5\n" + _TB + "step 2 loss 0.4\n",
+    ],
+)
+def test_unrecovered_tracebacks_still_fail(tmp_path, text):
+    d = diagnose(tmp_path, text)
+    assert d.verdict == "error", d.causes

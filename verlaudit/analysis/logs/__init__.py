@@ -46,6 +46,7 @@ from verlaudit.analysis.logs import (
     outputs,
     phases,
     placement,
+    recovered,
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
@@ -66,6 +67,7 @@ DETECTORS = (
     features.detect,  # logsg branch
     placement.detect,  # logsg branch
     datasize.detect,  # logs12 branch
+    recovered.detect,  # logs12 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -175,8 +177,13 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     if any(c.severity == "error" for c in causes):
         return []
     rank_of = {"exception": 0, "kill": 1, "exit": 2, "hang": 3, "error": 4}
-    signals = sorted(facts.signals, key=lambda s: (rank_of.get(s[0], 9), s[1].no))
-    tb = next((t for t in facts.tracebacks if t.frames), None)
+    # a traceback the log recovered from (Python ignored it, or a retry loop logged it and the run went on) is
+    # not the failure: its lines are left out (`recovered`)
+    skip = recovered.recovered_lines(facts)
+    signals = sorted(
+        (s for s in facts.signals if s[1].no not in skip), key=lambda s: (rank_of.get(s[0], 9), s[1].no)
+    )
+    tb = next((t for t in facts.tracebacks if t.frames and t.start not in skip), None)
     if not signals and tb is None:
         return []
     sig, title, ev, where, phase, rank, no, advised = _unknown_place(facts, signals, tb)
