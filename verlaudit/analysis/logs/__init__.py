@@ -4,7 +4,9 @@ SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
 features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``placement`` (a
 collective or DTensor op refused for where its tensors live), ``checks`` (a failed configuration check, its keys resolved
-to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
+to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), ``datasize`` (a
+dataset too small for one batch / optimizer step), ``recovered`` (tracebacks the log recovered from, which the
+never-clean fallback leaves out), with
 ``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
 from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
@@ -138,7 +140,7 @@ def explain_text(text: str) -> list[Cause]:
     for no, line in enumerate(text.splitlines(), 1):
         scan.feed(no, line)
     facts, ctx = scan.facts(), LogContext(None)
-    causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    causes = _without_shadowed([c for family in FAMILIES for c in family(facts, ctx)])
     for c in causes:
         tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
         c.phase = phases.trainer_phase(c.phase, [f.func for f in tb.frames] if tb else ())
