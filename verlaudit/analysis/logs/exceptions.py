@@ -99,7 +99,7 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
     elif "(" in text and (mc := _PASTED_CALL.match(text)):  # IPython's `---> 67 ...`, or the line pasted bare
         out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
-    if "." in text and (mp := _MODULE_PATH.search(text)) and _is_module_path(mp[1]):
+    if _PART_HINTS(text) and (mp := _MODULE_PATH.search(text)) and _is_module_path(mp[1]):
         out.append(Hit("module_path", line, {"path": mp[1]}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=8))
@@ -191,6 +191,28 @@ _MODEL_PART = re.compile(
 )
 _NOT_MODULE = frozenset({"torch", "transformers", "vllm", "sglang", "trl", "verl", "deepspeed", "accelerate", "ray",
                          "numpy", "np", "os", "sys", "peft", "megatron", "nemo_rl", "openrlhf", "self", "cls"})  # fmt: skip
+
+
+_PART_HINTS = hints(
+    "model.",
+    "layers.",
+    "layer.",
+    "blocks.",
+    "encoder.",
+    "decoder.",
+    "vision",
+    "visual.",
+    "lm_head",
+    "embed_tokens",
+    "mlp.",
+    "attn.",
+    "experts.",
+    "projector",
+    "_proj",
+    "norm.",
+    ".weight",
+    ".bias",
+)
 
 
 def _with_part(where: str | None, facts: LogFacts, no: int) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from verlaudit.analysis.logs.lines import LogLine
+from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback
 
 _IGNORED = re.compile(r"^Exception ignored in\b")
@@ -29,14 +29,18 @@ NEAR = 3
 """Lines between a retry note and the traceback it explains."""
 
 
+_RETRY_HINTS = hints("etry", "ETRY", "ttempt", "all back", "alling back", "ying again")
+_ON_HINTS = hints("ucce", "ecover", "econnect", "esum", "tep", "TEP", "poch", "oss", "/")
+
+
 def detect(line: LogLine) -> list[Hit]:
     text = line.text
     if text.startswith("Exception ignored"):
         return [Hit("exc_ignored", line)] if _IGNORED.match(text) else []
     out = []
-    if _RETRY.search(text):
+    if _RETRY_HINTS(text) and _RETRY.search(text):
         out.append(Hit("retry_note", line))
-    if _SUCCESS.search(text) or _PROGRESS.search(text):
+    if _ON_HINTS(text) and (_PROGRESS.search(text) or _SUCCESS.search(text)):
         out.append(Hit("went_on", line))
     return out
 
