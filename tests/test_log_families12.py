@@ -630,3 +630,24 @@ def test_recovered_tracebacks_stay_clean(tmp_path, text):
 def test_unrecovered_tracebacks_still_fail(tmp_path, text):
     d = diagnose(tmp_path, text)
     assert d.verdict == "error", d.causes
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "make: *** [Makefile:12: train] Error 2\n",
+        "*** Error in `python': double free or corruption (out): 0x00007f00deadbeef ***\n",
+        "free(): invalid pointer\n",
+        "!!!!!!! Segfault encountered !!!!!!!\n",
+        "[launcher] FAILED: train.py (rank 0) exited with a non-zero code\n",
+    ],
+)
+def test_native_crashes_and_failed_recipes_are_never_clean(tmp_path, line):
+    d = diagnose(tmp_path, "step 1 loss 0.5\n" + line)
+    assert d.verdict == "error", d.causes
+
+
+def test_make_progress_and_plain_pointers_stay_clean(tmp_path):
+    assert_healthy(
+        tmp_path, "make[1]: Entering directory '/src'\nmake: Nothing to be done for 'all'.\nfreed 3 GiB\n"
+    )

@@ -182,7 +182,9 @@ EXCEPTION = re.compile(
 _EXIT = re.compile(
     r"exit(?:ed)? (?:with )?(?:exit )?(?:code|status)[ "
     r":=]*(?P<code>-?[1-9]\d*)\b|exitcode\s*:\s*(?P<ec>-?[1-9]\d*)\b"
-    r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b",
+    r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b"
+    # make's report of a recipe that failed, and a launcher's "exited with a non-zero code"
+    r"|^make(?:\[\d+\])?: \*\*\* .*\bError \d+\s*$|exited with a non-zero (?:exit )?(?:code|status)",
     re.I,
 )
 _KILL = re.compile(
@@ -191,6 +193,9 @@ _KILL = re.compile(
     # a native crash's own report: abseil's failure-signal handler (Ray, JAX), Python's faulthandler
     r"|\*\*\* SIG[A-Z]+ received at\b|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
     # the shell's report of a process a signal ended
+    # glibc's heap checks and a crash handler's banner
+    r"|^\*\*\* Error in `[^']*': |\b(?:double free or corruption|malloc\(\): (?:corrupted|memory corruption)|free\(\): "
+    r"invalid pointer|corrupted size vs\. prev_size|\*\*\* stack smashing detected)|\bSegfault encountered\b"
     # (the whole line: vLLM's "Aborted request cmpl-1" is no crash)
     r"|^(?:[\w./-]+: line \d+:\s+\d+ )?(?:Bus error|Illegal instruction|Floating point exception|Aborted)"
     r"(?: \(core dumped\))?(?:\s+\S*python\S*(?: .*)?)?\s*$"
@@ -204,6 +209,13 @@ _HANG = re.compile(
 
 
 _KILL_HINTS = hints(
+    "*** Error in",
+    "corruption",
+    "malloc(",
+    "free(",
+    "corrupted size",
+    "stack smashing",
+    "Segfault",
     "Bus error",
     "Illegal instruction",
     "Floating point exception",
@@ -223,7 +235,7 @@ _KILL_HINTS = hints(
 _HANG_HINTS = hints(
     "atchdog", "Timeout at", "Timed out", "wait timeout", "Heartbeat", "DistStoreError", "Rendezvous"
 )
-_EXIT_HINTS = hints("exit", "Exit", "EXIT", "ChildFailed")
+_EXIT_HINTS = hints("exit", "Exit", "EXIT", "ChildFailed", "make")
 
 
 def failure_signal(line: LogLine) -> str | None:
