@@ -46,6 +46,7 @@ from verlaudit.analysis.logs import (
     libraries,
     memory,
     outputs,
+    parts,
     phases,
     placement,
     recovered,
@@ -70,6 +71,7 @@ DETECTORS = (
     placement.detect,  # logsg branch
     datasize.detect,  # logs12 branch
     recovered.detect,  # logs12 branch
+    parts.detect,  # logs12 branch
 )
 FAMILIES = (
     distributed.explain,

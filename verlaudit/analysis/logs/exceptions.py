@@ -17,6 +17,7 @@ from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes, pinned_pair
 from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, is_code_line, package_of, parse_frame
+from verlaudit.analysis.logs.parts import with_part
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
@@ -99,8 +100,6 @@ def detect(line: LogLine) -> list[Hit]:
         out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
     elif "(" in text and (mc := _PASTED_CALL.match(text)):  # IPython's `---> 67 ...`, or the line pasted bare
         out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
-    if _PART_HINTS(text) and (mp := _MODULE_PATH.search(text)) and _is_module_path(mp[1]):
-        out.append(Hit("module_path", line, {"path": mp[1]}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
         out.append(Hit("compile_user_code", line, want=8))
     if "_dynamo.config." in text and (
@@ -180,56 +179,6 @@ _BARE_CALL = re.compile(r"^\s+(?:[\w\[\], .]+=\s*)?(?:return\s+)?([A-Za-z_][\w.]
 _PASTED_CALL = re.compile(
     r"^(?:-*>\s*\d+\s+)?(?:[\w\[\], .]+=\s*)?(?:return\s+)?((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|[a-z_]\w*_\w*)\("
 )
-
-
-# a model's module or parameter path a message names (`model.vision_tower.post_layernorm.weight`,
-# `model.layers.3.mlp.gate_proj`): dotted, three parts or more, with a layer index, a parameter leaf or a model part
-_MODULE_PATH = re.compile(r"(?<![\w./])([A-Za-z_]\w*\.(?:(?:[A-Za-z_]\w*|\d+)\.)+[A-Za-z_0-9]\w*)(?![\w(/])")
-_MODEL_PART = re.compile(
-    r"\.\d+\.|\.(?:weight|bias)$|(?:^|\.)(?:model|layers?|blocks?|encoder|decoder|vision_tower|vision_model|visual|"
-    r"language_model|lm_head|embed_tokens|mlp|self_attn|attn|experts|projector|\w+_proj|\w*norm\w*)(?:\.|$)"
-)
-_NOT_MODULE = frozenset({"torch", "transformers", "vllm", "sglang", "trl", "verl", "deepspeed", "accelerate", "ray",
-                         "numpy", "np", "os", "sys", "peft", "megatron", "nemo_rl", "openrlhf", "self", "cls"})  # fmt: skip
-
-
-_PART_HINTS = hints(
-    "model.",
-    "layers.",
-    "layer.",
-    "blocks.",
-    "encoder.",
-    "decoder.",
-    "vision",
-    "visual.",
-    "lm_head",
-    "embed_tokens",
-    "mlp.",
-    "attn.",
-    "experts.",
-    "projector",
-    "_proj",
-    "norm.",
-    ".weight",
-    ".bias",
-)
-
-
-def _with_part(where: str | None, facts: LogFacts, no: int) -> str | None:
-    """``where`` with the model part a line next to the error names (`module_path`), if it does not already."""
-    part = next((h.fields["path"] for h in facts.of("module_path") if abs(h.no - no) <= 4), None)
-    if part is None or part in (where or ""):
-        return where
-    return f"{part} / {where}" if where else part
-
-
-def _is_module_path(path: str) -> bool:
-    head = path.split(".", 1)[0]
-    return (
-        head not in _NOT_MODULE
-        and not re.search(r"configuration_|modeling_|\.py$|\.(?:json|yaml|so|com|org|io)$", path)
-        and bool(_MODEL_PART.search(path))
-    )
 
 
 def _args(text: str, start: int) -> str | None:
@@ -325,7 +274,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=_with_part(_operands_where(pl.culprit(), pl.tb, facts, h.no), facts, h.no),
+        where=with_part(_operands_where(pl.culprit(), pl.tb, facts, h.no), facts, h.no),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
