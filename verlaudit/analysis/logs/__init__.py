@@ -4,7 +4,9 @@ SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex
 (dtype, import, configuration errors), ``libraries`` (version mismatches between libraries, engine
 features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``placement`` (a
 collective or DTensor op refused for where its tensors live), ``checks`` (a failed configuration check, its keys resolved
-to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), with
+to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), ``datasize`` (a
+dataset too small for one batch / optimizer step), ``recovered`` (tracebacks the log recovered from, which the
+never-clean fallback leaves out), with
 ``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
 from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
 
@@ -27,6 +29,7 @@ Exercised by ``pytest tests/test_log_rules.py tests/test_log_corpus.py``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     advice,
     checks,
+    datasize,
     distributed,
     engines,
     exceptions,
@@ -42,8 +46,10 @@ from verlaudit.analysis.logs import (
     libraries,
     memory,
     outputs,
+    parts,
     phases,
     placement,
+    recovered,
     scaling,
 )
 from verlaudit.analysis.logs.frameworks import LogContext
@@ -63,6 +69,9 @@ DETECTORS = (
     advice.detect,
     features.detect,  # logsg branch
     placement.detect,  # logsg branch
+    datasize.detect,  # logs12 branch
+    recovered.detect,  # logs12 branch
+    parts.detect,  # logs12 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -75,6 +84,7 @@ FAMILIES = (
     outputs.explain,
     features.explain,  # logsg branch
     placement.explain,  # logsg branch
+    datasize.explain,  # logs12 branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
@@ -103,12 +113,23 @@ def explain(facts: LogFacts) -> tuple[list[Cause], LogContext]:
     log's context (framework, settings). Not yet ordered: the root-cause rules order them
     (`verlaudit.analysis.diagnose.diagnosis.order_by_root`, with ``classify``)."""
     ctx = frameworks.context(facts.markers, facts.settings)
-    causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    causes = _without_shadowed([c for family in FAMILIES for c in family(facts, ctx)])
     causes += unrecognised(facts, causes)
     advice.attach(causes, facts)
     for c in causes:
         c.framework = ctx.framework
     return causes, ctx
+
+
+def _without_shadowed(causes: list[Cause]) -> list[Cause]:
+    """Drops a cause a family read only from where an exception was raised (``data["by_frames"]``: an exception
+    inside the compiler stack) when another family's error explains the same line by its message."""
+    said = {
+        c.line
+        for c in causes
+        if c.severity == "error" and not c.data.get("by_frames") and c.kind != "exception"
+    }
+    return [c for c in causes if not (c.data.get("by_frames") and c.line in said)]
 
 
 def explain_text(text: str) -> list[Cause]:
@@ -121,7 +142,7 @@ def explain_text(text: str) -> list[Cause]:
     for no, line in enumerate(text.splitlines(), 1):
         scan.feed(no, line)
     facts, ctx = scan.facts(), LogContext(None)
-    causes = [c for family in FAMILIES for c in family(facts, ctx)]
+    causes = _without_shadowed([c for family in FAMILIES for c in family(facts, ctx)])
     for c in causes:
         tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
         c.phase = phases.trainer_phase(c.phase, [f.func for f in tb.frames] if tb else ())
@@ -160,8 +181,13 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     if any(c.severity == "error" for c in causes):
         return []
     rank_of = {"exception": 0, "kill": 1, "exit": 2, "hang": 3, "error": 4}
-    signals = sorted(facts.signals, key=lambda s: (rank_of.get(s[0], 9), s[1].no))
-    tb = next((t for t in facts.tracebacks if t.frames), None)
+    # a traceback the log recovered from (Python ignored it, or a retry loop logged it and the run went on) is
+    # not the failure: its lines are left out (`recovered`)
+    skip = recovered.recovered_lines(facts)
+    signals = sorted(
+        (s for s in facts.signals if s[1].no not in skip), key=lambda s: (rank_of.get(s[0], 9), s[1].no)
+    )
+    tb = next((t for t in facts.tracebacks if t.frames and t.start not in skip), None)
     if not signals and tb is None:
         return []
     sig, title, ev, where, phase, rank, no, advised = _unknown_place(facts, signals, tb)
@@ -175,6 +201,22 @@ def unrecognised(facts: LogFacts, causes: Sequence[Cause]) -> list[Cause]:
     }[sig]
     fixes = [Fix(None, None, f"the message's own advice: {a}") for a in advised]
     kind = "weight_sync" if phase == "weight_sync" else "exception"
+    checker = _engine_config_frame(facts.traceback_near(no, rank) if no is not None else tb)
+    if (
+        kind == "exception" and checker is not None
+    ):  # the engine's own check of the configuration it was given
+        kind = "engine_feature"
+        title = "Engine refused its configuration: " + title.removeprefix("Unrecognised failure: ")
+        ev.append(f"raised while the engine checked its configuration ({checker})")
+        what += (
+            f" It was raised while the inference engine built and checked its configuration ({checker}): the engine "
+            "(its release, its platform build: CUDA / ROCm / CPU) refuses a mode, feature or value the setup asks for."
+        )
+        fixes.append(
+            Fix(None, None, f"read the check in {checker}: turn off the feature it refuses (sleep mode, prefix "
+                "caching, chunked prefill, CUDA graphs, a parallel layout) or use an engine release / platform build "
+                "that supports it (the one the trainer pins)")
+        )  # fmt: skip
     if kind == "weight_sync":  # the engine's load_weights under the trainer's update call
         title = "Weight sync failed: " + title.removeprefix("Unrecognised failure: ")
         ev.append("phase weight_sync: the frames run the trainer's weight update into the rollout engine")
@@ -235,8 +277,30 @@ def _unknown_place(facts: LogFacts, signals: list, tb: Traceback | None) -> tupl
     if pl.tb is not None and (own := pl.tb.user_frames()):  # the file of the user's frame that raised it
         short = "/".join(own[-1].path.replace("\\", "/").split("/")[-2:])
         where = f"{where} / {short}" if where and short not in where else where or short
+    # the model part the message (or the lines that continue it) names: a parameter in a shape error, a module path
+    part = next((h.fields["path"] for h in facts.of("module_path") if 0 <= h.no - line.no <= 4), None)
+    if part and part not in (where or ""):
+        where = f"{part} / {where}" if where else part
     title = f"Unrecognised failure: {line.text.strip()[:200]}"
     return sig, title, ev, where, pl.phase, pl.rank, line.no, advised
+
+
+_ENGINE_CONFIG = re.compile(
+    r"^(?:create_engine_config|_verify_\w+|verify_\w+|check_and_update_config|__post_init__|_check_\w+|"
+    r"check_server_args|_handle_\w+_args)$"
+)
+
+
+def _engine_config_frame(tb: Traceback | None) -> str | None:
+    """``package func (path:line)`` of the innermost frame of an inference engine (vLLM, SGLang) that builds or
+    checks its configuration (``create_engine_config``, ``_verify_*``, ``__post_init__`` of a config class)."""
+    for f in reversed(tb.frames if tb else []):
+        pkg = package_of(f.path)
+        if pkg in ("vllm", "sglang"):  # the frame's function, or the call its line makes (a paste cut there)
+            call = (f.call() or "").rsplit(".", 1)[-1]
+            name = f.func if _ENGINE_CONFIG.match(f.func) else call if _ENGINE_CONFIG.match(call) else None
+            return f"{pkg} {name} ({f.path.rsplit('/', 1)[-1]}:{f.lineno})" if name else None
+    return None
 
 
 def _library(tb: Traceback | None) -> str | None:

@@ -233,6 +233,7 @@ def _dead_actor(facts: LogFacts) -> dict[str, str]:
     return fields
 
 
+# long: one reading of a dead actor: its fields, the task, the native crash and the phase, then one cause
 def ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     died = facts.of("actor_died", "worker_died")
     tasks = [
@@ -252,7 +253,14 @@ def ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
     task = tasks[0].fields["groups"][1] if tasks else None
     pl = place(facts, first.line)
     crash = _native_crash(facts, first.no)
-    where_parts = [task, name or fields.get("name"), f"pid {fields['pid']}" if "pid" in fields else None]
+    cls = fields.get("class_name")  # the dead actor's class names its role (CriticModelRayActor, WorkerDict)
+    shown = name or fields.get("name")
+    where_parts = [
+        task,
+        shown,
+        cls if cls and cls not in (shown or "") and cls not in (task or "") else None,
+        f"pid {fields['pid']}" if "pid" in fields else None,
+    ]
     where = (
         " / ".join(p for p in where_parts if p)
         or (f"{crash[0]} ({crash[1]})" if crash else None)
@@ -281,7 +289,9 @@ def ray_died(facts: LogFacts, ctx: LogContext) -> Cause | None:
         )
         ev.append(quote(crash[2]))
     during = pl.phase if not pl.phase_why or pl.phase_why.startswith("activity") else pl.phase_why
-    title = "Ray actor died" + (f": {name or fields['name']}" if fields.get("name") else "")
+    title = "Ray actor died" + (
+        f": {name or fields['name']}" if fields.get("name") else f": {cls}" if cls else ""
+    )
     if crash and not fields.get("name"):
         title += f": {crash[0]} crashed with {crash[1]}"
     title += f" during {during}" if pl.phase else ""

@@ -51,8 +51,20 @@ _RULES = [
     ("sglang_req_slots", re.compile(r"alloc_req_slots runs out of memory")),
     ("sglang_oom", re.compile(r"(Prefill|Decode) out of memory\b")),
     ("weight_sync_name", re.compile(r"There is no module or parameter named '([^']+)' in (\w+)")),
+    # (and a sentence saying a weight update / sync / refit into the engine failed, in any trainer's words: NeMo-RL's
+    # "Updating weights for the generation policy failed during refit", "Failed to update weights", "weight sync
+    # failed", "refit failed")
     ("weight_sync_failed", re.compile(r"Error in ([\w.]*update_weights\w*): (.+)|Worker failed to update "
-                                      r"weights")),
+                                      r"weights"
+                                      r"|(?i:\b(?:updat|sync|synchroni[sz]|refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?"
+                                      r"(?:weights?|parameters|params)\b[^.\n]{0,60}?\bfail(?:ed|ure)\b"
+                                      r"|\bfail(?:ed|ure)\s+(?:to\s+|in\s+|while\s+|during\s+)?(?:update|sync|synchroni[sz]|"
+                                      r"refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?(?:weights?|parameters|params)\b"
+                                      r"|\b(?:weights?|parameter) (?:update|sync|synchroni[sz]ation|refit|broadcast) failed"
+                                      r"|\brefit failed|\bfailed during refit)")),
+    # vLLM's warning when its model code runs outside `set_current_vllm_config` (a trainer's refit calling the model's
+    # process_weights_after_loading / load_weights by hand): the layers then read a default config
+    ("vllm_config_unset", re.compile(r"Current vLLM config is not set")),
     # a parameter a weight load names beside a shape: a debug print's "Weight name X", PyTorch's "size
     # mismatch for X: copying a param with shape ...", a loader's "param X ... shape"
     # an engine's weight loader refusing a tensor's layout for a live parameter, in its own words (vLLM's fused-MoE
@@ -99,6 +111,14 @@ _KEYS = (
     "_weight",
     "_param",
     "size mismatch for",
+    "weights",
+    "weight sync",
+    "weight update",
+    "parameter sync",
+    "parameter update",
+    "refit",
+    "Refit",
+    "vLLM config",
     "shard_dim",
     "Attempted to load weight",
     "param",
@@ -138,6 +158,12 @@ def detect(line: LogLine) -> list[Hit]:
                 fields["method"] = m[1]
             if rule == "engine_worker_died":
                 fields["method"] = m[1] or m[2]
+            if (
+                rule == "weight_sync_failed"
+                and m[1] is None
+                and re.search(r"\bretr(?:y|ying|ied)\b", text, re.I)
+            ):
+                continue  # "weight update failed, retrying": a retry is not the failure (its last attempt would say so)
             # a GPU sentence the line lacks may follow on the next line
             want = 1 if rule == "bf16_unsupported" and m.lastindex is None else 0
             out.append(Hit(rule, line, fields, want=want))
@@ -446,9 +472,20 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
         if p in (name or "")
     ]
     frames = " ".join(f.func for tb in facts.tracebacks for f in tb.frames)
+    unset = facts.first("vllm_config_unset")
+    if unset is not None and unset.line is not line:
+        ev.append(quote(unset.line))
     lora = "lora" in f"{name} {frames}".lower() or "base_layer" in (name or "")
     fx = fixes(
         ctx,
+        advice(
+            "vLLM ran its model code outside its config context ('Current vLLM config is not set'): make the "
+            "trainer's engine-side refit calls (the model's load_weights, process_weights_after_loading()) inside "
+            "`with set_current_vllm_config(vllm_config):` (the worker's model_runner.vllm_config), as vLLM's own "
+            "loader does"
+        )
+        if unset is not None
+        else None,
         advice(
             f"strip the {', '.join(wrappers)} wrapper from the names before the sync (merge LoRA into the "
             "base "
@@ -472,10 +509,21 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "error",
         "weight_sync",
         title,
-        _SYNC_WHAT,
+        _SYNC_WHAT
+        + (
+            " Here vLLM also warned that its config was not set: its model code ran outside the engine's config "
+            "context, so the layers read defaults instead of the engine's settings."
+            if unset is not None
+            else ""
+        ),
         evidence=ev,
         fixes=fx,
-        where=name or pl.culprit(),
+        where=name
+        or (
+            "the engine-side refit call outside set_current_vllm_config (vLLM config not set)"
+            if unset is not None
+            else pl.culprit()
+        ),
         phase="weight_sync",
         rank=pl.rank,
         line=line.no,

@@ -16,7 +16,8 @@ from pathlib import PurePosixPath
 from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix, dtype_fixes
 from verlaudit.analysis.logs.frameworks import LogContext, advice, applied, fixes, pinned_pair
-from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, package_of
+from verlaudit.analysis.logs.lines import EXCEPTION, LogLine, hints, is_code_line, package_of, parse_frame
+from verlaudit.analysis.logs.parts import with_part
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote, site
 from verlaudit.dtypes import WORDINGS, dtype_name, parse_dtype_message
 
@@ -29,6 +30,17 @@ COMPILE = re.compile(
     # torch.compile's own refusals, raised as plain errors ("RuntimeError: torch.compile with fullgraph=True found
     # no compiled frames"); a log line that only mentions torch.compile is not one
     r"|(?:RuntimeError|AssertionError|ValueError): torch\.compile\b[^\n]*"
+    # Triton's compiler (a kernel Inductor generated, or a user's @triton.jit) and the guards Inductor's generated
+    # code asserts (`assert_size_stride`: "expected size 1280==1280, stride 1==256 at dim=1")
+    r"|triton\.compiler\.errors\.\w+[^\n]*|expected size \d+==\d+, stride \d+==\d+ at dim=\d+[^\n]*"
+)
+# where an exception raised inside the compiler stack comes from (its innermost frame): Dynamo, Inductor, FX, AOT
+# autograd (functorch), fake tensors, Triton; and the lines Dynamo prints under any of its errors
+_COMPILER_FRAME = re.compile(
+    r"/torch/(?:_dynamo|_inductor|fx|_functorch|_subclasses|_export)/|/triton/(?:compiler|runtime|language)/"
+)
+_DYNAMO_TRAILER = re.compile(
+    r"torch\._dynamo\.config\.(?:verbose|suppress_errors)\b|TORCHDYNAMO_VERBOSE=1|Set TORCH_LOGS=\S*dynamo"
 )
 _DYNAMO_SET = re.compile(r"^\s*((?:torch\.)?_dynamo\.config\.\w+\s*=\s*\S+)\s*$")
 # a Dynamo config the message itself points at ("... by adding logging methods to config.ignore_logger_methods")
@@ -58,7 +70,7 @@ UNKNOWN_MODULE = (
 _HAS = hints(
     "dtype", "scalar type", "type (", "ScalarType", "not implemented for", "device", "dynamo", "inductor",
     "Inductor", "Compiler", "module", "import", "undefined symbol", "shared object", "divisible",
-    "batch related", "_dynamo.config", "torch.compile",
+    "batch related", "_dynamo.config", "torch.compile", "expected size", "triton.compiler",
 )  # fmt: skip
 _DTYPE_HINTS = hints(*(w.hint for w in WORDINGS))
 _BY_WORDING = {"numpy": "numpy_dtype", "not_implemented": "not_implemented"}
@@ -85,13 +97,17 @@ def detect(line: LogLine) -> list[Hit]:
             }
             out.append(Hit(_BY_WORDING.get(d.wording, "dtype_error"), line, fields))
     if text.startswith("    ") and (mc := _BARE_CALL.search(text)):  # a frame's source line (its frame cut)
-        out.append(Hit("code_call", line, {"call": mc[1]}))
+        out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
+    elif "(" in text and (mc := _PASTED_CALL.match(text)):  # IPython's `---> 67 ...`, or the line pasted bare
+        out.append(Hit("code_call", line, {"call": mc[1], "args": _args(text, mc.end())}))
     if text.strip() == "from user code:":  # Dynamo names the user frame it was tracing on the next line
-        out.append(Hit("compile_user_code", line, want=1))
+        out.append(Hit("compile_user_code", line, want=8))
     if "_dynamo.config." in text and (
         mc := _DYNAMO_SET.match(text)
     ):  # the fallback Dynamo prints under its error
         out.append(Hit("dynamo_config_set", line, {"set": mc[1]}))
+    if ("DYNAMO" in text or "_dynamo" in text or "dynamo" in text) and _DYNAMO_TRAILER.search(text):
+        out.append(Hit("dynamo_trailer", line))
     if not _HAS(text):
         return out
     for rule, pat in (
@@ -158,6 +174,21 @@ def dtype_title(text: str, observed: str | None, expected: str | None) -> str:
 
 # the call a source line makes, its result assigned or not (`out, q = flash_attn_cuda.varlen_fwd(`)
 _BARE_CALL = re.compile(r"^\s+(?:[\w\[\], .]+=\s*)?(?:return\s+)?([A-Za-z_][\w.]*)\(")
+# a source line a reporter pasted above the error without its frame: IPython's marked line (`---> 67     return f(`)
+# or the statement alone (`torch.matmul(a, self.w)`, `out = self.proj(x)`): a dotted call, not prose
+_PASTED_CALL = re.compile(
+    r"^(?:-*>\s*\d+\s+)?(?:[\w\[\], .]+=\s*)?(?:return\s+)?((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|[a-z_]\w*_\w*)\("
+)
+
+
+def _args(text: str, start: int) -> str | None:
+    """The arguments a call's source line passes, when they close on that line (``a, self.w``)."""
+    depth, i = 1, start
+    while i < len(text) and depth:
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    args = text[start : i - 1].strip() if depth == 0 else ""
+    return args[:120] or None
 
 
 def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: int = 0) -> str | None:
@@ -169,7 +200,8 @@ def _operands_where(where: str | None, tb, facts: LogFacts | None = None, no: in
     if facts is not None and (tb is None or not tb.frames):
         calls = [h for h in facts.of("code_call") if 0 < no - h.no <= 2]
         if calls:
-            call = calls[-1].fields["call"]
+            c = calls[-1].fields
+            call = c["call"] + (f"({c['args']})" if c.get("args") else "")
             return f"{where} / {call}" if where else call
     return where
 
@@ -242,7 +274,7 @@ def _dtype(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence(),
         fixes=fx,
         unknown=[UNKNOWN_MODULE],
-        where=_operands_where(pl.culprit(), pl.tb, facts, h.no),
+        where=with_part(_operands_where(pl.culprit(), pl.tb, facts, h.no), facts, h.no),
         phase=pl.phase,
         rank=pl.rank,
         line=h.no,
@@ -358,8 +390,30 @@ def _compile_off(said: str) -> Fix | None:
     )
 
 
+def compiled_exception(facts: LogFacts) -> Hit | None:
+    """An exception no compile message names that the compiler stack raised all the same: its innermost frame is
+    Dynamo's, Inductor's, FX's, AOT autograd's or Triton's (an ``AssertionError`` in Dynamo's variable tracker, a
+    ``KeyError`` in an FX pass), or Dynamo's trailer ("Set torch._dynamo.config.verbose=True", "fall back to eager
+    by setting torch._dynamo.config.suppress_errors") follows it, or Dynamo's "from user code:" does. The cause
+    built from it is marked ``by_frames``: another family's cause on the same line (a CUDA OOM inside a compiled
+    graph) wins over it (`verlaudit.analysis.logs.explain`)."""
+    after = [x.no for x in facts.of("dynamo_trailer", "compile_user_code")]
+    for h in facts.of("exception_line"):
+        if "Warning" in h.fields.get("type", "") or "out of memory" in (h.fields.get("msg") or "").lower():
+            continue
+        tb = facts.traceback_near(h.no, h.line.rank)
+        inner = tb.frames[-1].path.replace("\\", "/") if tb and tb.frames else ""
+        if _COMPILER_FRAME.search(inner) or any(0 < n - h.no <= 12 for n in after):
+            return h
+    return None
+
+
+# long: one compile cause from its message or its frames: the op, the backend import, the traced frame, the advice
 def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     h = facts.first("compile_error")
+    by_frames = h is None
+    if h is None:
+        h = compiled_exception(facts)
     if h is None:
         return None
     pl = place(facts, h.line)
@@ -407,7 +461,25 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
     off = _compile_off(said)
     fx = advised + ([off] if off else []) + fx
     g = inner.fields["groups"] if inner else ()
-    where = op[0] if op else f"{g[1]} ({g[0]})" if g else pl.culprit()
+    # the place: the traceback's own frames, unless they are all the compiler's (then the frame Dynamo traced)
+    own = [f for f in pl.tb.frames if not _COMPILER_FRAME.search(f.path.replace("\\", "/"))] if pl.tb else []
+    where = (
+        op[0]
+        if op
+        else f"{g[1]} ({g[0]})"
+        if g
+        else ((own and pl.culprit()) or _traced_frame(user) or pl.culprit())
+    )
+    raised_in = None
+    stride = "stride" in h.fields.get("match", "") and "at dim=" in h.fields.get("match", "")
+    if stride and not where:
+        where = "torch._inductor compiled graph (assert_size_stride)"
+    if by_frames:  # the compiler module that raised it, from the innermost frame
+        tb = pl.tb
+        path = tb.frames[-1].path.replace("\\", "/") if tb and tb.frames else ""
+        mm = _COMPILER_FRAME.search(path)
+        raised_in = mm[0].strip("/").replace("/", ".") if mm else "torch._dynamo"
+        where = f"{where} ({raised_in})" if where else raised_in
     return Cause(
         "error",
         "compile_error",
@@ -417,6 +489,12 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
             if off
             else "torch.compile failed"
         )  # fmt: skip
+        + (f": {h.line.text.strip()[:120]} raised inside {raised_in}" if raised_in else "")
+        + (
+            ": the compiled graph's size/stride guard failed (a tensor laid out otherwise than it was compiled for)"
+            if stride
+            else ""
+        )
         + (f" on {op[0]}" if op else "")
         + (
             f": its backend cannot import {inner.fields['groups'][0]} from {lib} (a {lib} release torch was not built with)"
@@ -434,7 +512,29 @@ def _compile(facts: LogFacts, ctx: LogContext) -> Cause | None:
         rank=pl.rank,
         line=h.no,
         score=35.0,
+        data={"by_frames": by_frames},
     )
+
+
+def _traced_frame(user: Hit | None) -> str | None:
+    """The user's frame Dynamo was tracing (the frame line under "from user code:" and its source line):
+    ``pkg/model.py:185 forward: fuse_object_embeddings``."""
+    frames = []
+    for i, text in enumerate(user.follow if user else []):
+        if (f := parse_frame(text)) is not None:
+            nxt = user.follow[i + 1] if i + 1 < len(user.follow) else ""
+            f.code = nxt.strip() if is_code_line(nxt) and parse_frame(nxt) is None else None
+            frames.append(f)
+        elif text.strip() and not is_code_line(text):
+            break  # the trailer after the stack
+    f = next(
+        (f for f in reversed(frames) if f.func not in ("wrapper", "inner", "_call_impl", "forward_call")),
+        None,
+    )
+    if f is None:
+        return None
+    short = "/".join(f.path.replace("\\", "/").split("/")[-2:])
+    return f"{short}:{f.lineno} {f.where()}"
 
 
 def _package(so_path: str) -> str:

@@ -28,7 +28,7 @@ from verlaudit import verl_keys as V
 from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs.engines import update_frames
 from verlaudit.analysis.logs.frameworks import LogContext, advice, fixes, pinned_pair
-from verlaudit.analysis.logs.lines import LogLine, hints, package_of
+from verlaudit.analysis.logs.lines import LogLine, failure_signal, hints, package_of
 from verlaudit.analysis.logs.scan import Hit, LogFacts, Traceback, place, quote
 from verlaudit.dtypes import dtype_name
 
@@ -85,12 +85,27 @@ _LIMITS = [
     # an item (a multimodal item's encoder tokens, a sequence) larger than the per-step token budget
     ("max_num_batched_tokens", re.compile(r"\((?P<n>\d+)\) is (?:larger|greater) than max_num_batched_tokens \((?P<m>\d+)\)")),
     ("context_length", re.compile(r"Input length \((?P<n>\d+) tokens\) exceeds the maximum allowed length \((?P<m>\d+) tokens\)")),
-    ("context_length", re.compile(r"input \((?P<n>\d+) tokens\) is longer than the model's context length \((?P<m>\d+) tokens\)", re.I)),
+    # (the apostrophe escaped, as a JSON error body quotes it: "model\\'s")
+    ("context_length", re.compile(r"input \((?P<n>\d+) tokens\) is longer than the model\\?'s context length \((?P<m>\d+) tokens\)", re.I)),
+    # the same limit in other engines' words: SGLang's OpenAI server ("Requested token count exceeds the model's
+    # maximum context length of 4096 tokens. You requested a total of 5000 tokens"), TGI's input validation
+    # ("`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
+    # "`inputs` must have less than 1024 tokens. Given: 2000"), llama.cpp / Ollama ("the request exceeds the
+    # available context size"), and a plain "exceeds the model's (maximum) context length (of) N"
+    ("context_length", re.compile(r"exceeds the model\\?'s maximum context length of (?P<m>\d+) tokens(?:\. You requested a "
+                                  r"total of (?P<n>\d+) tokens)?", re.I)),
+    ("max_total_tokens", re.compile(r"`?inputs`? tokens \+ `?max_new_tokens`? must be <= (?P<m>\d+)\. Given: (?P<n>\d+) `?inputs`? "
+                                    r"tokens")),
+    ("max_input_tokens", re.compile(r"`?inputs`? must have less than (?P<m>\d+) tokens\. Given: (?P<n>\d+)")),
+    ("context_length", re.compile(r"(?:request|prompt|input)\w* (?:\(\d+ tokens\) )?exceeds the available context size"
+                                  r"|(?:input|prompt|sequence) length (?:of )?\(?(?P<n>\d+)\)? exceeds (?:the )?(?:model\\?'s )?"
+                                  r"(?:maximum )?context length (?:of )?\(?(?P<m>\d+)", re.I)),
 ]  # fmt: skip
 _HAS = hints(
     "unexpected keyword", "required positional", "required keyword", "has no attribute", "flatten tensors",
     "uniform original", "maximum model length", "too long", "context length", "max_model_len",
     "max_num_batched_tokens", "maximum allowed length", "is required for", "but you have", "FlashAttention",
+    "maximum context length", "max_new_tokens", "less than", "context size", "exceeds",
     "Invalid object", "404", "invalid combination", "look up dimensions", "positional argument",
 )  # fmt: skip
 _ENGINE_CLASS = re.compile(
@@ -581,6 +596,19 @@ _LIMIT_WHAT = {
     "block_manager": "a prompt the KV-cache block manager cannot hold at all: the request is ignored",
     "max_num_batched_tokens": "max_num_batched_tokens below the sequence length: longer prompts are refused",
     "context_length": "an input longer than the engine's context length",
+    "max_total_tokens": "an input whose tokens plus max_new_tokens exceed the server's max_total_tokens",
+    "max_input_tokens": "an input longer than the server's max_input_tokens",
+}  # fmt: skip
+
+
+# limits an engine names in its own words, and the server flag that sets each (SGLang's server arguments, TGI's
+# launcher arguments)
+_ENGINE_OWN_LIMITS = {
+    "context_length": "raise the server's context length (SGLang: --context-length; vLLM: --max-model-len; with "
+                      "rope scaling for a length beyond the model's trained one), or send shorter prompts",
+    "max_total_tokens": "raise TGI's --max-total-tokens (and --max-input-tokens), or lower max_new_tokens / send "
+                        "shorter inputs",
+    "max_input_tokens": "raise TGI's --max-input-tokens (below --max-total-tokens), or send shorter inputs",
 }  # fmt: skip
 
 
@@ -595,11 +623,13 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
         "max_num_batched_tokens" if setting in ("max_num_batched_tokens", "prompt_limit") else "max_model_len"
     )
     # SGLang's limit is its context_length (--context-length), vLLM's max_model_len: the engine's own key
-    shown = "context_length" if setting == "context_length" else key
+    shown = setting if setting in _ENGINE_OWN_LIMITS else key
     if setting == "prompt_limit":  # vLLM's limit is min(max_model_len, max_num_batched_tokens): which one?
         key, shown = _binding_limit(facts, f.get("m"))
-    failed = bool(facts.traceback_near(h.no, h.line.rank)) or h.line.text.lstrip().split(":")[0].endswith(
-        "Error"
+    failed = (
+        bool(facts.traceback_near(h.no, h.line.rank))
+        or h.line.text.lstrip().split(":")[0].endswith("Error")
+        or failure_signal(h.line) in ("exception", "error")  # an ERROR line, a server's error body
     )
     n, m = f.get("n"), f.get("m")
     noun = "multimodal item" if "mm_item" in h.line.text else "prompt"  # vLLM: max_tokens_per_mm_item
@@ -614,6 +644,7 @@ def _limit(facts: LogFacts, ctx: LogContext) -> Cause | None:
         evidence=[quote(h.line)] + pl.evidence() + [f"also: {quote(x.line, 160)}" for x in facts.of("engine_limit")[1:3]],
         fixes=fixes(
             ctx,
+            advice(_ENGINE_OWN_LIMITS[setting]) if setting in _ENGINE_OWN_LIMITS else None,
             Fix(None, V.ROLLOUT_MAX_NUM_BATCHED_TOKENS if verl else None,
                 "raise max_num_batched_tokens to at least max_model_len (chunked prefill lifts the limit too)",
                 key=None if verl else "max_num_batched_tokens (--max-num-batched-tokens)",

@@ -41,6 +41,7 @@ _PREFIX = re.compile(
     # traceback's indentation after it stays the traceback's)
     | (?P<vlevel>ERROR|WARNING|INFO|DEBUG|CRITICAL)\s\d{2}-\d{2}\s\d{2}:\d{2}:\d{2}(?:\.\d+)?\s\[?[\w./-]+:\d+\]\s?
     | (?P<quote>>\s?(?=\S))                                                          # > quoted
+    | (?P<tick>`{1,3}(?=[A-Za-z_]))                                                 # `RuntimeError: ...` (a code span)
     | \s*E\s{3,}(?=\S)                                                              # pytest's failure lines: E   AssertionError
     # (WorkerDict pid=1, ip=10.0.0.1)
     | \((?:(?P<source>[A-Za-z_][\w.:-]*)(?:,?\s*pid=\d+)?|pid=\d+)(?:,\s*ip=[^)]*)?\)\s?
@@ -56,6 +57,15 @@ _LEVEL = re.compile(
 )
 
 
+# the level of Python logging's default format and loguru's, after the timestamp that starts the line:
+# "2024-01-01 12:00:00,123 - __main__ - ERROR - msg", "2024-01-01 12:00:00.123 | ERROR    | mod:fn:42 - msg",
+# "2024-01-01 12:00:00 ERROR msg", "12:00:00 ERROR msg"
+_MID_LEVEL = re.compile(
+    r"^(?:\d{4}-\d{2}-\d{2}[ T][\d:.,]+\S*|\d{2}:\d{2}:\d{2}[\d.,]*)\s*(?:[-|]\s*(?:[\w.<>-]+\s*[-|]\s*)?)?\[?"
+    r"(?P<name>ERROR|CRITICAL|FATAL|WARNING|WARN|INFO|DEBUG)\b"
+)
+
+
 def hints(*words: str) -> Callable[[str], re.Match | None]:
     """A cheap test run before a family's regexes: whether a line holds any of ``words`` (one C-level
     search instead of a Python loop over substrings, for every line of a long log)."""
@@ -66,7 +76,7 @@ def parse_line(no: int, raw: str) -> LogLine:
     """``raw`` as a LogLine: launcher prefixes (any order, repeated) stripped and remembered."""
     text = _ANSI.sub("", raw[:MAX_TEXT].rstrip("\r\n"))
     rank = source = vlevel = None
-    pos = 0
+    pos, tick = 0, False
     while True:
         m = _PREFIX.match(text, pos)
         if not m or m.end() == pos:
@@ -77,14 +87,19 @@ def parse_line(no: int, raw: str) -> LogLine:
             rank = int(m["rank"] or m["local"])
         if m["vlevel"]:
             vlevel = m["vlevel"]
+        tick = tick or bool(m["tick"])
         pos = m.end()
     text = text[pos:]
+    if tick:  # the code span's closing backticks
+        text = text.rstrip().rstrip("`")
     if rank is None:  # a rank prefix glued to a progress bar: `... 10.54s/it][rank2]:[E225 ...`
         m = _GLUED_RANK.search(text)
         if m:
             rank, text = int(m[1]), text[m.end() :]
     lv = _LEVEL.match(text.lstrip())
     level = (lv["glog"] or lv["name"]) if lv else vlevel
+    if level is None and text[:1].isdigit() and (mid := _MID_LEVEL.match(text)):
+        level = mid["name"]
     return LogLine(no, text, rank, source, level)
 
 
@@ -160,13 +175,16 @@ def is_code_line(text: str) -> bool:
 
 # ---- failure signals
 EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed)\w*)"
+    # (a bare `Exception: msg` / `Error: msg` too: Python's `raise Exception(...)`, a tool's own error line)
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed)\w*|Exception|Error))"
     r"(?:\((?P<inner>[\w.]+)\))?(?::\s*(?P<msg>.*))?$"
 )
 _EXIT = re.compile(
     r"exit(?:ed)? (?:with )?(?:exit )?(?:code|status)[ "
     r":=]*(?P<code>-?[1-9]\d*)\b|exitcode\s*:\s*(?P<ec>-?[1-9]\d*)\b"
-    r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b",
+    r"|returned non-zero exit status (?P<nz>-?\d+)|\bChildFailedError\b"
+    # make's report of a recipe that failed, and a launcher's "exited with a non-zero code"
+    r"|^make(?:\[\d+\])?: \*\*\* .*\bError \d+\s*$|exited with a non-zero (?:exit )?(?:code|status)",
     re.I,
 )
 _KILL = re.compile(
@@ -174,6 +192,13 @@ _KILL = re.compile(
     r"terminate called after throwing|Killing subprocess \d+|exited on signal \d+|srun: error: \S+: tasks? [\d,-]+: "
     # a native crash's own report: abseil's failure-signal handler (Ray, JAX), Python's faulthandler
     r"|\*\*\* SIG[A-Z]+ received at\b|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
+    # the shell's report of a process a signal ended
+    # glibc's heap checks and a crash handler's banner
+    r"|^\*\*\* Error in `[^']*': |\b(?:double free or corruption|malloc\(\): (?:corrupted|memory corruption)|free\(\): "
+    r"invalid pointer|corrupted size vs\. prev_size|\*\*\* stack smashing detected)|\bSegfault encountered\b"
+    # (the whole line: vLLM's "Aborted request cmpl-1" is no crash)
+    r"|^(?:[\w./-]+: line \d+:\s+\d+ )?(?:Bus error|Illegal instruction|Floating point exception|Aborted)"
+    r"(?: \(core dumped\))?(?:\s+\S*python\S*(?: .*)?)?\s*$"
 )
 # hangs the launchers report (a plain "timed out" is left out: healthy logs retry downloads that time out)
 _HANG = re.compile(
@@ -184,6 +209,17 @@ _HANG = re.compile(
 
 
 _KILL_HINTS = hints(
+    "*** Error in",
+    "corruption",
+    "malloc(",
+    "free(",
+    "corrupted size",
+    "stack smashing",
+    "Segfault",
+    "Bus error",
+    "Illegal instruction",
+    "Floating point exception",
+    "Aborted",
     "Killed",
     "Signal",
     "SIGKILL",
@@ -199,7 +235,7 @@ _KILL_HINTS = hints(
 _HANG_HINTS = hints(
     "atchdog", "Timeout at", "Timed out", "wait timeout", "Heartbeat", "DistStoreError", "Rendezvous"
 )
-_EXIT_HINTS = hints("exit", "Exit", "EXIT", "ChildFailed")
+_EXIT_HINTS = hints("exit", "Exit", "EXIT", "ChildFailed", "make")
 
 
 def failure_signal(line: LogLine) -> str | None:
@@ -218,7 +254,25 @@ def failure_signal(line: LogLine) -> str | None:
         return "hang"
     if line.level in ("E", "F", "ERROR", "CRITICAL", "FATAL") or text.startswith("Error executing job"):
         return "error"
+    if text.startswith("{") and '"error' in text and _HTTP_ERROR.search(text):
+        return "error"
+    if ("rror" in text[:40] or "FATAL" in text[:40]) and _ERROR_LINE.match(text):
+        return "error"
     return None
+
+
+# a tool's or a library's own error line without a logging level: "error: ...", "srun: error: ...", "CUDA error: ...",
+# "NCCL error: ...", "FATAL: ..." (git's lowercase "fatal:" is left out: frameworks call git and print its refusals)
+_ERROR_LINE = re.compile(
+    r"^(?:[\w./-]+: )?(?:error|(?:CUDA|NCCL|cuDNN|CUBLAS|HIP|MPI) error|FATAL)(?:\[\w+\])?: \S"
+)
+
+
+# an OpenAI-compatible server's error body (vLLM, SGLang, TGI): {"object":"error","message":...,"code":400},
+# {"error": {"message": ..., "type": "BadRequestError"}}, {"error":"Input validation error: ..."}
+_HTTP_ERROR = re.compile(
+    r'^\{\s*"(?:object|status)"\s*:\s*"error"|^\{\s*"error"\s*:\s*[{"]|"type"\s*:\s*"\w*Error"'
+)
 
 
 # ---- what a message advises

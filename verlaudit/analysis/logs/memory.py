@@ -94,6 +94,8 @@ _KV = [
                                   r"is less "
                                   r"than desired GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")),
     ("kv_sglang", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")),
+    # TGI's warm-up: the batch it is configured to prefill does not fit next to the weights
+    ("kv_tgi", re.compile(r"Not enough memory to handle (\d+) (prefill|total) tokens")),
     ("kv_blocks", re.compile(r"# (?:GPU|cuda) blocks: (\d+)")),
     # the engine's own KV-cache capacity at start, non-positive: nothing is left for the cache after the
     # weights (SGLang's "max_total_tokens=N is larger than the profiled value -561981", vLLM V1's "Available KV
@@ -149,8 +151,18 @@ _HOST = [
     # a row of the monitor's "PID MEM(GB) COMMAND" table of the largest users, largest first
     ("host_top_row", re.compile(r"^\s*\d+\s+[\d.]+\s+ray::(\w+)")),
     ("host_raylet", re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")),
-    ("host_kernel", re.compile(r"Out of memory: Killed process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
-                               r"invoked oom-killer|oom-kill:")),
+    # the kernel's OOM killer in its every release's words (dmesg, /var/log/messages, journalctl): "Out of memory: Kill
+    # process N (name) score S or sacrifice child" (older), "Out of memory: Killed process N (name)", "Killed process N
+    # (name) total-vm:...", "oom_reaper: reaped process N (name)"; a cgroup's, a container's (Kubernetes' OOMKilled,
+    # Docker's exit with OOMKilled true) and Slurm's ("Detected 1 oom-kill event(s) in StepId=...") report of it
+    # the process's own allocation in host memory failing: PyTorch's CPU allocator, ENOMEM, numpy, C++'s bad_alloc
+    ("host_alloc", re.compile(r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)[^\n]*"
+                              r"|\[Errno 12\] Cannot allocate memory|^MemoryError\b[^\n]*|\bstd::bad_alloc\b"
+                              r"|Unable to allocate [\d.]+ [KMGT]i?B for an array")),
+    ("host_kernel", re.compile(r"Out of memory: Kill(?:ed)? process (\d+) \(([^)]+)\)|Memory cgroup out of memory|"
+                               r"invoked oom-killer|oom-kill:|\bKilled process (\d+) \(([^)]+)\) total-vm:"
+                               r"|oom_reaper: reaped process (\d+) \(([^)]+)\)|\bOOMKilled\b|\"OOMKilled\":\s*true"
+                               r"|Detected \d+ oom[-_]kill events?|Out of memory and no killable processes")),
 ]  # fmt: skip
 _TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
 
@@ -163,8 +175,16 @@ _HAS = hints(
     "KV Cache",
     "max seq len",
     "oom-kill",
+    "oom_kill",
+    "oom_reaper",
+    "OOMKilled",
+    "total-vm:",
+    "allocate",
+    "MemoryError",
+    "bad_alloc",
     "OOM",
     "profiled value",
+    "Not enough memory",
     "ray::",
     "cudagraph",
     "CUDA graph",
@@ -480,7 +500,7 @@ def _monitor(mon: Hit) -> tuple[str, str | None, str | None, list[str], str | No
 
 
 def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
-    hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel")
+    hits = facts.of("host_monitor", "host_task_killed", "host_raylet", "host_kernel", "host_alloc")
     if not hits:
         return None
     mon, kernel = facts.first("host_monitor"), facts.first("host_kernel")
@@ -488,13 +508,17 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
     row = facts.first("host_top_row")
     if top is None and row is not None and abs(row.no - hits[0].no) <= 20:  # the table without its header
         top, table = row.fields["groups"][0], [quote(row.line)]
-    if kernel and kernel.fields["groups"][1]:
-        killed = killed or kernel.fields["groups"][1]
+    named = [g for k in facts.of("host_kernel") for g in k.fields["groups"][1::2] if g]
+    if (
+        kernel and named
+    ):  # the kill's own line names the process (the "invoked oom-killer" line above it does not)
+        killed = killed or named[0]
     pl = place(facts, hits[0].line)
     if pl.phase is None and phase_hint:
         pl.phase, pl.phase_why = phase_hint, "the killed / largest processes' methods"
     ray = mon or facts.count("host_raylet", "host_task_killed")
-    who = "Ray's memory monitor" if ray else "the kernel's OOM killer"
+    alloc = not (ray or kernel) and facts.first("host_alloc") is not None
+    who = "Ray's memory monitor" if ray else "the kernel's OOM killer" if not alloc else "the allocator"
     what = (
         f"Host (CPU) memory ran out and {who} killed a process: this is not a CUDA OOM, GPU settings do not "
         "help. The killed process is the most recently scheduled one, not necessarily the one that grew"
@@ -523,10 +547,17 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
         advice("run fewer worker processes per node, or give the node more RAM"),
         ("host_memory_threshold", "only if the node has headroom the monitor does not count (a stopgap)"),
     )
+    if alloc:  # no process was killed: the process's own allocation in host memory failed
+        what = (
+            "Host (CPU) memory ran out: the process's own allocation in host RAM failed (PyTorch's CPU allocator, "
+            "the kernel's ENOMEM, numpy, C++'s bad_alloc): this is not a CUDA OOM, GPU settings do not help."
+        )
     return Cause(
         "error",
         "oom_host",
-        f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
+        f"Host RAM exhausted: {hits[0].line.text.strip()[:140]}"
+        if alloc
+        else f"Host RAM exhausted{part}; {who} killed {killed or 'a worker'}",
         what,
         evidence=[quote(h.line) for h in hits[:3]] + table + pl.evidence(),
         fixes=fx,
@@ -540,9 +571,9 @@ def _host_oom(facts: LogFacts, ctx: LogContext) -> Cause | None:
 
 
 def _kv_cache(facts: LogFacts, ctx: LogContext) -> list[Cause]:
-    hit = facts.first("kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang") or facts.first(
-        "kv_nonpositive"
-    )
+    hit = facts.first(
+        "kv_no_blocks", "kv_max_len", "kv_v1", "kv_free_memory", "kv_sglang", "kv_tgi"
+    ) or facts.first("kv_nonpositive")
     if hit is not None:
         return [_kv_cause(hit, facts, ctx)]
     blocks = facts.first("kv_blocks")
@@ -660,6 +691,17 @@ def _kv_reading(h: Hit) -> tuple[str, str, str, list]:
             "leaves less for activations); a shorter context needs less.",
             [_RAISE, _LOWER_LEN],
         )
+    if h.rule == "kv_tgi":
+        n, what_tokens = g
+        flag = "--max-batch-prefill-tokens" if what_tokens == "prefill" else "--max-batch-total-tokens"
+        return (
+            f"TGI: not enough GPU memory for {n} {what_tokens} tokens at warm-up",
+            flag,
+            "Text Generation Inference warms up with its largest configured batch; the memory left after the weights "
+            "does not hold it (activations and KV cache of that many tokens).",
+            [advice(f"decrease {flag} (and --max-total-tokens / --max-input-tokens with it), or give each shard more "
+                    "memory: more shards (--num-shard), quantised weights (--quantize)")],
+        )  # fmt: skip
     return _kv_max_len_title(h), "max_model_len", _MAX_LEN_WHAT, [_LOWER_LEN, _RAISE]
 
 
@@ -672,7 +714,9 @@ def _engine_of(h: Hit) -> str:
 
 def _kv_cause(h: Hit, facts: LogFacts, ctx: LogContext) -> Cause:
     title, where, what, remedies = _kv_reading(h)
-    if h.rule != "kv_sglang" and not where.startswith("--"):  # the engine whose key it is (vLLM's messages)
+    if h.rule not in ("kv_sglang", "kv_tgi") and not where.startswith(
+        "--"
+    ):  # the engine whose key it is (vLLM's messages)
         where = f"{'sglang' if _engine_of(h) == 'sglang' else 'vllm'} {where}"
     pl = place(facts, h.line)
     ev = [quote(h.fields["blocks_line"])] if "blocks_line" in h.fields else []

@@ -31,6 +31,12 @@ _RULES = [
     ("unscale_fp16", re.compile(r"Attempting to unscale FP16 gradients\.")),
     # DeepSpeed's fused / unfused optimizers: the iteration of an overflow
     ("overflow_iteration", re.compile(r"Grad overflow on iteration (\d+)")),
+    # GradScaler's own checks of the order of its calls (torch/amp/grad_scaler.py): unscale_ twice in one iteration,
+    # step twice, a step whose optimizer had no gradient to check, a call on a scaler that is not enabled
+    ("scaler_order", re.compile(r"(unscale_\(\) has already been called on this optimizer since the last update\(\)"
+                                r"|step\(\) has already been called since the last update\(\)"
+                                r"|No inf checks were recorded for this optimizer"
+                                r"|No inf checks were recorded prior to update)")),
 ]  # fmt: skip
 DEFAULT_INITIAL_SCALE = 2.0**16
 """DeepSpeed's and torch's GradScaler's initial loss scale (DeepSpeed's fp16.initial_scale_power 16)."""
@@ -42,7 +48,16 @@ COLLAPSE_SCALE = 16.0
 the scaler is on its way to the minimum-scale abort."""
 
 
-_HAS = hints("verflow", "OVERFLOW", "loss scale", "unscale", "skipped iterations", "Grad overflow")
+_HAS = hints(
+    "verflow",
+    "OVERFLOW",
+    "loss scale",
+    "unscale",
+    "skipped iterations",
+    "Grad overflow",
+    "inf checks",
+    "step() has",
+)
 
 
 def detect(line: LogLine) -> list[Hit]:
@@ -62,7 +77,54 @@ def _f(x: str | None) -> float | None:
 
 def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     """The loss-scale cause (collapse, low-scale skips, normal skips) and the GradScaler unscale error."""
-    return [c for c in (_skips(facts, ctx), _unscale(facts, ctx)) if c]
+    return [c for c in (_skips(facts, ctx), _unscale(facts, ctx), _scaler_order(facts, ctx)) if c]
+
+
+# what each GradScaler order check means, and the call order that holds it (the order the AMP recipe documents:
+# https://pytorch.org/docs/stable/notes/amp_examples.html: scale(loss).backward(); unscale_ at most once per
+# optimizer per iteration, after every micro-batch's backward; scaler.step(opt); scaler.update() once per iteration)
+_SCALER = {
+    "unscale_": ("scaler.unscale_(optimizer) ran twice without scaler.update() between (a gradient-accumulation loop or "
+                 "a clip called per micro-batch, or an iteration whose update() was skipped)",
+                 "call scaler.unscale_(optimizer) once per iteration, after the last micro-batch's backward, and "
+                 "scaler.update() every iteration (after scaler.step), also when the step is skipped"),
+    "step()": ("scaler.step(optimizer) ran twice without scaler.update() between",
+               "call scaler.step(optimizer) once per iteration and scaler.update() right after it"),
+    "No inf checks": ("scaler.step found no gradient to check in this optimizer: none of its parameters got a gradient "
+                      "(frozen parameters, a loss that does not reach them, or step before backward)",
+                      "make sure the loss reaches the optimizer's parameters (requires_grad, the backward ran through "
+                      "scaler.scale(loss)) before scaler.step(), and call scaler.update() every iteration"),
+}  # fmt: skip
+
+
+def _scaler_order(facts: LogFacts, ctx: LogContext) -> Cause | None:
+    h = facts.first("scaler_order")
+    if h is None:
+        return None
+    msg = h.fields["groups"][0]
+    what, how = next(v for k, v in _SCALER.items() if k in msg)
+    pl = place(facts, h.line)
+    at = pl.culprit()
+    return Cause(
+        "error",
+        "exception",
+        f"GradScaler call order: {msg}",
+        f"torch.amp.GradScaler refused a call out of its order: {what}. Nothing numerical went wrong; the "
+        "training loop calls the scaler in an order it does not allow.",
+        evidence=[quote(h.line)] + pl.evidence(),
+        fixes=fixes(
+            ctx,
+            advice(
+                how + " (PyTorch's AMP recipe; with accelerate, accelerator.clip_grad_norm_ once "
+                "per sync step: under accelerator.sync_gradients)"
+            ),
+        ),  # fmt: skip
+        where="torch.amp.GradScaler call order (unscale_ / step / update)" + (f" / {at}" if at else ""),
+        phase="update",
+        rank=pl.rank,
+        line=h.no,
+        score=38.0,
+    )
 
 
 @dataclasses.dataclass

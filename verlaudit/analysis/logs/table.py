@@ -41,6 +41,7 @@ _STEP_HEADER = re.compile(r"\b(?:step|iteration|iter)\s*[:#]?\s*(\d+)(?:\s*/\s*\
 _BULLET = re.compile(rf"^[\s•*·>-]*([A-Za-z][\w ./@()-]{{0,60}}?)\s*[:=]\s*({_NUMBER})\s*[%\w/]*\s*$", re.I)
 _STEP_HINT = re.compile(r"[Ss]tep|STEP|[Ii]ter").search
 _CELL_SPLIT = re.compile(r"\s*[|│┃]\s*")
+_RULE_CHARS = set("+-=─━┼╇╈┏┓┗┛┡┩└┘┌┐├┤┬┴╋╞╡╪═ ")
 _STEP_KEYS = (
     "step",
     "global_step",
@@ -179,6 +180,10 @@ class MetricTable:
         if rec["step"] is None:
             self.ordinal += 1
             rec["step"] = self.ordinal
+        elif isinstance(rec["step"], float) and math.isfinite(
+            rec["step"]
+        ):  # a table's or a JSON line's `step: 2.0`
+            rec["step"] = int(rec["step"])
         self.records += 1
         self.formats[rec["_source"]] = self.formats.get(rec["_source"], 0) + 1
         self.last = rec
@@ -283,6 +288,8 @@ class MetricTable:
                 return out
         # a table row
         if ("|" in text or "│" in text or "┃" in text) and "%|" not in text and self._table(ln, text, out):
+            return out
+        if self._header is not None and set(text) <= _RULE_CHARS:  # tabulate's `+====+` rule under the header
             return out
         self._header = None
         # key=value / key: value pairs, one line of several or a block of one-pair lines

@@ -29,7 +29,8 @@ _TRAINING = [
     ("zero_std_groups", re.compile(r"^(?:(?:train|training)[/_])?frac_reward_zero_std$")),
     ("lr", re.compile(r"^(?:(?:train|training|actor|policy|optim)[/_])?(?:actor_)?(?:learning_rate|lr)$")),
 ]  # fmt: skip
-_FINDING = re.compile(r"loss|grad_?norm|reward|score|log_?probs?|logp", re.I)
+# (a KL or an entropy that is NaN is as broken as the loss it feeds: TRL's `objective/kl`, `policy/approxkl`)
+_FINDING = re.compile(r"loss|grad_?norm|reward|score|log_?probs?|logp|\bkl\b|_kl|kl_|approxkl|entropy", re.I)
 _METRICISH = re.compile(r"loss|grad_?norm|reward|entropy|log_?probs?|logp|\bkl\b|_kl|kl_|prob_error|"
                         r"probs_diff|abs_diff|rollout_is|importance_sampling|learning_rate", re.I)  # fmt: skip
 _NOT_METRIC = re.compile(r"coef|coeff|clip|threshold|_len|length|size|weight_decay|warmup|max_|min_", re.I)
