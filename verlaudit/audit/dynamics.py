@@ -55,6 +55,7 @@ from trainer.advantages import ADV_ESTIMATOR
 from trainer.recipes import RECIPE
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
+from verlaudit.audit.update_effect import UpdateEffect
 from verlaudit.rundir import Finding
 
 TOKEN_CLIP_MODES = ("vanilla", "clip_cov", "kl_cov")
@@ -168,6 +169,8 @@ class DynamicsWatch:
         self.estimator = estimator(a)
         self.reported: set[str] = set(reported or ())
         """Kinds already recorded (at setup, `verlaudit.audit.config_checks`, or by an earlier step)."""
+        self.effect = UpdateEffect(self.algo, self.correction)
+        """The measured effect of the clip, trust-region and preference keys (`verlaudit.audit.update_effect`)."""
 
     # -- derived settings ---------------------------------------------------------------------
     def rows(self) -> int | None:
@@ -209,6 +212,8 @@ class DynamicsWatch:
                 self.reported.add(found.kind)
                 self.reported.add(kind)
                 out.append(found)
+        # dyn12: what a legal key did to the update (the clips' share, the trust region, the direction)
+        out.extend(self.effect.step_end(metrics, step=step, reported=self.reported))
         return out
 
     def _clip(self, m: Mapping[str, Any], step: int | None) -> Finding | None:

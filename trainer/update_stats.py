@@ -1,0 +1,93 @@
+"""Metrics of how an update behaves, beside the losses' own (`trainer.losses`): what a clip removed, on
+which side, how far the ratio moved, and which way a loss pushes what its objective names. They change
+nothing the losses compute (every value is detached); the trainer emits them and knows nothing of who
+reads them.
+
+Policy losses (per micro-batch, averaged over a step like verl's ``actor/pg_clipfrac``):
+
+- ``actor/pg_clipfrac_high`` / ``actor/pg_clipfrac_low``: the share of the tokens whose clipped term won
+  with a positive / negative advantage (the upper / lower bound bound them); together ``actor/pg_clipfrac``.
+- ``actor/ratio_max`` / ``actor/ratio_min``: the token importance ratio's extremes.
+- ``actor/ratio_outside_usual_high`` / ``_low``: the share of the tokens the usual clip's upper / lower
+  bound would bind (a positive advantage with ratio above 1 + `USUAL_HIGH`, a negative one below
+  1 - `USUAL_LOW`), whatever this run's bounds are: beside the side's clip fraction it shows a bound
+  opened so wide that it never binds.
+- ``actor/logratio_adv_pos`` / ``actor/logratio_adv_neg``: the mean log-ratio of the tokens with a
+  positive / negative advantage: the updates so far raised / lowered them when their signs are + / -.
+
+DPO losses (per micro-batch): ``dpo/chosen_pull`` / ``dpo/rejected_pull``, the mean over pairs of minus the
+loss's derivative in the chosen / rejected sequence log-prob (positive: the loss raises it), and
+``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob.
+Exercised by `pytest tests/test_update_effect.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+USUAL_LOW = 0.2
+"""verl's default clip_ratio: the lower side of the usual trust region [0.8, 1.28]."""
+USUAL_HIGH = 0.28
+"""DAPO's clip-higher, the widest upper side in common use."""
+
+
+PUSH_TOL = 1e-3
+"""A pair's chosen answer is pushed down when the loss's derivative in its log-prob is positive by more than
+this share of the larger of the two derivatives (at policy = reference, apo_down's is 0 up to rounding)."""
+
+
+def _mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp(min=1.0)
+
+
+def ratio_metrics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clipped: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The policy-update metrics of one micro-batch (module docstring). ``clipped``: the tokens whose
+    clipped term won (None: a loss without a clip)."""
+    with torch.no_grad():
+        lr, adv = log_ratio.detach().float(), advantages.detach().float()
+        valid = mask.bool() if mask.dtype == torch.bool else mask != 0
+        out: dict[str, torch.Tensor] = {}
+        if not bool(valid.any()):
+            return out
+        pos, neg = valid & (adv > 0), valid & (adv < 0)
+        ratio = torch.exp(lr)
+        if clipped is None:
+            clipped = torch.zeros_like(valid)
+        out["actor/pg_clipfrac_high"] = _mean((clipped & pos).float(), valid)
+        out["actor/pg_clipfrac_low"] = _mean((clipped & neg).float(), valid)
+        out["actor/ratio_max"] = ratio[valid].max()
+        out["actor/ratio_min"] = ratio[valid].min()
+        out["actor/ratio_outside_usual_high"] = _mean((pos & (ratio > 1.0 + USUAL_HIGH)).float(), valid)
+        out["actor/ratio_outside_usual_low"] = _mean((neg & (ratio < 1.0 - USUAL_LOW)).float(), valid)
+        if bool(pos.any()):
+            out["actor/logratio_adv_pos"] = _mean(lr, pos)
+        if bool(neg.any()):
+            out["actor/logratio_adv_neg"] = _mean(lr, neg)
+        return {k: v.detach() for k, v in out.items()}
+
+
+def dpo_direction(loss_fn, chosen, rejected, *args, **kwargs) -> dict[str, torch.Tensor]:
+    """Which way the DPO loss ``loss_fn`` (`trainer.losses.dpo_loss`, called as the trainer calls it:
+    per-pair summed log-probs, then the reference's and the loss's own arguments) moves the chosen and
+    the rejected log-probs, from its derivative in detached copies of them (module docstring)."""
+    with torch.enable_grad():
+        c = chosen.detach().float().requires_grad_(True)
+        r = rejected.detach().float().requires_grad_(True)
+        losses = loss_fn(c, r, *args, **kwargs)[0]
+        gc, gr = torch.autograd.grad(losses.sum(), (c, r), allow_unused=True)
+    gc = torch.zeros_like(c) if gc is None else gc
+    gr = torch.zeros_like(r) if gr is None else gr
+    return {
+        "dpo/chosen_pull": (-gc).mean().detach(),
+        "dpo/rejected_pull": (-gr).mean().detach(),
+        "dpo/chosen_pushed_down_frac": (gc > PUSH_TOL * torch.maximum(gc.abs(), gr.abs()))
+        .float()
+        .mean()
+        .detach(),
+    }
