@@ -35,6 +35,11 @@ and the suite key (and verl's) that set it:
   opposite, a temperature of `HIGH_TEMPERATURE` or more whose sampled tokens' mean -log p reaches
   `NOISE_SHARE` of log(vocab): the responses are near-uniform noise.
 
+Beside these, `verlaudit.audit.update_effect` (called from `DynamicsWatch.step_end`) reads what a legal key did
+to the update from the trainer's measurements of it: a gradient clip that sets every update, a value clip
+that removes the critic's, a policy update with no trust region on a side, a preference loss that lowers
+the chosen answers.
+
 Thresholds come from healthy tiny runs (the clean controls of ``benchmarks/blind_faults``: on-policy,
 clip fraction 0; the shipped ``suites/tiny_cpu.yaml``, 4 optimizer steps a batch at lr 2e-3 for 40 steps:
 clip fraction at most 0.30, KL penalty at most 1.3x the score's std after the std fell to 0.02) and are
