@@ -251,12 +251,12 @@ class UpdateEffect:
             self._values("actor/ratio_max"),
             self._values("actor/ratio_min"),
         )
+        value = (
+            self.correction.get("loss_type")
+            if key.startswith("rollout_correction")
+            else self.algo.get("loss_mode")
+        )
         if width is None:
-            value = (
-                self.correction.get("loss_type")
-                if key.startswith("rollout_correction")
-                else self.algo.get("loss_mode")
-            )
             what = f"{key} {value}: a loss with no ratio clip"
         else:
             edge = 1 + width if side == "high" else 1 - width
@@ -281,7 +281,7 @@ class UpdateEffect:
             "clip that should bound each update never binds, so the later updates keep pushing the same "
             "tokens off the policy that sampled them",
             observed={
-                key: width,
+                key: width if width is not None else value,
                 "side": side,
                 "outside_usual_bound": round(past, 4),
                 "clipped_on_side": round(bound, 4),
@@ -334,8 +334,10 @@ class UpdateEffect:
             step=step,
             phase="actor_update",
             message=f"the preference loss (algo.dpo_loss {loss}, beta {beta}, label_smoothing {ls}) lowers the "
-            f"chosen answers: its own gradient pushes the chosen log-prob down on {pushed:.0%} of the pairs "
-            f"(dpo/chosen_pull {_fmt(pull)} against dpo/rejected_pull {_fmt(rej)}), and the chosen answers fell "
+            f"chosen answers: its own gradient {'never raises the chosen log-prob and ' if never_up else ''}"
+            f"pushes it down on {pushed:.0%} of the pairs "
+            f"(dpo/chosen_pull {_fmt(pull)} against dpo/rejected_pull {_fmt(rej)}; DPO's sigmoid pulls both "
+            f"alike), and the chosen answers fell "
             f"below the reference (rewards/chosen {_fmt(chosen)}{fell}): the margin rises by lowering both, "
             "which unlearns the chosen answers instead of preferring them",
             observed={
