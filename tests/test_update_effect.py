@@ -222,3 +222,22 @@ def test_real_tiny_runs_show_the_clip_the_direction_and_nothing_on_defaults():
     assert _watch(cfg, hist) == []
     cfg, hist = _tiny("ppo", ppo_epochs=2, mini_batch_size=2, micro_batch_size=2)
     assert _watch(cfg, hist) == []
+
+
+def test_a_dual_clip_just_above_one_holds_the_negative_tokens_that_rose():
+    # the real loss: A < 0 tokens at ratios 1.1 and 1.4 are held at -A c for c 1.05 (no gradient), not for c 3
+    lp = torch.tensor([[math.log(1.1), math.log(1.4), 0.0, 0.0]], requires_grad=True)
+    adv, mask, old = torch.tensor([[-1.0, -1.0, 1.0, -1.0]]), torch.ones(1, 4), torch.zeros(1, 4)
+    held = L.ppo_policy_loss(lp, old, adv, mask, L.PolicyLossParams(clip_ratio_c=1.05))
+    held.loss.backward()
+    assert float(held.clipfrac_lower) == pytest.approx(0.5) and float(lp.grad[0, 0]) == 0.0 == float(
+        lp.grad[0, 1]
+    )
+    assert float(L.ppo_policy_loss(lp, old, adv, mask, L.PolicyLossParams()).clipfrac_lower) == 0.0
+    for c, fracs in ((1.05, (0.14, 0.0)), (1.01, (0.3, 0.2)), (1.2, (0.08, 0.06))):
+        found = _run({**PPO, "clip_ratio_c": c}, *[{"actor/pg_clipfrac_lower": f} for f in fracs])
+        assert _kinds(found) == [K.CLIP_SATURATED] and found[0].where == "algo.clip_ratio_c"
+        assert "clip_ratio_c: 3" in found[0].fix
+    # verl's default bound 3, and a narrow bound that holds next to nothing, pass
+    assert _run({**PPO, "clip_ratio_c": 3.0}, *[{"actor/pg_clipfrac_lower": 0.2}] * 2) == []
+    assert _run({**PPO, "clip_ratio_c": 1.05}, *[{"actor/pg_clipfrac_lower": 0.01}] * 2) == []

@@ -15,6 +15,9 @@ alone, and name the key that set the behaviour with the measured effect:
   width or more, or a loss without a clip: bypass mode's ``reinforce``, ``gpg``) while the run takes
   several optimizer steps on one batch and `OUTSIDE_USUAL` or more of the tokens moved past the usual
   bound on that side with (almost) none clipped: the update has no trust region there.
+- ``dynamics/clip_saturated`` for the dual clip: ``algo.clip_ratio_c`` below `DUAL_NARROW` while it holds
+  `DUAL_HELD` or more of the tokens at a constant loss (``actor/pg_clipfrac_lower``): the negative-advantage
+  tokens that rose cannot be pushed down (the token clip's own range is `verlaudit.audit.dynamics`').
 - ``dynamics/chosen_pushed_down``: a preference loss whose own gradient lowers the chosen answer's
   log-prob (on most pairs, or never raises it), and the chosen log-prob fell below the reference's: the
   loss variant (or its label smoothing / beta) does the opposite of preferring the chosen answers.
@@ -68,6 +71,14 @@ one at every step never raises the chosen answer (DPO's sigmoid pulls both alike
 PUSHED_DOWN = 0.5
 """The share of pairs whose loss lowers the chosen answer from which the loss pushes it down."""
 USUAL_HIGH, USUAL_LOW = 0.28, 0.2
+DUAL_NARROW = 1.5
+"""A dual-clip bound (``clip_ratio_c``, > 1) below this holds a negative-advantage token at a constant
+loss as soon as its ratio rose by half or less: verl's default is 3 (the controls never reach it)."""
+DUAL_HELD = 0.05
+"""The share of tokens the dual clip holds (``actor/pg_clipfrac_lower``, mean over the steps so far) from
+which a narrow bound removes the push-down of the negative-advantage tokens that rose: the controls
+measure 0 (on-policy, ratio 1), a tiny 16-step batch at the default bound 3 measured 0, 0; at 1.05 (PPO)
+0.14, 0."""
 
 
 def number(v: Any) -> float | None:
@@ -103,13 +114,14 @@ class UpdateEffect:
         self._add(m, step, "rewards/chosen", "logps/chosen", "rewards/margins")
         for side in ("high", "low"):
             self._add(m, step, f"actor/pg_clipfrac_{side}", f"actor/ratio_outside_usual_{side}")
-        self._add(m, step, "actor/ppo_kl", "actor/ratio_max", "actor/ratio_min")
+        self._add(m, step, "actor/ppo_kl", "actor/ratio_max", "actor/ratio_min", "actor/pg_clipfrac_lower")
         out: list[Finding] = []
         for kind, check in (
             (K.GRAD_CLIP_TOTAL, self._grad_clip),
             (K.VALUE_CLIP_TOTAL, self._value_clip),
             (K.NO_TRUST_REGION, self._trust_region),
             (K.CHOSEN_PUSHED_DOWN, self._chosen_down),
+            (K.CLIP_SATURATED, self._dual_clip),
         ):
             if kind in reported:
                 continue
@@ -290,6 +302,33 @@ class UpdateEffect:
             },
             expected=f"a clip side near the usual width ({usual:g}) that binds the tokens moving past it",
             fix=fix,
+        )
+
+    def _dual_clip(self, step: int | None) -> Finding | None:
+        """``dynamics/clip_saturated`` for the dual clip: a ``clip_ratio_c`` just above 1 holds most
+        negative-advantage tokens whose ratio rose at a constant loss (no gradient to push them down)."""
+        c = number(self.algo.get("clip_ratio_c"))
+        mode = str(self.algo.get("loss_mode") or "vanilla")
+        held = self._values("actor/pg_clipfrac_lower")
+        if c is None or c >= DUAL_NARROW or mode not in ("vanilla", "bypass_mode") or not held:
+            return None
+        mean = sum(held) / len(held)
+        if mean < DUAL_HELD:
+            return None
+        return Finding(
+            severity="warning",
+            kind=K.CLIP_SATURATED,
+            role="actor",
+            where="algo.clip_ratio_c",
+            step=step,
+            phase="actor_update",
+            message=f"the dual clip algo.clip_ratio_c {c:g} ({V.algo_key('clip_ratio_c')}) holds {mean:.0%} of the "
+            f"tokens at a constant loss (actor/pg_clipfrac_lower {_fmt(held)}): every negative-advantage token "
+            f"whose ratio rose past {c:g} carries no gradient, so the update cannot push down the responses it "
+            "should discourage once they moved the wrong way",
+            observed={"clip_ratio_c": c, "pg_clipfrac_lower_by_step": held},
+            expected=f"a dual-clip bound of about 3 (verl's default), holding well under {DUAL_HELD:.0%} of the tokens",
+            fix=f"set algo.clip_ratio_c: 3 (verl: {V.algo_override('clip_ratio_c', 3)})",
         )
 
     # -- which way a preference loss pushes the chosen answer -------------------------------------
