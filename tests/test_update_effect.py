@@ -222,6 +222,13 @@ def test_real_tiny_runs_show_the_clip_the_direction_and_nothing_on_defaults():
     assert _watch(cfg, hist) == []
     cfg, hist = _tiny("ppo", ppo_epochs=2, mini_batch_size=2, micro_batch_size=2)
     assert _watch(cfg, hist) == []
+    # the family's members that verlaudit.audit.dynamics weighs by their term's size: an entropy bonus and a
+    # KL loss whose gradient outweighs the advantages
+    two = {"ppo_epochs": 2, "mini_batch_size": 4, "micro_batch_size": 2}
+    cfg, hist = _tiny("grpo", entropy_coef=1.0, **two)
+    assert K.ENTROPY_DOMINATES in _watch(cfg, hist)
+    cfg, hist = _tiny("grpo", use_kl_loss=True, kl_loss_coef=50.0, **two)
+    assert K.KL_DOMINATES in _watch(cfg, hist)
 
 
 def test_a_dual_clip_just_above_one_holds_the_negative_tokens_that_rose():
