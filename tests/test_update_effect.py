@@ -90,7 +90,10 @@ def test_a_max_grad_norm_far_below_the_gradient_norm_is_the_update():
     # the bench's 1e-4, a clip 300x below the norm, and one on the critic alone (values far off)
     for algo, steps in (
         ({**PPO, "max_grad_norm": 1e-4}, [{"actor/grad_norm": 1.93, "critic/grad_norm": 0.17}] * 3),
-        ({**GRPO, "max_grad_norm": 0.01}, [{"actor/grad_norm": 3.0}, {"actor/grad_norm": 2.4}]),
+        (
+            {**GRPO, "max_grad_norm": 0.015},
+            [{"actor/grad_norm": 1.24}, {"actor/grad_norm": 1.9}],
+        ),  # 100x below
         ({**PPO, "max_grad_norm": 0.05}, [{"actor/grad_norm": 0.8, "critic/grad_norm": 40.0}] * 2),
     ):
         (f,) = _run(algo, *steps)
@@ -99,7 +102,8 @@ def test_a_max_grad_norm_far_below_the_gradient_norm_is_the_update():
     assert "critic.grad_clip" in f.fix and f.role == "critic"
     # the controls: norms 0.1-3 at max_grad_norm 1; a single step's spike is what a clip is for; 0 is off
     assert _run(PPO, *[{"actor/grad_norm": 2.9, "critic/grad_norm": 0.6}] * 3) == []
-    assert _run({**PPO, "max_grad_norm": 0.01}, {"actor/grad_norm": 5.0}, {"actor/grad_norm": 0.5}) == []
+    assert _run({**DPO, "max_grad_norm": 0.5}, *[{"actor/grad_norm": n} for n in (11.4, 19.7, 10.9)]) == []
+    assert _run({**PPO, "max_grad_norm": 0.01}, {"actor/grad_norm": 5.0}, {"actor/grad_norm": 0.3}) == []
     assert _run({**PPO, "max_grad_norm": 0.0}, *[{"actor/grad_norm": 500.0}] * 3) == []
 
 
