@@ -107,6 +107,27 @@ def test_a_max_grad_norm_far_below_the_gradient_norm_is_the_update():
     assert _run({**PPO, "max_grad_norm": 0.0}, *[{"actor/grad_norm": 500.0}] * 3) == []
 
 
+# ---------------------------------------------------------------- an update that does not move the weights
+
+
+def test_a_learning_rate_that_leaves_the_weights_where_they_were():
+    frozen = [{"actor/update_rel": 2e-12, "actor/lr": 1e-12, "actor/grad_norm": 1.3}] * 2
+    (f,) = _run({**GRPO, "lr": 1e-12}, *frozen)
+    assert (
+        f.kind == K.NULL_UPDATE and f.where == "algo.lr" and "actor_rollout_ref.actor.optim.lr=1e-06" in f.fix
+    )
+    critic = [
+        {"critic/update_rel": 0.0, "critic/lr": 1e-10, "critic/grad_norm": 0.4, "actor/update_rel": 0.01}
+    ] * 2
+    (f,) = _run({**PPO, "critic_lr": 1e-10}, *critic)
+    assert f.where == "algo.critic_lr" and f.role == "critic" and "critic.optim.lr=1e-05" in f.fix
+    dpo = [{"actor/update_rel": 1e-10, "actor/lr": 1e-9, "actor/grad_norm": 5.0}] * 3
+    assert _kinds(_run({**DPO, "lr": 1e-9}, *dpo)) == [K.NULL_UPDATE]
+    # a usual lr whose bf16 updates round away is update_underflow's; a lr that moves the weights passes
+    assert _run(GRPO, *[{"actor/update_rel": 0.0, "actor/lr": 1e-6, "actor/grad_norm": 1.0}] * 2) == []
+    assert _run({**GRPO, "lr": 5e-8}, *[{"actor/update_rel": 3e-6, "actor/lr": 5e-8}] * 2) == []
+
+
 # ---------------------------------------------------------------- the value clip
 
 
@@ -226,6 +247,9 @@ def test_real_tiny_runs_show_the_clip_the_direction_and_nothing_on_defaults():
     assert _watch(cfg, hist) == []
     cfg, hist = _tiny("ppo", ppo_epochs=2, mini_batch_size=2, micro_batch_size=2)
     assert _watch(cfg, hist) == []
+    assert all(m["actor/update_rel"] > 1e-4 and m["critic/update_rel"] > 1e-4 for m in hist)
+    cfg, hist = _tiny("grpo", lr=1e-12)
+    assert K.NULL_UPDATE in _watch(cfg, hist) and max(m["actor/update_rel"] for m in hist) < 1e-9
     # the family's members that verlaudit.audit.dynamics weighs by their term's size: an entropy bonus and a
     # KL loss whose gradient outweighs the advantages
     two = {"ppo_epochs": 2, "mini_batch_size": 4, "micro_batch_size": 2}

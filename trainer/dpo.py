@@ -29,7 +29,7 @@ from trainer.common import (
 )
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.update_stats import dpo_direction
+from trainer.update_stats import dpo_direction, update_size, weight_sample
 
 PAIR_KEYS = (
     "chosen_input_ids",
@@ -107,6 +107,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             observer.on_forward(role="reference", name="ref_rejected_logps", output=ref_rejected)
 
         avg, norms, skips, direction = Averages(), [], [], Averages()
+        before = weight_sample(actor)
         with observer.phase("actor_update"):
             for mini in split_indices(b, mini_size):
                 for micro in split_indices(len(mini), algo.micro_batch_size):
@@ -152,6 +153,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             "logps/chosen": means["logps_chosen"],
             "logps/rejected": means["logps_rejected"],
             **direction.means(),
+            **{f"actor/{k}": v for k, v in update_size(before).items()},
         }
         log.end(step, metrics)
     return log.history

@@ -18,7 +18,9 @@ Policy losses (per micro-batch, averaged over a step like verl's ``actor/pg_clip
 DPO losses (per micro-batch): ``dpo/chosen_pull`` / ``dpo/rejected_pull``, the mean over pairs of minus the
 loss's derivative in the chosen / rejected sequence log-prob (positive: the loss raises it), and
 ``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob.
-Exercised by `pytest tests/test_update_effect.py`.
+Every recipe: ``actor/update_rel`` / ``critic/update_rel``, how far the step's optimizer steps moved a
+sample of the weights relative to their size (`weight_sample`, `update_size`: a few thousand elements of
+the first weight matrices, one copy and one read a step). Exercised by `pytest tests/test_update_effect.py`.
 """
 
 from __future__ import annotations
@@ -91,3 +93,38 @@ def dpo_direction(loss_fn, chosen, rejected, *args, **kwargs) -> dict[str, torch
         .mean()
         .detach(),
     }
+
+
+UPDATE_SAMPLE = 4096
+"""Elements read from the start of each sampled weight matrix (`weight_sample`)."""
+UPDATE_TENSORS = 16
+"""Weight matrices sampled per model (the first ones that train)."""
+
+
+def weight_sample(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, an fp32 copy of its first `UPDATE_SAMPLE` local elements) for the first `UPDATE_TENSORS`
+    trainable weight matrices: taken before a phase's optimizer steps, read by `update_size` after."""
+    out = []
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.requires_grad or p.dim() < 2:
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 DTensor's own shard
+            out.append((p, local.detach().reshape(-1)[:UPDATE_SAMPLE].float().clone()))
+            if len(out) >= UPDATE_TENSORS:
+                break
+    return out
+
+
+def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """``{"update_rel": |w_after - w_before| / |w_before|}`` over the sampled elements (`weight_sample`):
+    how far the phase's optimizer steps moved the weights, relative to their size (empty: nothing sampled,
+    e.g. an FSDP rank whose shards are empty)."""
+    num = den = 0.0
+    with torch.no_grad():
+        for p, before in sample:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            now = local.detach().reshape(-1)[: before.numel()].float()
+            num += float(((now - before) ** 2).sum())
+            den += float((before**2).sum())
+    return {"update_rel": (num / den) ** 0.5} if den > 0 else {}

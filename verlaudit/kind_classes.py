@@ -145,6 +145,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "value_clip": "a value clip range so narrow for the returns that the clip removes the critic's update",
         "trust_region": "a clip side opened (or a loss without a clip) while several updates move the policy past it",
         "preference_direction": "a preference loss whose own gradient lowers the chosen answers it should prefer",
+        "update_null": "a learning rate so small that the optimizer steps leave the weights where they were",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -398,6 +398,11 @@ NO_TRUST_REGION = _f(
     "trust_region",
     "a clip side opened (or no clip) while tokens move past the usual bound, unclipped",
 )
+NULL_UPDATE = _f(
+    "dynamics/null_update",
+    "update_null",
+    "a learning rate so small that the optimizer steps leave the weights where they were",
+)
 CHOSEN_PUSHED_DOWN = _f(
     "dynamics/chosen_pushed_down",
     "preference_direction",

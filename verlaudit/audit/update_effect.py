@@ -73,6 +73,15 @@ one at every step never raises the chosen answer (DPO's sigmoid pulls both alike
 PUSHED_DOWN = 0.5
 """The share of pairs whose loss lowers the chosen answer from which the loss pushes it down."""
 USUAL_HIGH, USUAL_LOW = 0.28, 0.2
+NULL_UPDATE = 1e-7
+"""A step's relative weight change (``<role>/update_rel``, `trainer.update_stats.update_size`) at or below
+which the step left the weights where they were: Adam moves each weight by about lr a step, so verl's
+default lr 1e-6 on weights of RMS 0.02 moves them by ~5e-5 a step (500x above); the tiny controls (lr 1e-4)
+measure 1e-3 to 1e-2."""
+LR_LOW = 1e-7
+"""A learning rate below the lowest in common use (the range table's bound, `verlaudit.audit.config_ranges`):
+only then is the key named as the reason the weights do not move (with a usual lr, unmoved bf16 weights are
+updates lost to rounding: `numerics/update_underflow`'s question)."""
 DUAL_NARROW = 1.5
 """A dual-clip bound (``clip_ratio_c``, > 1) below this holds a negative-advantage token at a constant
 loss as soon as its ratio rose by half or less: verl's default is 3 (the controls never reach it)."""
@@ -112,6 +121,7 @@ class UpdateEffect:
 
     def step_end(self, m: Mapping[str, Any], *, step: int | None, reported: set[str]) -> list[Finding]:
         self._add(m, step, "actor/grad_norm", "critic/grad_norm", "critic/vf_clipfrac", "critic/returns/std")
+        self._add(m, step, "actor/update_rel", "critic/update_rel", "actor/lr", "critic/lr")
         self._add(m, step, "dpo/chosen_pull", "dpo/rejected_pull", "dpo/chosen_pushed_down_frac")
         self._add(m, step, "rewards/chosen", "logps/chosen", "rewards/margins")
         for side in ("high", "low"):
@@ -124,6 +134,7 @@ class UpdateEffect:
             (K.NO_TRUST_REGION, self._trust_region),
             (K.CHOSEN_PUSHED_DOWN, self._chosen_down),
             (K.CLIP_SATURATED, self._dual_clip),
+            (K.NULL_UPDATE, self._null_update),
         ):
             if kind in reported:
                 continue
@@ -172,6 +183,41 @@ class UpdateEffect:
             fix=f"set algo.max_grad_norm: {suggest:g} (verl: {V.algo_override('max_grad_norm', suggest)}"
             f"{' critic.grad_clip=' + format(suggest, 'g') if 'critic' in seen else ''})",
         )
+
+    # -- an update that does not move the weights ------------------------------------------------
+    def _null_update(self, step: int | None) -> Finding | None:
+        for role, key in (("actor", "lr"), ("critic", "critic_lr")):
+            moved = self._values(f"{role}/update_rel")
+            lrs = self._values(f"{role}/lr") or [v for v in [number(self.algo.get(key))] if v is not None]
+            grads = self._values(f"{role}/grad_norm")
+            if (
+                len(moved) < CLIP_STEPS
+                or not lrs
+                or max(lrs) >= LR_LOW
+                or any(u > NULL_UPDATE for u in moved)
+            ):
+                continue
+            if grads and max(grads) <= 0:
+                continue  # no gradient at all: the loss's question, not the learning rate's
+            lr = max(lrs)
+            return Finding(
+                severity="warning",
+                kind=K.NULL_UPDATE,
+                role=role,
+                where=f"algo.{key}",
+                step=step,
+                phase="critic_update" if role == "critic" else "actor_update",
+                message=f"the {role}'s learning rate algo.{key} {lr:g} ({V.algo_key(key)}; {role}/lr "
+                f"{_fmt(lrs)}) leaves the weights where they were: each step moved them by {_fmt(moved)} of "
+                f"their size ({role}/update_rel){' while the gradient norm was ' + _fmt(grads) if grads else ''}:"
+                " the optimizer steps are null, nothing the loss computes reaches the model",
+                observed={key: lr, "update_rel_by_step": moved, "grad_norm_by_step": grads},
+                expected=f"a learning rate of 1e-7 or more (verl's default 1e-6), moving the weights by more "
+                f"than {NULL_UPDATE:g} of their size a step",
+                fix=f"set algo.{key}: {1e-6 if role == 'actor' else 1e-5:g} (verl's default; verl: "
+                f"{V.algo_override(key, 1e-6 if role == 'actor' else 1e-5)})",
+            )
+        return None
 
     # -- the value clip ---------------------------------------------------------------------------
     def _value_clip(self, step: int | None) -> Finding | None:

@@ -503,6 +503,7 @@ TIER_CHANNELS.update(
         "value_clip": ("config", frozenset({UPDATE, REWARD_SIGNAL})),
         "trust_region": ("config", frozenset({UPDATE, REWARD_SIGNAL})),
         "preference_direction": ("config", frozenset({UPDATE})),
+        "update_null": ("config", frozenset({UPDATE})),
     }
 )
 
