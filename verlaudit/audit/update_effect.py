@@ -76,8 +76,8 @@ USUAL_HIGH, USUAL_LOW = 0.28, 0.2
 NULL_UPDATE = 1e-7
 """A step's relative weight change (``<role>/update_rel``, `trainer.update_stats.update_size`) at or below
 which the step left the weights where they were: Adam moves each weight by about lr a step, so verl's
-default lr 1e-6 on weights of RMS 0.02 moves them by ~5e-5 a step (500x above); the tiny controls (lr 1e-4)
-measure 1e-3 to 1e-2."""
+default lr 1e-6 on weights of RMS 0.02 moves them by ~5e-5 a step (500x above); the blind controls (lr 1e-3)
+measure 0.01-0.05, the tiny test runs (lr 2e-3) above 1e-4 for actor and critic."""
 LR_LOW = 1e-7
 """A learning rate below the lowest in common use (the range table's bound, `verlaudit.audit.config_ranges`):
 only then is the key named as the reason the weights do not move (with a usual lr, unmoved bf16 weights are
