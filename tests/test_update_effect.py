@@ -276,3 +276,15 @@ def test_a_dual_clip_just_above_one_holds_the_negative_tokens_that_rose():
     # verl's default bound 3, and a narrow bound that holds next to nothing, pass
     assert _run({**PPO, "clip_ratio_c": 3.0}, *[{"actor/pg_clipfrac_lower": 0.2}] * 2) == []
     assert _run({**PPO, "clip_ratio_c": 1.05}, *[{"actor/pg_clipfrac_lower": 0.01}] * 2) == []
+
+
+def test_a_check_that_raises_is_skipped_not_the_run(monkeypatch, capsys):
+    from verlaudit.audit.update_effect import UpdateEffect
+
+    def broken(self, step):
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(UpdateEffect, "_grad_clip", broken)
+    steps = [{"actor/grad_norm": 1.9, "critic/grad_norm": 0.2}] * 3
+    assert _run({**PPO, "max_grad_norm": 1e-4}, *steps) == []
+    assert "_grad_clip failed (ZeroDivisionError: planted)" in capsys.readouterr().err

@@ -30,6 +30,7 @@ constant. Exercised by `pytest tests/test_update_effect.py`.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -138,7 +139,13 @@ class UpdateEffect:
         ):
             if kind in reported:
                 continue
-            found = check(step)
+            try:
+                found = check(step)
+            except Exception as e:  # noqa: BLE001  a check must never kill the user's run
+                print(f"verlaudit: update_effect {check.__name__} failed ({type(e).__name__}: {e}); skipped",
+                      file=sys.stderr)  # fmt: skip
+                reported.add(kind)
+                continue
             if found is not None:
                 reported.add(kind)
                 out.append(found)
@@ -403,9 +410,9 @@ class UpdateEffect:
                 "set algo.label_smoothing: 0 (a label smoothing above 0.5 prefers the rejected)",
             )
         elif loss in ("ipo", "sppo_hard"):
-            target = 0.5 / beta if beta else None
+            target = f" = {0.5 / beta:.3g}" if beta else ""
             where = "algo.beta"
-            fix = f"lower algo.beta (the loss's target log-ratio is 1/(2 beta) = {target:.3g}), e.g. 0.1"
+            fix = f"lower algo.beta (the loss's target log-ratio is 1/(2 beta){target}), e.g. 0.1"
         else:
             where, fix = (
                 "algo.dpo_loss",
