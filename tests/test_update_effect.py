@@ -287,4 +287,4 @@ def test_a_check_that_raises_is_skipped_not_the_run(monkeypatch, capsys):
     monkeypatch.setattr(UpdateEffect, "_grad_clip", broken)
     steps = [{"actor/grad_norm": 1.9, "critic/grad_norm": 0.2}] * 3
     assert _run({**PPO, "max_grad_norm": 1e-4}, *steps) == []
-    assert "_grad_clip failed (ZeroDivisionError: planted)" in capsys.readouterr().err
+    assert "dynamics/grad_clip_total check failed (ZeroDivisionError: planted)" in capsys.readouterr().err

@@ -142,7 +142,7 @@ class UpdateEffect:
             try:
                 found = check(step)
             except Exception as e:  # noqa: BLE001  a check must never kill the user's run
-                print(f"verlaudit: update_effect {check.__name__} failed ({type(e).__name__}: {e}); skipped",
+                print(f"verlaudit: update_effect {kind} check failed ({type(e).__name__}: {e}); skipped",
                       file=sys.stderr)  # fmt: skip
                 reported.add(kind)
                 continue
