@@ -288,3 +288,20 @@ def test_a_check_that_raises_is_skipped_not_the_run(monkeypatch, capsys):
     steps = [{"actor/grad_norm": 1.9, "critic/grad_norm": 0.2}] * 3
     assert _run({**PPO, "max_grad_norm": 1e-4}, *steps) == []
     assert "dynamics/grad_clip_total check failed (ZeroDivisionError: planted)" in capsys.readouterr().err
+
+
+def test_the_metrics_have_one_key_set_whatever_the_batch():
+    # ranks all-reduce a step's metrics by name: a rank with no negative advantage (or no valid token) must
+    # emit the same keys as its peers
+    from trainer.update_stats import RATIO_KEYS, update_size, weight_sample
+
+    lp, adv = torch.tensor([[0.1, 0.2]]), torch.tensor([[1.0, 1.0]])
+    assert set(ratio_metrics(lp, adv, torch.ones(1, 2))) == set(RATIO_KEYS)
+    empty = ratio_metrics(lp, adv, torch.zeros(1, 2))
+    assert set(empty) == set(RATIO_KEYS) and float(empty["actor/ratio_max"]) == 1.0
+    model = torch.nn.Linear(4, 3)
+    assert weight_sample(model, distributed=True) == [] and update_size([]) == {}
+    before = weight_sample(model)
+    with torch.no_grad():
+        model.weight.mul_(1.01)
+    assert update_size(before)["update_rel"] == pytest.approx(0.01, rel=1e-4)

@@ -107,7 +107,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             observer.on_forward(role="reference", name="ref_rejected_logps", output=ref_rejected)
 
         avg, norms, skips, direction = Averages(), [], [], Averages()
-        before = weight_sample(actor)
+        before = weight_sample(actor, setup.dist.distributed)
         with observer.phase("actor_update"):
             for mini in split_indices(b, mini_size):
                 for micro in split_indices(len(mini), algo.micro_batch_size):

@@ -108,7 +108,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)
-            before = weight_sample(setup.models["actor"])
+            before = weight_sample(setup.models["actor"], setup.dist.distributed)
             metrics.update(
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )

@@ -151,13 +151,13 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)
-            before = weight_sample(actor)
+            before = weight_sample(actor, setup.dist.distributed)
             metrics.update(
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
             metrics.update({f"actor/{k}": v for k, v in update_size(before).items()})
         with observer.phase("critic_update"):
-            before = weight_sample(critic)
+            before = weight_sample(critic, setup.dist.distributed)
             metrics.update(update_critic(setup, observer, train, values, returns))
             metrics.update({f"critic/{k}": v for k, v in update_size(before).items()})
 

@@ -18,8 +18,9 @@ Policy losses (per micro-batch, averaged over a step like verl's ``actor/pg_clip
 DPO losses (per micro-batch): ``dpo/chosen_pull`` / ``dpo/rejected_pull``, the mean over pairs of minus the
 loss's derivative in the chosen / rejected sequence log-prob (positive: the loss raises it), and
 ``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob.
-Every recipe: ``actor/update_rel`` / ``critic/update_rel``, how far the step's optimizer steps moved a
-sample of the weights relative to their size (`weight_sample`, `update_size`: a few thousand elements of
+Every recipe, in a single-process run (ranks all-reduce a step's metrics by name, and a rank whose shard
+is empty or resharded could not measure): ``actor/update_rel`` / ``critic/update_rel``, how far the step's
+optimizer steps moved a sample of the weights relative to their size (`weight_sample`, `update_size`: a few thousand elements of
 the first weight matrices, one copy and one read a step). Exercised by `pytest tests/test_update_effect.py`.
 """
 
@@ -55,8 +56,9 @@ def ratio_metrics(
         lr, adv = log_ratio.detach().float(), advantages.detach().float()
         valid = mask.bool() if mask.dtype == torch.bool else mask != 0
         out: dict[str, torch.Tensor] = {}
-        if not bool(valid.any()):
-            return out
+        if not bool(valid.any()):  # the same keys on every call: ranks all-reduce them by name
+            zero, one = torch.zeros((), device=lr.device), torch.ones((), device=lr.device)
+            return {k: one if k.startswith("actor/ratio_m") else zero for k in RATIO_KEYS}
         pos, neg = valid & (adv > 0), valid & (adv < 0)
         ratio = torch.exp(lr)
         if clipped is None:
@@ -67,11 +69,22 @@ def ratio_metrics(
         out["actor/ratio_min"] = ratio[valid].min()
         out["actor/ratio_outside_usual_high"] = _mean((pos & (ratio > 1.0 + USUAL_HIGH)).float(), valid)
         out["actor/ratio_outside_usual_low"] = _mean((neg & (ratio < 1.0 - USUAL_LOW)).float(), valid)
-        if bool(pos.any()):
-            out["actor/logratio_adv_pos"] = _mean(lr, pos)
-        if bool(neg.any()):
-            out["actor/logratio_adv_neg"] = _mean(lr, neg)
+        out["actor/logratio_adv_pos"] = _mean(lr, pos)  # 0 where no token has that sign
+        out["actor/logratio_adv_neg"] = _mean(lr, neg)
         return {k: v.detach() for k, v in out.items()}
+
+
+RATIO_KEYS = (
+    "actor/pg_clipfrac_high",
+    "actor/pg_clipfrac_low",
+    "actor/ratio_max",
+    "actor/ratio_min",
+    "actor/ratio_outside_usual_high",
+    "actor/ratio_outside_usual_low",
+    "actor/logratio_adv_pos",
+    "actor/logratio_adv_neg",
+)
+"""Every key `ratio_metrics` returns, on every call (an empty micro-batch gives ratio 1 and zeros)."""
 
 
 def dpo_direction(loss_fn, chosen, rejected, *args, **kwargs) -> dict[str, torch.Tensor]:
@@ -101,19 +114,36 @@ UPDATE_TENSORS = 16
 """Weight matrices sampled per model (the first ones that train)."""
 
 
-def weight_sample(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def weight_sample(
+    model: torch.nn.Module, distributed: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(parameter, an fp32 copy of its first `UPDATE_SAMPLE` local elements) for the first `UPDATE_TENSORS`
     trainable weight matrices: taken before a phase's optimizer steps, read by `update_size` after."""
-    out = []
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if distributed:
+        return out  # `update_size` of an empty sample is no metric, on every rank alike
     with torch.no_grad():
         for p in model.parameters():
             if not p.requires_grad or p.dim() < 2:
                 continue
-            local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 DTensor's own shard
-            out.append((p, local.detach().reshape(-1)[:UPDATE_SAMPLE].float().clone()))
+            flat = _local_flat(p)
+            if flat is not None and flat.numel():
+                out.append((p, flat[:UPDATE_SAMPLE].float().clone()))
             if len(out) >= UPDATE_TENSORS:
                 break
     return out
+
+
+def _local_flat(p: torch.Tensor) -> torch.Tensor | None:
+    """This rank's elements of ``p`` as a flat tensor, or None where they are not in memory now (an FSDP
+    parameter resharded between phases holds a storage of size 0): a metric is never worth a failed step."""
+    try:
+        local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 DTensor's own shard
+        if local.untyped_storage().size() == 0:
+            return None
+        return local.detach().reshape(-1)
+    except RuntimeError:
+        return None
 
 
 def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -123,8 +153,10 @@ def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, fl
     num = den = 0.0
     with torch.no_grad():
         for p, before in sample:
-            local = p.to_local() if hasattr(p, "to_local") else p
-            now = local.detach().reshape(-1)[: before.numel()].float()
+            flat = _local_flat(p)
+            if flat is None or flat.numel() < before.numel():
+                return {}  # not in memory now: no measurement rather than a partial one
+            now = flat[: before.numel()].float()
             num += float(((now - before) ** 2).sum())
             den += float((before**2).sum())
     return {"update_rel": (num / den) ** 0.5} if den > 0 else {}
