@@ -9,8 +9,8 @@ alone, and name the key that set the behaviour with the measured effect:
   every step (clip coefficient max_grad_norm / grad_norm at most `CLIP_COEF_NULL`): the clip, not the
   loss, sets every update's size.
 - ``dynamics/value_clip_total``: the value clip (``algo.cliprange_value``) narrower than a tenth of the
-  returns' spread while it clips `VF_CLIP_TOTAL` or more of the tokens (mean over the steps): clipped value predictions carry
-  no gradient, so the critic hardly moves from its start.
+  returns' spread while it clips `VF_CLIP_TOTAL` or more of the tokens (mean over the steps): clipped
+  value predictions carry no gradient, so the critic hardly moves from its start.
 - ``dynamics/no_trust_region``: a side of the policy's trust region opened (a clip side `WIDE` x the usual
   width or more, or a loss without a clip: bypass mode's ``reinforce``, ``gpg``) while the run takes
   several optimizer steps on one batch and `OUTSIDE_USUAL` or more of the tokens moved past the usual
@@ -21,6 +21,8 @@ alone, and name the key that set the behaviour with the measured effect:
 - ``dynamics/chosen_pushed_down``: a preference loss whose own gradient lowers the chosen answer's
   log-prob (on most pairs, or never raises it), and the chosen log-prob fell below the reference's: the
   loss variant (or its label smoothing / beta) does the opposite of preferring the chosen answers.
+- ``dynamics/null_update``: a learning rate below `LR_LOW` whose steps moved a sample of the weights by
+  `NULL_UPDATE` of their size or less at every step (``<role>/update_rel``, single-process runs).
 
 Each kind is recorded once per run. Thresholds are from the clean controls of the blind benches
 (`benchmarks/blind_faults*`, PPO / GRPO / DPO in fp32, fp16, bf16, bf16-pure) and stated beside each
