@@ -29,6 +29,7 @@ from trainer.common import (
 )
 from trainer.config import TrainConfig
 from trainer.events import Observer
+from trainer.update_stats import dpo_direction, update_size, weight_sample
 
 PAIR_KEYS = (
     "chosen_input_ids",
@@ -105,7 +106,8 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             observer.on_forward(role="reference", name="ref_chosen_logps", output=ref_chosen)
             observer.on_forward(role="reference", name="ref_rejected_logps", output=ref_rejected)
 
-        avg, norms, skips = Averages(), [], []
+        avg, norms, skips, direction = Averages(), [], [], Averages()
+        before = weight_sample(actor, setup.dist.distributed)
         with observer.phase("actor_update"):
             for mini in split_indices(b, mini_size):
                 for micro in split_indices(len(mini), algo.micro_batch_size):
@@ -116,18 +118,15 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                     observer.on_forward(role="actor", name="chosen_logps", output=chosen)
                     observer.on_forward(role="actor", name="rejected_logps", output=rejected)
                     i = idx.to(setup.device)
-                    losses, r_chosen, r_rejected = L.dpo_loss(
-                        chosen,
-                        rejected,
-                        ref_chosen[i],
-                        ref_rejected[i],
-                        algo.beta,
-                        algo.dpo_loss,
-                        chosen_lengths=batch["chosen_response_mask"][idx].sum(-1).to(setup.device),
-                        rejected_lengths=batch["rejected_response_mask"][idx].sum(-1).to(setup.device),
-                        label_smoothing=algo.label_smoothing,
-                        discopop_tau=algo.discopop_tau,
-                    )
+                    args = (ref_chosen[i], ref_rejected[i], algo.beta, algo.dpo_loss)
+                    terms = {
+                        "chosen_lengths": batch["chosen_response_mask"][idx].sum(-1).to(setup.device),
+                        "rejected_lengths": batch["rejected_response_mask"][idx].sum(-1).to(setup.device),
+                        "label_smoothing": algo.label_smoothing,
+                        "discopop_tau": algo.discopop_tau,
+                    }
+                    losses, r_chosen, r_rejected = L.dpo_loss(chosen, rejected, *args, **terms)
+                    direction.add(**dpo_direction(L.dpo_loss, chosen, rejected, *args, **terms))
                     loss = losses.mean()
                     observer.on_loss(role="actor", loss=loss, terms={"dpo_loss": loss})
                     backward(loss, "actor", actor, scaler, observer, accum=len(mini) / n)
@@ -153,6 +152,8 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             **{f"rewards/{k}": means[k] for k in ("chosen", "rejected", "margins", "accuracies")},
             "logps/chosen": means["logps_chosen"],
             "logps/rejected": means["logps_rejected"],
+            **direction.means(),
+            **{f"actor/{k}": v for k, v in update_size(before).items()},
         }
         log.end(step, metrics)
     return log.history

@@ -36,6 +36,7 @@ from trainer.rl_steps import (
     shaped_rewards,
     update_actor,
 )
+from trainer.update_stats import update_size, weight_sample
 
 
 def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
@@ -107,9 +108,11 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)
+            before = weight_sample(setup.models["actor"], setup.dist.distributed)
             metrics.update(
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
+            metrics.update({f"actor/{k}": v for k, v in update_size(before).items()})
 
         metrics.update(_batch_metrics(scores, token_rewards, mask, advantages, returns, baselines))
         for key, values in zip(algo.gdpo_reward_keys or (), components if components is not None else ()):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.registry import Registry
+from trainer.update_stats import ratio_metrics
 
 KL_ESTIMATOR: Registry = Registry("kl estimator")
 """verl's ``kl_penalty`` / ``kl_loss_type`` names -> per-token estimate from d = logp - ref."""
@@ -354,6 +355,7 @@ def ppo_policy_loss(
         masked_mean((loss2 > loss1).float(), mask).detach(),
         masked_mean(-log_ratio, mask).detach(),
         masked_mean(((clipped > loss3) & (adv < 0)).float(), mask).detach(),
+        ratio_metrics(log_ratio, adv, mask, loss2 > loss1),
     )
 
 
@@ -387,7 +389,8 @@ def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, p=PolicyLossParams
     """verl's ``gpg``: plain policy gradient -logp * A (no ratio, no clipping); metrics are 0 as in verl."""
     losses = -_up(logprobs) * _up(advantages)
     loss = agg_loss(losses, mask, p.loss_agg_mode, norm)
-    return PolicyLoss(loss, _zero(loss), _zero(loss), _zero(loss))
+    seen = ratio_metrics((_up(logprobs) - _up(old_logprobs)).clamp(-20.0, 20.0), _up(advantages), mask)
+    return PolicyLoss(loss, _zero(loss), _zero(loss), _zero(loss), seen)
 
 
 @POLICY_LOSS.register("cispo", reads=("clip",))
@@ -607,10 +610,12 @@ def bypass_policy_loss(
             raw_seq_fractions=b.raw_seq_fractions,
         )
     if b.loss_type == "ppo_clip":
-        return dataclasses.replace(ppo_policy_loss(lp, old, adv, c.mask, p, norm), metrics=c.metrics)
+        pg = ppo_policy_loss(lp, old, adv, c.mask, p, norm)
+        return dataclasses.replace(pg, metrics={**pg.metrics, **c.metrics})
     w = 1.0 if c.weights is None else c.weights
     loss = agg_loss(-adv * lp * w, c.mask, p.loss_agg_mode, norm)
-    return PolicyLoss(loss, _zero(loss), masked_mean(old - lp, c.mask).detach(), _zero(loss), c.metrics)
+    seen = {**ratio_metrics((lp - old).clamp(-20.0, 20.0), adv, c.mask), **c.metrics}
+    return PolicyLoss(loss, _zero(loss), masked_mean(old - lp, c.mask).detach(), _zero(loss), seen)
 
 
 def policy_loss(

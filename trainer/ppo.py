@@ -48,6 +48,7 @@ from trainer.rl_steps import (
     update_actor,
     update_metrics,
 )
+from trainer.update_stats import update_size, weight_sample
 
 
 def critic_values(critic, input_ids, attention_mask, response_length: int, left_padded=None) -> torch.Tensor:
@@ -150,11 +151,15 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             )
             kl_ref = ref_logprobs if algo.use_kl_loss else None
             weighted = weighted_advantages(advantages, is_weights)
+            before = weight_sample(actor, setup.dist.distributed)
             metrics.update(
                 update_actor(setup, observer, train, old_logprobs, weighted, kl_ref_logprobs=kl_ref)
             )
+            metrics.update({f"actor/{k}": v for k, v in update_size(before).items()})
         with observer.phase("critic_update"):
+            before = weight_sample(critic, setup.dist.distributed)
             metrics.update(update_critic(setup, observer, train, values, returns))
+            metrics.update({f"critic/{k}": v for k, v in update_size(before).items()})
 
         metrics.update(
             {

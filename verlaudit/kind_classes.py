@@ -140,6 +140,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",
         "reward_unscored": "a reward function that does not score the reference answer above a wrong one",
         "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
+        # dyn12: a legal key whose effect on the update is total, null or backwards (`verlaudit.audit.update_effect`)
+        "grad_clip": "a max_grad_norm so far below the gradient norm that the clip, not the loss, sets every update",
+        "value_clip": "a value clip range so narrow for the returns that the clip removes the critic's update",
+        "trust_region": "a clip side opened (or a loss without a clip) while several updates move the policy past it",
+        "preference_direction": "a preference loss whose own gradient lowers the chosen answers it should prefer",
+        "update_null": "a learning rate so small that the optimizer steps leave the weights where they were",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -382,6 +382,32 @@ REJECTION_SATURATED = _f(
     "rollout rejection (rollout_rs) masks most tokens out of the policy gradient",
 )
 WEIGHT_OUTLIER = _f("numerics/weight_outlier", "weights_outlier", "a parameter far out of its siblings' RMS")
+# dyn12: what a legal key did to the update, measured (`verlaudit.audit.update_effect`)
+GRAD_CLIP_TOTAL = _f(
+    "dynamics/grad_clip_total",
+    "grad_clip",
+    "max_grad_norm a small fraction of the pre-clip gradient norm at every step: the clip sets the update",
+)
+VALUE_CLIP_TOTAL = _f(
+    "dynamics/value_clip_total",
+    "value_clip",
+    "a value clip range narrow for the returns that clips most value predictions: no critic gradient",
+)
+NO_TRUST_REGION = _f(
+    "dynamics/no_trust_region",
+    "trust_region",
+    "a clip side opened (or no clip) while tokens move past the usual bound, unclipped",
+)
+NULL_UPDATE = _f(
+    "dynamics/null_update",
+    "update_null",
+    "a learning rate so small that the optimizer steps leave the weights where they were",
+)
+CHOSEN_PUSHED_DOWN = _f(
+    "dynamics/chosen_pushed_down",
+    "preference_direction",
+    "a preference loss whose gradient lowers the chosen answers' log-prob: they fell below the reference",
+)
 
 # ---------------------------------------------------------------- where precision is lost (audit level full)
 FP16_UNDERFLOW = _f(

@@ -35,6 +35,11 @@ and the suite key (and verl's) that set it:
   opposite, a temperature of `HIGH_TEMPERATURE` or more whose sampled tokens' mean -log p reaches
   `NOISE_SHARE` of log(vocab): the responses are near-uniform noise.
 
+Beside these, `verlaudit.audit.update_effect` (called from `DynamicsWatch.step_end`) reads what a legal key did
+to the update from the trainer's measurements of it: a gradient clip that sets every update, a value clip
+that removes the critic's, a policy update with no trust region on a side, a preference loss that lowers
+the chosen answers.
+
 Thresholds come from healthy tiny runs (the clean controls of ``benchmarks/blind_faults``: on-policy,
 clip fraction 0; the shipped ``suites/tiny_cpu.yaml``, 4 optimizer steps a batch at lr 2e-3 for 40 steps:
 clip fraction at most 0.30, KL penalty at most 1.3x the score's std after the std fell to 0.02) and are
@@ -55,6 +60,7 @@ from trainer.advantages import ADV_ESTIMATOR
 from trainer.recipes import RECIPE
 from verlaudit import kinds as K
 from verlaudit import verl_keys as V
+from verlaudit.audit.update_effect import UpdateEffect
 from verlaudit.rundir import Finding
 
 TOKEN_CLIP_MODES = ("vanilla", "clip_cov", "kl_cov")
@@ -168,6 +174,8 @@ class DynamicsWatch:
         self.estimator = estimator(a)
         self.reported: set[str] = set(reported or ())
         """Kinds already recorded (at setup, `verlaudit.audit.config_checks`, or by an earlier step)."""
+        self.effect = UpdateEffect(self.algo, self.correction)
+        """The measured effect of the clip, trust-region and preference keys (`verlaudit.audit.update_effect`)."""
 
     # -- derived settings ---------------------------------------------------------------------
     def rows(self) -> int | None:
@@ -209,6 +217,8 @@ class DynamicsWatch:
                 self.reported.add(found.kind)
                 self.reported.add(kind)
                 out.append(found)
+        # dyn12: what a legal key did to the update (the clips' share, the trust region, the direction)
+        out.extend(self.effect.step_end(metrics, step=step, reported=self.reported))
         return out
 
     def _clip(self, m: Mapping[str, Any], step: int | None) -> Finding | None:

@@ -495,6 +495,18 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
+# dyn12: a legal key whose measured effect on the update is total, null or backwards is a suite key's
+# doing: it explains the outcome's symptoms on the channel it acts on (`verlaudit.audit.update_effect`)
+TIER_CHANNELS.update(
+    {
+        "grad_clip": ("config", frozenset({UPDATE, GRADIENT_SCALE})),
+        "value_clip": ("config", frozenset({UPDATE, REWARD_SIGNAL})),
+        "trust_region": ("config", frozenset({UPDATE, REWARD_SIGNAL})),
+        "preference_direction": ("config", frozenset({UPDATE})),
+        "update_null": ("config", frozenset({UPDATE})),
+    }
+)
+
 
 def by_tier(root: str, symptom: str) -> Rule | None:
     """The general rule: ``root`` of an earlier tier than the ``symptom`` (a symptom-tier class) that
