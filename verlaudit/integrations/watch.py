@@ -45,6 +45,7 @@ from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
 from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
+from verlaudit.integrations.loop_roles import RoleAudit
 from verlaudit.integrations.loop_tokens import TokenAudit
 from verlaudit.integrations.loop_update import UpdateAudit
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
@@ -139,6 +140,8 @@ class Watch:
         """Whether each step is the update of the loss (`loop_update`)."""
         self._tokens: dict[str, TokenAudit] = {}
         """role -> which tokens its loss reads, at which positions (`loop_tokens`)."""
+        self._roles: RoleAudit | None = None
+        """The objects' relations across steps: sampler versions, optimizer state (`loop_roles`)."""
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -188,6 +191,10 @@ class Watch:
         loop_calls.install(self._protocol)
         self._update = UpdateAudit(self.models, self.optimizers, add=self._add, where=self._where)
         loop_calls.install(self._update)
+        self._roles = RoleAudit(
+            self.models, self.optimizers, add=self._add, where=self._where, loss_line=self._loss_line
+        )
+        loop_calls.install(self._roles)
         for finding in self._protocol.setup():
             self._add(finding)
         for role in self.optimizers:
@@ -211,6 +218,11 @@ class Watch:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self._roles is not None:
+            if exc is not None:
+                self._roles.on_exception(exc)
+            loop_calls.remove(self._roles)
+            self._roles.remove()
         if self._protocol is not None:
             if exc is None:
                 self._add(self._protocol.finish())
@@ -344,6 +356,8 @@ class Watch:
             return
         if self._protocol is not None:
             self._protocol.on_forward(role)
+        if self._roles is not None and role in self.optimizers and not self._probing():
+            self._roles.on_forward_pre(role, args, kwargs, _user_line())
         if probe is not None:
             probe.on_forward(args, kwargs)
 
@@ -358,6 +372,8 @@ class Watch:
         """A trained model's forward: which tokens the loss built on its logits reads (`loop_tokens`)."""
         if role in self._tokens and not self._probing():
             self._tokens[role].on_forward(module, args, kwargs, output, _user_line())
+            if self._roles is not None and torch.is_grad_enabled():
+                self._roles.on_forward(role, args, kwargs, loop_checks.output_tensor(output), _user_line())
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
