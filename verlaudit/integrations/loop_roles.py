@@ -132,6 +132,10 @@ class RoleAudit:
         # temperatures: row hash -> (temperature, generate line)
         self._sampled: dict[int, tuple[float, str | None]] = {}
         self._checked_t: dict[str, int] = {}
+        self.rl = False
+        """Whether the loop is an RL loop (it passed rewards, or sampled with ``generate``)."""
+        self._logits: dict[str, tuple[torch.Tensor, str | None]] = {}
+        self._coupling_checks: dict[str, int] = {}
         self._handle = register_optimizer_step_post_hook(self._after_any_step)
 
     def remove(self) -> None:
@@ -245,6 +249,7 @@ class RoleAudit:
     ) -> None:
         if inference:
             self.inference_line = line
+        self.rl = True
         role = next((r for r, m in self.trained.items() if m is module), None)
         if role is None and isinstance(module, torch.nn.Module):
             sig = _signature(module)
@@ -342,8 +347,43 @@ class RoleAudit:
     def on_forward(
         self, role: str, args: Any, kwargs: Mapping[str, Any], logits: Any, line: str | None
     ) -> None:
-        """A trained model's forward with gradients: over sequences a ``generate`` sampled, hook the
-        gradient of its logits to read the temperature the loss takes them at."""
+        """A trained model's forward with gradients: its logits wait for the next backward (`on_backward`);
+        over sequences a ``generate`` sampled, hook the gradient of its logits to read the temperature the
+        loss takes them at."""
+        if (
+            self.rl
+            and self._coupling_checks.get(role, 0) < COUPLING_CHECKS
+            and isinstance(logits, torch.Tensor)
+            and logits.dim() == 3
+            and logits.shape[0] >= 2
+            and logits.requires_grad
+            and logits.numel() <= COUPLING_MAX
+        ):
+            self._logits[role] = (logits, line)
+        self._temperature_hook(role, args, kwargs, logits, line)
+
+    def on_backward(self, loss: Any, line: str | None) -> None:
+        """The user's ``backward()``: before it runs, whether each row's terms of the loss depend on the
+        other rows' logits (a second derivative across rows, on the logits of the last forward only)."""
+        for role in list(self._logits):
+            logits, fwd_line = self._logits.pop(role)
+            if (role, K.LOOP_CONSTANT_WITH_GRAD) in self.reported:
+                continue
+            try:
+                self._coupling_checks[role] = self._coupling_checks.get(role, 0) + 1
+                found = row_coupling(loss, logits)
+            except Exception:  # noqa: BLE001 -- a check must never break the user's backward
+                continue
+            if found is not None:
+                self._report(
+                    role,
+                    K.LOOP_CONSTANT_WITH_GRAD,
+                    _coupling_finding(role, found, line, fwd_line, self.where()),
+                )
+
+    def _temperature_hook(
+        self, role: str, args: Any, kwargs: Mapping[str, Any], logits: Any, line: str | None
+    ) -> None:
         if (
             not self._sampled
             or self._checked_t.get(role, 0) >= 4
@@ -419,6 +459,50 @@ def loss_temperature(z: torch.Tensor, g: torch.Tensor, ids: torch.Tensor, top: i
     if len(slopes) < max(2, len(pos) // 2):
         return None
     return 1.0 / float(torch.tensor(slopes).median())
+
+
+COUPLING_CHECKS = 2
+"""Backward passes per trained role whose loss is checked for rows coupled through it."""
+COUPLING_MAX = 1 << 24
+"""Largest logits (elements) the check differentiates twice (its cost is a second backward over the logits)."""
+COUPLED = 1e-4
+"""A row's second derivative w.r.t. another row's logits, relative to its own, that is a dependence (0 exactly
+when the rows' terms are separate; float noise is far below)."""
+
+
+def row_coupling(loss: torch.Tensor, logits: torch.Tensor) -> dict[str, Any] | None:
+    """Whether the loss's gradient at some row depends on another row's logits: ``d2 loss / dz_b dz_0`` for
+    a direction on row 0's read positions, compared at the other rows with row 0's own. A sum of per-row
+    terms whose weights (advantages, rewards, old log-probs) are constants gives exactly 0 there."""
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad or loss.numel() != 1:
+        return None
+    (g,) = torch.autograd.grad(loss, logits, retain_graph=True, create_graph=True, allow_unused=True)
+    if g is None or not g.requires_grad:
+        return None
+    read = g.detach().abs().amax(-1) > 0
+    rows = read.any(-1).nonzero().flatten()
+    if rows.numel() < 2:
+        return None
+    a = int(rows[0])
+    v = torch.zeros_like(logits)
+    gen = torch.Generator().manual_seed(7)
+    v[a] = torch.randn(v[a].shape, generator=gen).to(v) * read[a, :, None]
+    (hv,) = torch.autograd.grad((g * v).sum(), logits, retain_graph=True, allow_unused=True)
+    if hv is None:
+        return None
+    hv = hv.detach().float()
+    own = float(hv[a].abs().max())
+    others = hv.abs().amax((1, 2))
+    others[a] = 0
+    cross = float(others.max())
+    if not (cross > 0 and cross > COUPLED * max(own, 1e-30)):
+        return None
+    return {
+        "row": a,
+        "rows_coupled": int((others > COUPLED * max(own, 1e-30)).sum()),
+        "rows": int(rows.numel()),
+        "cross_to_own": cross / max(own, 1e-30),
+    }
 
 
 _REBUILT_KIND = {"scheduler": K.LOOP_SCHEDULER_RECREATED, "scaler": K.LOOP_SCALER_RECREATED}
@@ -525,6 +609,28 @@ def _stale_finding(
         expected=f"the sampler's weights equal the {role}'s at each rollout (or lag a constant, declared number of steps)",
         fix=f"at {_at(line)}: sample with the policy itself, or sync the copy before each rollout "
         f"(sampler.load_state_dict(policy.state_dict())) so it is the same model as the one trained",
+        **where,
+    )
+
+
+def _coupling_finding(
+    role: str, found: dict, loss_line: str | None, fwd_line: str | None, where: dict
+) -> Finding:
+    return Finding(
+        severity="error",
+        kind=K.LOOP_CONSTANT_WITH_GRAD,
+        message=f"the loss at {_at(loss_line)} differentiates through its advantages: the gradient of its terms "
+        f"for row {found['row'] + 1} changes with the logits of {found['rows_coupled']} other row(s) of the forward "
+        f"at {_at(fwd_line)} (a second derivative across rows {found['cross_to_own']:.1e} of the row's own, where a "
+        "policy-gradient loss, a sum of per-row terms weighted by constants, has exactly 0): a reward, advantage, "
+        "baseline or KL penalty computed from the policy's log-probs carries their graph (not detached), so the "
+        "update follows the gradient of the advantage too instead of the policy gradient",
+        role=role,
+        where=f"advantage / reward of the loss at {_at(loss_line)} (not detached)",
+        observed=dict(found),
+        expected="advantages, rewards, KL penalties and old log-probs that are constants of the loss (no graph)",
+        fix=f"at {_at(loss_line)}: detach what weights the log-probs -- compute the shaped reward / KL penalty / "
+        "advantage from logp.detach() (or under torch.no_grad()), e.g. adv = adv.detach()",
         **where,
     )
 

@@ -491,6 +491,8 @@ class Watch:
         )
         if "actor" in self._probes:
             self._probes["actor"].on_rewards(rewards)
+        if self._roles is not None:
+            self._roles.rl = True
         return rewards
 
     def reward_fn(self, fn: Callable[..., Any], *, source: str | None = None) -> Callable[..., Any]:
