@@ -126,6 +126,8 @@ class RoleAudit:
         self._built: dict[str, list[tuple[str, int, str | None]]] = {"scheduler": [], "scaler": []}
         """what -> (role, steps of the role when it was built, line), for LR schedulers and GradScalers."""
         self.inference_line: str | None = None
+        self._inference_seen: tuple[str, list[str], str | None, dict] | None = None
+        """(role, names, line, where) of the first forward with gradients that received inference tensors."""
         # versions: role -> [(version, fingerprint)], id(copy) -> state
         self._history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}
         self._copies: dict[int, dict[str, Any]] = {}
@@ -274,74 +276,94 @@ class RoleAudit:
             self._sampled[h] = (float(temp), line)
 
     def _copy_check(self, role: str, copy: torch.nn.Module, line: str | None) -> None:
+        """A generate on a copy of ``role``'s model: which of its tensors lag the policy now (decided at
+        `finish`: a copy synced every few steps changes before the run ends, a stale one never does)."""
         hist = self._history.setdefault(role, [])
         if not hist:
             hist.append((self.steps.get(role, 0), fingerprint(self.trained[role])))
         fp = fingerprint(copy)
         dtypes = [p.dtype for p in copy.parameters()]
-        state = self._copies.setdefault(id(copy), {"first": fp, "changed": False, "line": line})
-        if not state["changed"] and any(not torch.equal(a, b) for a, b in zip(fp, state["first"])):
-            state["changed"] = True
+        state = self._copies.setdefault(
+            id(copy),
+            {
+                "first": fp,
+                "changed": [False] * len(fp),
+                "line": line,
+                "role": role,
+                "names": [n for n, _ in copy.named_parameters()],
+                "class": type(copy).__name__,
+            },
+        )
+        for i, (a, b) in enumerate(zip(fp, state["first"])):
+            state["changed"][i] = state["changed"][i] or not torch.equal(a, b)
         now = self.steps.get(role, 0)
-        # per tensor: the newest version of the policy it equals
-        behind = []
+        behind = []  # per tensor: the newest version of the policy it equals, when that is STALE_LAG behind
         for i, (a, dt) in enumerate(zip(fp, dtypes)):
             match = [v for v, h in hist if _same(a, h[i], dt)]
             moved = any(not torch.equal(hist[0][1][i], h[i]) for _, h in hist)
             if moved and (not match or now - max(match) >= STALE_LAG):
                 behind.append((i, max(match) if match else None))
-        if not behind or state["changed"]:
-            return
-        names = [n for n, _ in copy.named_parameters()]
-        of = max((v for _, v in behind if v is not None), default=None)
-        self._report(
-            role,
-            K.LOOP_STALE_SAMPLER,
-            _stale_finding(
-                role, type(copy).__name__, state["line"], line, [names[i] for i, _ in behind], len(names), of, now,
-                self.where(),
-            ),
-        )  # fmt: skip
+        state["behind"], state["now"], state["last"] = behind, now, line
+
+    def finish(self) -> None:
+        """At the watch's exit: a sampling copy with tensors that never changed and lag the policy."""
+        for state in self._copies.values():
+            behind = [(i, v) for i, v in state.get("behind", ()) if not state["changed"][i]]
+            if not behind:
+                continue
+            names = state["names"]
+            of = max((v for _, v in behind if v is not None), default=None)
+            self._report(
+                state["role"],
+                K.LOOP_STALE_SAMPLER,
+                _stale_finding(
+                    state["role"], state["class"], state["line"], state["last"],
+                    [names[i] for i, _ in behind], len(names), of, state["now"], self.where(),
+                ),
+            )  # fmt: skip
+        self._copies.clear()
 
     # -- the forwards of the trained model ----------------------------------------------------------
     def on_forward_pre(self, role: str, args: Any, kwargs: Mapping[str, Any], line: str | None) -> None:
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return
         names = _inference_tensors(args, kwargs)
-        if names:
-            self._report(role, K.LOOP_INFERENCE_TENSOR, self._inference_finding(role, names, line, None))
+        if names and self._inference_seen is None:
+            self._inference_seen = (role, names, line, self.where())
 
     def on_exception(self, exc: BaseException) -> None:
+        """The loop raised: an error about an inference tensor is named at the line that made it (with the
+        inference tensors a forward with gradients received, when one did; one that worked is no fault)."""
         text = str(exc)
         if "nference tensor" not in text:
             return
-        role = next(iter(self.trained), "actor")
-        self._report(
-            role, K.LOOP_INFERENCE_TENSOR, self._inference_finding(role, [], None, text.split("\n")[0])
-        )
+        role, names, line, where = self._inference_seen or (next(iter(self.trained), "actor"), [], None, None)
+        finding = self._inference_finding(role, names, line, text.split("\n")[0], where)
+        self._report(role, K.LOOP_INFERENCE_TENSOR, finding)
 
-    def _inference_finding(self, role: str, names: list[str], line: str | None, error: str | None) -> Finding:
+    def _inference_finding(
+        self, role: str, names: list[str], line: str | None, error: str | None, where: dict | None
+    ) -> Finding:
         origin = self.inference_line
         what = (
             f"{', '.join(names)} passed to the {role}'s forward with gradients at {_at(line)} "
             f"{'is an inference tensor' if len(names) == 1 else 'are inference tensors'}"
             if names
-            else f"the loop raised {error!r}: a tensor it trains on is an inference tensor"
+            else "a tensor the loop trains on is an inference tensor"
         )
         return Finding(
             severity="error",
             kind=K.LOOP_INFERENCE_TENSOR,
             message=f"{what}, made under torch.inference_mode() (entered at {_at(origin)}): autograd cannot save "
             "an inference tensor for backward nor update it in place, so the training forward or its backward "
-            "fails (an exception in the first module that saves it, the embedding) -- the cause is the rollout's "
-            "inference mode, not that module",
+            f"fails ({error}) -- the cause is the rollout's inference mode, not the module or op that raised",
             role=role,
             where=f"torch.inference_mode at {_at(origin)}",
             observed={"inference_tensors": names, "inference_mode_line": origin, "error": error},
             expected="tensors a graph is built on made outside inference mode (under no_grad, or cloned)",
             fix=f"at {_at(origin)}: run the rollout under torch.no_grad() instead of torch.inference_mode(), or "
             "clone its outputs (seq.clone()) outside inference mode before the training forward uses them",
-            **self.where(),
+            **(where if where is not None else self.where()),
         )
 
     def on_forward(

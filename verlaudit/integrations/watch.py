@@ -221,6 +221,7 @@ class Watch:
         if self._roles is not None:
             if exc is not None:
                 self._roles.on_exception(exc)
+            self._roles.finish()
             loop_calls.remove(self._roles)
             self._roles.remove()
         if self._protocol is not None:
