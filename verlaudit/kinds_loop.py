@@ -153,12 +153,12 @@ LOOP_LOGPROBS_MISALIGNED = _f(
 LOOP_STALE_SAMPLER = _f(
     "loop/stale_sampler",
     "weight_sync",
-    "an own loop samples with a copy of the policy whose weights fall further behind the trained ones every step",
+    "an own loop samples with a copy of the policy whose weights never follow the trained ones",
 )
 LOOP_OPTIMIZER_RECREATED = _f(
     "loop/optimizer_recreated",
     "loop_optimizer",
-    "an own loop's optimizer state restarts between steps (a new optimizer per step, state cleared or reloaded)",
+    "an own loop's optimizer state restarts between steps (a new optimizer per step, state cleared)",
 )
 LOOP_SCHEDULER_RECREATED = _f(
     "loop/scheduler_recreated",
@@ -183,5 +183,5 @@ LOOP_INFERENCE_TENSOR = _f(
 LOOP_CONSTANT_WITH_GRAD = _f(
     "loop/constant_with_grad",
     "loop_graph",
-    "an own loop's advantage or reward carries the policy's graph: each row's loss term depends on other rows",
+    "an own loop's advantage or reward carries the policy's graph (rows coupled through the loss)",
 )

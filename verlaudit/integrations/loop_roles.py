@@ -571,26 +571,23 @@ def _rebuilt_finding(
     what: str, role: str, n: int, first: str | None, line: str | None, where: dict
 ) -> Finding:
     if what == "scheduler":
-        kind, effect = (
-            K.LOOP_SCHEDULER_RECREATED,
-            (
-                "each new scheduler starts its schedule again (its step count at 0, the learning rate at the "
-                "schedule's first value): the warmup or decay never progresses"
-            ),
+        effect = (
+            "each new scheduler starts its schedule again (its step count at 0, the learning rate at the "
+            "schedule's first value): the warmup or decay never progresses"
         )
-        fix = f"at {_at(line)}: build the LR scheduler once, after the optimizer and before the loop, and call its step() once per optimizer step"
+        fix = (
+            f"at {_at(line)}: build the LR scheduler once, after the optimizer and before the loop, and call "
+            "its step() once per optimizer step"
+        )
     else:
-        kind, effect = (
-            K.LOOP_SCALER_RECREATED,
-            (
-                "each new GradScaler starts again at its initial scale with no growth or backoff history: the loss "
-                "scale never adapts, and a first step that overflows at the initial scale is skipped every time"
-            ),
+        effect = (
+            "each new GradScaler starts again at its initial scale with no growth or backoff history: the loss "
+            "scale never adapts, and a first step that overflows at the initial scale is skipped every time"
         )
         fix = f"at {_at(line)}: build the GradScaler once, before the loop, and reuse it (scale, step, update) every step"
     return Finding(
         severity="error",
-        kind=kind,
+        kind=K.LOOP_SCHEDULER_RECREATED if what == "scheduler" else K.LOOP_SCALER_RECREATED,
         message=f"the {role}'s {'LR scheduler' if what == 'scheduler' else 'GradScaler'} is built again between "
         f"optimizer steps ({n} built, at {_at(line)}; the first at {_at(first)}): {effect}",
         role=role,
