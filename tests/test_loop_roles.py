@@ -337,3 +337,71 @@ def test_an_autograd_grad_of_the_loop_is_not_gradients_left_uncleared(tmp_path):
 
     path = rl_loop(tmp_path / "run", loss_fn=with_own_grad, steps=3)
     assert kinds(path) == []
+
+
+# ---------------------------------------------------------------- versions of another structure: a base model under an adapter
+
+
+class Adapted(torch.nn.Module):
+    """A frozen base LM with a trained low-rank adapter on its logits (starts at zero, as LoRA does)."""
+
+    def __init__(self, base, rank=4):
+        super().__init__()
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        h = base.config.hidden_size
+        self.down, self.up = torch.nn.Linear(h, rank, bias=False), torch.nn.Linear(rank, VOCAB, bias=False)
+        torch.nn.init.zeros_(self.up.weight)
+
+    def forward(self, input_ids, attention_mask=None):
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return transformers.modeling_outputs.CausalLMOutput(
+            logits=out.logits + self.up(self.down(out.hidden_states[-1]))
+        )
+
+
+def adapter_loop(path, *, lr=5e-2, steps=5):
+    base = llama()
+    policy = Adapted(base)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    with verlaudit.watch(policy, opt, out_dir=path, precision="fp32") as w:
+        for step in range(steps):
+            seq = sample(base, prompts(step), step)  # the sampler runs the base weights, not the adapter
+            r = w.reward(rewards_of(seq))
+            with w.phase("actor_update"):
+                loss = -((r - r.mean())[:, None] * logp_of(policy, seq)).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    return path
+
+
+def test_a_sampler_running_the_base_weights_of_a_trained_adapter_is_stale(tmp_path):
+    (f,) = found(adapter_loop(tmp_path / "run"), "loop/stale_sampler")
+    drift = f.observed["logprob_drift"]
+    assert drift[0][1] < 1e-4 < drift[-1][1] and "test_loop_roles.py" in f.where and "sync" in f.fix
+
+
+def test_a_base_sampler_whose_adapter_does_not_move_is_clean(tmp_path):
+    assert "loop/stale_sampler" not in kinds(adapter_loop(tmp_path / "run", lr=0.0))
+
+
+def test_a_grad_scaler_built_and_used_per_step_is_named_above_the_missing_scaler(tmp_path):
+    model = llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with verlaudit.watch(model, opt, out_dir=tmp_path / "run", precision="fp16") as w:
+        for step in range(3):
+            seq = sample(model, prompts(step), step)
+            r = w.reward(rewards_of(seq))
+            with w.phase("actor_update"), torch.autocast("cpu", dtype=torch.float16):
+                loss = -((r - r.mean())[:, None] * logp_of(model, seq)).mean()
+            scaler = torch.amp.GradScaler("cpu")  # built inside the step: its scale restarts each step
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_path
+
+    (d,) = diagnose_path(tmp_path / "run")
+    assert d.causes[0].kind == "finding:loop/scaler_recreated", [c.title for c in d.causes]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from verlaudit import kinds as K
+from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.integrations.loop_tokens import _hash_rows
 from verlaudit.rundir import Finding
 
@@ -131,6 +133,10 @@ class RoleAudit:
         # versions: role -> [(version, fingerprint)], id(copy) -> state
         self._history: dict[str, list[tuple[int, list[torch.Tensor]]]] = {}
         self._copies: dict[int, dict[str, Any]] = {}
+        self._foreign: dict[int, dict[str, Any]] = {}
+        """id(model) -> a sampler of another structure than the trained model: its own fingerprint, and the
+        mean |log-prob difference| from the trained model on the tokens it sampled, per policy version."""
+        self._sampled_by: dict[int, int] = {}
         # temperatures: row hash -> (temperature, generate line)
         self._sampled: dict[int, tuple[float, str | None]] = {}
         self._checked_t: dict[str, int] = {}
@@ -258,9 +264,14 @@ class RoleAudit:
             role = next((r for r, s in self._sig.items() if s == sig and s), None)
             if role is not None:
                 self._copy_check(role, module, line)
+        seq = _first_tensor(out)
+        if role is None and isinstance(module, torch.nn.Module) and self.trained:
+            if any(module is m for m in self.models.values()):
+                return
+            role = next(iter(self.trained))
+            self._foreign_generate(module, seq, line)
         if role is None:
             return
-        seq = _first_tensor(out)
         sample = kwargs.get("do_sample")
         config = kwargs.get("generation_config") or getattr(module, "generation_config", None)
         if sample is None:
@@ -305,8 +316,57 @@ class RoleAudit:
                 behind.append((i, max(match) if match else None))
         state["behind"], state["now"], state["last"] = behind, now, line
 
+    def _foreign_generate(self, module: torch.nn.Module, seq: Any, line: str | None) -> None:
+        """A generate on a model that is not the trained one and has not its parameters (a base model under
+        an adapter, another wrapper): whether it follows the policy is measured on its outputs (`on_forward`)."""
+        fp = fingerprint(module)
+        st = self._foreign.get(id(module))
+        if st is None or st["ref"]() is not module:
+            st = self._foreign[id(module)] = {
+                "ref": weakref.ref(module), "line": line, "first": fp, "changed": False, "d": [],
+                "class": type(module).__name__,
+            }  # fmt: skip
+        st["changed"] = st["changed"] or any(not torch.equal(a, b) for a, b in zip(fp, st["first"]))
+        if isinstance(seq, torch.Tensor) and seq.dim() == 2:
+            if len(self._sampled_by) > 4096:
+                self._sampled_by.clear()
+            for h in _hash_rows(seq.detach()):
+                self._sampled_by[h] = id(module)
+
+    def _foreign_compare(
+        self, role: str, kwargs: Mapping[str, Any], ids: torch.Tensor, logits: torch.Tensor
+    ) -> None:
+        """The trained model's forward over sequences another model sampled: the log-probs both give the
+        sampled tokens, once per step (an extra no-grad forward of the sampler)."""
+        owners = {self._sampled_by.get(h) for h in _hash_rows(ids.detach())}
+        if len(owners) != 1 or None in owners:
+            return
+        st = self._foreign.get(owners.pop())
+        model = st["ref"]() if st is not None else None
+        now = self.steps.get(role, 0)
+        if model is None or len(st["d"]) >= 6 or (st["d"] and st["d"][-1][0] == now):
+            return
+        mask = kwargs.get("attention_mask")
+        with torch.no_grad():
+            other = output_tensor(
+                model(input_ids=ids, attention_mask=mask) if mask is not None else model(ids)
+            )
+            if other is None or tuple(other.shape) != tuple(logits.shape):
+                return
+            tgt = ids[:, 1:, None]
+            mine = logits.detach()[:, :-1].float().log_softmax(-1).gather(-1, tgt)
+            theirs = other[:, :-1].float().log_softmax(-1).gather(-1, tgt.to(other.device)).to(mine.device)
+            st["d"].append((now, float((mine - theirs).abs().mean())))
+
     def finish(self) -> None:
         """At the watch's exit: a sampling copy with tensors that never changed and lag the policy."""
+        for st in self._foreign.values():
+            d = st["d"]
+            if st["changed"] or len(d) < 3 or d[-1][0] - d[0][0] < STALE_LAG:
+                continue
+            if d[-1][1] > max(4 * d[0][1], 1e-3) and d[-1][1] >= max(x for _, x in d):
+                role = next(iter(self.trained))
+                self._report(role, K.LOOP_STALE_SAMPLER, _drift_finding(role, st, self.where()))
         for state in self._copies.values():
             behind = [(i, v) for i, v in state.get("behind", ()) if not state["changed"][i]]
             if not behind:
@@ -383,6 +443,17 @@ class RoleAudit:
         ):
             self._logits[role] = (logits, line)
         self._temperature_hook(role, args, kwargs, logits, line)
+        if self._foreign and isinstance(logits, torch.Tensor) and logits.dim() == 3:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if (
+                isinstance(ids, torch.Tensor)
+                and ids.dim() == 2
+                and tuple(ids.shape) == tuple(logits.shape[:2])
+            ):
+                try:
+                    self._foreign_compare(role, kwargs, ids, logits)
+                except Exception:  # noqa: BLE001 -- a check must never break the user's forward
+                    pass
 
     def on_backward(self, loss: Any, line: str | None) -> None:
         """The user's ``backward()``: before it runs, whether each row's terms of the loss depend on the
@@ -650,6 +721,26 @@ def _coupling_finding(
         expected="advantages, rewards, KL penalties and old log-probs that are constants of the loss (no graph)",
         fix=f"at {_at(loss_line)}: detach what weights the log-probs -- compute the shaped reward / KL penalty / "
         "advantage from logp.detach() (or under torch.no_grad()), e.g. adv = adv.detach()",
+        **where,
+    )
+
+
+def _drift_finding(role: str, st: dict, where: dict) -> Finding:
+    (v0, d0), (v1, d1) = st["d"][0], st["d"][-1]
+    return Finding(
+        severity="error",
+        kind=K.LOOP_STALE_SAMPLER,
+        message=f"the rollout samples with a model that does not follow the {role}: the {st['class']} whose "
+        f"generate runs at {_at(st['line'])} never changes its weights, while its log-probs of the tokens it "
+        f"sampled drift from the {role}'s (mean |difference| {d0:.2g} at the {role}'s version {v0}, {d1:.2g} at "
+        f"version {v1}): the {role} trains on responses of a model it is no longer (a base model without the "
+        "trained adapters, or a copy never synced), more off-policy every step",
+        role=role,
+        where=f"rollout sampler at {_at(st['line'])}",
+        observed={"logprob_drift": [[v, round(x, 6)] for v, x in st["d"]], "sampler": st["class"]},
+        expected=f"the sampler computes what the {role} computes at each rollout (its log-probs agree)",
+        fix=f"at {_at(st['line'])}: sample with the trained model itself (adapters enabled / merged), or sync "
+        "the sampler from it before each rollout (load_state_dict of the merged weights)",
         **where,
     )
 
