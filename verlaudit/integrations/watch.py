@@ -22,8 +22,11 @@ from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` w
 its protocol (the GradScaler's order, the scheduler's and zero_grad's cadence, a loss without a graph,
 low-precision log-probs) by `verlaudit.integrations.loop_protocol` over the taps of `loop_calls`, and
 whether each update moves the policy toward the advantage by `verlaudit.integrations.loop_direction`.
+The relations of the loop's objects across steps (a stale sampling copy, optimizer state that restarts, the
+sampler's temperature in the loss, advantages with a graph, inference-mode tensors) are `loop_roles`'.
 Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py`.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py
+tests/test_loop_roles.py`.
 """
 
 from __future__ import annotations
