@@ -40,6 +40,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from verlaudit import kinds as K
+from verlaudit.integrations import loop_calls
 from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.integrations.loop_tokens import _hash_rows
 from verlaudit.rundir import Finding
@@ -499,6 +500,8 @@ class RoleAudit:
         z = logits.detach()
 
         def hook(g: torch.Tensor) -> None:
+            if loop_calls.GRAD_DEPTH[0]:
+                return  # a torch.autograd.grad, not the loss's backward
             try:
                 with torch.no_grad():
                     est = loss_temperature(z, g.detach(), ids)
