@@ -23,34 +23,27 @@ from types import MappingProxyType
 
 from verlaudit.kind_classes import CLASSES, ROOT_CLASSES, SYMPTOM_CLASSES  # noqa: F401  (re-exported: the classes live beside)
 from verlaudit.kind_registry import _CAUSES, _FINDINGS, Kind, _c, _f  # noqa: F401  (Kind is re-exported)
-from verlaudit.kinds_loop import (  # noqa: F401  (re-exported: the own loop's kinds live beside)  # noqa: F401  (loop12: the roles of an own loop across steps)
+from verlaudit.kinds_loop import (  # noqa: F401  (re-exported: the own loop's kinds live beside)
     LOOP_AUTOCAST_INACTIVE,
     LOOP_CLIP_BEFORE_BACKWARD,
     LOOP_CLIP_SCALED,
     LOOP_COMPUTE_BELOW_CONTRACT,
-    LOOP_CONSTANT_WITH_GRAD,
     LOOP_FP16_NO_SCALER,
     LOOP_GRADS_AFTER_STEP,
     LOOP_GRADS_NOT_CLEARED,
-    LOOP_INFERENCE_TENSOR,
     LOOP_LOGPROBS_LOW_PRECISION,
     LOOP_LOGPROBS_MISALIGNED,
     LOOP_LOSS_NO_GRAPH,
     LOOP_LOSS_OUTSIDE_RESPONSE,
     LOOP_LOSS_SKIPS_FIRST_TOKEN,
     LOOP_OPTIMIZER_PARAMS,
-    LOOP_OPTIMIZER_RECREATED,
     LOOP_OPTIMIZER_STALE_PARAMS,
     LOOP_PARAMS_OUTSIDE_OPTIMIZER,
     LOOP_SCALER_BYPASSED,
     LOOP_SCALER_NOT_UPDATED,
-    LOOP_SCALER_RECREATED,
     LOOP_SCHEDULER_CADENCE,
-    LOOP_SCHEDULER_RECREATED,
-    LOOP_STALE_SAMPLER,
     LOOP_STEP_REPEATED,
     LOOP_STEP_WITHOUT_GRADS,
-    LOOP_TEMPERATURE_MISMATCH,
     LOOP_UNSCALE_TWICE,
     LOOP_UNSCALED_BACKWARD,
     LOOP_UPDATE_AGAINST_ADVANTAGE,
@@ -740,3 +733,18 @@ def cause_class(kind: str) -> str:
         return class_of(kind.removeprefix(FINDING_PREFIX))
     k = CAUSES.get(kind)
     return k.cls if k is not None else "other"
+
+
+# ---------------------------------------------------------------- loop12: the roles of an own loop across steps
+# (registered in `verlaudit.kinds_loop`, re-exported here)
+from verlaudit import kinds_loop as _kinds_loop  # noqa: E402
+
+LOOP_STALE_SAMPLER = _kinds_loop.LOOP_STALE_SAMPLER
+LOOP_OPTIMIZER_RECREATED = _kinds_loop.LOOP_OPTIMIZER_RECREATED
+LOOP_SCHEDULER_RECREATED = _kinds_loop.LOOP_SCHEDULER_RECREATED
+LOOP_SCALER_RECREATED = _kinds_loop.LOOP_SCALER_RECREATED
+LOOP_TEMPERATURE_MISMATCH = _kinds_loop.LOOP_TEMPERATURE_MISMATCH
+LOOP_INFERENCE_TENSOR = _kinds_loop.LOOP_INFERENCE_TENSOR
+LOOP_CONSTANT_WITH_GRAD = _kinds_loop.LOOP_CONSTANT_WITH_GRAD
+LOOP_REFERENCE_SHARED = _kinds_loop.LOOP_REFERENCE_SHARED
+LOOP_REFERENCE_MOVED = _kinds_loop.LOOP_REFERENCE_MOVED

@@ -185,3 +185,13 @@ LOOP_CONSTANT_WITH_GRAD = _f(
     "loop_graph",
     "an own loop's advantage or reward carries the policy's graph (rows coupled through the loss)",
 )
+LOOP_REFERENCE_SHARED = _f(
+    "loop/reference_shared",
+    "setup_shared",
+    "a model of the policy's class in an own loop that shares the policy's parameter tensors (a shallow copy)",
+)
+LOOP_REFERENCE_MOVED = _f(
+    "loop/reference_moved",
+    "reference",
+    "an own loop's declared reference whose weights changed during the loop (trained or re-copied)",
+)

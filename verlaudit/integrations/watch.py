@@ -48,6 +48,7 @@ from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
 from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
+from verlaudit.integrations.loop_reference import ReferenceAudit
 from verlaudit.integrations.loop_roles import RoleAudit
 from verlaudit.integrations.loop_tokens import TokenAudit
 from verlaudit.integrations.loop_update import UpdateAudit
@@ -144,6 +145,8 @@ class Watch:
         self._tokens: dict[str, TokenAudit] = {}
         """role -> which tokens its loss reads, at which positions (`loop_tokens`)."""
         self._roles: RoleAudit | None = None
+        self._reference: ReferenceAudit | None = None
+        """The reference stays frozen and apart from the policy (`loop_reference`)."""
         """The objects' relations across steps: sampler versions, optimizer state (`loop_roles`)."""
 
     # -- context manager ---------------------------------------------------------------------------
@@ -198,6 +201,7 @@ class Watch:
             self.models, self.optimizers, add=self._add, where=self._where, loss_line=self._loss_line
         )
         loop_calls.install(self._roles)
+        self._reference = ReferenceAudit(self.models, self.optimizers, add=self._add, where=self._where)
         for finding in self._protocol.setup():
             self._add(finding)
         for role in self.optimizers:
@@ -225,6 +229,9 @@ class Watch:
             if exc is not None:
                 self._roles.on_exception(exc)
             self._roles.finish()
+        if self._reference is not None:
+            self._reference.remove()
+            self._reference.finish()
             loop_calls.remove(self._roles)
             self._roles.remove()
         if self._protocol is not None:
