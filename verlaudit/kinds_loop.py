@@ -188,7 +188,7 @@ LOOP_CONSTANT_WITH_GRAD = _f(
 LOOP_REFERENCE_SHARED = _f(
     "loop/reference_shared",
     "setup_shared",
-    "a model of the policy's class in an own loop that shares the policy's parameter tensors (a shallow copy)",
+    "a model of the policy's class in an own loop sharing the policy's parameter tensors (a shallow copy)",
 )
 LOOP_REFERENCE_MOVED = _f(
     "loop/reference_moved",
