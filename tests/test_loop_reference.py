@@ -78,3 +78,43 @@ def test_a_deep_copied_frozen_reference_is_clean(tmp_path, declare):
     path = kl_loop(tmp_path / "run", lambda m: copy.deepcopy(m).eval().requires_grad_(False), declare=declare)
     assert not {"loop/reference_shared", "loop/reference_moved"} & set(kinds(path)), kinds(path)
     assert PROMPT
+
+
+# ---------------------------------------------------------------- old log-probs with their graph: the gradient cancels
+
+
+def _old_with_graph(model, seq, r):
+    old = logp_of(model, seq)  # meant as the behaviour log-probs: recomputed with the graph
+    lp = logp_of(model, seq)
+    ratio = (lp - old).exp()
+    adv = (r - r.mean())[:, None]
+    return -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+
+
+def _old_detached(model, seq, r):
+    with torch.no_grad():
+        old = logp_of(model, seq)
+    lp = logp_of(model, seq)
+    ratio = (lp - old).exp()
+    adv = (r - r.mean())[:, None]
+    return -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+
+
+def _seq_level_old_with_graph(model, seq, r):  # a sequence-level ratio, old log-probs summed with the graph
+    old = logp_of(model, seq).sum(-1)
+    lp = logp_of(model, seq).sum(-1)
+    return -((lp - old).exp() * (r - r.mean())).mean()
+
+
+@pytest.mark.parametrize("loss_fn", [_old_with_graph, _seq_level_old_with_graph], ids=["token", "sequence"])
+def test_old_log_probs_with_their_graph_cancel_the_gradient(tmp_path, loss_fn):
+    from test_loop_roles import rl_loop
+
+    (f,) = found(rl_loop(tmp_path / "run", loss_fn=loss_fn, steps=2), "loop/gradient_cancels")
+    assert "detach" in f.fix and "no_grad" in f.fix
+
+
+def test_detached_old_log_probs_and_a_cleared_step_are_not_a_cancellation(tmp_path):
+    from test_loop_roles import rl_loop
+
+    assert kinds(rl_loop(tmp_path / "ok", loss_fn=_old_detached, steps=2)) == []

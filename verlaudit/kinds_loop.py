@@ -195,3 +195,8 @@ LOOP_REFERENCE_MOVED = _f(
     "reference",
     "an own loop's declared reference whose weights changed during the loop (trained or re-copied)",
 )
+LOOP_GRADIENT_CANCELS = _f(
+    "loop/gradient_cancels",
+    "loop_graph",
+    "an own loop step with gradients exactly 0 though its loss reads the logits (old log-probs w. graph)",
+)

@@ -46,6 +46,7 @@ from trainer.precision import ROLES, TRAINABLE_ROLES, PrecisionPolicy
 from verlaudit.audit.plugins import user_frame
 from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
+from verlaudit.integrations.loop_cancel import CancelAudit
 from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
 from verlaudit.integrations.loop_reference import ReferenceAudit
@@ -146,6 +147,7 @@ class Watch:
         """role -> which tokens its loss reads, at which positions (`loop_tokens`)."""
         self._roles: RoleAudit | None = None
         self._reference: ReferenceAudit | None = None
+        self._cancel: CancelAudit | None = None
         """The reference stays frozen and apart from the policy (`loop_reference`)."""
         """The objects' relations across steps: sampler versions, optimizer state (`loop_roles`)."""
 
@@ -201,6 +203,7 @@ class Watch:
             self.models, self.optimizers, add=self._add, where=self._where, loss_line=self._loss_line
         )
         loop_calls.install(self._roles)
+        self._cancel = CancelAudit(add=self._add, where=self._where)
         self._reference = ReferenceAudit(self.models, self.optimizers, add=self._add, where=self._where)
         for finding in self._protocol.setup():
             self._add(finding)
@@ -385,6 +388,8 @@ class Watch:
             self._tokens[role].on_forward(module, args, kwargs, output, _user_line())
             if self._roles is not None and torch.is_grad_enabled():
                 self._roles.on_forward(role, args, kwargs, loop_checks.output_tensor(output), _user_line())
+            if self._cancel is not None and torch.is_grad_enabled():
+                self._cancel.on_forward(role, loop_checks.output_tensor(output), _user_line())
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
@@ -404,6 +409,8 @@ class Watch:
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
         elif cleared and not other and self._protocol is not None:
             self._add(self._protocol.discarded_finding(role, line))
+        elif not other and not closure and self._cancel is not None:
+            self._add(self._cancel.before_step(role, optimizer, line))
         for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
             self._add(finding)
         if self._update is not None:
