@@ -759,3 +759,19 @@ def cause_class(kind: str) -> str:
         return class_of(kind.removeprefix(FINDING_PREFIX))
     k = CAUSES.get(kind)
     return k.cls if k is not None else "other"
+
+
+# ---------------------------------------------------------------- loop12: the roles of an own loop across steps
+# (registered in `verlaudit.kinds_loop`, re-exported here)
+from verlaudit import kinds_loop as _kinds_loop  # noqa: E402
+
+LOOP_STALE_SAMPLER = _kinds_loop.LOOP_STALE_SAMPLER
+LOOP_OPTIMIZER_RECREATED = _kinds_loop.LOOP_OPTIMIZER_RECREATED
+LOOP_SCHEDULER_RECREATED = _kinds_loop.LOOP_SCHEDULER_RECREATED
+LOOP_SCALER_RECREATED = _kinds_loop.LOOP_SCALER_RECREATED
+LOOP_TEMPERATURE_MISMATCH = _kinds_loop.LOOP_TEMPERATURE_MISMATCH
+LOOP_INFERENCE_TENSOR = _kinds_loop.LOOP_INFERENCE_TENSOR
+LOOP_CONSTANT_WITH_GRAD = _kinds_loop.LOOP_CONSTANT_WITH_GRAD
+LOOP_REFERENCE_SHARED = _kinds_loop.LOOP_REFERENCE_SHARED
+LOOP_REFERENCE_MOVED = _kinds_loop.LOOP_REFERENCE_MOVED
+LOOP_GRADIENT_CANCELS = _kinds_loop.LOOP_GRADIENT_CANCELS

@@ -147,3 +147,56 @@ LOOP_LOGPROBS_MISALIGNED = _f(
     "loop_alignment",
     "an own loop's loss reads at position t another token's log-prob than the next token t+1 (shifted)",
 )
+
+# ---------------------------------------------------------------- loop12: the roles of an own loop across steps
+# (`verlaudit.integrations.loop_roles`)
+LOOP_STALE_SAMPLER = _f(
+    "loop/stale_sampler",
+    "weight_sync",
+    "an own loop samples with a copy of the policy whose weights never follow the trained ones",
+)
+LOOP_OPTIMIZER_RECREATED = _f(
+    "loop/optimizer_recreated",
+    "loop_optimizer",
+    "an own loop's optimizer state restarts between steps (a new optimizer per step, state cleared)",
+)
+LOOP_SCHEDULER_RECREATED = _f(
+    "loop/scheduler_recreated",
+    "loop_cadence",
+    "an own loop builds its LR scheduler again between optimizer steps: the schedule restarts each time",
+)
+LOOP_SCALER_RECREATED = _f(
+    "loop/scaler_recreated",
+    "loop_scaling",
+    "an own loop builds a new GradScaler between steps: the loss scale restarts and never adapts",
+)
+LOOP_TEMPERATURE_MISMATCH = _f(
+    "loop/temperature_mismatch",
+    "rollout_engine",
+    "an own loop's loss reads the logits at another temperature than the rollout sampled them at",
+)
+LOOP_INFERENCE_TENSOR = _f(
+    "loop/inference_tensor",
+    "loop_graph",
+    "a tensor made under torch.inference_mode reaches a forward or loss that autograd must differentiate",
+)
+LOOP_CONSTANT_WITH_GRAD = _f(
+    "loop/constant_with_grad",
+    "loop_graph",
+    "an own loop's advantage or reward carries the policy's graph (rows coupled through the loss)",
+)
+LOOP_REFERENCE_SHARED = _f(
+    "loop/reference_shared",
+    "setup_shared",
+    "a model of the policy's class in an own loop sharing the policy's parameter tensors (a shallow copy)",
+)
+LOOP_REFERENCE_MOVED = _f(
+    "loop/reference_moved",
+    "reference",
+    "an own loop's declared reference whose weights changed during the loop (trained or re-copied)",
+)
+LOOP_GRADIENT_CANCELS = _f(
+    "loop/gradient_cancels",
+    "loop_graph",
+    "an own loop step with gradients exactly 0 though its loss reads the logits (old log-probs w. graph)",
+)

@@ -59,8 +59,7 @@ def _clip(name: str, orig: Any) -> Any:
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
             line = _line()
-            for ls in list(_LISTENERS):
-                ls.on_clip(name, params, limit, line)
+            _each("on_clip", name, params, limit, line)
             parameters = params
         return orig(parameters, *args, **kwargs)
 
@@ -72,8 +71,7 @@ def _sched_step(orig: Any) -> Any:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _LISTENERS and not getattr(self, "_is_initial", False) and not args and not kwargs:
             line = _line()
-            for ls in list(_LISTENERS):
-                ls.on_scheduler_step(self, line)
+            _each("on_scheduler_step", self, line)
         return orig(self, *args, **kwargs)
 
     wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -84,8 +82,7 @@ def _backward(orig: Any) -> Any:
     def wrapped(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if _LISTENERS:
             line = _line()
-            for ls in list(_LISTENERS):
-                ls.on_backward(self, line)
+            _each("on_backward", self, line)
         return orig(self, *args, **kwargs)
 
     wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -96,8 +93,7 @@ def _zero_grad(orig: Any) -> Any:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _LISTENERS:
             line = _line()
-            for ls in list(_LISTENERS):
-                ls.on_zero_grad(self, line)
+            _each("on_zero_grad", self, line)
         return orig(self, *args, **kwargs)
 
     wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -113,9 +109,82 @@ def _log_softmax(name: str, orig: Any) -> Any:
         out = orig(*args, **kwargs)
         line = _user_caller() if _LISTENERS and args and _low(args[0]) and _low(out) else None
         if line is not None:
-            for ls in list(_LISTENERS):
-                ls.on_log_softmax(name, args[0], out, line)
+            _each("on_log_softmax", name, args[0], out, line)
         return out
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _each(method: str, *args: Any) -> None:
+    """Calls ``method`` of every open listener that has one (the role checks of `loop_roles`)."""
+    for ls in list(_LISTENERS):
+        fn = getattr(ls, method, None)
+        if fn is not None:
+            fn(*args)
+
+
+def _built(method: str, orig: Any) -> Any:
+    """An ``__init__`` (an optimizer's, an LR scheduler's, a GradScaler's): the new object and the user's
+    line, after it is built."""
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        if _LISTENERS:
+            _each(method, self, _line())
+        return out
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _load_state(orig: Any) -> Any:
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        if _LISTENERS:
+            _each("on_optimizer_loaded", self, _line())
+        return out
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _inference_enter(orig: Any) -> Any:
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _LISTENERS and getattr(self, "mode", True):
+            _each("on_inference_mode", _line())
+        return orig(self, *args, **kwargs)
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _generate(orig: Any) -> Any:
+    """transformers' ``GenerationMixin.generate``: the module, its sampling settings, its output."""
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _LISTENERS:
+            return orig(self, *args, **kwargs)
+        line, inference = _line(), torch.is_inference_mode_enabled()
+        out = orig(self, *args, **kwargs)
+        _each("on_generate", self, args, kwargs, out, line, inference)
+        return out
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapped
+
+
+GRAD_DEPTH = [0]
+"""``torch.autograd.grad`` calls running now: their gradients go to the caller, not into ``.grad``."""
+
+
+def _autograd_grad(orig: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        GRAD_DEPTH[0] += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            GRAD_DEPTH[0] -= 1
 
     wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
     return wrapped
@@ -141,6 +210,15 @@ def install(listener: Any) -> None:
         _wrap(torch.nn.Module, "zero_grad", _zero_grad)
         for owner, name in _LOG_SOFTMAX:
             _wrap(owner, name, lambda o, n=name: _log_softmax(n, o))
+        _wrap(torch.optim.Optimizer, "__init__", lambda o: _built("on_optimizer_built", o))
+        _wrap(torch.optim.Optimizer, "load_state_dict", _load_state)
+        _wrap(torch.optim.lr_scheduler.LRScheduler, "__init__", lambda o: _built("on_scheduler_built", o))
+        _wrap(torch.amp.GradScaler, "__init__", lambda o: _built("on_scaler_built", o))
+        _wrap(torch.inference_mode, "__enter__", _inference_enter)
+        _wrap(torch.autograd, "grad", _autograd_grad)
+        gen = sys.modules.get("transformers.generation.utils")
+        if gen is not None and hasattr(gen, "GenerationMixin"):
+            _wrap(gen.GenerationMixin, "generate", _generate)
     _LISTENERS.append(listener)
 
 

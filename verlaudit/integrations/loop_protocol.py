@@ -31,6 +31,7 @@ import torch
 
 from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
+from verlaudit.integrations import loop_calls
 from verlaudit.rundir import Finding
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
@@ -101,8 +102,8 @@ class LoopProtocol:
         interval reads whether ``p.grad`` still holds a non-zero gradient from before the last step."""
 
         def hook(grad: torch.Tensor) -> None:
-            if role in self._checked or not self.steps.get(role):
-                return
+            if role in self._checked or not self.steps.get(role) or loop_calls.GRAD_DEPTH[0]:
+                return  # a torch.autograd.grad returns its gradients: nothing is added to p.grad
             self._checked.add(role)
             g = p.grad
             if g is not None and bool(g.detach().any()):

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from verlaudit import kinds as K
+from verlaudit.integrations import loop_calls
 from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.rundir import Finding
 
@@ -160,6 +161,8 @@ class TokenAudit:
         line: str | None,
         g: torch.Tensor,
     ) -> None:
+        if loop_calls.GRAD_DEPTH[0]:
+            return  # a torch.autograd.grad (the loop's own, or a check's second derivative): not the loss's backward
         try:
             with torch.no_grad():
                 finding = self._read(ids, mask, width, line, g.detach())

@@ -22,8 +22,11 @@ from the same hooks, plus a tap on ``torch.autocast`` and ``nn.Module._apply`` w
 its protocol (the GradScaler's order, the scheduler's and zero_grad's cadence, a loss without a graph,
 low-precision log-probs) by `verlaudit.integrations.loop_protocol` over the taps of `loop_calls`, and
 whether each update moves the policy toward the advantage by `verlaudit.integrations.loop_direction`.
+The relations of the loop's objects across steps (a stale sampling copy, optimizer state that restarts, the
+sampler's temperature in the loss, advantages with a graph, inference-mode tensors) are `loop_roles`'.
 Everything lands in ``out_dir`` (manifest, metrics, findings, events, status), read by ``verlaudit diagnose``.
-Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py`.
+Exercised by `pytest tests/test_integrations_watch.py tests/test_watch_loop_checks.py tests/test_loop_protocol.py
+tests/test_loop_roles.py`.
 """
 
 from __future__ import annotations
@@ -43,8 +46,11 @@ from trainer.precision import ROLES, TRAINABLE_ROLES, PrecisionPolicy
 from verlaudit.audit.plugins import user_frame
 from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
+from verlaudit.integrations.loop_cancel import CancelAudit
 from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
+from verlaudit.integrations.loop_reference import ReferenceAudit
+from verlaudit.integrations.loop_roles import RoleAudit
 from verlaudit.integrations.loop_tokens import TokenAudit
 from verlaudit.integrations.loop_update import UpdateAudit
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
@@ -139,6 +145,11 @@ class Watch:
         """Whether each step is the update of the loss (`loop_update`)."""
         self._tokens: dict[str, TokenAudit] = {}
         """role -> which tokens its loss reads, at which positions (`loop_tokens`)."""
+        self._roles: RoleAudit | None = None
+        self._reference: ReferenceAudit | None = None
+        self._cancel: CancelAudit | None = None
+        """The reference stays frozen and apart from the policy (`loop_reference`)."""
+        """The objects' relations across steps: sampler versions, optimizer state (`loop_roles`)."""
 
     # -- context manager ---------------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -188,6 +199,12 @@ class Watch:
         loop_calls.install(self._protocol)
         self._update = UpdateAudit(self.models, self.optimizers, add=self._add, where=self._where)
         loop_calls.install(self._update)
+        self._roles = RoleAudit(
+            self.models, self.optimizers, add=self._add, where=self._where, loss_line=self._loss_line
+        )
+        loop_calls.install(self._roles)
+        self._cancel = CancelAudit(add=self._add, where=self._where)
+        self._reference = ReferenceAudit(self.models, self.optimizers, add=self._add, where=self._where)
         for finding in self._protocol.setup():
             self._add(finding)
         for role in self.optimizers:
@@ -211,6 +228,15 @@ class Watch:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self._roles is not None:
+            if exc is not None:
+                self._roles.on_exception(exc)
+            self._roles.finish()
+        if self._reference is not None:
+            self._reference.remove()
+            self._reference.finish()
+            loop_calls.remove(self._roles)
+            self._roles.remove()
         if self._protocol is not None:
             if exc is None:
                 self._add(self._protocol.finish())
@@ -344,6 +370,8 @@ class Watch:
             return
         if self._protocol is not None:
             self._protocol.on_forward(role)
+        if self._roles is not None and role in self.optimizers and not self._probing():
+            self._roles.on_forward_pre(role, args, kwargs, _user_line())
         if probe is not None:
             probe.on_forward(args, kwargs)
 
@@ -358,6 +386,10 @@ class Watch:
         """A trained model's forward: which tokens the loss built on its logits reads (`loop_tokens`)."""
         if role in self._tokens and not self._probing():
             self._tokens[role].on_forward(module, args, kwargs, output, _user_line())
+            if self._roles is not None and torch.is_grad_enabled():
+                self._roles.on_forward(role, args, kwargs, loop_checks.output_tensor(output), _user_line())
+            if self._cancel is not None and torch.is_grad_enabled():
+                self._cancel.on_forward(role, loop_checks.output_tensor(output), _user_line())
 
     def _probing(self) -> bool:
         return any(p.busy for p in self._probes.values())
@@ -377,6 +409,8 @@ class Watch:
             self._add(loop_checks.no_grads_finding(role, line, self._where(), cleared=cleared))
         elif cleared and not other and self._protocol is not None:
             self._add(self._protocol.discarded_finding(role, line))
+        elif not other and not closure and self._cancel is not None:
+            self._add(self._cancel.before_step(role, optimizer, line))
         for finding in self._protocol.before_step(role, line) if self._protocol is not None else ():
             self._add(finding)
         if self._update is not None:
@@ -475,6 +509,8 @@ class Watch:
         )
         if "actor" in self._probes:
             self._probes["actor"].on_rewards(rewards)
+        if self._roles is not None:
+            self._roles.rl = True
         return rewards
 
     def reward_fn(self, fn: Callable[..., Any], *, source: str | None = None) -> Callable[..., Any]:
