@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verlaudit import kinds as K
+from verlaudit.audit import data_contract
 from verlaudit.audit.invariants_data import _data_source, _prompt_part, _rows, builtin_task
 from verlaudit.rundir import Finding
 
@@ -444,9 +445,12 @@ class LowPrecisionAnswers:
 class ExampleWatch:
     """The examples' invariants over a run, each kind found once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reload: bool = True) -> None:
         self.found: set[str] = set()
         self.grid = LowPrecisionAnswers()
+        self.conflicts = data_contract.ConflictWatch()  # data12: one prompt, two ground truths
+        self.reload = reload
+        """Whether the conflict check may call ``data.dataset`` once more to read the whole dataset."""
 
     def findings(
         self,
@@ -476,9 +480,35 @@ class ExampleWatch:
                 examples, tokenizer_info=tokenizer_info, data=data, ctx=ctx
             ),
             K.ANSWERS_LOW_PRECISION: lambda: self.grid.observe(examples, data=data, ctx=ctx),
+            **self._contract(
+                batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
+            ),
         }
         for kind, check in checks.items():
             if kind not in self.found:
-                out += check()
-        self.found.update(f.kind for f in out)
+                for f in check():  # a check may report a related kind (data12's): each kind once per run
+                    if f.kind not in self.found:
+                        self.found.add(f.kind)
+                        out.append(f)
         return out
+
+    def _contract(self, batch, examples, *, tokenizer_info, data, source, ctx) -> dict:
+        """data12: the data contract's checks (`verlaudit.audit.data_contract`), by the kind each reports."""
+        where = f"collator:{source}"
+        self.conflicts.add(examples)
+        self.conflicts.reload(data, allowed=self.reload)
+        trip = lambda: data_contract.round_trip_findings(  # noqa: E731
+            batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, where=where, ctx=ctx
+        )
+        conflicts = lambda: self.conflicts.findings(data=data, ctx=ctx)  # noqa: E731
+        return {
+            K.PROMPT_REWRITTEN: trip,
+            K.SPECIAL_TOKEN_CONTENT: lambda: data_contract.special_content_findings(
+                examples, tokenizer_info=tokenizer_info, ctx=ctx
+            ),
+            K.ANSWER_UNREACHABLE: lambda: data_contract.unreachable_findings(
+                examples, tokenizer_info=tokenizer_info, data=data, ctx=ctx
+            ),
+            K.ANSWER_NOTATION: lambda: data_contract.notation_findings(examples, data=data, ctx=ctx),
+            K.CONFLICTING_ANSWERS: conflicts,
+        }
