@@ -310,3 +310,25 @@ def test_unknown_characters_are_the_datasets_when_normalising_fixes_them_else_th
                                   eos_token="<eos>", unk_token="<unk>", name_or_path="/tmp/nodigits")  # fmt: skip
     fs = C.unreachable_findings(digits_examples(), tokenizer_info=info(bad), data=DATA, ctx={})
     assert [f.kind for f in fs] == [K.ANSWER_UNREACHABLE] and "model.tokenizer" in fs[0].where, fs
+
+
+def test_verl_rows_with_two_ground_truths_for_one_question_are_named(tmp_path):
+    import json
+
+    path = tmp_path / "rows.jsonl"
+    lines = []
+    for i in range(30):
+        msgs = [{"role": "user", "content": f"What is {i} + {i}?"}]
+        for truth in (str(2 * i), str(2 * i + 1)):  # two labelling passes that disagree
+            lines.append({"prompt": msgs, "reward_model": {"ground_truth": truth}, "data_source": "x"})
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    data = {"train_files": str(path), "prompt_key": "prompt"}
+    batch = [{**lines[0], "messages": lines[0]["prompt"], "prompt": "rendered"}]
+    fs = ExampleWatch().findings(
+        {}, examples=batch, tokenizer_info={}, data=data, source="builtin:verl", ctx={}
+    )
+    assert [f.kind for f in fs] == [K.CONFLICTING_ANSWERS] and str(path) in fs[0].where, fs
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("\n".join(json.dumps(r) for r in lines[::2]))
+    data = {"train_files": str(clean), "prompt_key": "prompt"}
+    assert ExampleWatch().findings({}, examples=batch, tokenizer_info={}, data=data, source="v", ctx={}) == []

@@ -149,6 +149,9 @@ def round_trip_findings(
         return []
     ids, _ = part
     width = int(ids.shape[1])
+    vocab = tokenizer_info.get("vocab_size")
+    if ids.numel() and (int(ids.min()) < 0 or (isinstance(vocab, int) and int(ids.max()) >= vocab)):
+        return []  # ids outside the vocabulary decode to nothing: the id-range check names them
     rows = _rows(*part)
     pad = tokenizer_info.get("pad_token_id")
     bos = getattr(tok, "bos_token_id", None)
@@ -471,6 +474,17 @@ class ConflictWatch:
             return
         self.reloaded = True
         spec = (data or {}).get("dataset")
+        files = (data or {}).get("train_files")
+        if files:  # verl's files: read again by the trainer's reader, no user code
+            try:
+                from trainer.verl_data import load_rows
+
+                rows = load_rows([files] if isinstance(files, str) else list(files))[:RELOAD_MAX]
+            except Exception:  # noqa: BLE001  (unreadable files fail the run itself)
+                return
+            key = (data or {}).get("prompt_key") or "prompt"
+            self.add([verl_plain(r, key) for r in rows])
+            return
         if not allowed or not spec:
             return
         try:
@@ -540,3 +554,16 @@ class ConflictWatch:
 
 def _canon(s: str) -> str:
     return "".join(c for c in _fold(s) if c.isalnum() and not c.isalpha()) or _fold(s).strip()
+
+
+def verl_plain(ex: Mapping[str, Any], prompt_key: str = "messages") -> dict[str, str]:
+    """A verl example (or file row) as ``prompt`` (its messages' contents) and ``answer`` (the ground truth)."""
+    msgs = ex.get(prompt_key) if prompt_key in ex else ex.get("messages")
+    msgs = msgs.tolist() if hasattr(msgs, "tolist") else msgs
+    text = "\n".join(str(m.get("content", "")) for m in msgs or [] if isinstance(m, Mapping))
+    rm = ex.get("reward_model")
+    truth = rm.get("ground_truth") if isinstance(rm, Mapping) else None
+    out = {"prompt": text}
+    if isinstance(truth, str):
+        out["answer"] = truth
+    return out

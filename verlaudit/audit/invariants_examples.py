@@ -462,8 +462,10 @@ class ExampleWatch:
         source: str,
         ctx: Mapping[str, Any],
     ) -> list[Finding]:
-        if not examples or (data or {}).get("train_files"):
-            return []  # verl's rows are rendered from files by the trainer: their own checks read them
+        if examples and (data or {}).get("train_files"):
+            return self._verl(examples, data=dict(data or {}), ctx=ctx)
+        if not examples:
+            return []
         data = dict(data or {})
         where = f"collator:{source}"
         out: list[Finding] = []
@@ -490,6 +492,22 @@ class ExampleWatch:
                     if f.kind not in self.found:
                         self.found.add(f.kind)
                         out.append(f)
+        return out
+
+    def _verl(self, examples, *, data, ctx) -> list[Finding]:
+        """verl's rows are rendered from files by the trainer (their own checks read the rows): of the examples'
+        invariants only the ground truths' (data12), read from the messages and ``reward_model.ground_truth``."""
+        plain = [data_contract.verl_plain(ex) for ex in examples]
+        self.conflicts.add(plain)
+        self.conflicts.reload(data, allowed=True)
+        out = []
+        for f in [
+            *self.conflicts.findings(data=data, ctx=ctx),
+            *data_contract.notation_findings(plain, data=data, ctx=ctx),
+        ]:
+            if f.kind not in self.found:
+                self.found.add(f.kind)
+                out.append(f)
         return out
 
     def _contract(self, batch, examples, *, tokenizer_info, data, source, ctx) -> dict:
