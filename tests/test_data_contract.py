@@ -332,3 +332,43 @@ def test_verl_rows_with_two_ground_truths_for_one_question_are_named(tmp_path):
     clean.write_text("\n".join(json.dumps(r) for r in lines[::2]))
     data = {"train_files": str(clean), "prompt_key": "prompt"}
     assert ExampleWatch().findings({}, examples=batch, tokenizer_info={}, data=data, source="v", ctx={}) == []
+
+
+def test_a_collator_that_only_strips_whitespace_at_the_ends_is_a_warning():
+    tok = build_tokenizer()
+    ex = [{**e, "prompt": e["prompt"] + "\n"} for e in digits_examples()]
+    fs = trip(tok, ex, [e["prompt"].strip() for e in ex])
+    assert [(f.kind, f.severity) for f in fs] == [(K.PROMPT_REWRITTEN, "warning")], fs
+
+
+@pytest.mark.parametrize("kind", ["rewritten", "notation", "conflict", "content"])
+def test_diagnose_puts_the_data_contract_above_the_no_signal_and_constant_reward_it_causes(kind):
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+    from verlaudit.rundir import Finding
+
+    tok = build_tokenizer()
+    ex = digits_examples()
+    if kind == "rewritten":
+        f = trip(tok, ex, [e["prompt"].rstrip(":") for e in ex])
+    elif kind == "notation":
+        f = C.notation_findings([{"prompt": w.upper() + ">", "answer": w} for w in ("ab", "cd", "ef", "gh")],
+                                data=DATA, ctx={})  # fmt: skip
+    elif kind == "conflict":
+        w = C.ConflictWatch()
+        w.add([{"prompt": f"{i}:", "answer": a} for i in range(8) for a in ("1111", "2222")])
+        f = w.findings(data=DATA, ctx={})
+    else:
+        tok.pad_token = "0"
+        f = S.content_findings("model.tokenizer (/tmp/t)", tok, [("1 0:", "1111"), ("0 2:", "0000")])
+    assert len(f) == 1
+    first = [Finding(**{**f[0].__dict__, "step": 0, "phase": "rollout"})] if f[0].step is None else f
+    symptoms = [
+        Finding(severity="warning", kind=K.NO_SIGNAL, message="rewards identical within every group",
+                role="reward", where="reward:function:task:digits", step=1, phase="reward"),
+        Finding(severity="warning", kind=K.REWARD_CONSTANT, message="every response got the same reward",
+                role="reward", where="reward:function:task:digits", step=1, phase="reward"),
+    ]  # fmt: skip
+    d = diagnose_run(run_dir(first + symptoms, algo="grpo"))
+    assert d.causes[0].kind == f"finding:{f[0].kind}", [(c.kind, c.title[:60]) for c in d.causes]
+    assert d.causes[0].fixes and d.causes[0].fixes[0].why

@@ -701,7 +701,7 @@ ANSWER_NOTATION = _f(
 ANSWER_UNREACHABLE = _f(
     "data/answer_unreachable",
     "answer_unreachable",
-    "ground truths (or prompts) hold characters the tokenizer encodes as <unk>: no response can produce them",
+    "answers (or prompts) hold characters the tokenizer encodes as <unk>: no response can write them",
 )
 
 FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)

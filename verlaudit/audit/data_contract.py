@@ -197,24 +197,26 @@ def round_trip_findings(
     if len(changed) >= SHARE * b:
         out += _rewritten(changed, b, tok=tok, pad=pad, source=source, where=where, ctx=ctx)
     if bos_rows >= MIN_ROWS and no_bos >= SHARE * bos_rows:
-        label = _literal(tok, bos) or f"id {bos}"
-        out.append(
-            Finding(
-                severity="error",
-                kind=K.BOS_MISSING,
-                where=where,
-                message=f"{no_bos} of {bos_rows} prompt rows the collator {source} returned do not start with the "
-                f"bos token {label!r} (id {bos}) that the tokenizer puts first (tokenizer(prompt) starts with it): "
-                "the collator encodes without special tokens (add_special_tokens=False) or cuts them off, so the "
-                "model reads every prompt without the start-of-sequence it was trained after",
-                observed={"rows_without_bos": no_bos, "rows": bos_rows, "bos_token_id": bos},
-                expected="each prompt row starts with the tokenizer's bos",
-                fix=f"{source}: encode each prompt with the tokenizer's special tokens (tokenizer(prompt), "
-                "add_special_tokens=True) so its bos is the row's first token",
-                **ctx,
-            )
-        )
+        out.append(_bos_finding(tok, bos, no_bos, bos_rows, source=source, where=where, ctx=ctx))
     return out
+
+
+def _bos_finding(tok, bos, no_bos, bos_rows, *, source, where, ctx) -> Finding:
+    label = _literal(tok, bos) or f"id {bos}"
+    return Finding(
+        severity="error",
+        kind=K.BOS_MISSING,
+        where=where,
+        message=f"{no_bos} of {bos_rows} prompt rows the collator {source} returned do not start with the "
+        f"bos token {label!r} (id {bos}) that the tokenizer puts first (tokenizer(prompt) starts with it): "
+        "the collator encodes without special tokens (add_special_tokens=False) or cuts them off, so the "
+        "model reads every prompt without the start-of-sequence it was trained after",
+        observed={"rows_without_bos": no_bos, "rows": bos_rows, "bos_token_id": bos},
+        expected="each prompt row starts with the tokenizer's bos",
+        fix=f"{source}: encode each prompt with the tokenizer's special tokens (tokenizer(prompt), "
+        "add_special_tokens=True) so its bos is the row's first token",
+        **ctx,
+    )
 
 
 def _rewritten(changed, b, *, tok, pad, source, where, ctx) -> list[Finding]:
@@ -225,9 +227,10 @@ def _rewritten(changed, b, *, tok, pad, source, where, ctx) -> list[Finding]:
     ):  # every row lost exactly the pad's character: a mask (or a filter) of ids != pad drops real text
         return [_content_finding(tok, "pad", pad, pad_text, len(changed), b, example=(i, text, row), ctx=ctx)]
     tags = sorted({c[4] for c in changed})
+    spaces = all(t.split() == r.split() for _, t, r, _, _ in changed)  # only whitespace differs: often benign
     return [
         Finding(
-            severity="error",
+            severity="warning" if spaces else "error",
             kind=K.PROMPT_REWRITTEN,
             where=where,
             message=f"{len(changed)} of {b} prompt rows the collator {source} returned decode to another text than "

@@ -26,6 +26,8 @@ from verlaudit.rundir import Finding
 
 _PROBE = "Which number follows 41?"
 """A text whose encoding shows what the tokenizer puts around it."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+"""Files of a saved tokenizer (as `verlaudit.audit.tokenizer_checks` reads them)."""
 
 
 def _ids(tok: Any) -> dict[str, int | None]:
@@ -98,9 +100,7 @@ def bos_findings(config: Mapping[str, Any], tok: Any) -> list[Finding]:
     path, tok_dir = model.get("path"), model.get("tokenizer")
     if not path or not tok_dir or os.path.abspath(str(path)) == os.path.abspath(str(tok_dir)):
         return []
-    from verlaudit.audit.tokenizer_checks import _has_tokenizer
-
-    if not _has_tokenizer(path):
+    if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         return []
     try:
         from transformers import AutoTokenizer
