@@ -372,3 +372,23 @@ def test_diagnose_puts_the_data_contract_above_the_no_signal_and_constant_reward
     d = diagnose_run(run_dir(first + symptoms, algo="grpo"))
     assert d.causes[0].kind == f"finding:{f[0].kind}", [(c.kind, c.title[:60]) for c in d.causes]
     assert d.causes[0].fixes and d.causes[0].fixes[0].why
+
+
+def test_an_eos_that_is_a_newline_and_a_template_that_doubles_bos_are_named(tmp_path):
+    from tokenizers import processors
+
+    tok = build_tokenizer()
+    tok.eos_token = "\n"  # generation stops at the first line break; masks of ids != eos drop every newline
+    fs = S.content_findings("model.tokenizer (/tmp/t)", tok, [("1 2:\n3 4:", "1111")])
+    assert [(f.kind, f.severity, f.observed["token"]) for f in fs] == [
+        (K.SPECIAL_TOKEN_CONTENT, "error", "eos")
+    ]
+    ckpt, other = tmp_path / "ckpt", tmp_path / "tok"
+    build_tokenizer().save_pretrained(ckpt)
+    doubled = build_tokenizer()
+    bos = doubled.bos_token_id
+    doubled.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> <bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+    )
+    fs = S.bos_findings({"model": {"path": str(ckpt), "tokenizer": str(other)}}, doubled)
+    assert [f.kind for f in fs] == [K.BOS_MISSING] and fs[0].observed["run_bos"] == 2

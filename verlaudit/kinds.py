@@ -681,7 +681,7 @@ SPECIAL_TOKEN_CONTENT = _f(
 BOS_MISSING = _f(
     "data/bos_missing",
     "bos_missing",
-    "prompts do not start with the bos the checkpoint's tokenizer (or the run's own) puts first",
+    "prompts start with another number of bos (0, 2) than the checkpoint's tokenizer puts first",
 )
 CONFLICTING_ANSWERS = _f(
     "data/conflicting_answers",
