@@ -392,3 +392,23 @@ def test_an_eos_that_is_a_newline_and_a_template_that_doubles_bos_are_named(tmp_
     )
     fs = S.bos_findings({"model": {"path": str(ckpt), "tokenizer": str(other)}}, doubled)
     assert [f.kind for f in fs] == [K.BOS_MISSING] and fs[0].observed["run_bos"] == 2
+
+
+def test_a_check_that_raises_is_skipped_not_the_runs_end(capsys):
+    class Broken:
+        bos_token_id = 1
+        all_special_ids = [0, 1, 2]
+        pad_token_id = 0
+
+        def __call__(self, *a, **k):
+            raise RuntimeError("boom")
+
+        def convert_ids_to_tokens(self, i):
+            raise RuntimeError("boom")
+
+    ex = digits_examples()
+    b = collate(build_tokenizer(), [e["prompt"] for e in ex])
+    fs = ExampleWatch().findings(b, examples=ex, tokenizer_info={"tokenizer": Broken(), "pad_token_id": 0},
+                                 data=DATA, source=SRC, ctx={})  # fmt: skip
+    assert isinstance(fs, list)
+    assert C.guarded(lambda: 1 / 0) == [] and "ZeroDivisionError" in capsys.readouterr().err

@@ -30,8 +30,9 @@ Exercised by `pytest tests/test_data_contract.py`.
 from __future__ import annotations
 
 import difflib
+import sys
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verlaudit import kinds as K
@@ -48,6 +49,17 @@ CONFLICT_SHARE = 0.05
 """...and their share of the distinct prompts seen (a dataset whose every prompt appears once has none)."""
 RELOAD_MAX = 200_000
 """Examples above which the whole-dataset pass reads only the first ones."""
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``[]`` when it raises: a check's own bug is named on stderr once, never the run's end."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001  (any exception of a check: the run must not die of it)
+        print(
+            f"verlaudit: a data-contract check failed ({type(exc).__name__}: {exc}); skipped", file=sys.stderr
+        )
+        return []
 
 
 def _text(ex: Any, key: str) -> str | None:
