@@ -412,3 +412,13 @@ def test_a_check_that_raises_is_skipped_not_the_runs_end(capsys):
                                  data=DATA, source=SRC, ctx={})  # fmt: skip
     assert isinstance(fs, list)
     assert C.guarded(lambda: 1 / 0) == [] and "ZeroDivisionError" in capsys.readouterr().err
+
+
+def test_an_added_special_token_that_is_a_character_of_the_text_is_named():
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["7"]})  # skip_special_tokens now deletes every 7
+    ex = [{"prompt": "7 1:", "answer": "7777"}, {"prompt": "2 7:", "answer": "2222"}] * 2
+    fs = C.special_content_findings(ex, tokenizer_info=info(tok), ctx={})
+    assert [f.kind for f in fs] == [K.SPECIAL_TOKEN_CONTENT] and "additional_special_tokens" in fs[0].fix
+    setup = S.content_findings("t", tok, [(e["prompt"], e["answer"]) for e in ex])
+    assert [(f.kind, f.severity) for f in setup] == [(K.SPECIAL_TOKEN_CONTENT, "error")]

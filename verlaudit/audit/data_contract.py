@@ -278,16 +278,34 @@ def _content_finding(tok, name, token_id, literal, n, of, *, example=None, ctx) 
         kind=K.SPECIAL_TOKEN_CONTENT,
         where=where,
         message=f"the tokenizer's {name} token is {literal!r} (id {token_id}), a character of the text: {n} of {of} "
-        f"prompts hold it as content{ex}; a mask built as ids != {name}_token_id drops those characters, and "
+        f"prompts hold it as content{ex}; a mask built as ids != {token_id} drops those characters, and "
         "decoding with skip_special_tokens deletes them from every response, so answers holding it can never "
         "be matched",
         observed={"token": name, "token_id": token_id, "literal": literal, "rows": n, "of": of},
         expected=f"a {name} token that no text encodes to (a dedicated special token)",
-        fix=f"{where}: set pad_token to a dedicated special token that is not a character of the text "
+        fix=f"{where}: {_name_fix(name)} that is not a character of the text "
         "(tokenizer.add_special_tokens({'pad_token': '<pad>'}) and resize the embeddings, or pad with eos and "
         "build masks from lengths) in tokenizer_config.json / special_tokens_map.json",
         **ctx,
     )
+
+
+def special_ids(tok: Any, pad: int | None, eos: int | None) -> dict[str, int | None]:
+    """The special tokens a text must never encode to, by name: pad, eos, bos and the tokenizer's added
+    special tokens (``additional_special_tokens``; unk is the reachability check's)."""
+    ids: dict[str, int | None] = {"pad": pad, "eos": eos, "bos": getattr(tok, "bos_token_id", None)}
+    unk = getattr(tok, "unk_token_id", None)
+    for t in getattr(tok, "all_special_ids", None) or []:
+        if t not in ids.values() and t != unk:
+            ids[f"additional special ({_literal(tok, t)!r})"] = t
+    return ids
+
+
+def _name_fix(name: str) -> str:
+    """What to change for a special token that is text: a named token's setting, or the added list."""
+    if name in ("pad", "eos", "bos"):
+        return f"set {name}_token to a dedicated special token"
+    return "remove it from additional_special_tokens (it is text, not a control token)"
 
 
 def content_hits(tok: Any, texts: Sequence[str], ids: Mapping[str, int | None]) -> dict[str, int]:
@@ -311,11 +329,7 @@ def special_content_findings(
     if tok is None:
         return []
     texts = [t for ex in examples for k in ("prompt", "answer", "chosen", "rejected") if (t := _text(ex, k))]
-    ids = {
-        "pad": tokenizer_info.get("pad_token_id"),
-        "eos": tokenizer_info.get("eos_token_id"),
-        "bos": getattr(tok, "bos_token_id", None),
-    }
+    ids = special_ids(tok, tokenizer_info.get("pad_token_id"), tokenizer_info.get("eos_token_id"))
     for name, token_id in ids.items():
         literal = _literal(tok, token_id)
         if literal is None or any(literal in t for t in texts if len(literal) > 1):

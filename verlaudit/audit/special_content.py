@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verlaudit import kinds as K
-from verlaudit.audit.data_contract import _literal, content_hits
+from verlaudit.audit.data_contract import _literal, _name_fix, content_hits, special_ids
 from verlaudit.rundir import Finding
 
 _PROBE = "Which number follows 41?"
@@ -31,7 +31,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 
 
 def _ids(tok: Any) -> dict[str, int | None]:
-    ids = {n: getattr(tok, f"{n}_token_id", None) for n in ("pad", "eos", "bos")}
+    ids = special_ids(tok, getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None))
     if ids["pad"] is not None and ids["pad"] in (ids["eos"], ids["bos"]):
         ids["pad"] = None  # pad is eos (or bos): that token's own check, not a character
     return ids
@@ -67,12 +67,12 @@ def content_findings(where: str, tok: Any, pairs: Sequence[tuple[str, str]] | No
                 role="actor",
                 where=where,
                 message=f"the {name} token of the tokenizer in {where} is {literal!r} (id {token_id}), a character "
-                f"of ordinary text ({shown}): a mask built as ids != {name}_token_id drops that character wherever "
+                f"of ordinary text ({shown}): a mask built as ids != {token_id} drops that character wherever "
                 "a prompt or response has it, and decoding with skip_special_tokens deletes it from every "
                 "response, so an answer holding it decodes without it and never matches",
                 observed={"token": name, "token_id": token_id, "literal": literal, "texts_holding_it": n},
                 expected=f"a {name} token that is not a character of the text (a dedicated special token)",
-                fix=f"{where}: set {name}_token to a dedicated special token (e.g. '<pad>': "
+                fix=f"{where}: {_name_fix(name)} (e.g. '<pad>': "
                 "tokenizer.add_special_tokens({'pad_token': '<pad>'}) and resize the embeddings, or pad with eos and "
                 "build masks from lengths) in tokenizer_config.json / special_tokens_map.json, not a character "
                 "of the vocabulary",
