@@ -422,3 +422,41 @@ def test_an_added_special_token_that_is_a_character_of_the_text_is_named():
     assert [f.kind for f in fs] == [K.SPECIAL_TOKEN_CONTENT] and "additional_special_tokens" in fs[0].fix
     setup = S.content_findings("t", tok, [(e["prompt"], e["answer"]) for e in ex])
     assert [(f.kind, f.severity) for f in setup] == [(K.SPECIAL_TOKEN_CONTENT, "error")]
+
+
+def _pairs(n=6):
+    rng = random.Random(4)
+    out = []
+    for _ in range(n):
+        d = [rng.choice("12345678") for _ in range(3)]
+        out.append(
+            {"prompt": " ".join(d) + ":", "chosen": d[0] * 4 + ".", "rejected": "9999.", "answer": d[0] * 4}
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    "rewrite", [lambda t: t.rstrip("."), lambda t: t[::-1], lambda t: "x" + t[1:]]
+)
+def test_a_pair_collator_that_rewrites_the_completions_is_named(rewrite):
+    from trainer.data import PairCollator
+
+    tok = build_tokenizer()
+    ex = _pairs()
+    batch = PairCollator(tok, 8, 8)([{**e, "chosen": rewrite(e["chosen"])} for e in ex])
+    fs = C.completion_round_trip_findings(batch, ex, tokenizer_info=info(tok), source=SRC, where="c", ctx={})
+    assert [f.kind for f in fs] == [K.COMPLETION_REWRITTEN] and fs[0].observed["side"] == "chosen", fs
+
+
+def test_the_builtin_pairs_a_cut_at_the_response_length_and_swapped_sides_stay_quiet():
+    from trainer.data import PairCollator
+
+    tok = build_tokenizer()
+    ex = _pairs()
+    q = lambda batch: C.completion_round_trip_findings(  # noqa: E731
+        batch, ex, tokenizer_info=info(tok), source=SRC, where="c", ctx={}
+    )
+    assert q(PairCollator(tok, 8, 8)(ex)) == []
+    assert q(PairCollator(tok, 8, 3)(ex)) == []  # cut at data.response_length: the length checks'
+    swapped = [{**e, "chosen": e["rejected"], "rejected": e["chosen"]} for e in ex]
+    assert q(PairCollator(tok, 8, 8)(swapped)) == []  # the pair-order check names a swap

@@ -673,6 +673,11 @@ PROMPT_REWRITTEN = _f(
     "prompt_rewritten",
     "the prompt rows decode to another text than the examples' prompts: part dropped, cut or rewritten",
 )
+COMPLETION_REWRITTEN = _f(
+    "data/completion_rewritten",
+    "prompt_rewritten",
+    "a preference pair's chosen / rejected rows decode to another text than the pair's completions",
+)
 SPECIAL_TOKEN_CONTENT = _f(
     "model/special_token_content",
     "special_content",

@@ -213,6 +213,86 @@ def round_trip_findings(
     return out
 
 
+def completion_round_trip_findings(
+    batch: Mapping[str, Any],
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    tokenizer_info: Mapping[str, Any],
+    source: str,
+    where: str,
+    ctx: Mapping[str, Any],
+) -> list[Finding]:
+    """``data/completion_rewritten`` when most rows of a DPO side's response part do not decode to the
+    pair's text for that side (cut at the response length is allowed; a row holding another text of the
+    batch, a swap or a shift, is the pair checks')."""
+    import torch
+
+    tok = tokenizer_info.get("tokenizer")
+    b = len(examples)
+    if tok is None or b < MIN_ROWS:
+        return []
+    specials = {
+        t
+        for t in (tokenizer_info.get("pad_token_id"), tokenizer_info.get("eos_token_id"))
+        if isinstance(t, int)
+    }
+    for side in ("chosen", "rejected"):
+        ids, resp = batch.get(f"{side}_input_ids"), batch.get(f"{side}_response_mask")
+        texts = [_text(ex, side) for ex in examples]
+        if (
+            not isinstance(ids, torch.Tensor)
+            or not isinstance(resp, torch.Tensor)
+            or any(t is None for t in texts)
+        ):
+            return []
+        if ids.dim() != 2 or resp.dim() != 2 or ids.shape[0] != b or resp.shape[1] > ids.shape[1]:
+            return []
+        if ids.is_floating_point() or resp.is_floating_point():
+            return []
+        width = int(resp.shape[1])
+        others = {t for ex in examples for k in ("chosen", "rejected") if (t := _text(ex, k))}
+        changed = []
+        for i, (row, text) in enumerate(zip(_rows(ids[:, -width:], resp), texts)):
+            enc = _encode(tok, text, False)
+            if enc is None:
+                return []
+            core, _ = _strip_specials(row, specials)
+            if (
+                not text.strip()
+                or not core
+                or core == enc
+                or (len(row) >= width - 1 and enc[: len(core)] == core)
+            ):
+                continue
+            d_row, d_text = _decode(tok, core), _decode(tok, enc)
+            if d_row is None or d_text is None or d_text in d_row:
+                continue
+            if any(
+                d_row.strip() == o.strip() or (o.startswith(d_row) and len(row) >= width - 1) for o in others
+            ):
+                continue  # another text of the batch: a swap or a shift, the pair checks' to name
+            changed.append((i, d_text, d_row, *_describe(d_text, d_row)))
+        if len(changed) < SHARE * b:
+            continue
+        i, text, row, what, tag = changed[0]
+        return [
+            Finding(
+                severity="error",
+                kind=K.COMPLETION_REWRITTEN,
+                where=f"{where}.{side}_input_ids",
+                message=f"{len(changed)} of {b} {side} responses the collator {source} returned decode to another "
+                f"text than the pair's {side} completion: the collator {what} (pair {i}: {side} {_show(text)}, the "
+                f"row decodes to {_show(row)}): the preference is learnt on other completions than the dataset's",
+                observed={"rows_changed": len(changed), "batch": b, "side": side, "how": tag},
+                expected=f"each {side} response row decodes to its pair's {side} text (cut at the response length)",
+                fix=f"{source}: encode ex['{side}'] as it is (no strip / lower / cut of the text before tokenizing), "
+                "followed by eos",
+                **ctx,
+            )
+        ]
+    return []
+
+
 def _bos_finding(tok, bos, no_bos, bos_rows, *, source, where, ctx) -> Finding:
     label = _literal(tok, bos) or f"id {bos}"
     return Finding(

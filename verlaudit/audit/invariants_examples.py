@@ -534,4 +534,9 @@ class ExampleWatch:
                 lambda: data_contract.notation_findings(examples, data=data, ctx=ctx)
             ),
             K.CONFLICTING_ANSWERS: lambda: g(conflicts),
+            K.COMPLETION_REWRITTEN: lambda: g(
+                lambda: data_contract.completion_round_trip_findings(
+                    batch, examples, tokenizer_info=tokenizer_info, source=source, where=where, ctx=ctx
+                )
+            ),
         }
