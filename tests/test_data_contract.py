@@ -435,9 +435,7 @@ def _pairs(n=6):
     return out
 
 
-@pytest.mark.parametrize(
-    "rewrite", [lambda t: t.rstrip("."), lambda t: t[::-1], lambda t: "x" + t[1:]]
-)
+@pytest.mark.parametrize("rewrite", [lambda t: t.rstrip("."), lambda t: t[::-1], lambda t: "x" + t[1:]])
 def test_a_pair_collator_that_rewrites_the_completions_is_named(rewrite):
     from trainer.data import PairCollator
 
