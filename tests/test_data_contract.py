@@ -458,3 +458,15 @@ def test_the_builtin_pairs_a_cut_at_the_response_length_and_swapped_sides_stay_q
     assert q(PairCollator(tok, 8, 3)(ex)) == []  # cut at data.response_length: the length checks'
     swapped = [{**e, "chosen": e["rejected"], "rejected": e["chosen"]} for e in ex]
     assert q(PairCollator(tok, 8, 8)(swapped)) == []  # the pair-order check names a swap
+
+
+def test_rows_reordered_or_padding_attended_are_left_to_their_own_checks():
+    tok = build_tokenizer()
+    ex = digits_examples()
+    texts = [e["prompt"] for e in ex]
+    assert trip(tok, ex, texts[1:] + texts[:1]) == []  # reordered rows: boundary/rows_reordered names them
+    b = collate(tok, texts)
+    b["attention_mask"] = torch.ones_like(b["attention_mask"])  # a mask of 1 on the padding
+    assert (
+        C.round_trip_findings(b, ex, tokenizer_info=info(tok), data=DATA, source=SRC, where="c", ctx={}) == []
+    )

@@ -170,7 +170,11 @@ def round_trip_findings(
     specials = set(getattr(tok, "all_special_ids", None) or []) | {
         t for t in (pad, bos, tokenizer_info.get("eos_token_id")) if isinstance(t, int)
     }
+    pad_text = _literal(tok, pad)
+    if isinstance(pad, int) and pad_text and len(pad_text) > 1 and any(pad in r for r in rows):
+        return []  # padding attended: the mask-covers-padding check's (the rows' text is not the question)
     plen = (data or {}).get("prompt_length")
+    cores = [_strip_specials(e, specials)[0] if (e := _encode(tok, t, True)) else None for t in prompts]
     changed: list[tuple[int, str, str, str, str]] = []  # (row, text, decoded row, what, tag)
     no_bos = 0
     bos_rows = 0
@@ -190,6 +194,8 @@ def round_trip_findings(
             no_bos += int(not row or row[0] != bos)
         if r_core == e_core:
             continue  # the same text; only special tokens around it differ
+        if any(r_core == c for j, c in enumerate(cores) if j != i and c):
+            continue  # another example's prompt: the row-order check's
         d_text, d_row = _decode(tok, e_core), _decode(tok, r_core)
         if d_text is None or d_row is None:
             return []
