@@ -470,3 +470,10 @@ def test_rows_reordered_or_padding_attended_are_left_to_their_own_checks():
     assert (
         C.round_trip_findings(b, ex, tokenizer_info=info(tok), data=DATA, source=SRC, where="c", ctx={}) == []
     )
+
+
+def test_a_batch_of_two_prompts_is_named_only_when_both_rows_changed():
+    tok = build_tokenizer()
+    ex = digits_examples(2)
+    assert [f.kind for f in trip(tok, ex, [e["prompt"].rstrip(":") for e in ex])] == [K.PROMPT_REWRITTEN]
+    assert trip(tok, ex, [ex[0]["prompt"].rstrip(":"), ex[1]["prompt"]]) == []

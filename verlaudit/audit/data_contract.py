@@ -151,13 +151,7 @@ def round_trip_findings(
     part = _prompt_part(batch)
     prompts = [_text(ex, "prompt") for ex in examples]
     b = len(examples)
-    if (
-        tok is None
-        or part is None
-        or b < MIN_ROWS
-        or part[0].shape[0] != b
-        or any(p is None for p in prompts)
-    ):
+    if tok is None or part is None or b < 2 or part[0].shape[0] != b or any(p is None for p in prompts):
         return []
     ids, _ = part
     width = int(ids.shape[1])
@@ -212,9 +206,9 @@ def round_trip_findings(
             what, tag = _describe(d_text, d_row)
         changed.append((i, d_text, d_row, what, tag))
     out: list[Finding] = []
-    if len(changed) >= SHARE * b:
+    if len(changed) >= SHARE * b and (b >= MIN_ROWS or len(changed) == b):  # a small batch: every row
         out += _rewritten(changed, b, tok=tok, pad=pad, source=source, where=where, ctx=ctx)
-    if bos_rows >= MIN_ROWS and no_bos >= SHARE * bos_rows:
+    if bos_rows >= 2 and no_bos >= SHARE * bos_rows and (bos_rows >= MIN_ROWS or no_bos == bos_rows):
         out.append(_bos_finding(tok, bos, no_bos, bos_rows, source=source, where=where, ctx=ctx))
     return out
 
