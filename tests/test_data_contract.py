@@ -477,3 +477,32 @@ def test_a_batch_of_two_prompts_is_named_only_when_both_rows_changed():
     ex = digits_examples(2)
     assert [f.kind for f in trip(tok, ex, [e["prompt"].rstrip(":") for e in ex])] == [K.PROMPT_REWRITTEN]
     assert trip(tok, ex, [ex[0]["prompt"].rstrip(":"), ex[1]["prompt"]]) == []
+
+
+_SHIFTED: list[dict] = []
+
+
+def shifted():
+    return list(_SHIFTED)
+
+
+@pytest.mark.parametrize("k", [1, -2])
+def test_answers_offset_by_rows_against_their_prompts_are_named_as_a_shift(k):
+    rng = random.Random(7)
+    qs = []
+    for _ in range(300):
+        d = [rng.choice("0123456789") for _ in range(2)]
+        qs.append((" ".join(d) + ":", d[0] * 4))
+    prompts, answers = [q for q, _ in qs], [a for _, a in qs]
+    answers = answers[k:] + answers[:k]  # prompt i gets answer i + k (a header skipped twice: k = 1)
+    _SHIFTED[:] = [{"prompt": p, "answer": a} for p, a in zip(prompts, answers)]
+    w = C.ConflictWatch()
+    w.reload({"dataset": f"{__name__}:shifted"}, allowed=True)
+    fs = w.findings(data={"dataset": "x.py:shifted"}, ctx={})
+    assert [f.kind for f in fs] == [K.CONFLICTING_ANSWERS] and fs[0].observed["offset"] == k, fs
+    assert "misaligned" in fs[0].message and "off-by-one" in fs[0].fix
+    rng.shuffle(_SHIFTED)  # the same rows shuffled: no order to read, a conflict without an offset
+    w = C.ConflictWatch()
+    w.reload({"dataset": f"{__name__}:shifted"}, allowed=True)
+    fs = w.findings(data={"dataset": "x.py:shifted"}, ctx={})
+    assert [f.kind for f in fs] == [K.CONFLICTING_ANSWERS] and "offset" not in fs[0].observed

@@ -559,6 +559,8 @@ class ConflictWatch:
         self.answers: dict[str, set[str]] = {}
         self.prefs: dict[str, set[tuple[str, str]]] = {}
         self.reloaded = False
+        self.ordered: list[tuple[str, str]] = []
+        """The reloaded dataset's (prompt, answer) in its order: whether the answers are offset by rows."""
 
     def add(self, examples: Sequence[Mapping[str, Any]]) -> None:
         for ex in examples:
@@ -603,7 +605,11 @@ class ConflictWatch:
         except Exception:  # noqa: BLE001  (the user's dataset fails the run itself, where it matters)
             return
         if isinstance(examples, (list, tuple)):
-            self.add([ex for ex in list(examples)[:RELOAD_MAX] if isinstance(ex, Mapping)])
+            rows = [ex for ex in list(examples)[:RELOAD_MAX] if isinstance(ex, Mapping)]
+            self.add(rows)
+            self.ordered = [
+                (p, a) for ex in rows if (p := _text(ex, "prompt")) is not None and (a := _text(ex, "answer"))
+            ]
 
     def findings(self, *, data: Mapping[str, Any], ctx: Mapping[str, Any]) -> list[Finding]:
         at = _data_source(data)
@@ -613,6 +619,9 @@ class ConflictWatch:
             p, ans = next(iter(conflicting.items()))
             shown = sorted(ans)[:3]
             form = all(_canon(x) == _canon(shown[0]) for x in ans)
+            k = _offset(self.ordered, len(conflicting))
+            if k:
+                return [_offset_finding(k, len(conflicting), n, self.ordered, at=at, ctx=ctx)]
             how = (
                 " that differ only in their form (case, spacing, a unit or punctuation)"
                 if form
@@ -676,3 +685,47 @@ def verl_plain(ex: Mapping[str, Any], prompt_key: str = "messages") -> dict[str,
     if isinstance(truth, str):
         out["answer"] = truth
     return out
+
+
+OFFSETS = 3
+"""Row offsets between the prompts and the answers the shift test tries (a header skipped, an index off by one)."""
+
+
+def _conflicts(pairs: Sequence[tuple[str, str]]) -> int:
+    seen: dict[str, set[str]] = {}
+    for p, a in pairs:
+        seen.setdefault(p, set()).add(a)
+    return sum(len(a) >= 2 for a in seen.values())
+
+
+def _offset(ordered: Sequence[tuple[str, str]], conflicts: int) -> int:
+    """The row offset k (|k| <= `OFFSETS`) at which pairing prompt i with answer i - k leaves at most a fifth
+    of the conflicts, or 0: the answers are the prompts' own, shifted by k rows."""
+    if len(ordered) < 2 * OFFSETS or conflicts < CONFLICT_MIN:
+        return 0
+    prompts, answers = [p for p, _ in ordered], [a for _, a in ordered]
+    best = (conflicts, 0)
+    for k in [j for j in range(-OFFSETS, OFFSETS + 1) if j]:
+        pairs = list(zip(prompts[max(k, 0) :], answers[max(-k, 0) :]))
+        best = min(best, (_conflicts(pairs), k))
+    return best[1] if best[0] <= 0.2 * conflicts else 0
+
+
+def _offset_finding(k, conflicting, n, ordered, *, at, ctx) -> Finding:
+    i = max(k, 0)
+    (p, a), right = ordered[i], ordered[i - k][1]
+    return Finding(
+        severity="error",
+        kind=K.CONFLICTING_ANSWERS,
+        where=at,
+        message=f"the answers are misaligned with their prompts, offset by {abs(k)} row{'s' if abs(k) > 1 else ''}: "
+        f"{conflicting} of the {n} distinct prompts appear with different answers, and pairing prompt i with "
+        f"answer {'i - ' + str(k) if k > 0 else 'i + ' + str(-k)} instead leaves (nearly) none (prompt {_show(p)} has "
+        f"answer {_show(a)}, its own is {_show(right)}): every example is scored against another prompt's "
+        "target, so the reward is wrong for every response",
+        observed={"offset": k, "conflicting_prompts": conflicting, "distinct_prompts": n},
+        expected="row i's answer is row i's prompt's",
+        fix=f"{at}: align the answers with the prompts (an off-by-one shift of {abs(k)} row(s) between the two "
+        "columns or files: a header line skipped twice, an index that starts at 1)",
+        **ctx,
+    )
