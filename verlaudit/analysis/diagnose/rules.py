@@ -496,7 +496,7 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
 # data12: what the model is shown or scored against is not what the dataset says (`verlaudit.audit.data_contract`):
-# data-tier roots of the reward's signal, and of a checkpoint that looks untrained on prompts it was never shown
+# data-tier roots of the reward's signal (the tier rule puts them above no-signal and a constant reward)
 TIER_CHANNELS.update(
     {
         cls: ("data", frozenset({REWARD_SIGNAL}))
@@ -508,22 +508,6 @@ TIER_CHANNELS.update(
             "answer_notation",
             "answer_unreachable",
         )
-    }
-)
-RULES.update(
-    {
-        (root, "weights_untrained"): Rule(
-            "a checkpoint shown prompts in another form than it was trained on predicts its answers no better "
-            "than chance"
-        )
-        for root in ("prompt_rewritten", "special_content", "bos_missing")
-    }
-)
-RULES.update(
-    {
-        (root, symptom): Rule("a ground truth no response can match leaves every reward at one value")
-        for root in ("conflicting_labels", "answer_notation", "answer_unreachable", "special_content")
-        for symptom in ("reward_constant", "reward_unscored", "answer_form")
     }
 )
 
