@@ -559,6 +559,9 @@ class ConflictWatch:
         self.answers: dict[str, set[str]] = {}
         self.prefs: dict[str, set[tuple[str, str]]] = {}
         self.reloaded = False
+        self.version = 0
+        """Bumped by every new (prompt, answer) or pair: `findings` reads the pool again only when it grew."""
+        self._read = -1
         self.ordered: list[tuple[str, str]] = []
         """The reloaded dataset's (prompt, answer) in its order: whether the answers are offset by rows."""
 
@@ -569,15 +572,17 @@ class ConflictWatch:
                 continue
             c, r = _text(ex, "chosen"), _text(ex, "rejected")
             if c is not None and r is not None:
-                if c != r:
-                    self.prefs.setdefault(p, set()).add((c, r))
+                if c != r and (c, r) not in self.prefs.setdefault(p, set()):
+                    self.prefs[p].add((c, r))
+                    self.version += 1
                 continue
             a = _text(ex, "answer")
             if a is None:
                 gt = ex.get("ground_truth") if isinstance(ex, Mapping) else None
                 a = gt if isinstance(gt, str) else None
-            if a is not None:
-                self.answers.setdefault(p, set()).add(a)
+            if a is not None and a not in self.answers.setdefault(p, set()):
+                self.answers[p].add(a)
+                self.version += 1
 
     def reload(self, data: Mapping[str, Any], *, allowed: bool) -> None:
         """Reads the whole dataset once: ``data.dataset`` called again (module docstring)."""
@@ -612,6 +617,9 @@ class ConflictWatch:
             ]
 
     def findings(self, *, data: Mapping[str, Any], ctx: Mapping[str, Any]) -> list[Finding]:
+        if self.version == self._read:
+            return []  # nothing new since the last batch: the same answer
+        self._read = self.version
         at = _data_source(data)
         conflicting = {p: a for p, a in self.answers.items() if len(a) >= 2}
         n = len(self.answers)
