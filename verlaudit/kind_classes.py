@@ -146,6 +146,13 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "trust_region": "a clip side opened (or a loss without a clip) while several updates move the policy past it",
         "preference_direction": "a preference loss whose own gradient lowers the chosen answers it should prefer",
         "update_null": "a learning rate so small that the optimizer steps leave the weights where they were",
+        # data12: what the model is shown or scored against is not what the dataset says (`data_contract`)
+        "prompt_rewritten": "a collator or template that drops, cuts or rewrites part of the prompt text it encodes",
+        "special_content": "a special token (pad, eos, bos) that is also a character of the text: content masked or skipped",
+        "bos_missing": "prompts without the bos the checkpoint's tokenizer starts every sequence with",
+        "conflicting_labels": "the same prompt with different ground truths (or preferences the other way round)",
+        "answer_notation": "ground truths in another notation than the prompts write them (case, full-width)",
+        "answer_unreachable": "ground truths or prompts holding characters the tokenizer's vocabulary lacks (<unk>)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

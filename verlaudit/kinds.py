@@ -693,6 +693,48 @@ ANSWER_FORM = _f(
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")
 
+# ---------------------------------------------------------------- data12: the data contract (`data_contract`, `special_content`)
+PROMPT_REWRITTEN = _f(
+    "data/prompt_rewritten",
+    "prompt_rewritten",
+    "the prompt rows decode to another text than the examples' prompts: part dropped, cut or rewritten",
+)
+COMPLETION_REWRITTEN = _f(
+    "data/completion_rewritten",
+    "prompt_rewritten",
+    "a preference pair's chosen / rejected rows decode to another text than the pair's completions",
+)
+SPECIAL_TOKEN_CONTENT = _f(
+    "model/special_token_content",
+    "special_content",
+    "a pad / eos / bos token that is also a character of the text: masking or skipping it drops content",
+)
+BOS_MISSING = _f(
+    "data/bos_missing",
+    "bos_missing",
+    "prompts start with another number of bos (0, 2) than the checkpoint's tokenizer puts first",
+)
+CONFLICTING_ANSWERS = _f(
+    "data/conflicting_answers",
+    "conflicting_labels",
+    "the same prompt appears with different ground truths: one response is rewarded for opposite targets",
+)
+CONFLICTING_PREFERENCES = _f(
+    "data/conflicting_preferences",
+    "conflicting_labels",
+    "the same prompt's pair appears both ways round (a over b and b over a): the preferences cancel",
+)
+ANSWER_NOTATION = _f(
+    "data/answer_notation",
+    "answer_notation",
+    "the ground truths write characters in another notation (case, width) than any prompt does",
+)
+ANSWER_UNREACHABLE = _f(
+    "data/answer_unreachable",
+    "answer_unreachable",
+    "answers (or prompts) hold characters the tokenizer encodes as <unk>: no response can write them",
+)
+
 FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)
 """Every finding kind the audit writes, by name."""
 

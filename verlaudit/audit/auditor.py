@@ -156,7 +156,9 @@ class Auditor(Observer):
         """The reward's invariants: a constant reward, one ranked against the task, one read at a position."""
         self.reward_probe = probes_run.RewardProbe(enabled=getattr(self.settings, "probe_plugins", True))
         """rfprobe: the reward function's contract, probed in forked copies of the process."""
-        self.example_watch = invariants_examples.ExampleWatch()
+        self.example_watch = invariants_examples.ExampleWatch(
+            reload=getattr(self.settings, "probe_plugins", True)
+        )
         """The examples' invariants (data24): empty prompts, duplicate rows, leaked answers, rounded answers."""
 
     # -- context manager -------------------------------------------------------------------------

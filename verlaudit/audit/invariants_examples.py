@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verlaudit import kinds as K
+from verlaudit.audit import data_contract
 from verlaudit.audit.invariants_data import _data_source, _prompt_part, _rows, builtin_task
 from verlaudit.rundir import Finding
 
@@ -444,9 +445,12 @@ class LowPrecisionAnswers:
 class ExampleWatch:
     """The examples' invariants over a run, each kind found once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reload: bool = True) -> None:
         self.found: set[str] = set()
         self.grid = LowPrecisionAnswers()
+        self.conflicts = data_contract.ConflictWatch()  # data12: one prompt, two ground truths
+        self.reload = reload
+        """Whether the conflict check may call ``data.dataset`` once more to read the whole dataset."""
 
     def findings(
         self,
@@ -458,8 +462,10 @@ class ExampleWatch:
         source: str,
         ctx: Mapping[str, Any],
     ) -> list[Finding]:
-        if not examples or (data or {}).get("train_files"):
-            return []  # verl's rows are rendered from files by the trainer: their own checks read them
+        if examples and (data or {}).get("train_files"):
+            return self._verl(examples, data=dict(data or {}), ctx=ctx)
+        if not examples:
+            return []
         data = dict(data or {})
         where = f"collator:{source}"
         out: list[Finding] = []
@@ -476,9 +482,61 @@ class ExampleWatch:
                 examples, tokenizer_info=tokenizer_info, data=data, ctx=ctx
             ),
             K.ANSWERS_LOW_PRECISION: lambda: self.grid.observe(examples, data=data, ctx=ctx),
+            **self._contract(
+                batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
+            ),
         }
         for kind, check in checks.items():
             if kind not in self.found:
-                out += check()
-        self.found.update(f.kind for f in out)
+                for f in check():  # a check may report a related kind (data12's): each kind once per run
+                    if f.kind not in self.found:
+                        self.found.add(f.kind)
+                        out.append(f)
         return out
+
+    def _verl(self, examples, *, data, ctx) -> list[Finding]:
+        """verl's rows are rendered from files by the trainer (their own checks read the rows): of the examples'
+        invariants only the ground truths' (data12), read from the messages and ``reward_model.ground_truth``."""
+        plain = data_contract.guarded(lambda: [data_contract.verl_plain(ex) for ex in examples])
+        data_contract.guarded(lambda: self.conflicts.add(plain) or self.conflicts.reload(data, allowed=True))
+        out = []
+        for f in [
+            *data_contract.guarded(lambda: self.conflicts.findings(data=data, ctx=ctx)),
+            *data_contract.guarded(lambda: data_contract.notation_findings(plain, data=data, ctx=ctx)),
+        ]:
+            if f.kind not in self.found:
+                self.found.add(f.kind)
+                out.append(f)
+        return out
+
+    def _contract(self, batch, examples, *, tokenizer_info, data, source, ctx) -> dict:
+        """data12: the data contract's checks (`verlaudit.audit.data_contract`), by the kind each reports."""
+        where = f"collator:{source}"
+        g = data_contract.guarded  # a bug of these checks is the audit's: never the user's run's end
+        g(lambda: self.conflicts.add(examples) or self.conflicts.reload(data, allowed=self.reload))
+        trip = lambda: data_contract.round_trip_findings(  # noqa: E731
+            batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, where=where, ctx=ctx
+        )
+        conflicts = lambda: self.conflicts.findings(data=data, ctx=ctx)  # noqa: E731
+        return {
+            K.PROMPT_REWRITTEN: lambda: g(trip),
+            K.SPECIAL_TOKEN_CONTENT: lambda: g(
+                lambda: data_contract.special_content_findings(
+                    examples, tokenizer_info=tokenizer_info, ctx=ctx
+                )
+            ),
+            K.ANSWER_UNREACHABLE: lambda: g(
+                lambda: data_contract.unreachable_findings(
+                    examples, tokenizer_info=tokenizer_info, data=data, ctx=ctx
+                )
+            ),
+            K.ANSWER_NOTATION: lambda: g(
+                lambda: data_contract.notation_findings(examples, data=data, ctx=ctx)
+            ),
+            K.CONFLICTING_ANSWERS: lambda: g(conflicts),
+            K.COMPLETION_REWRITTEN: lambda: g(
+                lambda: data_contract.completion_round_trip_findings(
+                    batch, examples, tokenizer_info=tokenizer_info, source=source, where=where, ctx=ctx
+                )
+            ),
+        }

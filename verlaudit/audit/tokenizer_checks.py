@@ -227,4 +227,10 @@ def findings(
         chat_template(config, tokenizer),
         generation_prompt(config, tokenizer, source(config)),  # setupg
     ]
+    from verlaudit.audit import (
+        special_content,  # data12: special tokens that are text, a bos the checkpoint expects
+    )
+
+    found += special_content.content_findings(source(config), tokenizer, pairs)
+    found += special_content.bos_findings(config, tokenizer)
     return [f for f in found if f is not None]

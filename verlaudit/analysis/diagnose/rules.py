@@ -507,6 +507,22 @@ TIER_CHANNELS.update(
     }
 )
 
+# data12: what the model is shown or scored against is not what the dataset says (`verlaudit.audit.data_contract`):
+# data-tier roots of the reward's signal (the tier rule puts them above no-signal and a constant reward)
+TIER_CHANNELS.update(
+    {
+        cls: ("data", frozenset({REWARD_SIGNAL}))
+        for cls in (
+            "prompt_rewritten",
+            "special_content",
+            "bos_missing",
+            "conflicting_labels",
+            "answer_notation",
+            "answer_unreachable",
+        )
+    }
+)
+
 
 def by_tier(root: str, symptom: str) -> Rule | None:
     """The general rule: ``root`` of an earlier tier than the ``symptom`` (a symptom-tier class) that
