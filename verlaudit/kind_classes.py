@@ -140,6 +140,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",
         "reward_unscored": "a reward function that does not score the reference answer above a wrong one",
         "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
+        # setup12: what a setup did to the weights and the forward; precision asked for vs realised
+        "setup_weights": "model.setup re-initialised, rescaled or zeroed a model's loaded weights",
+        "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",
+        "setup_modes": "after model.setup the forward differs between calls or between training and eval mode",
+        "precision_realised": "a role's parameters or forward in another dtype than the suite asked for",
+        "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -667,6 +667,34 @@ ANSWER_FORM = _f(
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
 OOM = _f("memory/oom", "oom", "the run ran out of memory")
 
+# ---------------------------------------------------------------- setup12: setups' weights and forwards, precision
+# asked for vs realised, update terms below the storage resolution
+SETUP_WEIGHTS = _f(
+    "setup/weights_rewritten",
+    "setup_weights",
+    "model.setup re-initialised, rescaled or zeroed loaded weights: the role is not its checkpoint",
+)
+SETUP_HOOK_EFFECT = _f(
+    "setup/hook_effect",
+    "setup_hook_effect",
+    "a hook model.setup registered adds noise, scales its tensor, or acts in training mode only",
+)
+SETUP_NOT_DETERMINISTIC = _f(
+    "setup/forward_not_deterministic",
+    "setup_modes",
+    "after model.setup the forward gives two outputs for one input, or differs by train / eval mode",
+)
+PRECISION_NOT_REALISED = _f(
+    "precision/requested_not_realised",
+    "precision_realised",
+    "a role's weights are not in the dtype its precision key asked for (a loader ignored it)",
+)
+DECAY_ROUNDED_AWAY = _f(
+    "numerics/decay_rounded_away",
+    "update_term_lost",
+    "lr x weight_decay x |w| below half the stored weights' spacing: the decay rounds away",
+)
+
 FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)
 """Every finding kind the audit writes, by name."""
 

@@ -156,7 +156,21 @@ def _load(c: Mapping[str, Any], who: str, role: str):
 def _graph(c: Mapping[str, Any], who: str, role: str):
     off = c.get("grad_off_in") or []
     dead = not c["output_requires_grad"]
-    if off:
+    if off and c.get("reentrant"):
+        name, typ = off[0]
+        msg = (
+            f"after {who}, the {role}'s {name or '<model>'} ({typ}) runs its layers inside a reentrant "
+            f"torch.utils.checkpoint (use_reentrant=True; {_names(c['reentrant'][:2], len(c['reentrant']))} "
+            "compute without gradients and are recomputed in backward only for inputs that require grad): no "
+            "input of the checkpointed block requires grad (the parameters before it, the embeddings, are "
+            "frozen), so its output carries no graph and the weights inside it get no gradient"
+        )
+        fix = (
+            f"checkpoint with use_reentrant=False in {typ}.forward (which {who} put in the {role}), or call "
+            "model.enable_input_require_grads() after freezing the embeddings (or keep them requires_grad), so "
+            "that the checkpointed layers' input requires grad"
+        )
+    elif off:
         name, typ = off[0]
         msg = (
             f"after {who}, the {role}'s {name or '<model>'} ({typ}) runs its forward with gradients off "

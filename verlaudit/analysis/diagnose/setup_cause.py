@@ -43,6 +43,8 @@ SETUP_CLASSES = frozenset(
 """Classes of the ``setup/*`` findings (`verlaudit.kinds`)."""
 EFFECT_CLASSES = frozenset(
     {"setup_settings", "setup_interface", "setup_adapter", "setup_collapse", "setup_shared"}
+    # setup12: what a setup did to the weights and the forward (`verlaudit.audit.setup_values`)
+    | {"setup_weights", "setup_hook_effect", "setup_modes"}
 )
 """setupg: classes of what a setup changed in what a model computes (`verlaudit.audit.setup_effect`):
 roots in their own words (they say what is wrong), dropped like the others when info and unexplaining."""
@@ -186,6 +188,14 @@ def override_causes(run: RunDir) -> list[Cause]:
             anchor = role == "reference" and uses_reference(run) and _lower(cd, actor_cd)
             kl = _kl_at_start(run) if anchor else None
             title = f"precision.overrides.{role}.compute_dtype: {cd} computes the {role} in {cd} where the {name} preset computes it in {bcd}"
+            engine = role_policy(run, "rollout").get("compute_dtype") if role == "actor" else None
+            apart = bool(engine) and engine != cd  # setup12: the trainer recomputes below the engine
+            if apart:
+                title += (
+                    f", while the rollout engine samples in {engine}: the trainer's old log-probs and ratios are "
+                    f"{cd} forwards of the policy the {engine} rollout sampled from, so every token's ratio "
+                    f"carries {cd} rounding (a rollout-vs-trainer mismatch the {name} run does not have)"
+                )
             if anchor:
                 title += (
                     f", while the actor computes in {actor_cd}: the KL to the reference measures {cd} rounding "
@@ -206,11 +216,14 @@ def override_causes(run: RunDir) -> list[Cause]:
                             + (
                                 f" (and param_dtype {bpd}): the reference then is the actor's start exactly"
                                 if anchor
+                                else f": the trainer then computes as the {engine} rollout engine samples "
+                                "(remove the override)"
+                                if apart
                                 else ""
                             ),
                         )
                     ],
-                    severity="warning" if anchor else "info",
+                    severity="warning" if anchor or apart else "info",
                     ev=[f"first-step {kl[0]} = {kl[1]:.3g}"] if kl else (),
                 )
             )
