@@ -339,7 +339,10 @@ def _in_reentrant_checkpoint() -> bool:
 
     f = sys._getframe(1)
     while f is not None:
-        if f.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py") and f.f_code.co_name == "forward":
+        if (
+            f.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py")
+            and f.f_code.co_name == "forward"
+        ):
             return True
         f = f.f_back
     return False

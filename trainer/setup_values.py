@@ -102,15 +102,22 @@ def values(pre: Mapping[str, Any] | None, model: nn.Module) -> dict[str, Any] | 
         return None
     groups: dict[str, list[tuple[str, int, float]]] = {}
     total = elements = 0
-    for n, p in model.named_parameters():
+    owner: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        owner.setdefault(p.data_ptr(), n)
+    for n, p in model.named_parameters(remove_duplicate=False):
         got = pre["weights"].get(n)
         if got is None or tuple(p.shape) != got[0] or not p.is_floating_point():
             continue
         total += 1
         elements += p.numel()
         found = _classify(got[2], _take(p, got[1]))
+        if found is not None and owner.get(p.data_ptr(), n) != n:
+            found = ("tied:" + owner[p.data_ptr()], 0.0)  # now the storage of another parameter
         if found is not None:
-            groups.setdefault(found[0], []).append((n, p.numel(), found[1]))
+            groups.setdefault(found[0].split(":")[0], []).append((n, p.numel(), found[1]))
+            if found[0].startswith("tied:"):
+                groups.setdefault("tied_to", []).append((found[0][5:], 0, 0.0))
     if not groups:
         return None
     out: dict[str, Any] = {"aspect": "values", "tensors": total, "elements": elements}

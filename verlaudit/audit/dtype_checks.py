@@ -290,7 +290,9 @@ def _not_realised(role, policy, counts, wrong, d, first, wider, *, step, phase) 
     key = f"precision.overrides.{role}.param_dtype"
     want = dn(policy.param_dtype)
     total = sum(counts.values())
-    source = {"reward": "model.reward_model", "critic": "model.critic_path"}.get(role, "model.path / model.setup")
+    source = {"reward": "model.reward_model", "critic": "model.critic_path"}.get(
+        role, "model.path / model.setup"
+    )
     return Finding(
         severity="warning" if wider else "error", kind=K.PRECISION_NOT_REALISED, role=role, where=key,
         step=step, phase=phase, observed={dn(k): v for k, v in counts.items()}, expected=want,

@@ -374,7 +374,25 @@ def findings(
             shown = ", ".join(f"{n}: {a} -> {b}" for n, a, b in m["replaced"])
             msg = f"{who} replaced {m['count']} module(s) of the {role}: {shown}"
             fix = f"check the replacement modules of {who}: their dtype, inputs and outputs against the originals'"
-            out.append(_finding(K.SETUP_MODULES, role, who, "info", msg, fix, m["replaced"][0][0], m))
+            fn = by.get("function") or {}
+            moved = role != "critic" and (
+                not fn.get("finite", True) or fn.get("change", 0) > setup_effect.MOVED
+            )
+            if (
+                moved and "dtype" not in by
+            ):  # setup12: the replacement computes otherwise than the checkpoint's
+                msg += (
+                    f"; the {role}'s output on a probe batch moved by {fn.get('change', float('inf')):.0%} (mean "
+                    "relative) with them: the replacements compute something else than the checkpoint's modules, "
+                    f"so the {role} is not the model it was loaded as"
+                )
+                n, a, b = m["replaced"][0]
+                fix = (
+                    f"keep the checkpoint's {a} at {n} (and the other replaced modules) in {who}, or make the {b} "
+                    "compute what it did (same activation, normalisation and scaling as the model was trained with)"
+                )
+            sev = "warning" if moved and "dtype" not in by else "info"
+            out.append(_finding(K.SETUP_MODULES, role, who, sev, msg, fix, m["replaced"][0][0], m))
         if "hooks" in by:
             h = by["hooks"]
             msg = f"{who} registered forward hooks on {h['count']} module(s) of the {role}: {_names(h['modules'], h['count'])}"

@@ -31,6 +31,8 @@ ATTR = "setup_changes"
 """The model attribute `trainer.models.apply_setup` writes (`trainer.setup_diff.SETUP_CHANGES_ATTR`)."""
 MOVED = 0.05
 """A mean relative change past which a hook or a forward computes something else, not a rounding."""
+SAME = 1e-2
+"""A forward's two calls (or its two modes) apart by more than this, where they agreed before the setup."""
 REINIT_SHARE = 0.5
 """Re-initialised elements, as a share of the role's, from which the role starts from scratch: an error."""
 LOADED_ROLES = ("actor", "reference", "reward", "critic")
@@ -81,15 +83,20 @@ def _head(name: str) -> bool:
 
 def _weights(c: Mapping[str, Any], by, who: str, role: str, trains: bool):
     groups = {k: dict(v) for k, v in c.items() if isinstance(v, Mapping)}
+    tied_to = groups.pop("tied_to", None)
     if role == "critic":  # a critic's head is new by design: only its trunk counts
         for g in groups.values():
             keep = [i for i, n in enumerate(g["names"]) if not _head(n)]
             g["names"] = [g["names"][i] for i in keep]
             g["numbers"] = [g["numbers"][i] for i in keep]
-            g["count"] = len(keep) if g["count"] <= len(g["names"]) else g["count"] - (len(g["names"]) - len(keep))
+            g["count"] = (
+                len(keep) if g["count"] <= len(g["names"]) else g["count"] - (len(g["names"]) - len(keep))
+            )
         groups = {k: g for k, g in groups.items() if g["names"]}
     if not groups or set(groups) == {"changed"} and (_moved(by) or 0) <= MOVED:
         return None
+    if tied_to:
+        groups["tied_to"] = tied_to
     moved = _moved(by)
     parts, fixes = [], []
     if "reinit" in groups:
@@ -122,14 +129,28 @@ def _weights(c: Mapping[str, Any], by, who: str, role: str, trains: bool):
             "and apply a temperature or calibration only where it is meant (the sampling temperature, or the "
             "scorer's output), not in the weights every role trains and compares"
         )
+    if "tied" in groups:
+        g, to = groups["tied"], groups.get("tied_to", {}).get("names", [])
+        parts.append(
+            f"tied {_names(g['names'][:2], g['count'])} to {_names(to[:2], len(to))} (the checkpoint's own tensor "
+            "replaced by another parameter's)"
+        )
+        fixes.append(
+            f"do not tie {_names(g['names'][:2], g['count'])} in {who}: the checkpoint was trained with its own "
+            "tensor there (tie_word_embeddings false); keep it untied"
+        )
     if "zeroed" in groups:
         g = groups["zeroed"]
         parts.append(f"set {g['count']} weight tensor(s) to zero ({_names(g['names'][:3], g['count'])})")
         fixes.append(f"do not zero the loaded weights {_names(g['names'][:2], g['count'])} in {who}")
     if "changed" in groups and not parts:
         g = groups["changed"]
-        parts.append(f"changed the values of {g['count']} weight tensor(s) ({_names(g['names'][:3], g['count'])})")
-        fixes.append(f"leave the loaded weights of {_names(g['names'][:2], g['count'])} as the checkpoint has them in {who}")
+        parts.append(
+            f"changed the values of {g['count']} weight tensor(s) ({_names(g['names'][:3], g['count'])})"
+        )
+        fixes.append(
+            f"leave the loaded weights of {_names(g['names'][:2], g['count'])} as the checkpoint has them in {who}"
+        )
     share = groups.get("reinit", {}).get("elements", 0) / max(1, c["elements"])
     msg = f"{who} rewrote the {role}'s loaded weights: " + "; ".join(parts)
     if moved is not None and moved > MOVED:
@@ -141,6 +162,7 @@ def _weights(c: Mapping[str, Any], by, who: str, role: str, trains: bool):
         else ""
     )
     severity = "error" if share >= REINIT_SHARE else "warning" if moved is None or moved > MOVED else "info"
+    groups.pop("tied_to", None)
     first = next(iter(groups.values()))["names"]
     return severity, msg, " ".join(fixes), first[0] if first else None
 
@@ -193,20 +215,17 @@ def _hook(c: Mapping[str, Any], who: str, role: str, trains: bool):
         return None
     msg = f"{who} registered {what}, which {how}: {why}"
     noisy = max(en, tn) > MOVED
-    fix = (
-        f"remove the hook ({c['hook']}) that {who} registers on {c['module'] or 'the model'}"
-        + (
-            ": noise on the embeddings (NEFTune) is an SFT regulariser; in RL the sampled and the trained "
-            "policy must be one function (no noise in the forward)"
-            if noisy
-            else ": the model must compute the same in training and eval mode"
-            if train_only
-            else (
-                f": the checkpoint was not trained with that scale ({e.get('scale', t.get('scale')):.4g}); a "
-                "scale the architecture needs belongs in the model's own forward or config, as trained"
-                if e.get("scale", t.get("scale")) is not None
-                else ": the checkpoint was not trained with it"
-            )
+    fix = f"remove the hook ({c['hook']}) that {who} registers on {c['module'] or 'the model'}" + (
+        ": noise on the embeddings (NEFTune) is an SFT regulariser; in RL the sampled and the trained "
+        "policy must be one function (no noise in the forward)"
+        if noisy
+        else ": the model must compute the same in training and eval mode"
+        if train_only
+        else (
+            f": the checkpoint was not trained with that scale ({e.get('scale', t.get('scale')):.4g}); a "
+            "scale the architecture needs belongs in the model's own forward or config, as trained"
+            if e.get("scale", t.get("scale")) is not None
+            else ": the checkpoint was not trained with it"
         )
     )
     return sev, msg, fix, c["module"] or None
@@ -214,16 +233,17 @@ def _hook(c: Mapping[str, Any], who: str, role: str, trains: bool):
 
 def _modes(c: Mapping[str, Any], who: str, role: str, trains: bool):
     parts = []
-    if c["eval_noise"] > max(MOVED, 10 * c["eval_noise_before"]):
+    if c["eval_noise"] > max(SAME, 10 * c["eval_noise_before"]):
         parts.append(f"two eval-mode calls on the same input differ by {c['eval_noise']:.0%} (mean relative)")
-    if c["train_noise"] > max(MOVED, 10 * c["train_noise_before"]):
+    if c["train_noise"] > max(SAME, 10 * c["train_noise_before"]):
         parts.append(f"two training-mode calls differ by {c['train_noise']:.0%}")
-    if c["train_vs_eval"] > max(MOVED, 10 * c["train_vs_eval_before"]):
+    if c["train_vs_eval"] > max(SAME, 10 * c["train_vs_eval_before"]):
         parts.append(f"training and eval mode differ by {c['train_vs_eval']:.0%}")
     if not parts:
         return None
     msg = (
-        f"after {who} the {role}'s forward is not one function of its input: " + "; ".join(parts)
+        f"after {who} the {role}'s forward is not one function of its input: "
+        + "; ".join(parts)
         + f" (the model as built: {c['eval_noise_before']:.2g}, {c['train_noise_before']:.2g}, "
         f"{c['train_vs_eval_before']:.2g}): the rollout (eval mode) and the trainer (training mode) log-probs "
         "disagree by what the setup changed, not by rounding"
@@ -232,7 +252,7 @@ def _modes(c: Mapping[str, Any], who: str, role: str, trains: bool):
         f"undo what {who} changed in the {role}'s forward: no random numbers in a module's forward (dropout "
         "forced on, noise), and the same computation in training and eval mode"
     )
-    sev = "error" if trains or c["eval_noise"] > MOVED else "info"
+    sev = "error" if trains or c["eval_noise"] > SAME else "info"
     return sev, msg, fix, None
 
 

@@ -87,7 +87,9 @@ def decay_lost(
     }
 
 
-def decay_findings(role: str, got: Mapping[str, Any] | None, *, step: int, phase: str | None) -> list[Finding]:
+def decay_findings(
+    role: str, got: Mapping[str, Any] | None, *, step: int, phase: str | None
+) -> list[Finding]:
     """A ``numerics/decay_rounded_away`` warning when most sampled weights kept their value under the decay."""
     if not got or got["fraction"] <= LOST_WARN:
         return []

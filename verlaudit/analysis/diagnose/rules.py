@@ -641,6 +641,13 @@ RULES.update(
             )
             for s in ("rollout_dtype", "mismatch")
         },
+        **{
+            ("setup_modules", s): Rule("modules the setup replaced compute otherwise than the checkpoint's")
+            for s in ("weights_untrained", "mismatch")
+        },
+        ("setup_graph", "reference"): Rule(
+            "the setup that wrapped the actor's layers (and cut their graph) renamed what the reference holds"
+        ),
     }
 )
 TIER_CHANNELS.update(
