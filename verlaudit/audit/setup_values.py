@@ -81,6 +81,7 @@ def _head(name: str) -> bool:
     return any(h in name.split(".") for h in _HEADS)
 
 
+# long: one branch per kind of rewrite (re-initialised, scaled, tied, zeroed, changed), each with its words and fix
 def _weights(c: Mapping[str, Any], by, who: str, role: str, trains: bool):
     groups = {k: dict(v) for k, v in c.items() if isinstance(v, Mapping)}
     tied_to = groups.pop("tied_to", None)

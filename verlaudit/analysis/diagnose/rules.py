@@ -610,7 +610,9 @@ def moment_words(m: Moment) -> str:
 
 # ---------------------------------------------------------------- setup12: a setup's change is the root of what follows
 # from it (`verlaudit.audit.setup_values`); a compute override that makes the actor differ from the rollout engine
-_SETUP_WEIGHTS = "weights the setup re-initialised or rescaled are not the checkpoint's: every comparison with it moves"
+_SETUP_WEIGHTS = (
+    "weights the setup re-initialised or rescaled are not the checkpoint's: every comparison with it moves"
+)
 _SETUP_HOOK_EFFECT = "the setup's hook changes what the module computes (noise, a scale, one mode only)"
 _SETUP_MODES = "a forward the setup made random or mode-dependent differs between the rollout and the trainer"
 _SETUP12_SYMPTOMS = (
