@@ -140,3 +140,40 @@ def test_an_override_the_model_has_and_a_preset_default_stay_as_they_were():
     # no override: a frozen role kept wider than the preset's bf16 is information, as before
     [f] = dtype_checks.check_param_storage("reward", _model(torch.float32), resolve_policy("bf16")["reward"])
     assert f.kind == K.PARAM_STORAGE and f.severity == "info"
+
+
+# ---------------------------------------------------------------- diagnose: the key comes before what it explains
+def _diagnosed(findings, **kw):
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+
+    return diagnose_run(run_dir(findings, **kw))
+
+
+def test_an_override_the_loader_ignored_heads_the_kl_and_reward_symptoms():
+    from verlaudit.rundir import Finding
+
+    policy = resolve_policy("fp32", {"reward": {"param_dtype": "fp16"}})["reward"]
+    [asked] = dtype_checks.check_param_storage("reward", _model(torch.float32), policy)
+    kl = Finding(severity="warning", kind=K.KL_DOMINATES, role="actor", where="algo.kl_coef", step=2,
+                 phase="reward", message="the KL penalty is 58x the task score's spread", fix="lower algo.kl_coef")  # fmt: skip
+    d = _diagnosed([kl, asked])
+    assert d.causes[0].where == "precision.overrides.reward.param_dtype", [c.title[:80] for c in d.causes]
+    assert any(c.consequence_of == d.causes[0].title for c in d.causes)
+    assert "loader" in d.causes[0].fixes[0].why
+
+
+def test_an_actor_compute_override_below_the_rollout_is_the_root_of_the_rollout_dtype_finding():
+    from verlaudit.rundir import Finding
+
+    boundary = Finding(severity="warning", kind=K.ROLLOUT_DTYPE, role="rollout", where="rollout:hf-generate", step=0,
+                       phase="rollout", message="hf-generate samples in fp32 while the actor trains in bf16",
+                       fix="set precision.overrides.rollout.compute_dtype: bf16")  # fmt: skip
+    d = _diagnosed([boundary], preset="fp32", overrides={"actor": {"compute_dtype": "bf16"}})
+    first = d.causes[0]
+    assert (
+        first.where == "precision.overrides.actor.compute_dtype"
+        and "rollout engine samples in fp32" in first.title
+    )
+    assert first.fixes[0].suite == "precision.overrides.actor.compute_dtype: fp32"
+    assert any(c.consequence_of == first.title for c in d.causes)

@@ -144,7 +144,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_weights": "model.setup re-initialised, rescaled or zeroed a model's loaded weights",
         "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",
         "setup_modes": "after model.setup the forward differs between calls or between training and eval mode",
-        "precision_realised": "a role's parameters or forward in another dtype than the suite asked for",
+        "override_not_realised": "a role's parameters or forward in another dtype than the suite asked for",
         "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
     }
 )

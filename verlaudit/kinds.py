@@ -686,7 +686,7 @@ SETUP_NOT_DETERMINISTIC = _f(
 )
 PRECISION_NOT_REALISED = _f(
     "precision/requested_not_realised",
-    "precision_realised",
+    "override_not_realised",
     "a role's weights are not in the dtype its precision key asked for (a loader ignored it)",
 )
 DECAY_ROUNDED_AWAY = _f(

@@ -647,6 +647,23 @@ RULES.update(
             ("setup_modules", s): Rule("modules the setup replaced compute otherwise than the checkpoint's")
             for s in ("weights_untrained", "mismatch")
         },
+        **{
+            ("override_not_realised", s): Rule(
+                "the role runs at another precision than its key asks for: what it computes (its scores' spread, "
+                "its log-probs) is not what the configured run would compute"
+            )
+            for s in (
+                "kl_penalty",
+                "no_signal",
+                "reward_constant",
+                "reward_model_dtype",
+                "mismatch",
+                "rollout_dtype",
+                "precision_excess",
+                "reference",
+                "param_dtype",
+            )
+        },
         ("setup_graph", "reference"): Rule(
             "the setup that wrapped the actor's layers (and cut their graph) renamed what the reference holds"
         ),
@@ -657,7 +674,7 @@ TIER_CHANNELS.update(
         "setup_weights": ("setup", frozenset({REWARD_SIGNAL, UPDATE})),
         "setup_hook_effect": ("setup", frozenset({REWARD_SIGNAL})),
         "setup_modes": ("setup", frozenset({REWARD_SIGNAL})),
-        "precision_realised": ("config", frozenset({REWARD_SIGNAL})),
+        "override_not_realised": ("config", frozenset({REWARD_SIGNAL})),
         "update_term_lost": ("config", frozenset({UPDATE})),
     }
 )
