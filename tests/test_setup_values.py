@@ -265,3 +265,17 @@ def test_the_setups_change_is_the_first_cause_and_its_fix_undoes_it(fn, roles, s
     assert any(c.consequence_of == first.title for c in d.causes), [
         (c.kind, c.consequence_of) for c in d.causes
     ]
+
+
+def temperature_on_the_output(model, role, tok):
+    def hook(mod, args, out):
+        out.logits = out.logits / 2.0
+        return out
+
+    model.register_forward_hook(hook)
+
+
+def test_a_hook_on_the_whole_models_output_is_measured_on_its_logits():
+    _, fs = setup_models(temperature_on_the_output, ("reference",))
+    [f] = [f for f in fs if f.kind == K.SETUP_HOOK_EFFECT]
+    assert f.role == "reference" and f.severity == "warning" and "by 0.5" in f.message and "remove the hook" in f.fix
