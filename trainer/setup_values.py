@@ -9,8 +9,8 @@ cannot show:
   receives, in eval mode and in training mode: the relative change, whether it is a scale (and by what),
   and whether two calls on the same input give two results (noise). The hook is called a second time on a
   copy of its input for that; its first result is the one the model uses.
-- ``modes``: whether the model's forward, all its hooks on, is still a function of its input after the
-  setup (two calls with the same input, in eval mode and in training mode) and how far its training-mode
+- ``modes``: whether the model's forward (its hooks set aside: they are ``hook_effect``'s) is still a
+  function of its input after the setup (two calls with the same input, in eval mode and in training mode) and how far its training-mode
   output is from its eval-mode one, before and after the setup: a noise the setup added, or a forward that
   the rollout (eval mode) and the trainer (training mode) compute differently.
 
@@ -241,7 +241,7 @@ def _run(model: nn.Module, ids: torch.Tensor) -> torch.Tensor | None:
 
 
 def modes(model: nn.Module, vocab: int) -> dict[str, float] | None:
-    """The forward's output (all hooks on) called twice in eval mode and twice in training mode on the
+    """The forward's output (its hooks set aside) called twice in eval mode and twice in training mode on the
     probe batch: ``eval_noise`` / ``train_noise`` (mean relative difference of the two calls) and
     ``train_vs_eval`` (first calls). None when it cannot run."""
     if not _plain(model):
@@ -249,6 +249,12 @@ def modes(model: nn.Module, vocab: int) -> dict[str, float] | None:
     ids = _ids(model, vocab)
     dev = ids.device
     got: dict[str, torch.Tensor | None] = {}
+    mods = list(
+        model.modules()
+    )  # the hooks set aside: a user hook may count calls (its effect is `hook_effects`')
+    kept = [(m._forward_hooks, m._forward_pre_hooks) for m in mods]
+    for m in mods:
+        m._forward_hooks, m._forward_pre_hooks = type(m._forward_hooks)(), type(m._forward_pre_hooks)()
     try:
         with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []), torch.no_grad():
             for training in (False, True):
@@ -256,6 +262,9 @@ def modes(model: nn.Module, vocab: int) -> dict[str, float] | None:
                     got[f"{training}0"], got[f"{training}1"] = _run(model, ids), _run(model, ids)
     except Exception:  # a user module with another signature: no probe, never a failed run
         return None
+    finally:
+        for m, (fwd, pre) in zip(mods, kept, strict=True):
+            m._forward_hooks, m._forward_pre_hooks = fwd, pre
     if any(v is None for v in got.values()):
         return None
     return {
