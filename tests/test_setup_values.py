@@ -166,9 +166,9 @@ def setup_models(fn, roles):
         (zero_norms, K.SETUP_WEIGHTS, "warning", ("set 2 weight tensor(s) to zero", "input_layernorm"), ("do not zero",)),
         (tie_head, K.SETUP_WEIGHTS, "warning", ("tied lm_head.weight to model.embed_tokens.weight",), ("do not tie",)),
         (neftune, K.SETUP_HOOK_EFFECT, "error", ("_neftune", "training mode only", "eval mode", "model.embed_tokens"),
-         ("remove the hook", "noise")),
-        (scale_embeddings, K.SETUP_HOOK_EFFECT, "warning", ("multiplies the output it receives by 8",), ("remove the hook", "scale")),
-        (noisy_pre_hook, K.SETUP_HOOK_EFFECT, "error", ("pre-hook", "model.norm", "in eval mode too"), ("remove the hook",)),
+         ("remove the forward hook", "noise")),
+        (scale_embeddings, K.SETUP_HOOK_EFFECT, "warning", ("multiplies the output it receives by 8",), ("remove the forward hook", "scale")),
+        (noisy_pre_hook, K.SETUP_HOOK_EFFECT, "error", ("pre-hook", "model.norm", "in eval mode too"), ("remove the pre-hook",)),
         (halve_in_training, K.SETUP_HOOK_EFFECT, "error", ("in training mode only", "50%"), ("same in training and eval",)),
         (noisy_activation, K.SETUP_NOT_DETERMINISTIC, "error", ("two eval-mode calls",), ("no random numbers",)),
         (train_only_activation, K.SETUP_NOT_DETERMINISTIC, "error", ("training and eval mode differ",), ("same computation",)),
@@ -278,4 +278,4 @@ def temperature_on_the_output(model, role, tok):
 def test_a_hook_on_the_whole_models_output_is_measured_on_its_logits():
     _, fs = setup_models(temperature_on_the_output, ("reference",))
     [f] = [f for f in fs if f.kind == K.SETUP_HOOK_EFFECT]
-    assert f.role == "reference" and f.severity == "warning" and "by 0.5" in f.message and "remove the hook" in f.fix
+    assert f.role == "reference" and f.severity == "warning" and "by 0.5" in f.message and "remove the forward hook" in f.fix

@@ -145,6 +145,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",
         "setup_modes": "after model.setup the forward differs between calls or between training and eval mode",
         "override_not_realised": "a role's parameters or forward in another dtype than the suite asked for",
+        "override_rollout_apart": "an actor compute override below the rollout engine's dtype (the ratios' rounding)",
         "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
     }
 )

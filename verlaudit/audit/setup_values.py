@@ -216,7 +216,7 @@ def _hook(c: Mapping[str, Any], who: str, role: str, trains: bool):
         return None
     msg = f"{who} registered {what}, which {how}: {why}"
     noisy = max(en, tn) > MOVED
-    fix = f"remove the hook ({c['hook']}) that {who} registers on {c['module'] or 'the model'}" + (
+    fix = f"remove the {kind} ({c['hook']}) that {who} registers on {c['module'] or 'the model'}" + (
         ": noise on the embeddings (NEFTune) is an SFT regulariser; in RL the sampled and the trained "
         "policy must be one function (no noise in the forward)"
         if noisy

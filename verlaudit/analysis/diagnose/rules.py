@@ -631,18 +631,17 @@ _SETUP12_SYMPTOMS = (
 )
 """What a setup's rewritten weights, hooks or forward explain (in any role: a setup of the actor moves the KL to
 the reference, the rollout's log-probs, the reward model's scores)."""
+_SETUP12_NUMERIC = ("overflow", "nonfinite", "grad_underflow")
+"""Numeric blow-ups a setup's scale produces: their own finding heads the chain, naming the setup
+(`verlaudit.analysis.diagnose.setup_cause.absorb`)."""
 RULES.update(
     {
-        **{("setup_weights", s): Rule(_SETUP_WEIGHTS) for s in _SETUP12_SYMPTOMS},
-        **{("setup_hook_effect", s): Rule(_SETUP_HOOK_EFFECT) for s in _SETUP12_SYMPTOMS},
-        **{("setup_modes", s): Rule(_SETUP_MODES) for s in _SETUP12_SYMPTOMS},
+        **{("setup_weights", s): Rule(_SETUP_WEIGHTS) for s in (*_SETUP12_SYMPTOMS, *_SETUP12_NUMERIC)},
         **{
-            ("override_compute", s): Rule(
-                "the actor computing below the rollout's dtype recomputes the sampled tokens' log-probs with "
-                "another rounding than the engine sampled them with"
-            )
-            for s in ("rollout_dtype", "mismatch")
+            ("setup_hook_effect", s): Rule(_SETUP_HOOK_EFFECT)
+            for s in (*_SETUP12_SYMPTOMS, *_SETUP12_NUMERIC)
         },
+        **{("setup_modes", s): Rule(_SETUP_MODES) for s in _SETUP12_SYMPTOMS},
         **{
             ("setup_modules", s): Rule("modules the setup replaced compute otherwise than the checkpoint's")
             for s in ("weights_untrained", "mismatch")
@@ -664,6 +663,13 @@ RULES.update(
                 "param_dtype",
             )
         },
+        **{
+            ("override_rollout_apart", s): Rule(
+                "the actor computing below the rollout's dtype recomputes the sampled tokens' log-probs with "
+                "another rounding than the engine sampled them with"
+            )
+            for s in ("rollout_dtype", "mismatch")
+        },
         ("setup_graph", "reference"): Rule(
             "the setup that wrapped the actor's layers (and cut their graph) renamed what the reference holds"
         ),
@@ -676,5 +682,6 @@ TIER_CHANNELS.update(
         "setup_modes": ("setup", frozenset({REWARD_SIGNAL})),
         "override_not_realised": ("config", frozenset({REWARD_SIGNAL})),
         "update_term_lost": ("config", frozenset({UPDATE})),
+        "override_rollout_apart": ("config", frozenset({REWARD_SIGNAL})),
     }
 )

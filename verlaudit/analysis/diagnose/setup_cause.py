@@ -203,7 +203,7 @@ def override_causes(run: RunDir) -> list[Cause]:
                 )
             out.append(
                 _cause(
-                    "override_compute",
+                    "override_rollout_apart" if apart else "override_compute",
                     role,
                     "compute_dtype",
                     title,
@@ -257,11 +257,20 @@ def _model(role: str | None) -> str | None:
     return "actor" if role == "rollout" else role
 
 
+_VALUE_CLASSES = frozenset({"setup_weights", "setup_hook_effect", "setup_modes"})
+"""setup12: what a setup did to the weights and the forward: roots in their own words, except before a
+numeric blow-up (`_NUMERIC`), whose finding names the module that overflowed and takes the setup's name."""
+_NUMERIC = frozenset({"overflow", "nonfinite", "grad_underflow"})
+
+
 def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause | None:
     """The consequence that takes the head of a setup change's chain (module docstring), or None:
     the earliest finding about the model's state it explains, else ``target`` (the most important
     cause the chain was followed back from) when it is where the setup touched, else the earliest
     cause there."""
+    if (root.cls or "") in _VALUE_CLASSES:  # setup12: only a numeric blow-up names the module better
+        numeric = [c for c in cons if (c.cls or "") in _NUMERIC and _model(c.role) == _model(root.role)]
+        return min(numeric, key=lambda c: Moment.of(c.step, c.phase, c.seq)) if numeric else None
     if (root.cls or "") not in SETUP_CLASSES:
         return None
     touched = _touched(root)
