@@ -270,6 +270,8 @@ def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause
     cause there."""
     if (root.cls or "") in _VALUE_CLASSES:  # setup12: only a numeric blow-up names the module better
         numeric = [c for c in cons if (c.cls or "") in _NUMERIC and _model(c.role) == _model(root.role)]
+        if target is not None and target in numeric:
+            return target  # the most important of them (the skipped steps, not an early headroom note)
         return min(numeric, key=lambda c: Moment.of(c.step, c.phase, c.seq)) if numeric else None
     if (root.cls or "") not in SETUP_CLASSES:
         return None
