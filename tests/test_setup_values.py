@@ -278,4 +278,20 @@ def temperature_on_the_output(model, role, tok):
 def test_a_hook_on_the_whole_models_output_is_measured_on_its_logits():
     _, fs = setup_models(temperature_on_the_output, ("reference",))
     [f] = [f for f in fs if f.kind == K.SETUP_HOOK_EFFECT]
-    assert f.role == "reference" and f.severity == "warning" and "by 0.5" in f.message and "remove the forward hook" in f.fix
+    assert (
+        f.role == "reference"
+        and f.severity == "warning"
+        and "by 0.5" in f.message
+        and "remove the forward hook" in f.fix
+    )
+
+
+def test_a_clamp_that_collapses_a_scorer_is_left_to_the_collapse_finding():
+    from tests.test_setup_effect import clamp_scores, scorer
+
+    out = apply_setup(
+        {"reward": scorer()}, ModelConfig(setup=f"tests.test_setup_effect:{clamp_scores.__name__}"), Tok()
+    )
+    fs = setup_changes.findings({}, out, resolve_policy("fp32"), {"vocab_size": 100}, TRAINABLE_ROLES)
+    kinds = [f.kind for f in fs if f.severity != "info"]
+    assert K.SETUP_COLLAPSED in kinds and K.SETUP_HOOK_EFFECT not in kinds, kinds

@@ -273,9 +273,18 @@ def findings(models: Mapping[str, nn.Module], trainable_roles) -> list[Finding]:
             if got is not None:
                 out.append(_finding(K.SETUP_WEIGHTS, got[0], role, who, *got[1:], by["values"]))
         hooked = False
+        fn = by.get("function") if isinstance(by.get("function"), Mapping) else {}
+        collapsed = (
+            fn.get("finite")
+            and fn.get("distinct_before", 0) >= 4
+            and fn["distinct"] * 4 <= fn["distinct_before"]
+        )
         for c in rec["changes"]:
             if isinstance(c, Mapping) and c.get("aspect") == "hook_effect":
                 got = _hook(c, who, role, trains)
+                if got is not None and collapsed and got[0] == "warning":
+                    hooked = True  # a clamp that collapses the outputs: `setup/outputs_collapsed` says so
+                    continue
                 if got is not None:
                     hooked = True
                     out.append(_finding(K.SETUP_HOOK_EFFECT, got[0], role, who, *got[1:], c))
