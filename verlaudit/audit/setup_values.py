@@ -105,7 +105,7 @@ def _weights(c: Mapping[str, Any], by, who: str, role: str, trains: bool):
         parts.append(
             f"re-initialised {g['count']} of its {c['tensors']} weight tensors ({g['elements']} of {c['elements']} "
             f"elements: {_names(g['names'][:3], g['count'])}): their values after the setup are uncorrelated with "
-            f"the loaded ones (correlation {max(abs(x) for x in g['numbers']):.2f} at most): random weights, not "
+            f"the loaded ones (correlation {max(abs(x) for x in g['numbers']):.2f} at most): re-initialised at random (or overwritten with other weights), not "
             "the checkpoint's"
         )
         fixes.append(
