@@ -182,7 +182,9 @@ def _forward_wrapper(fn, rec: dict[str, Any], mode: list[str]):
     def wrapper(module, *rest):
         out = rest[-1]
         t0 = _first_tensor(out)
-        t0 = t0.detach().clone() if isinstance(t0, torch.Tensor) else None
+        if not isinstance(t0, torch.Tensor):
+            return None  # nothing to measure: the user's hook is not called (it may count its calls)
+        t0 = t0.detach().clone()
         r = fn(module, *rest)
         res = out if r is None else r
         t1 = _first_tensor(res)
@@ -200,7 +202,9 @@ def _forward_wrapper(fn, rec: dict[str, Any], mode: list[str]):
 def _pre_wrapper(fn, rec: dict[str, Any], mode: list[str], with_kwargs: bool):
     def wrapper(module, args, *kw):
         t0 = _first_tensor(args)
-        t0 = t0.detach().clone() if isinstance(t0, torch.Tensor) else None
+        if not isinstance(t0, torch.Tensor):
+            return None  # nothing to measure (keyword inputs only): the user's hook is not called
+        t0 = t0.detach().clone()
         r = fn(module, args, *kw)
         new = args if r is None else (r[0] if with_kwargs else r)
         t1 = _first_tensor(new if isinstance(new, tuple) else (new,))
