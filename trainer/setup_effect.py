@@ -170,7 +170,17 @@ def before(model: nn.Module, vocab: int) -> dict[str, Any]:
         "hooks": _hook_count(model),
         "id": id(model),
         "type": type(model).__name__,
+        "values": _values_before(model, vocab),
     }
+
+
+def _values_before(model: nn.Module, vocab: int) -> dict[str, Any] | None:
+    from trainer import setup_values
+
+    try:
+        return setup_values.before(model, vocab)
+    except Exception:  # the record is never why a run stops
+        return None
 
 
 def _config_field(value: Any, config: Mapping[str, Any]) -> str | None:
@@ -291,7 +301,17 @@ def after(pre: dict[str, Any] | None, model: nn.Module, vocab: int, *, trains: b
         _added(pre, model),
         moved,
     ]
-    return [f for f in found if f is not None]
+    return [f for f in found if f is not None] + _values_after(pre.get("values"), model, vocab)
+
+
+def _values_after(pre: Any, model: nn.Module, vocab: int) -> list[dict[str, Any]]:
+    """`trainer.setup_values.after`: the values, hooks and forward modes the setup changed."""
+    from trainer import setup_values
+
+    try:
+        return setup_values.after(pre, model, vocab)
+    except Exception:  # the record is never why a run stops
+        return []
 
 
 def pointers(models: Mapping[str, nn.Module]) -> dict[str, dict[int, str]]:

@@ -299,9 +299,13 @@ def _probe_forward(
     names = {id(m): name for name, m in model.named_modules()}
     grad_on: dict[str, bool] = {}
     out_graph: dict[str, bool] = {}
+    reentrant: set[str] = set()
 
     def pre(mod, _args):
-        grad_on.setdefault(names.get(id(mod), "?"), torch.is_grad_enabled())
+        name = names.get(id(mod), "?")
+        grad_on.setdefault(name, torch.is_grad_enabled())
+        if not torch.is_grad_enabled() and name not in reentrant and _in_reentrant_checkpoint():
+            reentrant.add(name)
 
     def post(mod, _args, output):
         o = _output_tensor(output)
@@ -323,7 +327,25 @@ def _probe_forward(
     finally:
         for m, (fwd, pre_hooks) in zip(mods, kept, strict=True):
             m._forward_hooks, m._forward_pre_hooks = fwd, pre_hooks
+    if reentrant:
+        grad_on["<reentrant>"] = sorted(reentrant)  # type: ignore[assignment]
     return out, grad_on, out_graph
+
+
+def _in_reentrant_checkpoint() -> bool:
+    """Whether the current forward runs inside ``torch.utils.checkpoint``'s reentrant function (which
+    computes without gradients and builds its graph only for inputs that require grad)."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None:
+        if (
+            f.f_code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py")
+            and f.f_code.co_name == "forward"
+        ):
+            return True
+        f = f.f_back
+    return False
 
 
 def _grad_breaks(model: nn.Module, grad_on: dict[str, bool], out_graph: dict[str, bool]):
@@ -364,6 +386,7 @@ def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
     t = _output_tensor(probed[0]) if probed is not None else None
     if probed is None or t is None:
         return None
+    reentrant = probed[1].pop("<reentrant>", [])
     off, cut = _grad_breaks(model, probed[1], probed[2])
     report: dict[str, Any] = {}
     leaves = _graph_leaves(t) if t.requires_grad else {}
@@ -376,6 +399,9 @@ def graph_probe(model: nn.Module, vocab: int) -> dict[str, Any] | None:
             "count": len(off) + len(cut),
             "reached": len(reached),
             "trainable": len(trainable),
+            # setup12: modules run inside a reentrant torch.utils.checkpoint, and whether any parameter
+            # before them trains (frozen embeddings: no input of the checkpoint requires grad)
+            "reentrant": list(reentrant)[:_LIST],
         }
     registered = {id(p) for p in params}
     stray = [v for k, v in leaves.items() if k not in registered and v.requires_grad]

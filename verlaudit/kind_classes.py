@@ -153,6 +153,13 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "conflicting_labels": "the same prompt with different ground truths (or preferences the other way round)",
         "answer_notation": "ground truths in another notation than the prompts write them (case, full-width)",
         "answer_unreachable": "ground truths or prompts holding characters the tokenizer's vocabulary lacks (<unk>)",
+        # setup12: what a setup did to the weights and the forward; precision asked for vs realised
+        "setup_weights": "model.setup re-initialised, rescaled or zeroed a model's loaded weights",
+        "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",
+        "setup_modes": "after model.setup the forward differs between calls or between training and eval mode",
+        "override_not_realised": "a role's parameters or forward in another dtype than the suite asked for",
+        "override_rollout_apart": "an actor compute override below the rollout engine's dtype (the ratios' rounding)",
+        "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -735,6 +735,34 @@ ANSWER_UNREACHABLE = _f(
     "answers (or prompts) hold characters the tokenizer encodes as <unk>: no response can write them",
 )
 
+# ---------------------------------------------------------------- setup12: setups' weights and forwards, precision
+# asked for vs realised, update terms below the storage resolution
+SETUP_WEIGHTS = _f(
+    "setup/weights_rewritten",
+    "setup_weights",
+    "model.setup re-initialised, rescaled or zeroed loaded weights: the role is not its checkpoint",
+)
+SETUP_HOOK_EFFECT = _f(
+    "setup/hook_effect",
+    "setup_hook_effect",
+    "a hook model.setup registered adds noise, scales its tensor, or acts in training mode only",
+)
+SETUP_NOT_DETERMINISTIC = _f(
+    "setup/forward_not_deterministic",
+    "setup_modes",
+    "after model.setup the forward gives two outputs for one input, or differs by train / eval mode",
+)
+PRECISION_NOT_REALISED = _f(
+    "precision/requested_not_realised",
+    "override_not_realised",
+    "a role's weights are not in the dtype its precision key asked for (a loader ignored it)",
+)
+DECAY_ROUNDED_AWAY = _f(
+    "numerics/decay_rounded_away",
+    "update_term_lost",
+    "lr x weight_decay x |w| below half the stored weights' spacing: the decay rounds away",
+)
+
 FINDINGS: Mapping[str, Kind] = MappingProxyType(_FINDINGS)
 """Every finding kind the audit writes, by name."""
 
@@ -758,6 +786,11 @@ _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond 
 _c("override_storage", "override_storage", "precision.overrides stores a role's weights below the preset's")
 _c("override_compute", "override_compute", "precision.overrides computes a role below the preset's dtype")
 _c("override_scaling", "override_scaling", "precision.overrides departs from the preset's loss scaling")
+_c(  # setup12
+    "override_rollout_apart",
+    "override_rollout_apart",
+    "precision.overrides computes the actor below the rollout engine's dtype: ratios carry the rounding",
+)
 # cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
 _c("reward_collapse", "reward_trend", "the reward fell and stayed down")
 _c("reward_variance", "reward_trend", "the reward's variance exploded")

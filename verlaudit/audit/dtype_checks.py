@@ -270,6 +270,9 @@ def check_param_storage(
     wider = role not in TRAINABLE_ROLES and all(
         torch.finfo(x).bits > torch.finfo(policy.param_dtype).bits for x in wrong
     )
+    reason = str((policy.reasons or {}).get("param_dtype", ""))
+    if reason.startswith("per-role override"):  # setup12: the suite asked for this dtype by a key
+        return [_not_realised(role, policy, counts, wrong, d, first[d], wider, step=step, phase=phase)]
     return [Finding(
         severity="info" if wider else "error", kind=kind, role=role, where=where, step=step, phase=phase,
         observed={dn(k): v for k, v in counts.items()}, expected=dn(policy.param_dtype),
@@ -279,6 +282,28 @@ def check_param_storage(
         fix=f"load/cast the {role} model with dtype={_torch(policy.param_dtype)} (trainer.precision.cast_model), "
         f"or set precision.overrides.{role}.param_dtype; verl: {VERL_MODEL_DTYPE}",
     )]  # fmt: skip
+
+
+def _not_realised(role, policy, counts, wrong, d, first, wider, *, step, phase) -> Finding:
+    """setup12: ``precision.overrides.<role>.param_dtype`` asked for one dtype and the model that the
+    loader or setup built holds another: the run is not the precision the suite says."""
+    key = f"precision.overrides.{role}.param_dtype"
+    want = dn(policy.param_dtype)
+    total = sum(counts.values())
+    source = {"reward": "model.reward_model", "critic": "model.critic_path"}.get(
+        role, "model.path / model.setup"
+    )
+    return Finding(
+        severity="warning" if wider else "error", kind=K.PRECISION_NOT_REALISED, role=role, where=key,
+        step=step, phase=phase, observed={dn(k): v for k, v in counts.items()}, expected=want,
+        message=f"{key}: {want} was asked for, but the {role} model as built holds {wrong[d]} of its {total} "
+        f"parameters in {dn(d)} (first: {first}): the loader or setup that built it ({source}) ignored the "
+        f"role's dtype (the trainer leaves a loader's module as returned), so the {role} runs in {dn(d)}, not "
+        f"the {want} the suite configures (configured and effective precision differ)",
+        fix=f"cast the {role} model to the role's dtype in its loader (model.to(dtype) with the dtype passed in, "
+        f"e.g. {_torch(policy.param_dtype)} / .half(), or from_pretrained(torch_dtype=...) honouring it), or drop "
+        f"the override {key} so the suite says what runs",
+    )  # fmt: skip
 
 
 def check_buffers(role: str, model: nn.Module, policy: RolePolicy) -> list[Finding]:

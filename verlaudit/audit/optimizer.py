@@ -21,7 +21,7 @@ from torch import nn
 
 from trainer.precision import TRAINABLE_ROLES, RolePolicy
 from verlaudit import kinds as K
-from verlaudit.audit import numerics
+from verlaudit.audit import numerics, update_terms
 from verlaudit.audit.context import StepContext
 from verlaudit.audit.findings import FindingLog
 from verlaudit.audit.metrics import StepNumbers
@@ -100,6 +100,11 @@ class OptimizerWatch:
         snap = self._snap.pop(role, None)
         if snap and not skipped:
             self._update_due.discard(role)
+            # setup12: a decoupled weight decay below the stored weights' spacing rounds away in place
+            decay = update_terms.decay_lost(optimizer, model.named_parameters(), snap)
+            if decay is not None:
+                self.numbers.max(f"numerics/{role}/decay_lost_frac", decay["fraction"])
+                out += update_terms.decay_findings(role, decay, **self.ctx.where())
             rows = numerics.update_underflow_rows(snap, model.named_parameters())
             frac, per_module = numerics.update_underflow_summary(rows)
             self.numbers.max(f"numerics/{role}/update_underflow_frac", frac)

@@ -156,7 +156,21 @@ def _load(c: Mapping[str, Any], who: str, role: str):
 def _graph(c: Mapping[str, Any], who: str, role: str):
     off = c.get("grad_off_in") or []
     dead = not c["output_requires_grad"]
-    if off:
+    if off and c.get("reentrant"):
+        name, typ = off[0]
+        msg = (
+            f"after {who}, the {role}'s {name or '<model>'} ({typ}) runs its layers inside a reentrant "
+            f"torch.utils.checkpoint (use_reentrant=True; {_names(c['reentrant'][:2], len(c['reentrant']))} "
+            "compute without gradients and are recomputed in backward only for inputs that require grad): no "
+            "input of the checkpointed block requires grad (the parameters before it, the embeddings, are "
+            "frozen), so its output carries no graph and the weights inside it get no gradient"
+        )
+        fix = (
+            f"checkpoint with use_reentrant=False in {typ}.forward (which {who} put in the {role}), or call "
+            "model.enable_input_require_grads() after freezing the embeddings (or keep them requires_grad), so "
+            "that the checkpointed layers' input requires grad"
+        )
+    elif off:
         name, typ = off[0]
         msg = (
             f"after {who}, the {role}'s {name or '<model>'} ({typ}) runs its forward with gradients off "
@@ -360,7 +374,25 @@ def findings(
             shown = ", ".join(f"{n}: {a} -> {b}" for n, a, b in m["replaced"])
             msg = f"{who} replaced {m['count']} module(s) of the {role}: {shown}"
             fix = f"check the replacement modules of {who}: their dtype, inputs and outputs against the originals'"
-            out.append(_finding(K.SETUP_MODULES, role, who, "info", msg, fix, m["replaced"][0][0], m))
+            fn = by.get("function") or {}
+            moved = role != "critic" and (
+                not fn.get("finite", True) or fn.get("change", 0) > setup_effect.MOVED
+            )
+            if (
+                moved and "dtype" not in by
+            ):  # setup12: the replacement computes otherwise than the checkpoint's
+                msg += (
+                    f"; the {role}'s output on a probe batch moved by {fn.get('change', float('inf')):.0%} (mean "
+                    "relative) with them: the replacements compute something else than the checkpoint's modules, "
+                    f"so the {role} is not the model it was loaded as"
+                )
+                n, a, b = m["replaced"][0]
+                fix = (
+                    f"keep the checkpoint's {a} at {n} (and the other replaced modules) in {who}, or make the {b} "
+                    "compute what it did (same activation, normalisation and scaling as the model was trained with)"
+                )
+            sev = "warning" if moved and "dtype" not in by else "info"
+            out.append(_finding(K.SETUP_MODULES, role, who, sev, msg, fix, m["replaced"][0][0], m))
         if "hooks" in by:
             h = by["hooks"]
             msg = f"{who} registered forward hooks on {h['count']} module(s) of the {role}: {_names(h['modules'], h['count'])}"

@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from verlaudit import kinds as K
+from verlaudit.audit import setup_values
 from verlaudit.rundir import Finding
 
 ATTR = "setup_changes"
@@ -244,7 +245,7 @@ def findings(models: Mapping[str, nn.Module], trainable_roles) -> list[Finding]:
                 pairs.add(tuple(c["roles"]))
                 sev, msg, fix, module = _shared(c, who)
                 out.append(_finding(K.SETUP_SHARED, sev, c["roles"][1], who, msg, fix, module, c))
-    return out
+    return out + setup_values.findings(models, trainable_roles)
 
 
 def _lead(got: tuple[str, str, str, Any], role: str, who: str) -> tuple[str, str, str, str, str, Any]:

@@ -634,3 +634,82 @@ def moment_words(m: Moment) -> str:
         return "setup"
     ph = phase_name(m.phase)
     return f"step {int(m.step)}" + (f", {ph}" if ph else "")
+
+
+# ---------------------------------------------------------------- setup12: a setup's change is the root of what follows
+# from it (`verlaudit.audit.setup_values`); a compute override that makes the actor differ from the rollout engine
+_SETUP_WEIGHTS = (
+    "weights the setup re-initialised or rescaled are not the checkpoint's: every comparison with it moves"
+)
+_SETUP_HOOK_EFFECT = "the setup's hook changes what the module computes (noise, a scale, one mode only)"
+_SETUP_MODES = "a forward the setup made random or mode-dependent differs between the rollout and the trainer"
+_SETUP12_SYMPTOMS = (
+    "reference",
+    "weights_untrained",
+    "mismatch",
+    "kl_penalty",
+    "precision_excess",
+    "hook_output",
+    "user_hook",
+    "setup_hooks",
+    "setup_roles",
+    "no_signal",
+    "reward_constant",
+    "rollout_dtype",
+)
+"""What a setup's rewritten weights, hooks or forward explain (in any role: a setup of the actor moves the KL to
+the reference, the rollout's log-probs, the reward model's scores)."""
+_SETUP12_NUMERIC = ("overflow", "nonfinite", "grad_underflow")
+"""Numeric blow-ups a setup's scale produces: their own finding heads the chain, naming the setup
+(`verlaudit.analysis.diagnose.setup_cause.absorb`)."""
+RULES.update(
+    {
+        **{("setup_weights", s): Rule(_SETUP_WEIGHTS) for s in (*_SETUP12_SYMPTOMS, *_SETUP12_NUMERIC)},
+        **{
+            ("setup_hook_effect", s): Rule(_SETUP_HOOK_EFFECT)
+            for s in (*_SETUP12_SYMPTOMS, *_SETUP12_NUMERIC)
+        },
+        **{("setup_modes", s): Rule(_SETUP_MODES) for s in _SETUP12_SYMPTOMS},
+        **{
+            ("setup_modules", s): Rule("modules the setup replaced compute otherwise than the checkpoint's")
+            for s in ("weights_untrained", "mismatch")
+        },
+        **{
+            ("override_not_realised", s): Rule(
+                "the role runs at another precision than its key asks for: what it computes (its scores' spread, "
+                "its log-probs) is not what the configured run would compute"
+            )
+            for s in (
+                "kl_penalty",
+                "no_signal",
+                "reward_constant",
+                "reward_model_dtype",
+                "mismatch",
+                "rollout_dtype",
+                "precision_excess",
+                "reference",
+                "param_dtype",
+            )
+        },
+        **{
+            ("override_rollout_apart", s): Rule(
+                "the actor computing below the rollout's dtype recomputes the sampled tokens' log-probs with "
+                "another rounding than the engine sampled them with"
+            )
+            for s in ("rollout_dtype", "mismatch")
+        },
+        ("setup_graph", "reference"): Rule(
+            "the setup that wrapped the actor's layers (and cut their graph) renamed what the reference holds"
+        ),
+    }
+)
+TIER_CHANNELS.update(
+    {
+        "setup_weights": ("setup", frozenset({REWARD_SIGNAL, UPDATE})),
+        "setup_hook_effect": ("setup", frozenset({REWARD_SIGNAL})),
+        "setup_modes": ("setup", frozenset({REWARD_SIGNAL})),
+        "override_not_realised": ("config", frozenset({REWARD_SIGNAL})),
+        "update_term_lost": ("config", frozenset({UPDATE})),
+        "override_rollout_apart": ("config", frozenset({REWARD_SIGNAL})),
+    }
+)

@@ -43,6 +43,8 @@ SETUP_CLASSES = frozenset(
 """Classes of the ``setup/*`` findings (`verlaudit.kinds`)."""
 EFFECT_CLASSES = frozenset(
     {"setup_settings", "setup_interface", "setup_adapter", "setup_collapse", "setup_shared"}
+    # setup12: what a setup did to the weights and the forward (`verlaudit.audit.setup_values`)
+    | {"setup_weights", "setup_hook_effect", "setup_modes"}
 )
 """setupg: classes of what a setup changed in what a model computes (`verlaudit.audit.setup_effect`):
 roots in their own words (they say what is wrong), dropped like the others when info and unexplaining."""
@@ -186,6 +188,14 @@ def override_causes(run: RunDir) -> list[Cause]:
             anchor = role == "reference" and uses_reference(run) and _lower(cd, actor_cd)
             kl = _kl_at_start(run) if anchor else None
             title = f"precision.overrides.{role}.compute_dtype: {cd} computes the {role} in {cd} where the {name} preset computes it in {bcd}"
+            engine = role_policy(run, "rollout").get("compute_dtype") if role == "actor" else None
+            apart = bool(engine) and engine != cd  # setup12: the trainer recomputes below the engine
+            if apart:
+                title += (
+                    f", while the rollout engine samples in {engine}: the trainer's old log-probs and ratios are "
+                    f"{cd} forwards of the policy the {engine} rollout sampled from, so every token's ratio "
+                    f"carries {cd} rounding (a rollout-vs-trainer mismatch the {name} run does not have)"
+                )
             if anchor:
                 title += (
                     f", while the actor computes in {actor_cd}: the KL to the reference measures {cd} rounding "
@@ -193,7 +203,7 @@ def override_causes(run: RunDir) -> list[Cause]:
                 )
             out.append(
                 _cause(
-                    "override_compute",
+                    "override_rollout_apart" if apart else "override_compute",
                     role,
                     "compute_dtype",
                     title,
@@ -206,11 +216,14 @@ def override_causes(run: RunDir) -> list[Cause]:
                             + (
                                 f" (and param_dtype {bpd}): the reference then is the actor's start exactly"
                                 if anchor
+                                else f": the trainer then computes as the {engine} rollout engine samples "
+                                "(remove the override)"
+                                if apart
                                 else ""
                             ),
                         )
                     ],
-                    severity="warning" if anchor else "info",
+                    severity="warning" if anchor or apart else "info",
                     ev=[f"first-step {kl[0]} = {kl[1]:.3g}"] if kl else (),
                 )
             )
@@ -244,11 +257,22 @@ def _model(role: str | None) -> str | None:
     return "actor" if role == "rollout" else role
 
 
+_VALUE_CLASSES = frozenset({"setup_weights", "setup_hook_effect", "setup_modes"})
+"""setup12: what a setup did to the weights and the forward: roots in their own words, except before a
+numeric blow-up (`_NUMERIC`), whose finding names the module that overflowed and takes the setup's name."""
+_NUMERIC = frozenset({"overflow", "nonfinite", "grad_underflow"})
+
+
 def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause | None:
     """The consequence that takes the head of a setup change's chain (module docstring), or None:
     the earliest finding about the model's state it explains, else ``target`` (the most important
     cause the chain was followed back from) when it is where the setup touched, else the earliest
     cause there."""
+    if (root.cls or "") in _VALUE_CLASSES:  # setup12: only a numeric blow-up names the module better
+        numeric = [c for c in cons if (c.cls or "") in _NUMERIC and _model(c.role) == _model(root.role)]
+        if target is not None and target in numeric:
+            return target  # the most important of them (the skipped steps, not an early headroom note)
+        return min(numeric, key=lambda c: Moment.of(c.step, c.phase, c.seq)) if numeric else None
     if (root.cls or "") not in SETUP_CLASSES:
         return None
     touched = _touched(root)
