@@ -140,6 +140,8 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",
         "reward_unscored": "a reward function that does not score the reference answer above a wrong one",
         "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
+        # rank12: the reward probe's near misses
+        "reward_lenient": "a reward function that scores near-miss wrong answers as correct (a loose tolerance, a partial match)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

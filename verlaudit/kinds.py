@@ -662,6 +662,12 @@ ANSWER_FORM = _f(
     "answer_form",
     "the answers' canonical form (stripped, NFKC, integer text) scores below their raw form",
 )
+# rank12: the reward probe's near misses (`verlaudit.audit.probes_answer`)
+REWARD_ANSWER_LENIENT = _f(
+    "reward/answer_lenient",
+    "reward_lenient",
+    "wrong answers next to the reference (an integer +-1, a changed last letter) score as the reference does",
+)
 
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")

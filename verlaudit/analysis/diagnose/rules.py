@@ -492,6 +492,8 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "reward_mutates": ("data", frozenset({REWARD_SIGNAL})),
     "reward_unscored": ("data", frozenset({REWARD_SIGNAL})),
     "answer_form": ("data", frozenset({REWARD_SIGNAL})),
+    # rank12: a reward that scores near misses as the answer
+    "reward_lenient": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
@@ -526,9 +528,25 @@ class Event:
     role: str | None = None
 
 
+STANDING_TIERS = ("setup", "config", "data")
+"""Tiers whose causes are standing properties of the run (what the setup did, a key's value, the data, the
+user's reward or loop code): a probe that saw one at step 1 saw what was already so at step 0."""
+STANDING_WINDOW = 1
+"""The last step of the audit's first look (setup and the first steps, audited in full and probed): a standing
+cause first seen there was there from the start; one first seen later may have come from what went wrong."""
+
+
+def standing(root: str, symptom: str) -> bool:
+    """Whether a ``root`` class of a standing tier explains a ``symptom``-tier class although it was recorded
+    later within the audit's first look: the moment a check recorded it is when it looked, not when it began."""
+    r, s = TIER_CHANNELS.get(root), TIER_CHANNELS.get(symptom)
+    return r is not None and s is not None and r[0] in STANDING_TIERS and s[0] == "symptom"
+
+
 def _can_explain(root: Event, symptom: Event) -> Rule | None:
     rule = explains(root.cls, symptom.cls)
-    if rule is None or not root.moment.not_after(symptom.moment):
+    early = root.moment.step <= STANDING_WINDOW and standing(root.cls, symptom.cls)
+    if rule is None or not (root.moment.not_after(symptom.moment) or early):
         return None
     if explains(symptom.cls, root.cls) and not root.moment < symptom.moment:
         return None  # a rule both ways (same class) in one step and phase: the earlier record is the root
