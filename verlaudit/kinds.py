@@ -666,7 +666,7 @@ ANSWER_FORM = _f(
 REWARD_ANSWER_LENIENT = _f(
     "reward/answer_lenient",
     "reward_lenient",
-    "wrong answers next to the reference (an integer +-1, a changed last letter) score as the reference does",
+    "near-miss wrong answers (an integer +-1, a changed last letter) score as the reference answer",
 )
 
 # ---------------------------------------------------------------- failures
