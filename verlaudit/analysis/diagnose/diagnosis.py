@@ -551,7 +551,10 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
         c.cls = c.cls or K.cause_class(c.kind)
     if moments is None:
         moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
-    events = [Event(c.cls or "other", m, c.role) for c, m in zip(causes, moments, strict=True)]
+    weight = {"error": 2, "warning": 1}
+    events = [
+        Event(c.cls or "other", m, c.role, weight.get(c.severity, 0)) for c, m in zip(causes, moments, strict=True)
+    ]
     out: list[Cause] = []
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
@@ -572,10 +575,19 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
             continue
         root.severity = severity_max([root.severity] + [c.severity for c in cons])
         root.chain = labels
+        root.what = _what_it_explains(root.what, cons)
         for c in cons:
             c.consequence_of = root.title
             c.fixes = []
     return [c for c in out if not explains_nothing(c)]
+
+
+def _what_it_explains(what: str, cons: Sequence[Cause]) -> str:
+    """A root's account with what it produced (its consequences' titles, the first two): the root says what
+    it did to the run, not only what it is."""
+    said = [c.title if len(c.title) <= 140 else c.title[:139] + "…" for c in cons[:2]]
+    more = f" (and {len(cons) - 2} more)" if len(cons) > 2 else ""
+    return f"{what.rstrip()} It explains: {'; '.join(said)}{more}." if said else what
 
 
 def _label(c: Cause, m: Moment) -> str:

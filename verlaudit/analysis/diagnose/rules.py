@@ -497,6 +497,33 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
+# rank12: what a model computes. A setup that changed the model (its modules, hooks, weights, settings, what it
+# loaded) makes it compute otherwise from step 0: against the reference it was copied from, the rollout engine
+# that runs the same weights, its fp32 shadow, and so the KL term. Those are the setup's symptoms, whatever new
+# setup kind names the change: a setup-tier class on this channel explains them by the tier rule.
+MODEL = "model"
+"""Channel: what the model computes (its log-probs against the reference, the rollout's, an fp32 shadow)."""
+for _cls in (
+    "setup_dtype", "setup_graph", "setup_load", "newly_initialised", "setup_settings", "setup_adapter",
+    "setup_collapse", "setup_shared", "setup_modules", "setup_hooks", "hook_output", "setup_remap", "setup_roles",
+    "mask_ignored", "setup_mode",
+):  # fmt: skip
+    _tier, _ch = TIER_CHANNELS.get(_cls, ("setup", frozenset()))
+    TIER_CHANNELS[_cls] = (_tier, _ch | {MODEL})
+for _cls in ("reference", "mismatch", "precision_excess", "kl_penalty"):
+    TIER_CHANNELS.setdefault(_cls, ("symptom", frozenset({MODEL})))
+RULES.update(
+    {
+        ("reference", "kl_penalty"): Rule(
+            "an actor that is not the reference from step 0 pays a KL that no update made: the penalty dominates"
+        ),
+        **{
+            ("override_compute", s): Rule(_OVERRIDE_COMPUTE)
+            for s in ("rollout_dtype", "mismatch", "kl_penalty")
+        },
+    }
+)
+
 
 def by_tier(root: str, symptom: str) -> Rule | None:
     """The general rule: ``root`` of an earlier tier than the ``symptom`` (a symptom-tier class) that
@@ -526,6 +553,9 @@ class Event:
     cls: str
     moment: Moment
     role: str | None = None
+    weight: int = 0
+    """Its own severity (error 2, warning 1, info 0): of two roots seen in one step and phase, the one that
+    says more (a warning of what a setup's hook changes, over the info that the setup registered hooks)."""
 
 
 STANDING_TIERS = ("setup", "config", "data")
@@ -562,14 +592,20 @@ def _model(role: str) -> str:
 
 def root_of(events: Sequence[Event], i: int) -> list[int]:
     """The chain from the root to ``events[i]``: indices, root first, ``i`` last. Each step back takes
-    the earliest event that a rule lets explain the current one (ties: the one listed first)."""
+    the earliest event that a rule lets explain the current one (`_earliest`: of one step and phase the more
+    severe, then the one recorded first; ties: the one listed first)."""
     chain = [i]
     while True:
         cur = events[chain[0]]
         options = [j for j, e in enumerate(events) if j not in chain and _can_explain(e, cur)]
         if not options:
             return chain
-        chain.insert(0, min(options, key=lambda j: (events[j].moment, j)))
+        chain.insert(0, min(options, key=lambda j: _earliest(events[j], j)))
+
+
+def _earliest(e: Event, j: int) -> tuple[float, int, int, float, int]:
+    """The order of candidate roots: step and phase first, then the more severe, then the order of recording."""
+    return (e.moment.step, e.moment.phase, -e.weight, e.moment.seq, j)
 
 
 def chains(events: Sequence[Event], ranked: Sequence[int]) -> list[tuple[list[int], list[int]]]:
