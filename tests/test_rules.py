@@ -302,8 +302,18 @@ SYMPTOMS = {
                                                     role=role, where="policy-gradient loss at loop.py:8")]),
 }  # fmt: skip
 # rank12: a reference that is not the actor's start explains the KL penalty that dominates from step 0
-ROOTS["reference"] = lambda st, ph, role: Records([finding(K.REFERENCE_NOT_ACTOR, step=st, phase=ph, role="reference",
-                                                           where="lm_head.weight", observed={"differ": 2})])
+ROOTS["reference"] = lambda st, ph, role: Records(
+    [
+        finding(
+            K.REFERENCE_NOT_ACTOR,
+            step=st,
+            phase=ph,
+            role="reference",
+            where="lm_head.weight",
+            observed={"differ": 2},
+        )
+    ]
+)
 SYMPTOMS["kl_penalty"] = lambda role: Records([finding(K.KL_DOMINATES, phase="reward", role="actor",
                                                        where="algo.kl_coef", severity="warning",
                                                        observed={"ratio": 20.0})])  # fmt: skip

@@ -38,7 +38,7 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.diagnose import fixcheck
+from verlaudit.analysis.diagnose import evidence_fix, fixcheck
 from verlaudit.analysis.diagnose.config_cause import range_causes
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
 from verlaudit.analysis.diagnose.pair_cause import combo_causes
@@ -397,12 +397,13 @@ def _finding_causes(run: RunDir) -> list[Cause]:
             else None
         )
         fixes = [hook, *fixes] if hook else fixes
+        fixes, title = evidence_fix.refine(run, kind, fs, fixes, f"{kind}: {top.message}")
         sev = next((s for s in ("error", "warning", "info") if any(f.severity == s for f in fs)), "info")
         out.append(
             Cause(
                 sev,
                 f"finding:{kind}",
-                f"{kind}: {top.message}",
+                title,
                 top.message,
                 evidence=ev,
                 fixes=fixes,
@@ -467,6 +468,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         key = f"{field} ({source})" if source else f"model.setup ({plugin})" if plugin else field
     elif top.kind == K.WEIGHT_GROWTH:
         return list(dict.fromkeys(_lr_fix(f) for f in fs if f.fix))[:3]
+    key = key or evidence_fix.suite_key(where)  # rank12: a finding that names its suite key names the fix's
     fixes = list(dict.fromkeys(Fix(key, verl, f.fix) for f in fs if f.fix))[:3]
     return fixes
 
@@ -553,7 +555,8 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
         moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
     weight = {"error": 2, "warning": 1}
     events = [
-        Event(c.cls or "other", m, c.role, weight.get(c.severity, 0)) for c, m in zip(causes, moments, strict=True)
+        Event(c.cls or "other", m, c.role, weight.get(c.severity, 0))
+        for c, m in zip(causes, moments, strict=True)
     ]
     out: list[Cause] = []
     for path, others in chains(events, list(range(len(causes)))):

@@ -1,0 +1,167 @@
+"""Fixes built from the evidence (verlaudit/analysis/diagnose/evidence_fix.py, reward_signal.saturated) and the
+ranking of a root above what it produced (rules.py's model channel and standing causes). Hand-made run
+directories with the findings the audit writes; each family with members of our own (none a bench item)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.diagnose_runs import causes, make_run
+from verlaudit import kinds as K
+from verlaudit.analysis.diagnose import evidence_fix
+from verlaudit.audit import reward_signal
+from verlaudit.rundir import Finding
+
+
+def _f(
+    kind, *, where, observed=None, severity="error", step=0, phase=None, role="actor", fix="the kind's advice"
+):
+    return Finding(severity=severity, kind=kind, message=f"{kind} happened", role=role, where=where, step=step,
+                   phase=phase, observed=observed, fix=fix)  # fmt: skip
+
+
+# ---------------------------------------------------------------- a reward model saturated at a bound
+
+
+def _constant(scores):
+    w = reward_signal.ConstantWatch()
+    w.observe(scores, step=0, source="model:rm", data={}, model_spec="rm.py:load")
+    return w.observe(scores, step=1, source="model:rm", data={}, model_spec="rm.py:load")
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [
+        torch.sigmoid(torch.linspace(20.0, 40.0, 8)),  # logits far past sigmoid's range: 1.0 in fp32
+        torch.softmax(torch.randn(8, 1), dim=-1)[:, 0],  # a softmax over one logit is always 1
+        torch.tanh(torch.linspace(-40.0, -20.0, 8)),  # tanh's bottom
+        torch.sigmoid(torch.linspace(-120.0, -110.0, 8)),  # sigmoid's bottom
+    ],
+)
+def test_a_reward_model_stuck_at_a_squashing_bound_is_told_to_return_the_logit(scores):
+    f = _constant(scores)
+    assert f is not None and f.kind == K.REWARD_CONSTANT
+    assert "saturates" in f.fix and "raw logit" in f.fix and "model.reward_model (rm.py:load)" in f.fix
+
+
+def test_a_constant_inside_the_range_keeps_the_general_advice():
+    f = _constant(torch.full((8,), 0.37))
+    assert f is not None and "saturates" not in f.fix and "check what the reward reads" in f.fix
+
+
+# ---------------------------------------------------------------- identical preference pairs: some or all
+
+
+@pytest.mark.parametrize(("n", "batch", "filtered"), [(3, 8, True), (1, 16, True), (8, 8, False)])
+def test_identical_pairs_in_some_rows_are_filtered_in_all_rebuilt(tmp_path, n, batch, filtered):
+    where = "data.dataset (pairs.py:make)"
+    fs = [
+        _f(
+            K.IDENTICAL_PAIRS,
+            where=where,
+            observed={"identical_pairs": n, "batch": batch},
+            fix="build rejected otherwise",
+        )
+    ]
+    d = causes(make_run(tmp_path / "run", algo="dpo", steps=3, findings=fs))
+    c = next(c for c in d.causes if c.kind == f"finding:{K.IDENTICAL_PAIRS}")
+    assert c.fixes[0].suite == where
+    assert ("chosen != rejected" in c.fixes[0].why) is filtered
+    assert filtered or c.fixes[0].why == "build rejected otherwise"
+
+
+# ---------------------------------------------------------------- a setup that replaced the loaded weights
+
+
+@pytest.mark.parametrize(("rel", "replaced"), [(1.41, True), (1.0, True), (0.93, True), (0.05, False)])
+def test_weights_replaced_by_the_setup_name_the_reinitialisation(tmp_path, rel, replaced):
+    fs = [_f(K.REFERENCE_NOT_ACTOR, where="lm_head.weight", role="reference", step=None,
+             observed={"differ": 4, "worst_rel": rel}, fix="run model.setup.actor on the reference too")]  # fmt: skip
+    run = make_run(
+        tmp_path / "run", algo="grpo", steps=3, findings=fs, model={"setup": {"actor": "s.py:prepare"}}
+    )
+    d = causes(run)
+    c = d.causes[0]
+    assert c.kind == f"finding:{K.REFERENCE_NOT_ACTOR}"
+    assert ("re-initialisation" in c.title) is replaced
+    if replaced:
+        assert c.fixes[0].suite == "model.setup.actor (s.py:prepare)" and "reset_parameters" in c.fixes[0].why
+    else:
+        assert c.fixes[0].why == "run model.setup.actor on the reference too"
+
+
+# ---------------------------------------------------------------- every kind's fix names its culprit
+
+
+def test_every_finding_kinds_fix_names_the_suite_key_its_finding_names(tmp_path):
+    """Whatever the kind, a finding whose where is a suite key (with its plug-in) gets a first fix naming it."""
+    where = "data.dataset (rows.py:build)"
+    skip = {K.REWARD_ANSWER_SCORES}  # info facts: no cause of their own
+    kinds = sorted(k for k in K.FINDINGS if k not in skip and not k.startswith(K.SETUP_PREFIX))
+    fs = [_f(k, where=where, step=0, phase="reward", fix=f"change what makes {k}") for k in kinds]
+    d = causes(make_run(tmp_path / "run", algo="grpo", steps=3, findings=fs))
+    named = [c for c in d.causes if c.kind.startswith("finding:") and c.consequence_of is None and c.fixes]
+    assert len(named) >= 10, [c.kind for c in d.causes]
+    for c in named:  # the key the finding names, or the kind's own key (a reward model's weights: model.path)
+        fix = c.fixes[0]
+        assert fix.suite or "rows.py:build" in fix.why, (c.kind, fix)
+    assert sum(c.fixes[0].suite == where for c in named) >= len(named) - 5, [c.fixes[0].suite for c in named]
+
+
+def test_a_module_path_is_no_suite_key():
+    assert (
+        evidence_fix.suite_key("model.layers.0.mlp") is None
+        and evidence_fix.suite_key("lm_head.weight") is None
+    )
+    assert evidence_fix.suite_key("model.setup (s.py:f)") == "model.setup (s.py:f)"
+    assert evidence_fix.suite_key("algo.clip_ratio_high") == "algo.clip_ratio_high"
+
+
+# ---------------------------------------------------------------- the root above what it produced
+
+
+def _silent_grpo(tmp_path, findings):
+    metrics = [{"reward/mean": 0.0, "reward/std": 0.0, "reward/identical_group_frac": 1.0} for _ in range(3)]
+    return causes(make_run(tmp_path / "run", algo="grpo", steps=3, metrics=metrics, findings=findings))
+
+
+@pytest.mark.parametrize(
+    "kind", [K.ANSWER_FORM, K.REWARD_ANSWER_LENIENT, K.REWARD_ANSWER_UNSCORED, K.IDENTICAL_PAIRS]
+)
+def test_a_standing_cause_seen_at_step_1_explains_the_silence_from_step_0(tmp_path, kind):
+    d = _silent_grpo(tmp_path, [_f(kind, where="data.train_files (rows.parquet)", step=1, phase="reward")])
+    assert d.causes[0].kind == f"finding:{kind}", [(c.kind, c.step) for c in d.causes]
+    assert any(c.consequence_of == d.causes[0].title for c in d.causes[1:])
+    assert "It explains: No learning signal" in d.causes[0].what
+
+
+def test_a_standing_cause_first_seen_late_explains_nothing_before(tmp_path):
+    d = _silent_grpo(
+        tmp_path, [_f(K.ANSWER_FORM, where="data.train_files (rows.parquet)", step=5, phase="reward")]
+    )
+    assert d.causes[0].kind == "no_signal", [(c.kind, c.step) for c in d.causes]
+
+
+@pytest.mark.parametrize(
+    ("setup_kind", "symptom", "sym_where", "sym_role"),
+    [
+        (K.SETUP_HOOK_OUTPUT, K.MISMATCH_BEYOND_DTYPE, "rollout:hf-generate", "rollout"),
+        (K.SETUP_HOOK_OUTPUT, K.SHADOW_EXCESS, "model.embed_tokens", "actor"),
+        (K.SETUP_NO_GRAPH, K.REFERENCE_NOT_ACTOR, "lm_head.weight", "reference"),
+    ],
+)
+def test_a_setup_change_heads_what_the_model_then_computes(
+    tmp_path, setup_kind, symptom, sym_where, sym_role
+):
+    fs = [
+        _f(setup_kind, where="model.setup.actor (s.py:prepare)", severity="warning", step=None),
+        _f(symptom, where=sym_where, role=sym_role, severity="error", step=0, phase="rollout",
+           observed=0.5 if symptom == K.MISMATCH_BEYOND_DTYPE else {"ratio": 40.0}),
+    ]  # fmt: skip
+    run = make_run(
+        tmp_path / "run", algo="grpo", steps=3, findings=fs, model={"setup": {"actor": "s.py:prepare"}}
+    )
+    d = causes(run)
+    assert d.causes[0].kind == f"finding:{setup_kind}", [(c.kind, c.title) for c in d.causes]
+    assert d.causes[0].severity != "info" and "s.py:prepare" in str(d.causes[0].fixes[0])

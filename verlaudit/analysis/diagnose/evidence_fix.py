@@ -1,0 +1,99 @@
+"""Fixes built from a finding's evidence, ahead of its kind's general advice: the change the numbers point to
+(drop the few pairs that are equal, not rebuild them all; remove a re-initialisation, not copy it to the
+reference), with the culprit the finding named. Each rule reads only what the finding observed and the run's
+setup keys, so any member of the family that leaves the same evidence gets the same fix.
+
+- ``boundary/identical_pairs`` in some of a batch's pairs, not all: the dataset is right for the others,
+  so the fix is a filter (chosen != rejected) where it is built; in every pair it stays the kind's own
+  (both sides are built from one field).
+- ``model/reference_not_actor`` where the actor's weights differ from the reference's by the size of the
+  weights themselves (relative difference >= `REPLACED`) and a ``model.setup`` ran on the actor: the setup
+  replaced the loaded weights (a re-initialisation: reset_parameters, init.*, a new module), so the fix is
+  to remove that from the setup; running it on the reference too would make both start from random weights.
+
+`refine` is called by `verlaudit.analysis.diagnose.diagnosis` for each finding cause. Exercised by
+`pytest tests/test_evidence_fix.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from verlaudit import kinds as K
+from verlaudit.analysis.causes import Fix
+from verlaudit.analysis.diagnose.runview import cfg, setup_plugin
+from verlaudit.rundir import Finding, RunDir
+
+REPLACED = 0.9
+"""Relative difference (||actor - reference|| / ||reference||) from which a weight was replaced, not changed:
+new values of the same scale differ by about sqrt(2), zeros by 1; a scale or a small edit stays far below."""
+
+
+_SUITE_KEY = re.compile(r"^(?:(?:data|algo|precision|rollout_correction)\.[\w.]+(?: \(.+\))?|model\.[\w.]+ \(.+\))$")
+"""A finding's where that is a suite key (``algo.kl_coef``, ``data.dataset (ds.py:make)``, ``model.setup (s.py:f)``);
+a module path (``model.layers.0.mlp``) is not: a ``model.`` key needs its plug-in in brackets."""
+
+
+def suite_key(where: str | None) -> str | None:
+    """``where`` when it names a suite key (the culprit a fix sets or edits), else None."""
+    return where if where and _SUITE_KEY.match(where) else None
+
+
+def _obs(f: Finding) -> dict:
+    return f.observed if isinstance(f.observed, dict) else {}
+
+
+def _identical_pairs(run: RunDir, fs: Sequence[Finding], key: str | None) -> tuple[str | None, Fix | None]:
+    worst = max(fs, key=lambda f: _obs(f).get("identical_pairs") or 0)
+    n, m = _obs(worst).get("identical_pairs"), _obs(worst).get("batch")
+    if not isinstance(n, int) or not isinstance(m, int) or not 0 < n < m:
+        return None, None
+    return None, Fix(
+        key,
+        None,
+        f"filter the pairs where the dataset is built: drop every pair whose chosen == rejected (keep chosen != "
+        f"rejected); {n} of {m} pairs of a batch are equal and the others are distinct, so the pairs are built "
+        "right and some are unfiltered duplicates (two samples that happened to agree)",
+    )
+
+
+def _reference_replaced(run: RunDir, fs: Sequence[Finding], key: str | None) -> tuple[str | None, Fix | None]:
+    top = max(fs, key=lambda f: _obs(f).get("worst_rel") or 0)
+    rel = _obs(top).get("worst_rel")
+    plugin = setup_plugin(run, "actor")
+    if not isinstance(rel, (int, float)) or rel < REPLACED or not plugin:
+        return None, None
+    field = "model.setup.actor" if isinstance(cfg(run, "model", "setup"), Mapping) else "model.setup"
+    title = (
+        f"; the setup overwrote the loaded weights: a relative difference of {rel:.3g} is new values "
+        f"(a re-initialisation), not a change of the checkpoint's ({field} ({plugin}))"
+    )
+    return title, Fix(
+        f"{field} ({plugin})",
+        None,
+        f"remove the re-initialisation from the setup (reset_parameters(), torch.nn.init.*, init_weights / "
+        f"post_init, a freshly built module in place of a loaded one) so the actor starts from the checkpoint "
+        f"({top.where or 'its weights'}: {rel:.3g} relative, the size of the weights themselves); running the "
+        "setup on the reference too would only make both start from random weights",
+    )
+
+
+RULES = {K.IDENTICAL_PAIRS: _identical_pairs, K.REFERENCE_NOT_ACTOR: _reference_replaced}
+"""finding kind -> (run, its findings, the fix's suite key) -> (a title addition, the fix the evidence names)."""
+
+
+def refine(
+    run: RunDir, kind: str, fs: Sequence[Finding], fixes: list[Fix], title: str
+) -> tuple[list[Fix], str]:
+    """``fixes`` with the evidence's own fix first, ``title`` with what the evidence adds (unchanged when the
+    kind has no rule or the evidence does not decide it)."""
+    rule = RULES.get(kind)
+    if rule is None or not fs:
+        return fixes, title
+    key = next((f.suite for f in fixes if f.suite), None)
+    key = key or suite_key(fs[0].where)  # the suite key the finding names (data.dataset (file.py:fn))
+    extra, fix = rule(run, fs, key)
+    if fix is not None:
+        fixes = [fix, *[f for f in fixes if f != fix]]
+    return fixes, title + (extra or "")
