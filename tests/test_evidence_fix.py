@@ -165,3 +165,26 @@ def test_a_setup_change_heads_what_the_model_then_computes(
     d = causes(run)
     assert d.causes[0].kind == f"finding:{setup_kind}", [(c.kind, c.title) for c in d.causes]
     assert d.causes[0].severity != "info" and "s.py:prepare" in str(d.causes[0].fixes[0])
+
+
+# ---------------------------------------------------------------- rewards handed back in another order
+
+
+@pytest.mark.parametrize(
+    ("twin", "random", "ordered"), [(True, False, True), (False, False, False), (True, True, False)]
+)
+def test_rewards_that_move_between_rows_both_ways_are_told_to_keep_the_row_index(
+    tmp_path, twin, random, ordered
+):
+    where = "reward:function:r.py:pooled"
+    fs = [_f(K.REWARD_FOLLOWS_POSITION, where=where, role="reward", phase="reward", fix="group as [prompts, group]",
+             observed={"rows_moved": 4, "rows": 8, "group_size": 1})]  # fmt: skip
+    if twin:
+        fs.append(_f(K.REWARD_NOT_REPEATABLE, where=where, role="reward", phase="reward", step=1, fix="no state",
+                     observed={"rows_moved": 4, "rows": 8, "random_state_moved": random}))  # fmt: skip
+    d = causes(
+        make_run(tmp_path / "run", algo="grpo", steps=3, findings=fs, data={"reward_fn": "r.py:pooled"})
+    )
+    c = next(c for c in d.causes if c.kind == f"finding:{K.REWARD_FOLLOWS_POSITION}")
+    assert ("as_completed" in c.fixes[0].why and "index" in c.fixes[0].why) is ordered
+    assert c.fixes[0].suite == "data.reward_fn (r.py:pooled)"

@@ -10,6 +10,9 @@ setup keys, so any member of the family that leaves the same evidence gets the s
   weights themselves (relative difference >= `REPLACED`) and a ``model.setup`` ran on the actor: the setup
   replaced the loaded weights (a re-initialisation: reset_parameters, init.*, a new module), so the fix is
   to remove that from the setup; running it on the reference too would make both start from random weights.
+- ``reward/follows_position`` and ``reward/not_repeatable`` of one reward function, no random state moved: the
+  rewards move between rows both when the rows are reordered and when the same batch is scored again, as
+  results gathered in completion order do: the fix keeps each result's row index.
 
 `refine` is called by `verlaudit.analysis.diagnose.diagnosis` for each finding cause. Exercised by
 `pytest tests/test_evidence_fix.py`.
@@ -30,7 +33,9 @@ REPLACED = 0.9
 new values of the same scale differ by about sqrt(2), zeros by 1; a scale or a small edit stays far below."""
 
 
-_SUITE_KEY = re.compile(r"^(?:(?:data|algo|precision|rollout_correction)\.[\w.]+(?: \(.+\))?|model\.[\w.]+ \(.+\))$")
+_SUITE_KEY = re.compile(
+    r"^(?:(?:data|algo|precision|rollout_correction)\.[\w.]+(?: \(.+\))?|model\.[\w.]+ \(.+\))$"
+)
 """A finding's where that is a suite key (``algo.kl_coef``, ``data.dataset (ds.py:make)``, ``model.setup (s.py:f)``);
 a module path (``model.layers.0.mlp``) is not: a ``model.`` key needs its plug-in in brackets."""
 
@@ -79,7 +84,29 @@ def _reference_replaced(run: RunDir, fs: Sequence[Finding], key: str | None) -> 
     )
 
 
-RULES = {K.IDENTICAL_PAIRS: _identical_pairs, K.REFERENCE_NOT_ACTOR: _reference_replaced}
+def _reward_order(run: RunDir, fs: Sequence[Finding], key: str | None) -> tuple[str | None, Fix | None]:
+    where = fs[0].where
+    other = K.REWARD_NOT_REPEATABLE if fs[0].kind == K.REWARD_FOLLOWS_POSITION else K.REWARD_FOLLOWS_POSITION
+    twin = [f for f in run.findings if f.kind == other and f.where == where]
+    if not twin or any(_obs(f).get("random_state_moved") for f in [*fs, *twin]):
+        return None, None
+    return None, Fix(
+        key,
+        None,
+        "return the scores in the order of the rows it was handed: the same batch scored twice and the rows "
+        "reordered both move rewards between rows without any random draw, as results collected in the order "
+        "they complete do (concurrent.futures.as_completed, imap_unordered, a set or dict of results, a sort): "
+        "keep each result's row index (executor.map keeps the order, or write scores[i] by the index each task "
+        "carries); and keep no state that changes a row's score between calls",
+    )
+
+
+RULES = {
+    K.IDENTICAL_PAIRS: _identical_pairs,
+    K.REFERENCE_NOT_ACTOR: _reference_replaced,
+    K.REWARD_FOLLOWS_POSITION: _reward_order,
+    K.REWARD_NOT_REPEATABLE: _reward_order,
+}
 """finding kind -> (run, its findings, the fix's suite key) -> (a title addition, the fix the evidence names)."""
 
 
