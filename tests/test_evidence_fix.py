@@ -188,3 +188,21 @@ def test_rewards_that_move_between_rows_both_ways_are_told_to_keep_the_row_index
     c = next(c for c in d.causes if c.kind == f"finding:{K.REWARD_FOLLOWS_POSITION}")
     assert ("as_completed" in c.fixes[0].why and "index" in c.fixes[0].why) is ordered
     assert c.fixes[0].suite == "data.reward_fn (r.py:pooled)"
+
+
+# ---------------------------------------------------------------- an untrained-looking policy after a setup
+
+
+@pytest.mark.parametrize(
+    ("setup", "names_setup"), [({"actor": "s.py:tune"}, True), ("s.py:tune", True), (None, False)]
+)
+def test_a_policy_that_predicts_like_an_untrained_one_after_a_setup_names_the_setup(
+    tmp_path, setup, names_setup
+):
+    fs = [_f(K.WEIGHTS_UNTRAINED, where="model.path (ckpt)", step=None, observed={"nll": 3.5, "unigram": 2.1},
+             fix="check the checkpoint in ckpt")]  # fmt: skip
+    model = {"setup": setup} if setup else None
+    d = causes(make_run(tmp_path / "run", algo="grpo", steps=3, findings=fs, model=model))
+    c = d.causes[0]
+    assert ("s.py:tune" in c.title) is names_setup
+    assert ("s.py:tune" in (c.fixes[0].suite or "")) is names_setup and len(c.fixes) >= 1

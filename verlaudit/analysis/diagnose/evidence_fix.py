@@ -10,6 +10,8 @@ setup keys, so any member of the family that leaves the same evidence gets the s
   weights themselves (relative difference >= `REPLACED`) and a ``model.setup`` ran on the actor: the setup
   replaced the loaded weights (a re-initialisation: reset_parameters, init.*, a new module), so the fix is
   to remove that from the setup; running it on the reference too would make both start from random weights.
+- ``model/checkpoint_untrained`` naming model.path while a ``model.setup`` ran on the actor before the NLL
+  was measured: the setup's change (a scaled head, a logit temperature, re-initialised layers) is named first.
 - ``reward/follows_position`` and ``reward/not_repeatable`` of one reward function, no random state moved: the
   rewards move between rows both when the rows are reordered and when the same batch is scored again, as
   results gathered in completion order do: the fix keeps each result's row index.
@@ -101,7 +103,29 @@ def _reward_order(run: RunDir, fs: Sequence[Finding], key: str | None) -> tuple[
     )
 
 
+def _untrained_after_setup(
+    run: RunDir, fs: Sequence[Finding], key: str | None
+) -> tuple[str | None, Fix | None]:
+    where = fs[0].where or ""
+    plugin = setup_plugin(run, "actor")
+    if not plugin or not where.startswith("model.path") or plugin in where:
+        return None, None  # no setup, or the finding already names the setup that loaded the weights
+    field = "model.setup.actor" if isinstance(cfg(run, "model", "setup"), Mapping) else "model.setup"
+    title = (
+        f"; {field} ({plugin}) ran on the actor before this was measured: what it changed in the loaded model "
+        "is the first suspect, the checkpoint the second"
+    )
+    return title, Fix(
+        f"{field} ({plugin})",
+        None,
+        "remove what the setup changes in the loaded model's outputs (a scaled or replaced output "
+        "head, a temperature on the logits, re-initialised or remapped layers) and measure the checkpoint "
+        "without it: if the checkpoint alone predicts the answers, the setup is the culprit",
+    )
+
+
 RULES = {
+    K.WEIGHTS_UNTRAINED: _untrained_after_setup,
     K.IDENTICAL_PAIRS: _identical_pairs,
     K.REFERENCE_NOT_ACTOR: _reference_replaced,
     K.REWARD_FOLLOWS_POSITION: _reward_order,
