@@ -32,11 +32,14 @@ FAULTS = (K.REWARD_ANSWER_UNSCORED, K.REWARD_ANSWER_LENIENT, K.ANSWER_FORM)
 
 def sparse_shown(observed: object) -> bool:
     """Whether the probe showed what a sparse reward needs: the reference answer fires, and the near misses
-    next to it (an integer +-1, a changed last letter) were probed and scored below it."""
+    next to it (an integer +-1, a changed last letter) were probed and scored below it (a probe of this
+    version: the counts are recorded; rows with no near miss to probe, answers of neither digits nor
+    letters, show no leniency either)."""
     if not isinstance(observed, dict):
         return False
     rows, scored = observed.get("near_miss_rows"), observed.get("near_miss_scored")
-    return isinstance(rows, int) and rows > 0 and isinstance(scored, int) and scored == 0
+    # no row with a near miss (answers of neither digits nor letters): nothing could show leniency
+    return isinstance(rows, int) and isinstance(scored, int) and scored == 0
 
 
 def settle(run: RunDir, cause: Cause, silent: list[int]) -> Cause:
