@@ -206,3 +206,36 @@ def test_a_policy_that_predicts_like_an_untrained_one_after_a_setup_names_the_se
     c = d.causes[0]
     assert ("s.py:tune" in c.title) is names_setup
     assert ("s.py:tune" in (c.fixes[0].suite or "")) is names_setup and len(c.fixes) >= 1
+
+
+# ---------------------------------------------------------------- a rollout dtype boundary an override made
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "key"),
+    [
+        ("fp32", {"actor": {"compute_dtype": "bf16"}}, "precision.overrides.actor.compute_dtype: fp32"),
+        ("fp32", {"rollout": {"compute_dtype": "bf16"}}, "precision.overrides.rollout.compute_dtype: fp32"),
+        ("bf16", {"actor": {"compute_dtype": "fp16"}}, "precision.overrides.actor.compute_dtype: bf16"),
+    ],
+)
+def test_a_rollout_dtype_boundary_names_the_override_that_made_it(preset, overrides, key):
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+
+    f = _f(K.ROLLOUT_DTYPE, where="rollout:hf-generate", role="rollout", phase="rollout", severity="warning",
+           observed="fp32", fix="set precision.overrides.rollout.compute_dtype: bf16")  # fmt: skip
+    d = diagnose_run(run_dir([f], preset=preset, overrides=overrides, algo="grpo"))
+    c = d.causes[0]
+    assert c.kind == f"finding:{K.ROLLOUT_DTYPE}", [(x.kind, x.title) for x in d.causes]
+    assert key.split(":")[0] in c.title and c.fixes[0].suite == key, (c.title, c.fixes)
+
+
+def test_a_rollout_dtype_boundary_without_an_override_keeps_its_own_fix():
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+
+    f = _f(K.ROLLOUT_DTYPE, where="rollout:hf-generate", role="rollout", phase="rollout", severity="warning",
+           observed="fp32", fix="set precision.overrides.rollout.compute_dtype: bf16")  # fmt: skip
+    c = diagnose_run(run_dir([f], preset="bf16", algo="grpo")).causes[0]
+    assert "from precision.overrides" not in c.title and "compute_dtype: bf16" in c.fixes[0].why

@@ -501,6 +501,7 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     causes: list[Cause] = []
     for analysis in ANALYSES:
         causes.extend(analysis(run))
+    causes = evidence_fix.overrides_named(causes)
     causes = _in_users_terms(run, fixcheck.checked(run, order_by_root(rank(causes))))
     st = run.status or {}
     if run.state == "completed":

@@ -16,6 +16,9 @@ setup keys, so any member of the family that leaves the same evidence gets the s
   rewards move between rows both when the rows are reordered and when the same batch is scored again, as
   results gathered in completion order do: the fix keeps each result's row index.
 
+- ``boundary/rollout_dtype`` where ``precision.overrides`` moved the actor's or the rollout's compute dtype off
+  the preset's (`overrides_named`): the title names the override, whose fix (the preset's dtype) comes first.
+
 `refine` is called by `verlaudit.analysis.diagnose.diagnosis` for each finding cause. Exercised by
 `pytest tests/test_evidence_fix.py`.
 """
@@ -26,7 +29,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from verlaudit import kinds as K
-from verlaudit.analysis.causes import Fix
+from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.diagnose.runview import cfg, setup_plugin
 from verlaudit.rundir import Finding, RunDir
 
@@ -148,3 +151,22 @@ def refine(
     if fix is not None:
         fixes = [fix, *[f for f in fixes if f != fix]]
     return fixes, title + (extra or "")
+
+
+_SIDES = ("actor", "rollout")
+"""The two sides of the rollout dtype boundary: the engine samples, the actor recomputes."""
+
+
+def overrides_named(causes: list[Cause]) -> list[Cause]:
+    """The rollout dtype boundary that a compute override of one of its sides made: the boundary finding stays
+    the root (it says what differs), its title names the override and the override's fix, which restores the
+    preset's dtype, comes first (an override that moved the actor below the rollout, or the rollout below the
+    actor)."""
+    moved = [c for c in causes if c.kind == "override_compute" and c.role in _SIDES]
+    if not moved:
+        return causes
+    for c in causes:
+        if c.kind == f"{K.FINDING_PREFIX}{K.ROLLOUT_DTYPE}":
+            c.title += " (" + "; ".join(f"from {o.title}" for o in moved) + ")"
+            c.fixes = list(dict.fromkeys([*(f for o in moved for f in o.fixes), *c.fixes]))[:4]
+    return causes

@@ -517,10 +517,6 @@ RULES.update(
         ("reference", "kl_penalty"): Rule(
             "an actor that is not the reference from step 0 pays a KL that no update made: the penalty dominates"
         ),
-        **{
-            ("override_compute", s): Rule(_OVERRIDE_COMPUTE)
-            for s in ("rollout_dtype", "mismatch", "kl_penalty")
-        },
     }
 )
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainer.precision import resolve_policy
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.diagnose.rules import TIER_CHANNELS, Moment
+from verlaudit.analysis.diagnose.rules import Moment
 from verlaudit.analysis.diagnose.runview import fmt, preset, role_policy, uses_reference
 from verlaudit.rundir import RunDir
 
@@ -252,9 +252,7 @@ def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause
     if (root.cls or "") not in SETUP_CLASSES:
         return None
     touched = _touched(root)
-    # rank12: a symptom of the training outcome (a mismatch, an error against the fp32 shadow) never takes the
-    # head: it says what went wrong, not what the setup changed, and its fix is no fix of the setup
-    mine = [c for c in cons if _model(c.role) == _model(root.role) and not _symptom(c.cls)]
+    mine = [c for c in cons if _model(c.role) == _model(root.role)]
     state = [c for c in mine if (c.cls or "") in STATE_CLASSES]
     at = [c for c in mine if c.where and {c.where, c.where.rsplit(".", 1)[0]} & touched]
     # what the change broke in the model itself, else the first thing that went wrong where it touched
@@ -263,10 +261,6 @@ def absorb(root: Cause, cons: list[Cause], target: Cause | None = None) -> Cause
     if target is not None and target in at:
         return target
     return min(at, key=lambda c: Moment.of(c.step, c.phase, c.seq)) if at else None
-
-
-def _symptom(cls: str | None) -> bool:
-    return TIER_CHANNELS.get(cls or "", ("", frozenset()))[0] == "symptom"
 
 
 def take_over(setup: Cause, head: Cause, cons: list[Cause]) -> list[Cause]:
