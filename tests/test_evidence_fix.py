@@ -4,6 +4,8 @@ directories with the findings the audit writes; each family with members of our 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -239,3 +241,43 @@ def test_a_rollout_dtype_boundary_without_an_override_keeps_its_own_fix():
            observed="fp32", fix="set precision.overrides.rollout.compute_dtype: bf16")  # fmt: skip
     c = diagnose_run(run_dir([f], preset="bf16", algo="grpo")).causes[0]
     assert "from precision.overrides" not in c.title and "compute_dtype: bf16" in c.fixes[0].why
+
+
+# ---------------------------------------------------------------- an override the role's model does not follow
+
+
+@pytest.mark.parametrize(
+    ("role", "overrides", "kind", "observed", "expected", "source"),
+    [
+        ("reward", {"param_dtype": "fp16", "compute_dtype": "fp16"}, K.REWARD_MODEL_DTYPE, {"fp32": 120}, "fp16",
+         {"reward_model": "rm.py:load"}),
+        ("critic", {"param_dtype": "bf16"}, K.PARAM_STORAGE, {"fp32": 300}, "bf16", {"critic_path": "/ckpt/critic"}),
+        ("reward", {"compute_dtype": "bf16"}, K.COMPUTE, "fp32", "bf16", {"reward_model": "rm.py:load"}),
+    ],
+)  # fmt: skip
+def test_an_override_the_model_does_not_follow_is_the_root(role, overrides, kind, observed, expected, source):
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+
+    f = dataclasses.replace(_f(kind, where="head", role=role, severity="info", phase="reward", observed=observed),
+                            expected=expected)  # fmt: skip
+    run = run_dir([f], overrides={role: overrides}, algo="ppo")
+    run.manifest["config"]["model"].update(source)
+    c = diagnose_run(run).causes[0]
+    assert c.kind == "override_ignored" and c.severity == "warning", c.title
+    assert f"precision.overrides.{role}" in c.title and "configured" in c.title
+    assert ".half()" in c.fixes[0].why or ".to(" in c.fixes[0].why
+    assert str(next(iter(source.values()))) in c.fixes[0].suite
+
+
+def test_an_override_the_model_follows_or_no_override_is_quiet():
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+
+    f = _f(K.REWARD_MODEL_DTYPE, where="embed", role="reward", severity="info", observed={"fp32": 12})
+    d = diagnose_run(run_dir([f], overrides={"reward": {"param_dtype": "fp32"}}))
+    assert not any(c.kind == "override_ignored" for c in d.causes)
+    d = diagnose_run(
+        run_dir([f], preset="fp16")
+    )  # no override: the preset's own choice is no contract broken
+    assert not any(c.kind == "override_ignored" for c in d.causes)

@@ -142,6 +142,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "answer_form": "dataset answers in a form a correct response does not write (whitespace, full-width, '4444.0')",
         # rank12: the reward probe's near misses
         "reward_lenient": "a reward function that scores near-miss wrong answers as correct (a loose tolerance, a partial match)",
+        "override_ignored": "a precision override the role's model does not follow (a loader that keeps its own dtype)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

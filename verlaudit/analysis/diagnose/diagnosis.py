@@ -493,6 +493,7 @@ ANALYSES = (
     override_causes,
     range_causes,
     combo_causes,  # combo: keys wrong together, resolution lost at a 16-bit boundary
+    evidence_fix.override_ignored_causes,  # rank12: an override the role's model does not follow
 )
 
 

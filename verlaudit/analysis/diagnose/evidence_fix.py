@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from verlaudit import kinds as K
 from verlaudit.analysis.causes import Cause, Fix
-from verlaudit.analysis.diagnose.runview import cfg, setup_plugin
+from verlaudit.analysis.diagnose.runview import cfg, role_policy, setup_plugin
 from verlaudit.rundir import Finding, RunDir
 
 REPLACED = 0.9
@@ -170,3 +170,77 @@ def overrides_named(causes: list[Cause]) -> list[Cause]:
             c.title += " (" + "; ".join(f"from {o.title}" for o in moved) + ")"
             c.fixes = list(dict.fromkeys([*(f for o in moved for f in o.fixes), *c.fixes]))[:4]
     return causes
+
+
+_MEASURED = {K.REWARD_MODEL_DTYPE: "param_dtype", K.PARAM_STORAGE: "param_dtype", K.COMPUTE: "compute_dtype"}
+"""Findings that measure the dtype a role's model really has (its stored parameters, a linear's compute), and the
+policy field they measure."""
+_SOURCE = {"reward": "model.reward_model", "critic": "model.critic_path", "actor": "model.path"}
+
+
+def _dtype_seen(f: Finding) -> str | None:
+    obs = f.observed
+    if isinstance(obs, str):
+        return obs
+    if isinstance(obs, dict) and len(obs) == 1 and isinstance(next(iter(obs)), str):
+        return next(iter(obs))  # {"fp32": 3233}: every parameter in one dtype
+    return None
+
+
+def override_ignored_causes(run: RunDir) -> list[Cause]:
+    """A ``precision.overrides.<role>`` field the role's model does not follow: the configured dtype is the
+    policy's, the audit measured another on every parameter or in the compute (a loader or a setup that builds
+    the module in its own dtype and never reads the role's precision). The measurements alone are info (a wider
+    dtype loses no precision); against an explicit override they say the configured contract is not what runs."""
+    overrides = cfg(run, "precision", "overrides", default=None)
+    if not isinstance(overrides, Mapping):
+        return []
+    out: list[Cause] = []
+    for role, fields in overrides.items():
+        if not isinstance(fields, Mapping):
+            continue
+        policy = role_policy(run, role)
+        seen = [
+            f
+            for f in run.findings
+            if f.role == role and f.kind in _MEASURED and f.severity == "info" and _MEASURED[f.kind] in fields
+        ]
+        for f in seen:
+            field = _MEASURED[f.kind]
+            want, got = policy.get(field) or fields.get(field), _dtype_seen(f)
+            if not got or not want or got == want or str(fields.get(field)) != str(want):
+                continue
+            source = _SOURCE.get(role, "model.path")
+            spec = cfg(run, *source.split("."), default=None)
+            plugin = setup_plugin(run, role)
+            culprit = f"{source} ({spec})" if spec else f"model.setup ({plugin})" if plugin else source
+            key = f"precision.overrides.{role}.{field}"
+            out.append(
+                Cause(
+                    "warning",
+                    "override_ignored",
+                    f"{key}: {want} is configured, but the {role}'s model runs in {got} ({f.where or 'its modules'}): "
+                    f"{culprit} builds it in its own dtype and never reads the role's precision, so configured and "
+                    "effective precision differ",
+                    f"The suite's override asks for {want} on the {role}; the audit measured {got} ({f.kind}: "
+                    f"{f.message}). Whatever the override was for (memory, matching another role's rounding), it "
+                    "does not happen, and the run's report states a contract the model does not keep.",
+                    evidence=[f"{f.kind} on the {role} ({f.where}): {f.message}"],
+                    fixes=[
+                        Fix(
+                            culprit,
+                            None,
+                            f"cast the model in the loader to the role's dtype (model.to(torch_dtype) / .half() for "
+                            f"{want}, or read the dtype the trainer passes) so the override takes effect",
+                        ),
+                        Fix(f"{key}: {got}", None, f"or drop the override: the {role} runs in {got} anyway"),
+                    ],
+                    step=f.step,
+                    where=culprit,
+                    score=5.0,
+                    role=role,
+                    cls="override_ignored",
+                )
+            )
+            break
+    return out
