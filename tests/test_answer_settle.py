@@ -187,3 +187,25 @@ def test_a_failing_judge_never_ends_the_run(capsys):
     got = probes_answer.judge_answers({"rows": None}, [0.0], source="s", fn_name="f", data_key="d", ctx={})
     assert got[0] == [] and "answer_probe_error" in got[1]
     assert "audit bug" in capsys.readouterr().err
+
+
+def almost_full_credit(prompts, responses, examples):
+    """A near miss scores 1 - 1e-8: as much as the answer within the probe's tolerance (no crash on the tie)."""
+    out = []
+    for r, e in zip(responses, examples):
+        got = _num(r)
+        out.append(
+            0.0
+            if got is None
+            else 1.0
+            if got == float(_truth(e))
+            else 1.0 - 1e-8
+            if abs(got - float(_truth(e))) <= 1
+            else 0.0
+        )
+    return out
+
+
+def test_a_near_miss_within_the_tolerance_of_the_answer_is_lenient():
+    found, _ = probe(almost_full_credit, responses=SILENT)
+    assert K.REWARD_ANSWER_LENIENT in found, {k: f.message for k, f in found.items()}

@@ -424,10 +424,10 @@ def _lenient_findings(
     if not checked or len(passed) < max(2, LENIENT_MIN * len(checked)):
         return []
     i0 = passed[0]
-    alt, got = next(
-        (a, g)
-        for a, g in pre["near"]
-        if a[i0] is not None and g[i0] >= right[i0] - 1e-9 * max(1.0, abs(right[i0]))
+    # the near miss that scored most in that row (`_near_hits` saw one at least as high as the answer, less tol)
+    alt, got = max(
+        ((a, g) for a, g in pre["near"] if a[i0] is not None and math.isfinite(g[i0])),
+        key=lambda ag: ag[1][i0],
     )
     truth = pre["texts"][i0]
     numeric = bool(_INT.match(truth.strip()) or _FLOAT.match(truth.strip()))
