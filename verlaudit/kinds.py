@@ -696,7 +696,7 @@ _c("rollout_mismatch", "mismatch", "rollout and trainer log-probs differ beyond 
 _c("override_storage", "override_storage", "precision.overrides stores a role's weights below the preset's")
 _c("override_compute", "override_compute", "precision.overrides computes a role below the preset's dtype")
 _c("override_scaling", "override_scaling", "precision.overrides departs from the preset's loss scaling")
-_c("override_ignored", "override_ignored", "precision.overrides asks for a dtype the role's model does not run in")
+_c("override_ignored", "override_ignored", "precision.overrides asks for a dtype its model does not run in")
 # cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
 _c("reward_collapse", "reward_trend", "the reward fell and stayed down")
 _c("reward_variance", "reward_trend", "the reward's variance exploded")
