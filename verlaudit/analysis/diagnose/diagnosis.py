@@ -15,7 +15,8 @@ same rules (`order_by_root` with the log's lines for moments). A fix is offered 
 the root and the audit or the planner says it would work (no bf16 advice for integer ids or a run that
 is bf16 already, no precision change for corrupted weights or a NaN reward, OOM fixes checked against
 the planner: `verlaudit.analysis.diagnose.oom`). Each fix names the suite key (or the user's plug-in) and the
-verl key where one exists. Exercised by `pytest tests/test_diagnose.py
+verl key where one exists; where a finding's numbers decide the change, the fix built from them comes first
+(`verlaudit.analysis.diagnose.evidence_fix`). Exercised by `pytest tests/test_diagnose.py
 tests/test_rules.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
 """
 
