@@ -281,3 +281,37 @@ def test_an_override_the_model_follows_or_no_override_is_quiet():
         run_dir([f], preset="fp16")
     )  # no override: the preset's own choice is no contract broken
     assert not any(c.kind == "override_ignored" for c in d.causes)
+
+
+# ---------------------------------------------------------------- an exception in a module, called from the user's code
+
+_TB = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/loops/{file}", line {line}, in {fn}\n'
+    "    logits = model(input_ids=seq).logits\n"
+    '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1778, in _wrapped_call_impl\n'
+    "    return self._call_impl(*args, **kwargs)\n"
+    "RuntimeError: boom"
+)
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "fn", "error", "advice"),
+    [
+        ("my_loop.py", 130, "forward_logp", "RuntimeError: Inference tensors cannot be saved for backward. To work "
+         "around this, you can make a clone to get a normal tensor.", "clone"),
+        ("train.py", 42, "step", "RuntimeError: element 0 of tensors does not require grad and does not have a "
+         "grad_fn", "fix it there"),
+        ("rl.py", 7, "update", "RuntimeError: a leaf Variable that requires grad is being used in an in-place "
+         "operation. Please use out-of-place ops.", "out-of-place"),
+    ],
+)  # fmt: skip
+def test_an_exception_in_a_module_names_the_users_line_that_called_it(
+    tmp_path, file, line, fn, error, advice
+):
+    st = {"reason": "exception", "step": 0, "phase": "actor_update", "where": "model.embed_tokens", "error": error,
+          "traceback": _TB.format(file=file, line=line, fn=fn)}  # fmt: skip
+    d = causes(make_run(tmp_path / "run", steps=2, metrics=[], status=("failed", st)))
+    c = d.causes[0]
+    assert c.kind == "exception" and f"{file}:{line} in {fn}" in c.title and c.where == "model.embed_tokens"
+    assert advice in c.fixes[0].why and f"{file}:{line}" in c.fixes[0].why
