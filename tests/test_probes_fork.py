@@ -310,7 +310,8 @@ def _silent_run(tmp_path, findings):
 
 
 def test_settle_a_sparse_reward_that_can_fire_is_info(tmp_path):
-    fires = ("info", K.REWARD_ANSWER_SCORES, "the reward can fire", {"right_mean": 1.0, "wrong_mean": 0.0})
+    fires = ("info", K.REWARD_ANSWER_SCORES, "the reward can fire",
+             {"right_mean": 1.0, "wrong_mean": 0.0, "near_miss_rows": 4, "near_miss_scored": 0})  # fmt: skip
     d = _silent_run(tmp_path, [fires])
     assert d.verdict == "clean", [(c.severity, c.title) for c in d.causes]
     assert any("No correct answer sampled yet" in c.title for c in d.causes)
@@ -333,6 +334,7 @@ PROBE_KINDS = {
     K.REWARD_MUTATES_EXAMPLES,
     K.REWARD_ANSWER_UNSCORED,
     K.ANSWER_FORM,
+    K.REWARD_ANSWER_LENIENT,
 }
 
 
@@ -372,7 +374,8 @@ def test_a_reward_of_one_value_for_everything_is_left_to_the_constant_checks():
 
 
 @pytest.mark.parametrize(
-    "root", ["reward_batch", "reward_stateful", "reward_mutates", "reward_unscored", "answer_form"]
+    "root",
+    ["reward_batch", "reward_stateful", "reward_mutates", "reward_unscored", "answer_form", "reward_lenient"],
 )
 def test_a_probe_finding_explains_the_reward_symptoms(root):
     from verlaudit.analysis.diagnose.rules import explains

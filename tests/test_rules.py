@@ -301,6 +301,22 @@ SYMPTOMS = {
     "loop_objective": lambda role: Records([finding(K.LOOP_UPDATE_AGAINST_ADVANTAGE, phase="actor_update",
                                                     role=role, where="policy-gradient loss at loop.py:8")]),
 }  # fmt: skip
+# rank12: a reference that is not the actor's start explains the KL penalty that dominates from step 0
+ROOTS["reference"] = lambda st, ph, role: Records(
+    [
+        finding(
+            K.REFERENCE_NOT_ACTOR,
+            step=st,
+            phase=ph,
+            role="reference",
+            where="lm_head.weight",
+            observed={"differ": 2},
+        )
+    ]
+)
+SYMPTOMS["kl_penalty"] = lambda role: Records([finding(K.KL_DOMINATES, phase="reward", role="actor",
+                                                       where="algo.kl_coef", severity="warning",
+                                                       observed={"ratio": 20.0})])  # fmt: skip
 ROOT_ROLE = {"reward_nonfinite": "reward", "reward_model_dtype": "reward", "newly_initialised": "reward"}
 """Roots recorded by one role whatever the symptom's (the reward boundary is the reward role's)."""
 

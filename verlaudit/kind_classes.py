@@ -160,6 +160,9 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "override_not_realised": "a role's parameters or forward in another dtype than the suite asked for",
         "override_rollout_apart": "an actor compute override below the rollout engine's dtype (the ratios' rounding)",
         "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
+        # rank12: the reward probe's near misses
+        "reward_lenient": "a reward function that scores near-miss wrong answers as correct (a loose tolerance, a partial match)",
+        "override_ignored": "a precision override the role's model does not follow (a loader that keeps its own dtype)",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -688,6 +688,12 @@ ANSWER_FORM = _f(
     "answer_form",
     "the answers' canonical form (stripped, NFKC, integer text) scores below their raw form",
 )
+# rank12: the reward probe's near misses (`verlaudit.audit.probes_answer`)
+REWARD_ANSWER_LENIENT = _f(
+    "reward/answer_lenient",
+    "reward_lenient",
+    "near-miss wrong answers (an integer +-1, a changed last letter) score as the reference answer",
+)
 
 # ---------------------------------------------------------------- failures
 RUNTIME_DTYPE_ERROR = _f("runtime/dtype_error", "dtype_error", "the run died of a dtype error in a module")
@@ -791,6 +797,7 @@ _c(  # setup12
     "override_rollout_apart",
     "precision.overrides computes the actor below the rollout engine's dtype: ratios carry the rounding",
 )
+_c("override_ignored", "override_ignored", "precision.overrides asks for a dtype its model does not run in")
 # cfg24: the reward trend causes (`verlaudit.analysis.diagnose.trajectory.reward_trend_causes`)
 _c("reward_collapse", "reward_trend", "the reward fell and stayed down")
 _c("reward_variance", "reward_trend", "the reward's variance exploded")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import sys
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -50,6 +51,29 @@ MOST = 0.5
 _INT_FLOAT = re.compile(r"^(-?\d+)\.0+$")
 _EXPONENT = re.compile(r"^-?\d+(?:\.\d+)?[eE][+-]?\d+$")
 _FLOAT = re.compile(r"^-?\d*\.\d+$")
+_INT = re.compile(r"^-?\d+$")
+NOISE_DIGITS = 15
+"""Significant digits from which a decimal text is a float's repr rather than a number anybody writes."""
+NEAR_REL = 0.01
+"""A decimal answer's near miss (one unit of its last place) counts only where it is this far off (relative)."""
+
+
+def _significant(text: str) -> int:
+    return len(text.lstrip("-").replace(".", "").lstrip("0"))
+
+
+def denoised(text: str) -> str | None:
+    """The short decimal a float's repr stands for ('0.30000000000000004' -> '0.3', binary rounding noise in
+    the last digits), or None where the text is no such repr."""
+    t = text.strip()
+    if not _FLOAT.match(t) or _significant(t) < NOISE_DIGITS:
+        return None
+    x = float(t)
+    for p in range(1, NOISE_DIGITS - 2):
+        short = f"{x:.{p}g}"
+        if "e" not in short and abs(float(short) - x) <= 4 * math.ulp(x):
+            return short  # a float sum's rounding: a few units in the last place of the double
+    return None
 
 
 def reference(ex: Any) -> tuple[str, Any] | None:
@@ -81,7 +105,29 @@ def canonical(text: str) -> str:
         return m.group(1)
     if _EXPONENT.match(t) and float(t).is_integer() and abs(float(t)) < 1e18:
         return str(int(float(t)))  # a response writes digits, not an exponent
+    short = denoised(t)
+    if short is not None:
+        return short  # a response writes 0.3, not the repr of 0.1 + 0.2
     return t
+
+
+def near_misses(text: str) -> list[str]:
+    """Wrong answers next to ``text``, which a correct reward must score as wrong: an integer +-1, a decimal
+    +- one unit of its last place (where that is at least `NEAR_REL` off), else the last letter changed."""
+    t = text.strip()
+    if _INT.match(t) or (_FLOAT.match(t) and denoised(t) is None):  # numbers: a unit of the last place off
+        from decimal import Decimal
+
+        d = Decimal(t)
+        whole = bool(_INT.match(t) or _INT_FLOAT.match(t))
+        unit = Decimal(1) if whole else Decimal(1).scaleb(d.as_tuple().exponent)
+        if whole or (d != 0 and unit / abs(d) >= Decimal(str(NEAR_REL))):
+            return [str(d + unit), str(d - unit)]
+        return []
+    for j in range(len(t) - 1, -1, -1):
+        if t[j].isalpha():
+            return [t[:j] + ("b" if t[j].lower() == "a" else "a") + t[j + 1 :]]
+    return []
 
 
 def _form(raw: str, canon: str) -> tuple[str, str]:
@@ -98,6 +144,13 @@ def _form(raw: str, canon: str) -> tuple[str, str]:
             "integers written as float text ('.0': a column read as float64)",
             "keep the answer column as text or integers (read it with dtype=str, or .astype('Int64') before "
             "str()), so that an integer is written without a trailing '.0'",
+        )
+    if denoised(raw) is not None:
+        return (
+            "numbers written with binary floating-point noise in their last digits (the repr of a float "
+            f"computation: {raw.strip()!r} for {denoised(raw)!r}), which no response writes",
+            "write each answer as the decimal it stands for when the dataset is built: round(x, n) or a format "
+            "with the answer's digits (f'{x:.1f}'), or compute it exactly with decimal.Decimal / fractions",
         )
     if _EXPONENT.match(raw.strip()):
         return (
@@ -178,8 +231,17 @@ def _answers(fn: Callable, prompts: list, examples: list, *, group_size: int) ->
     pre["wrong"] = score([fmt(_wrong(texts, i, max(group_size, 1))) for i in range(n)])
     canon = [canonical(t) for t in texts]
     pre["canon"] = canon
-    if sum(1 for i in rows if canon[i] != texts[i] and canon[i]) >= MOST * len(rows):
+    if any(canon[i] != texts[i] and canon[i] for i in rows):
         pre["canon_scores"] = score([fmt(c) for c in canon])
+    near = [near_misses(t) for t in texts]
+    pre["near"] = []
+    for k in range(max((len(n) for n in near), default=0)):
+        alt = [near[i][k] if i in rows and k < len(near[i]) else None for i in range(n)]
+        got = score(
+            [fmt(a if a is not None else _wrong(texts, i, max(group_size, 1))) for i, a in enumerate(alt)]
+        )
+        if got is not None:
+            pre["near"].append((alt, got))
     field = refs[rows[0]][0]
     kinds = sorted({type(refs[i][1]).__name__ for i in rows})
     pre["field"], pre["types"] = field, kinds
@@ -196,7 +258,6 @@ def _answers(fn: Callable, prompts: list, examples: list, *, group_size: int) ->
     return pre
 
 
-# long: one verdict over the probe's scores, then the hints that name why the reward cannot fire, each worded in place
 def judge_answers(
     pre: Mapping[str, Any],
     real: list[float],
@@ -206,7 +267,28 @@ def judge_answers(
     data_key: str,
     ctx: Mapping[str, Any],
 ) -> tuple[list[Finding], dict[str, Any]]:
-    """`precompute_answers`' scores judged (the run's own rewards ``real`` say whether the reward fired)."""
+    """`precompute_answers`' scores judged (the run's own rewards ``real`` say whether the reward fired). A
+    probe that fails is the audit's bug: named on stderr and in what the probe ran, never the run's end."""
+    try:
+        return _judge(pre, real, source=source, fn_name=fn_name, data_key=data_key, ctx=ctx)
+    except Exception as e:  # noqa: BLE001 -- a check must never kill the user's run
+        print(
+            f"verlaudit: the reward's answer probe failed (an audit bug, the run goes on): {e!r}",
+            file=sys.stderr,
+        )
+        return [], {"answer_probe_error": repr(e)[:200]}
+
+
+# long: one verdict over the probe's scores, then the hints that name why the reward cannot fire, each worded in place
+def _judge(
+    pre: Mapping[str, Any],
+    real: list[float],
+    *,
+    source: str,
+    fn_name: str,
+    data_key: str,
+    ctx: Mapping[str, Any],
+) -> tuple[list[Finding], dict[str, Any]]:
     rows, refs = pre["rows"], pre["refs"]
     ran: dict[str, Any] = {"answer_formats": sorted(pre.get("by_format", {}))}
     if len(rows) < 2 or not pre.get("by_format") or pre.get("wrong") is None:
@@ -233,6 +315,8 @@ def judge_answers(
     }
     out: list[Finding] = []
     if len(above) >= MOST * len(rows):
+        checked, passed = _near_hits(pre, above, right, tol)
+        observed.update(near_miss_rows=len(checked), near_miss_scored=len(passed))
         out.append(
             Finding(
                 severity="info",
@@ -247,6 +331,7 @@ def judge_answers(
                 **ctx,
             )
         )
+        out += _lenient_findings(pre, checked, passed, right, where=where, fn_name=fn_name, ctx=ctx)
         out += _form_findings(pre, rows, right, tol, data_key=data_key, ctx=ctx)
         return out, ran
     finite = [v for v in real if math.isfinite(v)]
@@ -305,6 +390,81 @@ def judge_answers(
         )
     )
     return out, ran
+
+
+LENIENT_MIN = 0.25
+"""Share of the probed rows (at least 2) in which a near miss scoring as the right answer is a finding."""
+
+
+def _near_hits(
+    pre: Mapping[str, Any], above: Sequence[int], right: list[float], tol: float
+) -> tuple[list[int], list[int]]:
+    """(rows whose reference answer fires and has a near miss, those of them where a near miss scores as much)."""
+    checked, passed = [], []
+    for i in above:
+        got = [g[i] for alt, g in pre.get("near", []) if alt[i] is not None and math.isfinite(g[i])]
+        if got:
+            checked.append(i)
+            if max(got) >= right[i] - tol:
+                passed.append(i)
+    return checked, passed
+
+
+def _lenient_findings(
+    pre: Mapping[str, Any],
+    checked: Sequence[int],
+    passed: Sequence[int],
+    right: list[float],
+    *,
+    where: str,
+    fn_name: str,
+    ctx: Mapping[str, Any],
+) -> list[Finding]:
+    """``reward/answer_lenient`` when wrong answers next to the reference score as the reference does."""
+    if not checked or len(passed) < max(2, LENIENT_MIN * len(checked)):
+        return []
+    i0 = passed[0]
+    # the near miss that scored most in that row (`_near_hits` saw one at least as high as the answer, less tol)
+    alt, got = max(
+        ((a, g) for a, g in pre["near"] if a[i0] is not None and math.isfinite(g[i0])),
+        key=lambda ag: ag[1][i0],
+    )
+    truth = pre["texts"][i0]
+    numeric = bool(_INT.match(truth.strip()) or _FLOAT.match(truth.strip()))
+    return [
+        Finding(
+            severity="error",
+            kind=K.REWARD_ANSWER_LENIENT,
+            role="reward",
+            where=where,
+            message=f"the reward function {fn_name} scores near-miss wrong answers as correct: {alt[i0]!r} for the "
+            f"reference answer {truth!r} scores {got[i0]:.3g}, as much as the answer itself ({right[i0]:.3g}), in "
+            f"{len(passed)} of {len(checked)} probed rows"
+            + (
+                ": its numeric comparison has a tolerance (rel_tol / abs_tol) wider than the answers' spacing"
+                if numeric
+                else ": it matches a part of the answer, not the whole of it"
+            )
+            + ", so wrong responses are rewarded as right ones",
+            observed={
+                "rows": len(checked),
+                "rows_lenient": len(passed),
+                "example": truth,
+                "near_miss": alt[i0],
+                "near_miss_score": got[i0],
+                "right_score": right[i0],
+            },  # fmt: skip
+            expected="a wrong answer next to the reference scores below it",
+            fix=(
+                "compare exactly: the extracted answer == str(ground_truth), integers as int(pred) == int(truth); "
+                "where numbers need a tolerance, math.isclose with an abs_tol below half the answers' spacing "
+                "(not a rel_tol that grows with the answer)"
+                if numeric
+                else "compare the whole extracted answer with the ground truth (==), not a prefix or a substring"
+            ),
+            **ctx,
+        )
+    ]
 
 
 def _form_findings(

@@ -103,6 +103,25 @@ def reward_key(data: dict) -> str:
     return f"data.task ({data.get('task')})"
 
 
+SATURATION_BOUNDS = {1.0: "sigmoid's / a probability's top", 0.0: "sigmoid's bottom", -1.0: "tanh's bottom"}
+"""A reward model's one value that is the bound of a squashing function: every score saturated it."""
+
+
+def saturated(values: list[float]) -> str | None:
+    """What a reward model's constant value says when it is a squashing function's bound (rank12: the fix from
+    the evidence), else None: a sigmoid / tanh / softmax over one logit returns its bound for every input once
+    the logits are large (or there is one class)."""
+    if len(values) != 1 or values[0] not in SATURATION_BOUNDS:
+        return None
+    v = values[0]
+    return (
+        f"every score is {v:g}, {SATURATION_BOUNDS[v]} bound: the scorer squashes its logit (sigmoid, tanh, a "
+        "softmax over a single logit, a clamp) and every logit saturates it; return the raw logit (or "
+        "logsigmoid / the logit divided by a temperature) instead of the squashed probability"
+        + (", or check for a zero score head" if v == 0.0 else "")
+    )
+
+
 class ConstantWatch:
     """Whether every reward of the batch is one value, step after step (`CONSTANT_STEPS`): the reward
     does not depend on the response at all. Read for a reward model (its scores are continuous: distinct
@@ -148,6 +167,9 @@ class ConstantWatch:
             "under a wrong name, a branch that always falls through to a default, a score read at a padded "
             "position)"
         )
+        bound = saturated(values) if source.startswith("model:") else None
+        if bound is not None:
+            fix = f"{at}: {bound}; " + fix
         return Finding(
             severity="warning",
             kind=K.REWARD_CONSTANT,

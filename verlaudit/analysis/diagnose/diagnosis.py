@@ -15,7 +15,8 @@ same rules (`order_by_root` with the log's lines for moments). A fix is offered 
 the root and the audit or the planner says it would work (no bf16 advice for integer ids or a run that
 is bf16 already, no precision change for corrupted weights or a NaN reward, OOM fixes checked against
 the planner: `verlaudit.analysis.diagnose.oom`). Each fix names the suite key (or the user's plug-in) and the
-verl key where one exists. Exercised by `pytest tests/test_diagnose.py
+verl key where one exists; where a finding's numbers decide the change, the fix built from them comes first
+(`verlaudit.analysis.diagnose.evidence_fix`). Exercised by `pytest tests/test_diagnose.py
 tests/test_rules.py` and ``verlaudit diagnose reports/tiny_cpu/<run>``.
 """
 
@@ -38,7 +39,7 @@ from verlaudit.analysis.causes import (
     dtype_fixes,
     rank,
 )
-from verlaudit.analysis.diagnose import fixcheck
+from verlaudit.analysis.diagnose import evidence_fix, fixcheck
 from verlaudit.analysis.diagnose.config_cause import range_causes
 from verlaudit.analysis.diagnose.mismatch_cause import mismatch_causes
 from verlaudit.analysis.diagnose.pair_cause import combo_causes
@@ -397,12 +398,13 @@ def _finding_causes(run: RunDir) -> list[Cause]:
             else None
         )
         fixes = [hook, *fixes] if hook else fixes
+        fixes, title = evidence_fix.refine(run, kind, fs, fixes, f"{kind}: {top.message}")
         sev = next((s for s in ("error", "warning", "info") if any(f.severity == s for f in fs)), "info")
         out.append(
             Cause(
                 sev,
                 f"finding:{kind}",
-                f"{kind}: {top.message}",
+                title,
                 top.message,
                 evidence=ev,
                 fixes=fixes,
@@ -467,6 +469,7 @@ def _plugin_fixes(run: RunDir, top: Finding, fs: Sequence[Finding]) -> list[Fix]
         key = f"{field} ({source})" if source else f"model.setup ({plugin})" if plugin else field
     elif top.kind == K.WEIGHT_GROWTH:
         return list(dict.fromkeys(_lr_fix(f) for f in fs if f.fix))[:3]
+    key = key or evidence_fix.suite_key(where)  # rank12: a finding that names its suite key names the fix's
     fixes = list(dict.fromkeys(Fix(key, verl, f.fix) for f in fs if f.fix))[:3]
     return fixes
 
@@ -491,6 +494,7 @@ ANALYSES = (
     override_causes,
     range_causes,
     combo_causes,  # combo: keys wrong together, resolution lost at a 16-bit boundary
+    evidence_fix.override_ignored_causes,  # rank12: an override the role's model does not follow
 )
 
 
@@ -499,6 +503,7 @@ def diagnose_run(run: RunDir) -> Diagnosis:
     causes: list[Cause] = []
     for analysis in ANALYSES:
         causes.extend(analysis(run))
+    causes = evidence_fix.overrides_named(causes)
     causes = _in_users_terms(run, fixcheck.checked(run, order_by_root(rank(causes))))
     st = run.status or {}
     if run.state == "completed":
@@ -551,7 +556,11 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
         c.cls = c.cls or K.cause_class(c.kind)
     if moments is None:
         moments = [Moment.of(c.step, c.phase, c.seq) for c in causes]
-    events = [Event(c.cls or "other", m, c.role) for c, m in zip(causes, moments, strict=True)]
+    weight = {"error": 2, "warning": 1}
+    events = [
+        Event(c.cls or "other", m, c.role, weight.get(c.severity, 0))
+        for c, m in zip(causes, moments, strict=True)
+    ]
     out: list[Cause] = []
     for path, others in chains(events, list(range(len(causes)))):
         root = causes[path[0]]
@@ -572,10 +581,19 @@ def order_by_root(causes: list[Cause], moments: Sequence[Moment] | None = None) 
             continue
         root.severity = severity_max([root.severity] + [c.severity for c in cons])
         root.chain = labels
+        root.what = _what_it_explains(root.what, cons)
         for c in cons:
             c.consequence_of = root.title
             c.fixes = []
     return [c for c in out if not explains_nothing(c)]
+
+
+def _what_it_explains(what: str, cons: Sequence[Cause]) -> str:
+    """A root's account with what it produced (its consequences' titles, the first two): the root says what
+    it did to the run, not only what it is."""
+    said = [c.title if len(c.title) <= 140 else c.title[:139] + "…" for c in cons[:2]]
+    more = f" (and {len(cons) - 2} more)" if len(cons) > 2 else ""
+    return f"{what.rstrip()} It explains: {'; '.join(said)}{more}." if said else what
 
 
 def _label(c: Cause, m: Moment) -> str:

@@ -492,6 +492,8 @@ TIER_CHANNELS: dict[str, tuple[str, frozenset[str]]] = {
     "reward_mutates": ("data", frozenset({REWARD_SIGNAL})),
     "reward_unscored": ("data", frozenset({REWARD_SIGNAL})),
     "answer_form": ("data", frozenset({REWARD_SIGNAL})),
+    # rank12: a reward that scores near misses as the answer
+    "reward_lenient": ("data", frozenset({REWARD_SIGNAL})),
 }
 """class -> (tier, channels). A class not listed takes part only through the pairs in `RULES`."""
 
@@ -520,6 +522,29 @@ TIER_CHANNELS.update(
             "answer_notation",
             "answer_unreachable",
         )
+    }
+)
+
+# rank12: what a model computes. A setup that changed the model (its modules, hooks, weights, settings, what it
+# loaded) makes it compute otherwise from step 0: against the reference it was copied from, the rollout engine
+# that runs the same weights, its fp32 shadow, and so the KL term. Those are the setup's symptoms, whatever new
+# setup kind names the change: a setup-tier class on this channel explains them by the tier rule.
+MODEL = "model"
+"""Channel: what the model computes (its log-probs against the reference, the rollout's, an fp32 shadow)."""
+for _cls in (
+    "setup_dtype", "setup_graph", "setup_load", "newly_initialised", "setup_settings", "setup_adapter",
+    "setup_collapse", "setup_shared", "setup_modules", "setup_hooks", "hook_output", "setup_remap", "setup_roles",
+    "mask_ignored", "setup_mode",
+):  # fmt: skip
+    _tier, _ch = TIER_CHANNELS.get(_cls, ("setup", frozenset()))
+    TIER_CHANNELS[_cls] = (_tier, _ch | {MODEL})
+for _cls in ("reference", "mismatch", "precision_excess", "kl_penalty"):
+    TIER_CHANNELS.setdefault(_cls, ("symptom", frozenset({MODEL})))
+RULES.update(
+    {
+        ("reference", "kl_penalty"): Rule(
+            "an actor that is not the reference from step 0 pays a KL that no update made: the penalty dominates"
+        ),
     }
 )
 
@@ -552,11 +577,30 @@ class Event:
     cls: str
     moment: Moment
     role: str | None = None
+    weight: int = 0
+    """Its own severity (error 2, warning 1, info 0): of two roots seen in one step and phase, the one that
+    says more (a warning of what a setup's hook changes, over the info that the setup registered hooks)."""
+
+
+STANDING_TIERS = ("setup", "config", "data")
+"""Tiers whose causes are standing properties of the run (what the setup did, a key's value, the data, the
+user's reward or loop code): a probe that saw one at step 1 saw what was already so at step 0."""
+STANDING_WINDOW = 1
+"""The last step of the audit's first look (setup and the first steps, audited in full and probed): a standing
+cause first seen there was there from the start; one first seen later may have come from what went wrong."""
+
+
+def standing(root: str, symptom: str) -> bool:
+    """Whether a ``root`` class of a standing tier explains a ``symptom``-tier class although it was recorded
+    later within the audit's first look: the moment a check recorded it is when it looked, not when it began."""
+    r, s = TIER_CHANNELS.get(root), TIER_CHANNELS.get(symptom)
+    return r is not None and s is not None and r[0] in STANDING_TIERS and s[0] == "symptom"
 
 
 def _can_explain(root: Event, symptom: Event) -> Rule | None:
     rule = explains(root.cls, symptom.cls)
-    if rule is None or not root.moment.not_after(symptom.moment):
+    early = root.moment.step <= STANDING_WINDOW and standing(root.cls, symptom.cls)
+    if rule is None or not (root.moment.not_after(symptom.moment) or early):
         return None
     if explains(symptom.cls, root.cls) and not root.moment < symptom.moment:
         return None  # a rule both ways (same class) in one step and phase: the earlier record is the root
@@ -572,14 +616,20 @@ def _model(role: str) -> str:
 
 def root_of(events: Sequence[Event], i: int) -> list[int]:
     """The chain from the root to ``events[i]``: indices, root first, ``i`` last. Each step back takes
-    the earliest event that a rule lets explain the current one (ties: the one listed first)."""
+    the earliest event that a rule lets explain the current one (`_earliest`: of one step and phase the more
+    severe, then the one recorded first; ties: the one listed first)."""
     chain = [i]
     while True:
         cur = events[chain[0]]
         options = [j for j, e in enumerate(events) if j not in chain and _can_explain(e, cur)]
         if not options:
             return chain
-        chain.insert(0, min(options, key=lambda j: (events[j].moment, j)))
+        chain.insert(0, min(options, key=lambda j: _earliest(events[j], j)))
+
+
+def _earliest(e: Event, j: int) -> tuple[float, int, int, float, int]:
+    """The order of candidate roots: step and phase first, then the more severe, then the order of recording."""
+    return (e.moment.step, e.moment.phase, -e.weight, e.moment.seq, j)
 
 
 def chains(events: Sequence[Event], ranked: Sequence[int]) -> list[tuple[list[int], list[int]]]:

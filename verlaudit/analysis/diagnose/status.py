@@ -97,6 +97,20 @@ def status_causes(run: RunDir) -> list[Cause]:
         if plugin:
             where = f"{plugin} at {where}"
         fixes.append(Fix(plugin, None, f"the exception was raised in your own code, {where}: fix it there"))
+    title = f"Failed with an exception at {at}" + (f" in {where}" if where else "")
+    frame = _user_frame(st.get("traceback"))
+    if frame and where and frame not in where and not field:
+        # rank12: raised in a module, called from the user's own code: that line is the culprit to name
+        title += f" (raised through your code at {frame})"
+        if not fixes:
+            advice = " ".join(_ADVICE.findall(error))
+            fixes.append(
+                Fix(
+                    _plugin_of(run, frame),
+                    None,
+                    f"at {frame}: " + (advice or "the call from your code raised: fix it there"),
+                )
+            )
     evidence = [_last_frame(st.get("traceback"))]
     if step is None and cfg(run, "model", "setup"):  # failed in setup, after the user's model code ran
         evidence.append(f"model.setup ran on the models before it: {cfg(run, 'model', 'setup')}")
@@ -104,7 +118,7 @@ def status_causes(run: RunDir) -> list[Cause]:
         Cause(
             "error",
             "exception",
-            f"Failed with an exception at {at}" + (f" in {where}" if where else ""),
+            title,
             error or "an exception with no message",
             evidence=evidence,
             fixes=fixes,
@@ -168,6 +182,10 @@ def _field_in(error: str) -> str | None:
 def _last_frame(tb: Any) -> str:
     lines = [ln.strip() for ln in str(tb or "").splitlines() if ln.strip().startswith("File ")]
     return f"innermost frame: {lines[-1]}" if lines else "no traceback recorded"
+
+
+_ADVICE = re.compile(r"(?:To work around this|Please|You can|you can|Try|Consider)\b[^.]*\.")
+"""The sentences of an error message that say what to do (PyTorch's errors often end with their own advice)."""
 
 
 def _user_frame(tb: Any) -> str | None:
