@@ -337,15 +337,16 @@ FAULTS: list[dict[str, Any]] = [
        ["param_dtype", "fp32", "master", "critic_lr", "override"], "warning",
        variant={"precision": {"overrides": {"critic": {"param_dtype": "bf16", "compute_dtype": "bf16",
                                                        "autocast": False}}}}),
-    _f("reference_fp32_under_fp16", 6, "precision.overrides.reference", "grpo", "fp16", {},
-       "an fp16 run with the reference overridden to fp32 ('an accurate reference'): the actor's forwards "
-       "run under fp16 autocast, the reference's in fp32, so the KL loss is non-zero from step 0 and measures "
-       "the actor's fp16 rounding instead of policy drift",
-       [["reference"], ["fp32", "float32", "dtype", "precision", "kl", "differ", "override", "rounding"]],
-       ["overrides.reference", "precision.overrides", "reference"],
-       ["override", "remove", "fp16", "reference"], "warning",
-       variant={"precision": {"overrides": {"reference": {"param_dtype": "fp32", "compute_dtype": "fp32",
-                                                          "autocast": False}}}}),
+    _f("optim_state_bf16_not_applied", 6, "precision.overrides.actor.optim_state_dtype", "grpo", "bf16", {},
+       "a bf16 run with the actor's optim_state_dtype overridden to bf16 (to halve the AdamW moments' "
+       "memory): the policy records bf16 moments, but the optimizer keeps its moments in the parameter "
+       "dtype (the fp32 master weights), so the configured saving never happens (configured and effective "
+       "optimizer-state precision differ)",
+       [["optim_state", "optimizer state", "moment", "adam"], ["fp32", "float32", "configured", "effective",
+                                                               "ignored", "not applied", "differ"]],
+       ["optim_state_dtype", "overrides.actor", "precision.overrides"],
+       ["optim_state_dtype", "remove", "override", "param_dtype"], "warning",
+       variant={"precision": {"overrides": {"actor": {"optim_state_dtype": "bf16"}}}}),
     _f("critic_compute_bf16_under_fp32", 6, "precision.overrides.critic.compute_dtype", "ppo", "fp32", {},
        "an fp32 run with the critic's compute overridden to bf16 (autocast, 'the critic need not be exact'): "
        "the values and their gradients carry bf16 rounding (~0.4% of each activation) in a run whose "
@@ -413,7 +414,7 @@ FAULTS: list[dict[str, Any]] = [
 
 _CTL: dict[str, dict[str, Any]] = {
     "ppo_fp32": {"seed": 71, "model": {"reward_model": RM + "load_logit_scorer"}},
-    "ppo_fp16": {"seed": 72, "data": {"task": "copy"}},
+    "ppo_fp16": {"seed": 72, "data": {"response_length": 6}, "algo": {"kl_coef": 0.02}},
     "ppo_bf16": {"seed": 73, "model": {"setup": {"critic": SU + "mlp_value_head"}}},
     "ppo_bf16_pure": {"seed": 74, "algo": {"gamma": 0.99, "lam": 0.9}},
     "grpo_fp32": {"seed": 75, "data": {**VERL, "train_files": "{assets.arith_rows}",
@@ -428,7 +429,7 @@ _CTL: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Per-control variations from the previous benches' controls: seeds, a task, a correct plug-in of some kinds
 (reward model, critic setup, verl rows with a compute_score, reward function, collator, dataset), an SFT
-checkpoint, another DPO beta, GAE settings, group size."""
+checkpoint, another DPO beta, GAE settings, group size, response length and KL coefficient."""
 
 CONTROLS: list[dict[str, Any]] = [
     {"name": f"ctl_{algo}_{preset.replace('-', '_')}", "algo": algo, "preset": preset,

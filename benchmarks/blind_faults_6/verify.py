@@ -560,9 +560,11 @@ def check_tokenizer_max_length_truncation(rd, assets):
     sft = _sft(assets)
     acc = _generate_accuracy(sft, tok, out["input_ids"], out["attention_mask"], ex)
     own = _greedy_accuracy(sft, char_tok(), ex)
-    ok = longest <= 6 and not any(":" in t for t in texts) and acc < own and _done(rd)
+    lost = sum(not t.startswith(e["prompt"][0]) for t, e in zip(texts, ex))
+    ok = longest <= 6 and lost >= len(ex) // 4 and acc < own and _done(rd)
     return ok, (f"model_max_length {tok.model_max_length}, side {tok.truncation_side}: collated prompts at most {longest} "
-                f"tokens, e.g. {texts[0]!r}; SFT greedy accuracy {acc:.2f} vs {own:.2f} on full prompts; run {_state(rd)}")  # fmt: skip
+                f"tokens, e.g. {texts[0]!r}, {lost}/{len(ex)} without their first digit; SFT greedy accuracy {acc:.2f} "
+                f"vs {own:.2f} on full prompts; run {_state(rd)}")  # fmt: skip
 
 
 def check_dpo_chosen_cut_before_eos(rd, assets):
@@ -602,14 +604,22 @@ def check_critic_bf16_weights_verl_lr(rd, assets):
                 f"critic/values/mean {_fmt(series(metrics(rd), 'critic/values/mean'))}")  # fmt: skip
 
 
-def check_reference_fp32_under_fp16(rd, assets):
-    kl = series(metrics(rd), "actor/kl_loss")
-    ctl = _control_series(rd.parents[2], "ctl_grpo_fp16", "actor/kl_loss")
-    ok = bool(kl) and bool(ctl) and abs(kl[0]) > 10 * abs(ctl[0]) + 1e-9 and _done(rd)
-    return (
-        ok,
-        f"step-0 actor/kl_loss (before any update) {_fmt(kl[:1])} vs {_fmt(ctl[:1])} in the fp16 control; all steps {_fmt(kl)}; run {_state(rd)}",
+def check_optim_state_bf16_not_applied(rd, assets):
+    from trainer.common import make_optimizer
+    from trainer.precision import resolve_policy
+
+    pol = resolve_policy("bf16", {"actor": {"optim_state_dtype": "bf16"}})["actor"]
+    m = _tiny(8).to(pol.param_dtype)
+    opt = make_optimizer(m, 1e-3, 0.0, torch.device("cpu"))
+    ids, _ = _rand_batch(2, 8, 8)
+    m(input_ids=ids).logits.float().mean().backward()
+    opt.step()
+    moments = sorted(
+        {str(v.dtype) for st in opt.state.values() for k, v in st.items() if k.startswith("exp_avg")}
     )
+    ok = pol.optim_state_dtype == torch.bfloat16 and moments == ["torch.float32"] and _done(rd)
+    return ok, (f"the policy's actor optim_state_dtype {pol.optim_state_dtype}, param_dtype {pol.param_dtype}; the "
+                f"trainer's make_optimizer keeps the AdamW moments in {moments}; run {_state(rd)}")  # fmt: skip
 
 
 def check_critic_compute_bf16_under_fp32(rd, assets):
@@ -676,7 +686,7 @@ def check_loop_update_forward_without_mask(rd, assets):
     ev = evidence(rd)
     n = ev.get("notes", {})
     a, b = n.get("update_vs_rollout_logp_abs", []), n.get("masked_vs_rollout_logp_abs", [])
-    ok = bool(a) and a[0] > 0.02 and a[0] > 10 * b[0] and not ev.get("error")
+    ok = bool(a) and a[0] > 0.02 and a[0] > 3 * b[0] and not ev.get("error")
     return ok, (f"step 0 (same weights): mean |update logp - rollout logp| {_fmt(a[:1])} without the mask vs {_fmt(b[:1])} "
                 f"with it; all steps {_fmt(a)}; error {ev.get('error')}")  # fmt: skip
 
