@@ -213,7 +213,7 @@ FAULTS: list[dict[str, Any]] = [
        "clip_ratio_c 1.01 (verl's dual-clip bound, default 3): every negative-advantage token whose ratio "
        "passes 1.01 contributes the constant -A c with zero gradient, so after the first mini-batch of 8 "
        "updates the policy can no longer push down bad tokens it has made more likely",
-       [["clip_ratio_c", "dual", "clip"]], ["clip_ratio_c"], ["clip_ratio_c", "3"], "warning"),
+       [["clip_ratio_c", "dual", "clip"]], ["clip_ratio_c"], ["clip_ratio_c"], "warning"),
     _f("dpo_beta_vanishing", 3, "algo.beta", "dpo", "fp16", {"algo": {"beta": 1.0e-4}},
        "DPO beta 1e-4: beta x margin stays ~0, the loss is log 2 - beta x margin / 2, linear in the margin; "
        "Adam's normalised steps move the policy at full speed with no implicit KL anchor (the sigmoid never "
@@ -391,7 +391,7 @@ FAULTS: list[dict[str, Any]] = [
     _f("loop_response_slice_off_by_one", 7, LOOP, "grpo", "bf16", {},
        "the loop decodes the responses for the reward as seq[:, PROMPT_LEN - 1:] (the log-prob slice): "
        "every decoded response starts with the prompt's last character ':', so the reward compares the "
-       "answer shifted by one position (an exact answer scores 0.25)",
+       "answer shifted by one position (an exact answer scores 0.75: ':444' against '4444')",
        [["reward", "response", "decode", "slice"], ["off by one", "off-by-one", "shift", "prompt", "position",
                                                     "extra", "offset"]],
        ["own_loops", "loop_response_slice_off_by_one", "reward", "decode"],

@@ -476,11 +476,11 @@ def check_setup_freeze_tied_embeddings(rd, assets):
 
 def check_setup_head_eos_logit_bias(rd, assets):
     b, a = _nll_after(assets, "biased_output_head")
-    ms = metrics(rd)
-    ch = series(ms, "rewards/chosen")
-    ok = a > 5 * b and bool(ch) and abs(ch[0]) > 1e-3 and _done(rd)
+    ch = series(metrics(rd), "rewards/chosen")
+    ctl = _control_series(rd.parents[2], "ctl_dpo_fp32", "rewards/chosen")
+    ok = a > 5 * b and bool(ch) and bool(ctl) and abs(ch[0]) > 1e-3 and abs(ctl[0]) < 1e-6 and _done(rd)
     return ok, (f"answer NLL/token {a:.3f} after the setup vs {b:.3f} as trained; run {_state(rd)}, rewards/chosen "
-                f"{_fmt(ch)} (step 0 is before any update: the controls have 0 there)")  # fmt: skip
+                f"{_fmt(ch)}; step 0 is before any update, where the fp32 control has {_fmt(ctl[:1])}")  # fmt: skip
 
 
 def check_setup_freeze_heads_by_name(rd, assets):
