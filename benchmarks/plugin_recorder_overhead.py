@@ -87,6 +87,14 @@ def main() -> None:
         for mode in ("watched", "plain") if r % 2 == 0 else ("plain", "watched"):
             runs.append({"repeat": r, **run_case(cfg, mode, args.steps, args.device)})
             print(runs[-1], flush=True)
+            # the finished case's auditor (and through it its models) is garbage only now that run_case has
+            # returned; a 7B run's models must be gone before the next case builds its own (session 12: the
+            # second case ran out of GPU memory when they were left to the cycle collector's next pass)
+            gc.collect()
+            if args.device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
     summary = {}
     for mode in ("watched", "plain"):
         rs = [x for x in runs if x["mode"] == mode]

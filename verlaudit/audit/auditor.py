@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -107,7 +108,8 @@ class Auditor(Observer):
         memory_interval: float = 0.01,
     ) -> None:
         self.writer = writer
-        self.guard = audit_guard.Guard(lambda: self.writer)
+        this = weakref.ref(self)  # no closure over self: no cycle that keeps a finished run (and its models)
+        self.guard = audit_guard.Guard(lambda: getattr(this(), "writer", None))
         """The audit's own failures: each reported once, the run never killed by one (`guard`)."""
         self._outer_guard: audit_guard.Guard | None = None
         self.settings = settings or AuditSettings()
