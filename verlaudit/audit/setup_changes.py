@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import setup_effect
+from verlaudit.audit import setup_effect, setup_text
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
@@ -36,9 +36,7 @@ FROZEN_SHARE = 0.5
 """A trainable role left with less than this share of the parameters that trained before its setup."""
 
 
-def _names(xs: list[str], count: int) -> str:
-    shown = ", ".join(x or "<model>" for x in xs)
-    return shown + (f" and {count - len(xs)} more" if count > len(xs) else "")
+_names = setup_text.names
 
 
 def _dtype(c: Mapping[str, Any], who: str, role: str, policy: Any, modules: Mapping[str, Any] | None):
@@ -306,15 +304,8 @@ def load_findings(models: Mapping[str, nn.Module]) -> list[Finding]:
 
 
 def _finding(kind: str, role: str, who: str, severity: str, msg: str, fix: str, module, observed) -> Finding:
-    return Finding(
-        severity=severity,
-        kind=kind,
-        role=role,
-        where=who,
-        message=msg,
-        observed={"module": module, **{k: v for k, v in observed.items() if k != "aspect"}},
-        expected="what the model was built as",
-        fix=fix,
+    return setup_text.finding(
+        kind, severity, role, who, msg, fix, module, observed, expected="what the model was built as"
     )
 
 

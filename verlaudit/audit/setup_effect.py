@@ -21,13 +21,14 @@ policy asked for, caching flags) stay quiet. Exercised by `pytest tests/test_set
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import setup_values
+from verlaudit.audit import setup_text, setup_values
 from verlaudit.rundir import Finding
 
 ATTR = "setup_changes"
@@ -41,22 +42,10 @@ LOADED_ROLES = ("actor", "reference", "reward")
 """Roles whose output is the loaded model's own (a critic's value head is set by its setup by design)."""
 
 
-def _names(xs: list[str], count: int) -> str:
-    shown = ", ".join(x or "<model>" for x in xs)
-    return shown + (f" and {count - len(xs)} more" if count > len(xs) else "")
-
-
-def _finding(kind: str, severity: str, role: str, who: str, msg: str, fix: str, module, observed) -> Finding:
-    return Finding(
-        severity=severity,
-        kind=kind,
-        role=role,
-        where=who,
-        message=msg,
-        observed={"module": module, **{k: v for k, v in observed.items() if k != "aspect"}},
-        expected="the model as it was built, computing what it computed before the setup",
-        fix=fix,
-    )
+_names = setup_text.names
+_finding = functools.partial(
+    setup_text.finding, expected="the model as it was built, computing what it computed before the setup"
+)
 
 
 def _moved(fn: Mapping[str, Any] | None) -> str:

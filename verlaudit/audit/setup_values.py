@@ -19,12 +19,14 @@ tests/test_setup_values.py`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from verlaudit import kinds as K
+from verlaudit.audit import setup_text
 from verlaudit.rundir import Finding
 
 ATTR = "setup_changes"
@@ -40,22 +42,11 @@ _HEADS = ("value_head", "score", "v_head", "summary")
 """A critic's (or scorer's) head, re-initialised by design for a critic."""
 
 
-def _names(xs: list[str], count: int) -> str:
-    shown = ", ".join(x or "<model>" for x in xs)
-    return shown + (f" and {count - len(xs)} more" if count > len(xs) else "")
-
-
-def _finding(kind, severity, role, who, msg, fix, module, observed) -> Finding:
-    return Finding(
-        severity=severity,
-        kind=kind,
-        role=role,
-        where=who,
-        message=msg,
-        observed={"module": module, **{k: v for k, v in observed.items() if k != "aspect"}},
-        expected="the model as it was built: the checkpoint's weights, the same forward in every mode and call",
-        fix=fix,
-    )
+_names = setup_text.names
+_finding = functools.partial(
+    setup_text.finding,
+    expected="the model as it was built: the checkpoint's weights, the same forward in every mode and call",
+)
 
 
 def _loaded(rec: Mapping[str, Any]) -> bool:
