@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from verlaudit import kinds as K
 from verlaudit.audit import guard as audit_guard
 from verlaudit.audit import opcount
-from verlaudit.audit.frames import user_frame  # noqa: F401  (where it was first: loops import it here)
+from verlaudit.audit.frames import user_frame
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 

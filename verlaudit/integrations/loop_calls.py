@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from verlaudit.audit.plugins import user_frame
+from verlaudit.audit.frames import user_frame
 
 _LISTENERS: list[Any] = []
 """The open watches' listeners; the torch functions are wrapped while this is not empty."""
@@ -34,6 +34,11 @@ _LOG_SOFTMAX = (
     (torch, "logsumexp"),
     (torch.Tensor, "logsumexp"),
 )
+
+
+def at_line(line: str | None) -> str:
+    """A user line as a finding names it: ``file:line (function)``, or "an unknown line"."""
+    return line or "an unknown line"
 
 
 def _line() -> str | None:

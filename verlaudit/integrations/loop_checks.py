@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit.plugins import user_frame
+from verlaudit.audit.frames import user_frame
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.integrations.contract import main_dtype
 from verlaudit.rundir import Finding

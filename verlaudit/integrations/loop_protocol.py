@@ -32,6 +32,7 @@ import torch
 from verlaudit import kinds as K
 from verlaudit.dtypes import dtype_name as dn
 from verlaudit.integrations import loop_calls
+from verlaudit.integrations.loop_calls import at_line as _at
 from verlaudit.rundir import Finding
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
@@ -291,10 +292,6 @@ class LoopProtocol:
 
 
 # ---------------------------------------------------------------- the findings
-
-
-def _at(line: str | None) -> str:
-    return line or "an unknown line"
 
 
 def _clip_finding(role: str, name: str, limit: Any, scale: float, line: str | None, where: dict) -> Finding:

@@ -24,7 +24,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from verlaudit import kinds as K
-from verlaudit.audit.plugins import user_frame
+from verlaudit.audit.frames import user_frame
 from verlaudit.integrations.loop_roles import fingerprint
 from verlaudit.rundir import Finding
 

@@ -41,6 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from verlaudit import kinds as K
 from verlaudit.integrations import loop_calls
+from verlaudit.integrations.loop_calls import at_line as _at
 from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.integrations.loop_tokens import _hash_rows
 from verlaudit.rundir import Finding
@@ -52,10 +53,6 @@ STALE_LAG = 2
 TEMPERATURE_OFF = 0.15
 """Relative difference of the loss's temperature from the sampler's that is named (the fit is exact to ~1%)."""
 _SERIAL = itertools.count(1)
-
-
-def _at(line: str | None) -> str:
-    return line or "an unknown line"
 
 
 def _signature(model: torch.nn.Module) -> tuple:

@@ -39,6 +39,7 @@ import torch
 
 from verlaudit import kinds as K
 from verlaudit.integrations import loop_calls
+from verlaudit.integrations.loop_calls import at_line as _at
 from verlaudit.integrations.loop_checks import output_tensor
 from verlaudit.rundir import Finding
 
@@ -232,10 +233,6 @@ class TokenAudit:
 
 
 # ---------------------------------------------------------------- the findings
-
-
-def _at(line: str | None) -> str:
-    return line or "an unknown line"
 
 
 def _row_reads(read: torch.Tensor) -> str:

@@ -36,14 +36,11 @@ from typing import Any
 import torch
 
 from verlaudit import kinds as K
+from verlaudit.integrations.loop_calls import at_line as _at
 from verlaudit.rundir import Finding
 
 AUDITED_STEPS = 3
 """Optimizer steps per role whose gradients are fingerprinted (the order is the loop's, the same each step)."""
-
-
-def _at(line: str | None) -> str:
-    return line or "an unknown line"
 
 
 def _norms(params: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -43,7 +43,7 @@ from torch import nn
 
 from trainer.events import PHASES
 from trainer.precision import ROLES, TRAINABLE_ROLES, PrecisionPolicy
-from verlaudit.audit.plugins import user_frame
+from verlaudit.audit.frames import user_frame
 from verlaudit.audit.settings import AuditSettings
 from verlaudit.integrations import contract, loop_calls, loop_checks
 from verlaudit.integrations.loop_cancel import CancelAudit
