@@ -56,22 +56,27 @@ def ratio_metrics(
         lr, adv = log_ratio.detach().float(), advantages.detach().float()
         valid = mask.bool() if mask.dtype == torch.bool else mask != 0
         out: dict[str, torch.Tensor] = {}
-        if not bool(valid.any()):  # the same keys on every call: ranks all-reduce them by name
-            zero, one = torch.zeros((), device=lr.device), torch.ones((), device=lr.device)
-            return {k: one if k.startswith("actor/ratio_m") else zero for k in RATIO_KEYS}
         pos, neg = valid & (adv > 0), valid & (adv < 0)
         ratio = torch.exp(lr)
         if clipped is None:
             clipped = torch.zeros_like(valid)
         out["actor/pg_clipfrac_high"] = _mean((clipped & pos).float(), valid)
         out["actor/pg_clipfrac_low"] = _mean((clipped & neg).float(), valid)
-        out["actor/ratio_max"] = ratio[valid].max()
-        out["actor/ratio_min"] = ratio[valid].min()
+        inf = torch.tensor(float("inf"), device=lr.device)
+        out["actor/ratio_max"] = torch.where(valid, ratio, -inf).amax()  # ratio[valid].max(), without a sync
+        out["actor/ratio_min"] = torch.where(valid, ratio, inf).amin()
         out["actor/ratio_outside_usual_high"] = _mean((pos & (ratio > 1.0 + USUAL_HIGH)).float(), valid)
         out["actor/ratio_outside_usual_low"] = _mean((neg & (ratio < 1.0 - USUAL_LOW)).float(), valid)
         out["actor/logratio_adv_pos"] = _mean(lr, pos)  # 0 where no token has that sign
         out["actor/logratio_adv_neg"] = _mean(lr, neg)
-        return {k: v.detach() for k, v in out.items()}
+        # an empty micro-batch: ratio 1 and zeros, the same keys on every call (ranks all-reduce them by name);
+        # chosen on the device, so the trainer's step does not wait for the host on every micro-batch
+        some = valid.any()
+        one, zero = torch.ones((), device=lr.device), torch.zeros((), device=lr.device)
+        return {
+            k: torch.where(some, v, one if k.startswith("actor/ratio_m") else zero).detach()
+            for k, v in out.items()
+        }
 
 
 RATIO_KEYS = (
@@ -150,13 +155,20 @@ def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, fl
     """``{"update_rel": |w_after - w_before| / |w_before|}`` over the sampled elements (`weight_sample`):
     how far the phase's optimizer steps moved the weights, relative to their size (empty: nothing sampled,
     e.g. an FSDP rank whose shards are empty)."""
-    num = den = 0.0
+    if not sample:
+        return {}
+    parts = []
     with torch.no_grad():
         for p, before in sample:
             flat = _local_flat(p)
             if flat is None or flat.numel() < before.numel():
                 return {}  # not in memory now: no measurement rather than a partial one
             now = flat[: before.numel()].float()
-            num += float(((now - before) ** 2).sum())
-            den += float((before**2).sum())
+            part = torch.stack([((now - before) ** 2).sum(), (before**2).sum()])
+            parts.append(part.to(parts[0].device) if parts else part)  # a model spread over devices
+        sums = torch.stack(parts).tolist()  # one read from the device for the whole sample
+    num = den = 0.0
+    for n, d in sums:  # summed in Python, in order, as each tensor's float() was before
+        num += n
+        den += d
     return {"update_rel": (num / den) ** 0.5} if den > 0 else {}
