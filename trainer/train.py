@@ -15,6 +15,13 @@ import json
 import sys
 from pathlib import Path
 
+# The model stack (transformers, and through it torch._dynamo and torch.fx) is imported with this module, not
+# lazily on a run's first model build: torch.fx's `wrap`, run at import time, keeps a reference to its own
+# frame, so a first import made deep inside `train()` pins every frame of the call stack it ran in (and the
+# models their locals hold at exit) in a reference cycle until the cycle collector's next pass. A second run in
+# the same process (a benchmark's next case, a notebook) then met the first run's models still allocated
+# (session 12: an H200 out of memory). tests/test_train_release.py checks it in a fresh interpreter.
+import trainer.models  # noqa: F401
 from trainer.common import NonFiniteLossError, Resolved, resolve
 from trainer.config import TrainConfig
 from trainer.events import NULL_OBSERVER, Observer
