@@ -457,7 +457,18 @@ class StaticDecodeEngine(HFGenerateEngine):
         self._pass_logits_to_keep = "logits_to_keep" in params
         # dynamic=False: one specialised graph per (batch, cache length); the prefill stays eager.
         # No Inductor cudagraphs (mode default): with cuda_graphs we capture the whole step ourselves.
-        target = fused_decode.forward if self.fused else self._forward
+        # The eager forward is an object of its own holding the model, not the bound method self._forward:
+        # a bound method of this engine stored on it (or inside the compiled wrapper) makes engine ->
+        # method -> engine a reference cycle, which kept a finished run's model allocated until the cycle
+        # collector ran (25 GiB on the 7B H200 GRPO suite: benchmarks/release_check.py).
+        self._slot_forward = _SlotForward(
+            model,
+            cache_kw=self._cache_kw,
+            cache_position=self._pass_cache_position,
+            logits_to_keep=self._pass_logits_to_keep,
+            additive_mask_dtype=None if self._bool_mask else self.engine_dtype,
+        )
+        target = fused_decode.forward if self.fused else self._slot_forward
         self._decode_forward = (
             torch.compile(target, fullgraph=True, dynamic=False) if self.compile else target
         )
@@ -468,15 +479,7 @@ class StaticDecodeEngine(HFGenerateEngine):
 
     def _forward(self, ids, positions, mask, cache, slots) -> torch.Tensor:
         """Last-position logits of one forward that writes its K/V at ``slots``."""
-        kwargs = {self._cache_kw: cache, "use_cache": True}
-        if self._pass_cache_position:
-            kwargs["cache_position"] = slots
-        if self._pass_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        if not self._bool_mask:  # eager attention adds the mask to the scores
-            mask = additive_mask(mask, self.engine_dtype)
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
-        return out.logits[:, -1]
+        return self._slot_forward(ids, positions, mask, cache, slots)
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """HF's ``_sample`` step: returns the sampled tokens and the log-softmax they were drawn from."""
@@ -603,6 +606,38 @@ class StaticDecodeEngine(HFGenerateEngine):
         """Called once per `generate`, after the first decode step; nothing here. A subclass may run
         ``replay()`` (one more decode step: the graph's replay, or the eager step) provided it restores
         ``state``, the static buffers the step advances (benchmarks/rollout_bench.py times steps so)."""
+
+
+class _SlotForward:
+    """The HF model's last-position logits of one forward that writes its K/V at ``slots`` (explicit
+    position ids and 4D mask; the keyword names this transformers version takes)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        cache_kw: str,
+        cache_position: bool,
+        logits_to_keep: bool,
+        additive_mask_dtype: torch.dtype | None,
+    ) -> None:
+        self.model = model
+        self.cache_kw = cache_kw
+        self.cache_position = cache_position
+        self.logits_to_keep = logits_to_keep
+        self.additive_mask_dtype = additive_mask_dtype
+        """None: sdpa takes the boolean mask; else eager attention adds the mask, in this dtype, to the scores."""
+
+    def __call__(self, ids, positions, mask, cache, slots) -> torch.Tensor:
+        kwargs = {self.cache_kw: cache, "use_cache": True}
+        if self.cache_position:
+            kwargs["cache_position"] = slots
+        if self.logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        if self.additive_mask_dtype is not None:
+            mask = additive_mask(mask, self.additive_mask_dtype)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, **kwargs)
+        return out.logits[:, -1]
 
 
 class _HFForward:
