@@ -128,6 +128,9 @@ _KEYS = (
 _SYNC = re.compile(
     r"load_weights|weight_loader|update_params|update_weights|sync_weights|broadcast_to_vllm|"
     r"update_named_param|_move_model_to_vllm|refit|sharding_manager"
+    # an engine's per-layer loaders (vLLM's FusedMoE._load_w13 / _load_w2, _load_model_weight_or_group_weight_scale)
+    # and the argument every vLLM / SGLang weight_loader takes: the tensor the loader narrows into its shard
+    r"|_load_w\d+\b|_load_\w*weight|\bloaded_weight\b"
 )
 
 
@@ -350,11 +353,11 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
         if (tb.phase() or ("",))[0] == "init":  # building the engine (init_model), not a sync (logsg branch)
             continue
         if re.search(
-            r"out of memory|NCCL|OutOfMemory", exc, re.I
-        ):  # an OOM or a timeout in sync: not a mismatch
+            r"out of memory|NCCL|OutOfMemory|CUDA error|illegal memory access|device-side assert", exc, re.I
+        ):  # an OOM, a timeout or a kernel fault (an earlier kernel's, reported late) in sync: not a mismatch
             continue
         if _sync_frames(tb) and re.match(
-            r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError)\b", exc
+            r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError|IndexError)\b", exc
         ):
             return tb.exc
         # an engine parameter without what the loader reads, under the trainer's update call
