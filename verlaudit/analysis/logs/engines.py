@@ -59,8 +59,10 @@ _RULES = [
                                       r"|(?i:\b(?:updat|sync|synchroni[sz]|refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?"
                                       r"(?:weights?|parameters|params)\b[^.\n]{0,60}?\bfail(?:ed|ure)\b"
                                       r"|\bfail(?:ed|ure)\s+(?:to\s+|in\s+|while\s+|during\s+)?(?:update|sync|synchroni[sz]|"
-                                      r"refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?(?:weights?|parameters|params)\b"
+                                      r"refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?(?:weights?|parameters?|params)\b"
                                       r"|\b(?:weights?|parameter) (?:update|sync|synchroni[sz]ation|refit|broadcast) failed"
+                                      # SGLang's update_weights_from_distributed after a failed copy
+                                      r"|weights of the \w+ are partially updated"
                                       r"|\brefit failed|\bfailed during refit)")),
     # vLLM's warning when its model code runs outside `set_current_vllm_config` (a trainer's refit calling the model's
     # process_weights_after_loading / load_weights by hand): the layers then read a default config
@@ -467,6 +469,10 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if found is None:
         return None
     line, name, title, failed = found
+    if any(0 <= line.no - h.no <= AFTER_CALL for h in facts.of("nccl_net_timeout")):
+        return (
+            None  # NCCL's transport timed out just before: the collective's timeout (raisers), not a mismatch
+        )
     pl = place(facts, line)
     ev = [quote(line)] + ([quote(failed.line)] if failed and failed.line is not line else []) + pl.evidence()
     wrappers = [
