@@ -51,6 +51,7 @@ from verlaudit.analysis.logs import (
     phases,
     placement,
     raisers,
+    ratios,
     recovered,
     scaling,
 )
@@ -75,6 +76,7 @@ DETECTORS = (
     recovered.detect,  # logs12 branch
     parts.detect,  # logs12 branch
     raisers.detect,  # logs13 branch
+    ratios.detect,  # logs13 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -89,6 +91,7 @@ FAMILIES = (
     placement.explain,  # logsg branch
     datasize.explain,  # logs12 branch
     raisers.explain,  # logs13 branch
+    ratios.explain,  # logs13 branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes
