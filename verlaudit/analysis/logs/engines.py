@@ -63,6 +63,10 @@ _RULES = [
                                       r"|\b(?:weights?|parameter) (?:update|sync|synchroni[sz]ation|refit|broadcast) failed"
                                       # SGLang's update_weights_from_distributed after a failed copy
                                       r"|weights of the \w+ are partially updated"
+                                      # a load or update that moved nothing: "Loaded 0 of 291 tensors", "updated 0
+                                      # parameters" (logs13 branch)
+                                      r"|(?i:\b(?:loaded|updated|received|synced|copied|broadcast)\s+0\s+(?:of\s+[1-9]\d*\s+)?"
+                                      r"(?:tensors|parameters|params|weights|shards)\b)"
                                       r"|\brefit failed|\bfailed during refit)")),
     # vLLM's warning when its model code runs outside `set_current_vllm_config` (a trainer's refit calling the model's
     # process_weights_after_loading / load_weights by hand): the layers then read a default config
@@ -124,6 +128,9 @@ _KEYS = (
     "shard_dim",
     "Attempted to load weight",
     "param",
+    "tensors",
+    "weights",
+    "shards",
 )
 # frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
 # vLLM's loaders)

@@ -148,6 +148,7 @@ _MONITOR_OLD = re.compile(
     r"RayOutOfMemoryError: More than (?P<pct>\d+(?:\.\d+)?)% of the memory on node (?P<node>\S+) is used "
     r"\((?P<used>[\d.]+) / (?P<total>[\d.]+) ?GB\)"
 )
+_RAY_HOST_EXC = re.compile(r"RayOutOfMemoryError|ray\.exceptions\.OutOfMemoryError")
 _HOST = [
     ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
                                     r"were "
@@ -230,7 +231,9 @@ def detect(line: LogLine) -> list[Hit]:
         h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out
     ):
         return out
-    oom = None if "memory on the node" in text.lower() else parse_oom(text)
+    # Ray's host-memory exceptions (RayOutOfMemoryError, ray.exceptions.OutOfMemoryError) name no CUDA memory
+    ray_host = "memory on the node" in text.lower() or _RAY_HOST_EXC.search(text) is not None
+    oom = None if ray_host else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
         out.append(Hit("cuda_oom", line, oom))
     return out

@@ -191,9 +191,8 @@ def _actor_init(facts: LogFacts, ctx: LogContext) -> Cause | None:
         None,
     )
     tb = tb or pl.tb
-    init = next(
-        (f for f in reversed(tb.frames if tb else []) if f.func == "__init__" and not f.library), None
-    )
+    inits = [f for f in reversed(tb.frames if tb else []) if f.func == "__init__"]
+    init = next((f for f in inits if not f.library), inits[0] if inits else None)  # the user's own first
     inner = tb.frames[-1] if tb and tb.frames else None
     at = None
     if init is not None:
