@@ -216,3 +216,36 @@ def test_a_cuda_fault_under_sync_frames_is_a_kernel_fault_not_a_mismatch(tmp_pat
 def test_printed_ratio_neighbours(tmp_path: Path, line: str, warned: bool) -> None:
     d = diagnose_text(tmp_path, f"step 1\n{line}\n")
     assert any(c.kind == "mismatch" for c in d.causes) is warned, [c.title for c in d.causes]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "IS ratio std: 0.31",
+        "log IS ratio: 0.5",
+        "importance ratio clipped fraction: 0.2",
+        "IS ratio ess: 0.4",
+    ],
+)
+def test_a_statistic_of_the_ratios_is_not_a_ratio(tmp_path: Path, line: str) -> None:
+    d = diagnose_text(tmp_path, f"step 3\n{line}\n")
+    assert not any(c.kind == "mismatch" for c in d.causes), [c.title for c in d.causes]
+
+
+def test_sigterm_after_a_worker_that_exited_on_its_own_is_not_a_kill(tmp_path: Path) -> None:
+    d = diagnose_text(
+        tmp_path,
+        "W1202 10:14:07.121554 140211 torch/distributed/elastic/multiprocessing/api.py:897] Sending process "
+        "140306 closing signal SIGTERM\n"
+        "E1202 10:14:08.551203 140211 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+        "local_rank: 0 (pid: 140305) of binary: /usr/bin/python\n",
+    )
+    assert errors(d) and not any(c.kind == "killed" for c in errors(d)), [c.title for c in d.causes]
+
+
+def test_a_loggers_prefix_does_not_hide_a_printed_ratio(tmp_path: Path) -> None:
+    d = diagnose_text(
+        tmp_path,
+        "[2026-12-02 10:00:00,001] [INFO] [logging.py:128:log_dist] [Rank 0] IS ratio: tensor([2.0, 1.9])\n",
+    )
+    assert [c.where for c in d.causes if c.kind == "mismatch"] == ["IS ratio"]

@@ -38,7 +38,9 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
     # torch elastic's agent terminating its workers ("Sending process N closing signal SIGTERM") with no
     # worker's error in the log: the agent itself was stopped (a scheduler's preemption or time limit, a
     # Ctrl-C, a sibling agent's failure); a signal line is never a healthy run's
-    terminated = [] if (failed or table or sig or raised or teardown) else facts.of("sigterm_sent")
+    # (a worker the agent reports exiting on its own, `failed (exitcode: 1)`, is the failure the SIGTERMs follow)
+    exited = facts.of("elastic_failed", "elastic_exit")
+    terminated = [] if (failed or table or sig or raised or teardown or exited) else facts.of("sigterm_sent")
     if terminated:
         return terminated[0], terminated[0].fields["groups"][1], None, None
     if not (failed or table or sig or teardown):

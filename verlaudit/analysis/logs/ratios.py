@@ -18,13 +18,18 @@ from verlaudit.analysis.logs.lines import LogLine, hints
 from verlaudit.analysis.logs.scan import Hit, LogFacts, place, quote
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
-# a label naming IS ratios, then `:` or `=`, then a tensor / list of numbers or one number
+# a label naming IS ratios (one word before it, a few after), then `:` or `=`, then a tensor / list of numbers or
+# one number; a metric key (`sampling/importance_sampling_ratio/mean`) does not match: it is the metric table's
 _PRINTED = re.compile(
-    rf"(?P<label>[^:=\n]{{0,60}}?\b(?:IS|[Ii]mportance[ _-]?(?:[Ss]ampling[ _-]?)?)[ _-]?(?:[Rr]atios?|[Ww]eights?)\b"
+    r"(?P<label>(?:\b[\w-]+[ _-])?\b(?:IS|[Ii]mportance[ _-]?(?:[Ss]ampling[ _-]?)?)[ _-]?(?:[Rr]atios?|[Ww]eights?)\b"
     rf"[^:=\n/]{{0,30}}?)\s*[:=]\s*(?:tensor\()?\s*(?P<vals>\[[^\]]*\]|{_NUM})"
 )
-# a setting about the ratio (its clip, cap, threshold, mode), not a value of it
-_SETTING = re.compile(r"clip|cap\b|threshold|trunc|level|mode|type|max|min|bound|limit|coef|eps", re.I)
+# and a statistic of the ratios that is not a ratio (their spread, a clipped fraction, a count, their log)
+_SETTING = re.compile(
+    r"clip|cap\b|threshold|trunc|level|mode|type|max|min|bound|limit|coef|eps|std|var|frac|pct|percent|count|num|"
+    r"\bn_|ess\b|sample_size|entropy|log|kl\b|diff",
+    re.I,
+)
 _HAS = hints("ratio", "Ratio", "weight", "Weight")
 MAX_VALUES = 4096
 """Values of one printed line read (a batch's worth)."""
@@ -35,11 +40,11 @@ def detect(line: LogLine) -> list[Hit]:
     if not _HAS(text):
         return []
     m = _PRINTED.search(text)
-    if m is None or "/" in m["label"] or _SETTING.search(m["label"]):
-        return []  # a metric key (`sampling/importance_sampling_ratio/mean`) is the metric table's
+    if m is None or _SETTING.search(m["label"]):
+        return []
     vals = [float(v) for v in re.findall(_NUM, m["vals"])[:MAX_VALUES]]
     vals = [v for v in vals if math.isfinite(v) and v > 0]
-    label = re.sub(r"^\s*(?:\[[^\]]*\]\s*)+", "", m["label"]).strip()  # a logger's `[DEBUG]` tags
+    label = m["label"].strip()
     return [Hit("printed_is_ratio", line, {"label": label, "values": vals})] if vals else []
 
 
