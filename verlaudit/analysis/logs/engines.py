@@ -137,10 +137,11 @@ _KEYS = (
 _SYNC = re.compile(
     r"load_weights|weight_loader|update_params|update_weights|sync_weights|broadcast_to_vllm|"
     r"update_named_param|_move_model_to_vllm|refit|sharding_manager"
-    # an engine's per-layer loaders (vLLM's FusedMoE._load_w13 / _load_w2, _load_model_weight_or_group_weight_scale)
-    # and the argument every vLLM / SGLang weight_loader takes: the tensor the loader narrows into its shard
-    r"|_load_w\d+\b|_load_\w*weight|\bloaded_weight\b"
 )
+# an engine's per-layer loaders (vLLM's FusedMoE._load_w13 / _load_w2, _load_model_weight_or_group_weight_scale)
+# and the argument every vLLM / SGLang weight_loader takes, the tensor the loader narrows into its shard: a
+# failure there is the load's (a sync's unless the frames show the engine's first load of its checkpoint)
+_LOADER = re.compile(r"_load_w\d+\b|_load_\w*weight|\bloaded_weight\b")
 
 
 _HAS = hints(*_KEYS)
@@ -365,7 +366,8 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
             r"out of memory|NCCL|OutOfMemory|CUDA error|illegal memory access|device-side assert", exc, re.I
         ):  # an OOM, a timeout or a kernel fault (an earlier kernel's, reported late) in sync: not a mismatch
             continue
-        if _sync_frames(tb) and re.match(
+        loader = bool(_LOADER.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames)))
+        if (_sync_frames(tb) or loader) and re.match(
             r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError|IndexError)\b", exc
         ):
             return tb.exc

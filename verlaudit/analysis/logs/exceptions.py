@@ -645,29 +645,8 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h.rule == "symbol":  # the native extension that does not load, when its name is not the package's
         ext = PurePosixPath(h.fields["groups"][0]).name.split(".", 1)[0]
         where = f"{pkg} ({ext})" if ext != pkg else pkg
-    if (
-        own_version
-    ):  # the package lacks its own version: its install / build is broken, not another library's pin
-        pkg = h.fields["groups"][1].split(".")[0]
-        sym = next((x for x in hits if x.rule == "symbol" and _package(x.fields["groups"][0]) == pkg), None)
-        title = f"{pkg}: broken install (its own {h.fields['groups'][0]} does not import)"
-        what = (
-            f"{pkg} cannot import its own version attribute ({h.fields['groups'][0]}, written into its version "
-            "module when the package is built): the installed copy is a build that did not finish, an editable / "
-            "source checkout whose build step was not run, or files of two installs mixed in one site-packages"
-            + (
-                f"; its compiled extension does not load either ({quote(sym.line, 160)}): it was built "
-                "against another torch"
-                if sym
-                else ""
-            )
-            + "."
-        )
-        fix_text = (
-            f"reinstall {pkg} cleanly (pip uninstall {pkg.replace('_', '-')}, then the wheel built for the "
-            f"installed torch and CUDA, or rebuild from source with pip install --no-build-isolation -e .)"
-        )
-        where = f"{pkg} ({PurePosixPath(sym.fields['groups'][0]).name.split('.', 1)[0]})" if sym else pkg
+    if own_version:  # its own version does not import: the package's install is broken, not another's pin
+        pkg, title, what, fix_text, where = _broken_install(h, hits)
     elif h.rule == "cannot_import":  # a name the installed package does not export: a version pair
         importer = next(
             (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
@@ -713,6 +692,33 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         line=h.no,
         score=46.0,
     )
+
+
+def _broken_install(h: Hit, hits: list[Hit]) -> tuple[str, str, str, str, str]:
+    """(package, title, what, fix, where) of a package that cannot import its own version attribute: its
+    install is broken (with its native extension's undefined symbol, when the log shows one, as the reason)."""
+    name, module = h.fields["groups"]
+    pkg = module.split(".")[0]
+    sym = next((x for x in hits if x.rule == "symbol" and _package(x.fields["groups"][0]) == pkg), None)
+    title = f"{pkg}: broken install (its own {name} does not import)"
+    what = (
+        f"{pkg} cannot import its own version attribute ({name}, written into its version module when the "
+        "package is built): the installed copy is a build that did not finish, an editable / source checkout "
+        "whose build step was not run, or files of two installs mixed in one site-packages"
+        + (
+            f"; its compiled extension does not load either ({quote(sym.line, 160)}): it was built against "
+            "another torch"
+            if sym
+            else ""
+        )
+        + "."
+    )
+    fix_text = (
+        f"reinstall {pkg} cleanly (pip uninstall {pkg.replace('_', '-')}, then the wheel built for the installed "
+        "torch and CUDA, or rebuild from source with pip install --no-build-isolation -e .)"
+    )
+    where = f"{pkg} ({PurePosixPath(sym.fields['groups'][0]).name.split('.', 1)[0]})" if sym else pkg
+    return pkg, title, what, fix_text, where
 
 
 def _config(facts: LogFacts, ctx: LogContext) -> Cause | None:
