@@ -249,3 +249,13 @@ def test_a_loggers_prefix_does_not_hide_a_printed_ratio(tmp_path: Path) -> None:
         "[2026-12-02 10:00:00,001] [INFO] [logging.py:128:log_dist] [Rank 0] IS ratio: tensor([2.0, 1.9])\n",
     )
     assert [c.where for c in d.causes if c.kind == "mismatch"] == ["IS ratio"]
+
+
+def test_a_cuda_fault_in_the_engines_forward_is_placed_in_generation(tmp_path: Path) -> None:
+    for name in (
+        "sglang_engine_error_illegal_memory_access_forward_decode",
+        "vllm_engine_error_illegal_memory_access_execute_model_generate",
+        "verl_engine_error_misaligned_address_sglang_sharding_exit",
+    ):
+        c = _first(tmp_path, name)
+        assert (c.kind, c.phase) == ("cuda_error", "generate"), (name, c.title, c.phase)
