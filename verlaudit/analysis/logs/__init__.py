@@ -5,7 +5,8 @@ SGLang, bf16 on old GPUs, weight sync), ``scaling`` (GradScaler, DeepSpeed, apex
 features and limits, FSDP's dtype flattening), ``features`` (an engine refusing a mode or feature as configured), ``placement`` (a
 collective or DTensor op refused for where its tensors live), ``checks`` (a failed configuration check, its keys resolved
 to the ones the user sets), ``outputs`` (outputs compared with a reference and found apart), ``datasize`` (a
-dataset too small for one batch / optimizer step), ``recovered`` (tracebacks the log recovered from, which the
+dataset too small for one batch / optimizer step), ``raisers`` (the category by who raised and in which
+call: an engine's NotImplementedError, NCCL's transport timeout, an actor dead in its __init__), ``recovered`` (tracebacks the log recovered from, which the
 never-clean fallback leaves out), with
 ``frameworks`` (which framework, the settings it printed, the fix vocabulary) and ``phases`` (the phase
 from frames). Each family has a per-line ``detect`` and a pure ``explain(facts, ctx) -> list[Cause]`` over the bounded facts one streaming pass collected:
@@ -49,6 +50,8 @@ from verlaudit.analysis.logs import (
     parts,
     phases,
     placement,
+    raisers,
+    ratios,
     recovered,
     scaling,
 )
@@ -72,6 +75,8 @@ DETECTORS = (
     datasize.detect,  # logs12 branch
     recovered.detect,  # logs12 branch
     parts.detect,  # logs12 branch
+    raisers.detect,  # logs13 branch
+    ratios.detect,  # logs13 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -85,6 +90,8 @@ FAMILIES = (
     features.explain,  # logsg branch
     placement.explain,  # logsg branch
     datasize.explain,  # logs12 branch
+    raisers.explain,  # logs13 branch
+    ratios.explain,  # logs13 branch
 )
 CASCADE = frozenset({"nccl_timeout", "nccl_error", "killed", "ray_actor_died", "engine_error"})
 """Kinds that are usually the consequence of another failure in the same log (a rank that died makes

@@ -35,6 +35,14 @@ def _signal(facts: LogFacts) -> tuple[Hit, str | None, int | None, str | None] |
     sig = facts.of("signal", "shell_killed")
     raised = any(kind == "exception" for kind, _ in facts.signals)  # a child's own error explains a teardown
     teardown = [] if (failed or table or sig or raised) else facts.of("launcher_teardown")
+    # torch elastic's agent terminating its workers ("Sending process N closing signal SIGTERM") with no
+    # worker's error in the log: the agent itself was stopped (a scheduler's preemption or time limit, a
+    # Ctrl-C, a sibling agent's failure); a signal line is never a healthy run's
+    # (a worker the agent reports exiting on its own, `failed (exitcode: 1)`, is the failure the SIGTERMs follow)
+    exited = facts.of("elastic_failed", "elastic_exit")
+    terminated = [] if (failed or table or sig or raised or teardown or exited) else facts.of("sigterm_sent")
+    if terminated:
+        return terminated[0], terminated[0].fields["groups"][1], None, None
     if not (failed or table or sig or teardown):
         return None
     first = (failed or table or sig or teardown)[0]
@@ -134,7 +142,12 @@ def killed(facts: LogFacts, ctx: LogContext) -> Cause | None:
     cascade = sorted({h.fields["groups"][0] for h in facts.of("sigterm_sent")})
     pl = place(facts, first.line)
     ev = [quote(first.line)]
-    if cascade:
+    if first.rule == "sigterm_sent":
+        ev.append(
+            f"the launcher's agent sent {signame} to {len(cascade)} worker process(es) and no worker printed an "
+            "error of its own: the agent was told to stop"
+        )
+    elif cascade:
         ev.append(
             f"the launcher then sent SIGTERM to {len(cascade)} other process(es) (the cascade, not the cause)"
         )

@@ -59,8 +59,14 @@ _RULES = [
                                       r"|(?i:\b(?:updat|sync|synchroni[sz]|refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?"
                                       r"(?:weights?|parameters|params)\b[^.\n]{0,60}?\bfail(?:ed|ure)\b"
                                       r"|\bfail(?:ed|ure)\s+(?:to\s+|in\s+|while\s+|during\s+)?(?:update|sync|synchroni[sz]|"
-                                      r"refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?(?:weights?|parameters|params)\b"
+                                      r"refit|broadcast|push)\w*\s+(?:the\s+)?(?:model\s+|policy\s+)?(?:weights?|parameters?|params)\b"
                                       r"|\b(?:weights?|parameter) (?:update|sync|synchroni[sz]ation|refit|broadcast) failed"
+                                      # SGLang's update_weights_from_distributed after a failed copy
+                                      r"|weights of the \w+ are partially updated"
+                                      # a load or update that moved nothing: "Loaded 0 of 291 tensors", "updated 0
+                                      # parameters" (logs13 branch)
+                                      r"|(?i:\b(?:loaded|updated|received|synced|copied|broadcast)\s+0\s+(?:of\s+[1-9]\d*\s+)?"
+                                      r"(?:tensors|parameters|params|weights|shards)\b)"
                                       r"|\brefit failed|\bfailed during refit)")),
     # vLLM's warning when its model code runs outside `set_current_vllm_config` (a trainer's refit calling the model's
     # process_weights_after_loading / load_weights by hand): the layers then read a default config
@@ -122,6 +128,9 @@ _KEYS = (
     "shard_dim",
     "Attempted to load weight",
     "param",
+    "tensors",
+    "weights",
+    "shards",
 )
 # frames of the trainer -> engine weight copy (verl's sharding managers, TRL, OpenRLHF, NeMo-RL,
 # vLLM's loaders)
@@ -129,6 +138,10 @@ _SYNC = re.compile(
     r"load_weights|weight_loader|update_params|update_weights|sync_weights|broadcast_to_vllm|"
     r"update_named_param|_move_model_to_vllm|refit|sharding_manager"
 )
+# an engine's per-layer loaders (vLLM's FusedMoE._load_w13 / _load_w2, _load_model_weight_or_group_weight_scale)
+# and the argument every vLLM / SGLang weight_loader takes, the tensor the loader narrows into its shard: a
+# failure there is the load's (a sync's unless the frames show the engine's first load of its checkpoint)
+_LOADER = re.compile(r"_load_w\d+\b|_load_\w*weight|\bloaded_weight\b")
 
 
 _HAS = hints(*_KEYS)
@@ -350,11 +363,12 @@ def _sync_error(facts: LogFacts) -> LogLine | None:
         if (tb.phase() or ("",))[0] == "init":  # building the engine (init_model), not a sync (logsg branch)
             continue
         if re.search(
-            r"out of memory|NCCL|OutOfMemory", exc, re.I
-        ):  # an OOM or a timeout in sync: not a mismatch
+            r"out of memory|NCCL|OutOfMemory|CUDA error|illegal memory access|device-side assert", exc, re.I
+        ):  # an OOM, a timeout or a kernel fault (an earlier kernel's, reported late) in sync: not a mismatch
             continue
-        if _sync_frames(tb) and re.match(
-            r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError)\b", exc
+        loader = bool(_LOADER.search(" ".join(f"{f.func} {f.code or ''}" for f in tb.frames)))
+        if (_sync_frames(tb) or loader) and re.match(
+            r"(?:\w+\.)*(KeyError|AssertionError|RuntimeError|ValueError|IndexError)\b", exc
         ):
             return tb.exc
         # an engine parameter without what the loader reads, under the trainer's update call
@@ -464,6 +478,10 @@ def _weight_sync(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if found is None:
         return None
     line, name, title, failed = found
+    if any(0 <= line.no - h.no <= AFTER_CALL for h in facts.of("nccl_net_timeout")):
+        return (
+            None  # NCCL's transport timed out just before: the collective's timeout (raisers), not a mismatch
+        )
     pl = place(facts, line)
     ev = [quote(line)] + ([quote(failed.line)] if failed and failed.line is not line else []) + pl.evidence()
     wrappers = [

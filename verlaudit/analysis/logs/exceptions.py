@@ -53,6 +53,9 @@ _IMPORT = [
     ("shared_lib", re.compile(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file")),
     ("wrapped", re.compile(r"Failed to import ([\w.]+) because of the following error")),
 ]
+# a package's own version attributes, generated into its version module by its build (setuptools-scm's
+# __version_tuple__, versioneer's): one that does not import means a broken install of that package
+_OWN_VERSION = re.compile(r"^(?:__version__|__version_tuple__|version_tuple|__git_version__|git_version)$")
 _CONFIG = [
     ("trl_generations", re.compile(
         r"The (?:effective|global) train batch size \(([^)]*)\) must be evenly divisible by the number of "
@@ -621,9 +624,20 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     hits = facts.of("missing", "cannot_import", "symbol", "shared_lib", "wrapped")
     if not hits:
         return None
-    first = {h.rule: h for h in reversed(hits)}  # the first hit of each kind; the most telling kind wins
+
+    # a library that logs its own import failure as a WARNING carries on without the part (vLLM's "Failed to
+    # import from vllm._C with ImportError(...)"): a degraded run, not the error that ended it; an import error
+    # the run raised (in a traceback, at error level) is read first
+    def warned(x: Hit) -> bool:
+        return (x.line.level or "").upper().startswith("W") and not any(
+            tb.start <= x.no <= tb.end for tb in facts.tracebacks
+        )
+
+    pool = [x for x in hits if not warned(x)] or hits
+    first = {h.rule: h for h in reversed(pool)}  # the first hit of each kind; the most telling kind wins
     h = next(first[r] for r in ("symbol", "shared_lib", "missing", "cannot_import", "wrapped") if r in first)
     pkg, title, what, fix_text = _import_reading(h.rule, h.fields["groups"])
+    own_version = h.rule == "cannot_import" and _OWN_VERSION.match(h.fields["groups"][0]) is not None
     wrapped = {t.fields["groups"][0] for t in facts.of("ray_task")}
     in_ray = bool(wrapped & {"ModuleNotFoundError", "ImportError"}) or h.line.source is not None
     pl = place(facts, h.line)
@@ -631,7 +645,9 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
     if h.rule == "symbol":  # the native extension that does not load, when its name is not the package's
         ext = PurePosixPath(h.fields["groups"][0]).name.split(".", 1)[0]
         where = f"{pkg} ({ext})" if ext != pkg else pkg
-    if h.rule == "cannot_import":  # a name the installed package does not export: a version pair
+    if own_version:  # its own version does not import: the package's install is broken, not another's pin
+        pkg, title, what, fix_text, where = _broken_install(h, hits)
+    elif h.rule == "cannot_import":  # a name the installed package does not export: a version pair
         importer = next(
             (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
             None,
@@ -650,7 +666,7 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         (p for f in reversed(pl.tb.frames if pl.tb else []) if (p := package_of(f.path)) and p != pkg),
         (ctx.framework or "").replace("-", "_"),
     )
-    if h.rule in ("missing", "cannot_import") and (imp := _importer(pl.tb)):
+    if h.rule in ("missing", "cannot_import") and not own_version and (imp := _importer(pl.tb)):
         where += f" (imported by {imp})"
     if h.rule == "cannot_import":  # which side is older the log rarely says: both remedies, as commands
         name, pip = h.fields["groups"][0], pkg.replace("_", "-")
@@ -658,16 +674,13 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
             f"; if the installed {pkg} predates {name}: pip install --upgrade {pip}; if it removed {name}: pin "
             f"{pip} to the release the importing code was written for"
         )
-    extra = pinned_pair(framework, pkg) if h.rule in ("missing", "cannot_import") else None
+    extra = (
+        pinned_pair(framework, pkg) if h.rule in ("missing", "cannot_import") and not own_version else None
+    )
     if extra is not None and h.rule == "missing":
         where += f" ({framework} installs it with {extra.why.split(':', 1)[0]})"
-    # a library that logs its own import failure as a WARNING carries on without the part (vLLM's "Failed to
-    # import from vllm._C with ImportError(...)"): a degraded run, not the error that ended it
-    warned = (h.line.level or "").upper().startswith("W") and not any(
-        tb.start <= h.no <= tb.end for tb in facts.tracebacks
-    )
     return Cause(
-        "warning" if warned else "error",
+        "warning" if warned(h) else "error",
         kind,
         title,
         what,
@@ -679,6 +692,33 @@ def _import(facts: LogFacts, ctx: LogContext) -> Cause | None:
         line=h.no,
         score=46.0,
     )
+
+
+def _broken_install(h: Hit, hits: list[Hit]) -> tuple[str, str, str, str, str]:
+    """(package, title, what, fix, where) of a package that cannot import its own version attribute: its
+    install is broken (with its native extension's undefined symbol, when the log shows one, as the reason)."""
+    name, module = h.fields["groups"]
+    pkg = module.split(".")[0]
+    sym = next((x for x in hits if x.rule == "symbol" and _package(x.fields["groups"][0]) == pkg), None)
+    title = f"{pkg}: broken install (its own {name} does not import)"
+    what = (
+        f"{pkg} cannot import its own version attribute ({name}, written into its version module when the "
+        "package is built): the installed copy is a build that did not finish, an editable / source checkout "
+        "whose build step was not run, or files of two installs mixed in one site-packages"
+        + (
+            f"; its compiled extension does not load either ({quote(sym.line, 160)}): it was built against "
+            "another torch"
+            if sym
+            else ""
+        )
+        + "."
+    )
+    fix_text = (
+        f"reinstall {pkg} cleanly (pip uninstall {pkg.replace('_', '-')}, then the wheel built for the installed "
+        "torch and CUDA, or rebuild from source with pip install --no-build-isolation -e .)"
+    )
+    where = f"{pkg} ({PurePosixPath(sym.fields['groups'][0]).name.split('.', 1)[0]})" if sym else pkg
+    return pkg, title, what, fix_text, where
 
 
 def _config(facts: LogFacts, ctx: LogContext) -> Cause | None:

@@ -202,6 +202,22 @@ def explain(facts: LogFacts, ctx: LogContext) -> list[Cause]:
     return [c for c in (_api(facts, ctx), _limit(facts, ctx), _flatten(facts, ctx)) if c]
 
 
+_PLAIN = frozenset({"str", "dict", "list", "tuple", "int", "float", "bytes"})
+"""Plain values a caller passes where a library's API of another release takes one of its own objects (a model
+name as a string where vLLM 0.6.6 takes a BaseModelPath): ``'str' object has no attribute 'name'`` raised in the
+library's own frame."""
+
+
+def _plain_in_library(tb: Traceback | None) -> str | None:
+    """The package whose own (innermost, installed) frame raised an AttributeError, when it is not torch's or the
+    standard library's: the library reads an attribute of the objects its API takes."""
+    frames = tb.frames if tb else []
+    if not frames or not frames[-1].library:
+        return None
+    pkg = package_of(frames[-1].path)
+    return pkg if pkg and pkg not in ("torch", "numpy") else None
+
+
 def _libraries(tb: Traceback | None) -> list[str]:
     """The packages of a traceback's frames, innermost first, each once."""
     out: list[str] = []
@@ -289,9 +305,12 @@ def _api(facts: LogFacts, ctx: LogContext) -> Cause | None:
             _ENGINE_METHODS.match(attr) or "weight" in attr or _engine_owned(cls, facts, h)
         ):
             return _engine_feature(facts, ctx, h)
-        under_update = update_frames(facts.traceback_near(h.no, h.line.rank))
+        tb = facts.traceback_near(h.no, h.line.rank)
+        under_update = update_frames(tb)
         if not under_update and (_ATTR_OWNER.get(attr) or (cls not in _BUILTIN and owner(cls, []))):
             break  # a library's object lacks what its caller expects: a version mismatch, read below
+        if not under_update and cls in _PLAIN and _plain_in_library(tb):
+            break  # a library's own code read its object's field off a plain value the caller passed
         # (under the trainer's weight update into the engine it is the weight sync's failure: engines)
         rest = [x for x in facts.of("unexpected_kwarg", "missing_arg", "module_attr") if x.no > h.no]
         h = rest[0] if rest else None
@@ -354,6 +373,9 @@ def _api_names(h: Hit, libs: list[str]) -> tuple[str | None, str, str]:
         cls = h.fields["cls"]
         callee, name = _ATTR_OWNER.get(arg) or owner(cls, libs), f"{cls}.{arg}"
         what = f"{cls} has no attribute '{arg}'"
+        if callee is None and cls in _PLAIN and libs:  # a plain value where the library reads its own object
+            callee = libs[0]
+            what = f"{callee} reads '{arg}' off a plain {cls} it was given (its installed API takes an object there)"
     else:
         name = h.fields["callee"]
         callee = owner(name, libs) or next((p for p in libs[1:2]), None)

@@ -142,6 +142,13 @@ _MONITOR = re.compile(
     r"threshold of "
     r"(?P<thr>[\d.]*\d)"
 )
+# the monitor's older wording (Ray < 1.x raised it in the driver): "ray.memory_monitor.RayOutOfMemoryError: More than 95%
+# of the memory on node X is used (15.98 / 16.82 GB). The top 5 memory consumers are:" and a "PID MEM COMMAND" table
+_MONITOR_OLD = re.compile(
+    r"RayOutOfMemoryError: More than (?P<pct>\d+(?:\.\d+)?)% of the memory on node (?P<node>\S+) is used "
+    r"\((?P<used>[\d.]+) / (?P<total>[\d.]+) ?GB\)"
+)
+_RAY_HOST_EXC = re.compile(r"RayOutOfMemoryError|ray\.exceptions\.OutOfMemoryError")
 _HOST = [
     ("host_task_killed", re.compile(r"Task was killed due to the node running low on memory|\d+ worker\(s\) "
                                     r"were "
@@ -164,7 +171,7 @@ _HOST = [
                                r"|oom_reaper: reaped process (\d+) \(([^)]+)\)|\bOOMKilled\b|\"OOMKilled\":\s*true"
                                r"|Detected \d+ oom[-_]kill events?|Out of memory and no killable processes")),
 ]  # fmt: skip
-_TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+(.+?)\s*$")
+_TABLE_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)(?:GB|GiB)?\s+(.+?)\s*$")
 
 
 _HAS = hints(
@@ -207,6 +214,9 @@ def detect(line: LogLine) -> list[Hit]:
     m = _MONITOR.search(text)
     if m:
         out.append(Hit("host_monitor", line, m.groupdict(), want=14))
+    elif m := _MONITOR_OLD.search(text):
+        f = {"used": m["used"], "total": m["total"], "thr": f"{float(m['pct']) / 100:g}", "detail": None}
+        out.append(Hit("host_monitor", line, f, want=14))
     if m := _BUDGET.search(text):
         out.append(Hit("vllm_budget", line, {"groups": m.groups()}))
     if _CAPTURE.search(text):
@@ -221,7 +231,9 @@ def detect(line: LogLine) -> list[Hit]:
         h.rule not in ("kv_blocks", "kv_nonpositive", "vllm_budget", "graph_capture", "vocab_fn") for h in out
     ):
         return out
-    oom = None if "memory on the node" in text.lower() else parse_oom(text)
+    # Ray's host-memory exceptions (RayOutOfMemoryError, ray.exceptions.OutOfMemoryError) name no CUDA memory
+    ray_host = "memory on the node" in text.lower() or _RAY_HOST_EXC.search(text) is not None
+    oom = None if ray_host else parse_oom(text)
     if oom and not text.lstrip().startswith(("If ", "To ")):  # vLLM's INFO advice about OOM is not one
         out.append(Hit("cuda_oom", line, oom))
     return out

@@ -125,6 +125,10 @@ _NAMES = {
         "rollout",
         "respond",
         "generate_samples",
+        # SGLang's model runner's batch forwards: the engine serving requests (not its scheduler loop, which
+        # runs weight-update requests too)
+        "forward_decode",
+        "forward_extend",
     ),
     "init": (
         "init_model",

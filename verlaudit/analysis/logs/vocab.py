@@ -165,6 +165,17 @@ MISMATCH: tuple[Mismatch, ...] = (
 )  # fmt: skip
 
 
+PRINTED_IS_RATIO = Mismatch(
+    "any", "a printed IS ratio: `IS ratio: tensor([...])`, `importance_sampling_ratio = [...]`",
+    re.compile(r"(?i)\b(?:is|importance[ _-]?(?:sampling[ _-]?)?)[ _-]?(?:ratios?|weights?)\b"),
+    "rollout_corr/token_mult_prob_error", "per-token (or per-sequence) IS ratios pi_train / pi_rollout, read as "
+    "mean max(r, 1/r) = mean exp(|logp_train - logp_rollout|)", "the printed values", "as printed", None, 1.05,
+    f"NeMo-RL's 1.05 ({NEMO_GUIDE}) on the same quantity: for a token's ratio r, exp(|d logp|) = max(r, 1/r)",
+)  # fmt: skip
+"""A debug print of IS ratios (logs13 branch): the values themselves, not a batch statistic, so NeMo-RL's bound
+on mean exp(|d logp|) applies to them exactly (`verlaudit.analysis.logs.ratios`)."""
+
+
 @functools.lru_cache(maxsize=4096)
 def mismatch_entry(key: str) -> Mismatch | None:
     """The vocabulary entry for one of a log's metric names, or None."""
