@@ -37,6 +37,7 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     advice,
     checks,
+    culprit,
     datasize,
     distributed,
     engines,
@@ -72,6 +73,7 @@ DETECTORS = (
     datasize.detect,  # logs12 branch
     recovered.detect,  # logs12 branch
     parts.detect,  # logs12 branch
+    culprit.detect,  # cul13 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -338,6 +340,7 @@ __all__ = [
     "LogRead",
     "LogScan",
     "classify",
+    "culprit",
     "explain",
     "explain_text",
     "log_lines",
