@@ -144,6 +144,22 @@ def test_a_nemo_rl_logprob_oom_names_the_logprob_batch_size(tmp_path):
     assert any(f.key and "policy.logprob_batch_size" in f.key for f in c.fixes), c.fixes
 
 
+def test_a_verl_oom_without_a_phase_names_both_micro_batches_to_check(tmp_path):
+    log = (
+        "(WorkerDict pid=9) actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16\n(WorkerDict pid=9) "
+        + _OOM
+    )
+    c = first(tmp_path, log + "\n")
+    assert c.phase is None and "phase not shown" in c.where, (c.phase, c.where)
+    assert "ppo_micro_batch_size_per_gpu" in c.where and "log_prob_micro_batch_size_per_gpu = 16" in c.where
+
+
+def test_a_trl_oom_without_a_phase_names_the_per_device_batch(tmp_path):
+    log = "{'loss': 0.61, 'grad_norm': 1.2, 'learning_rate': 1e-06, 'rewards/chosen': 0.1, 'epoch': 0.1}\n"
+    c = first(tmp_path, "trl.trainer.dpo_trainer: DPOTrainer starting\n" + log + _OOM + "\n")
+    assert c.framework == "trl" and "per_device_train_batch_size bounds a step's memory" in c.where, c.where
+
+
 def test_an_oom_with_no_framework_shown_names_no_key(tmp_path):
     c = first(tmp_path, _OOM + "\n")
     assert c.kind == "oom" and "micro_batch" not in (c.where or "") and "bounds" not in (c.where or "")
@@ -155,12 +171,30 @@ def test_an_oom_with_no_framework_shown_names_no_key(tmp_path):
 def test_an_oom_on_a_shared_gpu_names_the_largest_other_process(tmp_path):
     log = (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
-        "23.57 GiB of which 6.19 MiB is free. Process 3101 has 1.20 GiB memory in use. Process 3377 has 21.9 GiB "
-        "memory in use. Process 4410 has 450.00 MiB memory in use.\n"
+        "23.57 GiB of which 6.19 MiB is free. Process 3101 has 1.20 GiB memory in use. Process 3377 has 11.9 GiB "
+        "memory in use. Including non-PyTorch memory, this process has 10.4 GiB memory in use.\n"
     )
     c = first(tmp_path, log)
-    assert c.where.startswith("GPU shared with process 3377 (21.9 GiB)"), c.where
+    assert c.where.startswith("GPU shared with process 3377 (11.9 GiB), process 3101 (1.2 GiB)"), c.where
     assert any("process 3377" in f.why for f in c.fixes)
+
+
+def test_one_other_process_beside_this_one_is_named(tmp_path):
+    log = _OOM.replace(
+        "Including non-PyTorch", "Process 2247613 has 23.35 GiB memory in use. Including non-PyTorch"
+    )
+    c = first(tmp_path, log + "\n")
+    assert "GPU shared with process 2247613 (23.4 GiB)" in c.where, c.where
+
+
+def test_processes_the_message_does_not_tell_apart_are_not_called_other_jobs(tmp_path):
+    log = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 148.00 MiB. GPU 0 has a total capacity of "
+        "31.60 GiB of which 87.44 MiB is free. Process 41 has 30.51 GiB memory in use. Process 49 has 1022.00 MiB "
+        "memory in use.\n"
+    )
+    c = first(tmp_path, log)
+    assert "GPU held by process 41 (30.5 GiB)" in c.where and "shared with" not in c.where, c.where
 
 
 def test_the_failing_pytest_node_is_named(tmp_path):
@@ -214,3 +248,51 @@ def test_a_few_overflows_while_the_scale_settles_are_left_alone(tmp_path):
     p.write_text(log, encoding="utf-8")
     d = diagnose_log(p)
     assert d.verdict != "error" and all("stage_1_and_2.py" not in (c.where or "") for c in d.causes)
+
+
+# ---- an offload the log turns on, where cpu and cuda tensors meet
+
+_DEVICES = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+
+
+def test_a_verl_optimizer_offload_is_named_where_cpu_meets_cuda(tmp_path):
+    log = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True actor_rollout_ref.actor.fsdp_config.param_offload=False\n"
+    log += tb(
+        ("/opt/verl/verl/workers/actor/dp_actor.py", 330, "_optimizer_step", "self.actor_optimizer.step()"),
+        (f"{SP}/torch/optim/adamw.py", 480, "_single_tensor_adamw", "exp_avg.lerp_(grad, 1 - beta1)"),
+        exc=_DEVICES,
+    )
+    c = first(tmp_path, log)
+    assert "actor_rollout_ref.actor.fsdp_config.optimizer_offload = True in the log" in c.where, c.where
+    assert any(f.verl == "actor_rollout_ref.actor.fsdp_config.optimizer_offload" for f in c.fixes)
+
+
+def test_a_nemo_rl_cpu_offload_in_a_yaml_dump_is_named(tmp_path):
+    log = "policy:\n  dtensor_cfg:\n    cpu_offload: true\n" + tb(
+        ("/opt/nemo-rl/nemo_rl/models/policy/dtensor_policy_worker.py", 858, "train", "loss.backward()"),
+        (f"{SP}/torch/_tensor.py", 581, "backward", "torch.autograd.backward("),
+        exc=_DEVICES,
+    )
+    c = first(tmp_path, log)
+    assert "cpu_offload = true in the log" in c.where, c.where
+
+
+def test_an_optimizer_step_mixing_devices_without_a_printed_offload_says_what_to_check(tmp_path):
+    log = "[INFO] [config.py:1000:print] zero_optimization ............. {'stage': 2}\n" + tb(
+        ("/home/me/train.py", 88, "main", "optimizer.step()"),
+        (f"{SP}/torch/optim/adam.py", 410, "_single_tensor_adam", "exp_avg.lerp_(grad, 1 - beta1)"),
+        exc=_DEVICES,
+    )
+    c = first(tmp_path, log)
+    assert "optimizer step (torch/optim/adam.py:410" in c.where and "= True" not in c.where, c.where
+    assert any(f.why.startswith("check the optimizer-offload option") for f in c.fixes)
+
+
+def test_a_device_mix_outside_the_optimizer_with_no_offload_names_no_offload(tmp_path):
+    log = tb(
+        ("/home/me/train.py", 40, "main", "out = model(batch)"),
+        (f"{SP}/torch/nn/functional.py", 2551, "embedding", "return torch.embedding(weight, input)"),
+        exc=_DEVICES,
+    )
+    c = first(tmp_path, log)
+    assert "offload" not in (c.where or "") and not any("offload" in f.why for f in c.fixes), c.where

@@ -186,20 +186,28 @@ def _frames(c: Cause, facts: LogFacts) -> None:
 
 
 def _processes(c: Cause) -> None:
-    """The other processes an OOM message lists on the GPU, largest first (another job or test holding it)."""
+    """The processes an OOM message lists on the GPU, largest first: where the message also marks this process,
+    the listed ones are other jobs or tests holding it; where it marks none (a container's own pid is not the
+    host's), they hold the GPU and one of them may be this job."""
     text = " ".join(c.evidence[:2])
     procs: dict[str, float] = {}
     for pid, num, unit in _PROCESS.findall(text):
         procs.setdefault(pid, float(num) * _UNIT[unit])
-    if len(procs) < 2:
+    marked = "this process has" in text
+    if not procs or (not marked and len(procs) < 2):
         return
     top = sorted(procs.items(), key=lambda kv: -kv[1])
     said = ", ".join(f"process {pid} ({gib:.3g} GiB)" for pid, gib in top[:3])
-    c.where = _join(c.where, f"GPU shared with {said}")
+    pid = top[0][0]
+    if marked:
+        c.where = _join(c.where, f"GPU shared with {said}")
+        why = f"check what process {pid} is (nvidia-smi, ps -p {pid}): stop it or run this job on a GPU it does not hold"
+    else:
+        c.where = _join(c.where, f"GPU held by {said} (the message marks none as this job's own)")
+        why = f"check which of the processes on the GPU are this job's (nvidia-smi; process {pid} holds the most)"
     c.fixes.append(
-        Fix(None, None, f"check what process {top[0][0]} is (nvidia-smi, ps -p {top[0][0]}): stop it or run "
-            "this job on a GPU it does not hold (CUDA_VISIBLE_DEVICES), or run the tests / jobs sharing it one at a time")
-    )  # fmt: skip
+        Fix(None, None, f"{why} (CUDA_VISIBLE_DEVICES), or run the tests / jobs that share it one at a time")
+    )
 
 
 def _spelled(remedy: str, ctx: LogContext) -> str | None:
@@ -212,7 +220,10 @@ def _spelled(remedy: str, ctx: LogContext) -> str | None:
 def _governing(c: Cause, ctx: LogContext) -> None:
     """A GPU OOM in a known phase of a known framework: the setting that bounds that phase's memory, its value
     where the log prints it, and the fix that lowers it."""
-    remedy = GOVERNING.get(c.phase or "")
+    if c.phase is None:
+        _unknown_phase(c, ctx)
+        return
+    remedy = GOVERNING.get(c.phase)
     key = _spelled(remedy, ctx) if remedy else None
     if not key or _named(c.where, key.rsplit(".", 1)[-1]):
         return
@@ -238,6 +249,30 @@ def _governing(c: Cause, ctx: LogContext) -> None:
         else Fix(None, None, why, key=key, framework=ctx.framework)
     )
     c.fixes.append(fix)
+
+
+def _unknown_phase(c: Cause, ctx: LogContext) -> None:
+    """A GPU OOM of a known training framework whose phase the log does not show: the micro-batches that bound a
+    training step's memory (the update's and the log-prob pass's), named as what to check, not as the cause."""
+    keys = list(
+        dict.fromkeys(k for r in ("train_micro_batch", "logprob_micro_batch") if (k := _spelled(r, ctx)))
+    )
+    if not keys or any(_named(c.where, k.rsplit(".", 1)[-1]) for k in keys):
+        return
+    shown = []
+    for k in keys:
+        v = ctx.setting(k.lstrip("-"), k.rsplit(".", 1)[-1].lstrip("-"))
+        shown.append(f"{k} = {v}" if v is not None else k)
+    verb = "bounds" if len(keys) == 1 else "bound"
+    c.where = _join(c.where, f"phase not shown: {' and '.join(shown)} {verb} a step's memory")
+    said = " ".join(f"{f.verl or ''} {f.key or ''}" for f in c.fixes)
+    if all(k in said for k in keys):  # the family's fixes turn them already
+        return
+    why = (f"lower {' and '.join(keys)}: the log does not show which pass ran out; the update's and the log-prob "
+           "pass's micro-batches bound a step's memory")  # fmt: skip
+    key = " / ".join(keys)
+    fw = ctx.framework
+    c.fixes.append(Fix(None, key, why) if fw == "verl" else Fix(None, None, why, key=key, framework=fw))
 
 
 def _pytest(c: Cause, facts: LogFacts) -> None:
@@ -269,6 +304,48 @@ def _loss_scale(c: Cause, facts: LogFacts) -> None:
     )  # fmt: skip
 
 
+_OFFLOAD_KEY = re.compile(r"offload", re.I)
+_ON = frozenset({"true", "1", "yes", "cpu", "nvme"})
+_TWO_DEVICES = re.compile(r"\bcpu\b.*\bcuda|\bcuda.*\bcpu\b", re.I | re.S)
+
+
+def _offload(c: Cause, facts: LogFacts, ctx: LogContext) -> None:
+    """Tensors on cpu and cuda in one op where the log turns an offload on: the offloaded state (parameters or
+    optimizer state moved to the CPU between steps, `frameworks._SPELLING`'s param / optimizer offload keys) met
+    the GPU tensors of a pass that ran before it was moved back. Where the log prints no offload setting but the
+    op is the optimizer's step, the optimizer-offload option is named as what to check."""
+    if not _TWO_DEVICES.search(f"{c.title} {' '.join(c.evidence[:1])}"):
+        return
+    on = [(k, v) for k, v in ctx.settings.items() if _OFFLOAD_KEY.search(k) and v.strip().lower() in _ON]
+    if on:
+        k, v = sorted(on, key=lambda kv: "optim" not in kv[0].lower())[0]  # an optimizer offload first
+        if not _named(c.where, k):
+            c.where = _join(
+                c.where, f"{k} = {v} in the log: offloaded state on the cpu meets the GPU tensors"
+            )
+        why = (f"set {k} off (false / none), or move the offloaded state back to the GPU before this pass (the "
+               "framework's load / prepare hook) and offload again after it")  # fmt: skip
+        c.fixes.append(
+            Fix(None, k, why)
+            if ctx.framework == "verl"
+            else Fix(None, None, why, key=k, framework=ctx.framework)
+        )
+        return
+    tb = facts.traceback_near(c.line, c.rank) if c.line is not None else None
+    optim = next(
+        (f for f in reversed(tb.frames if tb else []) if "/torch/optim/" in f.path.replace("\\", "/")), None
+    )
+    if optim is None:
+        return
+    c.where = _join(c.where, f"optimizer step ({_rel(optim)}:{optim.lineno} {optim.func})")
+    key = _spelled("optimizer_offload", ctx)
+    check = f" ({key})" if key else ""
+    c.fixes.append(
+        Fix(None, None, f"check the optimizer-offload option{check}: optimizer state kept on the cpu while the "
+            "parameters and gradients are on cuda makes the step mix devices; keep the state with the parameters")
+    )  # fmt: skip
+
+
 def resolve(c: Cause, facts: LogFacts, ctx: LogContext) -> Cause:
     """Names in ``c.where`` (after what its family said) the culprit candidates the whole log supports, and adds
     the fixes that go with them. Returns ``c``."""
@@ -276,6 +353,8 @@ def resolve(c: Cause, facts: LogFacts, ctx: LogContext) -> Cause:
         return c
     if c.kind not in _BY_MESSAGE:
         _frames(c, facts)
+    if c.kind in ("device_mismatch", "exception", "cuda_error"):
+        _offload(c, facts, ctx)
     if c.kind == "oom":
         _governing(c, ctx)
         _processes(c)
