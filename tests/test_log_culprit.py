@@ -296,3 +296,14 @@ def test_a_device_mix_outside_the_optimizer_with_no_offload_names_no_offload(tmp
     )
     c = first(tmp_path, log)
     assert "offload" not in (c.where or "") and not any("offload" in f.why for f in c.fixes), c.where
+
+
+def test_a_cause_without_a_line_is_resolved_without_error():
+    from verlaudit.analysis.causes import Cause
+    from verlaudit.analysis.logs import culprit
+    from verlaudit.analysis.logs.frameworks import LogContext
+    from verlaudit.analysis.logs.scan import LogScan
+
+    c = Cause("error", "exception", "Unrecognised failure: x", "x", where="w")
+    culprit.resolve(c, LogScan([culprit.detect]).facts(), LogContext(None))
+    assert c.where == "w"

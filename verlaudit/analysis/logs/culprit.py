@@ -179,6 +179,8 @@ def _frames(c: Cause, facts: LogFacts) -> None:
             elif c.kind not in _FILE_ONLY:
                 c.where = _join(c.where, f"at {_site(f)}")
     # the Ray task the failing process ran (its header line sits just above or below the frames)
+    if tb is None and c.line is None:  # a cause read from the metrics has no line to look around
+        return
     lo, hi = (tb.start - 3, tb.end + 3) if tb else (c.line - 3, c.line + 3)  # type: ignore[operator]
     task = next((h.fields["task"] for h in facts.of("ray_task_line") if lo <= h.no <= hi), None)
     if task and not _named(c.where, task) and not task.startswith("WorkerDict."):
