@@ -40,9 +40,14 @@ def test_log_verl_oom(tmp_path):
     p.write_text(VERL_OOM)
     (d,) = diagnose_path(p)
     c = d.causes[0]
-    # the phase from the frames (update_policy -> backward); the culprit is the innermost user frame's call
+    # the phase from the frames (update_policy -> backward); the culprit is the innermost user frame's call, with
+    # its file, and the key that bounds the update's memory (`verlaudit.analysis.logs.culprit`)
     assert d.source_kind == "log" and c.kind == "oom" and c.phase == "update"
-    assert c.where == "update_policy: loss.backward" and c.framework == "verl"
+    assert (
+        c.where.startswith("update_policy: loss.backward (verl/workers/actor/dp_actor.py:380)")
+        and c.framework == "verl"
+    )
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in c.where
     assert c.data["tried_gib"] == 7.81 and c.data["reserved_unallocated_gib"] == 16.96
     assert "fragmentation" in c.what  # 16.96 reserved-unallocated vs 60.12 allocated
     assert any("memory classes" in u for u in c.unknown)

@@ -638,6 +638,8 @@ def diagnose_log(path: str | Path) -> Diagnosis:
             c for c in causes if not (c.kind == "exception" and c.title.startswith("Unrecognised failure"))
         ]
     causes = order_log(causes + found)
+    if causes:  # the first cause's culprit, from the whole log (its kind and place in the order stay)
+        logs.culprit.resolve(causes[0], read.facts, ctx)
     state = "failed" if any(c.severity == "error" for c in causes) else "log"
     last = f", last logged step {read.last_record['step']}" if read.last_record else ""
     summary = (

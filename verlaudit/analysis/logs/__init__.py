@@ -38,6 +38,7 @@ from verlaudit.analysis.causes import Cause, Fix
 from verlaudit.analysis.logs import (
     advice,
     checks,
+    culprit,
     datasize,
     distributed,
     engines,
@@ -77,6 +78,7 @@ DETECTORS = (
     parts.detect,  # logs12 branch
     raisers.detect,  # logs13 branch
     ratios.detect,  # logs13 branch
+    culprit.detect,  # cul13 branch
 )
 FAMILIES = (
     distributed.explain,
@@ -345,6 +347,7 @@ __all__ = [
     "LogRead",
     "LogScan",
     "classify",
+    "culprit",
     "explain",
     "explain_text",
     "log_lines",
