@@ -352,3 +352,59 @@ def test_prompt_collator_rows_feed_the_watch_without_a_finding(tok):
     coll = PromptCollator(tok, 16)
     found = watch_run(ex, {"dataset": "x.py:rows"}, batches=3, b=4, tok=tok, batch_fn=coll, reload=False)
     assert not kinds(found) & {K.CONSTANT_TARGETS, K.FEW_PROMPTS, K.PAIRS_FORMAT_ONLY, K.PAIR_PROMPT_MISMATCH}
+
+
+def test_verl_files_with_fewer_prompts_than_a_batch_are_named_on_the_files(tmp_path):
+    path = tmp_path / "smoke.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"what is {i} + 1?"}], "data_source": "x",
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}} for i in range(3)]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    data = {"train_files": str(path), "prompt_key": "prompt"}
+    batch_ex = [{**rows[i % 3], "prompt": "rendered", "messages": rows[i % 3]["prompt"]} for i in range(8)]
+    found = ExampleWatch().findings(
+        {}, examples=batch_ex, tokenizer_info={}, data=data, source="builtin:verl", ctx=CTX
+    )
+    few = [f for f in found if f.kind == K.FEW_PROMPTS]
+    assert few and few[0].where.startswith("data.train_files") and few[0].observed["distinct_prompts"] == 3
+    assert K.CONSTANT_TARGETS not in kinds(found)
+
+
+def _findings_of(kind, tok):
+    if kind == K.CONSTANT_TARGETS:
+        return watch_run(digits(64, label=lambda rng: "7"), {"dataset": "x.py:rows"}, reload=False, b=8)
+    if kind == K.FEW_PROMPTS:
+        return watch_run(
+            TASKS["digits"].make_examples(2, 0), {"task": "digits", "num_examples": 2}, batches=1
+        )
+    if kind == K.PAIRS_FORMAT_ONLY:
+        return form(tok, [{**p, "rejected": p["chosen"] + " "} for p in pairs()])
+    if kind == K.PAIR_PROMPT_MISMATCH:
+        ex = pairs(8, seed=4)
+        return mismatch(tok, ex, [e["prompt"] for e in ex[1:] + ex[:1]])
+    return probe(tok, TablePolicy(tok), [{**e, "prompt": e["prompt"] + " "} for e in digits(8, seed=7)])
+
+
+@pytest.mark.parametrize(
+    "kind", [K.CONSTANT_TARGETS, K.FEW_PROMPTS, K.PAIRS_FORMAT_ONLY, K.PAIR_PROMPT_MISMATCH, K.PROMPT_FORM]
+)
+def test_diagnose_roots_the_data_finding_and_marks_the_no_signal_it_causes(tok, kind):
+    from tests.test_setup_cause import run_dir
+    from verlaudit.analysis.diagnose.diagnosis import diagnose_run
+    from verlaudit.rundir import Finding
+
+    f = [x for x in _findings_of(kind, tok) if x.kind == kind]
+    assert len(f) == 1
+    first = [Finding(**{**f[0].__dict__, "step": 0, "phase": "rollout"})]
+    symptoms = [
+        Finding(severity="error", kind=K.NO_SIGNAL, message="rewards identical within every group",
+                role="reward", where="reward:function:task:digits", step=1, phase="reward"),
+        Finding(severity="warning", kind=K.REWARD_CONSTANT, message="every response got the same reward",
+                role="reward", where="reward:function:task:digits", step=2, phase="reward"),
+    ]  # fmt: skip
+    d = diagnose_run(run_dir(first + symptoms, algo="grpo"))
+    assert d.causes[0].kind == f"finding:{kind}", [(c.kind, c.title[:60]) for c in d.causes]
+    assert d.causes[0].fixes and d.causes[0].fixes[0].why
+    later = [c for c in d.causes[1:] if c.kind in (f"finding:{K.NO_SIGNAL}", f"finding:{K.REWARD_CONSTANT}")]
+    assert later and all(c.consequence_of == d.causes[0].title for c in later), [
+        (c.kind, c.consequence_of) for c in d.causes
+    ]
