@@ -153,6 +153,12 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "conflicting_labels": "the same prompt with different ground truths (or preferences the other way round)",
         "answer_notation": "ground truths in another notation than the prompts write them (case, full-width)",
         "answer_unreachable": "ground truths or prompts holding characters the tokenizer's vocabulary lacks (<unk>)",
+        # data13: what a dataset says less than it looks (`data_information`)
+        "constant_targets": "a dataset whose every example has the same answer / label: the targets ignore the prompt",
+        "few_prompts": "a dataset with fewer distinct prompts than one batch (a smoke-test size left in)",
+        "pairs_format_only": "preference pairs that differ only in formatting noise (a space, the case)",
+        "pair_prompt": "preference pairs whose chosen and rejected rows follow different prompts (a collator shift)",
+        "prompt_form": "prompts in a form (a trailing space) the policy was not trained on, measured on the policy",
         # setup12: what a setup did to the weights and the forward; precision asked for vs realised
         "setup_weights": "model.setup re-initialised, rescaled or zeroed a model's loaded weights",
         "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",

@@ -112,3 +112,30 @@ DECAY_ROUNDED_AWAY = _f(
     "update_term_lost",
     "lr x weight_decay x |w| below half the stored weights' spacing: the decay rounds away",
 )
+
+# data13: what a dataset says less than it looks (`verlaudit.audit.data_information`)
+CONSTANT_TARGETS = _f(
+    "data/constant_targets",
+    "constant_targets",
+    "every example carries the same answer / label / ground truth across many distinct prompts",
+)
+FEW_PROMPTS = _f(
+    "data/few_prompts",
+    "few_prompts",
+    "the dataset holds fewer distinct prompts than one batch: every batch repeats the same few",
+)
+PAIRS_FORMAT_ONLY = _f(
+    "data/pairs_format_only",
+    "pairs_format_only",
+    "preference pairs whose chosen and rejected differ only in whitespace / case / punctuation",
+)
+PAIR_PROMPT_MISMATCH = _f(
+    "data/pair_prompt_mismatch",
+    "pair_prompt",
+    "a collator's chosen and rejected rows of a pair hold different prompts (one side shifted)",
+)
+PROMPT_FORM = _f(
+    "data/prompt_form",
+    "prompt_form",
+    "prompts in a whitespace form after which the policy finds its targets much less likely",
+)

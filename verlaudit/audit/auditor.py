@@ -35,6 +35,7 @@ from verlaudit.audit import (
     config_checks,
     config_pairs,
     config_ranges,
+    data_information,
     dtype_checks,
     dynamics,
     errors,
@@ -162,6 +163,8 @@ class Auditor(Observer):
             reload=getattr(self.settings, "probe_plugins", True)
         )
         """The examples' invariants (data24): empty prompts, duplicate rows, leaked answers, rounded answers."""
+        self._form_probed = False
+        """data13: whether the policy was measured on the prompts' form (once, at the first batch)."""
 
     # -- context manager -------------------------------------------------------------------------
     _frozen = False
@@ -436,6 +439,13 @@ class Auditor(Observer):
                     ctx={"role": role, **self.context.where()},
                 )
             )
+            if not self._form_probed and examples and isinstance(self.models.get("actor"), nn.Module):
+                self._form_probed = True  # data13: the prompts' form measured on the policy, once
+                probe = functools.partial(
+                    data_information.form_probe, self.models["actor"], examples, tokenizer_info=self.tokenizer_info,
+                    data=(self.config or {}).get("data") or {}, ctx={"role": role, **self.context.where()},
+                )  # fmt: skip
+                self.findings.extend(self._unprobed(probe)())
 
     @_guarded()
     def on_rollout(self, **payload: Any) -> None:  # Observer.on_rollout's keywords, checked as they are

@@ -564,6 +564,8 @@ class ConflictWatch:
         self._read = -1
         self.ordered: list[tuple[str, str]] = []
         """The reloaded dataset's (prompt, answer) in its order: whether the answers are offset by rows."""
+        self.dataset: list[Mapping[str, Any]] = []
+        """The reloaded dataset's examples (verl rows as `verl_plain`), for data13's information checks."""
 
     def add(self, examples: Sequence[Mapping[str, Any]]) -> None:
         for ex in examples:
@@ -599,7 +601,8 @@ class ConflictWatch:
             except Exception:  # noqa: BLE001  (unreadable files fail the run itself)
                 return
             key = (data or {}).get("prompt_key") or "prompt"
-            self.add([verl_plain(r, key) for r in rows])
+            self.dataset = [verl_plain(r, key) for r in rows]
+            self.add(self.dataset)
             return
         if not allowed or not spec:
             return
@@ -611,6 +614,7 @@ class ConflictWatch:
             return
         if isinstance(examples, (list, tuple)):
             rows = [ex for ex in list(examples)[:RELOAD_MAX] if isinstance(ex, Mapping)]
+            self.dataset = rows
             self.add(rows)
             self.ordered = [
                 (p, a) for ex in rows if (p := _text(ex, "prompt")) is not None and (a := _text(ex, "answer"))

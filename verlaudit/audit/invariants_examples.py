@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verlaudit import kinds as K
-from verlaudit.audit import data_contract
+from verlaudit.audit import data_contract, data_information
 from verlaudit.audit.invariants_data import _data_source, _prompt_part, _rows, builtin_task
 from verlaudit.rundir import Finding
 
@@ -451,6 +451,7 @@ class ExampleWatch:
         self.conflicts = data_contract.ConflictWatch()  # data12: one prompt, two ground truths
         self.reload = reload
         """Whether the conflict check may call ``data.dataset`` once more to read the whole dataset."""
+        self.information = data_information.InformationWatch()  # data13: what the dataset says
 
     def findings(
         self,
@@ -486,6 +487,19 @@ class ExampleWatch:
                 batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
             ),
         }
+        for f in self._information(examples, data=data, ctx=ctx) + data_contract.guarded(
+            lambda: (
+                data_information.pair_form_findings(
+                    batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
+                )
+                + data_information.pair_prompt_findings(
+                    batch, tokenizer_info=tokenizer_info, source=source, ctx=ctx
+                )
+            )
+        ):
+            if f.kind not in self.found:
+                self.found.add(f.kind)
+                out.append(f)
         for kind, check in checks.items():
             if kind not in self.found:
                 for f in check():  # a check may report a related kind (data12's): each kind once per run
@@ -503,11 +517,20 @@ class ExampleWatch:
         for f in [
             *data_contract.guarded(lambda: self.conflicts.findings(data=data, ctx=ctx)),
             *data_contract.guarded(lambda: data_contract.notation_findings(plain, data=data, ctx=ctx)),
+            *self._information(plain, data=data, ctx=ctx),
         ]:
             if f.kind not in self.found:
                 self.found.add(f.kind)
                 out.append(f)
         return out
+
+    def _information(self, examples, *, data, ctx) -> list[Finding]:
+        """data13: what the dataset says (`verlaudit.audit.data_information`): after the data contract's
+        reload (in `_contract` / `_verl`), read over the whole dataset."""
+        self.information.observe(examples)
+        return data_contract.guarded(
+            lambda: self.information.findings(data=data, dataset=self.conflicts.dataset, ctx=ctx)
+        )
 
     def _contract(self, batch, examples, *, tokenizer_info, data, source, ctx) -> dict:
         """data12: the data contract's checks (`verlaudit.audit.data_contract`), by the kind each reports."""

@@ -521,8 +521,15 @@ TIER_CHANNELS.update(
             "conflicting_labels",
             "answer_notation",
             "answer_unreachable",
+            # data13 (`verlaudit.audit.data_information`): the data says less than it looks
+            "constant_targets",
+            "few_prompts",
+            "prompt_form",
         )
     }
+)
+TIER_CHANNELS.update(
+    {cls: ("data", frozenset({REWARD_SIGNAL, UPDATE})) for cls in ("pairs_format_only", "pair_prompt")}
 )
 
 # rank12: what a model computes. A setup that changed the model (its modules, hooks, weights, settings, what it
