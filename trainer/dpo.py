@@ -138,6 +138,14 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                         accuracies=(r_chosen > r_rejected).float().mean(),
                         logps_chosen=chosen.detach().mean(),
                         logps_rejected=rejected.detach().mean(),
+                        # how far the policy moved from the reference (nats per sequence, either answer) and
+                        # the sigmoid's argument beta x margin the loss sees (`trainer.update_stats`)
+                        logratio_abs=(
+                            (chosen.detach() - ref_chosen[i]).abs()
+                            + (rejected.detach() - ref_rejected[i]).abs()
+                        ).mean()
+                        / 2,
+                        beta_margin_abs=(r_chosen - r_rejected).abs().mean(),
                     )
                 norm, skipped = optimizer_step("actor", actor, opt, scaler, observer, algo.max_grad_norm)
                 norms.append(norm)
@@ -152,6 +160,8 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             **{f"rewards/{k}": means[k] for k in ("chosen", "rejected", "margins", "accuracies")},
             "logps/chosen": means["logps_chosen"],
             "logps/rejected": means["logps_rejected"],
+            "dpo/logratio_abs": means["logratio_abs"],
+            "dpo/beta_margin_abs": means["beta_margin_abs"],
             **direction.means(),
             **{f"actor/{k}": v for k, v in update_size(before).items()},
         }
