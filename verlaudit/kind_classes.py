@@ -165,7 +165,6 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         # dyn13: a step that does not do what the objective asks (`kinds_update`)
         "preference_flat": "a preference loss scale (beta) so small the loss stays at its zero-margin value while the policy drifts",
         "setup_grad_hooks": "gradient hooks a setup registered that clamp, sign or scale every parameter's gradient",
-        "loop_scaled_twice": "an own loop that scales its loss by the loss scale twice: every fp16 step overflows",
         "override_ignored": "a precision override the role's model does not follow (a loader that keeps its own dtype)",
     }
 )

@@ -26,6 +26,6 @@ SETUP_GRAD_HOOKS = _f(
 )
 LOOP_LOSS_SCALED_TWICE = _f(
     "loop/loss_scaled_twice",
-    "loop_scaled_twice",
+    "loop_scaling",
     "an own loop that multiplies its loss by the loss scale more than once: gradients scale^2 x the loss's",
 )
