@@ -29,7 +29,7 @@ from trainer.common import (
 )
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.update_stats import dpo_direction, update_size, weight_sample
+from trainer.update_stats import dpo_direction, dpo_drift, update_size, weight_sample
 
 PAIR_KEYS = (
     "chosen_input_ids",
@@ -77,6 +77,7 @@ def _stack(batch, idx: torch.Tensor, device: torch.device):
     return ids, attn, resp
 
 
+# long: the DPO recipe's step in the observer protocol's order (reference, forwards, loss, backward, step, metrics)
 def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` DPO steps; returns the per-step metrics."""
     from trainer import data as D
@@ -127,6 +128,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                     }
                     losses, r_chosen, r_rejected = L.dpo_loss(chosen, rejected, *args, **terms)
                     direction.add(**dpo_direction(L.dpo_loss, chosen, rejected, *args, **terms))
+                    direction.add(**dpo_drift(chosen, rejected, ref_chosen[i], ref_rejected[i], algo.beta))
                     loss = losses.mean()
                     observer.on_loss(role="actor", loss=loss, terms={"dpo_loss": loss})
                     backward(loss, "actor", actor, scaler, observer, accum=len(mini) / n)
@@ -138,14 +140,6 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                         accuracies=(r_chosen > r_rejected).float().mean(),
                         logps_chosen=chosen.detach().mean(),
                         logps_rejected=rejected.detach().mean(),
-                        # how far the policy moved from the reference (nats per sequence, either answer) and
-                        # the sigmoid's argument beta x margin the loss sees (`trainer.update_stats`)
-                        logratio_abs=(
-                            (chosen.detach() - ref_chosen[i]).abs()
-                            + (rejected.detach() - ref_rejected[i]).abs()
-                        ).mean()
-                        / 2,
-                        beta_margin_abs=(r_chosen - r_rejected).abs().mean(),
                     )
                 norm, skipped = optimizer_step("actor", actor, opt, scaler, observer, algo.max_grad_norm)
                 norms.append(norm)
@@ -160,8 +154,6 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
             **{f"rewards/{k}": means[k] for k in ("chosen", "rejected", "margins", "accuracies")},
             "logps/chosen": means["logps_chosen"],
             "logps/rejected": means["logps_rejected"],
-            "dpo/logratio_abs": means["logratio_abs"],
-            "dpo/beta_margin_abs": means["beta_margin_abs"],
             **direction.means(),
             **{f"actor/{k}": v for k, v in update_size(before).items()},
         }

@@ -20,7 +20,7 @@ loss's derivative in the chosen / rejected sequence log-prob (positive: the loss
 ``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob;
 ``dpo/logratio_abs``, the mean over pairs of |log pi - log ref| of the two answers (nats per sequence: how far
 the policy moved from the reference), and ``dpo/beta_margin_abs``, the mean |beta x margin| (the sigmoid's
-argument: near 0 the loss is at its zero-margin value, whatever the log-ratios do), from `trainer.dpo`.
+argument: near 0 the loss is at its zero-margin value, whatever the log-ratios do): `dpo_drift`.
 Every recipe, in a single-process run (ranks all-reduce a step's metrics by name, and a rank whose shard
 is empty or resharded could not measure): ``actor/update_rel`` / ``critic/update_rel``, how far the step's
 optimizer steps moved a sample of the weights relative to their size (`weight_sample`, `update_size`: a few thousand elements of
@@ -114,6 +114,17 @@ def dpo_direction(loss_fn, chosen, rejected, *args, **kwargs) -> dict[str, torch
         .mean()
         .detach(),
     }
+
+
+def dpo_drift(chosen, rejected, ref_chosen, ref_rejected, beta: float) -> dict[str, torch.Tensor]:
+    """``dpo/logratio_abs`` (mean |log pi - log ref| of the two answers, nats per sequence) and
+    ``dpo/beta_margin_abs`` (mean |beta x margin|, the sigmoid's argument) of one micro-batch of pairs."""
+    with torch.no_grad():
+        c, r = chosen.detach().float() - ref_chosen.float(), rejected.detach().float() - ref_rejected.float()
+        return {
+            "dpo/logratio_abs": (c.abs() + r.abs()).mean() / 2,
+            "dpo/beta_margin_abs": (beta * (c - r)).abs().mean(),
+        }
 
 
 UPDATE_SAMPLE = 4096
