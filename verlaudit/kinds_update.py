@@ -17,7 +17,7 @@ CONFIG_KL_LOSS_NO_GRADIENT = _f(
 PREFERENCE_FLAT = _f(
     "dynamics/preference_flat",
     "preference_flat",
-    "a preference loss held at its zero-margin value (beta x margin ~ 0) while the policy's log-probs move",
+    "a preference loss held at its zero-margin value (beta x margin ~ 0) while the log-probs move",
 )
 SETUP_GRAD_HOOKS = _f(
     "setup/grad_hooks",
@@ -27,5 +27,5 @@ SETUP_GRAD_HOOKS = _f(
 LOOP_LOSS_SCALED_TWICE = _f(
     "loop/loss_scaled_twice",
     "loop_scaling",
-    "an own loop that multiplies its loss by the loss scale more than once: gradients scale^2 x the loss's",
+    "an own loop that multiplies its loss by the loss scale twice: gradients scale^2 x the loss",
 )
