@@ -125,7 +125,9 @@ def test_a_learning_rate_that_leaves_the_weights_where_they_were():
     assert _kinds(_run({**DPO, "lr": 1e-9}, *dpo)) == [K.NULL_UPDATE]
     # a usual lr whose bf16 updates round away is update_underflow's; a lr that moves the weights passes
     assert _run(GRPO, *[{"actor/update_rel": 0.0, "actor/lr": 1e-6, "actor/grad_norm": 1.0}] * 2) == []
-    assert _run({**GRPO, "lr": 5e-8}, *[{"actor/update_rel": 3e-6, "actor/lr": 5e-8}] * 2) == []
+    # a low lr whose steps move the weights far more than Adam at that lr would: the lr is not the step's size
+    moved = {"actor/update_rel": 3e-4, "actor/lr": 5e-8, "actor/weight_rms": 0.02, "actor/grad_norm": 1.0}
+    assert _run({**GRPO, "lr": 5e-8}, *[moved] * 2) == []
 
 
 # ---------------------------------------------------------------- the value clip

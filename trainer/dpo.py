@@ -29,7 +29,7 @@ from trainer.common import (
 )
 from trainer.config import TrainConfig
 from trainer.events import Observer
-from trainer.update_stats import dpo_direction, update_size, weight_sample
+from trainer.update_stats import dpo_direction, dpo_drift, update_size, weight_sample
 
 PAIR_KEYS = (
     "chosen_input_ids",
@@ -77,6 +77,7 @@ def _stack(batch, idx: torch.Tensor, device: torch.device):
     return ids, attn, resp
 
 
+# long: the DPO recipe's step in the observer protocol's order (reference, forwards, loss, backward, step, metrics)
 def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dict[str, float]]:
     """Trains ``config.steps`` DPO steps; returns the per-step metrics."""
     from trainer import data as D
@@ -127,6 +128,7 @@ def run(config: TrainConfig, observer: Observer, resolved: Resolved) -> list[dic
                     }
                     losses, r_chosen, r_rejected = L.dpo_loss(chosen, rejected, *args, **terms)
                     direction.add(**dpo_direction(L.dpo_loss, chosen, rejected, *args, **terms))
+                    direction.add(**dpo_drift(chosen, rejected, ref_chosen[i], ref_rejected[i], algo.beta))
                     loss = losses.mean()
                     observer.on_loss(role="actor", loss=loss, terms={"dpo_loss": loss})
                     backward(loss, "actor", actor, scaler, observer, accum=len(mini) / n)

@@ -171,6 +171,7 @@ def before(model: nn.Module, vocab: int) -> dict[str, Any]:
         "id": id(model),
         "type": type(model).__name__,
         "values": _values_before(model, vocab),
+        "grad_hooks": _guarded(lambda: _grad_hooks().before(model)),
     }
 
 
@@ -301,7 +302,22 @@ def after(pre: dict[str, Any] | None, model: nn.Module, vocab: int, *, trains: b
         _added(pre, model),
         moved,
     ]
-    return [f for f in found if f is not None] + _values_after(pre.get("values"), model, vocab)
+    hooks = _guarded(lambda: _grad_hooks().after(pre.get("grad_hooks"), model, vocab)) or []
+    return [f for f in found if f is not None] + _values_after(pre.get("values"), model, vocab) + hooks
+
+
+def _grad_hooks():
+    from trainer import setup_grad_hooks
+
+    return setup_grad_hooks
+
+
+def _guarded(fn):
+    """``fn()``, or None where it fails: the record is never why a run stops."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _values_after(pre: Any, model: nn.Module, vocab: int) -> list[dict[str, Any]]:

@@ -17,7 +17,10 @@ Policy losses (per micro-batch, averaged over a step like verl's ``actor/pg_clip
 
 DPO losses (per micro-batch): ``dpo/chosen_pull`` / ``dpo/rejected_pull``, the mean over pairs of minus the
 loss's derivative in the chosen / rejected sequence log-prob (positive: the loss raises it), and
-``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob.
+``dpo/chosen_pushed_down_frac``, the share of pairs whose loss lowers the chosen answer's log-prob;
+``dpo/logratio_abs``, the mean over pairs of |log pi - log ref| of the two answers (nats per sequence: how far
+the policy moved from the reference), and ``dpo/beta_margin_abs``, the mean |beta x margin| (the sigmoid's
+argument: near 0 the loss is at its zero-margin value, whatever the log-ratios do): `dpo_drift`.
 Every recipe, in a single-process run (ranks all-reduce a step's metrics by name, and a rank whose shard
 is empty or resharded could not measure): ``actor/update_rel`` / ``critic/update_rel``, how far the step's
 optimizer steps moved a sample of the weights relative to their size (`weight_sample`, `update_size`: a few thousand elements of
@@ -113,6 +116,17 @@ def dpo_direction(loss_fn, chosen, rejected, *args, **kwargs) -> dict[str, torch
     }
 
 
+def dpo_drift(chosen, rejected, ref_chosen, ref_rejected, beta: float) -> dict[str, torch.Tensor]:
+    """``dpo/logratio_abs`` (mean |log pi - log ref| of the two answers, nats per sequence) and
+    ``dpo/beta_margin_abs`` (mean |beta x margin|, the sigmoid's argument) of one micro-batch of pairs."""
+    with torch.no_grad():
+        c, r = chosen.detach().float() - ref_chosen.float(), rejected.detach().float() - ref_rejected.float()
+        return {
+            "dpo/logratio_abs": (c.abs() + r.abs()).mean() / 2,
+            "dpo/beta_margin_abs": (beta * (c - r)).abs().mean(),
+        }
+
+
 UPDATE_SAMPLE = 4096
 """Elements read from the start of each sampled weight matrix (`weight_sample`)."""
 UPDATE_TENSORS = 16
@@ -152,9 +166,11 @@ def _local_flat(p: torch.Tensor) -> torch.Tensor | None:
 
 
 def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-    """``{"update_rel": |w_after - w_before| / |w_before|}`` over the sampled elements (`weight_sample`):
-    how far the phase's optimizer steps moved the weights, relative to their size (empty: nothing sampled,
-    e.g. an FSDP rank whose shards are empty)."""
+    """``{"update_rel": |w_after - w_before| / |w_before|, "weight_rms": |w_before| / sqrt(n)}`` over the
+    ``n`` sampled elements (`weight_sample`): how far the phase's optimizer steps moved the weights, relative
+    to their size, and that size per element (Adam's step is ~lr per element: ``update_rel`` x
+    ``weight_rms`` against lr says whether the learning rate set the step's size); empty: nothing sampled,
+    e.g. an FSDP rank whose shards are empty."""
     if not sample:
         return {}
     parts = []
@@ -171,4 +187,5 @@ def update_size(sample: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, fl
     for n, d in sums:  # summed in Python, in order, as each tensor's float() was before
         num += n
         den += d
-    return {"update_rel": (num / den) ** 0.5} if den > 0 else {}
+    count = sum(before.numel() for _, before in sample)
+    return {"update_rel": (num / den) ** 0.5, "weight_rms": (den / count) ** 0.5} if den > 0 else {}

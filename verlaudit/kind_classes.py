@@ -168,6 +168,9 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
         # rank12: the reward probe's near misses
         "reward_lenient": "a reward function that scores near-miss wrong answers as correct (a loose tolerance, a partial match)",
+        # dyn13: a step that does not do what the objective asks (`kinds_update`)
+        "preference_flat": "a preference loss scale (beta) so small the loss stays at its zero-margin value while the policy drifts",
+        "setup_grad_hooks": "gradient hooks a setup registered that clamp, sign or scale every parameter's gradient",
         "override_ignored": "a precision override the role's model does not follow (a loader that keeps its own dtype)",
     }
 )

@@ -29,6 +29,12 @@ Rows:
 - ``config/temperature_dtype``: the sampled log-probs are log_softmax(logits / T); logits rounded to a
   16-bit float carry an error of half the dtype's spacing at their magnitude, and dividing by T multiplies
   it by 1 / T: at T 0.1 the rollout's and the trainer's log-probs differ 10x as much as at T 1.
+- ``config/kl_loss_no_gradient``: ``use_kl_loss`` with ``kl_loss_type`` ``kl`` (k1, logp - ref_logp) and a
+  non-zero ``kl_loss_coef``: on tokens sampled from the policy, k1's gradient is the score function
+  grad log pi(y), whose expectation under pi is 0 (sum_y grad pi(y) = grad 1 = 0), so the KL *loss* adds
+  zero-mean noise and no pull to the reference; k2 (``mse``, 0.5 (logp - ref)^2) and k3 (``low_var_kl``) have
+  the KL's gradient in expectation (Schulman 2020, "Approximating KL divergence"; verl's kl_loss_type docs).
+  The same estimator in the reward (``kl_penalty: kl``) is fine: there it is a value, not a gradient.
 
 GRPO's std normalisation over groups whose rewards differ by a tie-break is not a key pair but a key and
 the run's rewards: `verlaudit.analysis.diagnose.pair_cause.adv_norm_causes` reads it from the audit's
@@ -313,6 +319,36 @@ def temperature_dtype(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
     )
 
 
+K1_NAMES = ("kl", "k1")
+"""verl's names of the k1 estimator logp - ref_logp (`trainer.losses.KL_ESTIMATOR`); ``k1+`` takes k2's
+gradient (straight-through) and ``abs`` has one, so neither is this row's."""
+
+
+def k1_kl_loss(config: Cfg, policy: Mapping[str, Any]) -> Finding | None:
+    algo = config.get("algo") or {}
+    kind = str(algo.get("kl_loss_type") or "low_var_kl")
+    coef = number(algo.get("kl_loss_coef"))
+    if algo.get("name") == "dpo" or not algo.get("use_kl_loss") or kind not in K1_NAMES or not coef:
+        return None
+    return _finding(
+        K.CONFIG_KL_LOSS_NO_GRADIENT,
+        "algo.kl_loss_type",
+        f"algo.kl_loss_type {kind} (the k1 estimator logp - ref_logp; verl: {V.algo_key('kl_loss_type')}) "
+        f"as the actor's KL loss (use_kl_loss, kl_loss_coef {coef:g}): the loss is computed on tokens sampled "
+        "from the policy itself, where k1's gradient is the score function grad log pi(y), and its "
+        "expectation under pi is zero (sum_y pi(y) grad log pi(y) = grad sum_y pi(y) = 0): the 'KL "
+        "regularisation' adds zero-mean noise to the update and no pull towards the reference, whatever "
+        "the coefficient; the k2 (mse) and k3 (low_var_kl) estimators carry the KL's gradient",
+        values={"use_kl_loss": True, "kl_loss_type": kind, "kl_loss_coef": coef},
+        fix_key="algo.kl_loss_type",
+        fix_value="low_var_kl",
+        fix_why="k3 (low_var_kl, verl's GRPO recipes) or k2 (mse) as the KL loss: their gradient in "
+        "expectation is the KL's; keep k1 (kl) for the in-reward penalty (kl_penalty), where it is a value",
+        source="Schulman 2020, 'Approximating KL divergence' (k1 / k2 / k3); verl actor.kl_loss_type docs",
+        expected="kl_loss_type low_var_kl (k3) or mse (k2) when the KL is a loss",
+    )
+
+
 PAIRS: tuple[Pair, ...] = (
     Pair("kl_twice", ("algo.use_kl_in_reward", "algo.use_kl_loss"), "verl docs", kl_twice),
     Pair("robust_eps", ("algo.dpo_loss", "algo.label_smoothing"), "robust DPO", robust_eps),
@@ -325,6 +361,7 @@ PAIRS: tuple[Pair, ...] = (
         "softmax",
         temperature_dtype,
     ),
+    Pair("k1_kl_loss", ("algo.use_kl_loss", "algo.kl_loss_type", "algo.kl_loss_coef"), "k1", k1_kl_loss),
 )
 """Every conditional invariant between keys (module docstring)."""
 
@@ -335,6 +372,7 @@ EMITTED = (
     K.CONFIG_LOSS_AGG_FP16,
     K.CONFIG_CLIP_ZERO_WIDTH,
     K.CONFIG_TEMPERATURE_DTYPE,
+    K.CONFIG_KL_LOSS_NO_GRADIENT,
 )
 
 

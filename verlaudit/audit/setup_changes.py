@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import setup_effect, setup_text
+from verlaudit.audit import grad_hooks, setup_effect, setup_text
 from verlaudit.dtypes import dtype_name
 from verlaudit.rundir import Finding
 
@@ -398,7 +398,12 @@ def findings(
                 _finding(K.SETUP_MODE, role, who, *_mode(by["mode"], who, role, trainable), by["mode"])
             )
         out += _probe_findings(rec, who, role)
-    return out + load_findings(models) + setup_effect.findings(models, trainable_roles)
+    return (
+        out
+        + load_findings(models)
+        + setup_effect.findings(models, trainable_roles)
+        + grad_hooks.findings(models, policy)
+    )
 
 
 def _probe_findings(rec: Mapping[str, Any], who: str, role: str) -> list[Finding]:

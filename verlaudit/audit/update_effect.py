@@ -22,7 +22,14 @@ alone, and name the key that set the behaviour with the measured effect:
   log-prob (on most pairs, or never raises it), and the chosen log-prob fell below the reference's: the
   loss variant (or its label smoothing / beta) does the opposite of preferring the chosen answers.
 - ``dynamics/null_update``: a learning rate below `LR_LOW` whose steps moved a sample of the weights by
-  `NULL_UPDATE` of their size or less at every step (``<role>/update_rel``, single-process runs).
+  `NULL_UPDATE` of their size or less at every step (``<role>/update_rel``, single-process runs): Adam moves
+  each weight by about lr a step, so the relative step is ~lr / rms(w); judged against that, not an absolute
+  floor (lr 1e-8 on weights of rms 0.02 moves them 5e-7 of their size: finite, and null over any run).
+- ``dynamics/preference_flat``: a DPO loss of beta x margin (sigmoid, robust, hinge, exo_pair, discopop)
+  whose argument stays at `FLAT_ARG` or less at every step after the first while the policy moved from the
+  reference (``dpo/logratio_abs`` `MOVED` nats or more) and the pairs separate (the margin at least
+  `SEPARATES` of the log-ratios' size): beta, not the data, keeps the loss at its zero-margin value (log 2
+  for sigmoid), so the sigmoid never saturates, there is no implicit KL anchor, and the loss reads flat.
 
 Each kind is recorded once per run. Thresholds are from the clean controls of the blind benches
 (`benchmarks/blind_faults*`, PPO / GRPO / DPO in fp32, fp16, bf16, bf16-pure) and stated beside each
@@ -76,11 +83,29 @@ one at every step never raises the chosen answer (DPO's sigmoid pulls both alike
 PUSHED_DOWN = 0.5
 """The share of pairs whose loss lowers the chosen answer from which the loss pushes it down."""
 USUAL_HIGH, USUAL_LOW = 0.28, 0.2
-NULL_UPDATE = 1e-7
+NULL_UPDATE = 1e-5
 """A step's relative weight change (``<role>/update_rel``, `trainer.update_stats.update_size`) at or below
-which the step left the weights where they were: Adam moves each weight by about lr a step, so verl's
-default lr 1e-6 on weights of RMS 0.02 moves them by ~5e-5 a step (500x above); the blind controls (lr 1e-3)
-measure 0.01-0.05, the tiny test runs (lr 2e-3) above 1e-4 for actor and critic."""
+which, with a learning rate under `LR_LOW`, the step left the weights where they were: Adam moves each weight
+by about lr a step, so the relative step is ~lr / rms(w): verl's default lr 1e-6 on weights of RMS 0.02 moves
+them by ~5e-5 a step (5x above), an lr under 1e-7 by ~5e-6 or less (a thousand steps move the weights by
+less than 1% of their size); the blind controls (lr 1e-3) measure 0.01-0.05, the tiny test runs (lr 2e-3)
+above 1e-4 for actor and critic. (An absolute floor of 1e-7 missed lr 1e-8, which moves them by 5e-7.)"""
+ADAM_STEP = 10.0
+"""A relative step at most this many times lr / rms(w) per optimizer step is the size the learning rate
+asks of Adam (its normalised step is about lr per element, up to ~lr x a few at the first steps): then the
+key's value, not the gradient, set the step's size."""
+FLAT_ARG = 1e-3
+"""The mean |beta x margin| (``dpo/beta_margin_abs``, the sigmoid's argument) at or below which a DPO loss
+is at its zero-margin value: log 2 - x / 2 + O(x^2), within 5e-4 of log 2, and its weight sigmoid(-x) is
+0.5 to 2.5e-4, so the loss is linear in the margin and never saturates. A beta-0.1 DPO control reaches 0.01
+or more from its second step."""
+MOVED = 0.05
+"""Nats per sequence (``dpo/logratio_abs``) from which the policy has moved from the reference."""
+SEPARATES = 0.1
+"""The margin (|beta x margin| / beta, nats) as a share of the log-ratios' size from which the pairs do
+separate: identical or near-identical pairs keep the margin at 0 whatever beta is (not beta's question)."""
+FLAT_LOSSES = ("sigmoid", "robust", "hinge", "exo_pair", "discopop")
+"""The DPO losses that are functions of beta x margin alone (`trainer.losses.dpo_loss`)."""
 LR_LOW = 1e-7
 """A learning rate below the lowest in common use (the range table's bound, `verlaudit.audit.config_ranges`):
 only then is the key named as the reason the weights do not move (with a usual lr, unmoved bf16 weights are
@@ -126,10 +151,12 @@ class UpdateEffect:
         self._add(m, step, "actor/grad_norm", "critic/grad_norm", "critic/vf_clipfrac", "critic/returns/std")
         self._add(m, step, "actor/update_rel", "critic/update_rel", "actor/lr", "critic/lr")
         self._add(m, step, "dpo/chosen_pull", "dpo/rejected_pull", "dpo/chosen_pushed_down_frac")
-        self._add(m, step, "rewards/chosen", "logps/chosen", "rewards/margins")
+        self._add(m, step, "rewards/chosen", "logps/chosen", "rewards/margins", "actor/loss")
+        self._add(m, step, "dpo/logratio_abs", "dpo/beta_margin_abs", "actor/kl_loss", "actor/ppo_kl")
+        self._add(m, step, "actor/weight_rms", "critic/weight_rms")
         for side in ("high", "low"):
             self._add(m, step, f"actor/pg_clipfrac_{side}", f"actor/ratio_outside_usual_{side}")
-        self._add(m, step, "actor/ppo_kl", "actor/ratio_max", "actor/ratio_min", "actor/pg_clipfrac_lower")
+        self._add(m, step, "actor/ratio_max", "actor/ratio_min", "actor/pg_clipfrac_lower")
         out: list[Finding] = []
         for kind, check in (
             (K.GRAD_CLIP_TOTAL, self._grad_clip),
@@ -138,6 +165,7 @@ class UpdateEffect:
             (K.CHOSEN_PUSHED_DOWN, self._chosen_down),
             (K.CLIP_SATURATED, self._dual_clip),
             (K.NULL_UPDATE, self._null_update),
+            (K.PREFERENCE_FLAT, self._preference_flat),
         ):
             if kind in reported:
                 continue
@@ -209,6 +237,22 @@ class UpdateEffect:
             if grads and max(grads) <= 0:
                 continue  # no gradient at all: the loss's question, not the learning rate's
             lr = max(lrs)
+            rms = self._values(f"{role}/weight_rms")
+            steps = self.optimizer_steps() or 1
+            asks = [ADAM_STEP * lr * steps / w for w in rms if w > 0]
+            if asks and any(u > a for u, a in zip(moved, asks, strict=False)):
+                continue  # the weights moved more than this lr asks of Adam: the key is not the step's size
+            asked = (
+                f"; Adam's step at this lr is ~lr / rms(w) = {lr / rms[-1]:.2g} of them"
+                if rms and rms[-1] > 0
+                else ""
+            )
+            kl = self._values("actor/kl_loss") if role == "actor" else []
+            held = (
+                f"; the policy stayed at its start (actor/kl_loss {_fmt(kl)})"
+                if kl and max(map(abs, kl)) < 1e-6
+                else ""
+            )
             return Finding(
                 severity="warning",
                 kind=K.NULL_UPDATE,
@@ -218,15 +262,66 @@ class UpdateEffect:
                 phase="critic_update" if role == "critic" else "actor_update",
                 message=f"the {role}'s learning rate algo.{key} {lr:g} ({V.algo_key(key)}; {role}/lr "
                 f"{_fmt(lrs)}) leaves the weights where they were: each step moved them by {_fmt(moved)} of "
-                f"their size ({role}/update_rel){' while the gradient norm was ' + _fmt(grads) if grads else ''}:"
-                " the optimizer steps are null, nothing the loss computes reaches the model",
-                observed={key: lr, "update_rel_by_step": moved, "grad_norm_by_step": grads},
+                f"their size ({role}/update_rel{asked}){' while the gradient norm was ' + _fmt(grads) if grads else ''}"
+                f"{held}: the optimizer steps are null, nothing the loss computes reaches the model (a thousand "
+                "such steps move the weights by under 1% of their size)",
+                observed={
+                    key: lr,
+                    "update_rel_by_step": moved,
+                    "grad_norm_by_step": grads,
+                    "weight_rms": rms[-1:],
+                },
                 expected=f"a learning rate of 1e-7 or more (verl's default 1e-6), moving the weights by more "
                 f"than {NULL_UPDATE:g} of their size a step",
                 fix=f"set algo.{key}: {1e-6 if role == 'actor' else 1e-5:g} (verl's default; verl: "
                 f"{V.algo_override(key, 1e-6 if role == 'actor' else 1e-5)})",
             )
         return None
+
+    # -- a preference loss held at its zero-margin value -----------------------------------------
+    def _preference_flat(self, step: int | None) -> Finding | None:
+        loss = str(self.algo.get("dpo_loss") or "sigmoid")
+        beta = number(self.algo.get("beta"))
+        if self.name != "dpo" or loss not in FLAT_LOSSES or not beta or beta <= 0:
+            return None
+        args, moved = self.series.get("dpo/beta_margin_abs", []), self.series.get("dpo/logratio_abs", [])
+        after = [(a, d) for (sa, a), (sd, d) in zip(args[1:], moved[1:], strict=False) if sa == sd]
+        if len(after) < 2 or any(a > FLAT_ARG for a, _ in after):
+            return None  # the first step is at the reference (margin 0 for any beta): judged from the second
+        arg, drift = after[-1]
+        margin = arg / beta  # nats
+        if drift < MOVED or margin < SEPARATES * drift:
+            return None  # the policy did not move, or the pairs do not separate: not beta's doing
+        losses = self._values("actor/loss")
+        zero = {"sigmoid": math.log(2), "robust": math.log(2), "hinge": 1.0}.get(loss)
+        at = f" (log 2 = {math.log(2):.4f})" if zero and abs(zero - math.log(2)) < 1e-9 else ""
+        want = 0.1
+        return Finding(
+            severity="warning",
+            kind=K.PREFERENCE_FLAT,
+            role="actor",
+            where="algo.beta",
+            step=step,
+            phase="actor_update",
+            message=f"algo.beta {beta:g} keeps the {loss} preference loss at its zero-margin value: the policy "
+            f"moved {drift:.3g} nats per answer from the reference (dpo/logratio_abs {_fmt([d for _, d in after])}) "
+            f"and the pairs separate by {margin:.3g} nats, yet the sigmoid's argument beta x margin stays "
+            f"{arg:.2g} (dpo/beta_margin_abs {_fmt([a for a, _ in after])}; actor/loss {_fmt(losses)}{at}): the "
+            "loss is linear in the margin and never saturates, so it pulls every pair at the same rate however "
+            "far the policy went (no implicit KL anchor to the reference) while it reads flat; beta x margin "
+            f"reaches 1 only at a margin of {1 / beta:.3g} nats",
+            observed={
+                "beta": beta,
+                "dpo_loss": loss,
+                "beta_margin_abs_by_step": [a for a, _ in after],
+                "logratio_abs_by_step": [d for _, d in after],
+                "margin_nats": round(margin, 6),
+                "loss_by_step": losses,
+            },
+            expected=f"beta x margin above {FLAT_ARG:g} once the policy moves (DPO's beta 0.1-0.5)",
+            fix=f"set algo.beta: {want:g} (TRL's DPOConfig default; DPO uses 0.1-0.5): the loss then saturates at a "
+            f"margin of ~{1 / want:g} nats and anchors the policy to the reference",
+        )
 
     # -- the value clip ---------------------------------------------------------------------------
     def _value_clip(self, step: int | None) -> Finding | None:

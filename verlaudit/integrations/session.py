@@ -45,7 +45,8 @@ class ScalerTap:
     `remove`): calls ``before_unscale(optimizer, scale)`` while the gradients are still scaled, keeps
     whether the last ``update`` followed non-finite gradients (the scaler forgets it there), then calls
     ``after_update()``; counts ``scale`` calls since the last update and calls ``before_step(optimizer,
-    scale calls)`` at each ``step`` (`verlaudit.integrations.loop_checks` reads both)."""
+    scale calls)`` at each ``step`` (`verlaudit.integrations.loop_checks` reads both); ``on_scale(input,
+    output, scale)`` after each ``scale`` (`verlaudit.integrations.loop_scale`)."""
 
     def __init__(
         self,
@@ -53,8 +54,10 @@ class ScalerTap:
         before_unscale: Callable[[Any, float], None] | None = None,
         after_update: Callable[[], None] | None = None,
         before_step: Callable[[Any, int], None] | None = None,
+        on_scale: Callable[[Any, Any, float], None] | None = None,
     ) -> None:
         self.scaler = scaler
+        self._on_scale = on_scale
         self._after_update = after_update
         self._before_step = before_step
         self.found_inf: bool | None = None
@@ -73,7 +76,10 @@ class ScalerTap:
 
     def _scale(self, outputs: Any) -> Any:
         self.scaled += 1
-        return self._orig["scale"](outputs)
+        out = self._orig["scale"](outputs)
+        if self._on_scale is not None and self.scaler.is_enabled():
+            self._on_scale(outputs, out, float(self.scaler.get_scale()))
+        return out
 
     def _step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if self._before_step is not None and self.scaler.is_enabled():

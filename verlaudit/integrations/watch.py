@@ -51,6 +51,7 @@ from verlaudit.integrations.loop_direction import DirectionProbe
 from verlaudit.integrations.loop_protocol import LoopProtocol
 from verlaudit.integrations.loop_reference import ReferenceAudit
 from verlaudit.integrations.loop_roles import RoleAudit
+from verlaudit.integrations.loop_scale import ScaleTrace
 from verlaudit.integrations.loop_tokens import TokenAudit
 from verlaudit.integrations.loop_update import UpdateAudit
 from verlaudit.integrations.session import AuditSession, ScalerTap, grad_norm
@@ -130,6 +131,7 @@ class Watch:
         self._handles: list[Any] = []
         self._forward_hooks: list[Any] = []
         self._tap: ScalerTap | None = None
+        self._scale_trace: ScaleTrace | None = None
         self._norms: dict[str, float] = {}
         self._stepped: set[str] = set()
         self._regions = loop_checks.AutocastRegions()
@@ -177,11 +179,14 @@ class Watch:
             self._handles.append(opt.register_step_pre_hook(functools.partial(self._pre_step, role)))
             self._handles.append(opt.register_step_post_hook(functools.partial(self._post_step, role)))
         if self.scaler is not None:
+            trace = ScaleTrace(next(iter(self.optimizers), "actor"), add=self._add, where=self._where)
+            self._scale_trace = trace
             self._tap = ScalerTap(
                 self.scaler,
                 before_unscale=lambda opt, scale: self._unscale(role_of.get(id(opt)), scale, opt),
                 after_update=self._after_update,
                 before_step=lambda opt, scaled: self._scaler_step(role_of.get(id(opt)), opt, scaled),
+                on_scale=trace.on_scale,
             )
         if self._contract["source"] == "inferred" and autocast is None:
             for model in self.models.values():
@@ -443,6 +448,8 @@ class Watch:
         assert self._tap is not None and self.session is not None
         if self._protocol is not None:
             self._protocol.scaler_update()
+        if self._scale_trace is not None:
+            self._scale_trace.clear()
         state = self._tap.state()
         for role, opt in self.optimizers.items():
             if role not in self._stepped and not state.get("found_inf"):

@@ -44,6 +44,7 @@ PAIR_KINDS = frozenset(
         K.CONFIG_LOSS_AGG_FP16,
         K.CONFIG_CLIP_ZERO_WIDTH,
         K.CONFIG_TEMPERATURE_DTYPE,
+        K.CONFIG_KL_LOSS_NO_GRADIENT,
     }
 )
 

@@ -506,6 +506,9 @@ TIER_CHANNELS.update(
         "trust_region": ("config", frozenset({UPDATE, REWARD_SIGNAL})),
         "preference_direction": ("config", frozenset({UPDATE})),
         "update_null": ("config", frozenset({UPDATE})),
+        # dyn13: a beta that keeps a preference loss at its zero-margin value; hooks that rewrite the gradient
+        "preference_flat": ("config", frozenset({UPDATE})),
+        "setup_grad_hooks": ("setup", frozenset({UPDATE, GRADIENT_SCALE})),
     }
 )
 
