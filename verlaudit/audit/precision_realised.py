@@ -326,6 +326,7 @@ class AccumWatch:
         mb, mini = algo.get("micro_batch_size"), algo.get("mini_batch_size")
         preset = (config or {}).get("precision", {}).get("preset") if isinstance(config, Mapping) else None
         keep = max(1, n // 4)
+        micro = -(-int(mini) // keep) if isinstance(mini, int) and mini > 0 else None
         return [
             Finding(
                 severity="warning",
@@ -348,8 +349,13 @@ class AccumWatch:
                 f"{err:.2g} (relative) from the same micro-batch gradients summed in fp32, {err / floor:.1f}x "
                 f"the {floor:.2g} of one {dn(dtype)} rounding of the exact sum (predicted ~{predicted:.1f}x for "
                 f"{n} additions)",
-                fix=f"accumulate fewer, larger micro-batches (raise algo.micro_batch_size toward {mini}: "
-                f"{keep} or fewer additions per step), or keep fp32 gradients: the bf16 preset (fp32 master "
-                f"weights, fp32 .grad) instead of bf16-pure grad_dtype {dn(dtype)}",
+                fix="accumulate fewer, larger micro-batches (raise algo.micro_batch_size"
+                + (
+                    f" to {micro} or more: {keep} additions per step"
+                    if micro
+                    else f": {keep} or fewer additions"
+                )
+                + f"), or keep fp32 gradients: the bf16 preset (fp32 master weights, fp32 .grad) instead of "
+                f"bf16-pure grad_dtype {dn(dtype)}",
             )
         ]

@@ -39,7 +39,7 @@ MIN_RESPONSES = 4
 _OURS = (str(Path(__file__).resolve().parents[2] / "trainer"), str(Path(__file__).resolve().parents[1]))
 """The trainer's and verlaudit's own files: adapters around the user's function, never its source."""
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"[:%][-+ #0]*\d*\.(\d+)[fFgGe%]"), "a score formatted to {k} decimals and read back"),
+    (re.compile(r"[:%][-+ #0]*\d*\.(\d+)[fFgGe%]"), "a score formatted to {k} decimal place(s) and read back"),
     (re.compile(r"\bround\([^()]*(?:\([^()]*\)[^()]*)*,\s*(?:ndigits\s*=\s*)?(-?\d+)\s*\)"), "round(x, {k})"),
     (re.compile(r"getcontext\(\)\s*\.\s*prec\s*=\s*(\d+)|prec\s*=\s*(\d+)"), "a decimal context of {k} significant digits"),
     (re.compile(r"\.quantize\((?:\s*(?:decimal\.)?Decimal\(\s*['\"]([0-9.eE+-]+)['\"])?"), "Decimal.quantize({k})"),
@@ -207,10 +207,14 @@ def lenient_hint(findings: list[Finding], fn: Any) -> list[Finding]:
             continue
         path, line, text, what = found
         at = f"{Path(path).name}:{line}"
+        said = f"the comparison runs at limited precision: {at} `{text}` ({what}) rounds both sides before they are compared, so answers that differ past those digits compare equal"
+        tolerance = (
+            ": its numeric comparison has a tolerance (rel_tol / abs_tol) wider than the answers' spacing"
+        )
+        msg = f.message.replace(tolerance, f": {said}") if tolerance in f.message else f"{f.message}; {said}"
         f = dataclasses.replace(
             f,
-            message=f"{f.message}; the comparison runs at limited precision: {at} `{text}` ({what}) rounds "
-            "both sides before they are compared, so answers that differ past those digits compare equal",
+            message=msg,
             observed={**(f.observed or {}), "precision_at": at, "precision": what},
             fix=f"compare exactly, not through {what} ({at}): int(pred) == int(truth) or the extracted text == "
             "str(ground_truth); where decimals are needed, compare under decimal.localcontext() with enough "
