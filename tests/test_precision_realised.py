@@ -173,3 +173,11 @@ def test_a_bf16_pure_run_with_micro_batch_1_is_named_and_its_neighbour_is_not():
     cold = _run("grpo", "bf16-pure", batch_size=8, group_size=4, mini_batch_size=32, micro_batch_size=16)
     assert _kinds(hot, K.GRAD_ACCUMULATION_ROUNDING), [f.kind for f in hot]
     assert not _kinds(cold, K.GRAD_ACCUMULATION_ROUNDING)
+
+
+@pytest.mark.parametrize("algo, roles", [("ppo", {"actor", "critic"}), ("dpo", {"actor"})])
+def test_micro_batch_1_accumulation_in_ppo_and_dpo_names_each_trained_role(algo, roles):
+    found = _run(algo, "bf16-pure", batch_size=32, mini_batch_size=32, micro_batch_size=1)
+    hits = _kinds(found, K.GRAD_ACCUMULATION_ROUNDING)
+    assert {f.role for f in hits} == roles, [(f.kind, f.role) for f in found]
+    assert all(f.observed["micro_batches"] == 32 for f in hits)
