@@ -163,7 +163,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "setup_weights": "model.setup re-initialised, rescaled or zeroed a model's loaded weights",
         "setup_hook_effect": "a hook model.setup registered adds noise, scales, or acts in one mode only",
         "setup_modes": "after model.setup the forward differs between calls or between training and eval mode",
-        "override_not_realised": "a role's parameters or forward in another dtype than the suite asked for",
+        "override_not_realised": "a role's parameters, gradients, optimizer state or forward in another dtype than the suite asked for",
         "override_rollout_apart": "an actor compute override below the rollout engine's dtype (the ratios' rounding)",
         "update_term_lost": "a term of the optimizer's update (weight decay) below half the weights' spacing",
         # rank12: the reward probe's near misses
@@ -172,6 +172,8 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "preference_flat": "a preference loss scale (beta) so small the loss stays at its zero-margin value while the policy drifts",
         "setup_grad_hooks": "gradient hooks a setup registered that clamp, sign or scale every parameter's gradient",
         "override_ignored": "a precision override the role's model does not follow (a loader that keeps its own dtype)",
+        # prec13: many micro-batch gradients summed into a low-precision .grad
+        "grad_accumulation": "micro-batch gradients accumulated in an fp16/bf16 .grad: the sum carries several roundings",
     }
 )
 """Classes of problems that can start a chain: the root of a diagnosis is one of these."""

@@ -2,7 +2,7 @@
 (`verlaudit.audit.update_effect`), the reward probe's near misses (`verlaudit.audit.probes_answer`), the data
 contract (`verlaudit.audit.data_contract`, `special_content`), and what a setup did to the weights and forwards,
 precision asked for vs realised, update terms below the storage resolution (`verlaudit.audit.setup_values`,
-`update_terms`). Registered here, re-exported by `verlaudit.kinds` (write them as ``K.NAME``); split out of
+`update_terms`), requested vs realised precision (`verlaudit.audit.precision_realised`). Registered here, re-exported by `verlaudit.kinds` (write them as ``K.NAME``); split out of
 kinds.py for length."""
 
 from __future__ import annotations
@@ -105,7 +105,23 @@ SETUP_NOT_DETERMINISTIC = _f(
 PRECISION_NOT_REALISED = _f(
     "precision/requested_not_realised",
     "override_not_realised",
-    "a role's weights are not in the dtype its precision key asked for (a loader ignored it)",
+    "a role's weights, gradients or optimizer state not in the dtype its precision key asked for",
+)
+# prec13: a role computing below the preset, measured; gradients accumulated in a low-precision .grad
+COMPUTE_BELOW_CONTRACT = _f(
+    "precision/compute_below_contract",
+    "override_compute",
+    "a compute override below the preset's dtype, with its measured effect on the role's outputs",
+)
+REWARD_VALUE_GRID = _f(
+    "reward/value_grid",
+    "plugin_precision",
+    "a reward function's values on a decimal grid (a handful of values) from a rounding in its module",
+)
+GRAD_ACCUMULATION_ROUNDING = _f(
+    "numerics/grad_accumulation_rounding",
+    "grad_accumulation",
+    "many micro-batch gradients summed into an fp16/bf16 .grad: several roundings of the exact sum",
 )
 DECAY_ROUNDED_AWAY = _f(
     "numerics/decay_rounded_away",

@@ -48,9 +48,12 @@ from verlaudit.audit import (
     numerics,
     opcount,
     plugins,
+    precision_realised,
+    probes_fork,
     probes_numpy,
     probes_run,
     resolution,
+    reward_grid,
     reward_signal,
     setup_changes,
     weights,
@@ -123,6 +126,12 @@ class Auditor(Observer):
         self.numbers = StepNumbers()
         self.checks = nonfinite.DeviceChecks()
         self.opt_watch = OptimizerWatch(self.settings, self.numbers, self.context)
+        self.accum = precision_realised.AccumWatch()
+        """prec13: micro-batch gradients summed in fp32 beside a low-precision .grad (sampled steps)."""
+        self.grid = reward_grid.GridWatch()
+        """prec13: the reward function's values on a decimal grid, from a rounding in its module."""
+        self._state_read: set[str] = set()
+        """prec13: the roles whose optimizer state dtypes were read (once, after the first step taken)."""
         self.mismatch = MismatchWatch(self.numbers)
         self.probe: ModuleProbe | None = None
         self.watch: PrecisionWatch | None = None
@@ -182,6 +191,7 @@ class Auditor(Observer):
                 self.failure = self._fail(exc)
         finally:
             self._step_hooks.close()
+            self.accum.disarm()
             self._probe_hooks(on=False)
             self.memory.stop()
             self.findings.flush()
@@ -234,6 +244,9 @@ class Auditor(Observer):
             reported={f.kind for f in configured},
         )
         self._model_state(step=None)
+        # prec13: a role computing below the preset, measured against the same forward in fp32
+        self._check("compute_realised", precision_realised.compute_findings, policy, self.models,
+                    self.model_vocab_size)  # fmt: skip
         self._check("invariants", invariants.setup_findings, config or {}, self.models, TRAINABLE_ROLES)
         if "actor" in self.models:
             self._check(
@@ -281,6 +294,11 @@ class Auditor(Observer):
         self.checks.clear()
         self.opt_watch.start_step(step)
         self._step_hooks.close()
+        self.accum.disarm()
+        if self.context.sampled and self.policy is not None:
+            for role in TRAINABLE_ROLES:
+                if role in self.models and role in self.policy.roles:
+                    self.accum.arm(role, self.models[role], self.policy[role])
         self._groups = None
         if self.context.sampled and self.dtype_watch is not None:
             # a full-audit step re-reads the models' dtypes (metadata, no device work) and weight norms
@@ -354,6 +372,13 @@ class Auditor(Observer):
         if probed is not None:
             self.findings.extend(probed(result))
             self._probe_events()
+        bound = probes_fork.bound_inputs(call) if point == "reward_fn" else None
+        if bound is not None:  # prec13: values on a decimal grid, and the rounding in the user's module
+            key = reward_signal.reward_key((self.config or {}).get("data") or {})
+            got = probes_fork.scores(result, len(bound[2]))
+            self.findings.extend(
+                self.grid.observe(bound[0], bound[2], got, where=key, ctx=self.context.where())
+            )
         if recorder.broken:
             return  # the recorder's own bug left its record half-made (reported): no findings from it
         with opcount.suspended():
@@ -550,7 +575,13 @@ class Auditor(Observer):
         if not self._checking:
             return
         policy, params = self.policy[role], list(model.named_parameters())
-        self.findings.extend(dtype_checks.check_grad_dtypes(role, params, policy, **self.context.where()))
+        if precision_realised.grad_overridden(policy):  # prec13: the key asked for another .grad dtype
+            self.findings.extend(
+                precision_realised.grad_findings(role, params, policy, **self.context.where())
+            )
+        else:
+            self.findings.extend(dtype_checks.check_grad_dtypes(role, params, policy, **self.context.where()))
+        self.accum.backward(role, model)
         if self.watch is not None:
             self.watch.backward(role, params, policy, loss_scale, sampled=self.context.sampled)
         if self.context.sampled:
@@ -560,6 +591,8 @@ class Auditor(Observer):
     def on_before_optimizer_step(self, *, role, model, optimizer) -> None:
         if self._checking:
             self.opt_watch.before_step(role, model)
+            where = self.context.where()
+            self.findings.extend(self.accum.step(role, self.policy[role], self.config, **where))
 
     @_guarded()
     def on_optimizer_step(self, *, role, model, optimizer, scaler_state, skipped, grad_norm) -> None:
@@ -586,6 +619,9 @@ class Auditor(Observer):
             role, model, optimizer, scaler_state, skipped=skipped, grad_norm=grad_norm, policy=policy
         )
         self.findings.extend(found)
+        if not skipped and role not in self._state_read:  # prec13: the moments exist after a step taken
+            self._state_read.add(role)
+            self.findings.extend(precision_realised.optim_state_findings(role, optimizer, policy, **where))
 
     @_guarded(keep_on=True, fallback="_plain_step_end")
     def on_step_end(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -602,6 +638,7 @@ class Auditor(Observer):
             )
             self.findings.extend([found] if found else [])
         self.opt_watch.end_step()
+        self.accum.disarm()
         self._step_hooks.close()  # the shadow's and the counter's hooks off before their records are read
         if self.probe is not None:
             self.probe.end_step()

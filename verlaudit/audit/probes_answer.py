@@ -116,13 +116,16 @@ def near_misses(text: str) -> list[str]:
     +- one unit of its last place (where that is at least `NEAR_REL` off), else the last letter changed."""
     t = text.strip()
     if _INT.match(t) or (_FLOAT.match(t) and denoised(t) is None):  # numbers: a unit of the last place off
-        from decimal import Decimal
+        import decimal
 
-        d = Decimal(t)
-        whole = bool(_INT.match(t) or _INT_FLOAT.match(t))
-        unit = Decimal(1) if whole else Decimal(1).scaleb(d.as_tuple().exponent)
-        if whole or (d != 0 and unit / abs(d) >= Decimal(str(NEAR_REL))):
-            return [str(d + unit), str(d - unit)]
+        # prec13: our own context, exact for any answer: the user's module may have set this thread's
+        # context to two digits (then 1234 + 1 would be '1.2E+3', a near miss no reward reads as a number)
+        with decimal.localcontext(decimal.Context(prec=max(28, 2 * len(t)))):
+            d = decimal.Decimal(t)
+            whole = bool(_INT.match(t) or _INT_FLOAT.match(t))
+            unit = decimal.Decimal(1) if whole else decimal.Decimal(1).scaleb(d.as_tuple().exponent)
+            if whole or (d != 0 and unit / abs(d) >= decimal.Decimal(str(NEAR_REL))):
+                return [str(d + unit), str(d - unit)]
         return []
     for j in range(len(t) - 1, -1, -1):
         if t[j].isalpha():

@@ -770,6 +770,7 @@ TIER_CHANNELS.update(
         "setup_modes": ("setup", frozenset({REWARD_SIGNAL})),
         "override_not_realised": ("config", frozenset({REWARD_SIGNAL})),
         "update_term_lost": ("config", frozenset({UPDATE})),
+        "grad_accumulation": ("config", frozenset({GRADIENT_SCALE, UPDATE})),
         "override_rollout_apart": ("config", frozenset({REWARD_SIGNAL})),
     }
 )
