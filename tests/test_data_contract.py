@@ -77,7 +77,7 @@ def test_a_collator_that_rewrites_the_prompt_is_named(rewrite, how):
     assert "rstrip" in f.fix and SRC in f.fix
 
 
-def test_lower_casing_and_a_right_cut_that_loses_the_number_are_named():
+def test_lower_casing_is_named_and_a_right_cut_that_loses_the_number_is_the_truncation_checks():
     tok = build_tokenizer()
     ex = [{"prompt": f"Copy {w.upper()}>", "answer": w.upper()} for w in ("ab", "cde", "fgh", "bad")]
     fs = trip(tok, ex, [e["prompt"].lower() for e in ex])
@@ -91,7 +91,14 @@ def test_lower_casing_and_a_right_cut_that_loses_the_number_are_named():
     b = {"input_ids": ids, "attention_mask": (ids != tok.pad_token_id).long()}
     fs = C.round_trip_findings(b, long, tokenizer_info=info(tok), data={"prompt_length": 12}, source=SRC,
                                where="collator:x", ctx={})  # fmt: skip
-    assert fs and fs[0].kind == K.PROMPT_REWRITTEN and "cut" in fs[0].observed["how"], fs
+    assert fs == []  # a cut at a length limit is the truncation check's, which names the limit and what went
+    from verlaudit.audit.truncation import prompt_cut_findings
+
+    fs = prompt_cut_findings(
+        b, long, tokenizer_info=info(tok), data={"prompt_length": 12}, source=SRC, ctx={}
+    )
+    assert [f.kind for f in fs] == [K.PROMPT_TRUNCATION] and fs[0].observed["side_kept"] == ["start"], fs
+    assert fs[0].observed["answer_content_lost"] >= 2 and fs[0].severity == "error"
 
 
 def test_the_prompt_itself_a_template_around_it_and_the_builtin_cut_stay_quiet():

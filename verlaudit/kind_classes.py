@@ -40,7 +40,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         "plugin_precision": "user plug-in code computing in a dtype that rounds its result (fp16/bf16, ids in floats)",
         "mask_padding": "an attention mask that lets the model attend to pad tokens",
         "identical_pairs": "preference pairs whose chosen and rejected sides are the same tokens",
-        "truncation": "prompts cut to the prompt length until distinct prompts became the same",
+        "truncation": "prompts or completions cut by a length limit: their start, the answer's content or one side's eos lost",
         "reference": "a reference policy that is not the actor's starting point",
         "dropout": "dropout or another random op in a forward that must be deterministic (training roles, reward)",
         "tied_weights": "input and output embeddings the config ties, held as separate tensors",
@@ -134,7 +134,7 @@ ROOT_CLASSES: Mapping[str, str] = MappingProxyType(
         # loopg: an own loop's update checked against its loss (`verlaudit.integrations.loop_update`, `loop_tokens`)
         "loop_order": "an own loop that clips or changes its gradients after the optimizer step that used them",
         "loop_loss_tokens": "an own loop's loss that reads prompt or padding positions, not only the response",
-        "loop_alignment": "an own loop's log-probs read from the wrong position (shifted by one against the tokens)",
+        "loop_alignment": "an own loop's log-probs, reward text or token weights misaligned with the sampled tokens",
         # rfprobe: the reward function's contract, probed in a forked copy of the process
         "reward_stateful": "a reward function whose score of a row changes from call to call (state, randomness)",
         "reward_mutates": "a reward function that changes the examples it is handed (pops or rewrites a field)",

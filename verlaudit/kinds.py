@@ -11,7 +11,7 @@ cause kinds (`CAUSES`: ``dtype_error``, ``oom``, ``killed`` ...) are registered 
 Run directories written before the kinds were split carry the old catch-alls (``boundary/collator``,
 ``boundary/reward``, ...); `verlaudit.rundir` maps them to these kinds when it reads findings.jsonl.
 Its machinery (`Kind`, the tables) is `verlaudit.kind_registry`; the own loop's kinds are
-`verlaudit.kinds_loop` and the measured-effect kinds `verlaudit.kinds_effects` (split out for length, re-exported here). This module imports only those and its
+`verlaudit.kinds_loop`, the token contract's `verlaudit.kinds_tokens` and the measured-effect kinds `verlaudit.kinds_effects` (split out for length, re-exported here). This module imports only those and its
 class table (`verlaudit.kind_classes`) from verlaudit. `pytest tests/test_kinds.py` fails on a kind the audit
 writes that is not registered here.
 """
@@ -87,6 +87,9 @@ from verlaudit.kinds_update import (  # noqa: F401  (re-exported: the kinds of s
     PREFERENCE_FLAT,
     SETUP_GRAD_HOOKS,
 )
+from verlaudit.kinds_tokens import (  # noqa: F401  (re-exported: the token contract's kinds live beside)
+    PAIR_EOS_CUT,
+)
 
 # ---------------------------------------------------------------- the collator's batch
 COLLATOR_NOT_TENSOR = _f(
@@ -129,7 +132,7 @@ EMPTY_RESPONSES = _f(
 PROMPT_TRUNCATION = _f(
     "boundary/prompt_truncation",
     "truncation",
-    "prompts cut to data.prompt_length (a warning when distinct prompts became the same text)",
+    "prompts cut by a length limit (an error when most lost their bos or the answer's content, or merged)",
 )
 
 # ---------------------------------------------------------------- the reward

@@ -37,6 +37,7 @@ from typing import Any
 
 from verlaudit import kinds as K
 from verlaudit.audit.invariants_data import _data_source, _prompt_part, _rows
+from verlaudit.audit.truncation import _cut, limits
 from verlaudit.rundir import Finding
 
 MIN_ROWS = 4
@@ -179,8 +180,9 @@ def round_trip_findings(
         if enc is None:
             return []
         row = list(row)
-        if row == enc or (len(enc) > width and row == enc[-len(row) :]):
-            continue  # the prompt itself, or the end kept by a cut at data.prompt_length (the truncation check's)
+        cut = _cut(row, enc) or _cut(row, _encode(tok, text, False) or [])
+        if row == enc or (cut is not None and len(row) in limits(tok, data, width)):
+            continue  # the prompt itself, or a cut by a length limit (the truncation check's, `truncation`)
         e_core, e_lead = _strip_specials(enc, specials)
         r_core, r_lead = _strip_specials(row, specials)
         if e_lead and bos is not None and enc[0] == bos:

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from verlaudit import kinds as K
-from verlaudit.audit import invariants_data, rounding, special_tokens
+from verlaudit.audit import invariants_data, rounding, special_tokens, truncation
 from verlaudit.rundir import Finding
 
 TRUNCATION_KEY = "prompt_truncation"
@@ -395,7 +395,15 @@ def batch_findings(
         *pair_findings(
             batch, tokenizer_info=tokenizer_info, where=where, ctx=ctx, examples=examples, data=data
         ),
-        *truncation_findings(batch, where=where, ctx=ctx),
+        *(
+            truncation.prompt_cut_findings(
+                batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
+            )
+            or truncation_findings(batch, where=where, ctx=ctx)
+        ),
+        *truncation.pair_eos_findings(
+            batch, examples, tokenizer_info=tokenizer_info, data=data, source=source, ctx=ctx
+        ),
         *special_tokens.doubled_findings(  # setupg
             batch, tokenizer_info=tokenizer_info, examples=examples, where=where, ctx=ctx
         ),
