@@ -81,14 +81,14 @@ from verlaudit.kinds_loop import (  # noqa: F401  (re-exported: the own loop's k
     PLUGIN_INT_WRAP,
     PLUGIN_ROUND_TRIP,
 )
+from verlaudit.kinds_tokens import (  # noqa: F401  (re-exported: the token contract's kinds live beside)
+    PAIR_EOS_CUT,
+)
 from verlaudit.kinds_update import (  # noqa: F401  (re-exported: the kinds of session 13's update checks)
     CONFIG_KL_LOSS_NO_GRADIENT,
     LOOP_LOSS_SCALED_TWICE,
     PREFERENCE_FLAT,
     SETUP_GRAD_HOOKS,
-)
-from verlaudit.kinds_tokens import (  # noqa: F401  (re-exported: the token contract's kinds live beside)
-    PAIR_EOS_CUT,
 )
 
 # ---------------------------------------------------------------- the collator's batch
