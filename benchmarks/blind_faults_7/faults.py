@@ -251,14 +251,16 @@ FAULTS: list[dict[str, Any]] = [
        [["tie", "tied", "lm_head", "head", "embedding"], ["setup", "untied", "replace", "trained", "differ"]],
        ["tie_output_head", "setups.py", "setup.actor"],
        ["tie", "untied", "remove", "lm_head"], "error"),
-    _f("setup_swaps_mlp_activation", 4, "model.setup", "ppo", "bf16-pure",
-       {"model": {**SFT, "setup": SU + "serving_activation"}},
-       "the setup (every role) replaces each MLP's SiLU by the serving stack's GELU: the SFT checkpoint's "
-       "MLPs were trained with SiLU, so every role computes another function than the checkpoint and its "
-       "answers degrade from the first step",
-       [["activation", "act_fn", "gelu", "silu", "mlp"], ["setup", "changed", "replace", "swap", "differ"]],
-       ["serving_activation", "setups.py", "model.setup"],
-       ["silu", "act_fn", "hidden_act", "remove", "activation"], "error"),
+    _f("setup_logit_noise_hook", 4, "model.setup.actor", "ppo", "bf16-pure",
+       {"model": {"setup": {"actor": SU + "exploration_noise"}}},
+       "the actor setup registers 'noisy-net' exploration from the team's bandit code: a forward hook adding "
+       "N(0, 0.5^2) noise to the logits of every forward, sampling and scoring alike; the actor is no "
+       "longer a deterministic function, so the rollout's log-probs, the old log-probs, the update's and the "
+       "reference comparison each see another random policy (~0.3 nats per token apart)",
+       [["hook", "noise", "random", "nondetermin", "non-determin"], ["setup", "logit", "forward", "differ",
+                                                                    "mismatch"]],
+       ["exploration_noise", "_logit_noise", "setups.py", "setup.actor"],
+       ["hook", "remove", "noise", "temperature", "entropy"], "error"),
     _f("setup_logit_softcap_tiny", 4, "model.setup.actor", "grpo", "bf16",
        {"model": {**SFT, "setup": {"actor": SU + "soft_cap_logits"}}},
        "the actor setup adds final-logit soft-capping cap x tanh(logits / cap) with cap 1.0 (the serving "
@@ -342,14 +344,16 @@ FAULTS: list[dict[str, Any]] = [
        ["override", "fp16", "rollout", "remove"], "warning",
        variant={"precision": {"overrides": {"rollout": {"param_dtype": "bf16", "compute_dtype": "bf16",
                                                         "autocast": False}}}}),
-    _f("actor_fp16_compute_without_scaler", 6, "precision.overrides.actor.compute_dtype", "dpo", "bf16", {},
-       "a bf16 run whose actor compute is overridden to fp16 ('fp16 matmuls are faster on this card') while "
-       "the preset's loss scaling for the actor stays none: the actor's backward runs in fp16 with no loss "
-       "scale, so its small gradients fall into fp16's subnormal range and lose precision or flush to 0",
-       [FP16 + ["compute_dtype"], ["scal", "underflow", "subnormal", "loss scale"]],
-       ["compute_dtype", "overrides.actor", "precision.overrides"],
-       ["loss_scaling", "dynamic", "bf16", "compute_dtype", "override"], "warning",
-       variant={"precision": {"overrides": {"actor": {"compute_dtype": "fp16"}}}}),
+    _f("reference_fp32_under_bf16_pure", 6, "precision.overrides.reference", "grpo", "bf16-pure", {},
+       "a bf16-pure run whose reference is overridden to fp32 weights and compute ('the KL anchor should be "
+       "exact'): the reference keeps the fp32 initial weights while the actor trains from their bf16 "
+       "rounding (bf16-pure has no fp32 master), so the reference is not the actor's starting point and "
+       "the KL is non-zero at step 0 from the weights' rounding alone",
+       [REF, ["fp32", "float32", "override", "step 0", "differ", "rounding"]],
+       ["overrides.reference", "precision.overrides", "reference"],
+       ["override", "remove", "bf16", "reference"], "warning",
+       variant={"precision": {"overrides": {"reference": {"param_dtype": "fp32", "compute_dtype": "fp32",
+                                                          "autocast": False}}}}),
     _f("dpo_reference_bf16_under_fp16", 6, "precision.overrides.reference", "dpo", "fp16", {},
        "an fp16 DPO run whose reference is overridden to bf16 weights and compute (to match the serving "
        "copy): the reference's log-probs are a bf16 forward of the actor's starting weights while the actor "

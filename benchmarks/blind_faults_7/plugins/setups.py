@@ -88,3 +88,19 @@ def mlp_value_head(model, role, tokenizer):
     with torch.no_grad():
         model.value_head[2].weight.mul_(0.1)
         model.value_head[2].bias.zero_()
+
+
+def _logit_noise(module, args, output):
+    """Adds N(0, 0.5^2) exploration noise to the logits of every forward."""
+    logits = output.logits if hasattr(output, "logits") else output
+    noisy = logits + 0.5 * torch.randn_like(logits)
+    if hasattr(output, "logits"):
+        output.logits = noisy
+        return output
+    return noisy
+
+
+def exploration_noise(model, role, tokenizer):
+    """The actor: 'noisy-net' exploration from the team's bandit code, a forward hook adding Gaussian noise
+    (std 0.5) to the logits of every forward, sampling and scoring alike."""
+    model.register_forward_hook(_logit_noise)
