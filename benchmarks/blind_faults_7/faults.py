@@ -214,8 +214,10 @@ FAULTS: list[dict[str, Any]] = [
     _f("dpo_hinge_beta_large", 3, "algo.dpo_loss", "dpo", "bf16",
        {"algo": {"dpo_loss": "hinge", "beta": 20.0}},
        "dpo_loss hinge with beta 20 (the sigmoid loss's beta 0.1 scaled up 'to make the hinge sharper'): "
-       "the hinge relu(1 - beta x margin) is 0 once a pair's log-ratio margin passes 1 / 20 = 0.05, so "
-       "after the first update most pairs have zero loss and zero gradient and training stalls",
+       "the hinge relu(1 - beta x margin) has slope 20 in the margin up to 1 / 20 = 0.05 and none past it, so "
+       "pairs that pass 0.05 stop contributing while the others get 200x the sigmoid loss's slope; the "
+       "updates overshoot, the log-ratio margins go negative (about -2 after one step) and the loss rises "
+       "from 1 to ~15 instead of falling",
        [["hinge", "beta", "dpo_loss"]], ["dpo_loss", "beta", "algo.beta"],
        ["beta", "sigmoid", "dpo_loss", "hinge"], "warning"),
     _f("critic_lr_vanishing", 3, "algo.critic_lr", "ppo", "bf16", {"algo": {"critic_lr": 1.0e-7}},
@@ -414,9 +416,9 @@ FAULTS: list[dict[str, Any]] = [
        ["own_loops", "loop_decay_per_micro_batch"],
        ["weight_decay", "lr", "decay", "once"], "error", loop="loop_decay_per_micro_batch"),
     _f("loop_clip_on_reference", 7, LOOP, "grpo", "fp32", {},
-       "the loop clips gradients to norm 0.5 but calls clip_grad_norm_ on the frozen reference's parameters "
+       "the loop clips gradients to norm 0.02 but calls clip_grad_norm_ on the frozen reference's parameters "
        "(which have no gradients) instead of the policy's: the policy's SGD steps are never clipped (its "
-       "gradient norm is several times 0.5)",
+       "gradient norm is ~0.1, several times 0.02)",
        [["clip", "clip_grad_norm"], ["reference", "wrong", "parameters", "never", "unclipped", "policy"]],
        ["own_loops", "loop_clip_on_reference", "clip_grad_norm"],
        ["model.parameters", "clip_grad_norm", "policy", "parameters"], "error", loop="loop_clip_on_reference"),
@@ -431,7 +433,7 @@ _CTL: dict[str, dict[str, Any]] = {
                                         "compute_score": SC + "exact_score"}},
     "grpo_fp16": {"seed": 176, "data": {"reward_fn": RW + "scaled_credit"}},
     "grpo_bf16": {"seed": 177, "algo": {"loss_mode": "gspo", "clip_ratio": 0.0004}},
-    "grpo_bf16_pure": {"seed": 178, "data": {"task": "copy"}},
+    "grpo_bf16_pure": {"seed": 178, "algo": {"group_size": 8, "batch_size": 2}},
     "dpo_fp32": {"seed": 179, "data": {"dataset": DS + "answer_pairs"}},
     "dpo_fp16": {"seed": 180, "algo": {"dpo_loss": "ipo", "beta": 0.5}},
     "dpo_bf16": {"seed": 181, "model": SFT, "data": {"dataset": DS + "answer_pairs"}},
@@ -439,7 +441,7 @@ _CTL: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Per-control variations: new seeds, and a correct plug-in or setting each (a reward model with a useful
 spread, the SFT checkpoint, a critic value head, a collator, verl rows with an exact compute_score, a reward
-function, GSPO with its own clip, the copy task, a pair dataset, IPO, another beta)."""
+function, GSPO with its own clip, larger groups, a pair dataset, IPO, another beta)."""
 
 CONTROLS: list[dict[str, Any]] = [
     {"name": f"ctl_{algo}_{preset.replace('-', '_')}", "algo": algo, "preset": preset,

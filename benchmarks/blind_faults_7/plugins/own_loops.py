@@ -238,7 +238,7 @@ def loop_decay_per_micro_batch(out_dir):
 
 
 def loop_clip_on_reference(out_dir):
-    """SGD with gradient clipping to 0.5 and a frozen reference for a KL penalty; the clip is called on the
+    """SGD with gradient clipping to 0.02 and a frozen reference for a KL penalty; the clip is called on the
     reference's parameters (the variable names differ by one word) instead of the policy's."""
 
     def step(model, opt, tok, batch, seq, roll_lp, r, reference):
@@ -248,7 +248,7 @@ def loop_clip_on_reference(out_dir):
         loss = pg_loss(lp, r) + 0.05 * (lp - ref_lp).mean()
         opt.zero_grad()
         loss.backward()
-        returned = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5))
+        returned = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.02))
         EV["notes"].setdefault("clip_returned", []).append(returned)
         EV["notes"].setdefault("policy_grad_norm_at_step", []).append(grad_norm(model.parameters()))
         opt.step()
