@@ -114,7 +114,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # the own loop's finding kinds (re-exported by verlaudit.kinds), the registry's machinery, and the
     # classes finding kinds are filed under (the registry's parts, split out for length)
     ("verlaudit.kinds_loop",),
-    ("verlaudit.kinds_effects",),
+    ("verlaudit.kinds_effects", "verlaudit.kinds_update", "verlaudit.kinds_tokens"),
     ("verlaudit.kind_registry",),
     ("verlaudit.kind_classes",),
     # the trainer, which knows nothing of verlaudit

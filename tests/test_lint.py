@@ -47,9 +47,17 @@ def _sources() -> list[Path]:
     )
 
 
+def _frozen(p: Path) -> bool:
+    """A file of a frozen blind bench (its folder holds FROZEN.md with every file's sha256): it stays as its
+    blind author froze it, so the length rule is not applied to it."""
+    return any((d / "FROZEN.md").exists() for d in p.parents if ROOT in d.parents)
+
+
 def test_no_module_is_longer_than_the_house_allows():
     long = {
-        str(p.relative_to(ROOT)): n for p in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
+        str(p.relative_to(ROOT)): n
+        for p in _sources()
+        if not _frozen(p) and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
 

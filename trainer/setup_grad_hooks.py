@@ -70,11 +70,15 @@ def _stats(h: torch.Tensor, g: torch.Tensor) -> dict[str, float]:
     }
 
 
-def after(pre: dict[int, set[int]] | None, model: nn.Module, vocab: int) -> list[dict[str, Any]]:
-    """The ``grad_hooks`` aspect (module docstring), or nothing when the setup added no parameter hook."""
+def after(
+    pre: dict[int, set[int]] | None, model: nn.Module, vocab: int, probe: tuple
+) -> list[dict[str, Any]]:
+    """The ``grad_hooks`` aspect (module docstring), or nothing when the setup added no parameter hook.
+    ``probe``: `trainer.setup_effect`'s probe-batch size and helpers (PROBE_LEN, PROBE_ROWS,
+    _distributed_or_meta, _eval, _output_tensor), handed in so that the two modules do not import each other."""
     if pre is None:
         return []
-    from trainer.setup_effect import PROBE_LEN, PROBE_ROWS, _distributed_or_meta, _eval, _output_tensor
+    PROBE_LEN, PROBE_ROWS, _distributed_or_meta, _eval, _output_tensor = probe  # noqa: N806
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hooked = [(n, p, [f for k, f in p._backward_hooks.items() if k not in pre.get(id(p), set())])
