@@ -95,10 +95,11 @@ def test_rows_in_the_examples_order_are_clean_and_any_reordering_is_named():
 def test_row_order_reads_truncated_prompts_and_skips_rows_the_collator_formats():
     tok = CharTok()
     enc = [tok(e["prompt"])["input_ids"] for e in EXAMPLES]
-    assert found(left(enc, 3), tok, EXAMPLES) == []  # cut to 3, each row still its example's end
+    # cut to 3, each row still its example's end (the cut itself is audit/truncation.py's to report)
+    assert K.ROWS_REORDERED not in kinds(found(left(enc, 3), tok, EXAMPLES))
     assert kinds(found(left(enc[::-1], 3), tok, EXAMPLES)) == [K.ROWS_REORDERED]
     templated = [[99, *e] for e in enc[::-1]]  # a template around each prompt: no row is an example's text
-    assert found(left(templated, 8), tok, EXAMPLES) == []
+    assert K.ROWS_REORDERED not in kinds(found(left(templated, 8), tok, EXAMPLES))
     assert found(left(enc[::-1], 8), None, EXAMPLES) == []  # no tokenizer handed over: nothing to compare
 
 
