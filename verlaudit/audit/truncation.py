@@ -23,13 +23,13 @@ Exercised by `pytest tests/test_truncation.py`.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from verlaudit import kinds as K
+from verlaudit.audit import guard
 from verlaudit.audit.invariants_data import _prompt_part, _rows
 from verlaudit.rundir import Finding
 
@@ -42,17 +42,15 @@ QUARTER = 0.25
 
 
 def _guarded(fn: Callable[..., list[Finding]]) -> Callable[..., list[Finding]]:
-    """A check's own bug is named on stderr and skipped: never the run's end."""
+    """A check's own bug goes to the audit's guard (`verlaudit.audit.guard`: stderr and an
+    ``audit_check_failed`` event, once) and the check gives nothing: never the run's end."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> list[Finding]:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            print(
-                f"verlaudit: a truncation check failed ({type(exc).__name__}: {exc}); skipped",
-                file=sys.stderr,
-            )
+            guard.report(f"truncation.{fn.__name__}", exc, what="check")
             return []
 
     return run
