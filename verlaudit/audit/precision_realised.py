@@ -66,7 +66,9 @@ def optim_state_findings(
     names: set[str] = set()
     for g in groups:
         for p in g.get("params", []):
-            if p.dtype != policy.param_dtype:  # a parameter kept apart (TRL's fp32 lm_head): its state follows it
+            if (
+                p.dtype != policy.param_dtype
+            ):  # a parameter kept apart (TRL's fp32 lm_head): its state follows it
                 continue
             for k, v in (state.get(p) or {}).items():
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape and v.dim():
