@@ -302,7 +302,7 @@ def after(pre: dict[str, Any] | None, model: nn.Module, vocab: int, *, trains: b
         _added(pre, model),
         moved,
     ]
-    hooks = _guarded(lambda: _grad_hooks().after(pre.get("grad_hooks"), model, vocab, _probe_helpers())) or []
+    hooks = _guarded(lambda: _grad_hooks().after(pre.get("grad_hooks"), model, vocab)) or []
     return [f for f in found if f is not None] + _values_after(pre.get("values"), model, vocab) + hooks
 
 
@@ -310,10 +310,6 @@ def _grad_hooks():
     from trainer import setup_grad_hooks
 
     return setup_grad_hooks
-
-
-def _probe_helpers() -> tuple:
-    return (PROBE_LEN, PROBE_ROWS, _distributed_or_meta, _eval, _output_tensor)
 
 
 def _guarded(fn):

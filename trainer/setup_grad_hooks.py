@@ -1,5 +1,5 @@
 """Gradient hooks a user's ``model.setup`` registered on parameters (``p.register_hook``), and what they do
-to the gradient, measured on the probe batch of `trainer.setup_effect`: the gradients of a sample of the
+to the gradient, measured on the probe batch of `trainer.setup_values`: the gradients of a sample of the
 hooked parameters with the hooks (``torch.autograd.grad`` runs a leaf's hooks) and without them (the same
 forward through ``torch.func.functional_call`` on hook-free copies of those parameters), at loss scale 1
 and at 2^16, the scale fp16's GradScaler starts at: a hook on a parameter runs inside the backward, before
@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trainer.setup_probe import _output_tensor
+from trainer.setup_values import _ids, _mode, _plain
 
 SCALES = (1.0, 65536.0)
 """Loss scales the gradient is measured at: none, and fp16's GradScaler's initial scale."""
@@ -70,15 +73,10 @@ def _stats(h: torch.Tensor, g: torch.Tensor) -> dict[str, float]:
     }
 
 
-def after(
-    pre: dict[int, set[int]] | None, model: nn.Module, vocab: int, probe: tuple
-) -> list[dict[str, Any]]:
-    """The ``grad_hooks`` aspect (module docstring), or nothing when the setup added no parameter hook.
-    ``probe``: `trainer.setup_effect`'s probe-batch size and helpers (PROBE_LEN, PROBE_ROWS,
-    _distributed_or_meta, _eval, _output_tensor), handed in so that the two modules do not import each other."""
+def after(pre: dict[int, set[int]] | None, model: nn.Module, vocab: int) -> list[dict[str, Any]]:
+    """The ``grad_hooks`` aspect (module docstring), or nothing when the setup added no parameter hook."""
     if pre is None:
         return []
-    PROBE_LEN, PROBE_ROWS, _distributed_or_meta, _eval, _output_tensor = probe  # noqa: N806
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hooked = [(n, p, [f for k, f in p._backward_hooks.items() if k not in pre.get(id(p), set())])
@@ -88,18 +86,17 @@ def after(
     fns = {_where(f): None for _, _, fs in hooked for f in fs}
     rec: dict[str, Any] = {"aspect": "grad_hooks", "params": len(hooked), "trainable": len(named),
                            "hooks": list(fns)[:3], "hook_count": len(fns), "names": [n for n, _, _ in hooked[:4]]}  # fmt: skip
-    if _distributed_or_meta(model):
+    if not _plain(model):  # sharded or meta parameters: nothing to probe
         return [rec]
     sample = sorted(hooked, key=lambda t: t[1].dim() < 2)[:SAMPLE]
     dev = sample[0][1].device
-    gen = torch.Generator().manual_seed(20261202)
-    ids = torch.randint(1, max(2, int(vocab)), (PROBE_ROWS, PROBE_LEN), generator=gen).to(dev)
+    ids = _ids(model, vocab).to(dev)  # setup_values' probe batch
     kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     params = [p for _, p, _ in sample]
     by: dict[str, Any] = {}
     try:
         devices = [dev.index or 0] if dev.type == "cuda" else []
-        with _eval(model), torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with _mode(model, False), torch.random.fork_rng(devices=devices), torch.enable_grad():
             out = _output_tensor(model(**kw))
             copies = {n: p.detach().clone().requires_grad_(True) for n, p, _ in sample}
             free = _output_tensor(torch.func.functional_call(model, copies, (), kw))

@@ -66,9 +66,8 @@ def optim_state_findings(
     names: set[str] = set()
     for g in groups:
         for p in g.get("params", []):
-            if (
-                p.dtype != policy.param_dtype
-            ):  # a parameter kept apart (TRL's fp32 lm_head): its state follows it
+            # a parameter kept apart from the policy's dtype (TRL's fp32 lm_head): its state follows it
+            if p.dtype != policy.param_dtype:
                 continue
             for k, v in (state.get(p) or {}).items():
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape and v.dim():
